@@ -1,0 +1,671 @@
+//! Controller bring-up, namespaces, queue pair allocation, reset and
+//! shutdown (NVMe 2.0 base spec §3.5.1 "Memory-based Controller
+//! Initialization"). The control path: every step bounded by CAP.TO or the
+//! admin timeout, every failure a typed error.
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pollux_spec::features::{fid, NumberOfQueues};
+use pollux_spec::identify::{IdentifyController, IdentifyNamespace, NsIdList, OACS_DBBUF_CONFIG};
+use pollux_spec::regs::{self, Aqa, Cap, Cc, Csts};
+use pollux_spec::{cmd::cns, Cqe, Sqe};
+use zerocopy::FromBytes;
+
+use crate::admin::AdminQueue;
+use crate::dma::DmaBuffer;
+use crate::error::{Error, Result};
+use crate::platform::Platform;
+use crate::qpair::{QpairOptions, QueuePair};
+
+/// Largest transfer pollux puts in one command: one PRP list page (512
+/// entries) always suffices, so lists never chain.
+pub const MAX_TRANSFER_CAP: u32 = 2 << 20;
+
+#[derive(Clone, Debug)]
+pub struct ControllerOptions {
+    /// Admin queue entries (2..=4096).
+    pub admin_queue_size: u16,
+    /// Bound on each admin command.
+    pub admin_timeout: Duration,
+    /// I/O queue pairs to ask for (Set Features Number of Queues).
+    pub io_queues: u16,
+    /// Use Doorbell Buffer Config (shadow doorbells) when offered.
+    pub shadow_doorbells: bool,
+}
+
+impl Default for ControllerOptions {
+    fn default() -> Self {
+        ControllerOptions {
+            admin_queue_size: 32,
+            admin_timeout: Duration::from_secs(5),
+            io_queues: 64,
+            shadow_doorbells: true,
+        }
+    }
+}
+
+/// A namespace as the I/O path needs it. Small and `Copy`: pass it by
+/// reference to every submit call.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Namespace {
+    pub nsid: u32,
+    /// log2 of the LBA size.
+    pub lba_shift: u8,
+    /// Size in logical blocks.
+    pub nsze: u64,
+    /// Most LBAs one command may carry (from MDTS, capped at 2 MiB).
+    pub max_lbas: u32,
+}
+
+impl Namespace {
+    pub fn lba_size(&self) -> u32 {
+        1 << self.lba_shift
+    }
+    pub fn size_bytes(&self) -> u64 {
+        self.nsze << self.lba_shift
+    }
+}
+
+/// Shadow doorbell and event index pages (Doorbell Buffer Config).
+pub(crate) struct DbBuf {
+    pub(crate) shadow: DmaBuffer,
+    pub(crate) eventidx: DmaBuffer,
+}
+
+pub(crate) struct AdminState {
+    pub(crate) q: AdminQueue,
+    qid_used: Vec<bool>,
+}
+
+/// State shared by the controller handle and its queue pairs.
+pub(crate) struct Shared {
+    pub(crate) platform: Box<dyn Platform>,
+    pub(crate) cap: Cap,
+    pub(crate) opts: ControllerOptions,
+    admin: Mutex<AdminState>,
+    /// Even: controller ready. Odd: a reset is in progress. Queue pairs
+    /// compare it with the value they were created under once per poll.
+    pub(crate) generation: AtomicU32,
+    pub(crate) failed: AtomicBool,
+    pub(crate) nr_io_queues: u16,
+    pub(crate) dbbuf: Option<DbBuf>,
+    pub(crate) max_transfer: u32,
+    ident: Box<IdentifyController>,
+    namespaces: Vec<Namespace>,
+}
+
+/// An NVMe controller driven through a `Platform`.
+///
+/// `Sync`: admin operations take an internal lock. The I/O path lives in
+/// `QueuePair`s, which are `Send` but not `Sync` and take no lock.
+pub struct Controller {
+    shared: Arc<Shared>,
+}
+
+fn wait_csts(
+    platform: &dyn Platform,
+    timeout_ms: u64,
+    what: &'static str,
+    done: impl Fn(Csts) -> bool,
+) -> Result<()> {
+    let bar = platform.bar0();
+    let start = Instant::now();
+    loop {
+        let csts = Csts(bar.read32(regs::off::CSTS));
+        if csts.is_dead() {
+            return Err(Error::ControllerGone);
+        }
+        if done(csts) {
+            return Ok(());
+        }
+        if csts.cfs() && what != "CSTS.RDY=0" {
+            return Err(Error::ControllerFatal);
+        }
+        if start.elapsed().as_millis() as u64 >= timeout_ms {
+            return Err(Error::Timeout {
+                what,
+                ms: timeout_ms,
+            });
+        }
+        for _ in 0..64 {
+            platform.relax();
+        }
+    }
+}
+
+fn check(cqe: Cqe, cmd: &'static str) -> Result<Cqe> {
+    let st = cqe.status();
+    if st.is_success() {
+        Ok(cqe)
+    } else {
+        Err(Error::Nvme { cmd, status: st })
+    }
+}
+
+impl Shared {
+    fn cap_timeout_ms(&self) -> u64 {
+        self.cap.timeout_ms().max(500)
+    }
+
+    pub(crate) fn lock_admin(&self) -> MutexGuard<'_, AdminState> {
+        // A panic while holding the admin lock leaves only indices behind,
+        // which a reset rebuilds: recover the guard rather than propagate.
+        self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(crate) fn exec(&self, st: &mut AdminState, sqe: Sqe, cmd: &'static str) -> Result<Cqe> {
+        let cqe = st.q.exec(&*self.platform, sqe, self.opts.admin_timeout)?;
+        check(cqe, cmd)
+    }
+
+    /// Disables the controller (CC.EN=0) and waits for CSTS.RDY=0.
+    fn disable(platform: &dyn Platform, cap: Cap) -> Result<()> {
+        let bar = platform.bar0();
+        let cc = Cc(bar.read32(regs::off::CC));
+        let csts = Csts(bar.read32(regs::off::CSTS));
+        let to = cap.timeout_ms().max(500);
+        if cc.en() && !csts.rdy() && !csts.cfs() {
+            // Spec: don't clear EN while an enable is still in progress.
+            wait_csts(platform, to, "CSTS.RDY=1", |c| c.rdy())?;
+        }
+        if cc.en() {
+            bar.write32(regs::off::CC, cc.with_en(false).0);
+        }
+        wait_csts(platform, to, "CSTS.RDY=0", |c| !c.rdy())
+    }
+
+    /// Programs the admin queue and enables the controller.
+    fn enable(platform: &dyn Platform, cap: Cap, q: &AdminQueue) -> Result<()> {
+        let bar = platform.bar0();
+        bar.write32(regs::off::AQA, Aqa::new(q.size, q.size).0);
+        bar.write64(regs::off::ASQ, q.sq.iova_at(0));
+        bar.write64(regs::off::ACQ, q.cq.iova_at(0));
+        bar.write32(regs::off::CC, Cc::standard(0).0);
+        bar.write32(regs::off::CC, Cc::standard(0).with_en(true).0);
+        let d = platform.quirks().delay_before_ready_poll_us;
+        if d > 0 {
+            std::thread::sleep(Duration::from_micros(d as u64));
+        }
+        wait_csts(platform, cap.timeout_ms().max(500), "CSTS.RDY=1", |c| {
+            c.rdy()
+        })
+    }
+
+    fn set_num_queues(&self, st: &mut AdminState, want: u16) -> Result<u16> {
+        let nq = NumberOfQueues {
+            nsq: want,
+            ncq: want,
+        };
+        let cqe = self.exec(
+            st,
+            Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, nq.to_cdw11()),
+            "Set Features (Number of Queues)",
+        )?;
+        let got = NumberOfQueues::from_dw0(cqe.dw0);
+        Ok(got.nsq.min(got.ncq).min(want))
+    }
+
+    fn config_dbbuf(&self, st: &mut AdminState) -> Result<()> {
+        if let Some(db) = &self.dbbuf {
+            let sqe = Sqe::doorbell_buffer_config(db.shadow.iova_at(0), db.eventidx.iova_at(0));
+            self.exec(st, sqe, "Doorbell Buffer Config")?;
+        }
+        Ok(())
+    }
+
+    /// Controller-level reset: disable, re-enable with the same admin queue,
+    /// restore queue count and shadow doorbells. Queue pairs notice the new
+    /// generation on their next poll, fail their outstanding commands with
+    /// `IoError::ControllerReset` and re-create their queues.
+    ///
+    /// `seen` is the generation the caller observed when it decided to
+    /// reset: if someone else has reset since, nothing is done.
+    pub(crate) fn reset(&self, seen: u32) -> Result<()> {
+        let mut st = self.lock_admin();
+        if self.generation.load(Ordering::Acquire) != seen {
+            return Ok(());
+        }
+        if self.failed.load(Ordering::Acquire) {
+            return Err(Error::ControllerFatal);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel); // odd: resetting
+        tracing::warn!(platform = %self.platform.describe(), "resetting controller");
+        let r = (|| {
+            Self::disable(&*self.platform, self.cap)?;
+            st.q.reset();
+            if let Some(db) = &self.dbbuf {
+                let p = db.shadow.as_ptr();
+                let e = db.eventidx.as_ptr();
+                // Zero both pages: new queues start at index 0.
+                // SAFETY: each buffer is one 4 KiB page we own.
+                unsafe {
+                    std::ptr::write_bytes(p, 0, 4096);
+                    std::ptr::write_bytes(e, 0, 4096);
+                }
+            }
+            Self::enable(&*self.platform, self.cap, &st.q)?;
+            let n = self.set_num_queues(&mut st, self.opts.io_queues)?;
+            if n < self.nr_io_queues {
+                return Err(Error::Unsupported(format!(
+                    "after reset the controller grants {n} I/O queues, had {}",
+                    self.nr_io_queues
+                )));
+            }
+            self.config_dbbuf(&mut st)
+        })();
+        if let Err(e) = &r {
+            tracing::error!("controller reset failed: {e}");
+            self.failed.store(true, Ordering::Release);
+        }
+        self.generation.fetch_add(1, Ordering::AcqRel); // even: done (check `failed`)
+        r
+    }
+
+    /// Creates an I/O CQ and SQ pair with the given rings.
+    pub(crate) fn create_io_queues(
+        &self,
+        qid: u16,
+        sq: &DmaBuffer,
+        sq_size: u16,
+        cq: &DmaBuffer,
+        cq_size: u16,
+    ) -> Result<()> {
+        let mut st = self.lock_admin();
+        self.exec(
+            &mut st,
+            Sqe::create_io_cq(qid, cq_size, cq.iova_at(0)),
+            "Create I/O Completion Queue",
+        )?;
+        if let Err(e) = self.exec(
+            &mut st,
+            Sqe::create_io_sq(qid, sq_size, qid, sq.iova_at(0)),
+            "Create I/O Submission Queue",
+        ) {
+            let _ = self.exec(
+                &mut st,
+                Sqe::delete_io_cq(qid),
+                "Delete I/O Completion Queue",
+            );
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn delete_io_queues(&self, qid: u16) -> Result<()> {
+        let mut st = self.lock_admin();
+        let a = self.exec(
+            &mut st,
+            Sqe::delete_io_sq(qid),
+            "Delete I/O Submission Queue",
+        );
+        let b = self.exec(
+            &mut st,
+            Sqe::delete_io_cq(qid),
+            "Delete I/O Completion Queue",
+        );
+        a.and(b).map(|_| ())
+    }
+
+    pub(crate) fn release_qid(&self, qid: u16) {
+        let mut st = self.lock_admin();
+        if let Some(u) = st.qid_used.get_mut(qid as usize) {
+            *u = false;
+        }
+    }
+
+    /// Aborts command `cid` on SQ `sqid`. `Ok(true)` if the controller says
+    /// it aborted it (its completion follows with Command Abort Requested).
+    pub(crate) fn abort(&self, sqid: u16, cid: u16) -> Result<bool> {
+        let mut st = self.lock_admin();
+        let cqe = self.exec(&mut st, Sqe::abort(sqid, cid), "Abort")?;
+        Ok(cqe.dw0 & 1 == 0)
+    }
+
+    pub(crate) fn csts(&self) -> Csts {
+        Csts(self.platform.bar0().read32(regs::off::CSTS))
+    }
+}
+
+/// Identify Namespace for `nsid`, as the I/O path needs it.
+fn identify_ns(
+    q: &mut AdminQueue,
+    p: &dyn Platform,
+    to: Duration,
+    buf: &DmaBuffer,
+    nsid: u32,
+    max_transfer: u32,
+) -> Result<Option<Namespace>> {
+    check(
+        q.exec(p, Sqe::identify(cns::NAMESPACE, nsid, buf.iova_at(0)), to)?,
+        "Identify Namespace",
+    )?;
+    let id = IdentifyNamespace::read_from_bytes(&buf.as_slice()[..4096])
+        .map_err(|_| Error::Platform("identify buffer too small".into()))?;
+    if id.nsze == 0 {
+        return Ok(None); // inactive
+    }
+    let lbads = id.lba_format().lbads;
+    if !(9..=16).contains(&lbads) {
+        tracing::warn!(nsid, lbads, "namespace with unsupported LBA size skipped");
+        return Ok(None);
+    }
+    let max_lbas = (max_transfer >> lbads).max(1);
+    Ok(Some(Namespace {
+        nsid,
+        lba_shift: lbads,
+        nsze: id.nsze,
+        max_lbas,
+    }))
+}
+
+impl Controller {
+    /// Brings the controller up: disable, admin queue, enable, Identify,
+    /// Number of Queues, namespaces, shadow doorbells.
+    pub fn new(platform: Box<dyn Platform>, opts: ControllerOptions) -> Result<Controller> {
+        if !(2..=4096).contains(&opts.admin_queue_size) {
+            return Err(Error::InvalidArgument(format!(
+                "admin queue size {} not in 2..=4096",
+                opts.admin_queue_size
+            )));
+        }
+        if opts.io_queues == 0 || opts.io_queues == u16::MAX {
+            return Err(Error::InvalidArgument(
+                "io_queues must be in 1..=65534".into(),
+            ));
+        }
+        let p = &*platform;
+        let bar = p.bar0();
+        let cap = Cap(bar.read64(regs::off::CAP));
+        if cap.0 == u64::MAX {
+            return Err(Error::ControllerGone);
+        }
+        if cap.css() & regs::CAP_CSS_NVM == 0 {
+            return Err(Error::Unsupported(
+                "controller does not support the NVM command set".into(),
+            ));
+        }
+        if cap.mpsmin() != 0 {
+            return Err(Error::Unsupported(format!(
+                "minimum memory page size is {} KiB; pollux uses 4 KiB",
+                4u32 << cap.mpsmin()
+            )));
+        }
+        let vs = regs::Vs(bar.read32(regs::off::VS));
+        tracing::debug!(
+            cap = format_args!("{:#x}", cap.0),
+            vs = format_args!("{}.{}", vs.major(), vs.minor()),
+            "controller registers"
+        );
+
+        Shared::disable(p, cap)?;
+        let aq_size = opts
+            .admin_queue_size
+            .min(cap.mqes().saturating_add(1))
+            .max(2);
+        let mut q = AdminQueue::new(p, aq_size, cap.dstrd())?;
+        Shared::enable(p, cap, &q)?;
+        let to = opts.admin_timeout;
+
+        let buf = p.alloc_dma(4096)?;
+        check(
+            q.exec(p, Sqe::identify(cns::CONTROLLER, 0, buf.iova_at(0)), to)?,
+            "Identify Controller",
+        )?;
+        let ident = Box::new(
+            IdentifyController::read_from_bytes(&buf.as_slice()[..4096])
+                .map_err(|_| Error::Platform("identify buffer too small".into()))?,
+        );
+        // SQES/CQES: bits 3:0 required (minimum) size, 7:4 maximum, log2.
+        if !(ident.sqes & 0xF <= 6 && 6 <= ident.sqes >> 4)
+            || !(ident.cqes & 0xF <= 4 && 4 <= ident.cqes >> 4)
+        {
+            return Err(Error::Unsupported(format!(
+                "SQES {:#x} / CQES {:#x} exclude 64/16-byte entries",
+                ident.sqes, ident.cqes
+            )));
+        }
+        let max_transfer = if ident.mdts == 0 {
+            MAX_TRANSFER_CAP
+        } else {
+            (4096u64 << ident.mdts.min(20)).min(MAX_TRANSFER_CAP as u64) as u32
+        };
+
+        let nq = NumberOfQueues {
+            nsq: opts.io_queues,
+            ncq: opts.io_queues,
+        };
+        let cqe = check(
+            q.exec(
+                p,
+                Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, nq.to_cdw11()),
+                to,
+            )?,
+            "Set Features (Number of Queues)",
+        )?;
+        let got = NumberOfQueues::from_dw0(cqe.dw0);
+        let nr_io_queues = got.nsq.min(got.ncq).min(opts.io_queues);
+
+        // Namespaces: the active list (CNS 2); controllers before NVMe 1.1
+        // lack it, then probe 1..=NN.
+        let mut namespaces = Vec::new();
+        let list = q.exec(p, Sqe::identify(cns::ACTIVE_NS_LIST, 0, buf.iova_at(0)), to)?;
+        let ids: Vec<u32> = if list.status().is_success() {
+            let l = NsIdList::read_from_bytes(&buf.as_slice()[..4096])
+                .map_err(|_| Error::Platform("identify buffer too small".into()))?;
+            l.ids.iter().copied().take_while(|&id| id != 0).collect()
+        } else {
+            (1..=ident.nn.min(1024)).collect()
+        };
+        for nsid in ids {
+            if let Some(ns) = identify_ns(&mut q, p, to, &buf, nsid, max_transfer)? {
+                namespaces.push(ns);
+            }
+        }
+
+        let mut dbbuf = None;
+        if opts.shadow_doorbells && ident.oacs & OACS_DBBUF_CONFIG != 0 {
+            let db = DbBuf {
+                shadow: p.alloc_dma(4096)?,
+                eventidx: p.alloc_dma(4096)?,
+            };
+            let sqe = Sqe::doorbell_buffer_config(db.shadow.iova_at(0), db.eventidx.iova_at(0));
+            match check(q.exec(p, sqe, to)?, "Doorbell Buffer Config") {
+                Ok(_) => dbbuf = Some(db),
+                Err(e) => tracing::warn!("shadow doorbells offered but not configured: {e}"),
+            }
+        }
+        tracing::info!(
+            platform = %p.describe(),
+            model = %pollux_spec::identify::ascii_str(&ident.mn),
+            io_queues = nr_io_queues,
+            namespaces = namespaces.len(),
+            max_transfer,
+            shadow_doorbells = dbbuf.is_some(),
+            "controller ready"
+        );
+        let shared = Shared {
+            platform,
+            cap,
+            opts,
+            admin: Mutex::new(AdminState {
+                q,
+                qid_used: vec![false; nr_io_queues as usize + 1],
+            }),
+            generation: AtomicU32::new(0),
+            failed: AtomicBool::new(false),
+            nr_io_queues,
+            dbbuf,
+            max_transfer,
+            ident,
+            namespaces,
+        };
+        Ok(Controller {
+            shared: Arc::new(shared),
+        })
+    }
+
+    pub fn identify(&self) -> &IdentifyController {
+        &self.shared.ident
+    }
+
+    pub fn cap(&self) -> Cap {
+        self.shared.cap
+    }
+
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.shared.namespaces
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Namespace> {
+        self.shared
+            .namespaces
+            .iter()
+            .copied()
+            .find(|n| n.nsid == nsid)
+    }
+
+    /// I/O queue pairs the controller granted.
+    pub fn io_queues(&self) -> u16 {
+        self.shared.nr_io_queues
+    }
+
+    /// Largest transfer per command, in bytes.
+    pub fn max_transfer(&self) -> u32 {
+        self.shared.max_transfer
+    }
+
+    pub fn shadow_doorbells(&self) -> bool {
+        self.shared.dbbuf.is_some()
+    }
+
+    pub fn describe(&self) -> String {
+        self.shared.platform.describe()
+    }
+
+    /// Allocates DMA memory usable for I/O on this controller.
+    pub fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        self.shared.platform.alloc_dma(len)
+    }
+
+    /// Calls the platform's wait hook (steps an inline emulated controller).
+    pub fn relax(&self) {
+        self.shared.platform.relax()
+    }
+
+    /// Allocates an I/O queue pair (a CQ and an SQ bound to it).
+    pub fn alloc_qpair(&self, opts: QpairOptions) -> Result<QueuePair> {
+        if self.shared.failed.load(Ordering::Acquire) {
+            return Err(Error::ControllerFatal);
+        }
+        let qid = {
+            let mut st = self.shared.lock_admin();
+            let qid = st
+                .qid_used
+                .iter()
+                .skip(1)
+                .position(|u| !u)
+                .map(|i| i + 1)
+                .ok_or(Error::NoQueues)?;
+            st.qid_used[qid] = true;
+            qid as u16
+        };
+        QueuePair::new(self.shared.clone(), qid, opts).inspect_err(|_| self.shared.release_qid(qid))
+    }
+
+    /// Raw admin command. `data`, if given, is described by PRP1/PRP2 (at
+    /// most two pages; the caller's PRP fields are overwritten).
+    pub fn admin(&self, mut sqe: Sqe, data: Option<&DmaBuffer>) -> Result<Cqe> {
+        if let Some(d) = data {
+            if d.len() > 8192 {
+                return Err(Error::InvalidArgument(
+                    "admin data buffers are limited to 8 KiB".into(),
+                ));
+            }
+            sqe.prp1 = d.iova_at(0);
+            sqe.prp2 = if d.len() > 4096 { d.iova_at(4096) } else { 0 };
+        }
+        let mut st = self.shared.lock_admin();
+        let cqe =
+            st.q.exec(&*self.shared.platform, sqe, self.shared.opts.admin_timeout)?;
+        Ok(cqe)
+    }
+
+    /// Get Log Page into a new vector (`len` a multiple of 4, ≤ 8 KiB).
+    pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize) -> Result<Vec<u8>> {
+        if len == 0 || len % 4 != 0 || len > 8192 {
+            return Err(Error::InvalidArgument(format!(
+                "log page length {len} must be a non-zero multiple of 4, at most 8192"
+            )));
+        }
+        let buf = self.alloc_dma(len)?;
+        let sqe = Sqe::get_log_page(lid, nsid, len as u32, 0, 0, 0);
+        check(self.admin(sqe, Some(&buf))?, "Get Log Page")?;
+        Ok(buf.as_slice()[..len].to_vec())
+    }
+
+    /// Get Features (current value): returns completion dword 0.
+    pub fn get_features(&self, fid: u8, nsid: u32) -> Result<u32> {
+        Ok(check(
+            self.admin(Sqe::get_features(fid, nsid), None)?,
+            "Get Features",
+        )?
+        .dw0)
+    }
+
+    /// Set Features: returns completion dword 0.
+    pub fn set_features(&self, fid: u8, nsid: u32, cdw11: u32) -> Result<u32> {
+        Ok(check(
+            self.admin(Sqe::set_features(fid, nsid, cdw11), None)?,
+            "Set Features",
+        )?
+        .dw0)
+    }
+
+    /// Resets the controller now (queue pairs recover on their next poll).
+    pub fn reset(&self) -> Result<()> {
+        let g = self.shared.generation.load(Ordering::Acquire);
+        self.shared.reset(g & !1)
+    }
+
+    /// True once a reset has failed: the controller is unusable.
+    pub fn is_failed(&self) -> bool {
+        self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// Number of completed resets.
+    pub fn resets(&self) -> u32 {
+        self.shared.generation.load(Ordering::Acquire) / 2
+    }
+
+    /// Current controller status register.
+    pub fn csts(&self) -> Csts {
+        self.shared.csts()
+    }
+}
+
+impl Drop for Shared {
+    /// Orderly shutdown: CC.SHN = normal, wait for CSTS.SHST = complete
+    /// (bounded by CAP.TO), then disable.
+    fn drop(&mut self) {
+        let p = &*self.platform;
+        let bar = p.bar0();
+        let csts = Csts(bar.read32(regs::off::CSTS));
+        if csts.is_dead() || !csts.rdy() {
+            return;
+        }
+        let cc = Cc(bar.read32(regs::off::CC));
+        bar.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0);
+        if let Err(e) = wait_csts(
+            p,
+            self.cap_timeout_ms(),
+            "shutdown (CSTS.SHST=complete)",
+            |c| c.shst() == regs::shst::COMPLETE,
+        ) {
+            tracing::warn!("orderly shutdown did not complete: {e}");
+        }
+        if let Err(e) = Self::disable(p, self.cap) {
+            tracing::warn!("disable after shutdown failed: {e}");
+        }
+    }
+}

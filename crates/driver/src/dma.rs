@@ -1,0 +1,226 @@
+//! DMA memory: host memory the controller can address, with its bus address
+//! (IOVA).
+//!
+//! A `DmaBuffer` is allocated by a platform, which also registers it with the
+//! device side (IOMMU mapping, or physical addresses for UIO). Its IOVA is
+//! either contiguous (`iova + offset`) or, where the platform could only get
+//! scattered 4 KiB pages, a per-page table. Dropping the buffer hands it back
+//! to the platform, which unmaps it from the device before freeing it.
+use std::ops::Range;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Page granularity of per-page IOVA tables (and of the NVMe memory page
+/// size pollux configures, CC.MPS = 0).
+pub const PAGE_SIZE: usize = 4096;
+pub const PAGE_SHIFT: u32 = 12;
+
+/// How a platform takes a buffer back.
+pub trait DmaRelease: Send + Sync {
+    /// Unmap from the device, then free. Called once, from `DmaBuffer::drop`.
+    fn release(&self, ptr: NonNull<u8>, len: usize, iova: u64);
+}
+
+/// Bus addresses of a buffer.
+#[derive(Clone, Debug)]
+pub enum Iova {
+    /// `base + offset` for every byte.
+    Contiguous(u64),
+    /// One bus address per 4 KiB page of the buffer.
+    Pages(Arc<[u64]>),
+}
+
+/// A DMA-capable buffer. Send, and Sync for reads; writes need `&mut`.
+///
+/// Contract with the device: while a command that transfers into or out of
+/// this buffer is outstanding, its contents are unspecified to the host. If
+/// the buffer is dropped while such a command is outstanding, the platform
+/// unmaps it first, so the device can no longer reach the memory (with an
+/// IOMMU) and the command fails.
+pub struct DmaBuffer {
+    ptr: NonNull<u8>,
+    len: usize,
+    iova: Iova,
+    owner: Arc<dyn DmaRelease>,
+}
+
+// SAFETY: the buffer owns its memory; shared access only reads.
+unsafe impl Send for DmaBuffer {}
+// SAFETY: &DmaBuffer only gives read access.
+unsafe impl Sync for DmaBuffer {}
+
+impl DmaBuffer {
+    /// # Safety
+    /// `ptr..ptr+len` must be valid, exclusively owned memory, `iova` its
+    /// correct bus addresses (a `Pages` table must cover every 4 KiB page),
+    /// and `owner.release` must be the right way to give it back.
+    pub unsafe fn from_raw(
+        ptr: NonNull<u8>,
+        len: usize,
+        iova: Iova,
+        owner: Arc<dyn DmaRelease>,
+    ) -> Self {
+        if let Iova::Pages(p) = &iova {
+            assert!(p.len() * PAGE_SIZE >= len, "IOVA page table too short");
+            // PRP entries after the first must be page aligned; with aligned
+            // pages that holds for any slice of the buffer.
+            assert!(
+                p.iter().all(|a| a % PAGE_SIZE as u64 == 0),
+                "IOVA pages must be 4 KiB aligned"
+            );
+        }
+        DmaBuffer {
+            ptr,
+            len,
+            iova,
+            owner,
+        }
+    }
+
+    #[inline]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    #[inline]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    #[inline]
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.ptr.as_ptr()
+    }
+
+    pub fn iova(&self) -> &Iova {
+        &self.iova
+    }
+
+    /// Bus address of the byte at `off` (which must be < len).
+    #[inline(always)]
+    pub fn iova_at(&self, off: usize) -> u64 {
+        debug_assert!(off < self.len.max(1));
+        match &self.iova {
+            Iova::Contiguous(base) => base + off as u64,
+            Iova::Pages(p) => p[off >> PAGE_SHIFT] + (off & (PAGE_SIZE - 1)) as u64,
+        }
+    }
+
+    pub fn as_slice(&self) -> &[u8] {
+        // SAFETY: valid for len bytes (constructor contract).
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+    }
+
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        // SAFETY: valid and exclusively owned for len bytes.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+
+    /// The whole buffer as an I/O target.
+    #[inline]
+    pub fn full(&self) -> DmaSlice<'_> {
+        DmaSlice {
+            buf: self,
+            off: 0,
+            len: self.len,
+        }
+    }
+
+    /// Part of the buffer as an I/O target. Panics if out of bounds.
+    #[inline]
+    pub fn slice(&self, r: Range<usize>) -> DmaSlice<'_> {
+        assert!(
+            r.start <= r.end && r.end <= self.len,
+            "slice {r:?} out of bounds ({})",
+            self.len
+        );
+        DmaSlice {
+            buf: self,
+            off: r.start,
+            len: r.end - r.start,
+        }
+    }
+}
+
+impl Drop for DmaBuffer {
+    fn drop(&mut self) {
+        let base = match &self.iova {
+            Iova::Contiguous(b) => *b,
+            Iova::Pages(p) => p.first().copied().unwrap_or(0),
+        };
+        self.owner.release(self.ptr, self.len, base);
+    }
+}
+
+impl std::fmt::Debug for DmaBuffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DmaBuffer")
+            .field("ptr", &self.ptr)
+            .field("len", &self.len)
+            .field("iova", &self.iova_at(0))
+            .finish()
+    }
+}
+
+/// A byte range of a `DmaBuffer`, the data of one I/O request.
+#[derive(Clone, Copy, Debug)]
+pub struct DmaSlice<'a> {
+    buf: &'a DmaBuffer,
+    off: usize,
+    len: usize,
+}
+
+impl<'a> DmaSlice<'a> {
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Bus address of byte `i` of the slice.
+    #[inline(always)]
+    pub fn iova_at(&self, i: usize) -> u64 {
+        self.buf.iova_at(self.off + i)
+    }
+    #[inline(always)]
+    pub fn is_contiguous(&self) -> bool {
+        matches!(self.buf.iova, Iova::Contiguous(_))
+    }
+    /// Detaches the slice from the borrow, for requests that wait in the
+    /// software queue. The caller keeps the buffer alive until completion
+    /// (the same contract as any in-flight DMA).
+    pub(crate) fn to_owned_ref(self) -> SliceRef {
+        SliceRef {
+            iova: match &self.buf.iova {
+                Iova::Contiguous(b) => Iova::Contiguous(b + self.off as u64),
+                Iova::Pages(p) => Iova::Pages(p.clone()),
+            },
+            off: match &self.buf.iova {
+                Iova::Contiguous(_) => 0,
+                Iova::Pages(_) => self.off,
+            },
+            len: self.len,
+        }
+    }
+}
+
+/// A slice's bus addresses without the borrow (see `DmaSlice::to_owned_ref`).
+#[derive(Clone, Debug)]
+pub(crate) struct SliceRef {
+    iova: Iova,
+    off: usize,
+    pub(crate) len: usize,
+}
+
+impl SliceRef {
+    #[inline]
+    pub(crate) fn iova_at(&self, i: usize) -> u64 {
+        let o = self.off + i;
+        match &self.iova {
+            Iova::Contiguous(b) => b + o as u64,
+            Iova::Pages(p) => p[o >> PAGE_SHIFT] + (o & (PAGE_SIZE - 1)) as u64,
+        }
+    }
+}

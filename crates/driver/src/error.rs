@@ -1,0 +1,69 @@
+//! Typed errors. `Error` is for control-path operations (bring-up, admin
+//! commands, queue creation); `SubmitError` is returned synchronously by the
+//! I/O submit path (nothing was queued); `IoError` is delivered with a
+//! completion (the command was accepted but did not succeed).
+use pollux_spec::Status;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("platform: {0}")]
+    Platform(String),
+    #[error("DMA memory: {0}")]
+    Dma(String),
+    #[error("{what} timed out after {ms} ms")]
+    Timeout { what: &'static str, ms: u64 },
+    #[error("controller reports fatal status (CSTS.CFS)")]
+    ControllerFatal,
+    #[error("controller is not responding (registers read all ones)")]
+    ControllerGone,
+    #[error("{cmd} failed: {status}")]
+    Nvme { cmd: &'static str, status: Status },
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    #[error("controller granted no I/O queues (or all are in use)")]
+    NoQueues,
+    #[error("unsupported controller: {0}")]
+    Unsupported(String),
+    #[error("controller is being reset")]
+    Resetting,
+    #[error(transparent)]
+    Io(#[from] std::io::Error),
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Why a request was refused at submission. Nothing was queued or sent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum SubmitError {
+    #[error("LBA range {lba}+{nlb} is outside the namespace ({nsze} blocks)")]
+    LbaOutOfRange { lba: u64, nlb: u32, nsze: u64 },
+    #[error("zero-length request")]
+    ZeroLength,
+    #[error("buffer is {got} bytes but the request needs {expected}")]
+    BufferLength { expected: usize, got: usize },
+    #[error("buffer bus address {iova:#x} is not 4-byte aligned")]
+    Unaligned { iova: u64 },
+    #[error("buffer is not usable for PRPs (a page in the middle is not page aligned)")]
+    BadBuffer,
+    #[error("request needs {needed} commands but the queue pair only has {depth} slots")]
+    TooLarge { needed: u32, depth: u32 },
+    #[error("software queue is full ({limit} requests waiting)")]
+    QueueFull { limit: usize },
+    #[error("controller is resetting")]
+    Resetting,
+    #[error("controller has failed and could not be reset")]
+    ControllerFailed,
+}
+
+/// Why an accepted request did not succeed. Delivered with its completion.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum IoError {
+    #[error("{0}")]
+    Nvme(Status),
+    #[error("command timed out and was aborted")]
+    Timeout,
+    #[error("controller was reset while the command was outstanding")]
+    ControllerReset,
+    #[error("controller failed while the command was outstanding")]
+    ControllerFailed,
+}

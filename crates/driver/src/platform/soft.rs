@@ -1,0 +1,141 @@
+//! Emulated-controller platform: BAR0 and an IOMMU served by an in-process
+//! `pollux_softnvme::SoftDevice`.
+//!
+//! DMA memory is anonymous mmap'd memory registered in the device's IOMMU
+//! table at IOVAs from a bump allocator that starts far from any host
+//! address, so a host pointer passed by mistake as a bus address fails
+//! translation instead of working by accident. IOVAs are never reused.
+//!
+//! Modes: `Threaded` — the device runs on a `DeviceThread` (the realistic
+//! mode); `Inline` — nobody else steps the device: `relax()` steps it, and
+//! the caller steps it between polls (deterministic; used by tests and for
+//! instruction counts).
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+use pollux_softnvme::SoftDevice;
+
+use super::Platform;
+use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::mmio::Mmio;
+
+/// First IOVA handed out (1 TiB): far above user-space addresses of small
+/// test programs and distinct from any pointer value we allocate.
+const IOVA_BASE: u64 = 1 << 40;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SoftMode {
+    Threaded,
+    Inline,
+}
+
+pub struct SoftPlatform {
+    dev: Arc<SoftDevice>,
+    bar: Mmio,
+    mode: SoftMode,
+    mem: Arc<SoftDma>,
+}
+
+struct SoftDma {
+    dev: Arc<SoftDevice>,
+    next_iova: AtomicU64,
+}
+
+impl SoftPlatform {
+    pub fn new(dev: Arc<SoftDevice>, mode: SoftMode) -> Self {
+        let (base, len) = dev.bar0();
+        // SAFETY: SoftDevice::bar0 is page aligned and lives as long as the
+        // device, which we keep alive in `dev`.
+        let bar = unsafe { Mmio::new(base, len) };
+        let mem = Arc::new(SoftDma {
+            dev: dev.clone(),
+            next_iova: AtomicU64::new(IOVA_BASE),
+        });
+        SoftPlatform {
+            dev,
+            bar,
+            mode,
+            mem,
+        }
+    }
+
+    pub fn device(&self) -> &Arc<SoftDevice> {
+        &self.dev
+    }
+
+    pub fn mode(&self) -> SoftMode {
+        self.mode
+    }
+}
+
+impl Platform for SoftPlatform {
+    fn describe(&self) -> String {
+        format!("soft ({:?})", self.mode)
+    }
+
+    fn bar0(&self) -> &Mmio {
+        &self.bar
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        // SAFETY: anonymous private mapping; checked for MAP_FAILED below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Dma(format!(
+                "mmap of {len} bytes failed: {}",
+                std::io::Error::last_os_error()
+            )));
+        }
+        let ptr =
+            NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::Dma("mmap returned null".into()))?;
+        // Leave a one-page hole between buffers so an overrun fails translation.
+        let iova = self
+            .mem
+            .next_iova
+            .fetch_add((len + PAGE_SIZE) as u64, Ordering::Relaxed);
+        // SAFETY: the mapping stays valid until SoftDma::release unmaps it
+        // from the device (first) and then munmaps it.
+        if let Err(e) = unsafe { self.dev.dma_map(iova, ptr, len) } {
+            // SAFETY: we own the mapping and nothing else references it.
+            unsafe { libc::munmap(p, len) };
+            return Err(Error::Dma(format!("IOMMU map failed: {e}")));
+        }
+        // SAFETY: fresh exclusive mapping of len bytes at a contiguous IOVA.
+        Ok(unsafe { DmaBuffer::from_raw(ptr, len, Iova::Contiguous(iova), self.mem.clone()) })
+    }
+
+    fn relax(&self) {
+        match self.mode {
+            SoftMode::Inline => {
+                self.dev.step();
+            }
+            SoftMode::Threaded => std::hint::spin_loop(),
+        }
+    }
+}
+
+impl DmaRelease for SoftDma {
+    fn release(&self, ptr: NonNull<u8>, len: usize, iova: u64) {
+        // Unmap first: after dma_unmap returns the device never touches the
+        // memory again, so freeing it cannot race with device DMA.
+        if let Err(e) = self.dev.dma_unmap(iova) {
+            tracing::error!(iova, "IOMMU unmap failed: {e}; leaking {len} bytes rather than freeing memory the device may still use");
+            return;
+        }
+        // SAFETY: we mapped exactly this range in alloc_dma and nothing else
+        // references it any more (the DmaBuffer is being dropped).
+        unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+    }
+}
