@@ -6,6 +6,9 @@
 //! this crate touches hardware: it only describes bytes.
 #![forbid(unsafe_code)]
 
+#[cfg(target_endian = "big")]
+compile_error!("pollux assumes a little-endian host");
+
 pub mod cmd;
 pub mod features;
 pub mod identify;
