@@ -318,7 +318,7 @@ mod tests {
         assert!(!s.is_success());
         assert_eq!(s.name(), Some("Unrecovered Read Error"));
         // CQE status field is (status << 1) | phase.
-        assert_eq!((s.0 << 1) | 1, 0b1_00_0_010_1000_0001_1);
+        assert_eq!((s.0 << 1) | 1, 0b1000_0101_0000_0011);
     }
 
     #[test]
