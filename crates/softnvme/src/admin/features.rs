@@ -1,0 +1,153 @@
+//! Get Features / Set Features: Arbitration, Temperature Threshold,
+//! Volatile Write Cache, Number of Queues and Asynchronous Event
+//! Configuration. Every other feature is Invalid Field.
+//!
+//! Nothing is saveable (SV set → Feature Identifier Not Saveable; SEL
+//! "saved" returns the default). Features return to their defaults on a
+//! controller reset. Number of Queues grants `min(request, max_io_queues)`
+//! and may only be set before any I/O queue exists (Command Sequence Error).
+use pollux_spec::features::{
+    cdw10_fid, cdw10_save, cdw10_sel, fid, sel, NumberOfQueues, TemperatureThreshold,
+    VolatileWriteCache, CAP_CHANGEABLE, THSEL_OVER, THSEL_UNDER,
+};
+use pollux_spec::status::{generic, specific};
+use pollux_spec::Sqe;
+
+use super::{gen, ok, spec, AdminResult};
+use crate::config::SoftConfig;
+use crate::ctrl::Controller;
+
+/// Default over-temperature threshold, Kelvin (70 °C).
+pub const DEFAULT_TEMP_OVER: u16 = 343;
+/// Composite temperature reported in SMART, Kelvin (40 °C).
+pub const COMPOSITE_TEMP: u16 = 313;
+/// TMPSEL value meaning "all sensors".
+const TMPSEL_ALL: u8 = 0xF;
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Features {
+    /// Granted I/O queue counts (1's based).
+    pub queues: NumberOfQueues,
+    pub wce: bool,
+    pub arbitration: u32,
+    pub aec: u32,
+    pub temp_over: u16,
+    pub temp_under: u16,
+}
+
+impl Features {
+    pub fn defaults(cfg: &SoftConfig) -> Features {
+        Features {
+            queues: NumberOfQueues::new(cfg.max_io_queues, cfg.max_io_queues),
+            wce: true,
+            arbitration: 0,
+            aec: 0,
+            temp_over: DEFAULT_TEMP_OVER,
+            temp_under: 0,
+        }
+    }
+
+    /// The DW0 value of `fid` in this feature set (Get Features).
+    fn value(&self, f: u8, cdw11: u32) -> Option<u32> {
+        Some(match f {
+            fid::ARBITRATION => self.arbitration,
+            fid::TEMPERATURE_THRESHOLD => {
+                let t = TemperatureThreshold::from_cdw11(cdw11);
+                match t.thsel {
+                    THSEL_OVER => self.temp_over as u32,
+                    THSEL_UNDER => self.temp_under as u32,
+                    _ => return None,
+                }
+            }
+            fid::VOLATILE_WRITE_CACHE => VolatileWriteCache { wce: self.wce }.to_dw0(),
+            fid::NUMBER_OF_QUEUES => self.queues.to_dw0(),
+            fid::ASYNC_EVENT_CONFIG => self.aec,
+            _ => return None,
+        })
+    }
+}
+
+fn supported(f: u8) -> bool {
+    matches!(
+        f,
+        fid::ARBITRATION
+            | fid::TEMPERATURE_THRESHOLD
+            | fid::VOLATILE_WRITE_CACHE
+            | fid::NUMBER_OF_QUEUES
+            | fid::ASYNC_EVENT_CONFIG
+    )
+}
+
+impl Controller {
+    pub(crate) fn get_features(&mut self, sqe: &Sqe) -> AdminResult {
+        let f = cdw10_fid(sqe.cdw10);
+        if !supported(f) {
+            return gen(generic::INVALID_FIELD);
+        }
+        if f == fid::TEMPERATURE_THRESHOLD {
+            let t = TemperatureThreshold::from_cdw11(sqe.cdw11);
+            if t.tmpsel != 0 && t.tmpsel != TMPSEL_ALL {
+                return gen(generic::INVALID_FIELD);
+            }
+        }
+        let v = match cdw10_sel(sqe.cdw10) {
+            sel::CURRENT => self.feat.value(f, sqe.cdw11),
+            sel::DEFAULT | sel::SAVED => Features::defaults(&self.cfg).value(f, sqe.cdw11),
+            sel::SUPPORTED => Some(CAP_CHANGEABLE),
+            _ => None,
+        };
+        match v {
+            Some(v) => ok(v),
+            None => gen(generic::INVALID_FIELD),
+        }
+    }
+
+    pub(crate) fn set_features(&mut self, sqe: &Sqe) -> AdminResult {
+        let f = cdw10_fid(sqe.cdw10);
+        if !supported(f) {
+            return gen(generic::INVALID_FIELD);
+        }
+        if cdw10_save(sqe.cdw10) {
+            return spec(specific::FEATURE_NOT_SAVEABLE);
+        }
+        match f {
+            fid::ARBITRATION => {
+                self.feat.arbitration = sqe.cdw11;
+                ok(0)
+            }
+            fid::TEMPERATURE_THRESHOLD => {
+                let t = TemperatureThreshold::from_cdw11(sqe.cdw11);
+                if t.tmpsel != 0 && t.tmpsel != TMPSEL_ALL {
+                    return gen(generic::INVALID_FIELD);
+                }
+                match t.thsel {
+                    THSEL_OVER => self.feat.temp_over = t.tmpth,
+                    THSEL_UNDER => self.feat.temp_under = t.tmpth,
+                    _ => return gen(generic::INVALID_FIELD),
+                }
+                ok(0)
+            }
+            fid::VOLATILE_WRITE_CACHE => {
+                self.feat.wce = VolatileWriteCache::from_cdw11(sqe.cdw11).wce;
+                ok(0)
+            }
+            fid::NUMBER_OF_QUEUES => {
+                let Some(req) = NumberOfQueues::from_cdw11(sqe.cdw11) else {
+                    return gen(generic::INVALID_FIELD);
+                };
+                if self.io_queues_exist() {
+                    return gen(generic::COMMAND_SEQUENCE_ERROR);
+                }
+                let max = self.cfg.max_io_queues;
+                self.feat.queues = NumberOfQueues::new(req.nsq.min(max), req.ncq.min(max));
+                tracing::debug!(?req, granted = ?self.feat.queues, "number of queues");
+                ok(self.feat.queues.to_dw0())
+            }
+            fid::ASYNC_EVENT_CONFIG => {
+                self.feat.aec = sqe.cdw11;
+                ok(0)
+            }
+            _ => gen(generic::INVALID_FIELD),
+        }
+    }
+}

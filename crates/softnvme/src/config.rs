@@ -1,0 +1,159 @@
+//! Controller configuration (`SoftConfig`) and its validation.
+//!
+//! Every field is bounded here, once, so the rest of the emulator can rely on
+//! the limits (queue counts, doorbell stride, MDTS, namespace count, string
+//! lengths) without re-checking them.
+use std::path::PathBuf;
+
+use crate::SoftError;
+
+/// Most namespaces a controller may have.
+pub const MAX_NAMESPACES: usize = 32;
+/// Most I/O queue pairs a controller may grant.
+pub const MAX_IO_QUEUES: u16 = 1024;
+/// Largest CAP.DSTRD accepted (1 KiB doorbell stride); bounds the BAR size.
+pub const MAX_DSTRD: u8 = 8;
+/// Largest MDTS accepted (4 KiB << 16 = 256 MiB).
+pub const MAX_MDTS: u8 = 16;
+
+/// Configuration of one emulated controller.
+#[derive(Clone, Debug)]
+pub struct SoftConfig {
+    /// Namespaces, NSIDs 1..=n, at most 32.
+    pub namespaces: Vec<NamespaceConfig>,
+    /// CAP.MQES (0's based).
+    pub mqes: u16,
+    /// I/O SQ/CQ pairs granted at most by Set Features Number of Queues.
+    pub max_io_queues: u16,
+    /// Identify MDTS: max transfer is `4 KiB << mdts`; 0 = unlimited.
+    pub mdts: u8,
+    /// CAP.DSTRD.
+    pub dstrd: u8,
+    /// CAP.TO (500 ms units).
+    pub cap_to: u8,
+    /// Advertise and implement Doorbell Buffer Config (OACS bit 8).
+    pub shadow_doorbells: bool,
+    /// Identify ACL (0's based).
+    pub abort_limit: u8,
+    /// Identify AERL (0's based).
+    pub aer_limit: u8,
+    /// Identify SN (at most 20 ASCII characters).
+    pub serial: String,
+    /// Identify MN (at most 40 ASCII characters).
+    pub model: String,
+    /// Identify FR and firmware slot 1 (at most 8 ASCII characters).
+    pub firmware: String,
+}
+
+impl Default for SoftConfig {
+    fn default() -> Self {
+        SoftConfig {
+            namespaces: Vec::new(),
+            mqes: 4095,
+            max_io_queues: 64,
+            mdts: 5,
+            dstrd: 0,
+            cap_to: 20,
+            shadow_doorbells: true,
+            abort_limit: 3,
+            aer_limit: 3,
+            serial: "SOFT0001".into(),
+            model: "pollux softnvme".into(),
+            firmware: "0.1".into(),
+        }
+    }
+}
+
+/// One namespace.
+#[derive(Clone, Debug)]
+pub struct NamespaceConfig {
+    pub backend: BackendConfig,
+    /// log2 of the LBA size: 9 (512 B) or 12 (4 KiB).
+    pub lba_shift: u8,
+    /// Namespace size in bytes, a multiple of the LBA size. For a file
+    /// backend, 0 means "the file's size" (rounded down to whole LBAs).
+    pub size_bytes: u64,
+}
+
+/// Where a namespace's data lives.
+#[derive(Clone, Debug)]
+pub enum BackendConfig {
+    /// Discards writes, reads leave host memory untouched.
+    Null,
+    /// Anonymous memory; unwritten blocks read as zeroes.
+    Ram,
+    /// A regular file (extended to `size_bytes` if shorter) or block device.
+    File { path: PathBuf },
+}
+
+fn ascii_ok(s: &str, max: usize) -> bool {
+    s.len() <= max && s.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+impl SoftConfig {
+    /// Checks every bound the emulator relies on.
+    pub(crate) fn validate(&self) -> Result<(), SoftError> {
+        let bad = |m: String| Err(SoftError::InvalidConfig(m));
+        if self.namespaces.len() > MAX_NAMESPACES {
+            return bad(format!(
+                "{} namespaces (max {MAX_NAMESPACES})",
+                self.namespaces.len()
+            ));
+        }
+        if self.mqes < 1 {
+            return bad("mqes must be at least 1 (2 entries)".into());
+        }
+        if self.max_io_queues == 0 || self.max_io_queues > MAX_IO_QUEUES {
+            return bad(format!(
+                "max_io_queues {} not in 1..={MAX_IO_QUEUES}",
+                self.max_io_queues
+            ));
+        }
+        if self.mdts > MAX_MDTS {
+            return bad(format!("mdts {} > {MAX_MDTS}", self.mdts));
+        }
+        if self.dstrd > MAX_DSTRD {
+            return bad(format!("dstrd {} > {MAX_DSTRD}", self.dstrd));
+        }
+        if self.cap_to == 0 {
+            return bad("cap_to must be at least 1".into());
+        }
+        if self.abort_limit > 15 || self.aer_limit > 15 {
+            return bad("abort_limit and aer_limit must be at most 15".into());
+        }
+        if self.serial.is_empty() || !ascii_ok(&self.serial, 20) {
+            return bad("serial must be 1..=20 printable ASCII characters".into());
+        }
+        if !ascii_ok(&self.model, 40) {
+            return bad("model must be at most 40 printable ASCII characters".into());
+        }
+        if !ascii_ok(&self.firmware, 8) {
+            return bad("firmware must be at most 8 printable ASCII characters".into());
+        }
+        for (i, ns) in self.namespaces.iter().enumerate() {
+            let nsid = i + 1;
+            if ns.lba_shift != 9 && ns.lba_shift != 12 {
+                return bad(format!(
+                    "namespace {nsid}: lba_shift {} (9 or 12)",
+                    ns.lba_shift
+                ));
+            }
+            let is_file = matches!(ns.backend, BackendConfig::File { .. });
+            if ns.size_bytes == 0 && !is_file {
+                return bad(format!("namespace {nsid}: size_bytes 0"));
+            }
+            if ns.size_bytes % (1u64 << ns.lba_shift) != 0 {
+                return bad(format!(
+                    "namespace {nsid}: size_bytes {} not a multiple of the LBA size",
+                    ns.size_bytes
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    /// Largest data transfer in bytes (`None` = unlimited).
+    pub(crate) fn max_transfer(&self) -> Option<usize> {
+        (self.mdts != 0).then(|| 4096usize << self.mdts)
+    }
+}

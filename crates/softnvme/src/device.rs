@@ -1,0 +1,139 @@
+//! `SoftDevice`: the public face of one emulated controller — BAR0 memory,
+//! the IOMMU API, `step()`, fault rules and statistics.
+//!
+//! The controller state lives behind one Mutex, taken by `step()`,
+//! `dma_map`/`dma_unmap` and the fault API; in normal operation only the
+//! stepping thread takes it, so it is uncontended. Statistics are read
+//! without the lock. A poisoned lock (a panic inside the emulator, which
+//! would be a bug) is recovered rather than propagated.
+use std::ptr::NonNull;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::backend::AnyBackend;
+use crate::bar::BarMem;
+use crate::config::SoftConfig;
+use crate::ctrl::{Controller, Namespace};
+use crate::fault::FaultRule;
+use crate::stats::{DeviceStats, PublishedStats};
+use crate::SoftError;
+
+/// One emulated NVMe controller. `Send + Sync`; share it with `Arc`.
+pub struct SoftDevice {
+    // Field order matters: the controller (which holds pointers into the
+    // BAR) is dropped before the BAR memory.
+    ctrl: Mutex<Controller>,
+    stats: PublishedStats,
+    bar: BarMem,
+}
+
+// SAFETY: `BarMem` is a private mapping accessed only through atomics (by
+// the host and by the controller); `Controller` is `Send` and behind a Mutex.
+unsafe impl Send for SoftDevice {}
+// SAFETY: as above; all shared access goes through atomics or the Mutex.
+unsafe impl Sync for SoftDevice {}
+
+impl std::fmt::Debug for SoftDevice {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("SoftDevice")
+            .field("bar0", &self.bar.view().ptr())
+            .field("stats", &self.stats.snapshot())
+            .finish()
+    }
+}
+
+impl SoftDevice {
+    /// Creates a controller (disabled: CC = 0, CSTS = 0).
+    pub fn new(cfg: SoftConfig) -> Result<Arc<SoftDevice>, SoftError> {
+        cfg.validate()?;
+        let bar = BarMem::new(cfg.max_io_queues as usize + 1, cfg.dstrd).map_err(SoftError::Bar)?;
+        let mut ns = Vec::with_capacity(cfg.namespaces.len());
+        for (i, n) in cfg.namespaces.iter().enumerate() {
+            let nsid = i as u32 + 1;
+            let (backend, size) =
+                AnyBackend::open(n).map_err(|source| SoftError::Backend { nsid, source })?;
+            let nsze = size >> n.lba_shift;
+            if nsze == 0 {
+                return Err(SoftError::InvalidConfig(format!(
+                    "namespace {nsid} is smaller than one LBA"
+                )));
+            }
+            ns.push(Namespace {
+                lba_shift: n.lba_shift,
+                nsze,
+                backend,
+            });
+        }
+        let ctrl = Controller::new(cfg, bar.view(), ns);
+        Ok(Arc::new(SoftDevice {
+            ctrl: Mutex::new(ctrl),
+            stats: PublishedStats::default(),
+            bar,
+        }))
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Controller> {
+        self.ctrl.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// BAR0: page-aligned, zero-initialised register and doorbell memory,
+    /// valid while the device lives. Access it only with 32-bit aligned
+    /// atomic loads and stores.
+    pub fn bar0(&self) -> (NonNull<u8>, usize) {
+        let v = self.bar.view();
+        (v.ptr(), v.len())
+    }
+
+    /// Makes host memory `[host, host + len)` visible to the device at
+    /// `[iova, iova + len)`. `iova`, `len` and `host` must be 4 KiB aligned
+    /// and the range must not overlap an existing mapping.
+    ///
+    /// # Safety
+    /// The memory must stay valid (and not be freed or unmapped) until
+    /// `dma_unmap(iova)` returns or the device is dropped.
+    pub unsafe fn dma_map(
+        &self,
+        iova: u64,
+        host: NonNull<u8>,
+        len: usize,
+    ) -> Result<(), SoftError> {
+        self.lock().iommu.map(iova, host, len)
+    }
+
+    /// Removes the mapping starting at `iova`. After this returns the device
+    /// never touches that memory again (it waits for a running `step()`).
+    /// Unmapping memory the device is using (queues, shadow doorbells) is an
+    /// IOMMU fault: the controller goes fatal (CSTS.CFS).
+    pub fn dma_unmap(&self, iova: u64) -> Result<(), SoftError> {
+        let mut c = self.lock();
+        let m = c.iommu.unmap(iova)?;
+        c.on_unmap(&m);
+        Ok(())
+    }
+
+    /// Runs the controller once; returns the number of commands completed
+    /// or otherwise handled (0 = idle).
+    pub fn step(&self) -> usize {
+        let mut c = self.lock();
+        let n = c.step();
+        if c.counters.dirty {
+            c.counters.dirty = false;
+            self.stats.publish(&c.counters.s);
+        }
+        n
+    }
+
+    /// Installs a fault injection rule (evaluated in insertion order).
+    pub fn add_fault(&self, rule: FaultRule) {
+        self.lock().faults.add(rule);
+    }
+
+    /// Removes every fault rule (already deferred commands stay deferred).
+    pub fn clear_faults(&self) {
+        self.lock().faults.clear();
+    }
+
+    /// A snapshot of the counters, as of the end of the last `step()`.
+    pub fn stats(&self) -> DeviceStats {
+        self.stats.snapshot()
+    }
+}

@@ -1,0 +1,113 @@
+//! Data movement between the device and host memory: PRPs translated
+//! through the IOMMU into host segments, and copies into/out of them.
+//!
+//! A command's whole transfer is walked and translated *before* any data
+//! moves, so a bad PRP anywhere fails the command with nothing transferred.
+//! The segment vector is preallocated per controller (no allocation on the
+//! I/O path unless a transfer needs more segments than ever before).
+//!
+//! Caveat (the DMA contract): host buffers are turned into byte slices for
+//! the duration of one backend call. A host that touches a buffer while a
+//! command using it is outstanding gets unspecified data — exactly as with
+//! a real device — and the device never derives anything from such data
+//! except through copies it validates.
+use std::ptr::{self, NonNull};
+
+use crate::iommu::Iommu;
+use crate::prp::{self, PrpError};
+
+/// One translated, contiguous piece of host memory.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Seg {
+    pub ptr: NonNull<u8>,
+    pub len: usize,
+}
+
+impl Seg {
+    /// # Safety
+    /// The segment must come from a translation done under the controller
+    /// lock that is still held (so the mapping is alive).
+    #[inline(always)]
+    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
+        // SAFETY: per the caller's contract the memory is mapped and
+        // `len` bytes long; see the module caveat for concurrent host access.
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+    }
+}
+
+/// Reads `out.len()` little-endian qwords at `iova` (one PRP list chunk).
+fn read_qwords(iommu: &Iommu, iova: u64, out: &mut [u64]) -> Result<(), PrpError> {
+    let p = iommu
+        .translate(iova, out.len() * 8)
+        .ok_or(PrpError::Unmapped)?
+        .cast::<u64>();
+    if !(p.as_ptr() as usize).is_multiple_of(8) {
+        // The walker keeps list reads qword aligned and mappings are page
+        // aligned, so this cannot happen; refuse rather than misalign.
+        return Err(PrpError::OffsetInvalid);
+    }
+    for (i, o) in out.iter_mut().enumerate() {
+        // SAFETY: `translate` vouched for `out.len() * 8` mapped bytes;
+        // aligned (checked); a volatile copy of host-owned memory.
+        *o = u64::from_le(unsafe { ptr::read_volatile(p.as_ptr().add(i)) });
+    }
+    Ok(())
+}
+
+/// Walks the PRPs of a `len`-byte transfer and translates every segment
+/// into `out` (cleared first). On error nothing has been transferred.
+#[inline]
+pub(crate) fn map_prps(
+    iommu: &Iommu,
+    prp1: u64,
+    prp2: u64,
+    len: usize,
+    page_size: usize,
+    out: &mut Vec<Seg>,
+) -> Result<(), PrpError> {
+    out.clear();
+    prp::walk(
+        prp1,
+        prp2,
+        len,
+        page_size,
+        |iova, buf| read_qwords(iommu, iova, buf),
+        |mut iova, mut l| {
+            while l > 0 {
+                let (ptr, n) = iommu.translate_prefix(iova, l).ok_or(PrpError::Unmapped)?;
+                debug_assert!(n > 0 && n <= l);
+                out.push(Seg { ptr, len: n });
+                iova = iova.checked_add(n as u64).ok_or(PrpError::Unmapped)?;
+                l -= n;
+            }
+            Ok(())
+        },
+    )
+}
+
+/// Copies `src` into the segments (which must total at least `src.len()`).
+pub(crate) fn copy_to_host(segs: &[Seg], mut src: &[u8]) {
+    for s in segs {
+        if src.is_empty() {
+            break;
+        }
+        let n = s.len.min(src.len());
+        // SAFETY: the segment is mapped (translated under the held lock) and
+        // at least `n` bytes long; `src` is device memory, disjoint from it.
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), s.ptr.as_ptr(), n) };
+        src = &src[n..];
+    }
+}
+
+/// Copies the segments' bytes into `dst` (up to `dst.len()`).
+pub(crate) fn copy_from_host(segs: &[Seg], mut dst: &mut [u8]) {
+    for s in segs {
+        if dst.is_empty() {
+            break;
+        }
+        let n = s.len.min(dst.len());
+        // SAFETY: as in `copy_to_host`, reversed.
+        unsafe { ptr::copy_nonoverlapping(s.ptr.as_ptr(), dst.as_mut_ptr(), n) };
+        dst = &mut dst[n..];
+    }
+}

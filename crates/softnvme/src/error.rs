@@ -1,0 +1,40 @@
+//! Errors returned by the softnvme *API* (construction, IOMMU mapping).
+//!
+//! Errors caused by the host through the emulated hardware interface
+//! (registers, doorbells, SQEs, PRPs) are never Rust errors: they become NVMe
+//! statuses, CSTS.CFS, asynchronous events, counters and `tracing` logs.
+use std::io;
+
+/// An error from the softnvme API.
+#[derive(Debug, thiserror::Error)]
+pub enum SoftError {
+    /// The [`crate::SoftConfig`] is outside what the emulator supports.
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
+    /// A namespace backend could not be created or opened.
+    #[error("namespace {nsid} backend: {source}")]
+    Backend {
+        nsid: u32,
+        #[source]
+        source: io::Error,
+    },
+    /// Allocating the BAR page(s) failed.
+    #[error("allocating BAR0: {0}")]
+    Bar(#[source] io::Error),
+    /// `dma_map` arguments are not 4 KiB aligned, empty, or wrap around.
+    #[error("dma_map: iova {iova:#x} len {len:#x}: {why}")]
+    BadMapping {
+        iova: u64,
+        len: usize,
+        why: &'static str,
+    },
+    /// `dma_map` range intersects an existing mapping.
+    #[error("dma_map: iova {iova:#x} len {len:#x} overlaps an existing mapping")]
+    Overlap { iova: u64, len: usize },
+    /// The IOMMU table is full.
+    #[error("dma_map: too many mappings (limit {0})")]
+    TooManyMappings(usize),
+    /// `dma_unmap` of an IOVA that starts no mapping.
+    #[error("dma_unmap: no mapping starts at iova {0:#x}")]
+    NotMapped(u64),
+}

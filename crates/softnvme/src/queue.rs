@@ -1,0 +1,333 @@
+//! Submission and completion queue state, doorbell polling, SQE fetch and
+//! CQE posting — the shared-memory heart of the device.
+//!
+//! Memory ordering contract with the host:
+//! * SQ: the host writes the SQE, then stores the tail doorbell (Release);
+//!   the device loads the doorbell (Acquire), then copies the whole 64-byte
+//!   SQE with one `read_volatile` and decodes only the copy.
+//! * CQ: the device writes CQE dwords 0-2, then stores dword 3 (CID, status,
+//!   phase) as one `AtomicU32` Release store; the host polls the phase.
+//! * Shadow doorbells: values loaded with Acquire, event indices stored with
+//!   Release, kept at `last seen - 1` so a host using the standard
+//!   `need_event` check never needs an MMIO doorbell write.
+//!
+//! The CQ never overflows: a completion that finds no free slot (per the
+//! head last published by the host) goes to a bounded backlog, and the
+//! owner stops fetching for SQs bound to that CQ until it drains. Invalid
+//! doorbell values are ignored, counted once per distinct value, and flagged
+//! (`db_error`) for the controller to report as an asynchronous event.
+use std::collections::VecDeque;
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pollux_spec::{Sqe, Status};
+
+/// Hard cap on a CQ's backlog; the controller's deferred-command limit keeps
+/// it far below this, so hitting it is an emulator bug (logged, dropped).
+pub const BACKLOG_LIMIT: usize = 1 << 16;
+/// Most completions held back for out-of-order posting per CQ.
+pub const HELD_LIMIT: usize = 64;
+
+/// A completion before it is written to a CQ (the phase is added then).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Completion {
+    pub dw0: u32,
+    pub sqhd: u16,
+    pub sqid: u16,
+    pub cid: u16,
+    pub status: Status,
+}
+
+/// Where a queue's doorbell value comes from.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Doorbell {
+    /// BAR0 doorbell register or shadow doorbell slot.
+    pub value: NonNull<AtomicU32>,
+    /// Shadow event index slot, when shadow doorbells are enabled.
+    pub event_idx: Option<NonNull<AtomicU32>>,
+}
+
+impl Doorbell {
+    #[inline(always)]
+    fn load(&self) -> u32 {
+        // SAFETY: `value` points into BAR0 (alive as long as the device) or
+        // into a shadow page inside an IOMMU mapping; unmapping that memory
+        // makes the controller fatal, and a fatal controller polls no
+        // doorbell until a reset drops this queue. Access is atomic.
+        unsafe { self.value.as_ref() }.load(Ordering::Acquire)
+    }
+
+    #[inline(always)]
+    fn set_event(&self, seen: u32) {
+        if let Some(ei) = self.event_idx {
+            // SAFETY: as for `value` (same shadow mapping rules).
+            unsafe { ei.as_ref() }.store(seen.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+        }
+    }
+
+    /// Zeroes the doorbell and (if any) sets the event index for value 0;
+    /// used when a queue is created, before its completion is posted.
+    pub fn reset(&self) {
+        // SAFETY: as for `load`.
+        unsafe { self.value.as_ref() }.store(0, Ordering::Release);
+        self.set_event(0);
+    }
+}
+
+/// Outcome of polling a doorbell.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum DbPoll {
+    Same,
+    Moved,
+    /// A new invalid value (ignored; report it).
+    Invalid(u32),
+}
+
+pub(crate) struct Sq {
+    pub cqid: u16,
+    pub iova: u64,
+    base: NonNull<Sqe>,
+    pub size: u32,
+    pub head: u32,
+    pub tail: u32,
+    pub db: Doorbell,
+    bad_db: Option<u32>,
+    /// Set by `poll_tail` on an invalid value; taken by the controller.
+    pub db_error: bool,
+}
+
+impl Sq {
+    /// # Safety
+    /// `base` must point to `size` SQEs inside an IOMMU mapping, and `db` to
+    /// a live doorbell (see [`Doorbell::load`]).
+    pub unsafe fn new(cqid: u16, iova: u64, base: NonNull<Sqe>, size: u32, db: Doorbell) -> Sq {
+        debug_assert!((2..=65536).contains(&size));
+        Sq {
+            cqid,
+            iova,
+            base,
+            size,
+            head: 0,
+            tail: 0,
+            db,
+            bad_db: None,
+            db_error: false,
+        }
+    }
+
+    /// Reads the tail doorbell; a valid new value becomes the tail.
+    #[inline]
+    pub fn poll_tail(&mut self) -> DbPoll {
+        let v = self.db.load();
+        if v == self.tail {
+            return DbPoll::Same;
+        }
+        if v >= self.size {
+            if self.bad_db == Some(v) {
+                return DbPoll::Same;
+            }
+            self.bad_db = Some(v);
+            self.db_error = true;
+            return DbPoll::Invalid(v);
+        }
+        self.bad_db = None;
+        self.tail = v;
+        self.db.set_event(v);
+        DbPoll::Moved
+    }
+
+    /// Copies the SQE at the head and advances the head.
+    #[inline(always)]
+    pub fn fetch(&mut self) -> Sqe {
+        debug_assert!(self.head != self.tail && self.head < self.size);
+        // SAFETY: `head < size` and the queue memory (`size` entries from a
+        // 64-byte aligned base) was translated at creation; it stays mapped
+        // while the controller is not fatal (see `Doorbell::load`). One
+        // volatile copy: the host may scribble on it, we decode only the copy.
+        let sqe = unsafe { ptr::read_volatile(self.base.as_ptr().add(self.head as usize)) };
+        self.head += 1;
+        if self.head == self.size {
+            self.head = 0;
+        }
+        sqe
+    }
+
+    /// Memory range of the queue.
+    pub fn range(&self) -> (u64, u64) {
+        (self.iova, self.size as u64 * 64)
+    }
+}
+
+pub(crate) struct Cq {
+    pub qid: u16,
+    pub iova: u64,
+    base: NonNull<u8>,
+    pub size: u32,
+    /// Next slot the device writes.
+    pub tail: u32,
+    /// Last head the host published.
+    pub head: u32,
+    phase: bool,
+    pub db: Doorbell,
+    bad_db: Option<u32>,
+    pub db_error: bool,
+    /// SQs bound to this CQ.
+    pub sq_count: u32,
+    pub ien: bool,
+    pub iv: u16,
+    /// Completions ready but not yet posted (CQ full), in order.
+    pub backlog: VecDeque<Completion>,
+    /// Completions held back by a Reorder fault; posted after the next one.
+    pub held: Vec<Completion>,
+}
+
+impl Cq {
+    /// # Safety
+    /// `base` must point to `size` 16-byte CQEs inside an IOMMU mapping and
+    /// `db` to a live doorbell.
+    pub unsafe fn new(qid: u16, iova: u64, base: NonNull<u8>, size: u32, db: Doorbell) -> Cq {
+        debug_assert!((2..=65536).contains(&size));
+        Cq {
+            qid,
+            iova,
+            base,
+            size,
+            tail: 0,
+            head: 0,
+            phase: true,
+            db,
+            bad_db: None,
+            db_error: false,
+            sq_count: 0,
+            ien: false,
+            iv: 0,
+            backlog: VecDeque::new(),
+            held: Vec::new(),
+        }
+    }
+
+    /// Entries posted and not yet consumed by the host.
+    #[inline(always)]
+    fn used(&self) -> u32 {
+        if self.tail >= self.head {
+            self.tail - self.head
+        } else {
+            self.tail + self.size - self.head
+        }
+    }
+
+    #[inline(always)]
+    pub fn full(&self) -> bool {
+        self.used() == self.size - 1
+    }
+
+    /// Reads the head doorbell. A value is invalid if it is not a slot
+    /// index or would consume entries that were never posted.
+    #[inline]
+    pub fn poll_head(&mut self) -> DbPoll {
+        let v = self.db.load();
+        if v == self.head {
+            return DbPoll::Same;
+        }
+        let valid = v < self.size && {
+            let adv = if v >= self.head {
+                v - self.head
+            } else {
+                v + self.size - self.head
+            };
+            adv <= self.used()
+        };
+        if !valid {
+            if self.bad_db == Some(v) {
+                return DbPoll::Same;
+            }
+            self.bad_db = Some(v);
+            self.db_error = true;
+            return DbPoll::Invalid(v);
+        }
+        self.bad_db = None;
+        self.head = v;
+        self.db.set_event(v);
+        DbPoll::Moved
+    }
+
+    /// True if a completion can be written now (refreshing the head once
+    /// if the queue looks full).
+    #[inline(always)]
+    fn room(&mut self) -> bool {
+        !self.full() || {
+            self.poll_head();
+            !self.full()
+        }
+    }
+
+    /// Posts `c` now if the CQ has room and nothing is queued before it;
+    /// otherwise appends it to the backlog. Returns whether it was written.
+    #[inline]
+    pub fn post(&mut self, c: Completion) -> bool {
+        if self.backlog.is_empty() && self.room() {
+            self.write(&c);
+            true
+        } else {
+            if self.backlog.len() >= BACKLOG_LIMIT {
+                tracing::error!(
+                    cq = self.qid,
+                    cid = c.cid,
+                    "CQ backlog limit reached; completion lost"
+                );
+                debug_assert!(false, "CQ backlog limit");
+                return false;
+            }
+            self.backlog.push_back(c);
+            false
+        }
+    }
+
+    /// Writes as much of the backlog as fits. Returns the number written.
+    pub fn drain(&mut self) -> usize {
+        let mut n = 0;
+        while !self.backlog.is_empty() && self.room() {
+            if let Some(c) = self.backlog.pop_front() {
+                self.write(&c);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Stalled: SQs bound here must not fetch.
+    #[inline(always)]
+    pub fn stalled(&self) -> bool {
+        !self.backlog.is_empty()
+    }
+
+    #[inline(always)]
+    fn write(&mut self, c: &Completion) {
+        debug_assert!(!self.full() && self.tail < self.size);
+        let dw3 = c.cid as u32 | (((c.status.0 << 1) | self.phase as u16) as u32) << 16;
+        // SAFETY: `tail < size`; the CQ memory (`size` 16-byte entries from
+        // a page-aligned base) was translated at creation and stays mapped
+        // while the controller is not fatal. Dwords 0-2 are plain volatile
+        // stores; the Release store of dword 3 publishes them together.
+        unsafe {
+            let p = self
+                .base
+                .as_ptr()
+                .add(self.tail as usize * 16)
+                .cast::<u32>();
+            ptr::write_volatile(p, c.dw0);
+            ptr::write_volatile(p.add(1), 0);
+            ptr::write_volatile(p.add(2), c.sqhd as u32 | (c.sqid as u32) << 16);
+            AtomicU32::from_ptr(p.add(3)).store(dw3, Ordering::Release);
+        }
+        self.tail += 1;
+        if self.tail == self.size {
+            self.tail = 0;
+            self.phase = !self.phase;
+        }
+    }
+
+    pub fn range(&self) -> (u64, u64) {
+        (self.iova, self.size as u64 * 16)
+    }
+}

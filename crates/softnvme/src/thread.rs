@@ -1,0 +1,177 @@
+//! `DeviceThread`: one OS thread stepping many controllers, optionally
+//! pinned to a CPU.
+//!
+//! The loop busy-polls. After ~1 ms without work on any controller it sleeps
+//! ~50 µs between rounds, and goes back to busy polling as soon as a round
+//! finds work. Attach/detach go through a Mutex<Vec<..>> plus an AtomicBool
+//! "changed" flag checked once per round (no lock per round); `detach`
+//! waits until the thread has picked up the change, so once it returns the
+//! thread no longer steps (or holds) that device. Drop stops and joins.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{mpsc, Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crate::SoftDevice;
+
+const IDLE_BEFORE_SLEEP: Duration = Duration::from_millis(1);
+const IDLE_SLEEP: Duration = Duration::from_micros(50);
+
+struct Shared {
+    devices: Mutex<Vec<Arc<SoftDevice>>>,
+    changed: AtomicBool,
+    stop: AtomicBool,
+    /// Bumped on every attach/detach.
+    generation: AtomicU64,
+    /// Last generation the thread has applied.
+    applied: AtomicU64,
+}
+
+/// A thread that steps attached devices.
+pub struct DeviceThread {
+    shared: Arc<Shared>,
+    handle: Option<JoinHandle<()>>,
+}
+
+impl std::fmt::Debug for DeviceThread {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceThread").finish_non_exhaustive()
+    }
+}
+
+fn pin(cpu: usize) -> std::io::Result<()> {
+    if cpu >= libc::CPU_SETSIZE as usize {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidInput,
+            "cpu index too large",
+        ));
+    }
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within
+    // it (index checked above); sched_setaffinity(0) targets this thread.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(cpu, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            return Err(std::io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+impl DeviceThread {
+    /// Starts the thread, pinned to `cpu` if given.
+    pub fn spawn(cpu: Option<usize>) -> std::io::Result<DeviceThread> {
+        let shared = Arc::new(Shared {
+            devices: Mutex::new(Vec::new()),
+            changed: AtomicBool::new(false),
+            stop: AtomicBool::new(false),
+            generation: AtomicU64::new(0),
+            applied: AtomicU64::new(0),
+        });
+        let (tx, rx) = mpsc::channel();
+        let sh = shared.clone();
+        let handle = std::thread::Builder::new()
+            .name("softnvme".into())
+            .spawn(move || {
+                let r = cpu.map_or(Ok(()), pin);
+                let ok = r.is_ok();
+                let _ = tx.send(r);
+                if ok {
+                    run(&sh);
+                }
+            })?;
+        match rx.recv() {
+            Ok(Ok(())) => Ok(DeviceThread {
+                shared,
+                handle: Some(handle),
+            }),
+            Ok(Err(e)) => {
+                let _ = handle.join();
+                Err(e)
+            }
+            Err(_) => {
+                let _ = handle.join();
+                Err(std::io::Error::other("device thread died at start"))
+            }
+        }
+    }
+
+    /// Starts stepping `dev` (attaching twice is a no-op).
+    pub fn attach(&self, dev: Arc<SoftDevice>) {
+        {
+            let mut v = self
+                .shared
+                .devices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            if v.iter().any(|d| Arc::ptr_eq(d, &dev)) {
+                return;
+            }
+            v.push(dev);
+        }
+        self.changed();
+    }
+
+    /// Stops stepping `dev`; returns once the thread has let go of it.
+    pub fn detach(&self, dev: &Arc<SoftDevice>) {
+        {
+            let mut v = self
+                .shared
+                .devices
+                .lock()
+                .unwrap_or_else(|e| e.into_inner());
+            v.retain(|d| !Arc::ptr_eq(d, dev));
+        }
+        let gen = self.changed();
+        while self.shared.applied.load(Ordering::Acquire) < gen {
+            if self.handle.as_ref().is_none_or(|h| h.is_finished()) {
+                break;
+            }
+            std::thread::sleep(Duration::from_micros(20));
+        }
+    }
+
+    fn changed(&self) -> u64 {
+        let gen = self.shared.generation.fetch_add(1, Ordering::AcqRel) + 1;
+        self.shared.changed.store(true, Ordering::Release);
+        gen
+    }
+}
+
+fn run(sh: &Shared) {
+    let mut devs: Vec<Arc<SoftDevice>> = Vec::new();
+    let mut idle_since: Option<Instant> = None;
+    while !sh.stop.load(Ordering::Relaxed) {
+        if sh.changed.swap(false, Ordering::AcqRel) {
+            let gen = sh.generation.load(Ordering::Acquire);
+            devs = sh.devices.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            sh.applied.store(gen, Ordering::Release);
+        }
+        let mut work = 0;
+        for d in &devs {
+            work += d.step();
+        }
+        if work > 0 {
+            idle_since = None;
+            continue;
+        }
+        let now = Instant::now();
+        match idle_since {
+            None => idle_since = Some(now),
+            Some(t) if now.duration_since(t) >= IDLE_BEFORE_SLEEP => std::thread::sleep(IDLE_SLEEP),
+            Some(_) => std::hint::spin_loop(),
+        }
+    }
+    // Let go of the devices before exiting.
+    drop(devs);
+    sh.applied.store(u64::MAX, Ordering::Release);
+}
+
+impl Drop for DeviceThread {
+    fn drop(&mut self) {
+        self.shared.stop.store(true, Ordering::Relaxed);
+        if let Some(h) = self.handle.take() {
+            let _ = h.join();
+        }
+    }
+}
