@@ -96,7 +96,7 @@ fn prp_errors() {
     );
     // PRP list with a misaligned entry.
     let (list, _) = h.alloc(4096);
-    h.write_mem(list, &[b + 4096, b + 100].as_bytes().to_vec());
+    h.write_mem(list, [b + 4096, b + 100].as_bytes());
     check(
         h.io_status(&mut q, rw(NvmOpcode::Read, 2, 0, 3, b, list)),
         generic::PRP_OFFSET_INVALID,
@@ -129,7 +129,7 @@ fn one_mib_transfer_with_chained_prp_lists() {
     // First list starts 16 bytes before the end of its page: one data
     // entry, then a chain pointer to l2 holding the remaining 254.
     let first = l1 + 4096 - 16;
-    h.write_mem(first, &[pages[1], l2].as_bytes().to_vec());
+    h.write_mem(first, [pages[1], l2].as_bytes());
     h.write_mem(l2, pages[2..].as_bytes());
     let data = pattern(PAGES * 4096, 7);
     for (i, p) in pages.iter().enumerate() {

@@ -178,7 +178,7 @@ impl Host {
     // ---------------- registers ----------------
 
     fn reg(&self, o: usize) -> &AtomicU32 {
-        assert!(o % 4 == 0 && o + 4 <= self.bar_len);
+        assert!(o.is_multiple_of(4) && o + 4 <= self.bar_len);
         unsafe { &*self.bar.add(o).cast::<AtomicU32>() }
     }
     pub fn r32(&self, o: usize) -> u32 {
