@@ -285,6 +285,7 @@ impl Controller {
             self.sqs[0] = Some(Sq::new(0, asq, sq_base.cast(), sqs, sq_db));
         }
         self.cq_ids.push(0);
+        self.shut = false;
         self.set_csts(Csts::RDY);
         tracing::debug!(page_size = self.page_size, sqs, cqs, "controller enabled");
         Ok(())

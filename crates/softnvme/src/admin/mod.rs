@@ -20,6 +20,9 @@ pub(crate) mod features;
 pub(crate) mod identify;
 pub(crate) mod log;
 
+/// Largest admin data transfer, even with MDTS 0 (unlimited).
+pub const ADMIN_XFER_LIMIT: usize = 16 << 20;
+
 /// Admin command result: `None` = no completion now (AER held).
 pub(crate) type AdminResult = Option<(u32, Status)>;
 
@@ -69,7 +72,7 @@ impl Controller {
         data: &[u8],
     ) -> Result<(), Status> {
         debug_assert!(data.len() <= xfer_len);
-        if xfer_len > self.max_xfer {
+        if xfer_len > self.max_xfer.min(ADMIN_XFER_LIMIT) {
             return Err(Status::generic(generic::INVALID_FIELD));
         }
         dma::map_prps(
