@@ -31,7 +31,7 @@ use crate::errlog::ErrorLog;
 use crate::fault::{DeferKind, Deferred, DeferredSet, FaultAction, Faults};
 use crate::io::{self, IoCtx};
 use crate::iommu::{Iommu, Mapping};
-use crate::queue::{Completion, Cq, DbPoll, Doorbell, Sq, HELD_LIMIT};
+use crate::queue::{Completion, Cq, Doorbell, Sq, HELD_LIMIT};
 use crate::stats::Counters;
 
 /// Most commands fetched from one SQ per `step()`.
@@ -401,12 +401,12 @@ impl Controller {
                 debug_assert!(false, "cq_ids out of sync");
                 continue;
             };
-            let poll = cq.poll_head();
+            cq.poll_head();
             if cq.stalled() {
                 n += cq.drain();
             }
-            if let DbPoll::Invalid(v) = poll {
-                self.invalid_doorbell_value(qid, false, v);
+            if cq.db_error {
+                self.report_db_errors(None, Some(qid));
             }
         }
         n
@@ -417,10 +417,10 @@ impl Controller {
             debug_assert!(false, "running without an admin SQ");
             return 0;
         };
-        if let DbPoll::Invalid(v) = sq.poll_tail() {
-            self.invalid_doorbell_value(0, true, v);
-        }
-        self.run_sq_slow(0)
+        sq.poll_tail();
+        let n = self.run_sq_slow(0);
+        self.report_db_errors(Some(0), Some(0));
+        n
     }
 
     fn run_io(&mut self) -> usize {
@@ -433,14 +433,14 @@ impl Controller {
                 debug_assert!(false, "io_sqs out of sync");
                 continue;
             };
-            if let DbPoll::Invalid(v) = sq.poll_tail() {
-                self.invalid_doorbell_value(qid, true, v);
-            }
+            sq.poll_tail();
+            let cqid = sq.cqid;
             n += if self.faults.is_empty() {
                 self.run_io_sq_fast(qid)
             } else {
                 self.run_sq_slow(qid)
             };
+            self.report_db_errors(Some(qid), Some(cqid));
         }
         n
     }
@@ -657,9 +657,27 @@ impl Controller {
         n
     }
 
+    /// Reports invalid doorbell values flagged on SQ `sqid` / CQ `cqid`
+    /// (the queues set the flag while polling, including the head refresh
+    /// a full CQ does while posting).
+    #[inline]
+    fn report_db_errors(&mut self, sqid: Option<u16>, cqid: Option<u16>) {
+        let sq = sqid.and_then(|q| self.sqs.get_mut(q as usize)?.as_mut());
+        let sq_err = sq.is_some_and(|s| std::mem::take(&mut s.db_error));
+        let cq = cqid.and_then(|q| self.cqs.get_mut(q as usize)?.as_mut());
+        let cq_err = cq.is_some_and(|c| std::mem::take(&mut c.db_error));
+        if sq_err {
+            self.invalid_doorbell_value(sqid.unwrap_or(0), true);
+        }
+        if cq_err {
+            self.invalid_doorbell_value(cqid.unwrap_or(0), false);
+        }
+    }
+
     /// An invalid value was written to an existing queue's doorbell.
-    fn invalid_doorbell_value(&mut self, qid: u16, sq: bool, value: u32) {
-        tracing::warn!(qid, sq, value, "invalid doorbell write value ignored");
+    #[cold]
+    fn invalid_doorbell_value(&mut self, qid: u16, sq: bool) {
+        tracing::warn!(qid, sq, "invalid doorbell write value ignored");
         self.invalid_doorbell(pollux_spec::features::aer::ERROR_INVALID_DOORBELL_WRITE);
     }
 
