@@ -331,7 +331,10 @@ impl Controller {
     // ------------------------------------------------------------------
 
     /// Called after `m` left the IOMMU: anything live inside it is an
-    /// IOMMU fault for the device.
+    /// IOMMU fault for a running controller (it goes fatal). A controller
+    /// that is shut down, frozen or already fatal touches no queue memory
+    /// until a reset drops its queues, so unmapping is then harmless (the
+    /// usual teardown order: shutdown, then free the queues).
     pub fn on_unmap(&mut self, m: &Mapping) {
         let live_q = self
             .sqs
@@ -343,7 +346,12 @@ impl Controller {
         let live_shadow = self.shadow.is_some_and(|s| {
             m.intersects(s.db_iova, s.len as u64) || m.intersects(s.ei_iova, s.len as u64)
         });
-        if live_q || live_shadow {
+        if (live_q || live_shadow) && !self.running {
+            tracing::debug!(
+                iova = m.iova,
+                "queue memory unmapped while the controller is stopped"
+            );
+        } else if live_q || live_shadow {
             tracing::error!(
                 iova = m.iova,
                 len = m.len,

@@ -166,3 +166,23 @@ fn no_processing_after_shutdown() {
     let s = h.admin_status(Sqe::identify(1, 0, b));
     assert!(s.is(sct::GENERIC, generic::SUCCESS));
 }
+
+#[test]
+fn unmapping_queues_after_shutdown_is_not_fatal() {
+    let mut h = Host::enabled(cfg_ram());
+    let _q = h.create_ioq(1, 16);
+    h.w32(
+        off::CC,
+        Cc::standard(0).with_en(true).with_shn(shn::NORMAL).0,
+    );
+    h.step();
+    assert_eq!(h.csts().shst(), shst::COMPLETE);
+    h.dev.dma_unmap(IOVA_BASE).unwrap();
+    h.steps(300);
+    assert!(!h.csts().cfs());
+    // While running it is an IOMMU fault.
+    let mut h = Host::enabled(cfg_ram());
+    h.dev.dma_unmap(IOVA_BASE).unwrap();
+    h.step();
+    assert!(h.csts().cfs());
+}
