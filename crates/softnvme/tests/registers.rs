@@ -181,7 +181,7 @@ fn unmapping_queues_after_shutdown_is_not_fatal() {
     h.steps(300);
     assert!(!h.csts().cfs());
     // While running it is an IOMMU fault.
-    let mut h = Host::enabled(cfg_ram());
+    let h = Host::enabled(cfg_ram());
     h.dev.dma_unmap(IOVA_BASE).unwrap();
     h.step();
     assert!(h.csts().cfs());
