@@ -112,7 +112,7 @@ impl AdminQueue {
                 continue;
             }
             spins = spins.wrapping_add(1);
-            if spins % 1024 == 0 {
+            if spins.is_multiple_of(1024) {
                 check_csts(bar)?;
                 if start.elapsed() >= timeout {
                     return Err(Error::Timeout {

@@ -417,9 +417,8 @@ impl Controller {
                 .map_err(|_| Error::Platform("identify buffer too small".into()))?,
         );
         // SQES/CQES: bits 3:0 required (minimum) size, 7:4 maximum, log2.
-        if !(ident.sqes & 0xF <= 6 && 6 <= ident.sqes >> 4)
-            || !(ident.cqes & 0xF <= 4 && 4 <= ident.cqes >> 4)
-        {
+        let entry_ok = |field: u8, want: u8| field & 0xF <= want && want <= field >> 4;
+        if !entry_ok(ident.sqes, 6) || !entry_ok(ident.cqes, 4) {
             return Err(Error::Unsupported(format!(
                 "SQES {:#x} / CQES {:#x} exclude 64/16-byte entries",
                 ident.sqes, ident.cqes
@@ -593,7 +592,7 @@ impl Controller {
 
     /// Get Log Page into a new vector (`len` a multiple of 4, ≤ 8 KiB).
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize) -> Result<Vec<u8>> {
-        if len == 0 || len % 4 != 0 || len > 8192 {
+        if len == 0 || !len.is_multiple_of(4) || len > 8192 {
             return Err(Error::InvalidArgument(format!(
                 "log page length {len} must be a non-zero multiple of 4, at most 8192"
             )));

@@ -43,7 +43,7 @@ impl Mmio {
     #[inline]
     fn reg(&self, off: usize) -> &AtomicU32 {
         assert!(
-            off % 4 == 0 && off + 4 <= self.len,
+            off.is_multiple_of(4) && off + 4 <= self.len,
             "register offset {off:#x} outside BAR ({:#x})",
             self.len
         );

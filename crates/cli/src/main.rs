@@ -1,0 +1,59 @@
+//! `pollux` — command-line tools of the pollux NVMe stack.
+use clap::{Parser, Subcommand};
+
+mod perf;
+mod pingpong;
+
+#[derive(Parser)]
+#[command(
+    name = "pollux",
+    version,
+    about = "pollux: user-space poll-mode NVMe tools"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Measure IOPS, bandwidth and latency (modelled on SPDK's nvme perf).
+    Perf(perf::PerfArgs),
+    /// Measure the cross-core cache-line round trip (the QD 1 latency floor).
+    #[command(hide = true)]
+    Pingpong(pingpong::PingpongArgs),
+}
+
+fn main() {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_env("POLLUX_LOG")
+                .unwrap_or_else(|_| "warn".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let cli = Cli::parse();
+    let code = match cli.cmd {
+        Command::Perf(args) => match perf::run(args) {
+            Ok(report) => {
+                if report.errors > 0 {
+                    1
+                } else {
+                    0
+                }
+            }
+            Err(e) => {
+                eprintln!("pollux perf: {e}");
+                2
+            }
+        },
+        Command::Pingpong(args) => match pingpong::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("pollux pingpong: {e}");
+                2
+            }
+        },
+    };
+    std::process::exit(code);
+}

@@ -1,0 +1,299 @@
+//! The perf hot loop: one pinned thread polls its queue pairs; each
+//! completion immediately submits the slot's next I/O through the
+//! `Submitter` it is handed, and the poll rings the doorbells once.
+//!
+//! Budget per I/O: one xorshift step, one multiply-shift for the random LBA
+//! (no division), one read/write decision by comparison. The clock is read
+//! per I/O only with `-L`; verification work only with `--verify`.
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use pollux_driver::{Completion, DmaBuffer, Namespace, QpairStats, QueuePair, Submitter};
+use pollux_softnvme::SoftDevice;
+
+use super::verify::Verify;
+
+#[derive(Clone, Copy, Debug)]
+pub enum Mix {
+    AllRead,
+    AllWrite,
+    /// Read when the low 32 random bits are below this threshold.
+    Reads(u64),
+}
+
+pub struct Latency {
+    pub submit: Vec<Instant>,
+    pub hist: Histogram<u64>,
+}
+
+/// Everything a job needs besides its queue pair.
+pub struct JobCtx {
+    pub label: String,
+    pub ns: Namespace,
+    pub buf: DmaBuffer,
+    pub io_size: usize,
+    pub nlb: u32,
+    /// I/O-sized units in the namespace.
+    pub units: u64,
+    pub rng: u64,
+    pub random: bool,
+    pub mix: Mix,
+    pub seq: u64,
+    /// I/Os still to submit.
+    pub remaining: u64,
+    pub ios: u64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+    pub latency: Option<Latency>,
+    pub verify: Option<Verify>,
+    /// Per slot: LBA of the I/O in flight (only kept with --verify).
+    pub slot_lba: Vec<u64>,
+}
+
+pub struct Job {
+    pub qp: QueuePair,
+    pub ctx: JobCtx,
+}
+
+const MAX_REPORTED_ERRORS: usize = 10;
+
+impl JobCtx {
+    #[inline(always)]
+    fn next_rand(&mut self) -> u64 {
+        // xorshift64*
+        let mut x = self.rng;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.rng = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    #[inline(always)]
+    pub fn submit(&mut self, sub: &mut Submitter, slot: usize) {
+        let r = self.next_rand();
+        let is_read = match self.mix {
+            Mix::AllRead => true,
+            Mix::AllWrite => false,
+            Mix::Reads(t) => (r & 0xFFFF_FFFF) < t,
+        };
+        let unit = if self.random {
+            ((r as u128 * self.units as u128) >> 64) as u64
+        } else {
+            let u = self.seq;
+            self.seq += 1;
+            if self.seq == self.units {
+                self.seq = 0;
+            }
+            u
+        };
+        let lba = unit * self.nlb as u64;
+        let off = slot * self.io_size;
+        if let Some(v) = &mut self.verify {
+            self.slot_lba[slot] = lba;
+            v.prepare(
+                slot,
+                unit,
+                lba,
+                is_read,
+                &mut self.buf.as_mut_slice()[off..off + self.io_size],
+            );
+        }
+        if let Some(l) = &mut self.latency {
+            l.submit[slot] = Instant::now();
+        }
+        let data = self.buf.slice(off..off + self.io_size);
+        let r = if is_read {
+            sub.read(&self.ns, lba, self.nlb, data, slot as u64)
+        } else {
+            sub.write(&self.ns, lba, self.nlb, data, slot as u64)
+        };
+        if let Err(e) = r {
+            self.error(format!("submit at LBA {lba} failed: {e}"));
+        }
+    }
+
+    #[cold]
+    fn error(&mut self, msg: String) {
+        self.errors += 1;
+        if self.first_errors.len() < MAX_REPORTED_ERRORS {
+            tracing::error!("{}: {msg}", self.label);
+            self.first_errors.push(msg);
+        }
+    }
+
+    #[inline(always)]
+    pub fn on_complete(&mut self, sub: &mut Submitter, c: Completion) {
+        let slot = c.user_data as usize;
+        self.ios += 1;
+        if let Some(l) = &mut self.latency {
+            let ns = l.submit[slot].elapsed().as_nanos() as u64;
+            let _ = l.hist.record(ns.max(1));
+        }
+        match c.result {
+            Ok(_) => {
+                if self.verify.is_some() {
+                    self.check(slot);
+                }
+            }
+            Err(e) => self.error(format!("I/O failed: {e}")),
+        }
+        if self.remaining > 0 {
+            self.remaining -= 1;
+            self.submit(sub, slot);
+        }
+    }
+
+    #[cold]
+    fn check(&mut self, slot: usize) {
+        let off = slot * self.io_size;
+        let lba = self.slot_lba[slot];
+        let Some(v) = &mut self.verify else { return };
+        if let Err(m) = v.complete(slot, lba, &self.buf.as_slice()[off..off + self.io_size]) {
+            self.error(format!("verify: LBA {}: {}", m.lba, m.what));
+        }
+    }
+}
+
+/// Shared between the main thread and one worker.
+pub struct WorkerCtl {
+    pub stop: AtomicBool,
+    /// Completed I/Os, published every few hundred loop iterations.
+    pub progress: AtomicU64,
+}
+
+pub struct JobResult {
+    pub label: String,
+    pub ios: u64,
+    pub errors: u64,
+    pub first_errors: Vec<String>,
+    pub io_size: usize,
+    pub hist: Option<Histogram<u64>>,
+    pub qp: QpairStats,
+}
+
+pub struct WorkerResult {
+    pub core: Option<usize>,
+    /// Time from the first submission to the stop signal (or to the last
+    /// completion with --io-count).
+    pub elapsed: Duration,
+    /// I/Os completed within `elapsed`.
+    pub ios_in_window: u64,
+    pub jobs: Vec<JobResult>,
+    /// Set when outstanding I/Os did not finish after the stop.
+    pub drain_error: Option<String>,
+}
+
+pub fn pin_to(core: usize) {
+    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
+    // within it; sched_setaffinity reads it.
+    unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        libc::CPU_SET(core, &mut set);
+        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
+            tracing::warn!(
+                core,
+                "could not pin thread: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+    }
+}
+
+/// Runs one worker until stopped (or its I/O count is done), then drains.
+pub fn run(
+    core: Option<usize>,
+    mut jobs: Vec<Job>,
+    inline: Vec<Arc<SoftDevice>>,
+    ctl: &WorkerCtl,
+    drain_timeout: Duration,
+) -> WorkerResult {
+    if let Some(c) = core {
+        pin_to(c);
+    }
+    let t0 = Instant::now();
+    for job in &mut jobs {
+        let Job { qp, ctx } = job;
+        for slot in 0..qp.depth() as usize {
+            if ctx.remaining == 0 {
+                break;
+            }
+            ctx.remaining -= 1;
+            ctx.submit(qp, slot);
+        }
+        qp.flush();
+    }
+    let mut iter: u64 = 0;
+    let mut stopped_at: Option<(Instant, u64)> = None;
+    let mut by_count = false;
+    let mut drain_error = None;
+    loop {
+        for job in jobs.iter_mut() {
+            let Job { qp, ctx } = job;
+            qp.poll(u32::MAX, |sub, c| ctx.on_complete(sub, c));
+        }
+        for d in &inline {
+            d.step();
+        }
+        iter += 1;
+        if iter & 255 != 0 {
+            continue;
+        }
+        let ios: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+        ctl.progress.store(ios, Ordering::Relaxed);
+        match stopped_at {
+            None => {
+                let all_submitted = jobs.iter().all(|j| j.ctx.remaining == 0);
+                let stop = ctl.stop.load(Ordering::Relaxed);
+                if stop || all_submitted {
+                    by_count = !stop;
+                    for j in jobs.iter_mut() {
+                        j.ctx.remaining = 0;
+                    }
+                    stopped_at = Some((Instant::now(), ios));
+                }
+            }
+            Some((at, _)) => {
+                if jobs.iter().all(|j| j.qp.in_flight() == 0) {
+                    break;
+                }
+                if at.elapsed() > drain_timeout {
+                    let n: usize = jobs.iter().map(|j| j.qp.in_flight()).sum();
+                    drain_error = Some(format!(
+                        "{n} I/Os still outstanding {drain_timeout:?} after the stop"
+                    ));
+                    break;
+                }
+            }
+        }
+    }
+    let (stop_time, stop_ios) = stopped_at.unwrap_or((Instant::now(), 0));
+    // With --io-count the window ends at the last completion.
+    let count_mode = by_count;
+    let end = if count_mode {
+        Instant::now()
+    } else {
+        stop_time
+    };
+    let total: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+    WorkerResult {
+        core,
+        elapsed: end.duration_since(t0),
+        ios_in_window: if count_mode { total } else { stop_ios },
+        jobs: jobs
+            .into_iter()
+            .map(|j| JobResult {
+                label: j.ctx.label,
+                ios: j.ctx.ios,
+                errors: j.ctx.errors,
+                first_errors: j.ctx.first_errors,
+                io_size: j.ctx.io_size,
+                hist: j.ctx.latency.map(|l| l.hist),
+                qp: j.qp.stats(),
+            })
+            .collect(),
+        drain_error,
+    }
+}

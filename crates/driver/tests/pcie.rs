@@ -1,0 +1,382 @@
+//! The driver against a real PCIe NVMe controller (QEMU's `-device nvme` in
+//! tests/guest), through whichever of vfio-pci / uio_pci_generic it is bound
+//! to. Runs only when `POLLUX_PCIE_BDF` names the controller; otherwise
+//! every test returns at once (and says so). tests/guest/run-tests.sh runs
+//! it in the guest, once per binding, with `--test-threads=1`.
+//!
+//! `POLLUX_HANDOFF=write:FILE:LBA` / `verify:FILE:LBA` makes
+//! `kernel_handoff` write FILE's bytes at LBA / check that the namespace
+//! holds them there (the other side is done with `dd` through the kernel
+//! nvme driver).
+use std::sync::Mutex;
+use std::time::Duration;
+
+use pollux_driver::platform::open_pcie;
+use pollux_driver::{
+    Completion, Controller, ControllerOptions, IoError, QpairOptions, QueuePair, SubmitError,
+};
+
+/// One controller, one user at a time.
+static DEVICE: Mutex<()> = Mutex::new(());
+
+fn bdf() -> Option<String> {
+    match std::env::var("POLLUX_PCIE_BDF") {
+        Ok(b) if !b.is_empty() => Some(b),
+        _ => {
+            eprintln!("POLLUX_PCIE_BDF not set: skipping (runs in tests/guest)");
+            None
+        }
+    }
+}
+
+fn open(bdf: &str, opts: ControllerOptions) -> Controller {
+    let p = open_pcie(bdf).unwrap_or_else(|e| panic!("open {bdf}: {e}"));
+    Controller::new(p, opts).unwrap_or_else(|e| panic!("bring-up of {bdf}: {e}"))
+}
+
+fn drain(qp: &mut QueuePair) -> Vec<Completion> {
+    let mut out = Vec::new();
+    qp.drain(Duration::from_secs(60), |_, c| out.push(c))
+        .expect("drain");
+    out
+}
+
+fn pattern(buf: &mut [u8], seed: u64) {
+    let mut x = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    for chunk in buf.chunks_mut(8) {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        let b = x.to_le_bytes();
+        chunk.copy_from_slice(&b[..chunk.len()]);
+    }
+}
+
+fn first_diff(a: &[u8], b: &[u8]) -> Option<usize> {
+    a.iter().zip(b).position(|(x, y)| x != y)
+}
+
+#[test]
+fn identify_and_features() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let id = ctrl.identify();
+    let mn = pollux_spec::identify::ascii_str(&id.mn);
+    let sn = pollux_spec::identify::ascii_str(&id.sn);
+    println!(
+        "{}: model '{mn}', serial '{sn}', {} I/O queues, max transfer {} KiB, shadow doorbells {}, namespaces {:?}",
+        ctrl.describe(),
+        ctrl.io_queues(),
+        ctrl.max_transfer() >> 10,
+        ctrl.shadow_doorbells(),
+        ctrl.namespaces()
+    );
+    assert!(!mn.is_empty());
+    if let Ok(want) = std::env::var("POLLUX_PCIE_SERIAL") {
+        assert_eq!(sn, want);
+    }
+    assert!(!ctrl.namespaces().is_empty(), "no active namespace");
+    assert!(ctrl.io_queues() >= 4, "want several I/O queues");
+    // QEMU's controller offers Doorbell Buffer Config (OACS bit 8).
+    assert!(
+        ctrl.shadow_doorbells(),
+        "Doorbell Buffer Config offered but not configured"
+    );
+    // SMART / health log through the admin queue.
+    let log = ctrl
+        .get_log_page(0x02, 0xffff_ffff, 512)
+        .expect("SMART log");
+    assert_eq!(log.len(), 512);
+}
+
+/// Four queue pairs on four threads, sizes 512 B..1 MiB (PRP1 only, PRP2,
+/// PRP lists, MDTS splitting), buffers at in-page offsets too; every byte
+/// read back and compared.
+#[test]
+fn read_write_verify_queue_pairs_and_sizes() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let shadow = std::env::var("POLLUX_SHADOW").map_or(true, |v| v != "0");
+    let ctrl = open(
+        &bdf,
+        ControllerOptions {
+            shadow_doorbells: shadow,
+            ..ControllerOptions::default()
+        },
+    );
+    let ns = ctrl.namespaces()[0];
+    let lbs = ns.lba_size() as usize;
+    let sizes = [
+        512usize,
+        4096,
+        8192,
+        12288,
+        64 << 10,
+        128 << 10,
+        132 << 10,
+        512 << 10,
+        (512 << 10) + 4096,
+        1 << 20,
+    ];
+    let region = 4u64 << 20; // bytes per thread
+    assert!(ns.size_bytes() >= 4 * region + (8 << 20));
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let ctrl = &ctrl;
+            s.spawn(move || {
+                let mut qp = ctrl
+                    .alloc_qpair(QpairOptions {
+                        depth: 64,
+                        ..QpairOptions::default()
+                    })
+                    .expect("qpair");
+                let base_lba = (t * region) / lbs as u64;
+                let mut lba = base_lba;
+                for (i, &size) in sizes.iter().enumerate() {
+                    if size % lbs != 0 {
+                        continue;
+                    }
+                    let nlb = (size / lbs) as u32;
+                    // Offset 512 into the page: PRP1 with an offset.
+                    for off in [0usize, 512] {
+                        let mut w = ctrl.alloc_dma(size + off).unwrap();
+                        let seed = t << 32 | (i as u64) << 8 | off as u64;
+                        pattern(&mut w.as_mut_slice()[off..], seed);
+                        qp.write(&ns, lba, nlb, w.slice(off..off + size), 1)
+                            .unwrap();
+                        let c = drain(&mut qp);
+                        assert_eq!(c.len(), 1);
+                        assert_eq!(c[0].result, Ok(0), "write {size} B at +{off}");
+                        let r = ctrl.alloc_dma(size + off).unwrap();
+                        qp.read(&ns, lba, nlb, r.slice(off..off + size), 2).unwrap();
+                        let c = drain(&mut qp);
+                        assert_eq!(c[0].result, Ok(0), "read {size} B at +{off}");
+                        if let Some(d) = first_diff(&r.as_slice()[off..], &w.as_slice()[off..]) {
+                            panic!("qpair {t}: {size} B at +{off}: first difference at byte {d}");
+                        }
+                        lba += nlb as u64;
+                    }
+                }
+                assert!(lba - base_lba <= region / lbs as u64);
+                let st = qp.stats();
+                println!("qpair {} (thread {t}): {st:?}", qp.qid());
+            });
+        }
+    });
+}
+
+/// More requests than the queue depth: the rest wait in software and all
+/// complete; the software queue's bound is reported; oversized requests
+/// are refused.
+#[test]
+fn queue_full() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let lbs = ns.lba_size() as usize;
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 4,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut w = ctrl.alloc_dma(100 * 4096).unwrap();
+    pattern(w.as_mut_slice(), 77);
+    let per = (4096 / lbs) as u32;
+    for i in 0..100u64 {
+        let b = w.slice(i as usize * 4096..(i as usize + 1) * 4096);
+        qp.write(&ns, i * per as u64, per, b, i).unwrap();
+    }
+    assert_eq!(qp.outstanding(), 4);
+    assert_eq!(qp.queued(), 96);
+    let c = drain(&mut qp);
+    assert_eq!(c.len(), 100);
+    let mut ids: Vec<u64> = c.iter().map(|c| c.user_data).collect();
+    ids.sort_unstable();
+    assert_eq!(ids, (0..100).collect::<Vec<_>>());
+    assert!(c.iter().all(|c| c.result.is_ok()), "{c:?}");
+    let r = ctrl.alloc_dma(100 * 4096).unwrap();
+    qp.read(&ns, 0, 100 * per, r.full(), 1).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    assert!(
+        r.as_slice() == w.as_slice(),
+        "data written through a full queue differs"
+    );
+
+    let mut qp1 = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 1,
+            max_queued: 2,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    for i in 0..3 {
+        qp1.read(&ns, 0, per, r.slice(0..4096), i).unwrap();
+    }
+    assert_eq!(
+        qp1.read(&ns, 0, per, r.slice(0..4096), 9),
+        Err(SubmitError::QueueFull { limit: 2 })
+    );
+    assert_eq!(drain(&mut qp1).len(), 3);
+}
+
+/// With shadow doorbells (Doorbell Buffer Config) the queue pair updates
+/// memory instead of ringing MMIO doorbells; without them it rings MMIO.
+/// Data is verified both ways. Shadow doorbells are switched per
+/// controller: QEMU takes SQ tails and CQ heads from the shadow buffer once
+/// it is configured, so a queue pair that skipped the shadow would stall.
+#[test]
+fn shadow_doorbells_on_and_off() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    for shadow in [true, false] {
+        let ctrl = open(
+            &bdf,
+            ControllerOptions {
+                shadow_doorbells: shadow,
+                ..ControllerOptions::default()
+            },
+        );
+        assert_eq!(ctrl.shadow_doorbells(), shadow);
+        let ns = ctrl.namespaces()[0];
+        let per = (4096 / ns.lba_size()) as u64;
+        let base = ns.nsze / 2;
+        let mut qp = ctrl
+            .alloc_qpair(QpairOptions {
+                depth: 16,
+                ..QpairOptions::default()
+            })
+            .unwrap();
+        let mut w = ctrl.alloc_dma(64 * 4096).unwrap();
+        pattern(w.as_mut_slice(), 5 + shadow as u64);
+        for i in 0..64u64 {
+            let b = w.slice(i as usize * 4096..(i as usize + 1) * 4096);
+            qp.write(&ns, base + i * per, per as u32, b, i).unwrap();
+        }
+        assert!(drain(&mut qp).iter().all(|c| c.result.is_ok()));
+        let r = ctrl.alloc_dma(64 * 4096).unwrap();
+        for i in 0..64u64 {
+            let b = r.slice(i as usize * 4096..(i as usize + 1) * 4096);
+            qp.read(&ns, base + i * per, per as u32, b, i).unwrap();
+        }
+        assert!(drain(&mut qp).iter().all(|c| c.result.is_ok()));
+        assert!(
+            r.as_slice() == w.as_slice(),
+            "shadow={shadow}: data differs"
+        );
+        let st = qp.stats();
+        println!("shadow doorbells {shadow}: {st:?}");
+        if shadow {
+            assert!(st.shadow_updates > 0, "{st:?}");
+        } else {
+            assert_eq!(st.shadow_updates, 0, "{st:?}");
+            assert!(st.sq_doorbells > 0, "{st:?}");
+        }
+    }
+}
+
+/// A controller reset with commands in flight: each completes (done, or
+/// failed with ControllerReset), the queue pair re-creates its queues, I/O
+/// works again and earlier data is intact. Twice, to cover a reset after
+/// recovery.
+#[test]
+fn controller_reset_and_recovery() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let per = (4096 / ns.lba_size()) as u64;
+    let base = ns.nsze * 3 / 4;
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 32,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut w = ctrl.alloc_dma(32 * 4096).unwrap();
+    pattern(w.as_mut_slice(), 99);
+    qp.write(&ns, base, 32 * per as u32, w.full(), 0).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    let r = ctrl.alloc_dma(32 * 4096).unwrap();
+    for round in 1..=2u32 {
+        for i in 0..32u64 {
+            let b = r.slice(i as usize * 4096..(i as usize + 1) * 4096);
+            qp.read(&ns, base + i * per, per as u32, b, i).unwrap();
+        }
+        qp.flush();
+        ctrl.reset().expect("reset");
+        assert_eq!(ctrl.resets(), round);
+        assert!(!ctrl.is_failed());
+        let c = drain(&mut qp);
+        assert_eq!(c.len(), 32, "every request completes");
+        assert!(
+            c.iter()
+                .all(|c| c.result.is_ok() || c.result == Err(IoError::ControllerReset)),
+            "{c:?}"
+        );
+        let failed = c.iter().filter(|c| c.result.is_err()).count();
+        println!("reset {round}: {failed} of 32 in-flight reads failed with ControllerReset");
+        // Recovered: the same queue pair works and the data is intact.
+        let r2 = ctrl.alloc_dma(32 * 4096).unwrap();
+        qp.read(&ns, base, 32 * per as u32, r2.full(), 7).unwrap();
+        let c = drain(&mut qp);
+        assert_eq!(c[0].result, Ok(0));
+        assert!(
+            r2.as_slice() == w.as_slice(),
+            "data differs after reset {round}"
+        );
+    }
+    assert!(qp.stats().resets_seen >= 1);
+    // A fresh queue pair after the resets works too.
+    let mut qp2 = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let r3 = ctrl.alloc_dma(4096).unwrap();
+    qp2.read(&ns, base, per as u32, r3.full(), 1).unwrap();
+    assert_eq!(drain(&mut qp2)[0].result, Ok(0));
+    assert!(r3.as_slice() == &w.as_slice()[..4096]);
+}
+
+/// Data handed over between pollux and the kernel nvme driver: see the
+/// module docs.
+#[test]
+fn kernel_handoff() {
+    let Some(bdf) = bdf() else { return };
+    let Ok(spec) = std::env::var("POLLUX_HANDOFF") else {
+        eprintln!("POLLUX_HANDOFF not set: skipping");
+        return;
+    };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let mut it = spec.splitn(3, ':');
+    let (Some(mode), Some(file), Some(lba)) = (it.next(), it.next(), it.next()) else {
+        panic!("POLLUX_HANDOFF wants write:FILE:LBA or verify:FILE:LBA, got {spec}");
+    };
+    let lba: u64 = lba.parse().expect("LBA");
+    let data = std::fs::read(file).unwrap_or_else(|e| panic!("{file}: {e}"));
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    assert_eq!(data.len() % ns.lba_size() as usize, 0);
+    let nlb = (data.len() / ns.lba_size() as usize) as u32;
+    let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut buf = ctrl.alloc_dma(data.len()).unwrap();
+    match mode {
+        "write" => {
+            buf.as_mut_slice()[..data.len()].copy_from_slice(&data);
+            qp.write(&ns, lba, nlb, buf.slice(0..data.len()), 1)
+                .unwrap();
+            assert_eq!(drain(&mut qp)[0].result, Ok(0));
+            qp.flush_cache(&ns, 2).unwrap();
+            assert_eq!(drain(&mut qp)[0].result, Ok(0));
+            println!("pollux wrote {} bytes at LBA {lba}", data.len());
+        }
+        "verify" => {
+            qp.read(&ns, lba, nlb, buf.slice(0..data.len()), 1).unwrap();
+            assert_eq!(drain(&mut qp)[0].result, Ok(0));
+            if let Some(d) = first_diff(&buf.as_slice()[..data.len()], &data) {
+                panic!("pollux read differs from {file} at byte {d}");
+            }
+            println!("pollux read {} bytes at LBA {lba}: match", data.len());
+        }
+        m => panic!("unknown POLLUX_HANDOFF mode {m}"),
+    }
+}

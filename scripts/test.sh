@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Runs every pollux test: formatting and lint checks, unit tests, the
+# integration tests of each crate (driver + emulated controller end to end,
+# emulated-controller conformance), and — when the host can boot a QEMU
+# guest — the real-hardware-path suite in tests/guest/.
+#
+# Installs what it needs when run as root on Debian (the Rust toolchain
+# only if none is present; see scripts/ensure-deps.sh).
+#
+#   scripts/test.sh            # everything
+#   SKIP_GUEST=1 scripts/test.sh   # host tests only
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/ensure-deps.sh
+
+echo "== cargo fmt --check"
+cargo fmt --all -- --check
+echo "== cargo clippy -D warnings"
+cargo clippy --workspace --all-targets --locked -- -D warnings
+echo "== cargo test"
+cargo test --workspace --locked
+if [[ -x tests/guest/run-tests.sh && -z ${SKIP_GUEST:-} ]]; then
+    echo "== guest tests (QEMU, TCG)"
+    tests/guest/run-tests.sh
+fi
