@@ -119,7 +119,7 @@ fn read_write_verify_queue_pairs_and_sizes() {
         (512 << 10) + 4096,
         1 << 20,
     ];
-    let region = 4u64 << 20; // bytes per thread
+    let region = 8u64 << 20; // bytes per thread
     assert!(ns.size_bytes() >= 4 * region + (8 << 20));
     std::thread::scope(|s| {
         for t in 0..4u64 {
@@ -152,7 +152,10 @@ fn read_write_verify_queue_pairs_and_sizes() {
                         qp.read(&ns, lba, nlb, r.slice(off..off + size), 2).unwrap();
                         let c = drain(&mut qp);
                         assert_eq!(c[0].result, Ok(0), "read {size} B at +{off}");
-                        if let Some(d) = first_diff(&r.as_slice()[off..], &w.as_slice()[off..]) {
+                        let span = off..off + size;
+                        if let Some(d) =
+                            first_diff(&r.as_slice()[span.clone()], &w.as_slice()[span])
+                        {
                             panic!("qpair {t}: {size} B at +{off}: first difference at byte {d}");
                         }
                         lba += nlb as u64;
@@ -335,6 +338,50 @@ fn controller_reset_and_recovery() {
     qp2.read(&ns, base, per as u32, r3.full(), 1).unwrap();
     assert_eq!(drain(&mut qp2)[0].result, Ok(0));
     assert!(r3.as_slice() == &w.as_slice()[..4096]);
+}
+
+/// Queue pairs created and deleted on some threads while others do I/O:
+/// queue creation/deletion through the admin queue must not disturb the
+/// I/O queues that stay.
+#[test]
+fn queue_pair_churn_alongside_io() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let per = 4096 / ns.lba_size();
+    std::thread::scope(|s| {
+        for t in 0..4u64 {
+            let ctrl = &ctrl;
+            s.spawn(move || {
+                let mut w = ctrl.alloc_dma(4096).unwrap();
+                let r = ctrl.alloc_dma(4096).unwrap();
+                for round in 0..20u64 {
+                    let mut qp = ctrl
+                        .alloc_qpair(QpairOptions {
+                            depth: 8,
+                            timeout: Some(Duration::from_secs(10)),
+                            ..QpairOptions::default()
+                        })
+                        .expect("qpair");
+                    for k in 0..(1 + t * 3) {
+                        let lba = (t * 1000 + k) * per as u64;
+                        pattern(w.as_mut_slice(), t << 16 | round << 8 | k);
+                        qp.write(&ns, lba, per, w.full(), 1).unwrap();
+                        let c = drain(&mut qp);
+                        assert_eq!(c[0].result, Ok(0), "thread {t} round {round} write {k}");
+                        qp.read(&ns, lba, per, r.full(), 2).unwrap();
+                        let c = drain(&mut qp);
+                        assert_eq!(c[0].result, Ok(0), "thread {t} round {round} read {k}");
+                        assert!(
+                            r.as_slice() == w.as_slice(),
+                            "thread {t} round {round}: data differs"
+                        );
+                    }
+                }
+            });
+        }
+    });
 }
 
 /// Data handed over between pollux and the kernel nvme driver: see the

@@ -1,0 +1,331 @@
+//! UIO platform (uio_pci_generic): no IOMMU, physical addresses.
+//!
+//! BAR0 is mapped through sysfs (`/sys/bus/pci/devices/BDF/resource0`), bus
+//! mastering is enabled by writing the PCI command register through sysfs
+//! `config`, and DMA buffers are given to the controller by *physical*
+//! address, read from `/proc/self/pagemap` (root only: without
+//! CAP_SYS_ADMIN the kernel hides frame numbers). Prefer vfio-pci; UIO is
+//! for machines without a usable IOMMU.
+//!
+//! Memory: buffers up to 2 MiB are carved out of 2 MiB hugepages (each one
+//! physically contiguous, never swapped or migrated by compaction), so
+//! every buffer has one contiguous bus range. Larger buffers get their own
+//! hugepages and a contiguous range if the pages happen to be physically
+//! adjacent, else a per-page table (`Iova::Pages`, fine for I/O data; the
+//! driver's rings and PRP pool stay far below 2 MiB). Without hugepages only
+//! single 4 KiB pages can be handed out (ordinary pages are physically
+//! scattered and nothing would make them contiguous on the bus); bigger
+//! requests fail with an error that says to reserve hugepages.
+//!
+//! **Quarantine.** Without an IOMMU nothing stops the controller from
+//! writing to a physical page after we freed it and the kernel gave it to
+//! someone else — silent memory corruption in another process. A buffer
+//! dropped while a command using it is outstanding (the `DmaBuffer`
+//! contract allows that) would be exactly that. So `release` never frees:
+//! released buffers are quarantined, and all DMA memory is freed only once
+//! the platform is dropped — after the controller is shut down and bus
+//! mastering is switched off here — and every buffer is gone. Memory is
+//! therefore not reused within one platform's lifetime; allocate I/O
+//! buffers once and reuse them.
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::FileExt;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+use super::hugemem::{self, HostMem, PageKind, HUGE_PAGE_SIZE};
+use super::pci;
+use super::{Platform, Quirks};
+use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
+use crate::error::{Error, Result};
+use crate::mmio::Mmio;
+
+const NEED_HUGEPAGES: &str = "uio_pci_generic has no IOMMU, so a DMA buffer larger than 4 KiB \
+    must be physically contiguous, which needs 2 MiB hugepages: reserve some with \
+    `pollux setup hugepages 64` (or `echo 64 > /proc/sys/vm/nr_hugepages`), or use vfio-pci";
+
+/// All DMA memory of one UIO platform. Freed when the last reference goes:
+/// the platform's and every buffer's (see the module docs).
+struct UioDma {
+    inner: Mutex<Arena>,
+    quarantined: AtomicUsize,
+    warned_small: AtomicBool,
+}
+
+struct Arena {
+    /// Every region ever allocated; never freed before UioDma drops.
+    regions: Vec<HostMem>,
+    /// The hugepage small buffers are currently carved from:
+    /// (region index, physical base, bytes used).
+    current: Option<(usize, u64, usize)>,
+}
+
+impl DmaRelease for UioDma {
+    fn release(&self, _ptr: NonNull<u8>, len: usize, _iova: u64) {
+        // Quarantine: see the module docs. The memory stays in `regions`.
+        self.quarantined.fetch_add(len, Ordering::Relaxed);
+    }
+}
+
+impl Drop for UioDma {
+    fn drop(&mut self) {
+        let q = self.quarantined.load(Ordering::Relaxed);
+        if q > 0 {
+            tracing::debug!(bytes = q, "freeing quarantined UIO DMA memory");
+        }
+        // `regions` drop here: munmap.
+    }
+}
+
+impl UioDma {
+    fn alloc(&self, len: usize) -> Result<(NonNull<u8>, Iova)> {
+        let mut a = self.inner.lock().unwrap_or_else(|p| p.into_inner());
+        if len <= HUGE_PAGE_SIZE {
+            // Carve from the current hugepage, or start a new one.
+            if let Some((idx, pa, used)) = a.current {
+                if used + len <= HUGE_PAGE_SIZE {
+                    a.current = Some((idx, pa, used + len));
+                    // SAFETY: used + len <= 2 MiB, inside region idx.
+                    let p = unsafe { a.regions[idx].ptr().add(used) };
+                    return Ok((p, Iova::Contiguous(pa + used as u64)));
+                }
+            }
+            match HostMem::huge(HUGE_PAGE_SIZE) {
+                Ok(m) => {
+                    let pa = phys_contiguous(&m)?.ok_or_else(|| {
+                        Error::Dma("a 2 MiB hugepage is not physically contiguous".into())
+                    })?;
+                    let p = m.ptr();
+                    a.regions.push(m);
+                    a.current = Some((a.regions.len() - 1, pa, len));
+                    return Ok((p, Iova::Contiguous(pa)));
+                }
+                Err(e) if len <= PAGE_SIZE => {
+                    if !self.warned_small.swap(true, Ordering::Relaxed) {
+                        tracing::warn!(
+                            "no hugepages ({e}); using locked 4 KiB pages for UIO DMA. \
+                             They can still be migrated by memory compaction \
+                             (vm.compact_unevictable_allowed=1); reserve hugepages \
+                             (`pollux setup hugepages 64`) for anything but a quick test"
+                        );
+                    }
+                    let m = HostMem::small(PAGE_SIZE).map_err(|e| Error::Dma(e.to_string()))?;
+                    let pa = hugemem::phys_addrs(m.ptr(), PAGE_SIZE)
+                        .map_err(|e| Error::Dma(e.to_string()))?[0];
+                    let p = m.ptr();
+                    a.regions.push(m);
+                    return Ok((p, Iova::Contiguous(pa)));
+                }
+                Err(e) => return Err(Error::Dma(format!("{NEED_HUGEPAGES} ({e})"))),
+            }
+        }
+        // Large: dedicated hugepages.
+        let m = HostMem::huge(len).map_err(|e| {
+            Error::Dma(format!(
+                "{NEED_HUGEPAGES} ({len} bytes = {} hugepages: {e})",
+                len.div_ceil(HUGE_PAGE_SIZE)
+            ))
+        })?;
+        debug_assert_eq!(m.kind(), PageKind::Huge2M);
+        let iova = match phys_contiguous(&m)? {
+            Some(pa) => Iova::Contiguous(pa),
+            None => Iova::Pages(
+                hugemem::phys_addrs(m.ptr(), len)
+                    .map_err(|e| Error::Dma(e.to_string()))?
+                    .into(),
+            ),
+        };
+        let p = m.ptr();
+        a.regions.push(m);
+        Ok((p, iova))
+    }
+}
+
+/// Physical base of `m` if all of it is physically contiguous.
+fn phys_contiguous(m: &HostMem) -> Result<Option<u64>> {
+    let pas = hugemem::phys_addrs(m.ptr(), m.len()).map_err(|e| Error::Dma(e.to_string()))?;
+    let base = pas[0];
+    Ok(pas
+        .iter()
+        .enumerate()
+        .all(|(i, &pa)| pa == base + (i * PAGE_SIZE) as u64)
+        .then_some(base))
+}
+
+/// A controller bound to uio_pci_generic.
+pub struct UioPlatform {
+    bdf: String,
+    bar: Mmio,
+    bar_map: (NonNull<u8>, usize),
+    config: File,
+    dma: Arc<UioDma>,
+    quirks: Quirks,
+}
+
+// SAFETY: the raw BAR pointer is only used through `Mmio` (atomic accesses)
+// and for munmap in Drop.
+unsafe impl Send for UioPlatform {}
+// SAFETY: as above.
+unsafe impl Sync for UioPlatform {}
+
+impl UioPlatform {
+    /// Opens the controller at `bdf`, which must be bound to
+    /// uio_pci_generic (`pollux setup bind --driver uio_pci_generic BDF`).
+    /// Needs root (sysfs resource files, physical addresses).
+    pub fn open(bdf: &str) -> Result<UioPlatform> {
+        let bdf = pci::normalize_bdf(bdf)?;
+        let dir = pci::sysfs_dir(&bdf)?;
+        let drv = pci::current_driver(&bdf)?;
+        if drv.as_deref() != Some("uio_pci_generic") {
+            return Err(Error::Platform(format!(
+                "{bdf} is bound to {}, not uio_pci_generic: run `pollux setup bind --driver uio_pci_generic {bdf}`",
+                drv.as_deref().unwrap_or("no driver")
+            )));
+        }
+        // With the IOMMU translating this device's DMA (a "DMA" domain),
+        // physical addresses are not bus addresses: every DMA would fault.
+        if let Some(g) = pci::iommu_group(&bdf)? {
+            let t = std::fs::read_to_string(format!("/sys/kernel/iommu_groups/{g}/type"))
+                .unwrap_or_default();
+            let t = t.trim();
+            if t.starts_with("DMA") {
+                return Err(Error::Platform(format!(
+                    "{bdf} is behind an IOMMU that translates its DMA (group {g}, type {t}), so physical \
+                     addresses are not bus addresses: use vfio-pci (`pollux setup bind {bdf}`), or boot with \
+                     iommu=pt to use uio_pci_generic"
+                )));
+            }
+        }
+        let need_root = |what: &str, e: std::io::Error| {
+            let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                " (uio_pci_generic needs root)"
+            } else {
+                ""
+            };
+            Error::Platform(format!("{what}: {e}{hint}"))
+        };
+        let open = |name: &str| {
+            let p = dir.join(name);
+            OpenOptions::new()
+                .read(true)
+                .write(true)
+                .open(&p)
+                .map_err(|e| need_root(&p.display().to_string(), e))
+        };
+        // Fail early, before touching the device, if physical addresses are hidden.
+        let probe = HostMem::small(PAGE_SIZE).map_err(|e| Error::Dma(e.to_string()))?;
+        hugemem::phys_addrs(probe.ptr(), PAGE_SIZE).map_err(|e| need_root("pagemap", e))?;
+        drop(probe);
+
+        let res = open("resource0")?;
+        let len = res.metadata().map_err(Error::Io)?.len() as usize;
+        if len < 0x2000 {
+            return Err(Error::Unsupported(format!(
+                "BAR0 of {bdf} is {len} bytes; an NVMe controller has at least 8 KiB"
+            )));
+        }
+        use std::os::fd::AsRawFd;
+        // SAFETY: shared mapping of the BAR0 resource file, checked below.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                res.as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(Error::Platform(format!(
+                "mmap of {}/resource0: {}",
+                dir.display(),
+                std::io::Error::last_os_error()
+            )));
+        }
+        let base = NonNull::new(p.cast::<u8>())
+            .ok_or_else(|| Error::Platform("mmap returned null".into()))?;
+
+        let config = open("config")?;
+        let mut cmd = [0u8; 2];
+        config
+            .read_exact_at(&mut cmd, pci::PCI_COMMAND)
+            .map_err(|e| Error::Platform(format!("reading PCI command register: {e}")))?;
+        let c = u16::from_le_bytes(cmd) | pci::PCI_COMMAND_MEMORY | pci::PCI_COMMAND_MASTER;
+        config
+            .write_all_at(&c.to_le_bytes(), pci::PCI_COMMAND)
+            .map_err(|e| Error::Platform(format!("writing PCI command register: {e}")))?;
+
+        let quirks = super::quirks_for(pci::ids(&bdf)?);
+        // SAFETY: the BAR0 mapping made above, unmapped only in Drop.
+        let bar = unsafe { Mmio::new(base, len) };
+        Ok(UioPlatform {
+            bdf,
+            bar,
+            bar_map: (base, len),
+            config,
+            dma: Arc::new(UioDma {
+                inner: Mutex::new(Arena {
+                    regions: Vec::new(),
+                    current: None,
+                }),
+                quarantined: AtomicUsize::new(0),
+                warned_small: AtomicBool::new(false),
+            }),
+            quirks,
+        })
+    }
+
+    pub fn bdf(&self) -> &str {
+        &self.bdf
+    }
+}
+
+impl Platform for UioPlatform {
+    fn describe(&self) -> String {
+        format!("uio {}", self.bdf)
+    }
+
+    fn bar0(&self) -> &Mmio {
+        &self.bar
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        let (ptr, iova) = self.dma.alloc(len)?;
+        // Recycled arena space is never handed out (quarantine), but zero it
+        // anyway: the DmaBuffer contract is zeroed memory.
+        // SAFETY: ptr..ptr+len lies inside one of our regions and is not
+        // handed out to anyone else.
+        unsafe { std::ptr::write_bytes(ptr.as_ptr(), 0, len) };
+        // SAFETY: exclusive memory with the right bus addresses; UioDma
+        // keeps it alive (quarantine) until the platform and every buffer
+        // are gone.
+        Ok(unsafe { DmaBuffer::from_raw(ptr, len, iova, self.dma.clone()) })
+    }
+
+    fn quirks(&self) -> Quirks {
+        self.quirks
+    }
+}
+
+impl Drop for UioPlatform {
+    fn drop(&mut self) {
+        // Bus mastering off: from here on the controller cannot DMA at all,
+        // so the memory can be freed once the last buffer is gone.
+        let mut cmd = [0u8; 2];
+        let r = self
+            .config
+            .read_exact_at(&mut cmd, pci::PCI_COMMAND)
+            .and_then(|_| {
+                let c = u16::from_le_bytes(cmd) & !pci::PCI_COMMAND_MASTER;
+                self.config.write_all_at(&c.to_le_bytes(), pci::PCI_COMMAND)
+            });
+        if let Err(e) = r {
+            tracing::error!(bdf = %self.bdf, "could not disable bus mastering: {e}; leaking DMA memory");
+            std::mem::forget(self.dma.clone());
+        }
+        // SAFETY: the BAR0 mapping made in open; nothing uses it any more.
+        unsafe { libc::munmap(self.bar_map.0.as_ptr().cast(), self.bar_map.1) };
+    }
+}
