@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod perf;
 mod pingpong;
+mod setup;
 
 #[derive(Parser)]
 #[command(
@@ -19,6 +20,11 @@ struct Cli {
 enum Command {
     /// Measure IOPS, bandwidth and latency (modelled on SPDK's nvme perf).
     Perf(perf::PerfArgs),
+    /// Hand NVMe controllers to user space (vfio-pci / uio_pci_generic) and back.
+    Setup {
+        #[command(subcommand)]
+        cmd: setup::SetupCommand,
+    },
     /// Measure the cross-core cache-line round trip (the QD 1 latency floor).
     #[command(hide = true)]
     Pingpong(pingpong::PingpongArgs),
@@ -44,6 +50,13 @@ fn main() {
             }
             Err(e) => {
                 eprintln!("pollux perf: {e}");
+                2
+            }
+        },
+        Command::Setup { cmd } => match setup::run(cmd) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("pollux setup: {e}");
                 2
             }
         },

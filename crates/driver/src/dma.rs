@@ -119,11 +119,7 @@ impl DmaBuffer {
     /// The whole buffer as an I/O target.
     #[inline]
     pub fn full(&self) -> DmaSlice<'_> {
-        DmaSlice {
-            buf: self,
-            off: 0,
-            len: self.len,
-        }
+        self.slice(0..self.len)
     }
 
     /// Part of the buffer as an I/O target. Panics if out of bounds.
@@ -134,10 +130,21 @@ impl DmaBuffer {
             "slice {r:?} out of bounds ({})",
             self.len
         );
-        DmaSlice {
-            buf: self,
-            off: r.start,
-            len: r.end - r.start,
+        match &self.iova {
+            Iova::Contiguous(b) => DmaSlice {
+                iova0: b + r.start as u64,
+                len: r.end - r.start,
+                pages: None,
+            },
+            Iova::Pages(p) => DmaSlice {
+                iova0: if r.start < self.len {
+                    self.iova_at(r.start)
+                } else {
+                    0
+                },
+                len: r.end - r.start,
+                pages: Some((p, r.start)),
+            },
         }
     }
 }
@@ -162,12 +169,16 @@ impl std::fmt::Debug for DmaBuffer {
     }
 }
 
-/// A byte range of a `DmaBuffer`, the data of one I/O request.
+/// A byte range of a `DmaBuffer`, the data of one I/O request. Carries the
+/// bus address of its first byte, so the common case (one page, contiguous
+/// bus addresses) needs no further lookup.
 #[derive(Clone, Copy, Debug)]
 pub struct DmaSlice<'a> {
-    buf: &'a DmaBuffer,
-    off: usize,
+    iova0: u64,
     len: usize,
+    /// Per-page table and the slice's offset in the buffer, if the buffer's
+    /// bus addresses are scattered.
+    pages: Option<(&'a Arc<[u64]>, usize)>,
 }
 
 impl<'a> DmaSlice<'a> {
@@ -179,29 +190,41 @@ impl<'a> DmaSlice<'a> {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+    /// Bus address of the first byte.
+    #[inline(always)]
+    pub fn iova0(&self) -> u64 {
+        self.iova0
+    }
     /// Bus address of byte `i` of the slice.
     #[inline(always)]
     pub fn iova_at(&self, i: usize) -> u64 {
-        self.buf.iova_at(self.off + i)
+        match self.pages {
+            None => self.iova0 + i as u64,
+            Some((p, off)) => {
+                let o = off + i;
+                p[o >> PAGE_SHIFT] + (o & (PAGE_SIZE - 1)) as u64
+            }
+        }
     }
     #[inline(always)]
     pub fn is_contiguous(&self) -> bool {
-        matches!(self.buf.iova, Iova::Contiguous(_))
+        self.pages.is_none()
     }
     /// Detaches the slice from the borrow, for requests that wait in the
     /// software queue. The caller keeps the buffer alive until completion
     /// (the same contract as any in-flight DMA).
     pub(crate) fn to_owned_ref(self) -> SliceRef {
-        SliceRef {
-            iova: match &self.buf.iova {
-                Iova::Contiguous(b) => Iova::Contiguous(b + self.off as u64),
-                Iova::Pages(p) => Iova::Pages(p.clone()),
+        match self.pages {
+            None => SliceRef {
+                iova: Iova::Contiguous(self.iova0),
+                off: 0,
+                len: self.len,
             },
-            off: match &self.buf.iova {
-                Iova::Contiguous(_) => 0,
-                Iova::Pages(_) => self.off,
+            Some((p, off)) => SliceRef {
+                iova: Iova::Pages(p.clone()),
+                off,
+                len: self.len,
             },
-            len: self.len,
         }
     }
 }

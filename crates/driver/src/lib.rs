@@ -33,4 +33,4 @@ pub mod qpair;
 pub use ctrl::{Controller, ControllerOptions, Namespace};
 pub use dma::{DmaBuffer, DmaSlice};
 pub use error::{Error, IoError, SubmitError};
-pub use qpair::{Completion, QpairOptions, QpairStats, QueuePair, Submitter};
+pub use qpair::{Completion, Handler, QpairOptions, QpairStats, QueuePair, Submitter};

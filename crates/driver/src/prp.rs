@@ -54,17 +54,19 @@ pub fn list_entries_needed(first_off: u64, len: u64) -> usize {
 }
 
 /// Builds PRPs for `len` bytes (> 0) whose byte `i` is at bus address
-/// `iova_at(i)`. `list` receives the list entries; `list_iova` is its bus
+/// `iova_at(i)`; `prp1` is `iova_at(0)`, passed in so the one-page case needs
+/// no lookup. `list` receives the list entries; `list_iova` is its bus
 /// address.
 #[inline(always)]
 pub fn build(
     len: usize,
+    prp1: u64,
     iova_at: impl Fn(usize) -> u64,
     list: &mut [u64],
     list_iova: u64,
 ) -> Result<Prps, PrpError> {
     debug_assert!(len > 0);
-    let prp1 = iova_at(0);
+    debug_assert_eq!(prp1, iova_at(0));
     if prp1 & 3 != 0 {
         return Err(PrpError::Unaligned);
     }
@@ -138,7 +140,7 @@ mod tests {
     #[test]
     fn one_page() {
         let mut l = [0u64; 4];
-        let p = build(4096, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
+        let p = build(4096, 0x10000, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
         assert_eq!(
             p,
             Prps {
@@ -152,7 +154,7 @@ mod tests {
     #[test]
     fn two_pages_and_offset() {
         let mut l = [0u64; 4];
-        let p = build(8192, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
+        let p = build(8192, 0x10000, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
         assert_eq!(
             p,
             Prps {
@@ -162,7 +164,7 @@ mod tests {
             }
         );
         // 4 KiB starting 512 bytes into a page spans two pages.
-        let p = build(4096, |i| 0x10200 + i as u64, &mut l, 0x9000).unwrap();
+        let p = build(4096, 0x10200, |i| 0x10200 + i as u64, &mut l, 0x9000).unwrap();
         assert_eq!(
             p,
             Prps {
@@ -176,7 +178,7 @@ mod tests {
     #[test]
     fn list_for_three_pages() {
         let mut l = [0u64; 4];
-        let p = build(12288, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
+        let p = build(12288, 0x10000, |i| 0x10000 + i as u64, &mut l, 0x9000).unwrap();
         assert_eq!(p.prp2, 0x9000);
         assert_eq!(&l[..2], &[0x11000, 0x12000]);
     }
@@ -185,11 +187,11 @@ mod tests {
     fn errors() {
         let mut l = [0u64; 2];
         assert_eq!(
-            build(512, |i| 0x10002 + i as u64, &mut l, 0),
+            build(512, 0x10002, |i| 0x10002 + i as u64, &mut l, 0),
             Err(PrpError::Unaligned)
         );
         assert_eq!(
-            build(5 * 4096, |i| 0x10000 + i as u64, &mut l, 0),
+            build(5 * 4096, 0x10000, |i| 0x10000 + i as u64, &mut l, 0),
             Err(PrpError::ListTooSmall {
                 needed: 4,
                 capacity: 2
@@ -199,6 +201,7 @@ mod tests {
         assert_eq!(
             build(
                 8192,
+                0x10000,
                 |i| if i < 4096 {
                     0x10000 + i as u64
                 } else {
@@ -227,7 +230,7 @@ mod tests {
                 pbase + (o & MASK)
             };
             let mut list = vec![0u64; 513];
-            let p = build(len, iova_at, &mut list, 0xABC000).unwrap();
+            let p = build(len, iova_at(0), iova_at, &mut list, 0xABC000).unwrap();
             prop_assert_eq!(p.list_entries, list_entries_needed(start, len as u64));
             let segs = walk(&p, len, &list);
             let mut off = 0usize;

@@ -86,6 +86,24 @@ pub struct Completion {
     pub result: Result<u32, IoError>,
 }
 
+/// Receives completions from `QueuePair::poll`, with the submission half
+/// of the queue pair to submit follow-up requests.
+///
+/// Closures `FnMut(&mut Submitter, Completion)` implement it. A type that
+/// implements it directly with an `#[inline(always)]` method gets inlined
+/// into the completion loop even when its body is large (a closure's call
+/// cannot be forced inline on stable Rust); `pollux perf` does that.
+pub trait Handler {
+    fn complete(&mut self, sub: &mut Submitter, c: Completion);
+}
+
+impl<F: FnMut(&mut Submitter, Completion)> Handler for F {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut Submitter, c: Completion) {
+        self(sub, c)
+    }
+}
+
 /// Counters of one queue pair (plain integers: the queue pair has one owner).
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpairStats {
@@ -197,13 +215,10 @@ pub struct Submitter {
     sq: NonNull<Sqe>,
     sq_tail: u16,
     sq_entries: u16,
-    /// Commands written since the last SQ doorbell.
-    sq_pending: u16,
     nt: bool,
     delayed: bool,
     sq_batch: u16,
     epoch: u32,
-    outstanding: u32,
     trackers: Box<[Tracker]>,
     free: Vec<u16>,
     prp_pool: NonNull<u64>,
@@ -211,6 +226,9 @@ pub struct Submitter {
     /// log2 of the PRP list slice entries per tracker.
     prp_shift: u32,
     state: QpState,
+    /// `state == Ready && queue.is_empty()`: the one test the fast submit
+    /// path makes. Kept by `set_state` and the queue operations.
+    fast: bool,
     stats: QpairStats,
     // --- colder ---
     sq_bell: SqBell,
@@ -341,7 +359,6 @@ impl Submitter {
         } else {
             self.sq_tail + 1
         };
-        self.sq_pending += 1;
         self.stats.submitted += 1;
         if !self.delayed {
             self.ring_sq();
@@ -370,14 +387,18 @@ impl Submitter {
             self.stats.sq_doorbells += 1;
         }
         self.sq_rung = self.sq_tail;
-        self.sq_pending = 0;
     }
 
     /// Rings the SQ doorbell now if commands are waiting for it.
     pub fn flush(&mut self) {
-        if self.sq_pending > 0 {
+        if self.sq_tail != self.sq_rung {
             self.ring_sq();
         }
+    }
+
+    fn set_state(&mut self, s: QpState) {
+        self.state = s;
+        self.fast = s == QpState::Ready && self.queue.is_empty();
     }
 
     #[inline(always)]
@@ -399,7 +420,6 @@ impl Submitter {
             epoch: self.epoch,
             flags: T_BUSY | flags,
         };
-        self.outstanding += 1;
     }
 
     /// The PRP list slice of tracker `cid` and its bus address.
@@ -421,13 +441,14 @@ impl Submitter {
         cid: u16,
         mut sqe: Sqe,
         len: usize,
+        prp1: u64,
         iova_at: impl Fn(usize) -> u64,
         user_data: u64,
         flags: u32,
     ) -> Result<(), SubmitError> {
         if len > 0 {
             let (list, list_iova) = self.prp_list(cid);
-            match prp::build(len, iova_at, list, list_iova) {
+            match prp::build(len, prp1, iova_at, list, list_iova) {
                 Ok(p) => {
                     sqe.prp1 = p.prp1;
                     sqe.prp2 = p.prp2;
@@ -519,20 +540,23 @@ impl Submitter {
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.check_state()?;
-        Self::check_rw(
-            ns,
-            lba,
-            nlb,
-            buf.len(),
-            if buf.is_empty() { 0 } else { buf.iova_at(0) },
-        )?;
-        if nlb <= ns.max_lbas && self.queue.is_empty() {
+        Self::check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
+        // `fast` implies the queue pair is ready and nothing waits ahead.
+        if nlb <= ns.max_lbas && self.fast {
             if let Some(cid) = self.free.pop() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
-                return self.issue(cid, sqe, buf.len(), |i| buf.iova_at(i), user_data, 0);
+                return self.issue(
+                    cid,
+                    sqe,
+                    buf.len(),
+                    buf.iova0(),
+                    |i| buf.iova_at(i),
+                    user_data,
+                    0,
+                );
             }
         }
+        self.check_state()?;
         self.rw_slow(opc, ns, lba, nlb, buf.to_owned_ref(), user_data)
     }
 
@@ -577,6 +601,7 @@ impl Submitter {
         }
         self.stats.queued += 1;
         self.queue.push_back(p);
+        self.fast = false;
         Ok(())
     }
 
@@ -606,7 +631,15 @@ impl Submitter {
                 return Err(SubmitError::TooLarge { needed, depth: 0 });
             };
             let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
-            return self.issue(cid, sqe, data.len, |i| data.iova_at(i), user_data, 0);
+            return self.issue(
+                cid,
+                sqe,
+                data.len,
+                data.iova_at(0),
+                |i| data.iova_at(i),
+                user_data,
+                0,
+            );
         }
         let split = Split {
             user_data,
@@ -635,6 +668,7 @@ impl Submitter {
                 cid,
                 sqe,
                 (n as usize) << ns.lba_shift,
+                data.iova_at(off),
                 |i| data.iova_at(off + i),
                 idx as u64,
                 T_CHILD,
@@ -778,8 +812,10 @@ impl Submitter {
         if self.queue.is_empty() {
             if let Some(cid) = self.free.pop() {
                 return match data {
-                    Some(d) => self.issue(cid, sqe, d.len(), |i| d.iova_at(i), user_data, 0),
-                    None => self.issue(cid, sqe, 0, |_| 0, user_data, 0),
+                    Some(d) => {
+                        self.issue(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i), user_data, 0)
+                    }
+                    None => self.issue(cid, sqe, 0, 0, |_| 0, user_data, 0),
                 };
             }
         }
@@ -803,7 +839,9 @@ impl Submitter {
             if self.free.len() < needed || self.state != QpState::Ready {
                 return;
             }
-            let Some(p) = self.queue.pop_front() else {
+            let p = self.queue.pop_front();
+            self.fast = self.state == QpState::Ready && self.queue.is_empty();
+            let Some(p) = p else {
                 return;
             };
             let r = match p.op {
@@ -825,10 +863,16 @@ impl Submitter {
                         Ok(())
                     } else {
                         match &data {
-                            Some(d) => {
-                                self.issue(cid, sqe, d.len, |i| d.iova_at(i), p.user_data, 0)
-                            }
-                            None => self.issue(cid, sqe, 0, |_| 0, p.user_data, 0),
+                            Some(d) => self.issue(
+                                cid,
+                                sqe,
+                                d.len,
+                                d.iova_at(0),
+                                |i| d.iova_at(i),
+                                p.user_data,
+                                0,
+                            ),
+                            None => self.issue(cid, sqe, 0, 0, |_| 0, p.user_data, 0),
                         }
                     }
                 }
@@ -848,7 +892,7 @@ impl Submitter {
 
     /// Commands outstanding at the controller (written to the SQ).
     pub fn outstanding(&self) -> u32 {
-        self.outstanding
+        (self.trackers.len() - self.free.len()) as u32
     }
 
     /// Requests waiting in software for a free tracker.
@@ -858,7 +902,7 @@ impl Submitter {
 
     /// Outstanding + queued.
     pub fn in_flight(&self) -> usize {
-        self.outstanding as usize + self.queue.len() + self.deferred.len()
+        self.outstanding() as usize + self.queue.len() + self.deferred.len()
     }
 
     /// Trackers (the most commands outstanding at once).
@@ -876,13 +920,7 @@ impl Submitter {
 
     /// Releases tracker `cid` and delivers its completion.
     #[inline(always)]
-    fn complete<F: FnMut(&mut Submitter, Completion)>(
-        &mut self,
-        cid: u16,
-        status: u16,
-        dw0: u32,
-        f: &mut F,
-    ) {
+    fn complete<F: Handler>(&mut self, cid: u16, status: u16, dw0: u32, f: &mut F) {
         let Some(t) = self.trackers.get_mut(cid as usize) else {
             return self.bogus(cid);
         };
@@ -893,7 +931,6 @@ impl Submitter {
         let user_data = t.user_data;
         t.flags = 0;
         self.free.push(cid);
-        self.outstanding -= 1;
         if flags & (T_CHILD | T_TIMED_OUT) == 0 {
             let st = Status(status);
             let result = if st.is_success() {
@@ -901,7 +938,7 @@ impl Submitter {
             } else {
                 Err(IoError::Nvme(st))
             };
-            f(self, Completion { user_data, result });
+            f.complete(self, Completion { user_data, result });
         } else {
             self.complete_slow(flags, user_data, status, dw0, f);
         }
@@ -917,7 +954,7 @@ impl Submitter {
     }
 
     #[cold]
-    fn complete_slow<F: FnMut(&mut Submitter, Completion)>(
+    fn complete_slow<F: Handler>(
         &mut self,
         flags: u32,
         user_data: u64,
@@ -937,7 +974,7 @@ impl Submitter {
     }
 
     /// Delivers a result for a tracker that has already been released.
-    fn finish<F: FnMut(&mut Submitter, Completion)>(
+    fn finish<F: Handler>(
         &mut self,
         flags: u32,
         user_data: u64,
@@ -945,7 +982,7 @@ impl Submitter {
         f: &mut F,
     ) {
         if flags & T_CHILD == 0 {
-            f(self, Completion { user_data, result });
+            f.complete(self, Completion { user_data, result });
             return;
         }
         let idx = user_data as usize;
@@ -963,14 +1000,14 @@ impl Submitter {
                 result: s.error.map_or(Ok(0), Err),
             };
             self.free_splits.push(idx as u32);
-            f(self, c);
+            f.complete(self, c);
         }
     }
 
     /// Fails every outstanding command with `err` (controller reset or
     /// failure). Waiting requests stay queued (they are resubmitted once the
     /// queue pair works again) unless the controller failed.
-    fn fail_all<F: FnMut(&mut Submitter, Completion)>(&mut self, err: IoError, f: &mut F) {
+    fn fail_all<F: Handler>(&mut self, err: IoError, f: &mut F) {
         for cid in 0..self.trackers.len() {
             let t = self.trackers[cid];
             if t.flags & T_BUSY == 0 {
@@ -978,7 +1015,6 @@ impl Submitter {
             }
             self.trackers[cid].flags = 0;
             self.free.push(cid as u16);
-            self.outstanding -= 1;
             let e = if t.flags & T_TIMED_OUT != 0 {
                 IoError::Timeout
             } else {
@@ -987,12 +1023,13 @@ impl Submitter {
             self.finish(t.flags, t.user_data, Err(e), f);
         }
         if err == IoError::ControllerFailed {
+            self.fast = false;
             while let Some(p) = self.queue.pop_front() {
                 let flags = 0;
                 self.finish(flags, p.user_data, Err(err), f);
             }
         }
-        debug_assert_eq!(self.outstanding, 0);
+        debug_assert_eq!(self.outstanding(), 0);
     }
 }
 
@@ -1075,18 +1112,17 @@ impl QueuePair {
             sq,
             sq_tail: 0,
             sq_entries: sq_entries as u16,
-            sq_pending: 0,
             nt: opts.nt_sqe_copy && cfg!(target_arch = "x86_64"),
             delayed: opts.delayed_sq_doorbell,
             sq_batch: opts.sq_doorbell_batch,
             epoch: 0,
-            outstanding: 0,
             trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
             free,
             prp_pool,
             prp_pool_iova: prp_mem.iova_at(0),
             prp_shift,
             state: QpState::Ready,
+            fast: true,
             stats: QpairStats::default(),
             sq_bell: SqBell {
                 mmio: bar.doorbell(regs::sq_tail_doorbell(qid, dstrd)),
@@ -1150,31 +1186,38 @@ impl QueuePair {
     /// through the `Submitter` it is given. Then submits waiting requests,
     /// rings the SQ doorbell once if anything new was written, and the CQ
     /// doorbell if needed. Returns the number of CQ entries consumed.
-    #[inline]
+    #[inline(always)]
     pub fn poll<F: FnMut(&mut Submitter, Completion)>(&mut self, max: u32, mut f: F) -> u32 {
+        self.poll_with(max, &mut f)
+    }
+
+    /// `poll` with a borrowed handler (e.g. a struct implementing `Handler`
+    /// that lives on across polls).
+    #[inline(always)]
+    pub fn poll_with<F: Handler>(&mut self, max: u32, f: &mut F) -> u32 {
         if self.shared.generation.load(Ordering::Relaxed) != self.generation {
-            self.recover(&mut f);
+            self.recover(f);
         }
         if !self.sub.deferred.is_empty() {
-            self.deliver_deferred(&mut f);
+            self.deliver_deferred(f);
         }
-        let n = self.reap(max, &mut f);
+        let n = self.reap(max, f);
         self.finish_poll(n);
         n
     }
 
     #[cold]
-    fn deliver_deferred<F: FnMut(&mut Submitter, Completion)>(&mut self, f: &mut F) {
+    fn deliver_deferred<F: Handler>(&mut self, f: &mut F) {
         let d = std::mem::take(&mut self.sub.deferred);
         for c in d {
-            f(&mut self.sub, c);
+            f.complete(&mut self.sub, c);
         }
     }
 
     /// The completion loop (Linux `nvme_poll_cq`): load the status word
     /// with Acquire (phase check = `dma_rmb`), handle, advance.
     #[inline(always)]
-    fn reap<F: FnMut(&mut Submitter, Completion)>(&mut self, max: u32, f: &mut F) -> u32 {
+    fn reap<F: Handler>(&mut self, max: u32, f: &mut F) -> u32 {
         let cq = &mut self.cq;
         let sub = &mut self.sub;
         let mut n = 0;
@@ -1203,12 +1246,11 @@ impl QueuePair {
                     AtomicU32::from_ptr(cq.ring.as_ptr().add(cq.head as usize * 16 + 12).cast())
                 }
                 .load(Ordering::Relaxed);
-                if (nw >> 16) & 1 == cq.phase {
-                    let next = (nw & 0xFFFF) as usize;
-                    if next < sub.trackers.len() {
-                        prefetch(&sub.trackers[next]);
-                    }
-                }
+                // No phase check and no bounds check: if the entry is not
+                // posted yet its CID is stale, and prefetching a stale or
+                // bogus tracker address is harmless (prefetch never faults;
+                // the CID is checked where it is used).
+                prefetch(sub.trackers.as_ptr().wrapping_add((nw & 0xFFFF) as usize));
             }
             n += 1;
             sub.complete((w3 & 0xFFFF) as u16, (w3 >> 17) as u16, dw0, f);
@@ -1245,11 +1287,13 @@ impl QueuePair {
         if !sub.queue.is_empty() {
             sub.drain_queue();
         }
-        if sub.sq_pending > 0 {
+        if sub.sq_tail != sub.sq_rung {
+            // New commands since the last doorbell, and commands the
+            // controller already knows about.
+            let e = sub.sq_entries as u32;
+            let pending = (sub.sq_tail as u32 + e - sub.sq_rung as u32) % e;
             let batch = sub.sq_batch as u32;
-            // Commands the controller already knows about.
-            let visible = sub.outstanding - sub.sq_pending as u32;
-            if sub.sq_pending as u32 >= batch || visible < batch {
+            if batch == 1 || pending >= batch || sub.outstanding() - pending < batch {
                 sub.ring_sq();
             }
         }
@@ -1326,11 +1370,11 @@ impl QueuePair {
     /// The controller was reset (by this or another queue pair): fail what
     /// was outstanding, re-create the queues with the same memory.
     #[cold]
-    fn recover<F: FnMut(&mut Submitter, Completion)>(&mut self, f: &mut F) {
+    fn recover<F: Handler>(&mut self, f: &mut F) {
         let g = self.shared.generation.load(Ordering::Acquire);
         if g & 1 == 1 {
             // Reset in progress elsewhere: refuse submissions until it ends.
-            self.sub.state = QpState::Resetting;
+            self.sub.set_state(QpState::Resetting);
             return;
         }
         self.sub.stats.resets_seen += 1;
@@ -1345,7 +1389,7 @@ impl QueuePair {
         );
         self.generation = g;
         if failed {
-            self.sub.state = QpState::Failed;
+            self.sub.set_state(QpState::Failed);
             return;
         }
         self.cq_mem.as_mut_slice().fill(0);
@@ -1355,7 +1399,6 @@ impl QueuePair {
         self.cq.rung_head = 0;
         self.sub.sq_tail = 0;
         self.sub.sq_rung = 0;
-        self.sub.sq_pending = 0;
         match self.shared.create_io_queues(
             self.qid,
             &self.sq_mem,
@@ -1368,11 +1411,11 @@ impl QueuePair {
                     qid = self.qid,
                     "queue pair re-created after controller reset"
                 );
-                self.sub.state = QpState::Ready;
+                self.sub.set_state(QpState::Ready);
             }
             Err(e) => {
                 tracing::error!(qid = self.qid, "re-creating queues after reset failed: {e}");
-                self.sub.state = QpState::Failed;
+                self.sub.set_state(QpState::Failed);
                 self.sub.fail_all(IoError::ControllerFailed, f);
             }
         }
@@ -1389,7 +1432,7 @@ impl QueuePair {
         let mut total = 0u64;
         while self.sub.in_flight() > 0 || !self.sub.deferred.is_empty() {
             self.sub.flush();
-            total += self.poll(u32::MAX, &mut f) as u64;
+            total += self.poll_with(u32::MAX, &mut f) as u64;
             if self.sub.state == QpState::Failed && self.sub.in_flight() == 0 {
                 break;
             }

@@ -175,30 +175,61 @@ fn open_device(
     opts: &ControllerOptions,
 ) -> Result<Device, PerfError> {
     match t {
-        Trid::Soft { backend, path, size, lba_shift, namespaces } => {
+        Trid::Soft {
+            backend,
+            path,
+            size,
+            lba_shift,
+            namespaces,
+        } => {
             let backend_cfg = match backend {
                 Backend::Null => BackendConfig::Null,
                 Backend::Ram => BackendConfig::Ram,
-                Backend::File => BackendConfig::File { path: path.clone().ok_or_else(|| PerfError::Args("file backend needs path:".into()))? },
+                Backend::File => BackendConfig::File {
+                    path: path
+                        .clone()
+                        .ok_or_else(|| PerfError::Args("file backend needs path:".into()))?,
+                },
             };
-            let ns = (0..*namespaces).map(|_| NamespaceConfig { backend: backend_cfg.clone(), lba_shift: *lba_shift, size_bytes: *size }).collect();
-            let cfg = SoftConfig { namespaces: ns, serial: format!("SOFT{idx:04}"), ..SoftConfig::default() };
+            let ns = (0..*namespaces)
+                .map(|_| NamespaceConfig {
+                    backend: backend_cfg.clone(),
+                    lba_shift: *lba_shift,
+                    size_bytes: *size,
+                })
+                .collect();
+            let cfg = SoftConfig {
+                namespaces: ns,
+                serial: format!("SOFT{idx:04}"),
+                ..SoftConfig::default()
+            };
             let dev = SoftDevice::new(cfg)?;
             // The device must run before bring-up can talk to it.
             if let Some(th) = thread {
                 th.attach(dev.clone());
             }
-            let ctrl = Controller::new(Box::new(SoftPlatform::new(dev.clone(), mode)), opts.clone())?;
+            let ctrl =
+                Controller::new(Box::new(SoftPlatform::new(dev.clone(), mode)), opts.clone())?;
             let b = match backend {
                 Backend::Null => "null",
                 Backend::Ram => "ram",
                 Backend::File => "file",
             };
-            Ok(Device { name: format!("soft{idx} ({b})"), ctrl, soft: Some(dev) })
+            Ok(Device {
+                name: format!("soft{idx} ({b})"),
+                ctrl,
+                soft: Some(dev),
+            })
         }
-        Trid::Pcie { traddr } => Err(PerfError::Args(format!(
-            "trtype:pcie traddr:{traddr}: the PCIe platforms (vfio-pci, uio_pci_generic) are not built into this pollux yet"
-        ))),
+        Trid::Pcie { traddr } => {
+            let platform = pollux_driver::platform::open_pcie(traddr)?;
+            let ctrl = Controller::new(platform, opts.clone())?;
+            Ok(Device {
+                name: format!("pcie {}", ctrl.describe()),
+                ctrl,
+                soft: None,
+            })
+        }
     }
 }
 
@@ -383,6 +414,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     ios: 0,
                     errors: 0,
                     first_errors: Vec::new(),
+                    slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,
                     slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },

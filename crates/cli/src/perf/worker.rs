@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pollux_driver::{Completion, DmaBuffer, Namespace, QpairStats, QueuePair, Submitter};
+use pollux_driver::{Completion, DmaBuffer, Handler, Namespace, QpairStats, QueuePair, Submitter};
 use pollux_softnvme::SoftDevice;
 
 use super::verify::Verify;
@@ -19,7 +19,7 @@ use super::verify::Verify;
 pub enum Mix {
     AllRead,
     AllWrite,
-    /// Read when the low 32 random bits are below this threshold.
+    /// Read when the high 32 random bits are below this threshold.
     Reads(u64),
 }
 
@@ -48,6 +48,9 @@ pub struct JobCtx {
     pub first_errors: Vec<String>,
     pub latency: Option<Latency>,
     pub verify: Option<Verify>,
+    /// `latency.is_some() || verify.is_some()`: one test per I/O side keeps
+    /// the plain benchmark free of both.
+    pub slow: bool,
     /// Per slot: LBA of the I/O in flight (only kept with --verify).
     pub slot_lba: Vec<u64>,
 }
@@ -57,18 +60,26 @@ pub struct Job {
     pub ctx: JobCtx,
 }
 
+impl Handler for JobCtx {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut Submitter, c: Completion) {
+        self.on_complete(sub, c)
+    }
+}
+
 const MAX_REPORTED_ERRORS: usize = 10;
 
 impl JobCtx {
+    /// A 64-bit LCG step (Knuth's MMIX constants): one multiply and one add.
+    /// Its high bits are what the multiply-shift range reduction and the
+    /// read/write decision use; the weak low bits are not used alone.
     #[inline(always)]
     fn next_rand(&mut self) -> u64 {
-        // xorshift64*
-        let mut x = self.rng;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.rng = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+        self.rng = self
+            .rng
+            .wrapping_mul(6_364_136_223_846_793_005)
+            .wrapping_add(1_442_695_040_888_963_407);
+        self.rng
     }
 
     #[inline(always)]
@@ -77,7 +88,9 @@ impl JobCtx {
         let is_read = match self.mix {
             Mix::AllRead => true,
             Mix::AllWrite => false,
-            Mix::Reads(t) => (r & 0xFFFF_FFFF) < t,
+            // A draw of its own: the LBA below also comes from the high
+            // bits, and sharing them would send reads to low LBAs only.
+            Mix::Reads(t) => (self.next_rand() >> 32) < t,
         };
         let unit = if self.random {
             ((r as u128 * self.units as u128) >> 64) as u64
@@ -90,6 +103,23 @@ impl JobCtx {
             u
         };
         let lba = unit * self.nlb as u64;
+        let off = slot * self.io_size;
+        if self.slow {
+            self.before_submit(slot, unit, lba, is_read);
+        }
+        let data = self.buf.slice(off..off + self.io_size);
+        let r = if is_read {
+            sub.read(&self.ns, lba, self.nlb, data, slot as u64)
+        } else {
+            sub.write(&self.ns, lba, self.nlb, data, slot as u64)
+        };
+        if let Err(e) = r {
+            self.error(format!("submit at LBA {lba} failed: {e}"));
+        }
+    }
+
+    #[cold]
+    fn before_submit(&mut self, slot: usize, unit: u64, lba: u64, is_read: bool) {
         let off = slot * self.io_size;
         if let Some(v) = &mut self.verify {
             self.slot_lba[slot] = lba;
@@ -104,14 +134,16 @@ impl JobCtx {
         if let Some(l) = &mut self.latency {
             l.submit[slot] = Instant::now();
         }
-        let data = self.buf.slice(off..off + self.io_size);
-        let r = if is_read {
-            sub.read(&self.ns, lba, self.nlb, data, slot as u64)
-        } else {
-            sub.write(&self.ns, lba, self.nlb, data, slot as u64)
-        };
-        if let Err(e) = r {
-            self.error(format!("submit at LBA {lba} failed: {e}"));
+    }
+
+    #[cold]
+    fn after_complete(&mut self, slot: usize, ok: bool) {
+        if let Some(l) = &mut self.latency {
+            let ns = l.submit[slot].elapsed().as_nanos() as u64;
+            let _ = l.hist.record(ns.max(1));
+        }
+        if ok && self.verify.is_some() {
+            self.check(slot);
         }
     }
 
@@ -128,17 +160,11 @@ impl JobCtx {
     pub fn on_complete(&mut self, sub: &mut Submitter, c: Completion) {
         let slot = c.user_data as usize;
         self.ios += 1;
-        if let Some(l) = &mut self.latency {
-            let ns = l.submit[slot].elapsed().as_nanos() as u64;
-            let _ = l.hist.record(ns.max(1));
+        if self.slow {
+            self.after_complete(slot, c.result.is_ok());
         }
-        match c.result {
-            Ok(_) => {
-                if self.verify.is_some() {
-                    self.check(slot);
-                }
-            }
-            Err(e) => self.error(format!("I/O failed: {e}")),
+        if let Err(e) = c.result {
+            self.error(format!("I/O failed: {e}"));
         }
         if self.remaining > 0 {
             self.remaining -= 1;
@@ -232,7 +258,7 @@ pub fn run(
     loop {
         for job in jobs.iter_mut() {
             let Job { qp, ctx } = job;
-            qp.poll(u32::MAX, |sub, c| ctx.on_complete(sub, c));
+            qp.poll_with(u32::MAX, ctx);
         }
         for d in &inline {
             d.step();

@@ -1,0 +1,761 @@
+//! `pollux setup`: hand NVMe controllers to user space and back.
+//!
+//! `list` shows every NVMe controller (PCI class 0x010802) with its driver,
+//! IOMMU group and what uses its namespaces; `bind` moves controllers to
+//! vfio-pci (default) or uio_pci_generic with driver_override, refusing any
+//! whose namespaces are mounted, used as swap or held by device-mapper/md;
+//! `reset` gives them back to the kernel nvme driver; `hugepages N`
+//! reserves 2 MiB hugepages (needed for uio_pci_generic, optional for
+//! vfio-pci).
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::time::{Duration, Instant};
+
+const NVME_CLASS: &str = "0x010802";
+const USER_DRIVERS: [&str; 2] = ["vfio-pci", "uio_pci_generic"];
+
+#[derive(clap::Subcommand, Debug)]
+pub enum SetupCommand {
+    /// List NVMe controllers: driver, IOMMU group, namespaces and their use.
+    List,
+    /// Detach controllers from the kernel and bind them to a user-space
+    /// driver (refuses controllers with mounted file systems).
+    Bind {
+        /// PCI addresses, e.g. 0000:01:00.0 (see `pollux setup list`).
+        #[arg(required = true)]
+        bdf: Vec<String>,
+        /// vfio-pci (needs an IOMMU; recommended) or uio_pci_generic (no
+        /// IOMMU; root only; needs hugepages).
+        #[arg(long, default_value = "vfio-pci", value_parser = ["vfio-pci", "uio_pci_generic"])]
+        driver: String,
+    },
+    /// Give controllers back to the kernel nvme driver (default: every
+    /// controller bound to vfio-pci or uio_pci_generic).
+    Reset { bdf: Vec<String> },
+    /// Reserve COUNT 2 MiB hugepages (0 releases them).
+    Hugepages { count: u32 },
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SetupError {
+    #[error("{0}")]
+    Msg(String),
+    #[error("{path}: {err}{hint}")]
+    Io {
+        path: PathBuf,
+        err: std::io::Error,
+        hint: &'static str,
+    },
+}
+
+fn msg(s: impl Into<String>) -> SetupError {
+    SetupError::Msg(s.into())
+}
+
+fn io_err(path: &Path, err: std::io::Error) -> SetupError {
+    let hint = if err.kind() == std::io::ErrorKind::PermissionDenied {
+        " (pollux setup needs root)"
+    } else {
+        ""
+    };
+    SetupError::Io {
+        path: path.to_owned(),
+        err,
+        hint,
+    }
+}
+
+/// Where the kernel's views live (a fake tree in tests).
+pub struct Host {
+    pub sys: PathBuf,
+    pub proc_: PathBuf,
+    /// Runs `modprobe NAME`; Err = could not.
+    pub modprobe: fn(&str) -> Result<(), String>,
+    /// How long to wait for a driver to bind.
+    pub bind_timeout: Duration,
+}
+
+fn real_modprobe(name: &str) -> Result<(), String> {
+    match std::process::Command::new("modprobe").arg(name).output() {
+        Ok(o) if o.status.success() => Ok(()),
+        Ok(o) => Err(String::from_utf8_lossy(&o.stderr).trim().to_string()),
+        Err(e) => Err(format!("cannot run modprobe: {e}")),
+    }
+}
+
+impl Default for Host {
+    fn default() -> Self {
+        Host {
+            sys: "/sys".into(),
+            proc_: "/proc".into(),
+            modprobe: real_modprobe,
+            bind_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+/// One NVMe controller as `list` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Controller {
+    pub bdf: String,
+    pub ids: String,
+    pub driver: Option<String>,
+    pub iommu_group: Option<u32>,
+    /// Kernel name (nvme0) when bound to nvme.
+    pub kname: Option<String>,
+    pub model: Option<String>,
+    /// Block devices of its namespaces (disks and partitions).
+    pub block_devs: Vec<String>,
+    /// Why it must not be taken away from the kernel ("nvme0n1p1 is
+    /// mounted on /home", ...). Empty: free.
+    pub in_use: Vec<String>,
+}
+
+fn read_trim(p: &Path) -> Option<String> {
+    fs::read_to_string(p).ok().map(|s| s.trim().to_string())
+}
+
+fn link_name(p: &Path) -> Option<String> {
+    fs::read_link(p)
+        .ok()
+        .and_then(|t| t.file_name().map(|n| n.to_string_lossy().into_owned()))
+}
+
+fn dir_names(p: &Path) -> Vec<String> {
+    let mut v: Vec<String> = fs::read_dir(p)
+        .map(|rd| {
+            rd.filter_map(|e| e.ok())
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    v.sort();
+    v
+}
+
+/// `0000:01:00.0` form (adds the domain), validated.
+pub fn normalize_bdf(s: &str) -> Result<String, SetupError> {
+    pollux_driver::platform::pci::normalize_bdf(s).map_err(|e| msg(e.to_string()))
+}
+
+impl Host {
+    fn pci_dev(&self, bdf: &str) -> PathBuf {
+        self.sys.join("bus/pci/devices").join(bdf)
+    }
+
+    /// Every NVMe controller, sorted by address.
+    pub fn controllers(&self) -> Result<Vec<Controller>, SetupError> {
+        let dir = self.sys.join("bus/pci/devices");
+        let mut out = Vec::new();
+        for bdf in dir_names(&dir) {
+            if read_trim(&dir.join(&bdf).join("class")).as_deref() == Some(NVME_CLASS) {
+                out.push(self.controller(&bdf)?);
+            }
+        }
+        Ok(out)
+    }
+
+    pub fn controller(&self, bdf: &str) -> Result<Controller, SetupError> {
+        let d = self.pci_dev(bdf);
+        if !d.exists() {
+            return Err(msg(format!(
+                "no PCI device {bdf} (`pollux setup list` shows the NVMe controllers)"
+            )));
+        }
+        let class = read_trim(&d.join("class")).unwrap_or_default();
+        if class != NVME_CLASS {
+            return Err(msg(format!(
+                "{bdf} is not an NVMe controller (PCI class {class}, want {NVME_CLASS})"
+            )));
+        }
+        let ids = format!(
+            "{}:{}",
+            read_trim(&d.join("vendor"))
+                .unwrap_or_default()
+                .trim_start_matches("0x"),
+            read_trim(&d.join("device"))
+                .unwrap_or_default()
+                .trim_start_matches("0x")
+        );
+        let driver = link_name(&d.join("driver"));
+        let iommu_group = link_name(&d.join("iommu_group")).and_then(|g| g.parse().ok());
+        let kname = dir_names(&d.join("nvme")).into_iter().next();
+        let model = kname
+            .as_ref()
+            .and_then(|k| read_trim(&d.join("nvme").join(k).join("model")));
+        let block_devs = kname
+            .as_ref()
+            .map(|k| self.block_devs(&d.join("nvme").join(k), k))
+            .unwrap_or_default();
+        let in_use = self.usage(&block_devs);
+        Ok(Controller {
+            bdf: bdf.to_string(),
+            ids,
+            driver,
+            iommu_group,
+            kname,
+            model,
+            block_devs,
+            in_use,
+        })
+    }
+
+    /// Namespace block devices of controller `kname` (e.g. nvme0) and their
+    /// partitions. With native multipath the controller lists hidden paths
+    /// (nvme0c0n1) whose visible disk is nvme<subsystem>n<nsid>.
+    fn block_devs(&self, ctrl_dir: &Path, kname: &str) -> Vec<String> {
+        let mut disks = Vec::new();
+        let subsys_no = link_name(&ctrl_dir.join("subsystem"))
+            .and_then(|s| s.strip_prefix("nvme-subsys").map(str::to_string));
+        for name in dir_names(ctrl_dir) {
+            let Some(rest) = name.strip_prefix(kname) else {
+                continue;
+            };
+            if let Some(ns) = rest.strip_prefix('n') {
+                if ns.chars().all(|c| c.is_ascii_digit()) && !ns.is_empty() {
+                    disks.push(name.clone());
+                }
+            } else if let Some(path) = rest.strip_prefix('c') {
+                // c<ctrl>n<nsid>
+                if let (Some((_, ns)), Some(sub)) = (path.split_once('n'), subsys_no.as_ref()) {
+                    disks.push(format!("nvme{sub}n{ns}"));
+                }
+            }
+        }
+        disks.sort();
+        disks.dedup();
+        let mut out = Vec::new();
+        for disk in disks {
+            let parts: Vec<String> = dir_names(&self.sys.join("block").join(&disk))
+                .into_iter()
+                .filter(|p| {
+                    p.strip_prefix(disk.as_str())
+                        .is_some_and(|r| r.starts_with('p'))
+                })
+                .collect();
+            out.push(disk);
+            out.extend(parts);
+        }
+        out
+    }
+
+    /// Who uses these block devices: mounts, swap, dm/md holders.
+    fn usage(&self, devs: &[String]) -> Vec<String> {
+        let mut why = Vec::new();
+        if devs.is_empty() {
+            return why;
+        }
+        let resolve = |src: &str| -> Option<String> {
+            if !src.starts_with("/dev/") {
+                return None;
+            }
+            let p = fs::canonicalize(src).unwrap_or_else(|_| PathBuf::from(src));
+            p.file_name().map(|n| n.to_string_lossy().into_owned())
+        };
+        let unescape = |s: &str| s.replace("\\040", " ").replace("\\011", "\t");
+        if let Some(mounts) = read_trim(&self.proc_.join("mounts")) {
+            for line in mounts.lines() {
+                let mut f = line.split_whitespace();
+                let (Some(src), Some(dst), Some(fstype)) = (f.next(), f.next(), f.next()) else {
+                    continue;
+                };
+                if let Some(name) = resolve(src) {
+                    if devs.contains(&name) {
+                        why.push(format!(
+                            "/dev/{name} is mounted on {} ({fstype})",
+                            unescape(dst)
+                        ));
+                    }
+                }
+            }
+        }
+        if let Some(swaps) = read_trim(&self.proc_.join("swaps")) {
+            for line in swaps.lines().skip(1) {
+                if let Some(name) = line.split_whitespace().next().and_then(resolve) {
+                    if devs.contains(&name) {
+                        why.push(format!("/dev/{name} is in use as swap"));
+                    }
+                }
+            }
+        }
+        for dev in devs {
+            // Disks: /sys/block/D/holders; partitions: /sys/block/D/P/holders.
+            let disk = devs
+                .iter()
+                .find(|d| {
+                    dev.strip_prefix(d.as_str())
+                        .is_some_and(|r| r.starts_with('p'))
+                })
+                .cloned();
+            let dir = match &disk {
+                Some(d) => self.sys.join("block").join(d).join(dev),
+                None => self.sys.join("block").join(dev),
+            };
+            for h in dir_names(&dir.join("holders")) {
+                let what = read_trim(&self.sys.join("block").join(&h).join("dm/name"))
+                    .map(|n| format!("device-mapper {n} ({h})"))
+                    .unwrap_or(h);
+                why.push(format!("/dev/{dev} is held by {what}"));
+            }
+        }
+        why
+    }
+
+    fn write(&self, p: &Path, v: &str) -> Result<(), SetupError> {
+        fs::write(p, v).map_err(|e| io_err(p, e))
+    }
+
+    fn ensure_driver(&self, driver: &str) -> Result<(), SetupError> {
+        let modules: &[&str] = match driver {
+            // The type1 IOMMU backend is a soft dependency that busybox
+            // modprobe (and some minimal systems) do not load.
+            "vfio-pci" => &["vfio-pci", "vfio_iommu_type1"],
+            other => &[other],
+        };
+        let mut errs = Vec::new();
+        for m in modules {
+            if let Err(e) = (self.modprobe)(m) {
+                errs.push(format!("modprobe {m}: {e}"));
+            }
+        }
+        if !self.sys.join("bus/pci/drivers").join(driver).exists() {
+            return Err(msg(format!(
+                "kernel driver {driver} is not available ({})",
+                errs.join("; ")
+            )));
+        }
+        Ok(())
+    }
+
+    fn wait_driver(&self, bdf: &str, want: Option<&str>) -> Option<String> {
+        let start = Instant::now();
+        loop {
+            let cur = link_name(&self.pci_dev(bdf).join("driver"));
+            if cur.as_deref() == want || start.elapsed() >= self.bind_timeout {
+                return cur;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Moves `bdf` to `driver` (None: the kernel's default, i.e. nvme).
+    fn rebind(&self, bdf: &str, driver: Option<&str>) -> Result<Option<String>, SetupError> {
+        let d = self.pci_dev(bdf);
+        self.write(&d.join("driver_override"), driver.unwrap_or("\n"))?;
+        if let Some(cur) = link_name(&d.join("driver")) {
+            let unbind = self.sys.join("bus/pci/drivers").join(&cur).join("unbind");
+            self.write(&unbind, bdf)?;
+        }
+        self.write(&self.sys.join("bus/pci/drivers_probe"), bdf)?;
+        Ok(self.wait_driver(bdf, Some(driver.unwrap_or("nvme"))))
+    }
+
+    pub fn bind(&self, bdfs: &[String], driver: &str, out: &mut String) -> Result<(), SetupError> {
+        if !USER_DRIVERS.contains(&driver) {
+            return Err(msg(format!(
+                "--driver {driver}: want vfio-pci or uio_pci_generic"
+            )));
+        }
+        // Check everything first: nothing is moved if any controller is busy.
+        let mut ctrls = Vec::new();
+        for b in bdfs {
+            let c = self.controller(&normalize_bdf(b)?)?;
+            if !c.in_use.is_empty() {
+                return Err(msg(format!(
+                    "refusing to take {} from the kernel: {}. Unmount / release it first.",
+                    c.bdf,
+                    c.in_use.join("; ")
+                )));
+            }
+            if driver == "vfio-pci" && c.iommu_group.is_none() {
+                return Err(msg(format!(
+                    "{} has no IOMMU group, so vfio-pci cannot use it: enable the IOMMU \
+                     (intel_iommu=on or amd_iommu=on on the kernel command line) or use \
+                     --driver uio_pci_generic",
+                    c.bdf
+                )));
+            }
+            ctrls.push(c);
+        }
+        self.ensure_driver(driver)?;
+        for c in ctrls {
+            if c.driver.as_deref() == Some(driver) {
+                let _ = writeln!(out, "{}: already bound to {driver}", c.bdf);
+                continue;
+            }
+            let got = self.rebind(&c.bdf, Some(driver))?;
+            if got.as_deref() != Some(driver) {
+                return Err(msg(format!(
+                    "{}: bound to {} instead of {driver} after drivers_probe (see dmesg)",
+                    c.bdf,
+                    got.as_deref().unwrap_or("no driver")
+                )));
+            }
+            let from = c.driver.as_deref().unwrap_or("no driver");
+            let _ = write!(out, "{}: {from} -> {driver}", c.bdf);
+            if driver == "vfio-pci" {
+                if let Some(g) = c.iommu_group {
+                    let _ = write!(out, " (/dev/vfio/{g})");
+                    let others: Vec<String> =
+                        dir_names(&self.sys.join(format!("kernel/iommu_groups/{g}/devices")))
+                            .into_iter()
+                            .filter(|o| *o != c.bdf)
+                            .filter(|o| {
+                                let dr = link_name(&self.pci_dev(o).join("driver"));
+                                !matches!(dr.as_deref(), None | Some("vfio-pci") | Some("pcieport"))
+                            })
+                            .collect();
+                    if !others.is_empty() {
+                        let _ = write!(
+                            out,
+                            "\n  warning: IOMMU group {g} also holds {} bound to kernel drivers; \
+                             VFIO needs the whole group (bind them too)",
+                            others.join(", ")
+                        );
+                    }
+                }
+            }
+            let _ = writeln!(out);
+        }
+        Ok(())
+    }
+
+    pub fn reset(&self, bdfs: &[String], out: &mut String) -> Result<(), SetupError> {
+        let targets: Vec<String> = if bdfs.is_empty() {
+            self.controllers()?
+                .into_iter()
+                .filter(|c| {
+                    c.driver
+                        .as_deref()
+                        .is_some_and(|d| USER_DRIVERS.contains(&d))
+                })
+                .map(|c| c.bdf)
+                .collect()
+        } else {
+            bdfs.iter()
+                .map(|b| normalize_bdf(b))
+                .collect::<Result<_, _>>()?
+        };
+        if targets.is_empty() {
+            let _ = writeln!(out, "no controller is bound to vfio-pci or uio_pci_generic");
+            return Ok(());
+        }
+        if let Err(e) = (self.modprobe)("nvme") {
+            if !self.sys.join("bus/pci/drivers/nvme").exists() {
+                return Err(msg(format!("kernel nvme driver not available: {e}")));
+            }
+        }
+        for bdf in targets {
+            let c = self.controller(&bdf)?;
+            if c.driver.as_deref() == Some("nvme") {
+                let _ = writeln!(out, "{bdf}: already bound to nvme");
+                continue;
+            }
+            let got = self.rebind(&bdf, None)?;
+            let from = c.driver.as_deref().unwrap_or("no driver");
+            match got.as_deref() {
+                Some("nvme") => {
+                    let _ = writeln!(out, "{bdf}: {from} -> nvme");
+                }
+                other => {
+                    return Err(msg(format!(
+                        "{bdf}: not picked up by the nvme driver (now: {}); see dmesg",
+                        other.unwrap_or("no driver")
+                    )))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    pub fn hugepages(&self, count: u32, out: &mut String) -> Result<(), SetupError> {
+        let dir = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        if !dir.exists() {
+            return Err(msg("this kernel has no 2 MiB hugepage support"));
+        }
+        self.write(&dir.join("nr_hugepages"), &count.to_string())?;
+        let got: u64 = read_trim(&dir.join("nr_hugepages"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let free: u64 = read_trim(&dir.join("free_hugepages"))
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "2 MiB hugepages: {got} reserved ({} MiB), {free} free",
+            got * 2
+        );
+        if got < count as u64 {
+            let _ = writeln!(
+                out,
+                "warning: asked for {count}, the kernel found only {got} (memory is fragmented; \
+                 reserve early after boot or with hugepages=N on the kernel command line)"
+            );
+        }
+        Ok(())
+    }
+
+    pub fn list(&self, out: &mut String) -> Result<(), SetupError> {
+        let ctrls = self.controllers()?;
+        if ctrls.is_empty() {
+            let _ = writeln!(out, "no NVMe controllers (PCI class {NVME_CLASS}) found");
+            return Ok(());
+        }
+        let _ = writeln!(
+            out,
+            "{:<13} {:<10} {:<16} {:<6} {:<24} USE",
+            "BDF", "ID", "DRIVER", "IOMMU", "NAMESPACES"
+        );
+        for c in &ctrls {
+            let ns = if c.block_devs.is_empty() {
+                "-".to_string()
+            } else {
+                c.block_devs.join(",")
+            };
+            let usage = if c.in_use.is_empty() {
+                match c.driver.as_deref() {
+                    Some(d) if USER_DRIVERS.contains(&d) => "user space".to_string(),
+                    _ => "free".to_string(),
+                }
+            } else {
+                format!("IN USE: {}", c.in_use.join("; "))
+            };
+            let _ = writeln!(
+                out,
+                "{:<13} {:<10} {:<16} {:<6} {:<24} {usage}",
+                c.bdf,
+                c.ids,
+                c.driver.as_deref().unwrap_or("-"),
+                c.iommu_group.map_or("-".into(), |g| g.to_string()),
+                ns,
+            );
+            if let Some(m) = &c.model {
+                let _ = writeln!(out, "{:<13} model: {m}", "");
+            }
+        }
+        let hp = self.sys.join("kernel/mm/hugepages/hugepages-2048kB");
+        if let (Some(n), Some(f)) = (
+            read_trim(&hp.join("nr_hugepages")),
+            read_trim(&hp.join("free_hugepages")),
+        ) {
+            let _ = writeln!(out, "2 MiB hugepages: {n} reserved, {f} free");
+        }
+        Ok(())
+    }
+}
+
+pub fn run(cmd: SetupCommand) -> Result<(), SetupError> {
+    let host = Host::default();
+    let mut out = String::new();
+    let r = match cmd {
+        SetupCommand::List => host.list(&mut out),
+        SetupCommand::Bind { bdf, driver } => host.bind(&bdf, &driver, &mut out),
+        SetupCommand::Reset { bdf } => host.reset(&bdf, &mut out),
+        SetupCommand::Hugepages { count } => host.hugepages(count, &mut out),
+    };
+    print!("{out}");
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::os::unix::fs::symlink;
+
+    /// A fake /sys + /proc with one controller bound to nvme (namespace
+    /// nvme0n1 with partitions p1, p2) and one unbound.
+    struct Fake {
+        root: PathBuf,
+    }
+
+    impl Fake {
+        fn new(tag: &str) -> Fake {
+            let root =
+                std::env::temp_dir().join(format!("pollux-setup-{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&root);
+            let sys = root.join("sys");
+            let mk = |p: &Path| fs::create_dir_all(p).unwrap();
+            let w = |p: PathBuf, s: &str| fs::write(p, s).unwrap();
+            mk(&sys.join("bus/pci/drivers/nvme"));
+            mk(&sys.join("kernel/iommu_groups/3/devices"));
+            for (bdf, class) in [
+                ("0000:01:00.0", NVME_CLASS),
+                ("0000:02:00.0", NVME_CLASS),
+                ("0000:03:00.0", "0x020000"),
+            ] {
+                let d = sys.join("bus/pci/devices").join(bdf);
+                mk(&d);
+                w(d.join("class"), &format!("{class}\n"));
+                w(d.join("vendor"), "0x1b36\n");
+                w(d.join("device"), "0x0010\n");
+                w(d.join("driver_override"), "(null)\n");
+            }
+            let d1 = sys.join("bus/pci/devices/0000:01:00.0");
+            symlink(sys.join("bus/pci/drivers/nvme"), d1.join("driver")).unwrap();
+            symlink(sys.join("kernel/iommu_groups/3"), d1.join("iommu_group")).unwrap();
+            mk(&d1.join("nvme/nvme0/nvme0n1"));
+            w(d1.join("nvme/nvme0/model"), "QEMU NVMe Ctrl  \n");
+            mk(&sys.join("block/nvme0n1/nvme0n1p1/holders"));
+            mk(&sys.join("block/nvme0n1/nvme0n1p2/holders"));
+            mk(&sys.join("block/nvme0n1/holders"));
+            mk(&root.join("proc"));
+            w(root.join("proc/mounts"), "proc /proc proc rw 0 0\n");
+            w(
+                root.join("proc/swaps"),
+                "Filename Type Size Used Priority\n",
+            );
+            Fake { root }
+        }
+
+        fn host(&self) -> Host {
+            Host {
+                sys: self.root.join("sys"),
+                proc_: self.root.join("proc"),
+                modprobe: |_| Ok(()),
+                bind_timeout: Duration::from_millis(10),
+            }
+        }
+    }
+
+    impl Drop for Fake {
+        fn drop(&mut self) {
+            let _ = fs::remove_dir_all(&self.root);
+        }
+    }
+
+    #[test]
+    fn lists_nvme_controllers_only() {
+        let f = Fake::new("list");
+        let h = f.host();
+        let c = h.controllers().unwrap();
+        assert_eq!(c.len(), 2);
+        assert_eq!(c[0].bdf, "0000:01:00.0");
+        assert_eq!(c[0].driver.as_deref(), Some("nvme"));
+        assert_eq!(c[0].iommu_group, Some(3));
+        assert_eq!(c[0].kname.as_deref(), Some("nvme0"));
+        assert_eq!(c[0].model.as_deref(), Some("QEMU NVMe Ctrl"));
+        assert_eq!(c[0].block_devs, ["nvme0n1", "nvme0n1p1", "nvme0n1p2"]);
+        assert!(c[0].in_use.is_empty());
+        assert_eq!(c[1].driver, None);
+        let mut out = String::new();
+        h.list(&mut out).unwrap();
+        assert!(out.contains("0000:01:00.0  1b36:0010  nvme"), "{out}");
+        assert!(!out.contains("0000:03:00.0"));
+    }
+
+    #[test]
+    fn mounted_swap_and_holders_refuse_bind() {
+        let f = Fake::new("inuse");
+        let h = f.host();
+        fs::write(
+            f.root.join("proc/mounts"),
+            "/dev/nvme0n1p2 /mnt/my\\040data ext4 rw 0 0\n",
+        )
+        .unwrap();
+        let c = h.controller("0000:01:00.0").unwrap();
+        assert_eq!(
+            c.in_use,
+            ["/dev/nvme0n1p2 is mounted on /mnt/my data (ext4)"]
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err();
+        assert!(
+            e.to_string().contains("refusing to take 0000:01:00.0"),
+            "{e}"
+        );
+        assert!(e.to_string().contains("mounted on /mnt/my data"), "{e}");
+
+        fs::write(f.root.join("proc/mounts"), "").unwrap();
+        fs::write(
+            f.root.join("proc/swaps"),
+            "Filename Type Size Used Priority\n/dev/nvme0n1p1 partition 1024 0 -2\n",
+        )
+        .unwrap();
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            ["/dev/nvme0n1p1 is in use as swap"]
+        );
+
+        fs::write(f.root.join("proc/swaps"), "").unwrap();
+        fs::create_dir_all(f.root.join("sys/block/nvme0n1/nvme0n1p1/holders/dm-0")).unwrap();
+        fs::create_dir_all(f.root.join("sys/block/dm-0/dm")).unwrap();
+        fs::write(f.root.join("sys/block/dm-0/dm/name"), "vg-root\n").unwrap();
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            ["/dev/nvme0n1p1 is held by device-mapper vg-root (dm-0)"]
+        );
+    }
+
+    #[test]
+    fn bind_checks_before_touching_anything() {
+        let f = Fake::new("bind");
+        let h = f.host();
+        let mut out = String::new();
+        // Not NVMe.
+        let e = h
+            .bind(&["0000:03:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err();
+        assert!(e.to_string().contains("not an NVMe controller"), "{e}");
+        // No IOMMU group: vfio-pci impossible, says what to do.
+        let e = h
+            .bind(&["0000:02:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err();
+        assert!(e.to_string().contains("uio_pci_generic"), "{e}");
+        // Bad address.
+        assert!(h.bind(&["nonsense".into()], "vfio-pci", &mut out).is_err());
+        // Driver missing after modprobe.
+        let e = h
+            .bind(&["0000:01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err();
+        assert!(e.to_string().contains("vfio-pci is not available"), "{e}");
+        // Nothing was written.
+        let ov = fs::read_to_string(
+            f.root
+                .join("sys/bus/pci/devices/0000:01:00.0/driver_override"),
+        )
+        .unwrap();
+        assert_eq!(ov, "(null)\n");
+    }
+
+    #[test]
+    fn bind_writes_override_unbind_and_probe() {
+        let f = Fake::new("bind2");
+        let h = f.host();
+        let drivers = f.root.join("sys/bus/pci/drivers");
+        fs::create_dir_all(drivers.join("uio_pci_generic")).unwrap();
+        let mut out = String::new();
+        // The fake kernel never binds: reports what it found.
+        let e = h
+            .bind(&["0000:01:00.0".into()], "uio_pci_generic", &mut out)
+            .unwrap_err();
+        assert!(e.to_string().contains("instead of uio_pci_generic"), "{e}");
+        let d = f.root.join("sys/bus/pci/devices/0000:01:00.0");
+        assert_eq!(
+            fs::read_to_string(d.join("driver_override")).unwrap(),
+            "uio_pci_generic"
+        );
+        assert_eq!(
+            fs::read_to_string(drivers.join("nvme/unbind")).unwrap(),
+            "0000:01:00.0"
+        );
+        assert_eq!(
+            fs::read_to_string(f.root.join("sys/bus/pci/drivers_probe")).unwrap(),
+            "0000:01:00.0"
+        );
+    }
+
+    #[test]
+    fn hugepages_reports_shortfall() {
+        let f = Fake::new("huge");
+        let h = f.host();
+        let hp = f.root.join("sys/kernel/mm/hugepages/hugepages-2048kB");
+        fs::create_dir_all(&hp).unwrap();
+        fs::write(hp.join("free_hugepages"), "0\n").unwrap();
+        let mut out = String::new();
+        h.hugepages(8, &mut out).unwrap();
+        assert!(out.contains("8 reserved (16 MiB)"), "{out}");
+    }
+}
