@@ -435,6 +435,8 @@ impl Submitter {
 
     /// Issues one command on tracker `cid` with data at `iova_at`.
     /// On error the tracker is returned to the free list and nothing is sent.
+    // Primitive arguments on purpose: this is the hot path's core.
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn issue(
         &mut self,
