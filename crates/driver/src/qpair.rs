@@ -448,13 +448,14 @@ impl Submitter {
         user_data: u64,
         flags: u32,
     ) -> Result<(), SubmitError> {
-        if len > 0 {
+        // Callers have checked that PRP1 is dword aligned.
+        debug_assert_eq!(prp1 & 3, 0);
+        sqe.prp1 = prp1;
+        if len > 0 && len as u64 > prp::PAGE - (prp1 & (prp::PAGE - 1)) {
+            // Beyond the first page: PRP2 or a list in this tracker's slice.
             let (list, list_iova) = self.prp_list(cid);
             match prp::build(len, prp1, iova_at, list, list_iova) {
-                Ok(p) => {
-                    sqe.prp1 = p.prp1;
-                    sqe.prp2 = p.prp2;
-                }
+                Ok(p) => sqe.prp2 = p.prp2,
                 Err(e) => return Err(self.prp_failed(cid, e)),
             }
         }

@@ -384,6 +384,46 @@ fn queue_pair_churn_alongside_io() {
     });
 }
 
+/// `POLLUX_WIPE=1`: Write Zeroes over the whole namespace (what `perf
+/// --verify` needs: blocks it has not written must read as zeros), then
+/// reads a block of every 64 MiB back as zeros.
+#[test]
+fn wipe_namespace() {
+    let Some(bdf) = bdf() else { return };
+    if std::env::var("POLLUX_WIPE").as_deref() != Ok("1") {
+        eprintln!("POLLUX_WIPE not set: skipping");
+        return;
+    }
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut lba = 0u64;
+    let mut n = 0u64;
+    while lba < ns.nsze {
+        let nlb = (ns.nsze - lba).min(65536) as u32;
+        qp.write_zeroes(&ns, lba, nlb, false, n).unwrap();
+        lba += nlb as u64;
+        n += 1;
+    }
+    let c = drain(&mut qp);
+    assert_eq!(c.len() as u64, n);
+    assert!(c.iter().all(|c| c.result.is_ok()), "{c:?}");
+    let mut buf = ctrl.alloc_dma(4096).unwrap();
+    let per = 4096 / ns.lba_size();
+    let step = (64u64 << 20) >> ns.lba_shift;
+    for lba in (0..ns.nsze).step_by(step as usize) {
+        buf.as_mut_slice().fill(0xa5);
+        qp.read(&ns, lba, per, buf.full(), 0).unwrap();
+        assert_eq!(drain(&mut qp)[0].result, Ok(0));
+        assert!(
+            buf.as_slice().iter().all(|&b| b == 0),
+            "LBA {lba} not zero after Write Zeroes"
+        );
+    }
+    println!("wrote zeroes over {} blocks in {n} commands", ns.nsze);
+}
+
 /// Data handed over between pollux and the kernel nvme driver: see the
 /// module docs.
 #[test]

@@ -7,9 +7,10 @@
 //!   SQE with one `read_volatile` and decodes only the copy.
 //! * CQ: the device writes CQE dwords 0-2, then stores dword 3 (CID, status,
 //!   phase) as one `AtomicU32` Release store; the host polls the phase.
-//! * Shadow doorbells: values loaded with Acquire, event indices stored with
-//!   Release, kept at `last seen - 1` so a host using the standard
-//!   `need_event` check never needs an MMIO doorbell write.
+//! * Shadow doorbells: values loaded with Acquire; event indices stored
+//!   (Release) once, at 0xFFFF, so a host using the standard `need_event`
+//!   check writes the MMIO doorbell only when its index wraps the ring
+//!   (see `Doorbell::set_event`).
 //!
 //! The CQ never overflows: a completion that finds no free slot (per the
 //! head last published by the host) goes to a bounded backlog, and the
@@ -25,6 +26,8 @@ use pollux_spec::{Sqe, Status};
 /// Hard cap on a CQ's backlog; the controller's deferred-command limit keeps
 /// it far below this, so hitting it is an emulator bug (logged, dropped).
 pub const BACKLOG_LIMIT: usize = 1 << 16;
+/// Event index this polling controller publishes (see `Doorbell::set_event`).
+pub const EVENT_IDX_POLLED: u32 = 0xFFFF;
 /// Most completions held back for out-of-order posting per CQ.
 pub const HELD_LIMIT: usize = 64;
 
@@ -57,15 +60,27 @@ impl Doorbell {
         unsafe { self.value.as_ref() }.load(Ordering::Acquire)
     }
 
+    /// Publishes the event index. This controller polls the shadow
+    /// doorbells, so it never needs an MMIO write; but the index must be a
+    /// ring position, so it says "ring me when you pass 0xFFFF". Under the
+    /// host's `nvme_dbbuf_need_event` rule (u16 arithmetic) that asks for an
+    /// MMIO write only when the host's index wraps around the ring: once per
+    /// ring cycle. The value is constant, so the cache line holding it stays
+    /// clean in both CPUs' caches: the host's load of it after every shadow
+    /// update hits instead of missing across cores (writing `seen - 1` on
+    /// every move cost the host one cross-core miss per doorbell).
     #[inline(always)]
-    fn set_event(&self, seen: u32) {
+    fn set_event(&self, _seen: u32) {
         if let Some(ei) = self.event_idx {
             // SAFETY: as for `value` (same shadow mapping rules).
-            unsafe { ei.as_ref() }.store(seen.wrapping_sub(1) & 0xFFFF, Ordering::Release);
+            let ei = unsafe { ei.as_ref() };
+            if ei.load(Ordering::Relaxed) != EVENT_IDX_POLLED {
+                ei.store(EVENT_IDX_POLLED, Ordering::Release);
+            }
         }
     }
 
-    /// Zeroes the doorbell and (if any) sets the event index for value 0;
+    /// Zeroes the doorbell and (if any) publishes the event index;
     /// used when a queue is created, before its completion is posted.
     pub fn reset(&self) {
         // SAFETY: as for `load`.

@@ -367,7 +367,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 let qp = d.ctrl.alloc_qpair(qopts.clone())?;
                 let depth = qp.depth() as usize;
                 let buf = d.ctrl.alloc_dma(depth * io)?;
-                let remaining = match a.io_count {
+                let total = match a.io_count {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
                 };
@@ -410,7 +410,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     random,
                     mix,
                     seq: 0,
-                    remaining,
+                    total,
+                    stop_at: 0,
                     ios: 0,
                     errors: 0,
                     first_errors: Vec::new(),

@@ -42,7 +42,12 @@ pub struct JobCtx {
     pub mix: Mix,
     pub seq: u64,
     /// I/Os still to submit.
-    pub remaining: u64,
+    /// I/Os this job submits in total (`u64::MAX`: until stopped). Set
+    /// once; `stop_at` is derived from it when the run starts.
+    pub total: u64,
+    /// A completion resubmits its slot while `ios <= stop_at` (the count
+    /// kept anyway; no second counter per I/O). Zero stops submitting.
+    pub stop_at: u64,
     pub ios: u64,
     pub errors: u64,
     pub first_errors: Vec<String>,
@@ -166,8 +171,7 @@ impl JobCtx {
         if let Err(e) = c.result {
             self.error(format!("I/O failed: {e}"));
         }
-        if self.remaining > 0 {
-            self.remaining -= 1;
+        if self.ios <= self.stop_at {
             self.submit(sub, slot);
         }
     }
@@ -242,13 +246,12 @@ pub fn run(
     let t0 = Instant::now();
     for job in &mut jobs {
         let Job { qp, ctx } = job;
-        for slot in 0..qp.depth() as usize {
-            if ctx.remaining == 0 {
-                break;
-            }
-            ctx.remaining -= 1;
+        let fill = (qp.depth() as u64).min(ctx.total);
+        for slot in 0..fill as usize {
             ctx.submit(qp, slot);
         }
+        // Completion k resubmits while fill + k - 1 < total.
+        ctx.stop_at = ctx.total - fill;
         qp.flush();
     }
     let mut iter: u64 = 0;
@@ -271,12 +274,12 @@ pub fn run(
         ctl.progress.store(ios, Ordering::Relaxed);
         match stopped_at {
             None => {
-                let all_submitted = jobs.iter().all(|j| j.ctx.remaining == 0);
+                let all_submitted = jobs.iter().all(|j| j.ctx.ios >= j.ctx.stop_at);
                 let stop = ctl.stop.load(Ordering::Relaxed);
                 if stop || all_submitted {
                     by_count = !stop;
                     for j in jobs.iter_mut() {
-                        j.ctx.remaining = 0;
+                        j.ctx.stop_at = 0;
                     }
                     stopped_at = Some((Instant::now(), ios));
                 }
