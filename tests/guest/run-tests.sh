@@ -1,0 +1,68 @@
+#!/bin/bash
+# pollux against QEMU's NVMe controller, in a guest: builds the pollux CLI
+# and the driver's PCIe test binary (static, glibc), boots one guest
+# (tests/guest/run.sh) and runs suite.sh in it: vfio-pci and
+# uio_pci_generic bindings, driver tests, `pollux setup`, data handoff to
+# and from the kernel nvme driver, `pollux perf --verify`, delayed vs
+# per-command SQ doorbell, kernel fio (io_uring, polled) for comparison.
+#
+# Prints each check, the measured ratios, and a closing
+# 'N passed, N failed' line; exits non-zero if anything failed.
+#
+# Env: CARGO_TARGET_DIR (default: <repo>/target), PERF_T (seconds per perf
+# and fio run, default 4), GUEST_TIMEOUT (default 280 s), and run.sh's
+# GUEST_CACHE / GUEST_CPUS / GUEST_MEM.
+set -euo pipefail
+
+HERE=$(cd "$(dirname "$0")" && pwd)
+ROOT=$(cd "$HERE/../.." && pwd)
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+TRIPLE=x86_64-unknown-linux-gnu
+start=$SECONDS
+
+# Static glibc binaries: the guest has glibc 2.36 and few libraries.
+export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
+export CARGO_TARGET_DIR=$TARGET_DIR
+echo "run-tests.sh: building pollux and the PCIe test binary (static, $TRIPLE)" >&2
+(cd "$ROOT" && cargo build --release -q -p pollux-cli --target $TRIPLE)
+TEST_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-driver --test pcie \
+    --target $TRIPLE --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/pcie-' | tail -1)
+POLLUX_BIN=$TARGET_DIR/$TRIPLE/release/pollux
+[[ -x $POLLUX_BIN && -x $TEST_BIN ]] || { echo "run-tests.sh: build did not produce the binaries" >&2; exit 2; }
+build_s=$((SECONDS - start))
+
+LOG=$(mktemp /tmp/pollux-guest-tests.XXXXXX)
+trap 'rm -f "$LOG"' EXIT
+rc=0
+# iommu=pt: uio_pci_generic needs untranslated DMA (physical addresses);
+# vfio-pci still gets its own translated IOMMU domain.
+GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-280}" \
+    --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
+    -- "PERF_T=${PERF_T:-4}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
+
+# Mean of a metric's values (some runs are repeated).
+metric() { awk -v n="$1" '$1=="METRIC" && $2==n {s += $3; c++} END {if (c) printf "%d", s / c}' "$LOG"; }
+ratio() {  # ratio A B: A/B with 2 decimals, or n/a
+    local a b; a=$(metric "$1"); b=$(metric "$2")
+    if [[ -n $a && -n $b && $b != 0 ]]; then awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}'; else echo n/a; fi
+}
+echo
+echo "===== ratios (4 KiB randread QD32, 1 queue pair / 1 fio job; TCG emulation: compare ratios, not absolute IOPS) ====="
+printf '%-62s %s\n' \
+    "delayed / per-command SQ doorbell, MMIO doorbells (vfio):" "$(ratio vfio-mmio-delayed vfio-mmio-perio)" \
+    "delayed / per-command SQ doorbell, shadow doorbells (vfio):" "$(ratio vfio-shadow-delayed vfio-shadow-perio)" \
+    "shadow / MMIO doorbells, delayed (vfio):" "$(ratio vfio-shadow-delayed vfio-mmio-delayed)" \
+    "pollux vfio / kernel fio io_uring:" "$(ratio vfio-shadow-delayed fio-io_uring)" \
+    "pollux vfio / kernel fio io_uring polled (hipri):" "$(ratio vfio-shadow-delayed fio-io_uring-polled)" \
+    "pollux uio / kernel fio io_uring:" "$(ratio uio-shadow-delayed fio-io_uring)" \
+    "pollux uio / kernel fio io_uring polled (hipri):" "$(ratio uio-shadow-delayed fio-io_uring-polled)"
+echo "IOPS (each run): $(awk '$1=="METRIC" {printf "%s=%s ", $2, $3}' "$LOG")"
+
+passed=$(grep -c '^RESULT .* ok' "$LOG" || true)
+failed=$(grep -c '^RESULT .* FAIL' "$LOG" || true)
+if ((rc != 0 && failed == 0)); then failed=1; echo "guest run failed (exit status $rc)"; fi
+grep '^RESULT .* FAIL' "$LOG" | sed 's/^RESULT /failed: /' || true
+echo "guest suite: build ${build_s}s, total $((SECONDS - start))s"
+echo "$passed passed, $failed failed"
+((failed == 0))

@@ -1,0 +1,129 @@
+# pollux guest suite: runs INSIDE the guest (busybox sh), started by
+# run-tests.sh, which ships /opt/pollux (the CLI) and /opt/pcie-test (the
+# driver's tests/pcie.rs test binary). Prints one `RESULT <name> ok|FAIL`
+# line per check and `METRIC <name> <value>` lines; run-tests.sh sums them.
+#
+# Disk layout (1 GiB namespace, 512 B LBAs): pcie-test uses the first 32 MiB
+# and the middle/three-quarter marks; the kernel -> pollux handoff lives at
+# 600 MiB, pollux -> kernel at 700 MiB; perf --verify writes anywhere, so it
+# runs after the kernel's data was checked and before pollux writes its own.
+set -u
+export PATH=/opt:$PATH
+P=/opt/pollux
+T=/opt/pcie-test
+PERF_T=${PERF_T:-4}
+
+BDF=
+for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = 0x010802 ] && BDF=${d##*/}; done
+DEV=/sys/bus/pci/devices/$BDF
+export POLLUX_PCIE_BDF=$BDF POLLUX_PCIE_SERIAL=guestnvme0
+TRID="trtype:pcie traddr:$BDF"
+
+result() { echo "RESULT $1 $2"; }
+check() {  # check NAME CMD...: runs CMD, output indented
+    name=$1; shift
+    echo "== $name: $*"
+    if "$@" > /tmp/out 2>&1; then rc=0; else rc=$?; fi
+    sed 's/^/   /' /tmp/out | tail -n 40
+    if [ $rc = 0 ]; then result "$name" ok; else result "$name" FAIL; fi
+    return $rc
+}
+expect_fail() {  # expect_fail NAME PATTERN CMD...: CMD must fail and print PATTERN
+    name=$1; pat=$2; shift 2
+    echo "== $name: $* (must fail with '$pat')"
+    if "$@" > /tmp/out 2>&1; then rc=0; else rc=$?; fi
+    sed 's/^/   /' /tmp/out
+    if [ $rc != 0 ] && grep -q "$pat" /tmp/out; then result "$name" ok; else result "$name" FAIL; fi
+}
+wait_blk() {
+    for i in $(seq 100); do [ -b /dev/nvme0n1 ] && return 0; sleep 0.1; done
+    echo "no /dev/nvme0n1"; return 1
+}
+json_total_iops() { sed -n 's/.*"total":{[^}]*"iops":\([0-9.]*\).*/\1/p' "$1" | cut -d. -f1; }
+perf() {  # perf NAME ARGS...: prints IOPS as METRIC NAME
+    name=$1; shift
+    echo "== perf $name: pollux perf -r '$TRID' $*"
+    if $P perf -r "$TRID" --json "$@" > /tmp/perf.json 2>/tmp/perf.err; then
+        iops=$(json_total_iops /tmp/perf.json)
+        errs=$(sed -n 's/.*"total":{[^}]*"errors":\([0-9]*\).*/\1/p' /tmp/perf.json)
+        sq=$(sed -n 's/.*"sq_doorbells_per_io":\([0-9.e-]*\).*/\1/p' /tmp/perf.json)
+        echo "   IOPS $iops, errors $errs, SQ doorbells/IO $sq"
+        echo "METRIC $name $iops"
+        [ "${errs:-1}" = 0 ] && result "perf-$name" ok || result "perf-$name" FAIL
+    else
+        cat /tmp/perf.err /tmp/perf.json | sed 's/^/   /'
+        result "perf-$name" FAIL
+    fi
+}
+fio_iops() {  # fio_iops NAME EXTRA...: 4k randread QD32 on /dev/nvme0n1
+    name=$1; shift
+    echo "== fio $name: $*"
+    if fio --name=$name --filename=/dev/nvme0n1 --direct=1 --rw=randread --bs=4k \
+        --iodepth=32 --runtime=$PERF_T --time_based --eta=never --minimal "$@" > /tmp/fio.out 2>&1; then
+        iops=$(awk -F';' '{print $8}' /tmp/fio.out | tail -1)
+        echo "   IOPS $iops"
+        echo "METRIC $name $iops"
+        result "fio-$name" ok
+    else
+        sed 's/^/   /' /tmp/fio.out; result "fio-$name" FAIL
+    fi
+}
+
+echo "controller $BDF, $(nproc) vCPUs, kernel $(uname -r), cmdline: $(cat /proc/cmdline)"
+check setup-hugepages $P setup hugepages 64
+
+# --- kernel driver: refusals, data for pollux, fio baseline ------------------------
+modprobe nvme poll_queues=2
+wait_blk
+check setup-list-nvme sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* nvme .*nvme0n1'"
+printf 'n\np\n1\n\n+64M\nw\n' | fdisk /dev/nvme0n1 > /dev/null 2>&1
+for i in $(seq 50); do [ -b /dev/nvme0n1p1 ] && break; sleep 0.1; done
+mke2fs -q /dev/nvme0n1p1 && mkdir -p /mnt/data && mount -t ext2 /dev/nvme0n1p1 /mnt/data
+expect_fail setup-refuses-mounted "nvme0n1p1 is mounted on /mnt/data" $P setup bind $BDF
+umount /mnt/data
+mkswap /dev/nvme0n1p1 > /dev/null && swapon /dev/nvme0n1p1
+expect_fail setup-refuses-swap "nvme0n1p1 is in use as swap" $P setup bind $BDF
+swapoff /dev/nvme0n1p1
+
+dd if=/dev/urandom of=/tmp/k.bin bs=64k count=16 2>/dev/null
+check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync   # 600 MiB = LBA 1228800
+fio_iops fio-io_uring --ioengine=io_uring
+if [ "$(cat /sys/module/nvme/parameters/poll_queues 2>/dev/null)" -gt 0 ] 2>/dev/null; then
+    fio_iops fio-io_uring-polled --ioengine=io_uring --hipri=1
+else
+    echo "nvme.poll_queues not available: no polled fio run"
+fi
+
+# --- vfio-pci -----------------------------------------------------------------------
+check setup-bind-vfio $P setup bind $BDF
+check setup-list-vfio sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* vfio-pci .*user space'"
+check handoff-kernel-to-pollux-vfio env POLLUX_HANDOFF=verify:/tmp/k.bin:1228800 $T --exact kernel_handoff --nocapture --test-threads=1
+check pcie-tests-vfio $T --test-threads=1
+check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
+perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
+# Doorbell variants, interleaved twice (run-tests.sh averages): host load
+# drifts during a run and TCG follows it.
+for round in 1 2; do
+    perf vfio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
+    perf vfio-shadow-perio -w randread -q 32 -o 4096 -t $PERF_T --no-delayed-doorbell
+    perf vfio-mmio-delayed -w randread -q 32 -o 4096 -t $PERF_T --no-shadow-doorbell
+    perf vfio-mmio-perio -w randread -q 32 -o 4096 -t $PERF_T --no-shadow-doorbell --no-delayed-doorbell
+done
+dd if=/dev/urandom of=/tmp/p.bin bs=64k count=16 2>/dev/null
+check pollux-writes-vfio env POLLUX_HANDOFF=write:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
+
+# --- back to the kernel: pollux's data must be there ----------------------------------
+check setup-reset-nvme $P setup reset $BDF
+wait_blk
+check handoff-pollux-to-kernel sh -c "dd if=/dev/nvme0n1 bs=64k skip=11200 count=16 2>/dev/null | cmp - /tmp/p.bin"
+
+# --- uio_pci_generic (the guest runs with iommu=pt) --------------------------------------
+check setup-bind-uio $P setup bind --driver uio_pci_generic $BDF
+check handoff-kernel-to-pollux-uio env POLLUX_HANDOFF=verify:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
+check pcie-tests-uio $T --test-threads=1
+check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
+perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
+check setup-reset-all $P setup reset
+check setup-list-final sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* nvme '"
