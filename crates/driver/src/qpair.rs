@@ -241,6 +241,11 @@ pub struct Submitter {
     /// Results decided on the submit side after a request was accepted,
     /// delivered by the next poll.
     deferred: Vec<Completion>,
+    /// Commands failed without a completion entry (controller reset), and
+    /// the outstanding count when the stats were last reset: with
+    /// `completed` and `outstanding()` they give `submitted` exactly.
+    failed_outstanding: u64,
+    outstanding_at_reset: u64,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -359,7 +364,6 @@ impl Submitter {
         } else {
             self.sq_tail + 1
         };
-        self.stats.submitted += 1;
         if !self.delayed {
             self.ring_sq();
         }
@@ -484,9 +488,9 @@ impl Submitter {
         len: usize,
         iova0: u64,
     ) -> Result<(), SubmitError> {
-        if nlb == 0 {
-            return Err(SubmitError::ZeroLength);
-        }
+        // nlb == 0 passes these checks (with an empty buffer) and is refused
+        // on the slow path: the fast-path test `nlb - 1 < max_lbas` excludes
+        // it at no extra cost.
         match lba.checked_add(nlb as u64) {
             Some(end) if end <= ns.nsze => {}
             _ => {
@@ -545,7 +549,7 @@ impl Submitter {
     ) -> Result<(), SubmitError> {
         Self::check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
-        if nlb <= ns.max_lbas && self.fast {
+        if nlb.wrapping_sub(1) < ns.max_lbas && self.fast {
             if let Some(cid) = self.free.pop() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
                 return self.issue(
@@ -574,6 +578,9 @@ impl Submitter {
         data: SliceRef,
         user_data: u64,
     ) -> Result<(), SubmitError> {
+        if nlb == 0 {
+            return Err(SubmitError::ZeroLength);
+        }
         let needed = nlb.div_ceil(ns.max_lbas);
         if needed as usize > self.trackers.len() {
             return Err(SubmitError::TooLarge {
@@ -914,11 +921,20 @@ impl Submitter {
     }
 
     pub fn stats(&self) -> QpairStats {
-        self.stats
+        // Every command written to the SQ is either still outstanding or has
+        // completed: no per-I/O counter needed.
+        let mut s = self.stats;
+        s.submitted = (s.completed - s.bogus_completions
+            + self.failed_outstanding
+            + self.outstanding() as u64)
+            .saturating_sub(self.outstanding_at_reset);
+        s
     }
 
     pub fn reset_stats(&mut self) {
         self.stats = QpairStats::default();
+        self.failed_outstanding = 0;
+        self.outstanding_at_reset = self.outstanding() as u64;
     }
 
     /// Releases tracker `cid` and delivers its completion.
@@ -928,13 +944,11 @@ impl Submitter {
             return self.bogus(cid);
         };
         let flags = t.flags;
-        if flags & T_BUSY == 0 {
-            return self.bogus(cid);
-        }
         let user_data = t.user_data;
-        t.flags = 0;
-        self.free.push(cid);
-        if flags & (T_CHILD | T_TIMED_OUT) == 0 {
+        // One test for the common case: outstanding, not split, not timed out.
+        if flags == T_BUSY {
+            t.flags = 0;
+            self.free.push(cid);
             let st = Status(status);
             let result = if st.is_success() {
                 Ok(dw0)
@@ -943,8 +957,27 @@ impl Submitter {
             };
             f.complete(self, Completion { user_data, result });
         } else {
-            self.complete_slow(flags, user_data, status, dw0, f);
+            self.complete_other(cid, flags, user_data, status, dw0, f);
         }
+    }
+
+    /// A completion for a split or timed-out command, or a bogus one.
+    #[cold]
+    fn complete_other<F: Handler>(
+        &mut self,
+        cid: u16,
+        flags: u32,
+        user_data: u64,
+        status: u16,
+        dw0: u32,
+        f: &mut F,
+    ) {
+        if flags & T_BUSY == 0 {
+            return self.bogus(cid);
+        }
+        self.trackers[cid as usize].flags = 0;
+        self.free.push(cid);
+        self.complete_slow(flags, user_data, status, dw0, f);
     }
 
     #[cold]
@@ -1018,6 +1051,7 @@ impl Submitter {
             }
             self.trackers[cid].flags = 0;
             self.free.push(cid as u16);
+            self.failed_outstanding += 1;
             let e = if t.flags & T_TIMED_OUT != 0 {
                 IoError::Timeout
             } else {
@@ -1137,6 +1171,8 @@ impl QueuePair {
             queue: VecDeque::new(),
             max_queued: opts.max_queued,
             deferred: Vec::new(),
+            failed_outstanding: 0,
+            outstanding_at_reset: 0,
         };
         // Lazy CQ doorbell: the controller may post at most `depth` entries
         // we have not consumed yet (one per outstanding command). Keeping

@@ -66,6 +66,16 @@ pub(crate) fn map_prps(
     out: &mut Vec<Seg>,
 ) -> Result<(), PrpError> {
     out.clear();
+    // One page (the common 4 KiB I/O): PRP1 alone, one translation, no walk.
+    // The same checks the walker makes: PRP1 dword aligned, mapped.
+    if len > 0 && len <= page_size - (prp1 as usize & (page_size - 1)) {
+        if prp1 & 3 != 0 {
+            return Err(PrpError::OffsetInvalid);
+        }
+        let ptr = iommu.translate(prp1, len).ok_or(PrpError::Unmapped)?;
+        out.push(Seg { ptr, len });
+        return Ok(());
+    }
     prp::walk(
         prp1,
         prp2,
