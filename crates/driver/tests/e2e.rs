@@ -906,3 +906,31 @@ fn threaded_device_many_ios() {
     drop(ctrl);
     th.detach(&dev);
 }
+
+/// Dropping the controller shuts it down in order: CC.SHN = normal,
+/// CSTS.SHST = complete observed, then disabled (CSTS.RDY = 0).
+#[test]
+fn orderly_shutdown_on_drop() {
+    let (dev, ctrl) = open(ram_cfg(9, 1 << 20, 1), ControllerOptions::default());
+    let qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let (bar, _) = dev.bar0();
+    let rd = |off: usize| {
+        // SAFETY: test reads of the emulated BAR0, 4-byte aligned, in range.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(bar.as_ptr().add(off).cast()) }
+            .load(std::sync::atomic::Ordering::Acquire)
+    };
+    let csts = pollux_spec::regs::Csts(rd(pollux_spec::regs::off::CSTS));
+    assert!(csts.rdy());
+    drop(qp);
+    drop(ctrl);
+    let cc = pollux_spec::regs::Cc(rd(pollux_spec::regs::off::CC));
+    let csts = pollux_spec::regs::Csts(rd(pollux_spec::regs::off::CSTS));
+    assert!(!cc.en(), "disabled after shutdown");
+    assert_eq!(
+        cc.shn(),
+        pollux_spec::regs::shn::NORMAL,
+        "normal shutdown was requested"
+    );
+    assert!(!csts.rdy());
+    assert!(!csts.cfs());
+}

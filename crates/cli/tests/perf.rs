@@ -1,0 +1,240 @@
+//! `pollux perf` end to end: the binary as a user runs it. Inline mode (the
+//! emulated controller stepped by the worker) and --io-count keep every run
+//! short and its counts exact.
+use std::process::Command;
+
+use serde_json::Value;
+
+fn pollux(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args(args)
+        .output()
+        .expect("run pollux");
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn perf_json(args: &[&str]) -> (i32, Value) {
+    let mut a = vec!["perf", "--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = pollux(&a);
+    let v: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {out}\nstderr: {err}"));
+    (code, v)
+}
+
+#[test]
+fn io_count_inline_is_exact_and_reports_the_fields() {
+    let (code, v) = perf_json(&[
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "5000",
+        "-q",
+        "32",
+        "-w",
+        "randread",
+    ]);
+    assert_eq!(code, 0);
+    let t = &v["total"];
+    assert_eq!(t["ios"], 5000);
+    assert_eq!(t["errors"], 0);
+    for k in [
+        "iops",
+        "mib_s",
+        "sq_doorbells_per_io",
+        "cq_doorbells_per_io",
+        "seconds",
+    ] {
+        assert!(t[k].as_f64().is_some(), "total.{k} missing: {t}");
+    }
+    assert!(t["iops"].as_f64().unwrap() > 0.0);
+    // Without -L no latency is measured.
+    assert!(t["avg_lat_us"].is_null());
+    assert_eq!(v["devices"].as_array().unwrap().len(), 1);
+    assert_eq!(v["cores"].as_array().unwrap().len(), 1);
+    // Delayed doorbell + lazy CQ: far fewer doorbells than I/Os even here.
+    assert!(t["shadow_updates_per_io"].as_f64().unwrap() < 0.5);
+}
+
+#[test]
+fn verify_passes_on_ram_for_every_pattern() {
+    for w in ["randwrite", "write", "randrw", "rw"] {
+        let (code, v) = perf_json(&[
+            "--inline",
+            "-t",
+            "0",
+            "--io-count",
+            "4000",
+            "-q",
+            "16",
+            "-o",
+            "8k",
+            "-w",
+            w,
+            "--verify",
+            "-r",
+            "trtype:soft backend:ram size:4MiB lbads:512",
+        ]);
+        assert_eq!(code, 0, "{w}: {v}");
+        assert_eq!(v["total"]["errors"], 0, "{w}");
+        assert_eq!(v["total"]["ios"], 4000, "{w}");
+    }
+}
+
+/// The null backend keeps no data: a read after a write must not verify.
+/// This is what shows --verify can fail.
+#[test]
+fn verify_fails_on_null_backend_and_names_the_lba() {
+    let (code, v) = perf_json(&[
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "3000",
+        "-q",
+        "8",
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "--verify",
+        "-r",
+        "trtype:soft backend:null size:64KiB",
+    ]);
+    assert_ne!(code, 0, "errors must give a non-zero exit status");
+    assert!(v["total"]["errors"].as_u64().unwrap() > 0);
+    let first = v["errors"][0].as_str().unwrap();
+    assert!(first.contains("verify: LBA "), "{first}");
+}
+
+#[test]
+fn latency_fields_with_dash_l() {
+    let (code, v) = perf_json(&["--inline", "-t", "0", "--io-count", "2000", "-q", "4", "-L"]);
+    assert_eq!(code, 0);
+    let t = &v["total"];
+    let (min, avg, p50, p99, max) = (
+        t["min_lat_us"].as_f64().unwrap(),
+        t["avg_lat_us"].as_f64().unwrap(),
+        t["p50_lat_us"].as_f64().unwrap(),
+        t["p99_lat_us"].as_f64().unwrap(),
+        t["max_lat_us"].as_f64().unwrap(),
+    );
+    assert!(
+        min > 0.0 && min <= p50 && p50 <= p99 && p99 <= max && min <= avg && avg <= max,
+        "{t}"
+    );
+}
+
+#[test]
+fn several_queue_pairs_and_namespaces() {
+    let (code, v) = perf_json(&[
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "6000",
+        "-q",
+        "8",
+        "-P",
+        "3",
+        "-w",
+        "randwrite",
+        "--verify",
+        "-r",
+        "trtype:soft backend:ram size:1MiB lbads:4096 ns:2",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    let rows = v["devices"].as_array().unwrap();
+    assert_eq!(rows.len(), 6, "2 namespaces x 3 queue pairs");
+    let ios: u64 = rows.iter().map(|r| r["ios"].as_u64().unwrap()).sum();
+    assert_eq!(ios, 6000);
+}
+
+#[test]
+fn file_backend() {
+    let dir = std::env::temp_dir().join(format!("pollux-perf-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("disk.img");
+    let trid = format!("trtype:soft backend:file path:{} size:2MiB", f.display());
+    let (code, v) = perf_json(&[
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "2000",
+        "-q",
+        "8",
+        "-w",
+        "randrw",
+        "--verify",
+        "-r",
+        &trid,
+    ]);
+    assert_eq!(code, 0, "{v}");
+    assert_eq!(std::fs::metadata(&f).unwrap().len(), 2 << 20);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+#[test]
+fn bad_arguments_are_clear_errors() {
+    let cases: &[(&[&str], &str)] = &[
+        (&["perf", "-r", "trtype:soft lbads:1000"], "lbads"),
+        (&["perf", "-r", "trtype:nvme"], "unknown trtype"),
+        (&["perf", "-o", "1000"], "multiple of 512"),
+        (&["perf", "-q", "0"], "-q"),
+        (&["perf", "--inline", "-c", "0,1"], "exactly one worker"),
+        (&["perf", "-r", "trtype:soft backend:file"], "path:"),
+        (
+            &["perf", "-o", "8192", "-r", "trtype:soft size:4KiB"],
+            "smaller than one I/O",
+        ),
+    ];
+    for (args, want) in cases {
+        let (code, _out, err) = pollux(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");
+    }
+}
+
+#[test]
+fn table_output_and_status_lines() {
+    let (code, out, _err) = pollux(&[
+        "perf",
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "1000",
+        "-q",
+        "4",
+    ]);
+    assert_eq!(code, 0);
+    assert!(out.contains("Device Information"), "{out}");
+    assert!(out.contains("Total"), "{out}");
+    assert!(out.contains("Doorbell writes per I/O"), "{out}");
+}
+
+#[test]
+fn threaded_device_two_workers() {
+    // The realistic mode: device thread plus two workers (run briefly).
+    let (code, v) = perf_json(&[
+        "-t",
+        "0",
+        "--io-count",
+        "20000",
+        "-q",
+        "16",
+        "-c",
+        "0-1",
+        "-P",
+        "2",
+    ]);
+    assert_eq!(code, 0);
+    assert_eq!(v["total"]["ios"], 20000);
+    assert_eq!(v["cores"].as_array().unwrap().len(), 2);
+}
