@@ -453,6 +453,9 @@ impl Controller {
         n
     }
 
+    /// SQEs prefetched at the start of a batch (see `Sq::prefetch_batch`).
+    const SQE_PREFETCH: u32 = 32;
+
     /// The I/O hot loop: no fault rules installed.
     #[inline]
     fn run_io_sq_fast(&mut self, qid: u16) -> usize {
@@ -489,6 +492,7 @@ impl Controller {
             counters,
         };
         let mut n = 0;
+        sq.prefetch_batch(Self::SQE_PREFETCH);
         while n < BUDGET && sq.head != sq.tail && !cq.stalled() {
             let sqe = sq.fetch();
             n += 1;
