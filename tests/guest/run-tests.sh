@@ -10,7 +10,8 @@
 # 'N passed, N failed' line; exits non-zero if anything failed.
 #
 # Env: CARGO_TARGET_DIR (default: <repo>/target), PERF_T (seconds per perf
-# and fio run, default 4), GUEST_TIMEOUT (default 280 s), and run.sh's
+# and fio run, default 4), PERF_DB_T (seconds per doorbell-variant run,
+# 4 rounds, default 2), GUEST_TIMEOUT (default 280 s), and run.sh's
 # GUEST_CACHE / GUEST_CPUS / GUEST_MEM.
 set -euo pipefail
 
@@ -19,6 +20,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
 TRIPLE=x86_64-unknown-linux-gnu
 start=$SECONDS
+load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # Static glibc binaries: the guest has glibc 2.36 and few libraries.
 export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
@@ -39,16 +41,21 @@ rc=0
 # vfio-pci still gets its own translated IOMMU domain.
 GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-280}" \
     --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
-    -- "PERF_T=${PERF_T:-4}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
+    -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
+load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
-# Mean of a metric's values (some runs are repeated).
-metric() { awk -v n="$1" '$1=="METRIC" && $2==n {s += $3; c++} END {if (c) printf "%d", s / c}' "$LOG"; }
+# Median of a metric's values (runs are repeated, interleaved).
+metric() {
+    awk -v n="$1" '$1=="METRIC" && $2==n {print $3}' "$LOG" | sort -n |
+        awk '{v[NR] = $1} END {if (NR) printf "%d", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
 ratio() {  # ratio A B: A/B with 2 decimals, or n/a
     local a b; a=$(metric "$1"); b=$(metric "$2")
     if [[ -n $a && -n $b && $b != 0 ]]; then awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}'; else echo n/a; fi
 }
 echo
-echo "===== ratios (4 KiB randread QD32, 1 queue pair / 1 fio job; TCG emulation: compare ratios, not absolute IOPS) ====="
+echo "===== ratios of median IOPS (4 KiB randread QD32, 1 queue pair / 1 fio job) ====="
+echo "TCG emulation: compare ratios, not absolute IOPS; they follow host load (load average before: $load_before, after: $load_after)"
 printf '%-62s %s\n' \
     "delayed / per-command SQ doorbell, MMIO doorbells (vfio):" "$(ratio vfio-mmio-delayed vfio-mmio-perio)" \
     "delayed / per-command SQ doorbell, shadow doorbells (vfio):" "$(ratio vfio-shadow-delayed vfio-shadow-perio)" \

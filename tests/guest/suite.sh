@@ -12,6 +12,7 @@ export PATH=/opt:$PATH
 P=/opt/pollux
 T=/opt/pcie-test
 PERF_T=${PERF_T:-4}
+PERF_DB_T=${PERF_DB_T:-2}
 
 BDF=
 for d in /sys/bus/pci/devices/*; do [ "$(cat $d/class)" = 0x010802 ] && BDF=${d##*/}; done
@@ -27,6 +28,10 @@ check() {  # check NAME CMD...: runs CMD, output indented
     sed 's/^/   /' /tmp/out | tail -n 40
     if [ $rc = 0 ]; then result "$name" ok; else result "$name" FAIL; fi
     return $rc
+}
+listed() {  # listed PATTERN: `pollux setup list` shows it
+    $P setup list > /tmp/list; rc=$?; cat /tmp/list
+    [ $rc = 0 ] && grep -q "$1" /tmp/list
 }
 expect_fail() {  # expect_fail NAME PATTERN CMD...: CMD must fail and print PATTERN
     name=$1; pat=$2; shift 2
@@ -75,10 +80,11 @@ check setup-hugepages $P setup hugepages 64
 # --- kernel driver: refusals, data for pollux, fio baseline ------------------------
 modprobe nvme poll_queues=2
 wait_blk
-check setup-list-nvme sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* nvme .*nvme0n1'"
+check setup-list-nvme listed "$BDF.* nvme .*nvme0n1"
+expect_fail open-needs-bind "pollux setup bind $BDF" $P perf -r "$TRID" -t 1
 printf 'n\np\n1\n\n+64M\nw\n' | fdisk /dev/nvme0n1 > /dev/null 2>&1
 for i in $(seq 50); do [ -b /dev/nvme0n1p1 ] && break; sleep 0.1; done
-mke2fs -q /dev/nvme0n1p1 && mkdir -p /mnt/data && mount -t ext2 /dev/nvme0n1p1 /mnt/data
+mke2fs /dev/nvme0n1p1 > /dev/null 2>&1 && mkdir -p /mnt/data && mount -t ext2 /dev/nvme0n1p1 /mnt/data
 expect_fail setup-refuses-mounted "nvme0n1p1 is mounted on /mnt/data" $P setup bind $BDF
 umount /mnt/data
 mkswap /dev/nvme0n1p1 > /dev/null && swapon /dev/nvme0n1p1
@@ -87,28 +93,30 @@ swapoff /dev/nvme0n1p1
 
 dd if=/dev/urandom of=/tmp/k.bin bs=64k count=16 2>/dev/null
 check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync   # 600 MiB = LBA 1228800
-fio_iops fio-io_uring --ioengine=io_uring
-if [ "$(cat /sys/module/nvme/parameters/poll_queues 2>/dev/null)" -gt 0 ] 2>/dev/null; then
-    fio_iops fio-io_uring-polled --ioengine=io_uring --hipri=1
-else
-    echo "nvme.poll_queues not available: no polled fio run"
-fi
+for round in 1 2; do
+    fio_iops fio-io_uring --ioengine=io_uring
+    if [ "$(cat /sys/module/nvme/parameters/poll_queues 2>/dev/null)" -gt 0 ] 2>/dev/null; then
+        fio_iops fio-io_uring-polled --ioengine=io_uring --hipri=1
+    else
+        echo "nvme.poll_queues not available: no polled fio run"
+    fi
+done
 
 # --- vfio-pci -----------------------------------------------------------------------
 check setup-bind-vfio $P setup bind $BDF
-check setup-list-vfio sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* vfio-pci .*user space'"
+check setup-list-vfio listed "$BDF.* vfio-pci .*user space"
 check handoff-kernel-to-pollux-vfio env POLLUX_HANDOFF=verify:/tmp/k.bin:1228800 $T --exact kernel_handoff --nocapture --test-threads=1
 check pcie-tests-vfio $T --test-threads=1
 check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
-# Doorbell variants, interleaved twice (run-tests.sh averages): host load
-# drifts during a run and TCG follows it.
-for round in 1 2; do
-    perf vfio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
-    perf vfio-shadow-perio -w randread -q 32 -o 4096 -t $PERF_T --no-delayed-doorbell
-    perf vfio-mmio-delayed -w randread -q 32 -o 4096 -t $PERF_T --no-shadow-doorbell
-    perf vfio-mmio-perio -w randread -q 32 -o 4096 -t $PERF_T --no-shadow-doorbell --no-delayed-doorbell
+# Doorbell variants, interleaved in short rounds (run-tests.sh takes the
+# median): host load drifts during a run and TCG follows it.
+for round in 1 2 3 4; do
+    perf vfio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_DB_T
+    perf vfio-shadow-perio -w randread -q 32 -o 4096 -t $PERF_DB_T --no-delayed-doorbell
+    perf vfio-mmio-delayed -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell
+    perf vfio-mmio-perio -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell --no-delayed-doorbell
 done
 dd if=/dev/urandom of=/tmp/p.bin bs=64k count=16 2>/dev/null
 check pollux-writes-vfio env POLLUX_HANDOFF=write:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
@@ -122,8 +130,12 @@ check handoff-pollux-to-kernel sh -c "dd if=/dev/nvme0n1 bs=64k skip=11200 count
 check setup-bind-uio $P setup bind --driver uio_pci_generic $BDF
 check handoff-kernel-to-pollux-uio env POLLUX_HANDOFF=verify:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
 check pcie-tests-uio $T --test-threads=1
+$P setup hugepages 0 > /dev/null
+expect_fail uio-without-hugepages "reserve some with .pollux setup hugepages" $P perf -r "$TRID" -t 1
+$P setup hugepages 64 > /dev/null
 check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
+perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
 check setup-reset-all $P setup reset
-check setup-list-final sh -c "$P setup list | tee /dev/stderr | grep -q '$BDF.* nvme '"
+check setup-list-final listed "$BDF.* nvme "
