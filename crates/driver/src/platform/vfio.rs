@@ -317,7 +317,13 @@ impl VfioPlatform {
                 )
                 .is_ok_and(|r| r > 0)
             })
-            .ok_or_else(|| Error::Unsupported("VFIO has no type1 IOMMU support".into()))?;
+            .ok_or_else(|| {
+                Error::Unsupported(
+                    "VFIO offers no type1 IOMMU: load it with `modprobe vfio_iommu_type1` \
+                     (`pollux setup bind` does)"
+                        .into(),
+                )
+            })?;
 
         let gpath = format!("/dev/vfio/{group_no}");
         let group = open_rw(&gpath).map_err(|e| {
