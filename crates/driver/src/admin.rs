@@ -29,6 +29,11 @@ impl AdminQueue {
     pub(crate) fn new(platform: &dyn Platform, size: u16, dstrd: u8) -> Result<Self> {
         let sq = platform.alloc_dma(size as usize * 64)?;
         let cq = platform.alloc_dma(size as usize * 16)?;
+        if !sq.is_iova_contiguous() || !cq.is_iova_contiguous() {
+            return Err(crate::error::Error::Dma(
+                "admin queue memory is not contiguous in bus address space".into(),
+            ));
+        }
         let bar = platform.bar0();
         Ok(AdminQueue {
             sq,

@@ -96,6 +96,15 @@ impl DmaBuffer {
         &self.iova
     }
 
+    /// True if the whole buffer is one range of bus addresses (always for
+    /// `Iova::Contiguous`; for a page table, when its pages follow each other).
+    pub fn is_iova_contiguous(&self) -> bool {
+        match &self.iova {
+            Iova::Contiguous(_) => true,
+            Iova::Pages(p) => p.windows(2).all(|w| w[1] == w[0] + PAGE_SIZE as u64),
+        }
+    }
+
     /// Bus address of the byte at `off` (which must be < len).
     #[inline(always)]
     pub fn iova_at(&self, off: usize) -> u64 {

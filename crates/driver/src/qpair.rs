@@ -52,8 +52,6 @@ pub struct QpairOptions {
     pub prefetch: bool,
     /// Copy SQEs into the ring with non-temporal stores.
     pub nt_sqe_copy: bool,
-    /// Use shadow doorbells when the controller has them configured.
-    pub shadow_doorbells: bool,
     /// Abort commands outstanding longer than this (None: never).
     pub timeout: Option<Duration>,
     /// Requests that may wait in software when all trackers are busy.
@@ -70,7 +68,6 @@ impl Default for QpairOptions {
             lazy_cq_doorbell: true,
             prefetch: true,
             nt_sqe_copy: true,
-            shadow_doorbells: true,
             timeout: Some(Duration::from_secs(30)),
             max_queued: 1 << 16,
         }
@@ -192,6 +189,14 @@ fn need_event(event: u16, new: u16, old: u16) -> bool {
 }
 
 impl Shadow {
+    /// Zeroes the shadow value and event index (before the queue exists).
+    fn clear(&self) {
+        // SAFETY: see `publish`.
+        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
+        v.store(0, Ordering::Release);
+        e.store(0, Ordering::Release);
+    }
+
     /// Publishes `new` (the previous value was `old`); true if the MMIO
     /// doorbell must be written too.
     #[inline(always)]
@@ -1107,12 +1112,29 @@ impl QueuePair {
         let sq_mem = p.alloc_dma(sq_entries as usize * 64)?;
         let cq_mem = p.alloc_dma(cq_entries as usize * 16)?;
         let prp_mem = p.alloc_dma((depth as usize) << (prp_shift + 3))?;
-        shared.create_io_queues(qid, &sq_mem, sq_entries as u16, &cq_mem, cq_entries as u16)?;
+        // Rings are described to the controller by one base address, and
+        // PRP list slices by base + offset: their bus addresses must be
+        // contiguous.
+        for (what, m) in [
+            ("SQ", &sq_mem),
+            ("CQ", &cq_mem),
+            ("PRP list pool", &prp_mem),
+        ] {
+            if !m.is_iova_contiguous() {
+                return Err(Error::Dma(format!(
+                    "{what} memory ({} bytes) is not contiguous in bus address space; reserve hugepages",
+                    m.len()
+                )));
+            }
+        }
 
         let dstrd = shared.cap.dstrd();
         let bar = p.bar0();
-        let (sq_shadow, cq_shadow) = match (&shared.dbbuf, opts.shadow_doorbells) {
-            (Some(db), true) => {
+        // Shadow doorbells are a controller-wide setting: once Doorbell
+        // Buffer Config succeeded, some controllers (QEMU) read doorbell
+        // values only from the shadow buffer, so every queue must use it.
+        let (sq_shadow, cq_shadow) = match &shared.dbbuf {
+            Some(db) => {
                 let slot = |off: usize| -> Result<Shadow> {
                     let rel = off - regs::off::DOORBELL_BASE;
                     if rel + 4 > 4096 {
@@ -1136,8 +1158,15 @@ impl QueuePair {
                     Some(slot(regs::cq_head_doorbell(qid, dstrd))?),
                 )
             }
-            _ => (None, None),
+            None => (None, None),
         };
+        // A reused queue id's shadow slots still hold the previous queue's
+        // values; a new queue starts at 0 (else the host's event-index rule
+        // compares against stale values and may never ring).
+        for s in [&sq_shadow, &cq_shadow].into_iter().flatten() {
+            s.clear();
+        }
+        shared.create_io_queues(qid, &sq_mem, sq_entries as u16, &cq_mem, cq_entries as u16)?;
         let sq = NonNull::new(sq_mem.as_ptr().cast::<Sqe>())
             .ok_or_else(|| Error::Platform("null SQ".into()))?;
         let cq_ring =

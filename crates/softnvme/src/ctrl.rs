@@ -441,6 +441,7 @@ impl Controller {
                 debug_assert!(false, "io_sqs out of sync");
                 continue;
             };
+            sq.prefetch_head();
             sq.poll_tail();
             let cqid = sq.cqid;
             n += if self.faults.is_empty() {

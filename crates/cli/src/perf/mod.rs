@@ -312,7 +312,6 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         lazy_cq_doorbell: !a.no_lazy_cq,
         prefetch: !a.no_prefetch,
         nt_sqe_copy: !a.no_nt_copy,
-        shadow_doorbells: !a.no_shadow_doorbell,
         timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
         ..QpairOptions::default()
     };
