@@ -2,7 +2,8 @@
 //! shutdown), the `step()` loop, completion posting and fault dispositions.
 //!
 //! Everything here runs under the device's single Mutex. One `step()`:
-//! 1. re-publishes read-only registers and reacts to a changed CC;
+//! 1. every [`REPUBLISH_PERIOD`] steps re-publishes the read-only registers;
+//!    reacts to a changed CC;
 //! 2. if the controller is running (RDY, no CFS, not frozen or shut down):
 //!    posts due delayed completions (the only clock read, and only while
 //!    some are pending), polls every CQ head and drains backlogs, runs the
@@ -38,6 +39,8 @@ use crate::stats::Counters;
 pub const BUDGET: usize = 256;
 /// Steps between housekeeping passes.
 pub const HOUSEKEEPING_PERIOD: u64 = 256;
+/// Steps between re-publications of the read-only registers.
+pub const REPUBLISH_PERIOD: u64 = 16;
 
 /// One namespace as the controller sees it.
 pub(crate) struct Namespace {
@@ -311,7 +314,6 @@ impl Controller {
         self.shut = false;
         self.bar.clear_doorbells();
         self.counters.s.resets += 1;
-        self.counters.dirty = true;
         self.set_csts(0);
     }
 
@@ -369,7 +371,13 @@ impl Controller {
 
     pub fn step(&mut self) -> usize {
         self.ticks = self.ticks.wrapping_add(1);
-        self.publish_registers();
+        // Read-only registers a host may have scribbled on are restored every
+        // REPUBLISH_PERIOD steps, not every step: a host that writes them
+        // misbehaves anyway, and the check costs ~35 instructions. State
+        // changes (CSTS) are published when they happen.
+        if self.ticks.is_multiple_of(REPUBLISH_PERIOD) {
+            self.publish_registers();
+        }
         self.poll_cc();
         let mut n = 0;
         if self.running {
@@ -385,9 +393,6 @@ impl Controller {
         }
         if self.ticks.is_multiple_of(HOUSEKEEPING_PERIOD) {
             self.housekeeping();
-        }
-        if n > 0 {
-            self.counters.dirty = true;
         }
         n
     }
@@ -426,8 +431,11 @@ impl Controller {
             return 0;
         };
         sq.poll_tail();
-        let n = self.run_sq_slow(0);
-        self.report_db_errors(Some(0), Some(0));
+        let busy = sq.head != sq.tail;
+        let n = if busy { self.run_sq_slow(0) } else { 0 };
+        if self.db_error_pending(0, 0) {
+            self.report_db_errors(Some(0), Some(0));
+        }
         n
     }
 
@@ -449,9 +457,27 @@ impl Controller {
             } else {
                 self.run_sq_slow(qid)
             };
-            self.report_db_errors(Some(qid), Some(cqid));
+            if self.db_error_pending(qid, cqid) {
+                self.report_db_errors(Some(qid), Some(cqid));
+            }
         }
         n
+    }
+
+    /// Cheap test before `report_db_errors`.
+    #[inline(always)]
+    fn db_error_pending(&self, sqid: u16, cqid: u16) -> bool {
+        let sq = self
+            .sqs
+            .get(sqid as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|s| s.db_error);
+        let cq = self
+            .cqs
+            .get(cqid as usize)
+            .and_then(Option::as_ref)
+            .is_some_and(|c| c.db_error);
+        sq || cq
     }
 
     /// SQEs prefetched at the start of a batch (see `Sq::prefetch_batch`).
@@ -698,7 +724,6 @@ impl Controller {
         use pollux_spec::features::aer;
         use pollux_spec::log::{lid, ERROR_LOG_NOT_SPECIFIC};
         self.counters.s.invalid_doorbell_writes += 1;
-        self.counters.dirty = true;
         self.errlog.record(
             ERROR_LOG_NOT_SPECIFIC,
             ERROR_LOG_NOT_SPECIFIC,

@@ -14,7 +14,7 @@ use crate::bar::BarMem;
 use crate::config::SoftConfig;
 use crate::ctrl::{Controller, Namespace};
 use crate::fault::FaultRule;
-use crate::stats::{DeviceStats, PublishedStats};
+use crate::stats::DeviceStats;
 use crate::SoftError;
 
 /// One emulated NVMe controller. `Send + Sync`; share it with `Arc`.
@@ -22,7 +22,6 @@ pub struct SoftDevice {
     // Field order matters: the controller (which holds pointers into the
     // BAR) is dropped before the BAR memory.
     ctrl: Mutex<Controller>,
-    stats: PublishedStats,
     bar: BarMem,
 }
 
@@ -36,7 +35,7 @@ impl std::fmt::Debug for SoftDevice {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("SoftDevice")
             .field("bar0", &self.bar.view().ptr())
-            .field("stats", &self.stats.snapshot())
+            .field("stats", &self.stats())
             .finish()
     }
 }
@@ -66,7 +65,6 @@ impl SoftDevice {
         let ctrl = Controller::new(cfg, bar.view(), ns);
         Ok(Arc::new(SoftDevice {
             ctrl: Mutex::new(ctrl),
-            stats: PublishedStats::default(),
             bar,
         }))
     }
@@ -113,13 +111,7 @@ impl SoftDevice {
     /// Runs the controller once; returns the number of commands completed
     /// or otherwise handled (0 = idle).
     pub fn step(&self) -> usize {
-        let mut c = self.lock();
-        let n = c.step();
-        if c.counters.dirty {
-            c.counters.dirty = false;
-            self.stats.publish(&c.counters.s);
-        }
-        n
+        self.lock().step()
     }
 
     /// Installs a fault injection rule (evaluated in insertion order).
@@ -133,7 +125,9 @@ impl SoftDevice {
     }
 
     /// A snapshot of the counters, as of the end of the last `step()`.
+    /// Takes the controller lock (briefly stalling a device thread): meant
+    /// for tests and reports, not for a polling loop.
     pub fn stats(&self) -> DeviceStats {
-        self.stats.snapshot()
+        self.lock().counters.s.clone()
     }
 }

@@ -416,7 +416,6 @@ impl Controller {
         };
         self.shadow = Some(buf);
         self.counters.s.shadow_doorbell_enabled = true;
-        self.counters.dirty = true;
         // Existing I/O queues switch over, carrying their current values.
         for qid in 1..self.sqs.len() as u16 {
             if let Some(sq) = self.sqs[qid as usize].as_ref() {
