@@ -95,8 +95,8 @@ def main():
         ("delayed SQ doorbell", [], ["--no-delayed-doorbell"]),
         ("SQ doorbell batch 32", ["--sq-batch", "32"], []),
         ("lazy CQ doorbell", [], ["--no-lazy-cq"]),
-        ("tracker prefetch", [], ["--no-prefetch"]),
-        ("non-temporal SQE copy", [], ["--no-nt-copy"]),
+        ("tracker prefetch", ["--prefetch"], []),
+        ("non-temporal SQE copy", ["--nt-copy"], []),
         ("shadow doorbells", [], ["--no-shadow-doorbell"]),
     ]
     res["techniques"] = {}

@@ -31,7 +31,8 @@ use crate::error::{Error, IoError, Result, SubmitError};
 use crate::mmio::Doorbell;
 use crate::prp;
 
-/// Options of one queue pair. `Default` turns every technique on.
+/// Options of one queue pair. `Default` turns on every technique that
+/// measured as a gain (see each field).
 #[derive(Clone, Debug)]
 pub struct QpairOptions {
     /// Most commands outstanding at once (trackers). SQ entries = depth + 1.
@@ -48,9 +49,16 @@ pub struct QpairOptions {
     /// Ring the CQ head doorbell only when the controller could otherwise
     /// run out of CQ slots; else once per poll that consumed entries.
     pub lazy_cq_doorbell: bool,
-    /// Prefetch the next completion's tracker while handling this one.
+    /// Prefetch the next completion's tracker while handling this one. Off
+    /// by default: trackers are 16 bytes, so a queue pair's whole tracker
+    /// array (2 KiB at depth 128) stays in L1 and the prefetch only costs
+    /// instructions (measured: 0.92x IOPS at QD 128 with it on).
     pub prefetch: bool,
-    /// Copy SQEs into the ring with non-temporal stores.
+    /// Copy SQEs into the ring with non-temporal stores. Off by default:
+    /// with a consumer on another CPU (the emulated controller) it sends
+    /// each SQE through memory instead of cache to cache (measured: no
+    /// IOPS gain at QD 128, +16% QD 1 latency); for PCIe devices it saves
+    /// the read-for-ownership of SQ lines, so try it there.
     pub nt_sqe_copy: bool,
     /// Abort commands outstanding longer than this (None: never).
     pub timeout: Option<Duration>,
@@ -66,8 +74,8 @@ impl Default for QpairOptions {
             delayed_sq_doorbell: true,
             sq_doorbell_batch: 1,
             lazy_cq_doorbell: true,
-            prefetch: true,
-            nt_sqe_copy: true,
+            prefetch: false,
+            nt_sqe_copy: false,
             timeout: Some(Duration::from_secs(30)),
             max_queued: 1 << 16,
         }

@@ -89,12 +89,13 @@ pub struct PerfArgs {
     /// Ring the CQ doorbell every poll instead of only when the controller needs room.
     #[arg(long = "no-lazy-cq")]
     pub no_lazy_cq: bool,
-    /// Don't prefetch the next completion's tracker.
-    #[arg(long = "no-prefetch")]
-    pub no_prefetch: bool,
-    /// Copy SQEs with ordinary stores instead of non-temporal ones.
-    #[arg(long = "no-nt-copy")]
-    pub no_nt_copy: bool,
+    /// Prefetch the next completion's tracker (off by default: trackers are
+    /// 16 bytes and stay in L1).
+    #[arg(long = "prefetch")]
+    pub prefetch: bool,
+    /// Copy SQEs into the ring with non-temporal stores (off by default).
+    #[arg(long = "nt-copy")]
+    pub nt_copy: bool,
     /// Don't use shadow doorbells even if the controller offers them.
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
@@ -310,8 +311,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         delayed_sq_doorbell: !a.no_delayed_doorbell,
         sq_doorbell_batch: a.sq_batch.max(1),
         lazy_cq_doorbell: !a.no_lazy_cq,
-        prefetch: !a.no_prefetch,
-        nt_sqe_copy: !a.no_nt_copy,
+        prefetch: a.prefetch,
+        nt_sqe_copy: a.nt_copy,
         timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
         ..QpairOptions::default()
     };
@@ -597,7 +598,7 @@ fn report(
                 "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.inline, "verify": a.verify, "latency": a.latency,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
-                "prefetch": !a.no_prefetch, "nt_copy": !a.no_nt_copy, "shadow_doorbell": !a.no_shadow_doorbell,
+                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "shadow_doorbell": !a.no_shadow_doorbell,
             },
             "devices": rows,
             "cores": cores_json,
