@@ -103,22 +103,8 @@ impl HostMem {
     /// `len` bytes (rounded up to 4 KiB) of ordinary, locked memory.
     pub fn small(len: usize) -> io::Result<HostMem> {
         let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        // SAFETY: anonymous private mapping, checked for MAP_FAILED.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
         let m = HostMem {
-            ptr: NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))?,
+            ptr: mmap_anon(len)?,
             len,
             kind: PageKind::Small4K,
         };
@@ -146,8 +132,10 @@ impl HostMem {
             return Err(io::Error::new(
                 e.kind(),
                 format!(
-                    "mlock of {} bytes failed: {e} (raise the locked-memory limit, `ulimit -l`, or run as root)",
-                    self.len
+                    "mlock of {} bytes failed: {e} (the locked-memory limit, RLIMIT_MEMLOCK, is {}: \
+                     raise it with `ulimit -l` or run as root)",
+                    self.len,
+                    memlock_limit()
                 ),
             ));
         }
@@ -177,6 +165,25 @@ impl Drop for HostMem {
         // device can reach it any more (unmapped from the IOMMU, or the
         // device's bus mastering is off).
         unsafe { libc::munmap(self.ptr.as_ptr().cast(), self.len) };
+    }
+}
+
+/// The soft locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) for error
+/// messages: "8192 KiB", "unlimited". mlock'ed memory and memory pinned for
+/// VFIO DMA both count against it unless the process has CAP_IPC_LOCK.
+pub fn memlock_limit() -> String {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit fills the struct we pass.
+    if unsafe { libc::getrlimit(libc::RLIMIT_MEMLOCK, &mut r) } != 0 {
+        return "unknown".into();
+    }
+    if r.rlim_cur == libc::RLIM_INFINITY {
+        "unlimited".into()
+    } else {
+        format!("{} KiB", r.rlim_cur / 1024)
     }
 }
 
@@ -220,6 +227,28 @@ pub fn phys_addrs(ptr: NonNull<u8>, len: usize) -> io::Result<Vec<u64>> {
         out.push(pfn * PAGE_SIZE as u64);
     }
     Ok(out)
+}
+
+/// `len` bytes (a multiple of 4 KiB) of zeroed, populated, private anonymous
+/// memory; the caller unmaps it with `munmap`. Not locked: the soft platform
+/// must not need RLIMIT_MEMLOCK, the real-hardware platforms lock it.
+pub fn mmap_anon(len: usize) -> io::Result<NonNull<u8>> {
+    debug_assert!(len > 0 && len.is_multiple_of(PAGE_SIZE));
+    // SAFETY: anonymous private mapping, checked for MAP_FAILED.
+    let p = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+            -1,
+            0,
+        )
+    };
+    if p == libc::MAP_FAILED {
+        return Err(io::Error::last_os_error());
+    }
+    NonNull::new(p.cast()).ok_or_else(|| io::Error::other("mmap returned null"))
 }
 
 #[cfg(test)]

@@ -81,25 +81,9 @@ impl Platform for SoftPlatform {
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        // SAFETY: anonymous private mapping; checked for MAP_FAILED below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(Error::Dma(format!(
-                "mmap of {len} bytes failed: {}",
-                std::io::Error::last_os_error()
-            )));
-        }
-        let ptr =
-            NonNull::new(p.cast::<u8>()).ok_or_else(|| Error::Dma("mmap returned null".into()))?;
+        let ptr = super::hugemem::mmap_anon(len)
+            .map_err(|e| Error::Dma(format!("mmap of {len} bytes failed: {e}")))?;
+        let p = ptr.as_ptr().cast::<libc::c_void>();
         // Leave a one-page hole between buffers so an overrun fails translation.
         let iova = self
             .mem

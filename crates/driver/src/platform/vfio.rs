@@ -197,14 +197,26 @@ impl VfioDma {
             iova,
             size: mem.len() as u64,
         };
-        ioctl_ptr(&self.container, sys::IOMMU_MAP_DMA, &mut m, "VFIO_IOMMU_MAP_DMA").map_err(
-            |e| {
-                Error::Dma(format!(
-                    "{e} ({} bytes at IOVA {iova:#x}; ENOMEM usually means the locked-memory limit, `ulimit -l`, is too low)",
-                    mem.len()
-                ))
-            },
-        )?;
+        // SAFETY: MAP_DMA with its initialised repr(C) argument, which
+        // lives across the call.
+        if unsafe { libc::ioctl(self.container.as_raw_fd(), sys::IOMMU_MAP_DMA as _, &mut m) } < 0 {
+            let e = std::io::Error::last_os_error();
+            // Pinning is charged to RLIMIT_MEMLOCK (unless CAP_IPC_LOCK):
+            // over it, type1 fails with ENOMEM (EPERM for some setups).
+            let hint = match e.raw_os_error() {
+                Some(libc::ENOMEM) | Some(libc::EPERM) => format!(
+                    ": pinning it for DMA probably exceeds the locked-memory limit, RLIMIT_MEMLOCK \
+                     (now {}; 4 KiB-page DMA buffers count twice, mlock'ed and pinned): raise it \
+                     with `ulimit -l` or run as root",
+                    super::hugemem::memlock_limit()
+                ),
+                _ => String::new(),
+            };
+            return Err(Error::Dma(format!(
+                "VFIO_IOMMU_MAP_DMA of {} bytes at IOVA {iova:#x}: {e}{hint}",
+                mem.len()
+            )));
+        }
         Ok(())
     }
 
@@ -295,9 +307,13 @@ impl VfioPlatform {
         })?;
 
         let container = open_rw("/dev/vfio/vfio").map_err(|e| {
-            Error::Platform(format!(
-                "/dev/vfio/vfio: {e} (is the vfio module loaded? `modprobe vfio-pci`)"
-            ))
+            let hint = match e.raw_os_error() {
+                Some(libc::EACCES) | Some(libc::EPERM) => {
+                    "no permission: run as root or give this user read/write access to it (it is normally mode 0666)"
+                }
+                _ => "is the vfio module loaded? `modprobe vfio-pci`",
+            };
+            Error::Platform(format!("/dev/vfio/vfio: {e} ({hint})"))
         })?;
         let v = ioctl_val(&container, sys::GET_API_VERSION, 0, "VFIO_GET_API_VERSION")?;
         if v != sys::API_VERSION {
@@ -332,7 +348,8 @@ impl VfioPlatform {
                     " (another process, perhaps another pollux, has this IOMMU group open)"
                 }
                 Some(libc::EACCES) | Some(libc::EPERM) => {
-                    " (no permission: run as root or give this user access to the group node)"
+                    " (no permission: run as root or give this user read/write access to the \
+                     group node, e.g. `chown USER` it; root-owned mode 0600 is the default)"
                 }
                 _ => "",
             };
