@@ -406,6 +406,19 @@ impl Submitter {
         self.sq_rung = self.sq_tail;
     }
 
+    /// With SQ doorbell batching: at least `batch` new commands are waiting,
+    /// or the controller holds fewer than `batch` (so it never starves).
+    #[cold]
+    fn batch_ready(&self, batch: u32) -> bool {
+        let (tail, rung) = (self.sq_tail as u32, self.sq_rung as u32);
+        let pending = if tail >= rung {
+            tail - rung
+        } else {
+            tail + self.sq_entries as u32 - rung
+        };
+        pending >= batch || self.outstanding() - pending < batch
+    }
+
     /// Rings the SQ doorbell now if commands are waiting for it.
     pub fn flush(&mut self) {
         if self.sq_tail != self.sq_rung {
@@ -1366,10 +1379,8 @@ impl QueuePair {
         if sub.sq_tail != sub.sq_rung {
             // New commands since the last doorbell, and commands the
             // controller already knows about.
-            let e = sub.sq_entries as u32;
-            let pending = (sub.sq_tail as u32 + e - sub.sq_rung as u32) % e;
             let batch = sub.sq_batch as u32;
-            if batch == 1 || pending >= batch || sub.outstanding() - pending < batch {
+            if batch == 1 || sub.batch_ready(batch) {
                 sub.ring_sq();
             }
         }

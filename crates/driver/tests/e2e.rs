@@ -934,3 +934,49 @@ fn orderly_shutdown_on_drop() {
     assert!(!csts.rdy());
     assert!(!csts.cfs());
 }
+
+/// SQ doorbell batching (batch 8): ring when 8 new commands wait, or when
+/// the controller holds fewer than 8 (so it never starves). The inline
+/// device is not stepped here, so what it holds stays put.
+#[test]
+fn sq_doorbell_batching() {
+    let (_dev, ctrl) = open(
+        ram_cfg(9, 1 << 20, 1),
+        ControllerOptions {
+            shadow_doorbells: false,
+            ..ControllerOptions::default()
+        },
+    );
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 32,
+            sq_doorbell_batch: 8,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let b = ctrl.alloc_dma(32 * 512).unwrap();
+    let mut next = 0u64;
+    let mut submit = |qp: &mut QueuePair, n: u64| {
+        for _ in 0..n {
+            let s = next as usize;
+            qp.read(&ns, next, 1, b.slice(s * 512..(s + 1) * 512), next)
+                .unwrap();
+            next += 1;
+        }
+    };
+    let rings = |qp: &QueuePair| qp.stats().sq_doorbells;
+    submit(&mut qp, 4);
+    qp.poll(0, |_, _| {});
+    assert_eq!(rings(&qp), 1, "controller holds 0 < 8: ring");
+    submit(&mut qp, 4);
+    qp.poll(0, |_, _| {});
+    assert_eq!(rings(&qp), 2, "controller holds 4 < 8: ring");
+    submit(&mut qp, 4);
+    qp.poll(0, |_, _| {});
+    assert_eq!(rings(&qp), 2, "holds 8, only 4 waiting: wait");
+    submit(&mut qp, 4);
+    qp.poll(0, |_, _| {});
+    assert_eq!(rings(&qp), 3, "8 waiting: ring");
+    assert_eq!(drain(&mut qp).len(), 16);
+}
