@@ -3,6 +3,7 @@
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
+mod clock;
 mod trid;
 mod verify;
 mod worker;
@@ -331,6 +332,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         ),
     };
 
+    let lat_clock = clock::LatClock::new();
     // Jobs: every (device, namespace, qpair) round-robin over the workers.
     let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
@@ -387,10 +389,12 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     None
                 };
                 let latency = if a.latency {
-                    let hist = Histogram::new_with_bounds(1, 3_600_000_000_000, 3)
+                    // Ticks: up to an hour at a few GHz.
+                    let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
                         .map_err(|e| PerfError::Args(e.to_string()))?;
                     Some(Latency {
-                        submit: vec![Instant::now(); depth],
+                        clock: lat_clock,
+                        submit: vec![0; depth],
                         hist,
                     })
                 } else {
@@ -491,24 +495,35 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         .iter()
         .filter_map(|d| d.soft.as_ref().map(|s| (d.name.clone(), s.stats())))
         .collect();
-    let summary = report(&a, &results, &device_stats);
+    let summary = report(
+        &a,
+        &results,
+        &device_stats,
+        lat_clock.ns_per_tick(),
+        lat_clock.source(),
+    );
     drop(devices);
     drop(dev_thread);
     Ok(summary)
 }
 
-fn lat_us(h: &Histogram<u64>, q: Option<f64>) -> f64 {
-    match q {
-        Some(q) => h.value_at_quantile(q) as f64 / 1000.0,
-        None => h.mean() / 1000.0,
-    }
+/// A latency statistic in microseconds: `q` a quantile, `None` the mean.
+fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
+    let ticks = match q {
+        Some(q) => h.value_at_quantile(q) as f64,
+        None => h.mean(),
+    };
+    ticks * ns_per_tick / 1000.0
 }
 
 fn report(
     a: &PerfArgs,
     results: &[WorkerResult],
     device_stats: &[(String, pollux_softnvme::DeviceStats)],
+    ns_per_tick: f64,
+    clock_source: &str,
 ) -> Summary {
+    let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
     let mib = |ios: f64, io: usize| ios * io as f64 / (1u64 << 20) as f64;
     let mut rows = Vec::new();
     let mut total_hist: Option<Histogram<u64>> = None;
@@ -560,10 +575,10 @@ fn report(
                 "iops": iops,
                 "mib_s": mib(iops, j.io_size),
                 "errors": j.errors,
-                "avg_lat_us": j.hist.as_ref().map(|h| lat_us(h, None)),
-                "min_lat_us": j.hist.as_ref().map(|h| h.min() as f64 / 1000.0),
-                "max_lat_us": j.hist.as_ref().map(|h| h.max() as f64 / 1000.0),
-                "p99_lat_us": j.hist.as_ref().map(|h| lat_us(h, Some(0.99))),
+                "avg_lat_us": j.hist.as_ref().map(|h| lat_us(h, None, ns_per_tick)),
+                "min_lat_us": j.hist.as_ref().map(|h| us(h.min())),
+                "max_lat_us": j.hist.as_ref().map(|h| us(h.max())),
+                "p99_lat_us": j.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
                 "sq_doorbells": j.qp.sq_doorbells,
                 "cq_doorbells": j.qp.cq_doorbells,
                 "shadow_updates": j.qp.shadow_updates,
@@ -586,7 +601,7 @@ fn report(
             x as f64 / submitted as f64
         }
     };
-    let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q));
+    let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
     let soft_json: Vec<_> = device_stats
         .iter()
         .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled }))
@@ -596,7 +611,7 @@ fn report(
             "config": {
                 "queue_depth": a.queue_depth, "io_size": a.io_size, "workload": format!("{:?}", a.workload).to_lowercase(),
                 "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
-                "inline": a.inline, "verify": a.verify, "latency": a.latency,
+                "inline": a.inline, "verify": a.verify, "latency": a.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
                 "prefetch": a.prefetch, "nt_copy": a.nt_copy, "shadow_doorbell": !a.no_shadow_doorbell,
             },
@@ -606,9 +621,9 @@ fn report(
             "errors": errors_list,
             "total": {
                 "iops": t_iops, "mib_s": t_mib, "ios": t_ios, "errors": t_err, "seconds": max_elapsed,
-                "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| h.min() as f64 / 1000.0),
+                "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| us(h.min())),
                 "p50_lat_us": lat(Some(0.5)), "p99_lat_us": lat(Some(0.99)),
-                "max_lat_us": total_hist.as_ref().map(|h| h.max() as f64 / 1000.0),
+                "max_lat_us": total_hist.as_ref().map(|h| us(h.max())),
                 "sq_doorbells_per_io": per_io(sq_db), "cq_doorbells_per_io": per_io(cq_db),
                 "shadow_updates_per_io": per_io(shadow),
             }
@@ -642,8 +657,8 @@ fn report(
             t_iops,
             t_mib,
             fmt(lat(None)),
-            fmt(total_hist.as_ref().map(|h| h.min() as f64 / 1000.0)),
-            fmt(total_hist.as_ref().map(|h| h.max() as f64 / 1000.0))
+            fmt(total_hist.as_ref().map(|h| us(h.min()))),
+            fmt(total_hist.as_ref().map(|h| us(h.max())))
         );
         if a.latency {
             println!(

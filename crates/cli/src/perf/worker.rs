@@ -24,7 +24,10 @@ pub enum Mix {
 }
 
 pub struct Latency {
-    pub submit: Vec<Instant>,
+    pub clock: super::clock::LatClock,
+    /// Submission time per slot, in clock ticks.
+    pub submit: Vec<u64>,
+    /// Latencies in clock ticks (converted to ns in the report).
     pub hist: Histogram<u64>,
 }
 
@@ -137,15 +140,15 @@ impl JobCtx {
             );
         }
         if let Some(l) = &mut self.latency {
-            l.submit[slot] = Instant::now();
+            l.submit[slot] = l.clock.now();
         }
     }
 
     #[cold]
     fn after_complete(&mut self, slot: usize, ok: bool) {
         if let Some(l) = &mut self.latency {
-            let ns = l.submit[slot].elapsed().as_nanos() as u64;
-            let _ = l.hist.record(ns.max(1));
+            let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
+            let _ = l.hist.record(ticks.max(1));
         }
         if ok && self.verify.is_some() {
             self.check(slot);
