@@ -48,6 +48,23 @@ pub fn sysfs_dir(bdf: &str) -> Result<PathBuf> {
 }
 
 /// Name of the kernel driver the device is bound to, if any.
+/// PCI class code of an NVMe controller (mass storage, NVM, NVMe).
+pub const NVME_CLASS: u32 = 0x01_08_02;
+
+/// The device's 24-bit PCI class code.
+pub fn class(bdf: &str) -> Result<u32> {
+    let path = sysfs_dir(bdf)?.join("class");
+    let s = std::fs::read_to_string(&path)
+        .map_err(|e| Error::Platform(format!("{}: {e}", path.display())))?;
+    u32::from_str_radix(s.trim().trim_start_matches("0x"), 16).map_err(|_| {
+        Error::Platform(format!(
+            "{}: unexpected content {:?}",
+            path.display(),
+            s.trim()
+        ))
+    })
+}
+
 pub fn current_driver(bdf: &str) -> Result<Option<String>> {
     let link = sysfs_dir(bdf)?.join("driver");
     match std::fs::read_link(&link) {
