@@ -193,6 +193,14 @@ fn bad_arguments_are_clear_errors() {
             &["perf", "-o", "8192", "-r", "trtype:soft size:4KiB"],
             "smaller than one I/O",
         ),
+        (
+            &["perf", "-r", "trtype:pcie traddr:ffff:ff:1f.7", "-t", "1"],
+            "no PCI device ffff:ff:1f.7",
+        ),
+        (
+            &["perf", "-r", "trtype:pcie traddr:nonsense", "-t", "1"],
+            "not a PCI address",
+        ),
     ];
     for (args, want) in cases {
         let (code, _out, err) = pollux(args);
