@@ -44,11 +44,18 @@ wait_blk() {
     for i in $(seq 100); do [ -b /dev/nvme0n1 ] && return 0; sleep 0.1; done
     echo "no /dev/nvme0n1"; return 1
 }
+NR_USER=pollux   # the unprivileged user (no adduser in busybox: /etc/passwd line)
+as_user() {  # as_user CMD ARGS...: CMD as $NR_USER (su from root: no password, rlimits inherited)
+    cmd=exec
+    for a in "$@"; do cmd="$cmd '$(printf '%s' "$a" | sed "s/'/'\\\\''/g")'"; done
+    su -s /bin/sh $NR_USER -c "$cmd"
+}
 json_total_iops() { sed -n 's/.*"total":{[^}]*"iops":\([0-9.]*\).*/\1/p' "$1" | cut -d. -f1; }
+AS=     # perf() runs pollux through this command when set (as_user)
 perf() {  # perf NAME ARGS...: prints IOPS as METRIC NAME
     name=$1; shift
-    echo "== perf $name: pollux perf -r '$TRID' $*"
-    if $P perf -r "$TRID" --json "$@" > /tmp/perf.json 2>/tmp/perf.err; then
+    echo "== perf $name: ${AS:+$AS }pollux perf -r '$TRID' $*"
+    if $AS $P perf -r "$TRID" --json "$@" > /tmp/perf.json 2>/tmp/perf.err; then
         iops=$(json_total_iops /tmp/perf.json)
         errs=$(sed -n 's/.*"total":{[^}]*"errors":\([0-9]*\).*/\1/p' /tmp/perf.json)
         sq=$(sed -n 's/.*"sq_doorbells_per_io":\([0-9.e-]*\).*/\1/p' /tmp/perf.json)
@@ -110,6 +117,28 @@ check pcie-tests-vfio $T --test-threads=1
 check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
+# Without root: an ordinary user (uid 1000, no capabilities) needs only
+# read/write access to /dev/vfio/vfio (0666) and the group node (root 0600
+# by default), and a locked-memory limit covering the pinned DMA memory.
+GNODE=/dev/vfio/$(basename "$(readlink $DEV/iommu_group)")
+grep -q "^$NR_USER:" /etc/passwd || {
+    echo "$NR_USER:x:1000:1000:pollux:/tmp:/bin/sh" >> /etc/passwd
+    echo "$NR_USER:x:1000:" >> /etc/group
+}
+NR_PERF="-w randrw -q 8 -t 2 --verify"
+(
+    ulimit -l 65536   # KiB; root raises it, su keeps it
+    check vfio-nonroot-user as_user sh -c 'echo "$(id), $(grep CapEff /proc/self/status | tr -d "\t"), ulimit -l $(ulimit -l)"
+        [ "$(id -u)" != 0 ] && grep -q "^CapEff:[[:space:]]*0*$" /proc/self/status'
+    ls -l /dev/vfio | sed 's/^/   /'
+    expect_fail vfio-nonroot-no-group-access "$GNODE: Permission denied" as_user $P perf -r "$TRID" $NR_PERF
+    chown $NR_USER $GNODE
+    AS=as_user
+    perf vfio-nonroot-verify $NR_PERF
+    ulimit -l 4       # one page: the first buffer is mlock'ed, then its VFIO pinning fails
+    expect_fail vfio-nonroot-low-memlock "RLIMIT_MEMLOCK.*ulimit -l" as_user $P perf -r "$TRID" $NR_PERF
+)
+chown 0:0 $GNODE
 # Doorbell variants, interleaved in short rounds (run-tests.sh takes the
 # median): host load drifts during a run and TCG follows it.
 for round in 1 2 3 4; do

@@ -15,7 +15,10 @@
 //! device cannot reach the memory, whatever it is still doing.
 //!
 //! Needs no root: read/write access to `/dev/vfio/vfio` and the group node,
-//! and a locked-memory limit (`ulimit -l`) covering the DMA memory.
+//! and a locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) covering the DMA
+//! memory, 4 KiB-page buffers twice (their mlock and the IOMMU pinning are
+//! both charged to it; hugepage buffers once). tests/guest runs
+//! `perf --verify` as an unprivileged user.
 //! The iommufd / VFIO cdev interface is not implemented.
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
