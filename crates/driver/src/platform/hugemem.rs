@@ -112,15 +112,34 @@ impl HostMem {
         Ok(m)
     }
 
-    /// Hugepages if `prefer_huge` and the pool has them, else 4 KiB pages.
-    pub fn alloc(len: usize, prefer_huge: bool) -> io::Result<HostMem> {
+    /// `len` bytes (rounded up to 4 KiB) of ordinary memory, populated but
+    /// not mlock'ed: for VFIO, whose VFIO_IOMMU_MAP_DMA pins the pages itself
+    /// and charges them to RLIMIT_MEMLOCK; locking them as well would count
+    /// them twice (measured in the guest: a 4 KiB buffer needed 8 KiB of
+    /// limit).
+    pub fn small_unlocked(len: usize) -> io::Result<HostMem> {
+        let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
+        Ok(HostMem {
+            ptr: mmap_anon(len)?,
+            len,
+            kind: PageKind::Small4K,
+        })
+    }
+
+    /// Hugepages if `prefer_huge` and the pool has them, else 4 KiB pages,
+    /// mlock'ed only if `lock_small` (see `small_unlocked`).
+    pub fn alloc(len: usize, prefer_huge: bool, lock_small: bool) -> io::Result<HostMem> {
         if prefer_huge {
             match HostMem::huge(len) {
                 Ok(m) => return Ok(m),
                 Err(e) => tracing::debug!(len, "no hugepage memory ({e}); using 4 KiB pages"),
             }
         }
-        HostMem::small(len)
+        if lock_small {
+            HostMem::small(len)
+        } else {
+            HostMem::small_unlocked(len)
+        }
     }
 
     fn lock(&self) -> io::Result<()> {
@@ -270,7 +289,7 @@ mod tests {
     fn alloc_falls_back_without_hugepages() {
         // Whether or not the host has hugepages reserved, alloc succeeds.
         let none_free = free_hugepages().unwrap_or(0) == 0;
-        let m = HostMem::alloc(3 << 20, true).unwrap();
+        let m = HostMem::alloc(3 << 20, true, true).unwrap();
         assert!(m.len() >= 3 << 20);
         if none_free {
             assert_eq!(m.kind(), PageKind::Small4K);

@@ -16,9 +16,9 @@
 //!
 //! Needs no root: read/write access to `/dev/vfio/vfio` and the group node,
 //! and a locked-memory limit (RLIMIT_MEMLOCK, `ulimit -l`) covering the DMA
-//! memory, 4 KiB-page buffers twice (their mlock and the IOMMU pinning are
-//! both charged to it; hugepage buffers once). tests/guest runs
-//! `perf --verify` as an unprivileged user.
+//! memory: the IOMMU pinning is charged to it. 4 KiB-page buffers are not
+//! also mlock'ed (the pinning holds them), which would charge them twice.
+//! tests/guest runs `perf --verify` as an unprivileged user.
 //! The iommufd / VFIO cdev interface is not implemented.
 use std::collections::HashMap;
 use std::fs::{File, OpenOptions};
@@ -209,8 +209,7 @@ impl VfioDma {
             let hint = match e.raw_os_error() {
                 Some(libc::ENOMEM) | Some(libc::EPERM) => format!(
                     ": pinning it for DMA probably exceeds the locked-memory limit, RLIMIT_MEMLOCK \
-                     (now {}; 4 KiB-page DMA buffers count twice, mlock'ed and pinned): raise it \
-                     with `ulimit -l` or run as root",
+                     (now {}): raise it with `ulimit -l` or run as root",
                     super::hugemem::memlock_limit()
                 ),
                 _ => String::new(),
@@ -668,7 +667,8 @@ impl Platform for VfioPlatform {
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let mem = HostMem::alloc(len, len >= HUGE_THRESHOLD)
+        // Not mlock'ed: the IOMMU mapping below pins the pages.
+        let mem = HostMem::alloc(len, len >= HUGE_THRESHOLD, false)
             .map_err(|e| Error::Dma(format!("allocating {len} bytes: {e}")))?;
         let align = match mem.kind() {
             PageKind::Huge2M => HUGE_PAGE_SIZE as u64,
