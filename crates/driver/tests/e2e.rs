@@ -52,6 +52,20 @@ fn drain(qp: &mut QueuePair) -> Vec<Completion> {
     out
 }
 
+/// Submits `n` one-block (512 B) reads of LBAs 0..n, each into its own
+/// 512-byte slice of `buf`, with the LBA as user data.
+fn submit_reads(
+    qp: &mut QueuePair,
+    ns: &pollux_driver::Namespace,
+    buf: &pollux_driver::DmaBuffer,
+    n: u64,
+) {
+    for i in 0..n {
+        let s = i as usize * 512;
+        qp.read(ns, i, 1, buf.slice(s..s + 512), i).unwrap();
+    }
+}
+
 fn pattern(buf: &mut [u8], seed: u64) {
     let mut x = seed | 1;
     for chunk in buf.chunks_mut(8) {
@@ -377,16 +391,7 @@ fn doorbell_counts() {
             })
             .unwrap();
         let b = ctrl.alloc_dma(64 * 512).unwrap();
-        for i in 0..64 {
-            qp.read(
-                &ns,
-                i,
-                1,
-                b.slice(i as usize * 512..(i as usize + 1) * 512),
-                i,
-            )
-            .unwrap();
-        }
+        submit_reads(&mut qp, &ns, &b, 64);
         qp.poll(0, |_, _| {});
         assert_eq!(qp.stats().sq_doorbells, expect, "delayed={delayed}");
         assert_eq!(drain(&mut qp).len(), 64);
@@ -416,16 +421,7 @@ fn cq_run(cq_entries: u16, lazy: bool, per_poll: u32, total: u64) -> (u64, u64) 
         })
         .unwrap();
     let b = ctrl.alloc_dma(16 * 512).unwrap();
-    for i in 0..16u64 {
-        qp.read(
-            &ns,
-            i,
-            1,
-            b.slice(i as usize * 512..(i as usize + 1) * 512),
-            i,
-        )
-        .unwrap();
-    }
+    submit_reads(&mut qp, &ns, &b, 16u64);
     let (mut submitted, mut done) = (16u64, 0u64);
     while done < total {
         qp.poll(per_poll, |sub, c| {
@@ -595,16 +591,7 @@ fn fault_delay_and_reorder_complete_correctly() {
         ..rule(QueueSel::Io, None, FaultAction::Reorder)
     });
     let b = ctrl.alloc_dma(8 * 512).unwrap();
-    for i in 0..8u64 {
-        qp.read(
-            &ns,
-            i,
-            1,
-            b.slice(i as usize * 512..(i as usize + 1) * 512),
-            i,
-        )
-        .unwrap();
-    }
+    submit_reads(&mut qp, &ns, &b, 8u64);
     let c = drain(&mut qp);
     assert_eq!(c.len(), 8);
     assert!(c.iter().all(|c| c.result.is_ok()));
@@ -752,16 +739,7 @@ fn fault_controller_fatal_resets() {
         ..rule(QueueSel::Io, None, FaultAction::Fatal)
     });
     let b = ctrl.alloc_dma(8 * 512).unwrap();
-    for i in 0..6u64 {
-        qp.read(
-            &ns,
-            i,
-            1,
-            b.slice(i as usize * 512..(i as usize + 1) * 512),
-            i,
-        )
-        .unwrap();
-    }
+    submit_reads(&mut qp, &ns, &b, 6u64);
     let c = drain(&mut qp);
     assert_eq!(c.len(), 6, "every request completes");
     let ok = c.iter().filter(|c| c.result.is_ok()).count();
@@ -785,16 +763,7 @@ fn fault_frozen_controller_recovers() {
     let mut qp = short_timeout_qp(&ctrl);
     let b = ctrl.alloc_dma(4 * 512).unwrap();
     dev.add_fault(rule(QueueSel::Io, None, FaultAction::Freeze));
-    for i in 0..4u64 {
-        qp.read(
-            &ns,
-            i,
-            1,
-            b.slice(i as usize * 512..(i as usize + 1) * 512),
-            i,
-        )
-        .unwrap();
-    }
+    submit_reads(&mut qp, &ns, &b, 4u64);
     let c = drain(&mut qp);
     assert_eq!(c.len(), 4);
     assert!(c.iter().all(|c| c.result.is_err()));

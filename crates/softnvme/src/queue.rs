@@ -89,6 +89,18 @@ impl Doorbell {
     }
 }
 
+/// An invalid doorbell value: reported (`db_error`) once per distinct value,
+/// so a host that keeps writing the same bad value is not reported forever.
+#[cold]
+fn reject(bad_db: &mut Option<u32>, db_error: &mut bool, v: u32) -> DbPoll {
+    if *bad_db == Some(v) {
+        return DbPoll::Same;
+    }
+    *bad_db = Some(v);
+    *db_error = true;
+    DbPoll::Invalid(v)
+}
+
 /// Outcome of polling a doorbell.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum DbPoll {
@@ -138,12 +150,7 @@ impl Sq {
             return DbPoll::Same;
         }
         if v >= self.size {
-            if self.bad_db == Some(v) {
-                return DbPoll::Same;
-            }
-            self.bad_db = Some(v);
-            self.db_error = true;
-            return DbPoll::Invalid(v);
+            return reject(&mut self.bad_db, &mut self.db_error, v);
         }
         self.bad_db = None;
         self.tail = v;
@@ -296,12 +303,7 @@ impl Cq {
             adv <= self.used()
         };
         if !valid {
-            if self.bad_db == Some(v) {
-                return DbPoll::Same;
-            }
-            self.bad_db = Some(v);
-            self.db_error = true;
-            return DbPoll::Invalid(v);
+            return reject(&mut self.bad_db, &mut self.db_error, v);
         }
         self.bad_db = None;
         self.head = v;
