@@ -18,6 +18,9 @@ use crate::SoftDevice;
 const IDLE_CLOCK_ROUNDS: u32 = 1024;
 const IDLE_BEFORE_SLEEP: Duration = Duration::from_millis(1);
 const IDLE_SLEEP: Duration = Duration::from_micros(50);
+/// Longest idle sleep (the back-off's cap): the most an idle controller
+/// adds to the first command after a pause.
+const IDLE_SLEEP_MAX: Duration = Duration::from_millis(1);
 
 struct Shared {
     devices: Mutex<Vec<Arc<SoftDevice>>>,
@@ -144,6 +147,8 @@ fn run(sh: &Shared) {
     let mut devs: Vec<Arc<SoftDevice>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     let mut idle_rounds: u32 = 0;
+    let mut sleeping = false;
+    let mut sleep_for = IDLE_SLEEP;
     while !sh.stop.load(Ordering::Relaxed) {
         // A plain load first: the swap (a locked read-modify-write) only
         // when something changed.
@@ -159,12 +164,23 @@ fn run(sh: &Shared) {
         if work > 0 {
             idle_rounds = 0;
             idle_since = None;
+            sleeping = false;
+            sleep_for = IDLE_SLEEP;
             continue;
         }
-        // Idle: spin without `pause` (it costs ~140 cycles on recent x86
-        // cores, which a QD 1 command would wait out) and read the clock
-        // only every IDLE_CLOCK_ROUNDS rounds; sleep after
-        // IDLE_BEFORE_SLEEP without work.
+        // Idle for a while: sleep between rounds (an idle device thread
+        // costs ~nothing) until work appears.
+        if sleeping {
+            // Back off from IDLE_SLEEP to IDLE_SLEEP_MAX while nothing
+            // happens: an idle controller thread should cost ~nothing.
+            std::thread::sleep(sleep_for);
+            sleep_for = (sleep_for * 2).min(IDLE_SLEEP_MAX);
+            continue;
+        }
+        // Recently busy: spin without `pause` (it costs ~140 cycles on
+        // recent x86 cores, which a QD 1 command would wait out), reading
+        // the clock only every IDLE_CLOCK_ROUNDS rounds, and start sleeping
+        // after IDLE_BEFORE_SLEEP without work.
         idle_rounds = idle_rounds.wrapping_add(1);
         if !idle_rounds.is_multiple_of(IDLE_CLOCK_ROUNDS) {
             continue;
@@ -172,8 +188,7 @@ fn run(sh: &Shared) {
         let now = Instant::now();
         match idle_since {
             None => idle_since = Some(now),
-            Some(t) if now.duration_since(t) >= IDLE_BEFORE_SLEEP => std::thread::sleep(IDLE_SLEEP),
-            Some(_) => {}
+            Some(t) => sleeping = now.duration_since(t) >= IDLE_BEFORE_SLEEP,
         }
     }
     // Let go of the devices before exiting.
