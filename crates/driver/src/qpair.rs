@@ -169,6 +169,13 @@ enum PendingOp {
         sqe: Sqe,
         data: Option<SliceRef>,
     },
+    /// Deallocate one range (its descriptor is built in the tracker's PRP
+    /// list slice when issued).
+    Dealloc {
+        nsid: u32,
+        lba: u64,
+        nlb: u32,
+    },
 }
 
 struct Pending {
@@ -517,16 +524,7 @@ impl Submitter {
         // nlb == 0 passes these checks (with an empty buffer) and is refused
         // on the slow path: the fast-path test `nlb - 1 < max_lbas` excludes
         // it at no extra cost.
-        match lba.checked_add(nlb as u64) {
-            Some(end) if end <= ns.nsze => {}
-            _ => {
-                return Err(SubmitError::LbaOutOfRange {
-                    lba,
-                    nlb,
-                    nsze: ns.nsze,
-                })
-            }
-        }
+        Self::check_lbas(ns, lba, nlb)?;
         let expected = (nlb as usize) << ns.lba_shift;
         if len != expected {
             return Err(SubmitError::BufferLength { expected, got: len });
@@ -775,14 +773,12 @@ impl Submitter {
         } else {
             None
         }) else {
-            // Waiting requests keep their descriptor in the queue instead.
-            let mut sqe = Sqe::dsm(ns.nsid, 1, DSM_ATTR_DEALLOCATE, 0);
-            sqe.cdw12 = nlb;
-            sqe.cdw13 = lba as u32;
-            sqe.cdw14 = (lba >> 32) as u32;
-            sqe.cdw15 = u32::MAX; // marker: build the range at issue time
             return self.enqueue(Pending {
-                op: PendingOp::Raw { sqe, data: None },
+                op: PendingOp::Dealloc {
+                    nsid: ns.nsid,
+                    lba,
+                    nlb,
+                },
                 user_data,
             });
         };
@@ -810,6 +806,12 @@ impl Submitter {
         if nlb == 0 {
             return Err(SubmitError::ZeroLength);
         }
+        Self::check_lbas(ns, lba, nlb)
+    }
+
+    /// `[lba, lba + nlb)` lies inside the namespace.
+    #[inline(always)]
+    fn check_lbas(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
         match lba.checked_add(nlb as u64) {
             Some(end) if end <= ns.nsze => Ok(()),
             _ => Err(SubmitError::LbaOutOfRange {
@@ -870,7 +872,7 @@ impl Submitter {
         while let Some(p) = self.queue.front() {
             let needed = match &p.op {
                 PendingOp::Rw { ns, nlb, .. } => nlb.div_ceil(ns.max_lbas) as usize,
-                PendingOp::Raw { .. } => 1,
+                PendingOp::Raw { .. } | PendingOp::Dealloc { .. } => 1,
             };
             if self.free.len() < needed || self.state != QpState::Ready {
                 return;
@@ -888,28 +890,24 @@ impl Submitter {
                     nlb,
                     data,
                 } => self.issue_split(opc, &ns, lba, nlb, &data, p.user_data),
+                PendingOp::Dealloc { nsid, lba, nlb } => {
+                    let Some(cid) = self.free.pop() else { return };
+                    self.issue_dealloc(cid, nsid, lba, nlb, p.user_data);
+                    Ok(())
+                }
                 PendingOp::Raw { sqe, data } => {
                     let Some(cid) = self.free.pop() else { return };
-                    if sqe.opc == NvmOpcode::DatasetManagement as u8
-                        && sqe.cdw15 == u32::MAX
-                        && data.is_none()
-                    {
-                        let lba = sqe.cdw13 as u64 | (sqe.cdw14 as u64) << 32;
-                        self.issue_dealloc(cid, sqe.nsid, lba, sqe.cdw12, p.user_data);
-                        Ok(())
-                    } else {
-                        match &data {
-                            Some(d) => self.issue(
-                                cid,
-                                sqe,
-                                d.len,
-                                d.iova_at(0),
-                                |i| d.iova_at(i),
-                                p.user_data,
-                                0,
-                            ),
-                            None => self.issue(cid, sqe, 0, 0, |_| 0, p.user_data, 0),
-                        }
+                    match &data {
+                        Some(d) => self.issue(
+                            cid,
+                            sqe,
+                            d.len,
+                            d.iova_at(0),
+                            |i| d.iova_at(i),
+                            p.user_data,
+                            0,
+                        ),
+                        None => self.issue(cid, sqe, 0, 0, |_| 0, p.user_data, 0),
                     }
                 }
             };

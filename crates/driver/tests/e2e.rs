@@ -949,3 +949,45 @@ fn sq_doorbell_batching() {
     assert_eq!(rings(&qp), 3, "8 waiting: ring");
     assert_eq!(drain(&mut qp).len(), 16);
 }
+
+/// A deallocate that has to wait in the software queue still deallocates;
+/// a raw DSM command that waits is sent exactly as given (the queue must
+/// not confuse the two, whatever the raw command's dwords hold).
+#[test]
+fn queued_deallocate_and_raw_dsm_stay_distinct() {
+    let (_dev, ctrl) = open(ram_cfg(9, 1 << 20, 1), ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 1,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut w = ctrl.alloc_dma(8192).unwrap();
+    w.as_mut_slice().fill(0x5A);
+    qp.write(&ns, 64, 16, w.full(), 1).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    // Occupy the only tracker, then queue both.
+    qp.read(&ns, 0, 1, w.slice(0..512), 2).unwrap();
+    qp.deallocate(&ns, 64, 16, 3).unwrap();
+    let mut raw = pollux_spec::Sqe::dsm(ns.nsid, 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
+    raw.cdw15 = u32::MAX;
+    qp.raw(raw, None, 4).unwrap();
+    assert_eq!(qp.queued(), 2);
+    let mut c = drain(&mut qp);
+    c.sort_by_key(|c| c.user_data);
+    assert_eq!(c[0].result, Ok(0));
+    assert_eq!(c[1].result, Ok(0), "queued deallocate");
+    assert!(
+        c[2].result.is_err(),
+        "raw DSM without a range buffer must fail at the controller: {:?}",
+        c[2]
+    );
+    let r = ctrl.alloc_dma(8192).unwrap();
+    qp.read(&ns, 64, 16, r.full(), 5).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    assert!(
+        r.as_slice().iter().all(|&b| b == 0),
+        "deallocated blocks read zero"
+    );
+}
