@@ -27,7 +27,7 @@ export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
 export CARGO_TARGET_DIR=$TARGET_DIR
 echo "run-tests.sh: building pollux and the PCIe test binary (static, $TRIPLE)" >&2
 (cd "$ROOT" && cargo build --release -q -p pollux-cli --target $TRIPLE)
-TEST_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-driver --test pcie \
+TEST_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-pcie --test pcie \
     --target $TRIPLE --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/pcie-' | tail -1)
 POLLUX_BIN=$TARGET_DIR/$TRIPLE/release/pollux

@@ -136,7 +136,7 @@ fn dir_names(p: &Path) -> Vec<String> {
 
 /// `0000:01:00.0` form (adds the domain), validated.
 pub fn normalize_bdf(s: &str) -> Result<String, SetupError> {
-    pollux_driver::platform::pci::normalize_bdf(s).map_err(|e| msg(e.to_string()))
+    pollux_pcie::platform::pci::normalize_bdf(s).map_err(|e| msg(e.to_string()))
 }
 
 impl Host {

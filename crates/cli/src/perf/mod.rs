@@ -15,8 +15,8 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
-use pollux_driver::platform::soft::{SoftMode, SoftPlatform};
-use pollux_driver::{Controller, ControllerOptions, QpairOptions};
+use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
+use pollux_pcie::{Controller, ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use serde_json::json;
 
@@ -107,7 +107,7 @@ pub enum PerfError {
     #[error("{0}")]
     Trid(#[from] trid::TridError),
     #[error("{0}")]
-    Driver(#[from] pollux_driver::Error),
+    Driver(#[from] pollux_pcie::Error),
     #[error("emulated controller: {0}")]
     Soft(#[from] pollux_softnvme::SoftError),
     #[error("{0}")]
@@ -224,7 +224,7 @@ fn open_device(
             })
         }
         Trid::Pcie { traddr } => {
-            let platform = pollux_driver::platform::open_pcie(traddr)?;
+            let platform = pollux_pcie::platform::open_pcie(traddr)?;
             let ctrl = Controller::new(platform, opts.clone())?;
             Ok(Device {
                 name: format!("pcie {}", ctrl.describe()),

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pollux_driver::{Completion, DmaBuffer, Handler, Namespace, QpairStats, QueuePair, Submitter};
+use pollux_pcie::{Completion, DmaBuffer, Handler, Namespace, QpairStats, QueuePair, Submitter};
 use pollux_softnvme::SoftDevice;
 
 use super::verify::Verify;

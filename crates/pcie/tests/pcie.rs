@@ -11,8 +11,8 @@
 use std::sync::Mutex;
 use std::time::Duration;
 
-use pollux_driver::platform::open_pcie;
-use pollux_driver::{
+use pollux_pcie::platform::open_pcie;
+use pollux_pcie::{
     Completion, Controller, ControllerOptions, IoError, QpairOptions, QueuePair, SubmitError,
 };
 

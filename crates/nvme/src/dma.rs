@@ -222,7 +222,8 @@ impl<'a> DmaSlice<'a> {
     /// Detaches the slice from the borrow, for requests that wait in the
     /// software queue. The caller keeps the buffer alive until completion
     /// (the same contract as any in-flight DMA).
-    pub(crate) fn to_owned_ref(self) -> SliceRef {
+    #[doc(hidden)]
+    pub fn to_owned_ref(self) -> SliceRef {
         match self.pages {
             None => SliceRef {
                 iova: Iova::Contiguous(self.iova0),
@@ -240,15 +241,16 @@ impl<'a> DmaSlice<'a> {
 
 /// A slice's bus addresses without the borrow (see `DmaSlice::to_owned_ref`).
 #[derive(Clone, Debug)]
-pub(crate) struct SliceRef {
+#[doc(hidden)]
+pub struct SliceRef {
     iova: Iova,
     off: usize,
-    pub(crate) len: usize,
+    pub len: usize,
 }
 
 impl SliceRef {
     #[inline]
-    pub(crate) fn iova_at(&self, i: usize) -> u64 {
+    pub fn iova_at(&self, i: usize) -> u64 {
         let o = self.off + i;
         match &self.iova {
             Iova::Contiguous(b) => b + o as u64,

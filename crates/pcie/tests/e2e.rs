@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_driver::platform::soft::{SoftMode, SoftPlatform};
-use pollux_driver::{
+use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
+use pollux_pcie::{
     Completion, Controller, ControllerOptions, IoError, QpairOptions, QueuePair, SubmitError,
 };
 use pollux_softnvme::{
@@ -56,8 +56,8 @@ fn drain(qp: &mut QueuePair) -> Vec<Completion> {
 /// 512-byte slice of `buf`, with the LBA as user data.
 fn submit_reads(
     qp: &mut QueuePair,
-    ns: &pollux_driver::Namespace,
-    buf: &pollux_driver::DmaBuffer,
+    ns: &pollux_pcie::Namespace,
+    buf: &pollux_pcie::DmaBuffer,
     n: u64,
 ) {
     for i in 0..n {
@@ -792,7 +792,7 @@ fn bring_up_against_silent_controller_fails_cleanly() {
     )
     .err()
     .expect("must fail");
-    assert!(matches!(err, pollux_driver::Error::Timeout { .. }), "{err}");
+    assert!(matches!(err, pollux_pcie::Error::Timeout { .. }), "{err}");
 }
 
 /// Admin passthrough and log pages through the controller handle.

@@ -1,4 +1,4 @@
-//! pollux-driver — the NVMe host driver.
+//! pollux-pcie — NVMe over PCIe: the host driver's PCIe transport.
 //!
 //! Layers, bottom up: `mmio` (register access) → `platform` (BAR mapping,
 //! DMA memory with bus addresses; the emulated controller now, VFIO and UIO
@@ -8,7 +8,7 @@
 //!
 //! ```no_run
 //! # #[cfg(feature = "soft")] {
-//! use pollux_driver::{platform::soft::{SoftMode, SoftPlatform}, Controller, ControllerOptions, QpairOptions};
+//! use pollux_pcie::{platform::soft::{SoftMode, SoftPlatform}, Controller, ControllerOptions, QpairOptions};
 //! use pollux_softnvme::{SoftConfig, SoftDevice};
 //! let dev = SoftDevice::new(SoftConfig::default()).unwrap();
 //! let ctrl = Controller::new(Box::new(SoftPlatform::new(dev, SoftMode::Inline)), ControllerOptions::default()).unwrap();
@@ -23,8 +23,7 @@ compile_error!("pollux assumes a little-endian host");
 
 mod admin;
 pub mod ctrl;
-pub mod dma;
-pub mod error;
+pub use pollux_nvme::{dma, error};
 pub mod mmio;
 pub mod platform;
 pub mod prp;
