@@ -1,35 +1,38 @@
-//! pollux-pcie — NVMe over PCIe: the host driver's PCIe transport.
+//! pollux-pcie — NVMe over PCIe: the transport under `pollux-nvme`'s host
+//! core.
 //!
-//! Layers, bottom up: `mmio` (register access) → `platform` (BAR mapping,
-//! DMA memory with bus addresses; the emulated controller now, VFIO and UIO
-//! next) → `dma` → `prp` → `admin` (the admin queue) → `ctrl` (bring-up,
-//! namespaces, reset, shutdown) → `qpair` (the lock-free per-thread I/O
-//! path).
+//! Layers, bottom up: `mmio` (BAR0 register access and doorbells) →
+//! `platform` (how BAR0 is mapped and DMA memory gets bus addresses:
+//! vfio-pci, uio_pci_generic, or the emulated controller) → `prp` (data
+//! pointers) → `sq` (the submission ring: the submit path's wire side) and
+//! `cq` (the completion ring: the poll path's wire side) → `transport`
+//! (`Pcie`, the `pollux_nvme::Transport`: admin queue registers, queue
+//! creation, shadow doorbells). Trackers, splitting, the backlog, timeouts
+//! and recovery live in `pollux-nvme`, written once for every transport.
 //!
 //! ```no_run
 //! # #[cfg(feature = "soft")] {
-//! use pollux_pcie::{platform::soft::{SoftMode, SoftPlatform}, Controller, ControllerOptions, QpairOptions};
+//! use pollux_pcie::{platform::soft::{SoftMode, SoftPlatform}, ControllerOptions, QpairOptions};
 //! use pollux_softnvme::{SoftConfig, SoftDevice};
 //! let dev = SoftDevice::new(SoftConfig::default()).unwrap();
-//! let ctrl = Controller::new(Box::new(SoftPlatform::new(dev, SoftMode::Inline)), ControllerOptions::default()).unwrap();
+//! let platform = Box::new(SoftPlatform::new(dev, SoftMode::Inline));
+//! let ctrl = pollux_pcie::open(platform, ControllerOptions::default()).unwrap();
 //! let ns = ctrl.namespaces()[0];
 //! let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
 //! let buf = ctrl.alloc_dma(4096).unwrap();
 //! qp.read(&ns, 0, 4096 >> ns.lba_shift, buf.full(), 7).unwrap();
 //! # }
 //! ```
-#[cfg(target_endian = "big")]
-compile_error!("pollux assumes a little-endian host");
-
-mod admin;
-pub mod ctrl;
-pub use pollux_nvme::{dma, error};
+pub mod cq;
 pub mod mmio;
 pub mod platform;
 pub mod prp;
-pub mod qpair;
+pub mod sq;
+pub mod transport;
 
-pub use ctrl::{Controller, ControllerOptions, Namespace};
-pub use dma::{DmaBuffer, DmaSlice};
-pub use error::{Error, IoError, SubmitError};
-pub use qpair::{Completion, Handler, QpairOptions, QpairStats, QueuePair, Submitter};
+pub use pollux_nvme::{dma, error};
+pub use pollux_nvme::{
+    Completion, ControllerOptions, DmaBuffer, DmaSlice, Error, Handler, IoError, Namespace,
+    QpairOptions, QpairStats, SubmitError,
+};
+pub use transport::{open, Controller, Pcie, QueuePair, Submitter};

@@ -7,10 +7,19 @@
 //! compile to plain `mov`s; the atomics make the ordering explicit and keep
 //! the in-process emulated controller (which polls the same memory from
 //! another thread) free of data races.
+//!
+//! An offset outside the window (a device-supplied CAP.DSTRD that puts a
+//! doorbell past the BAR, say) is an error, never an out-of-bounds access.
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 
-/// A mapped register window.
+use pollux_nvme::error::{Error, Result};
+use pollux_nvme::Registers;
+
+use crate::platform::Platform;
+
+/// A mapped register window, borrowed from the platform that maps it.
 #[derive(Debug)]
 pub struct Mmio {
     base: NonNull<u8>,
@@ -40,59 +49,89 @@ impl Mmio {
         self.len == 0
     }
 
-    #[inline]
-    fn reg(&self, off: usize) -> &AtomicU32 {
-        assert!(
-            off.is_multiple_of(4) && off + 4 <= self.len,
-            "register offset {off:#x} outside BAR ({:#x})",
-            self.len
-        );
+    /// The register at `off`, or an error naming the offset.
+    fn reg(&self, off: usize) -> Result<&AtomicU32> {
+        if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > self.len) {
+            return Err(Error::Platform(format!(
+                "register offset {off:#x} is outside BAR0 ({:#x} bytes) or unaligned",
+                self.len
+            )));
+        }
         // SAFETY: bounds and alignment checked above; the window is valid for
         // the lifetime of self (constructor contract).
-        unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast()) }
+        Ok(unsafe { AtomicU32::from_ptr(self.base.as_ptr().add(off).cast()) })
     }
 
-    #[inline]
-    pub fn read32(&self, off: usize) -> u32 {
-        self.reg(off).load(Ordering::Acquire)
+    pub fn read32(&self, off: usize) -> Result<u32> {
+        Ok(self.reg(off)?.load(Ordering::Acquire))
     }
 
-    #[inline]
-    pub fn write32(&self, off: usize, v: u32) {
-        self.reg(off).store(v, Ordering::Release)
+    pub fn write32(&self, off: usize, v: u32) -> Result<()> {
+        self.reg(off)?.store(v, Ordering::Release);
+        Ok(())
     }
 
     /// 64-bit register read as two 32-bit reads, low half first.
-    pub fn read64(&self, off: usize) -> u64 {
-        let lo = self.read32(off) as u64;
-        let hi = self.read32(off + 4) as u64;
-        lo | hi << 32
+    pub fn read64(&self, off: usize) -> Result<u64> {
+        let lo = self.read32(off)? as u64;
+        let hi = self.read32(off + 4)? as u64;
+        Ok(lo | hi << 32)
     }
 
     /// 64-bit register write as two 32-bit writes, low half first.
-    pub fn write64(&self, off: usize, v: u64) {
-        self.write32(off, v as u32);
-        self.write32(off + 4, (v >> 32) as u32);
-    }
-
-    /// A doorbell handle for the hot path (bounds checked once, here).
-    pub fn doorbell(&self, off: usize) -> Doorbell {
-        Doorbell(NonNull::from(self.reg(off)))
+    pub fn write64(&self, off: usize, v: u64) -> Result<()> {
+        self.write32(off, v as u32)?;
+        self.write32(off + 4, (v >> 32) as u32)
     }
 }
 
-/// One doorbell register. Valid while the `Mmio` it came from is; the queue
-/// pair keeps the controller (and so the mapping) alive.
-#[derive(Clone, Copy, Debug)]
-pub struct Doorbell(NonNull<AtomicU32>);
+impl Registers for Mmio {
+    fn read32(&self, off: usize) -> Result<u32> {
+        Mmio::read32(self, off)
+    }
+    fn write32(&self, off: usize, v: u32) -> Result<()> {
+        Mmio::write32(self, off, v)
+    }
+    fn read64(&self, off: usize) -> Result<u64> {
+        Mmio::read64(self, off)
+    }
+    fn write64(&self, off: usize, v: u64) -> Result<()> {
+        Mmio::write64(self, off, v)
+    }
+}
 
-// SAFETY: a doorbell is an atomic register; writing it from the owning thread is fine.
+/// One doorbell register, for the hot path. It holds the platform that
+/// maps the BAR, so it can never outlive the mapping; bounds are checked
+/// once, when it is made.
+pub struct Doorbell {
+    reg: NonNull<AtomicU32>,
+    _platform: Arc<dyn Platform>,
+}
+
+// SAFETY: a doorbell is an atomic register in a mapping kept alive by
+// `_platform` (itself Send + Sync); writing it from any thread is fine.
 unsafe impl Send for Doorbell {}
 
 impl Doorbell {
+    /// The register at `off` of `platform`'s BAR0.
+    pub fn new(platform: &Arc<dyn Platform>, off: usize) -> Result<Doorbell> {
+        let reg = NonNull::from(platform.bar0().reg(off)?);
+        Ok(Doorbell {
+            reg,
+            _platform: platform.clone(),
+        })
+    }
+
     #[inline(always)]
     pub fn write(&self, v: u32) {
-        // SAFETY: points into a live register window (see type docs).
-        unsafe { self.0.as_ref() }.store(v, Ordering::Release)
+        // SAFETY: points into BAR0 of `_platform`, which this doorbell keeps
+        // alive (and so mapped); bounds were checked in `new`.
+        unsafe { self.reg.as_ref() }.store(v, Ordering::Release)
+    }
+}
+
+impl std::fmt::Debug for Doorbell {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Doorbell").field("reg", &self.reg).finish()
     }
 }

@@ -31,7 +31,7 @@ fn bdf() -> Option<String> {
 
 fn open(bdf: &str, opts: ControllerOptions) -> Controller {
     let p = open_pcie(bdf).unwrap_or_else(|e| panic!("open {bdf}: {e}"));
-    Controller::new(p, opts).unwrap_or_else(|e| panic!("bring-up of {bdf}: {e}"))
+    pollux_pcie::open(p, opts).unwrap_or_else(|e| panic!("bring-up of {bdf}: {e}"))
 }
 
 fn drain(qp: &mut QueuePair) -> Vec<Completion> {
@@ -69,7 +69,7 @@ fn identify_and_features() {
         ctrl.describe(),
         ctrl.io_queues(),
         ctrl.max_transfer() >> 10,
-        ctrl.shadow_doorbells(),
+        ctrl.transport().shadow_doorbells(),
         ctrl.namespaces()
     );
     assert!(!mn.is_empty());
@@ -80,7 +80,7 @@ fn identify_and_features() {
     assert!(ctrl.io_queues() >= 4, "want several I/O queues");
     // QEMU's controller offers Doorbell Buffer Config (OACS bit 8).
     assert!(
-        ctrl.shadow_doorbells(),
+        ctrl.transport().shadow_doorbells(),
         "Doorbell Buffer Config offered but not configured"
     );
     // SMART / health log through the admin queue.
@@ -242,7 +242,7 @@ fn shadow_doorbells_on_and_off() {
                 ..ControllerOptions::default()
             },
         );
-        assert_eq!(ctrl.shadow_doorbells(), shadow);
+        assert_eq!(ctrl.transport().shadow_doorbells(), shadow);
         let ns = ctrl.namespaces()[0];
         let per = (4096 / ns.lba_size()) as u64;
         let base = ns.nsze / 2;

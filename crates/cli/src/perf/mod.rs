@@ -211,7 +211,7 @@ fn open_device(
                 th.attach(dev.clone());
             }
             let ctrl =
-                Controller::new(Box::new(SoftPlatform::new(dev.clone(), mode)), opts.clone())?;
+                pollux_pcie::open(Box::new(SoftPlatform::new(dev.clone(), mode)), opts.clone())?;
             let b = match backend {
                 Backend::Null => "null",
                 Backend::Ram => "ram",
@@ -225,7 +225,7 @@ fn open_device(
         }
         Trid::Pcie { traddr } => {
             let platform = pollux_pcie::platform::open_pcie(traddr)?;
-            let ctrl = Controller::new(platform, opts.clone())?;
+            let ctrl = pollux_pcie::open(platform, opts.clone())?;
             Ok(Device {
                 name: format!("pcie {}", ctrl.describe()),
                 ctrl,

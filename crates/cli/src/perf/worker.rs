@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pollux_pcie::{Completion, DmaBuffer, Handler, Namespace, QpairStats, QueuePair, Submitter};
+use pollux_pcie::{
+    Completion, DmaBuffer, Handler, Namespace, Pcie, QpairStats, QueuePair, Submitter,
+};
 use pollux_softnvme::SoftDevice;
 
 use super::verify::Verify;
@@ -68,9 +70,9 @@ pub struct Job {
     pub ctx: JobCtx,
 }
 
-impl Handler for JobCtx {
+impl Handler<Pcie> for JobCtx {
     #[inline(always)]
-    fn complete(&mut self, sub: &mut Submitter, c: Completion) {
+    fn complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
         self.on_complete(sub, c)
     }
 }
@@ -91,7 +93,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn submit(&mut self, sub: &mut Submitter, slot: usize) {
+    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize) {
         let r = self.next_rand();
         let is_read = match self.mix {
             Mix::AllRead => true,
@@ -165,7 +167,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete(&mut self, sub: &mut Submitter, c: Completion) {
+    pub fn on_complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
         let slot = c.user_data as usize;
         self.ios += 1;
         if self.slow {
@@ -251,7 +253,7 @@ pub fn run(
         let Job { qp, ctx } = job;
         let fill = (qp.depth() as u64).min(ctx.total);
         for slot in 0..fill as usize {
-            ctx.submit(qp, slot);
+            ctx.submit(&mut qp.submitter(), slot);
         }
         // Completion k resubmits while fill + k - 1 < total.
         ctx.stop_at = ctx.total - fill;

@@ -1,22 +1,22 @@
 //! Controller bring-up, namespaces, queue pair allocation, reset and
 //! shutdown (NVMe 2.0 base spec §3.5.1 "Memory-based Controller
-//! Initialization"). The control path: every step bounded by CAP.TO or the
-//! admin timeout, every failure a typed error.
+//! Initialization"), for any transport. The control path: every step
+//! bounded by CAP.TO or the admin timeout, every failure a typed error.
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use pollux_spec::features::{fid, NumberOfQueues};
-use pollux_spec::identify::{IdentifyController, IdentifyNamespace, NsIdList, OACS_DBBUF_CONFIG};
-use pollux_spec::regs::{self, Aqa, Cap, Cc, Csts};
+use pollux_spec::identify::{IdentifyController, IdentifyNamespace, NsIdList};
+use pollux_spec::regs::{self, Cap, Cc, Csts};
 use pollux_spec::{cmd::cns, Cqe, Sqe};
 use zerocopy::FromBytes;
 
 use crate::admin::AdminQueue;
 use crate::dma::DmaBuffer;
 use crate::error::{Error, Result};
-use crate::platform::Platform;
 use crate::qpair::{QpairOptions, QueuePair};
+use crate::transport::{Registers, SubmissionQueue, Transport};
 
 /// Largest transfer pollux puts in one command: one PRP list page (512
 /// entries) always suffices, so lists never chain.
@@ -30,7 +30,7 @@ pub struct ControllerOptions {
     pub admin_timeout: Duration,
     /// I/O queue pairs to ask for (Set Features Number of Queues).
     pub io_queues: u16,
-    /// Use Doorbell Buffer Config (shadow doorbells) when offered.
+    /// Use Doorbell Buffer Config (shadow doorbells) when offered (PCIe).
     pub shadow_doorbells: bool,
 }
 
@@ -67,52 +67,44 @@ impl Namespace {
     }
 }
 
-/// Shadow doorbell and event index pages (Doorbell Buffer Config).
-pub(crate) struct DbBuf {
-    pub(crate) shadow: DmaBuffer,
-    pub(crate) eventidx: DmaBuffer,
-}
-
-pub(crate) struct AdminState {
-    pub(crate) q: AdminQueue,
+pub(crate) struct AdminState<T: Transport> {
+    pub(crate) q: AdminQueue<T>,
     qid_used: Vec<bool>,
 }
 
 /// State shared by the controller handle and its queue pairs.
-pub(crate) struct Shared {
-    pub(crate) platform: Box<dyn Platform>,
+pub(crate) struct Shared<T: Transport> {
+    pub(crate) transport: T,
     pub(crate) cap: Cap,
     pub(crate) opts: ControllerOptions,
-    admin: Mutex<AdminState>,
+    admin: Mutex<AdminState<T>>,
     /// Even: controller ready. Odd: a reset is in progress. Queue pairs
     /// compare it with the value they were created under once per poll.
     pub(crate) generation: AtomicU32,
     pub(crate) failed: AtomicBool,
     pub(crate) nr_io_queues: u16,
-    pub(crate) dbbuf: Option<DbBuf>,
     pub(crate) max_transfer: u32,
     ident: Box<IdentifyController>,
     namespaces: Vec<Namespace>,
 }
 
-/// An NVMe controller driven through a `Platform`.
+/// An NVMe controller driven through a `Transport`.
 ///
 /// `Sync`: admin operations take an internal lock. The I/O path lives in
 /// `QueuePair`s, which are `Send` but not `Sync` and take no lock.
-pub struct Controller {
-    shared: Arc<Shared>,
+pub struct Controller<T: Transport> {
+    shared: Arc<Shared<T>>,
 }
 
-fn wait_csts(
-    platform: &dyn Platform,
+fn wait_csts<T: Transport>(
+    t: &T,
     timeout_ms: u64,
     what: &'static str,
     done: impl Fn(Csts) -> bool,
 ) -> Result<()> {
-    let bar = platform.bar0();
     let start = Instant::now();
     loop {
-        let csts = Csts(bar.read32(regs::off::CSTS));
+        let csts = Csts(t.regs().read32(regs::off::CSTS)?);
         if csts.is_dead() {
             return Err(Error::ControllerGone);
         }
@@ -129,12 +121,12 @@ fn wait_csts(
             });
         }
         for _ in 0..64 {
-            platform.relax();
+            t.relax();
         }
     }
 }
 
-fn check(cqe: Cqe, cmd: &'static str) -> Result<Cqe> {
+pub(crate) fn check(cqe: Cqe, cmd: &'static str) -> Result<Cqe> {
     let st = cqe.status();
     if st.is_success() {
         Ok(cqe)
@@ -143,56 +135,66 @@ fn check(cqe: Cqe, cmd: &'static str) -> Result<Cqe> {
     }
 }
 
-impl Shared {
+impl<T: Transport> Shared<T> {
     fn cap_timeout_ms(&self) -> u64 {
         self.cap.timeout_ms().max(500)
     }
 
-    pub(crate) fn lock_admin(&self) -> MutexGuard<'_, AdminState> {
+    pub(crate) fn lock_admin(&self) -> MutexGuard<'_, AdminState<T>> {
         // A panic while holding the admin lock leaves only indices behind,
         // which a reset rebuilds: recover the guard rather than propagate.
         self.admin.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub(crate) fn exec(&self, st: &mut AdminState, sqe: Sqe, cmd: &'static str) -> Result<Cqe> {
-        let cqe = st.q.exec(&*self.platform, sqe, self.opts.admin_timeout)?;
+    /// Runs `f` with an admin command executor, under the admin lock.
+    pub(crate) fn with_admin<R>(
+        &self,
+        st: &mut AdminState<T>,
+        f: impl FnOnce(&mut crate::transport::AdminExec<'_>) -> Result<R>,
+    ) -> Result<R> {
+        let t = &self.transport;
+        let to = self.opts.admin_timeout;
+        let q = &mut st.q;
+        let mut exec = |sqe: Sqe, what: &'static str| check(q.exec(t, sqe, None, to)?, what);
+        f(&mut exec)
+    }
+
+    pub(crate) fn exec(&self, st: &mut AdminState<T>, sqe: Sqe, cmd: &'static str) -> Result<Cqe> {
+        let cqe =
+            st.q.exec(&self.transport, sqe, None, self.opts.admin_timeout)?;
         check(cqe, cmd)
     }
 
     /// Disables the controller (CC.EN=0) and waits for CSTS.RDY=0.
-    fn disable(platform: &dyn Platform, cap: Cap) -> Result<()> {
-        let bar = platform.bar0();
-        let cc = Cc(bar.read32(regs::off::CC));
-        let csts = Csts(bar.read32(regs::off::CSTS));
+    fn disable(t: &T, cap: Cap) -> Result<()> {
+        let r = t.regs();
+        let cc = Cc(r.read32(regs::off::CC)?);
+        let csts = Csts(r.read32(regs::off::CSTS)?);
         let to = cap.timeout_ms().max(500);
         if cc.en() && !csts.rdy() && !csts.cfs() {
             // Spec: don't clear EN while an enable is still in progress.
-            wait_csts(platform, to, "CSTS.RDY=1", |c| c.rdy())?;
+            wait_csts(t, to, "CSTS.RDY=1", |c| c.rdy())?;
         }
         if cc.en() {
-            bar.write32(regs::off::CC, cc.with_en(false).0);
+            r.write32(regs::off::CC, cc.with_en(false).0)?;
         }
-        wait_csts(platform, to, "CSTS.RDY=0", |c| !c.rdy())
+        wait_csts(t, to, "CSTS.RDY=0", |c| !c.rdy())
     }
 
-    /// Programs the admin queue and enables the controller.
-    fn enable(platform: &dyn Platform, cap: Cap, q: &AdminQueue) -> Result<()> {
-        let bar = platform.bar0();
-        bar.write32(regs::off::AQA, Aqa::new(q.size, q.size).0);
-        bar.write64(regs::off::ASQ, q.sq.iova_at(0));
-        bar.write64(regs::off::ACQ, q.cq.iova_at(0));
-        bar.write32(regs::off::CC, Cc::standard(0).0);
-        bar.write32(regs::off::CC, Cc::standard(0).with_en(true).0);
-        let d = platform.quirks().delay_before_ready_poll_us;
+    /// Attaches the admin queue and enables the controller.
+    fn enable(t: &T, cap: Cap, q: &AdminQueue<T>) -> Result<()> {
+        let r = t.regs();
+        t.attach_admin(&q.sq, &q.cq)?;
+        r.write32(regs::off::CC, Cc::standard(0).0)?;
+        r.write32(regs::off::CC, Cc::standard(0).with_en(true).0)?;
+        let d = t.ready_delay_us();
         if d > 0 {
             std::thread::sleep(Duration::from_micros(d as u64));
         }
-        wait_csts(platform, cap.timeout_ms().max(500), "CSTS.RDY=1", |c| {
-            c.rdy()
-        })
+        wait_csts(t, cap.timeout_ms().max(500), "CSTS.RDY=1", |c| c.rdy())
     }
 
-    fn set_num_queues(&self, st: &mut AdminState, want: u16) -> Result<u16> {
+    fn set_num_queues(&self, st: &mut AdminState<T>, want: u16) -> Result<u16> {
         let nq = NumberOfQueues {
             nsq: want,
             ncq: want,
@@ -206,18 +208,10 @@ impl Shared {
         Ok(got.nsq.min(got.ncq).min(want))
     }
 
-    fn config_dbbuf(&self, st: &mut AdminState) -> Result<()> {
-        if let Some(db) = &self.dbbuf {
-            let sqe = Sqe::doorbell_buffer_config(db.shadow.iova_at(0), db.eventidx.iova_at(0));
-            self.exec(st, sqe, "Doorbell Buffer Config")?;
-        }
-        Ok(())
-    }
-
     /// Controller-level reset: disable, re-enable with the same admin queue,
-    /// restore queue count and shadow doorbells. Queue pairs notice the new
-    /// generation on their next poll, fail their outstanding commands with
-    /// `IoError::ControllerReset` and re-create their queues.
+    /// restore the queue count and the transport's setup. Queue pairs notice
+    /// the new generation on their next poll and recover (see
+    /// `QueuePair::recover`).
     ///
     /// `seen` is the generation the caller observed when it decided to
     /// reset: if someone else has reset since, nothing is done.
@@ -230,21 +224,11 @@ impl Shared {
             return Err(Error::ControllerFatal);
         }
         self.generation.fetch_add(1, Ordering::AcqRel); // odd: resetting
-        tracing::warn!(platform = %self.platform.describe(), "resetting controller");
+        tracing::warn!(transport = %self.transport.describe(), "resetting controller");
         let r = (|| {
-            Self::disable(&*self.platform, self.cap)?;
-            st.q.reset();
-            if let Some(db) = &self.dbbuf {
-                let p = db.shadow.as_ptr();
-                let e = db.eventidx.as_ptr();
-                // Zero both pages: new queues start at index 0.
-                // SAFETY: each buffer is one 4 KiB page we own.
-                unsafe {
-                    std::ptr::write_bytes(p, 0, 4096);
-                    std::ptr::write_bytes(e, 0, 4096);
-                }
-            }
-            Self::enable(&*self.platform, self.cap, &st.q)?;
+            Self::disable(&self.transport, self.cap)?;
+            st.q.restart();
+            Self::enable(&self.transport, self.cap, &st.q)?;
             let n = self.set_num_queues(&mut st, self.opts.io_queues)?;
             if n < self.nr_io_queues {
                 return Err(Error::Unsupported(format!(
@@ -252,7 +236,8 @@ impl Shared {
                     self.nr_io_queues
                 )));
             }
-            self.config_dbbuf(&mut st)
+            let ident = &*self.ident;
+            self.with_admin(&mut st, |exec| self.transport.configure(exec, ident))
         })();
         if let Err(e) = &r {
             tracing::error!("controller reset failed: {e}");
@@ -260,51 +245,6 @@ impl Shared {
         }
         self.generation.fetch_add(1, Ordering::AcqRel); // even: done (check `failed`)
         r
-    }
-
-    /// Creates an I/O CQ and SQ pair with the given rings.
-    pub(crate) fn create_io_queues(
-        &self,
-        qid: u16,
-        sq: &DmaBuffer,
-        sq_size: u16,
-        cq: &DmaBuffer,
-        cq_size: u16,
-    ) -> Result<()> {
-        let mut st = self.lock_admin();
-        self.exec(
-            &mut st,
-            Sqe::create_io_cq(qid, cq_size, cq.iova_at(0)),
-            "Create I/O Completion Queue",
-        )?;
-        if let Err(e) = self.exec(
-            &mut st,
-            Sqe::create_io_sq(qid, sq_size, qid, sq.iova_at(0)),
-            "Create I/O Submission Queue",
-        ) {
-            let _ = self.exec(
-                &mut st,
-                Sqe::delete_io_cq(qid),
-                "Delete I/O Completion Queue",
-            );
-            return Err(e);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn delete_io_queues(&self, qid: u16) -> Result<()> {
-        let mut st = self.lock_admin();
-        let a = self.exec(
-            &mut st,
-            Sqe::delete_io_sq(qid),
-            "Delete I/O Submission Queue",
-        );
-        let b = self.exec(
-            &mut st,
-            Sqe::delete_io_cq(qid),
-            "Delete I/O Completion Queue",
-        );
-        a.and(b).map(|_| ())
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {
@@ -322,22 +262,22 @@ impl Shared {
         Ok(cqe.dw0 & 1 == 0)
     }
 
-    pub(crate) fn csts(&self) -> Csts {
-        Csts(self.platform.bar0().read32(regs::off::CSTS))
+    pub(crate) fn csts(&self) -> Result<Csts> {
+        Ok(Csts(self.transport.regs().read32(regs::off::CSTS)?))
     }
 }
 
 /// Identify Namespace for `nsid`, as the I/O path needs it.
-fn identify_ns(
-    q: &mut AdminQueue,
-    p: &dyn Platform,
+fn identify_ns<T: Transport>(
+    q: &mut AdminQueue<T>,
+    t: &T,
     to: Duration,
     buf: &DmaBuffer,
     nsid: u32,
     max_transfer: u32,
 ) -> Result<Option<Namespace>> {
     check(
-        q.exec(p, Sqe::identify(cns::NAMESPACE, nsid, buf.iova_at(0)), to)?,
+        q.exec(t, Sqe::identify(cns::NAMESPACE, nsid, 0), Some(buf), to)?,
         "Identify Namespace",
     )?;
     let id = IdentifyNamespace::read_from_bytes(&buf.as_slice()[..4096])
@@ -359,10 +299,10 @@ fn identify_ns(
     }))
 }
 
-impl Controller {
+impl<T: Transport> Controller<T> {
     /// Brings the controller up: disable, admin queue, enable, Identify,
-    /// Number of Queues, namespaces, shadow doorbells.
-    pub fn new(platform: Box<dyn Platform>, opts: ControllerOptions) -> Result<Controller> {
+    /// Number of Queues, namespaces, the transport's own setup.
+    pub fn new(transport: T, opts: ControllerOptions) -> Result<Controller<T>> {
         if !(2..=4096).contains(&opts.admin_queue_size) {
             return Err(Error::InvalidArgument(format!(
                 "admin queue size {} not in 2..=4096",
@@ -374,9 +314,9 @@ impl Controller {
                 "io_queues must be in 1..=65534".into(),
             ));
         }
-        let p = &*platform;
-        let bar = p.bar0();
-        let cap = Cap(bar.read64(regs::off::CAP));
+        let t = &transport;
+        let r = t.regs();
+        let cap = Cap(r.read64(regs::off::CAP)?);
         if cap.0 == u64::MAX {
             return Err(Error::ControllerGone);
         }
@@ -391,25 +331,25 @@ impl Controller {
                 4u32 << cap.mpsmin()
             )));
         }
-        let vs = regs::Vs(bar.read32(regs::off::VS));
+        let vs = regs::Vs(r.read32(regs::off::VS)?);
         tracing::debug!(
             cap = format_args!("{:#x}", cap.0),
             vs = format_args!("{}.{}", vs.major(), vs.minor()),
             "controller registers"
         );
 
-        Shared::disable(p, cap)?;
+        Shared::disable(t, cap)?;
         let aq_size = opts
             .admin_queue_size
             .min(cap.mqes().saturating_add(1))
             .max(2);
-        let mut q = AdminQueue::new(p, aq_size, cap.dstrd())?;
-        Shared::enable(p, cap, &q)?;
+        let mut q = AdminQueue::new(t, aq_size)?;
+        Shared::enable(t, cap, &q)?;
         let to = opts.admin_timeout;
 
-        let buf = p.alloc_dma(4096)?;
+        let buf = t.alloc_dma(4096)?;
         check(
-            q.exec(p, Sqe::identify(cns::CONTROLLER, 0, buf.iova_at(0)), to)?,
+            q.exec(t, Sqe::identify(cns::CONTROLLER, 0, 0), Some(&buf), to)?,
             "Identify Controller",
         )?;
         let ident = Box::new(
@@ -424,11 +364,12 @@ impl Controller {
                 ident.sqes, ident.cqes
             )));
         }
-        let max_transfer = if ident.mdts == 0 {
+        let mdts_bytes = if ident.mdts == 0 {
             MAX_TRANSFER_CAP
         } else {
             (4096u64 << ident.mdts.min(20)).min(MAX_TRANSFER_CAP as u64) as u32
         };
+        let max_transfer = mdts_bytes.min(t.max_transfer());
 
         let nq = NumberOfQueues {
             nsq: opts.io_queues,
@@ -436,8 +377,9 @@ impl Controller {
         };
         let cqe = check(
             q.exec(
-                p,
+                t,
                 Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, nq.to_cdw11()),
+                None,
                 to,
             )?,
             "Set Features (Number of Queues)",
@@ -448,7 +390,7 @@ impl Controller {
         // Namespaces: the active list (CNS 2); controllers before NVMe 1.1
         // lack it, then probe 1..=NN.
         let mut namespaces = Vec::new();
-        let list = q.exec(p, Sqe::identify(cns::ACTIVE_NS_LIST, 0, buf.iova_at(0)), to)?;
+        let list = q.exec(t, Sqe::identify(cns::ACTIVE_NS_LIST, 0, 0), Some(&buf), to)?;
         let ids: Vec<u32> = if list.status().is_success() {
             let l = NsIdList::read_from_bytes(&buf.as_slice()[..4096])
                 .map_err(|_| Error::Platform("identify buffer too small".into()))?;
@@ -457,34 +399,14 @@ impl Controller {
             (1..=ident.nn.min(1024)).collect()
         };
         for nsid in ids {
-            if let Some(ns) = identify_ns(&mut q, p, to, &buf, nsid, max_transfer)? {
+            if let Some(ns) = identify_ns(&mut q, t, to, &buf, nsid, max_transfer)? {
                 namespaces.push(ns);
             }
         }
+        drop(buf);
 
-        let mut dbbuf = None;
-        if opts.shadow_doorbells && ident.oacs & OACS_DBBUF_CONFIG != 0 {
-            let db = DbBuf {
-                shadow: p.alloc_dma(4096)?,
-                eventidx: p.alloc_dma(4096)?,
-            };
-            let sqe = Sqe::doorbell_buffer_config(db.shadow.iova_at(0), db.eventidx.iova_at(0));
-            match check(q.exec(p, sqe, to)?, "Doorbell Buffer Config") {
-                Ok(_) => dbbuf = Some(db),
-                Err(e) => tracing::warn!("shadow doorbells offered but not configured: {e}"),
-            }
-        }
-        tracing::info!(
-            platform = %p.describe(),
-            model = %pollux_spec::identify::ascii_str(&ident.mn),
-            io_queues = nr_io_queues,
-            namespaces = namespaces.len(),
-            max_transfer,
-            shadow_doorbells = dbbuf.is_some(),
-            "controller ready"
-        );
         let shared = Shared {
-            platform,
+            transport,
             cap,
             opts,
             admin: Mutex::new(AdminState {
@@ -494,11 +416,23 @@ impl Controller {
             generation: AtomicU32::new(0),
             failed: AtomicBool::new(false),
             nr_io_queues,
-            dbbuf,
             max_transfer,
             ident,
             namespaces,
         };
+        {
+            let mut st = shared.lock_admin();
+            let ident = &*shared.ident;
+            shared.with_admin(&mut st, |exec| shared.transport.configure(exec, ident))?;
+        }
+        tracing::info!(
+            transport = %shared.transport.describe(),
+            model = %pollux_spec::identify::ascii_str(&shared.ident.mn),
+            io_queues = nr_io_queues,
+            namespaces = shared.namespaces.len(),
+            max_transfer,
+            "controller ready"
+        );
         Ok(Controller {
             shared: Arc::new(shared),
         })
@@ -510,6 +444,11 @@ impl Controller {
 
     pub fn cap(&self) -> Cap {
         self.shared.cap
+    }
+
+    /// The transport this controller is reached through.
+    pub fn transport(&self) -> &T {
+        &self.shared.transport
     }
 
     pub fn namespaces(&self) -> &[Namespace] {
@@ -534,26 +473,22 @@ impl Controller {
         self.shared.max_transfer
     }
 
-    pub fn shadow_doorbells(&self) -> bool {
-        self.shared.dbbuf.is_some()
-    }
-
     pub fn describe(&self) -> String {
-        self.shared.platform.describe()
+        self.shared.transport.describe()
     }
 
     /// Allocates DMA memory usable for I/O on this controller.
     pub fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
-        self.shared.platform.alloc_dma(len)
+        self.shared.transport.alloc_dma(len)
     }
 
-    /// Calls the platform's wait hook (steps an inline emulated controller).
+    /// Calls the transport's wait hook (steps an inline emulated controller).
     pub fn relax(&self) {
-        self.shared.platform.relax()
+        self.shared.transport.relax()
     }
 
-    /// Allocates an I/O queue pair (a CQ and an SQ bound to it).
-    pub fn alloc_qpair(&self, opts: QpairOptions) -> Result<QueuePair> {
+    /// Allocates an I/O queue pair.
+    pub fn alloc_qpair(&self, opts: QpairOptions) -> Result<QueuePair<T>> {
         if self.shared.failed.load(Ordering::Acquire) {
             return Err(Error::ControllerFatal);
         }
@@ -572,24 +507,26 @@ impl Controller {
         QueuePair::new(self.shared.clone(), qid, opts).inspect_err(|_| self.shared.release_qid(qid))
     }
 
-    /// Raw admin command. `data`, if given, is described by PRP1/PRP2 (at
-    /// most two pages; the caller's PRP fields are overwritten).
-    pub fn admin(&self, mut sqe: Sqe, data: Option<&DmaBuffer>) -> Result<Cqe> {
-        if let Some(d) = data {
-            if d.len() > 8192 {
-                return Err(Error::InvalidArgument(
-                    "admin data buffers are limited to 8 KiB".into(),
-                ));
-            }
-            sqe.prp1 = d.iova_at(0);
-            sqe.prp2 = if d.len() > 4096 { d.iova_at(4096) } else { 0 };
-        }
+    /// Raw admin command. `data`, if given, is described by the transport
+    /// (PRP1/PRP2 on PCIe: the caller's fields are overwritten).
+    pub fn admin(&self, sqe: Sqe, data: Option<&DmaBuffer>) -> Result<Cqe> {
         let mut st = self.shared.lock_admin();
-        let cqe =
-            st.q.exec(&*self.shared.platform, sqe, self.shared.opts.admin_timeout)?;
-        Ok(cqe)
+        if let Some(d) = data {
+            let max = st.q.sq.max_data();
+            if d.len() > max {
+                return Err(Error::InvalidArgument(format!(
+                    "admin data buffers are limited to {max} bytes (got {})",
+                    d.len()
+                )));
+            }
+        }
+        st.q.exec(
+            &self.shared.transport,
+            sqe,
+            data,
+            self.shared.opts.admin_timeout,
+        )
     }
-
     /// Get Log Page into a new vector (`len` a multiple of 4, ≤ 8 KiB).
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize) -> Result<Vec<u8>> {
         if len == 0 || !len.is_multiple_of(4) || len > 8192 {
@@ -638,32 +575,39 @@ impl Controller {
     }
 
     /// Current controller status register.
-    pub fn csts(&self) -> Csts {
+    pub fn csts(&self) -> Result<Csts> {
         self.shared.csts()
     }
 }
 
-impl Drop for Shared {
+impl<T: Transport> Drop for Shared<T> {
     /// Orderly shutdown: CC.SHN = normal, wait for CSTS.SHST = complete
     /// (bounded by CAP.TO), then disable.
     fn drop(&mut self) {
-        let p = &*self.platform;
-        let bar = p.bar0();
-        let csts = Csts(bar.read32(regs::off::CSTS));
+        let t = &self.transport;
+        let r = t.regs();
+        let Ok(csts) = r.read32(regs::off::CSTS).map(Csts) else {
+            return;
+        };
         if csts.is_dead() || !csts.rdy() {
             return;
         }
-        let cc = Cc(bar.read32(regs::off::CC));
-        bar.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0);
+        let Ok(cc) = r.read32(regs::off::CC).map(Cc) else {
+            return;
+        };
+        if let Err(e) = r.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0) {
+            tracing::warn!("orderly shutdown: {e}");
+            return;
+        }
         if let Err(e) = wait_csts(
-            p,
+            t,
             self.cap_timeout_ms(),
             "shutdown (CSTS.SHST=complete)",
             |c| c.shst() == regs::shst::COMPLETE,
         ) {
             tracing::warn!("orderly shutdown did not complete: {e}");
         }
-        if let Err(e) = Self::disable(p, self.cap) {
+        if let Err(e) = Self::disable(t, self.cap) {
             tracing::warn!("disable after shutdown failed: {e}");
         }
     }

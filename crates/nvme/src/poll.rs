@@ -1,0 +1,359 @@
+//! The poll path: reap completions, hand each to the user's handler
+//! through one indexed load (`trackers[cid]`), then release CQ entries,
+//! issue waiting requests and tell the controller about new commands —
+//! Linux's `nvme_poll_cq`, transport-free. Also recovery after a
+//! controller reset, which is driven from the poll.
+use std::sync::atomic::Ordering;
+
+use pollux_spec::Status;
+
+use crate::error::IoError;
+use crate::qpair::{Completion, Handler, QueuePair};
+use crate::submit::{Core, QpState, Submitter, T_BUSY, T_CHILD, T_TIMED_OUT};
+use crate::transport::{CompletionQueue, CqeSink, SubmissionQueue, Transport};
+
+#[inline(always)]
+fn prefetch<P>(p: *const P) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: prefetch is a hint and never faults, whatever the address.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch(p.cast::<i8>(), std::arch::x86_64::_MM_HINT_T0)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = p;
+}
+
+impl<T: Transport> QueuePair<T> {
+    /// Processes up to `max` completions, calling `f` for each finished
+    /// request (a split request finishes once). `f` may submit new requests
+    /// through the `Submitter` it is given. Then submits waiting requests,
+    /// tells the controller about new commands once, and releases CQ
+    /// entries if needed. Returns the number of completions consumed.
+    #[inline(always)]
+    pub fn poll<F: FnMut(&mut Submitter<'_, T>, Completion)>(&mut self, max: u32, mut f: F) -> u32 {
+        self.poll_with(max, &mut f)
+    }
+
+    /// `poll` with a borrowed handler (e.g. a struct implementing `Handler`
+    /// that lives on across polls).
+    #[inline(always)]
+    pub fn poll_with<F: Handler<T>>(&mut self, max: u32, f: &mut F) -> u32 {
+        if self.shared.generation.load(Ordering::Relaxed) != self.generation {
+            self.recover(f);
+        }
+        if !self.core.deferred.is_empty() {
+            self.deliver_deferred(f);
+        }
+        let n = self.reap(max, f);
+        self.finish_poll(n);
+        n
+    }
+
+    #[cold]
+    fn deliver_deferred<F: Handler<T>>(&mut self, f: &mut F) {
+        let d = std::mem::take(&mut self.core.deferred);
+        let mut sub = self.submitter();
+        for c in d {
+            f.complete(&mut sub, c);
+        }
+    }
+
+    /// The completion loop.
+    #[inline(always)]
+    fn reap<F: Handler<T>>(&mut self, max: u32, f: &mut F) -> u32 {
+        let mut sink = Sink {
+            sub: Submitter {
+                core: &mut self.core,
+                sq: &mut self.sq,
+            },
+            f,
+        };
+        let n = self.cq.reap(max, &mut sink);
+        self.core.stats.completed += n as u64;
+        n
+    }
+
+    /// Doorbells and queued work at the end of a poll.
+    #[inline(always)]
+    fn finish_poll(&mut self, n: u32) {
+        self.core.stats.polls += 1;
+        if n > 0 {
+            self.cq.release(n);
+        }
+        if !self.core.queue.is_empty() {
+            self.submitter().drain_queue();
+        }
+        self.sq.publish(self.core.outstanding());
+        if self.timeout.is_some() && self.core.stats.polls & 4095 == 0 {
+            self.tick();
+        }
+    }
+
+    /// The controller was reset (by this or another queue pair). In order:
+    /// requests wait in the backlog from now on (so a handler that
+    /// resubmits cannot write into queues about to be re-created);
+    /// completions the controller posted before the reset are delivered as
+    /// they are; every command still outstanding fails with
+    /// `ControllerReset` exactly once; the queues are re-created under the
+    /// admin lock, only if no further reset began meanwhile (else this
+    /// repeats on the next poll); then the backlog is issued.
+    #[cold]
+    pub(crate) fn recover<F: Handler<T>>(&mut self, f: &mut F) {
+        if self.core.state != QpState::Failed {
+            self.core.set_state(QpState::Resetting);
+        }
+        // Completions posted before the reset.
+        if self.core.outstanding() > 0 {
+            let n = self.reap(u32::MAX, f);
+            if n > 0 {
+                tracing::debug!(qid = self.qid, n, "completions reaped after reset");
+            }
+        }
+        let g = self.shared.generation.load(Ordering::Acquire);
+        if g & 1 == 1 {
+            // Reset in progress elsewhere: wait until it ends.
+            return;
+        }
+        let failed = self.shared.failed.load(Ordering::Acquire);
+        if self.core.outstanding() > 0 {
+            self.core.stats.resets_seen += 1;
+            fail_outstanding(
+                &mut self.submitter(),
+                if failed {
+                    IoError::ControllerFailed
+                } else {
+                    IoError::ControllerReset
+                },
+                f,
+            );
+        }
+        if failed {
+            self.fail_for_good(f);
+            return;
+        }
+        self.sq.restart();
+        self.cq.restart();
+        let qid = self.qid;
+        let (sq, cq) = (&mut self.sq, &mut self.cq);
+        let r = {
+            let mut st = self.shared.lock_admin();
+            if self.shared.generation.load(Ordering::Acquire) != g {
+                // Another reset began: try again once it is over.
+                return;
+            }
+            let t = &self.shared.transport;
+            self.shared
+                .with_admin(&mut st, |exec| t.recreate_io_queues(exec, qid, sq, cq))
+        };
+        match r {
+            Ok(()) => {
+                tracing::info!(qid, "queue pair re-created after controller reset");
+                self.generation = g;
+                self.core.set_state(QpState::Ready);
+                if !self.core.queue.is_empty() {
+                    self.submitter().drain_queue();
+                }
+                self.sq.flush();
+            }
+            Err(e) => {
+                tracing::error!(qid, "re-creating queues after reset failed: {e}");
+                self.generation = g;
+                self.fail_for_good(f);
+            }
+        }
+    }
+
+    /// The controller is gone for good: everything waiting fails with
+    /// `ControllerFailed`, and so does everything submitted from now on.
+    #[cold]
+    fn fail_for_good<F: Handler<T>>(&mut self, f: &mut F) {
+        self.core.set_state(QpState::Failed);
+        let mut sub = self.submitter();
+        fail_outstanding(&mut sub, IoError::ControllerFailed, f);
+        while let Some(p) = sub.core.queue.pop_front() {
+            let split = match &p.op {
+                crate::submit::PendingOp::Rw(rw) => rw.split_slot(),
+                _ => None,
+            };
+            match split {
+                // Partly issued: its issued pieces were failed above; the
+                // rest never will be.
+                Some(idx) => finish_split_unissued(&mut sub, idx, IoError::ControllerFailed, f),
+                None => f.complete(
+                    &mut sub,
+                    Completion {
+                        user_data: p.user_data,
+                        result: Err(IoError::ControllerFailed),
+                    },
+                ),
+            }
+        }
+        sub.core.fast = false;
+    }
+}
+
+/// The core's side of `CompletionQueue::reap`.
+struct Sink<'a, 'b, T: Transport, F> {
+    sub: Submitter<'a, T>,
+    f: &'b mut F,
+}
+
+impl<T: Transport, F: Handler<T>> CqeSink for Sink<'_, '_, T, F> {
+    #[inline(always)]
+    fn cqe(&mut self, cid: u16, status: u16, dw0: u32) {
+        complete(&mut self.sub, cid, status, dw0, self.f)
+    }
+
+    #[inline(always)]
+    fn peek(&mut self, cid: u16) {
+        prefetch(self.sub.core.trackers.as_ptr().wrapping_add(cid as usize))
+    }
+}
+
+/// Releases tracker `cid` and delivers its completion.
+#[inline(always)]
+fn complete<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    cid: u16,
+    status: u16,
+    dw0: u32,
+    f: &mut F,
+) {
+    let Some(t) = sub.core.trackers.get_mut(cid as usize) else {
+        return bogus(sub.core, cid);
+    };
+    let flags = t.flags;
+    let user_data = t.user_data;
+    // One test for the common case: outstanding, not split, not timed out.
+    if flags == T_BUSY {
+        t.flags = 0;
+        sub.core.free.push(cid);
+        let st = Status(status);
+        let result = if st.is_success() {
+            Ok(dw0)
+        } else {
+            Err(IoError::Nvme(st))
+        };
+        f.complete(sub, Completion { user_data, result });
+    } else {
+        complete_other(sub, cid, flags, user_data, status, dw0, f);
+    }
+}
+
+/// A completion for a split or timed-out command, or a bogus one.
+#[cold]
+fn complete_other<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    cid: u16,
+    flags: u32,
+    user_data: u64,
+    status: u16,
+    dw0: u32,
+    f: &mut F,
+) {
+    if flags & T_BUSY == 0 {
+        return bogus(sub.core, cid);
+    }
+    sub.core.trackers[cid as usize].flags = 0;
+    sub.core.free.push(cid);
+    let st = Status(status);
+    // A command that completes successfully after it timed out (its abort
+    // lost the race) did its work: report the success.
+    let result = if st.is_success() {
+        Ok(dw0)
+    } else if flags & T_TIMED_OUT != 0 {
+        Err(IoError::Timeout)
+    } else {
+        Err(IoError::Nvme(st))
+    };
+    finish(sub, flags, user_data, result, f);
+}
+
+#[cold]
+fn bogus(core: &mut Core, cid: u16) {
+    core.stats.bogus_completions += 1;
+    tracing::error!(
+        cid,
+        "controller completed a command that is not outstanding; ignored"
+    );
+}
+
+/// Delivers a result for a tracker that has already been released.
+fn finish<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    flags: u32,
+    user_data: u64,
+    result: Result<u32, IoError>,
+    f: &mut F,
+) {
+    if flags & T_CHILD == 0 {
+        f.complete(sub, Completion { user_data, result });
+        return;
+    }
+    let idx = user_data as usize;
+    let Some(s) = sub.core.splits.get_mut(idx) else {
+        tracing::error!(idx, "split index out of range");
+        return;
+    };
+    if let Err(e) = result {
+        s.error.get_or_insert(e);
+    }
+    s.remaining -= 1;
+    if s.remaining == 0 {
+        let c = Completion {
+            user_data: s.user_data,
+            result: s.error.map_or(Ok(0), Err),
+        };
+        sub.core.free_splits.push(idx as u32);
+        f.complete(sub, c);
+    }
+}
+
+/// The pieces of split request `idx` that were never issued fail with
+/// `err`; the request completes if nothing of it is outstanding.
+fn finish_split_unissued<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    idx: u32,
+    err: IoError,
+    f: &mut F,
+) {
+    let s = &mut sub.core.splits[idx as usize];
+    s.error.get_or_insert(err);
+    // Nothing of it is outstanding any more (failed above): what remains
+    // was never issued.
+    s.remaining = 0;
+    let c = Completion {
+        user_data: s.user_data,
+        result: Err(s.error.unwrap_or(err)),
+    };
+    sub.core.free_splits.push(idx);
+    f.complete(sub, c);
+}
+
+/// Fails every outstanding command with `err` (a controller reset or
+/// failure; a command that had timed out fails with `Timeout`). A handler
+/// may submit meanwhile: the queue pair is not `Ready`, so that waits in
+/// the backlog.
+fn fail_outstanding<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    err: IoError,
+    f: &mut F,
+) {
+    debug_assert_ne!(sub.core.state, QpState::Ready);
+    for cid in 0..sub.core.trackers.len() {
+        let t = sub.core.trackers[cid];
+        if t.flags & T_BUSY == 0 {
+            continue;
+        }
+        sub.core.trackers[cid].flags = 0;
+        sub.core.free.push(cid as u16);
+        sub.core.failed_outstanding += 1;
+        let e = if t.flags & T_TIMED_OUT != 0 {
+            IoError::Timeout
+        } else {
+            err
+        };
+        finish(sub, t.flags, t.user_data, Err(e), f);
+    }
+    debug_assert_eq!(sub.core.outstanding(), 0);
+}

@@ -1,0 +1,662 @@
+//! The submit path: trackers and CIDs, request splitting, the software
+//! backlog. Transport-free: each command goes to the transport's
+//! `SubmissionQueue::push`, which writes it (on PCIe: into the SQ ring slot,
+//! PRPs in the tracker's list slice).
+//!
+//! Per I/O on the fast path: one bounds test, one state test, one pop from
+//! the free list, one 16-byte tracker store and the transport's push.
+use std::collections::VecDeque;
+
+use pollux_spec::cmd::NvmOpcode;
+use pollux_spec::{Sqe, Status};
+
+use crate::ctrl::Namespace;
+use crate::dma::{DmaSlice, SliceRef};
+use crate::error::{IoError, SubmitError};
+use crate::qpair::{Completion, QpairStats};
+use crate::transport::{SubmissionQueue, Transport};
+
+// Tracker flags.
+pub(crate) const T_BUSY: u32 = 1;
+pub(crate) const T_CHILD: u32 = 2;
+pub(crate) const T_TIMED_OUT: u32 = 4;
+
+/// Per-command state: 16 bytes, four to a cache line. Anything colder (the
+/// transport's PRP list slice) is found by index from the CID.
+#[derive(Clone, Copy, Default)]
+#[repr(C, align(16))]
+pub(crate) struct Tracker {
+    /// User data, or the split index for a child of a split request.
+    pub(crate) user_data: u64,
+    /// Timeout epoch at submission.
+    pub(crate) epoch: u32,
+    pub(crate) flags: u32,
+}
+
+/// A request split into several commands (larger than the max transfer).
+pub(crate) struct Split {
+    pub(crate) user_data: u64,
+    /// Pieces not completed yet (issued or not).
+    pub(crate) remaining: u32,
+    pub(crate) error: Option<IoError>,
+}
+
+/// A read or write that waits in the backlog, perhaps partly issued.
+pub(crate) struct PendingRw {
+    opc: NvmOpcode,
+    ns: Namespace,
+    lba: u64,
+    nlb: u32,
+    data: SliceRef,
+    /// Blocks already issued.
+    done: u32,
+    /// Split slot once the first piece of a multi-command request is out.
+    split: Option<u32>,
+}
+
+impl PendingRw {
+    /// Its split slot, once a piece of it has been issued.
+    pub(crate) fn split_slot(&self) -> Option<u32> {
+        self.split
+    }
+}
+
+/// What a request waiting in the software queue will do.
+pub(crate) enum PendingOp {
+    Rw(PendingRw),
+    Raw {
+        sqe: Sqe,
+        data: Option<SliceRef>,
+    },
+    /// Deallocate one range (the transport places the descriptor).
+    Dealloc {
+        nsid: u32,
+        lba: u64,
+        nlb: u32,
+    },
+}
+
+pub(crate) struct Pending {
+    pub(crate) op: PendingOp,
+    pub(crate) user_data: u64,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum QpState {
+    Ready,
+    /// The controller is being reset, or was reset and this queue pair has
+    /// not re-created its queues yet: requests wait in the backlog.
+    Resetting,
+    /// The controller failed: requests are refused.
+    Failed,
+}
+
+/// The transport-free state of a queue pair.
+pub(crate) struct Core {
+    // --- hot: touched per command ---
+    pub(crate) epoch: u32,
+    pub(crate) trackers: Box<[Tracker]>,
+    pub(crate) free: Vec<u16>,
+    pub(crate) state: QpState,
+    /// `state == Ready && queue.is_empty()`: the one test the fast submit
+    /// path makes. Kept by `set_state` and the queue operations.
+    pub(crate) fast: bool,
+    pub(crate) stats: QpairStats,
+    // --- colder ---
+    pub(crate) splits: Vec<Split>,
+    pub(crate) free_splits: Vec<u32>,
+    pub(crate) queue: VecDeque<Pending>,
+    pub(crate) max_queued: usize,
+    /// Most data bytes one raw command may carry.
+    pub(crate) max_raw: usize,
+    /// Results decided on the submit side after a request was accepted,
+    /// delivered by the next poll.
+    pub(crate) deferred: Vec<Completion>,
+    /// Commands failed without a completion entry (controller reset), and
+    /// the outstanding count when the stats were last reset: with
+    /// `completed` and `outstanding()` they give `submitted` exactly.
+    pub(crate) failed_outstanding: u64,
+    pub(crate) outstanding_at_reset: u64,
+}
+
+impl Core {
+    pub(crate) fn new(depth: u16, max_queued: usize, max_raw: usize) -> Core {
+        Core {
+            epoch: 0,
+            trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
+            free: (0..depth).rev().collect(),
+            state: QpState::Ready,
+            fast: true,
+            stats: QpairStats::default(),
+            splits: Vec::new(),
+            free_splits: Vec::new(),
+            queue: VecDeque::new(),
+            max_queued,
+            max_raw,
+            deferred: Vec::new(),
+            failed_outstanding: 0,
+            outstanding_at_reset: 0,
+        }
+    }
+
+    pub(crate) fn set_state(&mut self, s: QpState) {
+        self.state = s;
+        self.fast = s == QpState::Ready && self.queue.is_empty();
+    }
+
+    /// Claims a tracker for one command.
+    #[inline(always)]
+    pub(crate) fn claim(&mut self, cid: u16, user_data: u64, flags: u32) {
+        let t = &mut self.trackers[cid as usize];
+        debug_assert_eq!(t.flags & T_BUSY, 0);
+        *t = Tracker {
+            user_data,
+            epoch: self.epoch,
+            flags: T_BUSY | flags,
+        };
+    }
+
+    /// Commands outstanding at the controller.
+    #[inline]
+    pub(crate) fn outstanding(&self) -> u32 {
+        (self.trackers.len() - self.free.len()) as u32
+    }
+
+    pub(crate) fn in_flight(&self) -> usize {
+        self.outstanding() as usize + self.queue.len() + self.deferred.len()
+    }
+
+    fn enqueue(&mut self, p: Pending) -> Result<(), SubmitError> {
+        if self.queue.len() >= self.max_queued {
+            return Err(SubmitError::QueueFull {
+                limit: self.max_queued,
+            });
+        }
+        self.stats.queued += 1;
+        self.queue.push_back(p);
+        self.fast = false;
+        Ok(())
+    }
+
+    fn check_open(&self) -> Result<(), SubmitError> {
+        match self.state {
+            QpState::Ready | QpState::Resetting => Ok(()),
+            QpState::Failed => Err(SubmitError::ControllerFailed),
+        }
+    }
+
+    /// A slot for a split request.
+    fn new_split(&mut self, user_data: u64, pieces: u32) -> u32 {
+        let split = Split {
+            user_data,
+            remaining: pieces,
+            error: None,
+        };
+        match self.free_splits.pop() {
+            Some(i) => {
+                self.splits[i as usize] = split;
+                i
+            }
+            None => {
+                self.splits.push(split);
+                (self.splits.len() - 1) as u32
+            }
+        }
+    }
+}
+
+/// The submission half of a queue pair, borrowed: `QueuePair::submitter`
+/// and every completion handler get one. A view, not the queue pair's
+/// state: exchanging two of them (`mem::swap`) exchanges two borrows, each
+/// still valid, never the rings behind them.
+pub struct Submitter<'a, T: Transport> {
+    pub(crate) core: &'a mut Core,
+    pub(crate) sq: &'a mut T::Sq,
+}
+
+/// `[lba, lba + nlb)` lies inside the namespace.
+#[inline(always)]
+fn check_lbas(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+    match lba.checked_add(nlb as u64) {
+        Some(end) if end <= ns.nsze => Ok(()),
+        _ => Err(SubmitError::LbaOutOfRange {
+            lba,
+            nlb,
+            nsze: ns.nsze,
+        }),
+    }
+}
+
+fn check_range(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+    if nlb == 0 {
+        return Err(SubmitError::ZeroLength);
+    }
+    check_lbas(ns, lba, nlb)
+}
+
+#[inline(always)]
+fn check_rw(ns: &Namespace, lba: u64, nlb: u32, len: usize, iova0: u64) -> Result<(), SubmitError> {
+    // nlb == 0 passes these checks (with an empty buffer) and is refused
+    // on the slow path: the fast-path test `nlb - 1 < max_lbas` excludes
+    // it at no extra cost.
+    check_lbas(ns, lba, nlb)?;
+    let expected = (nlb as usize) << ns.lba_shift;
+    if len != expected {
+        return Err(SubmitError::BufferLength { expected, got: len });
+    }
+    if iova0 & 3 != 0 {
+        return Err(SubmitError::Unaligned { iova: iova0 });
+    }
+    Ok(())
+}
+
+impl<'a, T: Transport> Submitter<'a, T> {
+    /// Issues one command on tracker `cid`. On error the tracker is returned
+    /// to the free list and nothing is sent.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn issue(
+        &mut self,
+        cid: u16,
+        sqe: Sqe,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+        user_data: u64,
+        flags: u32,
+    ) -> Result<(), SubmitError> {
+        match self.sq.push(cid, sqe, len, addr0, addr_at) {
+            Ok(()) => {
+                self.core.claim(cid, user_data, flags);
+                Ok(())
+            }
+            Err(e) => Err(self.push_failed(cid, e)),
+        }
+    }
+
+    #[cold]
+    fn push_failed(&mut self, cid: u16, e: SubmitError) -> SubmitError {
+        self.core.free.push(cid);
+        e
+    }
+
+    /// Reads `nlb` blocks at `lba` into `buf` (exactly `nlb` blocks long).
+    #[inline(always)]
+    pub fn read(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
+    }
+
+    /// Writes `buf` (exactly `nlb` blocks long) to `nlb` blocks at `lba`.
+    #[inline(always)]
+    pub fn write(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
+    }
+
+    #[inline(always)]
+    fn rw(
+        &mut self,
+        opc: NvmOpcode,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
+        // `fast` implies the queue pair is ready and nothing waits ahead.
+        if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
+            if let Some(cid) = self.core.free.pop() {
+                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
+                return self.issue(
+                    cid,
+                    sqe,
+                    buf.len(),
+                    buf.iova0(),
+                    |i| buf.iova_at(i),
+                    user_data,
+                    0,
+                );
+            }
+        }
+        self.rw_slow(opc, ns, lba, nlb, buf.to_owned_ref(), user_data)
+    }
+
+    /// A request that is split, or has to wait for trackers.
+    #[cold]
+    fn rw_slow(
+        &mut self,
+        opc: NvmOpcode,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        data: SliceRef,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.core.check_open()?;
+        if nlb == 0 {
+            return Err(SubmitError::ZeroLength);
+        }
+        let mut p = PendingRw {
+            opc,
+            ns: *ns,
+            lba,
+            nlb,
+            data,
+            done: 0,
+            split: None,
+        };
+        let pieces = nlb.div_ceil(ns.max_lbas);
+        if self.core.queue.len() >= self.core.max_queued && self.core.free.len() < pieces as usize {
+            // It could not wait for the rest: refuse before issuing any.
+            return Err(SubmitError::QueueFull {
+                limit: self.core.max_queued,
+            });
+        }
+        if self.core.fast && self.issue_rw(&mut p, user_data)? {
+            return Ok(());
+        }
+        self.core.enqueue(Pending {
+            op: PendingOp::Rw(p),
+            user_data,
+        })
+    }
+
+    /// Issues as many pieces of `p` (`max_lbas` blocks each) as there are
+    /// free trackers. `Ok(true)` when every piece is out (or the request
+    /// has already been completed with an error), `Ok(false)` when it must
+    /// wait for trackers, `Err` when nothing was issued and it never will
+    /// be. A request that fits one command takes no split slot. If a later
+    /// piece cannot be built (a broken buffer page table), the pieces
+    /// already sent finish and the request completes with the error: never
+    /// silently lost.
+    fn issue_rw(&mut self, p: &mut PendingRw, user_data: u64) -> Result<bool, SubmitError> {
+        let max = p.ns.max_lbas;
+        if p.done == 0 && p.nlb <= max {
+            let Some(cid) = self.core.free.pop() else {
+                return Ok(false);
+            };
+            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba, p.nlb);
+            let d = &p.data;
+            self.issue(
+                cid,
+                sqe,
+                d.len,
+                d.iova_at(0),
+                |i| d.iova_at(i),
+                user_data,
+                0,
+            )?;
+            return Ok(true);
+        }
+        while p.done < p.nlb {
+            let Some(cid) = self.core.free.pop() else {
+                return Ok(false);
+            };
+            let idx = match p.split {
+                Some(i) => i,
+                None => {
+                    let i = self.core.new_split(user_data, p.nlb.div_ceil(max));
+                    p.split = Some(i);
+                    i
+                }
+            };
+            let n = (p.nlb - p.done).min(max);
+            let off = (p.done as usize) << p.ns.lba_shift;
+            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba + p.done as u64, n);
+            let d = &p.data;
+            if let Err(e) = self.issue(
+                cid,
+                sqe,
+                (n as usize) << p.ns.lba_shift,
+                d.iova_at(off),
+                |i| d.iova_at(off + i),
+                idx as u64,
+                T_CHILD,
+            ) {
+                if p.done == 0 {
+                    self.core.free_splits.push(idx);
+                    p.split = None;
+                    return Err(e);
+                }
+                self.fail_unissued(p, idx, e);
+                return Ok(true);
+            }
+            p.done += n;
+        }
+        Ok(true)
+    }
+
+    /// A piece of a split request could not be built: the pieces not
+    /// issued will never complete, so the request finishes with an error
+    /// once the issued ones have.
+    #[cold]
+    fn fail_unissued(&mut self, p: &mut PendingRw, idx: u32, e: SubmitError) {
+        let unissued = (p.nlb - p.done).div_ceil(p.ns.max_lbas);
+        tracing::error!("split request: a piece could not be built ({e}); failing the request");
+        let s = &mut self.core.splits[idx as usize];
+        let err = *s.error.get_or_insert(IoError::Nvme(Status::generic(
+            pollux_spec::status::generic::DATA_TRANSFER_ERROR,
+        )));
+        s.remaining -= unissued;
+        if s.remaining == 0 {
+            let c = Completion {
+                user_data: s.user_data,
+                result: Err(err),
+            };
+            self.core.free_splits.push(idx);
+            self.core.deferred.push(c);
+        }
+        p.done = p.nlb;
+    }
+
+    /// An accepted request that could not be issued: it completes with an
+    /// error on the next poll.
+    #[cold]
+    fn defer_error(&mut self, user_data: u64, e: SubmitError) {
+        tracing::error!("queued request could not be issued: {e}");
+        let st = Status::generic(pollux_spec::status::generic::DATA_TRANSFER_ERROR);
+        self.core.deferred.push(Completion {
+            user_data,
+            result: Err(IoError::Nvme(st)),
+        });
+    }
+
+    /// Flushes the namespace's volatile write cache.
+    pub fn flush_cache(&mut self, ns: &Namespace, user_data: u64) -> Result<(), SubmitError> {
+        self.raw(Sqe::flush(ns.nsid), None, user_data)
+    }
+
+    /// Write Zeroes over `nlb` blocks at `lba` (at most 65536 per command);
+    /// `deallocate` lets the controller deallocate them.
+    pub fn write_zeroes(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        deallocate: bool,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        check_range(ns, lba, nlb)?;
+        if nlb > 65536 {
+            return Err(SubmitError::TooLarge {
+                needed: nlb.div_ceil(65536),
+                depth: 1,
+            });
+        }
+        self.raw(
+            Sqe::write_zeroes(ns.nsid, lba, nlb, deallocate),
+            None,
+            user_data,
+        )
+    }
+
+    /// Dataset Management, deallocate one range. The transport places the
+    /// range descriptor, so no buffer is needed.
+    pub fn deallocate(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.core.check_open()?;
+        check_range(ns, lba, nlb)?;
+        if self.core.fast {
+            if let Some(cid) = self.core.free.pop() {
+                self.sq.push_dealloc(cid, ns.nsid, lba, nlb);
+                self.core.claim(cid, user_data, 0);
+                return Ok(());
+            }
+        }
+        self.core.enqueue(Pending {
+            op: PendingOp::Dealloc {
+                nsid: ns.nsid,
+                lba,
+                nlb,
+            },
+            user_data,
+        })
+    }
+
+    /// Raw command passthrough. The driver sets the CID and, if `data` is
+    /// given, the data pointer fields (data at most the transport's
+    /// per-command limit); without data the command goes as given.
+    pub fn raw(
+        &mut self,
+        sqe: Sqe,
+        data: Option<DmaSlice<'_>>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.core.check_open()?;
+        if let Some(d) = &data {
+            if d.is_empty() {
+                return Err(SubmitError::ZeroLength);
+            }
+            let iova0 = d.iova_at(0);
+            if iova0 & 3 != 0 {
+                return Err(SubmitError::Unaligned { iova: iova0 });
+            }
+            let cap = self.core.max_raw;
+            if d.len() > cap {
+                return Err(SubmitError::BufferLength {
+                    expected: cap,
+                    got: d.len(),
+                });
+            }
+        }
+        if self.core.fast {
+            if let Some(cid) = self.core.free.pop() {
+                return match data {
+                    Some(d) => {
+                        self.issue(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i), user_data, 0)
+                    }
+                    None => self.issue(cid, sqe, 0, 0, |_| 0, user_data, 0),
+                };
+            }
+        }
+        self.core.enqueue(Pending {
+            op: PendingOp::Raw {
+                sqe,
+                data: data.map(|d| d.to_owned_ref()),
+            },
+            user_data,
+        })
+    }
+
+    /// Submits waiting requests while trackers are free (the front one
+    /// first: a large split request is issued piece by piece as trackers
+    /// free up, and nothing overtakes it).
+    #[cold]
+    pub(crate) fn drain_queue(&mut self) {
+        while self.core.state == QpState::Ready && !self.core.free.is_empty() {
+            let Some(mut p) = self.core.queue.pop_front() else {
+                break;
+            };
+            let user_data = p.user_data;
+            let finished = match &mut p.op {
+                PendingOp::Rw(rw) => match self.issue_rw(rw, user_data) {
+                    Ok(done) => done,
+                    Err(e) => {
+                        self.defer_error(user_data, e);
+                        true
+                    }
+                },
+                PendingOp::Dealloc { nsid, lba, nlb } => {
+                    let Some(cid) = self.core.free.pop() else {
+                        self.core.queue.push_front(p);
+                        break;
+                    };
+                    self.sq.push_dealloc(cid, *nsid, *lba, *nlb);
+                    self.core.claim(cid, user_data, 0);
+                    true
+                }
+                PendingOp::Raw { sqe, data } => {
+                    let Some(cid) = self.core.free.pop() else {
+                        self.core.queue.push_front(p);
+                        break;
+                    };
+                    let r = match data {
+                        Some(d) => self.issue(
+                            cid,
+                            *sqe,
+                            d.len,
+                            d.iova_at(0),
+                            |i| d.iova_at(i),
+                            user_data,
+                            0,
+                        ),
+                        None => self.issue(cid, *sqe, 0, 0, |_| 0, user_data, 0),
+                    };
+                    if let Err(e) = r {
+                        self.defer_error(user_data, e);
+                    }
+                    true
+                }
+            };
+            if !finished {
+                self.core.queue.push_front(p);
+                break;
+            }
+        }
+        self.core.fast = self.core.state == QpState::Ready && self.core.queue.is_empty();
+    }
+
+    /// Tells the controller about new commands now.
+    pub fn flush(&mut self) {
+        self.sq.flush();
+    }
+
+    /// Commands outstanding at the controller.
+    pub fn outstanding(&self) -> u32 {
+        self.core.outstanding()
+    }
+
+    /// Requests waiting in software for a free tracker.
+    pub fn queued(&self) -> usize {
+        self.core.queue.len()
+    }
+
+    /// Outstanding + queued + decided but not yet delivered.
+    pub fn in_flight(&self) -> usize {
+        self.core.in_flight()
+    }
+
+    /// Trackers (the most commands outstanding at once).
+    pub fn depth(&self) -> u32 {
+        self.core.trackers.len() as u32
+    }
+}

@@ -1,0 +1,186 @@
+//! The seam between the host core and a transport (PCIe today, TCP next).
+//!
+//! The core (`ctrl`, `qpair`, `submit`, `poll`) owns everything about
+//! commands that does not depend on how they travel: trackers and CIDs,
+//! splitting, the software backlog, timeouts, abort and reset recovery. A
+//! transport owns how they travel: for PCIe the SQ/CQ rings, doorbells and
+//! PRP lists; over fabrics a connection, capsules and SGLs.
+//!
+//! The I/O path is split in two halves so a completion handler can submit
+//! while the completion queue is being reaped: `SubmissionQueue` and
+//! `CompletionQueue`. Both are type parameters of the queue pair, so every
+//! call is monomorphised and inlined: no `dyn` call per I/O. The control
+//! path (`Transport`) is generic too, but nothing there is hot.
+use pollux_spec::identify::IdentifyController;
+use pollux_spec::{Cqe, Sqe};
+
+use crate::dma::DmaBuffer;
+use crate::error::{Result, SubmitError};
+
+/// Controller registers: MMIO on PCIe, Property Get/Set over fabrics.
+/// Offsets are the NVMe register map's (`pollux_spec::regs::off`).
+pub trait Registers {
+    fn read32(&self, off: usize) -> Result<u32>;
+    fn write32(&self, off: usize, v: u32) -> Result<()>;
+    /// 64-bit registers (CAP, ASQ, ACQ).
+    fn read64(&self, off: usize) -> Result<u64>;
+    fn write64(&self, off: usize, v: u64) -> Result<()>;
+}
+
+/// Runs one admin command on the controller and checks its status: what a
+/// transport gets to create and delete its queues.
+pub type AdminExec<'a> = dyn FnMut(Sqe, &'static str) -> Result<Cqe> + 'a;
+
+/// Sizes and switches of one I/O queue pair, decided by the core.
+#[derive(Clone, Debug)]
+pub struct QueueSpec {
+    pub qid: u16,
+    /// Trackers (commands outstanding at once).
+    pub depth: u16,
+    /// SQ entries (> depth).
+    pub sq_entries: u16,
+    /// CQ entries (> depth).
+    pub cq_entries: u16,
+    /// Most data bytes one command carries (the controller's MDTS).
+    pub max_transfer: u32,
+    /// Transport switches (doorbells, prefetch, copies), as given.
+    pub tuning: Tuning,
+}
+
+/// The hot-path techniques a transport may offer, each with a switch so
+/// its effect can be measured on and off. A transport ignores what does
+/// not apply to it.
+#[derive(Clone, Debug)]
+pub struct Tuning {
+    pub delayed_sq_doorbell: bool,
+    pub sq_doorbell_batch: u16,
+    pub lazy_cq_doorbell: bool,
+    pub prefetch: bool,
+    pub nt_sqe_copy: bool,
+    pub cq_line_batch: bool,
+}
+
+/// Counters a transport keeps for its queues.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct WireCounters {
+    /// Doorbell (MMIO) writes, or sends over fabrics.
+    pub doorbells: u64,
+    /// Shadow doorbell updates (memory writes instead of MMIO).
+    pub shadow_updates: u64,
+}
+
+/// The submission half of a queue pair.
+pub trait SubmissionQueue: Send {
+    /// Writes one command for tracker `cid` with `len` bytes of data whose
+    /// byte `i` is at bus address `addr_at(i)` (`addr0 == addr_at(0)`,
+    /// passed so the one-page case needs no lookup; `len == 0`: no data).
+    /// The transport fills the data pointer fields and the CID. On error
+    /// nothing was written.
+    fn push(
+        &mut self,
+        cid: u16,
+        sqe: Sqe,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+    ) -> Result<(), SubmitError>;
+    /// Dataset Management, deallocate one range, for tracker `cid` (the
+    /// transport places the range descriptor).
+    fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32);
+    /// End of a poll: tell the controller about new commands, by the
+    /// transport's batching rule (`outstanding`: commands it holds, new
+    /// ones included).
+    fn publish(&mut self, outstanding: u32);
+    /// Tell the controller about new commands now.
+    fn flush(&mut self);
+    /// The queue was re-created empty (after a controller reset).
+    fn restart(&mut self);
+    /// Most data bytes one command can describe.
+    fn max_data(&self) -> usize;
+    fn counters(&self) -> WireCounters;
+    fn reset_counters(&mut self);
+}
+
+/// Where a completion queue hands its entries. A trait with
+/// `#[inline(always)]` methods rather than a closure, so the whole
+/// completion path inlines into the transport's loop.
+pub trait CqeSink {
+    /// One completion: command `cid` ended with `status` (the status field
+    /// without the phase bit) and dword 0.
+    fn cqe(&mut self, cid: u16, status: u16, dw0: u32);
+    /// The CID of the entry after the current one, for prefetching (it may
+    /// be stale).
+    fn peek(&mut self, _cid: u16) {}
+}
+
+/// The completion half of a queue pair.
+pub trait CompletionQueue: Send {
+    /// Hands up to `max` new completions to `sink` in order and returns
+    /// how many.
+    fn reap<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32;
+    /// `n` entries were consumed in this poll: release them to the
+    /// controller (by the transport's doorbell rule).
+    fn release(&mut self, n: u32);
+    /// The queue was re-created empty (after a controller reset).
+    fn restart(&mut self);
+    fn entries(&self) -> u16;
+    fn counters(&self) -> WireCounters;
+    fn reset_counters(&mut self);
+}
+
+/// A way to reach one controller: the control path.
+pub trait Transport: Send + Sync + Sized + 'static {
+    type Sq: SubmissionQueue;
+    type Cq: CompletionQueue;
+    type Regs: Registers + ?Sized;
+
+    /// Short human-readable description ("vfio 0000:00:01.0").
+    fn describe(&self) -> String;
+    /// The controller's registers.
+    fn regs(&self) -> &Self::Regs;
+    /// Memory the controller can transfer to and from.
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer>;
+    /// Called in every busy-wait of the control path (a pause; or a step
+    /// of an inline emulated controller).
+    fn relax(&self) {
+        std::hint::spin_loop();
+    }
+    /// Microseconds to wait after CC.EN=1 before polling CSTS.RDY.
+    fn ready_delay_us(&self) -> u32 {
+        0
+    }
+    /// Most entries an I/O queue may have (CAP.MQES + 1 on PCIe).
+    fn max_queue_entries(&self) -> u32;
+    /// Most data bytes per command the transport adds to the controller's
+    /// own limit (MDTS); `u32::MAX` when it adds none.
+    fn max_transfer(&self) -> u32 {
+        u32::MAX
+    }
+
+    /// The admin queue pair, created once (rings allocated, not yet known
+    /// to the controller).
+    fn admin_queues(&self, entries: u16) -> Result<(Self::Sq, Self::Cq)>;
+    /// Makes the admin queue known to the controller: before CC.EN=1 on
+    /// PCIe (AQA/ASQ/ACQ); after every reset too.
+    fn attach_admin(&self, sq: &Self::Sq, cq: &Self::Cq) -> Result<()>;
+    /// Transport setup once the controller is enabled and identified, and
+    /// again after every reset (PCIe: shadow doorbells).
+    fn configure(&self, admin: &mut AdminExec<'_>, ident: &IdentifyController) -> Result<()>;
+    /// Creates I/O queue pair `spec.qid` and tells the controller.
+    fn create_io_queues(
+        &self,
+        admin: &mut AdminExec<'_>,
+        spec: &QueueSpec,
+    ) -> Result<(Self::Sq, Self::Cq)>;
+    /// Re-creates an existing queue pair after a controller reset (the
+    /// queues were restarted empty).
+    fn recreate_io_queues(
+        &self,
+        admin: &mut AdminExec<'_>,
+        qid: u16,
+        sq: &mut Self::Sq,
+        cq: &mut Self::Cq,
+    ) -> Result<()>;
+    /// Deletes I/O queue pair `qid` at the controller.
+    fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()>;
+}

@@ -1,0 +1,239 @@
+//! The PCIe completion queue: the CQ ring with its phase tag, and the head
+//! doorbell, rung lazily (only when the controller could otherwise run out
+//! of CQ slots) or behind a shadow doorbell.
+//!
+//! Each entry's status dword is loaded with Acquire (the phase check is
+//! Linux's `dma_rmb`); the controller stores it last, with Release.
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use pollux_nvme::dma::DmaBuffer;
+use pollux_nvme::{CompletionQueue, CqeSink, WireCounters};
+
+use crate::mmio::Doorbell;
+use crate::sq::Shadow;
+
+/// The completion half of a PCIe queue pair.
+pub struct PcieCq {
+    ring: NonNull<u8>,
+    head: u16,
+    entries: u16,
+    phase: u32,
+    /// Entries consumed since the last CQ doorbell.
+    unacked: u32,
+    /// Ring the CQ doorbell when `unacked` exceeds this (0: every poll).
+    unacked_limit: u32,
+    prefetch: bool,
+    line_batch: bool,
+    bell: Doorbell,
+    shadow: Option<Shadow>,
+    /// CQ head the controller was last told about (for the shadow rule).
+    rung_head: u16,
+    counters: WireCounters,
+    ring_mem: DmaBuffer,
+}
+
+// SAFETY: the ring pointer points into `ring_mem` (owned); all access goes
+// through `&mut self`.
+unsafe impl Send for PcieCq {}
+
+/// Settings of one completion queue.
+pub(crate) struct CqConfig {
+    pub(crate) entries: u16,
+    /// Ring the head doorbell only past this many unacknowledged entries.
+    pub(crate) unacked_limit: u32,
+    pub(crate) prefetch: bool,
+    pub(crate) line_batch: bool,
+}
+
+impl PcieCq {
+    /// `ring_mem` holds `cfg.entries` zeroed CQEs, contiguous in bus
+    /// address space (checked by the caller).
+    pub(crate) fn new(
+        cfg: CqConfig,
+        ring_mem: DmaBuffer,
+        bell: Doorbell,
+        shadow: Option<Shadow>,
+    ) -> PcieCq {
+        assert!(ring_mem.len() >= cfg.entries as usize * 16);
+        let ring = NonNull::new(ring_mem.as_ptr()).expect("DmaBuffer is non-null");
+        PcieCq {
+            ring,
+            head: 0,
+            entries: cfg.entries,
+            phase: 1,
+            unacked: 0,
+            unacked_limit: cfg.unacked_limit,
+            prefetch: cfg.prefetch,
+            line_batch: cfg.line_batch,
+            bell,
+            shadow,
+            rung_head: 0,
+            counters: WireCounters::default(),
+            ring_mem,
+        }
+    }
+
+    /// Bus address of the ring (for Create I/O CQ / ACQ).
+    pub(crate) fn ring_iova(&self) -> u64 {
+        self.ring_mem.iova_at(0)
+    }
+
+    pub(crate) fn shadow(&self) -> Option<&Shadow> {
+        self.shadow.as_ref()
+    }
+
+    /// The status dword (dword 3) of entry `idx`.
+    #[inline(always)]
+    fn status_word(&self, idx: u16) -> u32 {
+        // SAFETY: idx < entries; the ring holds `entries` 16-byte CQEs and
+        // dword 3 is 4-byte aligned. The controller stores it last, with
+        // Release.
+        unsafe { AtomicU32::from_ptr(self.ring.as_ptr().add(idx as usize * 16 + 12).cast()) }
+            .load(Ordering::Acquire)
+    }
+
+    /// Dword 0 of entry `idx`, once its status dword showed it posted.
+    #[inline(always)]
+    fn dword0(&self, idx: u16) -> u32 {
+        // SAFETY: as in `status_word`; dword 0 was written before dword 3
+        // was published, and the entry is ours until the head doorbell
+        // releases it.
+        unsafe { ptr::read_volatile(self.ring.as_ptr().add(idx as usize * 16).cast::<u32>()) }
+    }
+
+    #[inline(always)]
+    fn advance(&mut self) {
+        self.head += 1;
+        if self.head == self.entries {
+            self.head = 0;
+            self.phase ^= 1;
+        }
+    }
+
+    /// The loop over one entry at a time.
+    #[inline(always)]
+    fn reap_each<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+        let mut n = 0;
+        while n < max {
+            let w3 = self.status_word(self.head);
+            if (w3 >> 16) & 1 != self.phase {
+                break;
+            }
+            let dw0 = self.dword0(self.head);
+            self.advance();
+            if self.prefetch {
+                // A relaxed peek only chooses what to prefetch; a stale CID
+                // is harmless.
+                // SAFETY: as in `status_word`.
+                let nw = unsafe {
+                    AtomicU32::from_ptr(self.ring.as_ptr().add(self.head as usize * 16 + 12).cast())
+                }
+                .load(Ordering::Relaxed);
+                sink.peek((nw & 0xFFFF) as u16);
+            }
+            n += 1;
+            sink.cqe((w3 & 0xFFFF) as u16, (w3 >> 17) as u16, dw0);
+        }
+        n
+    }
+
+    /// The loop over a cache line (four entries) at a time: the posted
+    /// entries of the line are copied onto the stack, then handled, so the
+    /// line the controller is writing is touched once per batch.
+    #[inline(always)]
+    fn reap_lines<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+        let mut n = 0;
+        let mut batch = [(0u32, 0u32); 4];
+        while n < max {
+            // Entries from head to the end of its 64-byte line (or ring).
+            let line_end = ((self.head as u32 | 3) + 1).min(self.entries as u32) as u16;
+            let mut k = 0;
+            while self.head + (k as u16) < line_end && n + (k as u32) < max {
+                let idx = self.head + k as u16;
+                let w3 = self.status_word(idx);
+                if (w3 >> 16) & 1 != self.phase {
+                    break;
+                }
+                batch[k] = (w3, self.dword0(idx));
+                k += 1;
+            }
+            if k == 0 {
+                break;
+            }
+            for &(w3, dw0) in &batch[..k] {
+                self.advance();
+                sink.cqe((w3 & 0xFFFF) as u16, (w3 >> 17) as u16, dw0);
+            }
+            n += k as u32;
+            if self.head != line_end % self.entries {
+                break; // the line is not complete yet
+            }
+        }
+        n
+    }
+}
+
+impl CompletionQueue for PcieCq {
+    #[inline(always)]
+    fn reap<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+        if self.line_batch {
+            self.reap_lines(max, sink)
+        } else {
+            self.reap_each(max, sink)
+        }
+    }
+
+    #[inline(always)]
+    fn release(&mut self, n: u32) {
+        self.unacked += n;
+        if self.unacked > self.unacked_limit {
+            let head = self.head as u32;
+            let mmio = match &self.shadow {
+                None => true,
+                Some(s) => {
+                    self.counters.shadow_updates += 1;
+                    s.publish(head, self.rung_head as u32)
+                }
+            };
+            if mmio {
+                self.bell.write(head);
+                self.counters.doorbells += 1;
+            }
+            self.rung_head = self.head;
+            self.unacked = 0;
+        }
+    }
+
+    fn restart(&mut self) {
+        // The controller is disabled or the queue deleted: nothing writes
+        // the ring while it is cleared.
+        let words = self.entries as usize * 4;
+        for i in 0..words {
+            // SAFETY: the ring holds entries * 16 bytes = `words` aligned
+            // dwords; atomic stores keep this sound even against a device
+            // that (wrongly) still writes.
+            unsafe { AtomicU32::from_ptr(self.ring.as_ptr().cast::<u32>().add(i)) }
+                .store(0, Ordering::Relaxed);
+        }
+        self.head = 0;
+        self.phase = 1;
+        self.unacked = 0;
+        self.rung_head = 0;
+        if let Some(s) = &self.shadow {
+            s.clear();
+        }
+    }
+
+    fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    fn counters(&self) -> WireCounters {
+        self.counters
+    }
+
+    fn reset_counters(&mut self) {
+        self.counters = WireCounters::default();
+    }
+}

@@ -1,0 +1,349 @@
+//! The PCIe submission queue: the SQ ring, its tail doorbell (delayed,
+//! batched, or behind a shadow doorbell) and the PRP list slices.
+//!
+//! Per command: the SQE is written once, into its ring slot (or with
+//! non-temporal stores); PRPs beyond the second page go into the tracker's
+//! own slice of one per-queue list pool, found by index from the CID.
+use std::ptr::{self, NonNull};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
+
+use pollux_nvme::dma::DmaBuffer;
+use pollux_nvme::{SubmissionQueue, SubmitError, WireCounters};
+use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
+use pollux_spec::Sqe;
+
+use crate::mmio::Doorbell;
+use crate::prp;
+
+/// Shadow doorbell and event index slots of one queue (in host memory
+/// shared with the controller, see `transport::DbBuf`).
+pub(crate) struct Shadow {
+    pub(crate) value: NonNull<AtomicU32>,
+    pub(crate) event: NonNull<AtomicU32>,
+    /// Keeps the shadow pages alive.
+    pub(crate) _pages: std::sync::Arc<crate::transport::DbBuf>,
+}
+
+/// NVMe's (and Linux's `nvme_dbbuf_need_event`) rule: an MMIO write is
+/// needed iff the event index lies in [old, new).
+#[inline(always)]
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+impl Shadow {
+    /// Zeroes the shadow value and event index (before the queue exists).
+    pub(crate) fn clear(&self) {
+        // SAFETY: see `publish`.
+        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
+        v.store(0, Ordering::Release);
+        e.store(0, Ordering::Release);
+    }
+
+    /// Publishes `new` (the previous value was `old`); true if the MMIO
+    /// doorbell must be written too.
+    #[inline(always)]
+    pub(crate) fn publish(&self, new: u32, old: u32) -> bool {
+        // SAFETY: both point into the shadow/event pages that `_pages` keeps
+        // alive; they are 4-byte aligned slots inside one 4 KiB page.
+        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
+        v.store(new, Ordering::Release);
+        // The device must see the new value before we read its event index
+        // (Linux: mb() in nvme_dbbuf_update_and_check_event).
+        fence(Ordering::SeqCst);
+        need_event(e.load(Ordering::Acquire) as u16, new as u16, old as u16)
+    }
+}
+
+/// Copies one SQE into its ring slot with non-temporal stores.
+#[inline(always)]
+fn nt_copy(dst: *mut Sqe, src: &Sqe) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{__m128i, _mm_load_si128, _mm_stream_si128};
+        let s = (src as *const Sqe).cast::<__m128i>();
+        let d = dst.cast::<__m128i>();
+        // SAFETY: both are 64-byte aligned Sqe locations (Sqe is
+        // align(64)); four 16-byte loads/stores cover it exactly. SSE2 is
+        // part of the x86-64 baseline.
+        unsafe {
+            _mm_stream_si128(d, _mm_load_si128(s));
+            _mm_stream_si128(d.add(1), _mm_load_si128(s.add(1)));
+            _mm_stream_si128(d.add(2), _mm_load_si128(s.add(2)));
+            _mm_stream_si128(d.add(3), _mm_load_si128(s.add(3)));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    // SAFETY: dst is a valid, aligned SQ slot.
+    unsafe {
+        ptr::write(dst, *src)
+    }
+}
+
+/// The submission half of a PCIe queue pair.
+pub struct PcieSq {
+    // --- hot: touched per command ---
+    ring: NonNull<Sqe>,
+    tail: u16,
+    entries: u16,
+    nt: bool,
+    delayed: bool,
+    batch: u16,
+    prp_pool: NonNull<u64>,
+    prp_pool_iova: u64,
+    /// log2 of the PRP list slice entries per tracker.
+    prp_shift: u32,
+    // --- colder ---
+    bell: Doorbell,
+    shadow: Option<Shadow>,
+    /// SQ tail the controller was last told about.
+    rung: u16,
+    counters: WireCounters,
+    // Memory the controller reads: kept as long as the ring is in use.
+    ring_mem: DmaBuffer,
+    _prp_mem: DmaBuffer,
+}
+
+// SAFETY: the raw pointers point into `ring_mem` / `_prp_mem` (owned) and
+// the shadow pages (kept alive by `Shadow::_pages`); all access goes
+// through `&mut self`.
+unsafe impl Send for PcieSq {}
+
+/// Settings of one submission queue.
+pub(crate) struct SqConfig {
+    pub(crate) entries: u16,
+    pub(crate) nt: bool,
+    pub(crate) delayed: bool,
+    pub(crate) batch: u16,
+    pub(crate) prp_shift: u32,
+}
+
+impl PcieSq {
+    /// `ring_mem` holds `cfg.entries` SQEs; `prp_mem` holds the PRP list
+    /// slices (`1 << prp_shift` entries per tracker), both contiguous in
+    /// bus address space (checked by the caller).
+    pub(crate) fn new(
+        cfg: SqConfig,
+        ring_mem: DmaBuffer,
+        prp_mem: DmaBuffer,
+        bell: Doorbell,
+        shadow: Option<Shadow>,
+    ) -> PcieSq {
+        assert!(ring_mem.len() >= cfg.entries as usize * 64);
+        let ring = NonNull::new(ring_mem.as_ptr().cast::<Sqe>()).expect("DmaBuffer is non-null");
+        let prp_pool = NonNull::new(prp_mem.as_ptr().cast::<u64>()).expect("DmaBuffer is non-null");
+        PcieSq {
+            ring,
+            tail: 0,
+            entries: cfg.entries,
+            nt: cfg.nt && cfg!(target_arch = "x86_64"),
+            delayed: cfg.delayed,
+            batch: cfg.batch,
+            prp_pool,
+            prp_pool_iova: prp_mem.iova_at(0),
+            prp_shift: cfg.prp_shift,
+            bell,
+            shadow,
+            rung: 0,
+            counters: WireCounters::default(),
+            ring_mem,
+            _prp_mem: prp_mem,
+        }
+    }
+
+    /// Bus address of the ring (for Create I/O SQ / ASQ).
+    pub(crate) fn ring_iova(&self) -> u64 {
+        self.ring_mem.iova_at(0)
+    }
+
+    pub(crate) fn entries(&self) -> u16 {
+        self.entries
+    }
+
+    pub(crate) fn shadow(&self) -> Option<&Shadow> {
+        self.shadow.as_ref()
+    }
+
+    /// The PRP list slice of tracker `cid` and its bus address.
+    #[inline(always)]
+    fn prp_list(&mut self, cid: u16) -> (&mut [u64], u64) {
+        let n = 1usize << self.prp_shift;
+        let off = (cid as usize) << self.prp_shift;
+        // SAFETY: the pool holds depth << prp_shift entries and cid < depth
+        // (the core hands out CIDs below its depth, which is the SQ's
+        // entries - 1); a tracker's slice is used only by its command.
+        let list = unsafe { std::slice::from_raw_parts_mut(self.prp_pool.as_ptr().add(off), n) };
+        (list, self.prp_pool_iova + (off as u64) * 8)
+    }
+
+    /// Writes `sqe` (CID set) into the next SQ slot.
+    #[inline(always)]
+    fn push_sqe(&mut self, sqe: &Sqe) {
+        // SAFETY: tail < entries, the ring holds `entries` slots, and the
+        // slot is free: at most entries - 1 commands are outstanding, so the
+        // controller has consumed it.
+        let slot = unsafe { self.ring.as_ptr().add(self.tail as usize) };
+        if self.nt {
+            nt_copy(slot, sqe);
+        } else {
+            // SAFETY: as above.
+            unsafe { ptr::write(slot, *sqe) };
+        }
+        self.tail = if self.tail + 1 == self.entries {
+            0
+        } else {
+            self.tail + 1
+        };
+        if !self.delayed {
+            self.ring();
+        }
+    }
+
+    /// Tells the controller about new SQ entries.
+    #[inline]
+    fn ring(&mut self) {
+        #[cfg(target_arch = "x86_64")]
+        if self.nt {
+            // Non-temporal stores are not ordered by the Release store below.
+            // SAFETY: sfence has no memory-safety preconditions.
+            unsafe { std::arch::x86_64::_mm_sfence() };
+        }
+        let tail = self.tail as u32;
+        let mmio = match &self.shadow {
+            None => true,
+            Some(s) => {
+                self.counters.shadow_updates += 1;
+                s.publish(tail, self.rung as u32)
+            }
+        };
+        if mmio {
+            self.bell.write(tail);
+            self.counters.doorbells += 1;
+        }
+        self.rung = self.tail;
+    }
+
+    /// With SQ doorbell batching: at least `batch` new commands are waiting,
+    /// or the controller holds fewer than `batch` (so it never starves).
+    #[cold]
+    fn batch_ready(&self, batch: u32, outstanding: u32) -> bool {
+        let (tail, rung) = (self.tail as u32, self.rung as u32);
+        let pending = if tail >= rung {
+            tail - rung
+        } else {
+            tail + self.entries as u32 - rung
+        };
+        pending >= batch || outstanding - pending < batch
+    }
+}
+
+impl SubmissionQueue for PcieSq {
+    #[inline(always)]
+    fn push(
+        &mut self,
+        cid: u16,
+        mut sqe: Sqe,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+    ) -> Result<(), SubmitError> {
+        // The core has checked that a data address is dword aligned.
+        if len > 0 {
+            sqe.prp1 = addr0;
+            if len as u64 > prp::PAGE - (addr0 & (prp::PAGE - 1)) {
+                // Beyond the first page: PRP2 or a list in this tracker's slice.
+                let (list, list_iova) = self.prp_list(cid);
+                match prp::build(len, addr0, addr_at, list, list_iova) {
+                    Ok(p) => sqe.prp2 = p.prp2,
+                    Err(e) => return Err(prp_error(e, addr0)),
+                }
+            }
+        }
+        sqe.cid = cid;
+        self.push_sqe(&sqe);
+        Ok(())
+    }
+
+    fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32) {
+        let (list, iova) = self.prp_list(cid);
+        let r = DsmRange {
+            cattr: 0,
+            nlb,
+            slba: lba,
+        };
+        // One 16-byte range in the (≥ 16-byte, 8-byte aligned) list slice.
+        list[0] = (r.cattr as u64) | ((r.nlb as u64) << 32);
+        list[1] = r.slba;
+        let mut sqe = Sqe::dsm(nsid, 1, DSM_ATTR_DEALLOCATE, iova);
+        sqe.cid = cid;
+        self.push_sqe(&sqe);
+    }
+
+    #[inline(always)]
+    fn publish(&mut self, outstanding: u32) {
+        if self.tail != self.rung {
+            // New commands since the last doorbell.
+            let batch = self.batch as u32;
+            if batch == 1 || self.batch_ready(batch, outstanding) {
+                self.ring();
+            }
+        }
+    }
+
+    fn flush(&mut self) {
+        if self.tail != self.rung {
+            self.ring();
+        }
+    }
+
+    fn restart(&mut self) {
+        self.tail = 0;
+        self.rung = 0;
+        // A queue re-created after a reset starts at index 0; the old
+        // values in its shadow slots (perhaps written after the controller
+        // cleared them) must not survive.
+        if let Some(s) = &self.shadow {
+            s.clear();
+        }
+    }
+
+    fn max_data(&self) -> usize {
+        // PRP1 may start anywhere in its page; the list covers the rest.
+        ((1usize << self.prp_shift).saturating_sub(1)) * prp::PAGE as usize
+    }
+
+    fn counters(&self) -> WireCounters {
+        self.counters
+    }
+
+    fn reset_counters(&mut self) {
+        self.counters = WireCounters::default();
+    }
+}
+
+#[cold]
+fn prp_error(e: prp::PrpError, iova: u64) -> SubmitError {
+    match e {
+        prp::PrpError::Unaligned => SubmitError::Unaligned { iova },
+        prp::PrpError::NotPageAligned | prp::PrpError::ListTooSmall { .. } => {
+            SubmitError::BadBuffer
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn need_event_matches_linux() {
+        // Event index inside [old, new): MMIO needed.
+        assert!(need_event(5, 6, 5));
+        assert!(need_event(5, 10, 3));
+        // Event index behind old (device polls): not needed.
+        assert!(!need_event(4, 10, 5));
+        assert!(!need_event(u16::MAX, 3, 0));
+        // Event index at or past new: not needed.
+        assert!(!need_event(10, 10, 5));
+    }
+}
