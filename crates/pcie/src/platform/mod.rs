@@ -10,6 +10,7 @@ use crate::mmio::Mmio;
 
 #[cfg(target_os = "linux")]
 pub mod hugemem;
+pub mod irq;
 #[cfg(target_os = "linux")]
 pub mod pci;
 #[cfg(feature = "soft")]
@@ -52,6 +53,21 @@ pub trait Platform: Send + Sync {
     }
     fn quirks(&self) -> Quirks {
         Quirks::default()
+    }
+    /// How many interrupt vectors the platform can deliver (0: none; the
+    /// driver polls). Vector 0 is the admin CQ's.
+    fn irq_vectors(&self) -> u16 {
+        0
+    }
+    /// Delivers interrupt `vector` (< `irq_vectors()`) through the returned
+    /// fd. Real PCIe controllers: enable vector 0 (the admin CQ's) before
+    /// `Controller::new`: QEMU (7.2) drops MSI-X messages of a vector that
+    /// was not yet enabled when the CQ using it was created.
+    fn enable_irq(&self, vector: u16) -> Result<irq::IrqFd> {
+        Err(crate::error::Error::Unsupported(format!(
+            "interrupts (vector {vector}) not supported by {}",
+            self.describe()
+        )))
     }
 }
 

@@ -27,13 +27,24 @@
 //! mastering is switched off here — and every buffer is gone. Memory is
 //! therefore not reused within one platform's lifetime; allocate I/O
 //! buffers once and reuse them.
+//!
+//! **Interrupts.** One: the pin-based INTx line, through `/dev/uioN`
+//! (see `irq` for how it is acknowledged and re-enabled). The platform
+//! opens `/dev/uioN` on the first `enable_irq` and keeps it open until it
+//! is dropped; every `IrqFd` gets a duplicate of that descriptor. This
+//! matters: uio_pci_generic switches bus mastering off when an open
+//! `/dev/uioN` file is closed, so closing an `IrqFd` of its own file would
+//! stop the controller's DMA under the driver's feet.
 use std::fs::{File, OpenOptions};
-use std::os::unix::fs::FileExt;
+use std::os::fd::OwnedFd;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 use super::hugemem::{self, HostMem, PageKind, HUGE_PAGE_SIZE};
+use super::irq::{self, IrqFd};
 use super::pci;
 use super::{Platform, Quirks};
 use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
@@ -160,6 +171,11 @@ pub struct UioPlatform {
     config: File,
     dma: Arc<UioDma>,
     quirks: Quirks,
+    /// The device has an INTx line (sysfs `irq`).
+    has_irq: bool,
+    /// `/dev/uioN` once an interrupt was enabled, with the interrupt count
+    /// last seen (shared by every `IrqFd`).
+    uio: Mutex<Option<(OwnedFd, Arc<AtomicU32>)>>,
 }
 
 // SAFETY: the raw BAR pointer is only used through `Mmio` (atomic accesses)
@@ -257,6 +273,11 @@ impl UioPlatform {
             .map_err(|e| Error::Platform(format!("writing PCI command register: {e}")))?;
 
         let quirks = super::quirks_for(pci::ids(&bdf)?);
+        let has_irq = std::fs::read_to_string(dir.join("irq"))
+            .ok()
+            .and_then(|s| s.trim().parse::<u32>().ok())
+            // 0: no line; 0x80000000: IRQ_NOTCONNECTED.
+            .is_some_and(|irq| irq != 0 && irq != 0x8000_0000);
         // SAFETY: the BAR0 mapping made above, unmapped only in Drop.
         let bar = unsafe { Mmio::new(base, len) };
         Ok(UioPlatform {
@@ -273,12 +294,67 @@ impl UioPlatform {
                 warned_small: AtomicBool::new(false),
             }),
             quirks,
+            has_irq,
+            uio: Mutex::new(None),
         })
     }
 
     pub fn bdf(&self) -> &str {
         &self.bdf
     }
+
+    /// Opens `/dev/uioN` for the device: the interrupt count first (sysfs
+    /// `event`, so `ack` reports only newer interrupts; one arriving
+    /// between the two steps does not wake a waiter but is counted with
+    /// the next), then the node, non-blocking. Leaves INTx enabled.
+    fn open_uio(&self) -> Result<(OwnedFd, Arc<AtomicU32>)> {
+        let name = uio_name(&pci::sysfs_dir(&self.bdf)?)?;
+        let ev_path = format!("/sys/class/uio/{name}/event");
+        let event = std::fs::read_to_string(&ev_path)
+            .map_err(|e| Error::Platform(format!("{ev_path}: {e}")))?;
+        let event: u32 = event.trim().parse().map_err(|_| {
+            Error::Platform(format!("{ev_path}: unexpected content {:?}", event.trim()))
+        })?;
+        let dev = format!("/dev/{name}");
+        let f = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .custom_flags(libc::O_NONBLOCK)
+            .open(&dev)
+            .map_err(|e| {
+                let hint = if e.kind() == std::io::ErrorKind::PermissionDenied {
+                    " (uio_pci_generic needs root)"
+                } else {
+                    ""
+                };
+                Error::Platform(format!("{dev}: {e}{hint}"))
+            })?;
+        // An interrupt before anyone listened left INTx masked.
+        irq::intx_enable(&self.config)?;
+        tracing::debug!(bdf = %self.bdf, %dev, event, "UIO interrupt enabled");
+        Ok((f.into(), Arc::new(AtomicU32::new(event))))
+    }
+}
+
+/// The UIO device name (`uioN`) of the PCI device in `dir`.
+fn uio_name(dir: &Path) -> Result<String> {
+    let udir = dir.join("uio");
+    let mut names: Vec<String> = std::fs::read_dir(&udir)
+        .map_err(|e| Error::Platform(format!("{}: {e}", udir.display())))?
+        .filter_map(|e| e.ok())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n.strip_prefix("uio")
+                .is_some_and(|k| k.parse::<u32>().is_ok())
+        })
+        .collect();
+    names.sort();
+    names.into_iter().next().ok_or_else(|| {
+        Error::Platform(format!(
+            "{}: no uioN device (is uio_pci_generic bound?)",
+            udir.display()
+        ))
+    })
 }
 
 impl Platform for UioPlatform {
@@ -306,6 +382,42 @@ impl Platform for UioPlatform {
 
     fn quirks(&self) -> Quirks {
         self.quirks
+    }
+
+    fn irq_vectors(&self) -> u16 {
+        self.has_irq as u16
+    }
+
+    /// The INTx interrupt (vector 0 only); see the module docs. For NVMe
+    /// the controller's INTMS must not mask vector 0: it does not after a
+    /// reset, and a driver that set it must clear it through INTMC.
+    fn enable_irq(&self, vector: u16) -> Result<IrqFd> {
+        if !self.has_irq {
+            return Err(Error::Unsupported(format!(
+                "interrupts not supported by uio {}: the device has no interrupt line (sysfs irq is 0)",
+                self.bdf
+            )));
+        }
+        if vector != 0 {
+            return Err(Error::InvalidArgument(format!(
+                "interrupt vector {vector} out of range: uio {} has 1 (vector 0, pin-based INTx)",
+                self.bdf
+            )));
+        }
+        let mut uio = self.uio.lock().unwrap_or_else(|p| p.into_inner());
+        if uio.is_none() {
+            *uio = Some(self.open_uio()?);
+        }
+        let Some((fd, last)) = uio.as_ref() else {
+            return Err(Error::Platform("UIO interrupt state missing".into()));
+        };
+        let dup = fd
+            .try_clone()
+            .map_err(|e| Error::Platform(format!("duplicating the /dev/uio descriptor: {e}")))?;
+        let config = self.config.try_clone().map_err(|e| {
+            Error::Platform(format!("duplicating the sysfs config descriptor: {e}"))
+        })?;
+        Ok(IrqFd::uio(dup, last.clone(), config))
     }
 }
 

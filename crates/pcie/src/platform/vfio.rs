@@ -28,6 +28,7 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
 use super::hugemem::{HostMem, PageKind, HUGE_PAGE_SIZE};
+use super::irq::IrqFd;
 use super::pci;
 use super::{Platform, Quirks};
 use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
@@ -48,6 +49,8 @@ mod sys {
     pub const GROUP_GET_DEVICE_FD: u64 = io(6);
     pub const DEVICE_GET_INFO: u64 = io(7);
     pub const DEVICE_GET_REGION_INFO: u64 = io(8);
+    pub const DEVICE_GET_IRQ_INFO: u64 = io(9);
+    pub const DEVICE_SET_IRQS: u64 = io(10);
     pub const IOMMU_GET_INFO: u64 = io(12);
     pub const IOMMU_MAP_DMA: u64 = io(13);
     pub const IOMMU_UNMAP_DMA: u64 = io(14);
@@ -66,6 +69,11 @@ mod sys {
     pub const IOMMU_TYPE1_INFO_CAP_IOVA_RANGE: u16 = 1;
     pub const DMA_MAP_FLAG_READ: u32 = 1;
     pub const DMA_MAP_FLAG_WRITE: u32 = 2;
+    pub const PCI_MSIX_IRQ_INDEX: u32 = 2;
+    pub const IRQ_INFO_EVENTFD: u32 = 1;
+    pub const IRQ_SET_DATA_NONE: u32 = 1;
+    pub const IRQ_SET_DATA_EVENTFD: u32 = 1 << 2;
+    pub const IRQ_SET_ACTION_TRIGGER: u32 = 1 << 5;
 
     #[repr(C)]
     #[derive(Default)]
@@ -120,7 +128,41 @@ mod sys {
         pub iova: u64,
         pub size: u64,
     }
+
+    #[repr(C)]
+    #[derive(Default)]
+    pub struct IrqInfo {
+        pub argsz: u32,
+        pub flags: u32,
+        pub index: u32,
+        pub count: u32,
+    }
+
+    /// `struct vfio_irq_set`: the header; `data` (here eventfds, one i32
+    /// per vector from `start`) follows it, `argsz` covers both.
+    #[repr(C)]
+    pub struct IrqSet {
+        pub argsz: u32,
+        pub flags: u32,
+        pub index: u32,
+        pub start: u32,
+        pub count: u32,
+        pub data: [i32; 0],
+    }
+
+    /// An `IrqSet` for vectors `start..start + count` with `fds` as data
+    /// (empty for DATA_NONE), as u32 words: header, then the fds.
+    pub fn irq_set(flags: u32, index: u32, start: u32, count: u32, fds: &[i32]) -> Vec<u32> {
+        let argsz = std::mem::size_of::<IrqSet>() + std::mem::size_of_val(fds);
+        let mut w = vec![argsz as u32, flags, index, start, count];
+        w.extend(fds.iter().map(|&fd| fd as u32));
+        w
+    }
 }
+
+/// MSI-X vectors enabled at most (and so eventfds opened): plenty for one
+/// queue pair per core on the machines pollux targets.
+const MAX_MSIX_VECTORS: u16 = 64;
 
 /// First IOVA handed out: 4 GiB, above the x86 interrupt window
 /// (0xfee00000) and any 32-bit quirks, and well inside the 39-bit address
@@ -278,6 +320,12 @@ pub struct VfioPlatform {
     device: Option<OwnedFd>,
     dma: Arc<VfioDma>,
     quirks: Quirks,
+    /// MSI-X vectors the device offers (VFIO_DEVICE_GET_IRQ_INFO), capped
+    /// at MAX_MSIX_VECTORS; 0 without MSI-X.
+    msix_offered: u16,
+    /// One eventfd per enabled MSI-X vector (all enabled at once on the
+    /// first `enable_irq`); empty while MSI-X is off.
+    msix: Mutex<Vec<OwnedFd>>,
 }
 
 // SAFETY: the raw BAR pointer is only used through `Mmio` (atomic accesses)
@@ -445,6 +493,10 @@ impl VfioPlatform {
             .write_all_at(&c.to_le_bytes(), cfg.offset + pci::PCI_COMMAND)
             .map_err(|e| Error::Platform(format!("writing PCI command register: {e}")))?;
 
+        let msix_offered = msix_count(&device).unwrap_or_else(|e| {
+            tracing::warn!(%bdf, "{e}; interrupts unavailable");
+            0
+        });
         let quirks = super::quirks_for(pci::ids(&bdf)?);
         // SAFETY: base..base+len is the BAR0 mapping made above, unmapped
         // only in Drop, after every user (the controller) is gone.
@@ -465,12 +517,87 @@ impl VfioPlatform {
                 bufs: Mutex::new(HashMap::new()),
             }),
             quirks,
+            msix_offered,
+            msix: Mutex::new(Vec::new()),
         })
     }
 
     pub fn bdf(&self) -> &str {
         &self.bdf
     }
+
+    fn device(&self) -> Result<&OwnedFd> {
+        self.device
+            .as_ref()
+            .ok_or_else(|| Error::Platform(format!("vfio {}: device closed", self.bdf)))
+    }
+
+    /// VFIO_DEVICE_SET_IRQS (trigger action) on the MSI-X index.
+    fn set_msix(&self, flags: u32, count: u32, fds: &[i32]) -> Result<i32> {
+        let mut w = sys::irq_set(
+            flags | sys::IRQ_SET_ACTION_TRIGGER,
+            sys::PCI_MSIX_IRQ_INDEX,
+            0,
+            count,
+            fds,
+        );
+        ioctl_ptr(
+            self.device()?,
+            sys::DEVICE_SET_IRQS,
+            w.as_mut_ptr(),
+            "VFIO_DEVICE_SET_IRQS (MSI-X)",
+        )
+    }
+
+    /// Enables MSI-X vectors 0..n, each signalling a new eventfd. Kernels
+    /// before 6.5 cannot add vectors while MSI-X is on (only by disabling
+    /// it, which could lose interrupts), hence all at once. When the
+    /// kernel can allocate fewer host vectors it says how many (a positive
+    /// return): enable that many instead.
+    fn enable_msix(&self, mut n: u16) -> Result<Vec<OwnedFd>> {
+        loop {
+            let fds = (0..n)
+                .map(|_| super::irq::new_eventfd())
+                .collect::<Result<Vec<_>>>()?;
+            let raw: Vec<i32> = fds.iter().map(|f| f.as_raw_fd()).collect();
+            let r = self.set_msix(sys::IRQ_SET_DATA_EVENTFD, n as u32, &raw)?;
+            match r {
+                0 => {
+                    tracing::debug!(bdf = %self.bdf, vectors = n, "MSI-X enabled");
+                    return Ok(fds);
+                }
+                k if k > 0 && (k as u16) < n => {
+                    tracing::info!(bdf = %self.bdf, asked = n, available = k, "fewer MSI-X vectors available");
+                    n = k as u16;
+                }
+                k => {
+                    return Err(Error::Platform(format!(
+                        "VFIO_DEVICE_SET_IRQS: enabling {n} MSI-X vectors of {} returned {k}",
+                        self.bdf
+                    )))
+                }
+            }
+        }
+    }
+}
+
+/// MSI-X vectors the device offers (capped), from VFIO_DEVICE_GET_IRQ_INFO.
+fn msix_count(device: &OwnedFd) -> Result<u16> {
+    let mut info = sys::IrqInfo {
+        argsz: std::mem::size_of::<sys::IrqInfo>() as u32,
+        index: sys::PCI_MSIX_IRQ_INDEX,
+        ..Default::default()
+    };
+    ioctl_ptr(
+        device,
+        sys::DEVICE_GET_IRQ_INFO,
+        &mut info,
+        "VFIO_DEVICE_GET_IRQ_INFO (MSI-X)",
+    )?;
+    if info.flags & sys::IRQ_INFO_EVENTFD == 0 {
+        return Ok(0);
+    }
+    Ok(info.count.min(MAX_MSIX_VECTORS as u32) as u16)
 }
 
 fn region_info(device: &OwnedFd, index: u32) -> Result<sys::RegionInfo> {
@@ -696,10 +823,63 @@ impl Platform for VfioPlatform {
     fn quirks(&self) -> Quirks {
         self.quirks
     }
+
+    fn irq_vectors(&self) -> u16 {
+        let on = self.msix.lock().unwrap_or_else(|p| p.into_inner()).len();
+        if on > 0 {
+            on as u16
+        } else {
+            self.msix_offered
+        }
+    }
+
+    /// MSI-X vector `vector`: on the first call every vector is enabled,
+    /// each with its own eventfd (see `enable_msix`); returns a duplicate
+    /// of that vector's eventfd. The platform keeps the originals and
+    /// disables MSI-X when dropped.
+    fn enable_irq(&self, vector: u16) -> Result<IrqFd> {
+        if self.msix_offered == 0 {
+            return Err(Error::Unsupported(format!(
+                "interrupts not supported by vfio {}: it offers no MSI-X vectors",
+                self.bdf
+            )));
+        }
+        let mut msix = self.msix.lock().unwrap_or_else(|p| p.into_inner());
+        if msix.is_empty() {
+            if vector >= self.msix_offered {
+                return Err(out_of_range(vector, self.msix_offered, &self.bdf));
+            }
+            *msix = self.enable_msix(self.msix_offered)?;
+        }
+        let fd = msix
+            .get(vector as usize)
+            .ok_or_else(|| out_of_range(vector, msix.len() as u16, &self.bdf))?;
+        let dup = fd.try_clone().map_err(|e| {
+            Error::Platform(format!(
+                "duplicating the eventfd of MSI-X vector {vector}: {e}"
+            ))
+        })?;
+        Ok(IrqFd::from_own_eventfd(dup))
+    }
+}
+
+fn out_of_range(vector: u16, n: u16, bdf: &str) -> Error {
+    Error::InvalidArgument(format!(
+        "interrupt vector {vector} out of range: vfio {bdf} has {n} MSI-X vectors (0..={})",
+        n.saturating_sub(1)
+    ))
 }
 
 impl Drop for VfioPlatform {
     fn drop(&mut self) {
+        let msix = self.msix.get_mut().unwrap_or_else(|p| p.into_inner());
+        if !msix.is_empty() {
+            // Closing the device would disable MSI-X too; say so explicitly
+            // (and log if the kernel objects).
+            if let Err(e) = self.set_msix(sys::IRQ_SET_DATA_NONE, 0, &[]) {
+                tracing::warn!(bdf = %self.bdf, "disabling MSI-X: {e}");
+            }
+        }
         // SAFETY: the BAR reservation made in map_bar; the controller using
         // it has been shut down (the platform is dropped last).
         unsafe { libc::munmap(self.bar_map.0.as_ptr().cast(), self.bar_map.1) };
@@ -725,6 +905,35 @@ mod tests {
         assert_eq!(std::mem::size_of::<sys::DmaMap>(), 32);
         assert_eq!(std::mem::size_of::<sys::DmaUnmap>(), 24);
         assert_eq!(std::mem::size_of::<sys::IommuInfo>(), 24);
+        // VFIO_DEVICE_GET_IRQ_INFO = _IO(';', 100 + 9), SET_IRQS = + 10.
+        assert_eq!(sys::DEVICE_GET_IRQ_INFO, 0x3b6d);
+        assert_eq!(sys::DEVICE_SET_IRQS, 0x3b6e);
+        assert_eq!(std::mem::size_of::<sys::IrqInfo>(), 16);
+        assert_eq!(std::mem::size_of::<sys::IrqSet>(), 20);
+        assert_eq!(std::mem::offset_of!(sys::IrqSet, data), 20);
+        assert_eq!(std::mem::align_of::<sys::IrqSet>(), 4);
+    }
+
+    #[test]
+    fn irq_set_layout() {
+        // Enable vectors 0..3 with fds 7, 8, 9: header then the fds.
+        let w = sys::irq_set(
+            sys::IRQ_SET_DATA_EVENTFD | sys::IRQ_SET_ACTION_TRIGGER,
+            sys::PCI_MSIX_IRQ_INDEX,
+            0,
+            3,
+            &[7, 8, 9],
+        );
+        assert_eq!(w, [32, 0x24, 2, 0, 3, 7, 8, 9]);
+        // Disable: DATA_NONE, count 0, no data.
+        let w = sys::irq_set(
+            sys::IRQ_SET_DATA_NONE | sys::IRQ_SET_ACTION_TRIGGER,
+            sys::PCI_MSIX_IRQ_INDEX,
+            0,
+            0,
+            &[],
+        );
+        assert_eq!(w, [20, 0x21, 2, 0, 0]);
     }
 
     #[test]
