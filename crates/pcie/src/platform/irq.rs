@@ -370,10 +370,8 @@ mod tests {
     fn uio_ack_reports_count_differences_and_unmasks() {
         let mut fds = [0; 2];
         // SAFETY: pipe2 fills the two-element array.
-        assert_eq!(
-            unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) },
-            0
-        );
+        let rc = unsafe { libc::pipe2(fds.as_mut_ptr(), libc::O_NONBLOCK | libc::O_CLOEXEC) };
+        assert_eq!(rc, 0);
         // SAFETY: fresh descriptors we own.
         let (r, w) = unsafe {
             (
