@@ -1,19 +1,49 @@
 //! `pollux perf` end to end: the binary as a user runs it. Inline mode (the
 //! emulated controller stepped by the worker) and --io-count keep every run
 //! short and its counts exact.
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// A run that has not exited by then is a hang: it is killed and the test
+/// fails (instead of hanging CI).
+const HANG: Duration = Duration::from_secs(60);
+
 fn pollux(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run pollux");
+    // Read both pipes while waiting, so a full pipe cannot stall the child.
+    let reader = |mut p: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = p.read_to_end(&mut b);
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("stderr")));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for pollux") {
+            break st;
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("pollux {args:?} did not exit within {HANG:?}: killed (hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code().unwrap_or(-1),
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
     )
 }
 
@@ -110,6 +140,35 @@ fn verify_fails_on_null_backend_and_names_the_lba() {
     assert!(v["total"]["errors"].as_u64().unwrap() > 0);
     let first = v["errors"][0].as_str().unwrap();
     assert!(first.contains("verify: LBA "), "{first}");
+}
+
+/// A submission the driver refuses (here: 1 MiB at QD 1 needs more commands
+/// than the queue pair has slots, with the emulated controller's 128 KiB
+/// MDTS) is a finished I/O with an error: the run ends (it used to wait
+/// forever for the slot's completion) and exits non-zero. A driver that
+/// splits such an I/O and waits for free slots runs it instead: then it
+/// must succeed exactly.
+#[test]
+fn refused_submission_ends_the_run() {
+    for extra in [&[][..], &["--inline"][..]] {
+        let mut args = vec!["-q", "1", "-o", "1m", "-t", "0", "--io-count", "10"];
+        args.extend_from_slice(extra);
+        let (code, v) = perf_json(&args);
+        let t = &v["total"];
+        if code == 0 {
+            assert_eq!(
+                (t["ios"].as_u64(), t["errors"].as_u64()),
+                (Some(10), Some(0)),
+                "{v}"
+            );
+        } else {
+            assert_eq!(code, 1, "{v}");
+            let ios = t["ios"].as_u64().unwrap();
+            assert!(ios >= 1 && t["errors"].as_u64() >= Some(ios), "{v}");
+            let first = v["errors"][0].as_str().unwrap();
+            assert!(first.contains("submit at LBA"), "{first}");
+        }
+    }
 }
 
 #[test]

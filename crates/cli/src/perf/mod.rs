@@ -423,6 +423,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     latency,
                     verify,
                     slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
+                    retry: Vec::new(),
                 };
                 per_worker[w].push(Job { qp, ctx });
                 njobs += 1;
