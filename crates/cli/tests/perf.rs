@@ -47,6 +47,23 @@ fn pollux(args: &[&str]) -> (i32, String, String) {
     )
 }
 
+/// The first CPU this process may not run on (sched_getaffinity).
+fn unavailable_core() -> usize {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: c < CPU_SETSIZE.
+        .find(|&c| !unsafe { libc::CPU_ISSET(c, &set) })
+        .expect("a CPU outside the affinity mask")
+}
+
 fn perf_json(args: &[&str]) -> (i32, Value) {
     let mut a = vec!["perf", "--json"];
     a.extend_from_slice(args);
@@ -116,30 +133,64 @@ fn verify_passes_on_ram_for_every_pattern() {
     }
 }
 
-/// The null backend keeps no data: a read after a write must not verify.
-/// This is what shows --verify can fail.
+/// Blocks that hold neither zeros nor their tag (a file full of 0xA5, never
+/// written by this run) must fail verification: this is what shows --verify
+/// can fail.
 #[test]
-fn verify_fails_on_null_backend_and_names_the_lba() {
+fn verify_fails_on_foreign_data_and_names_the_lba() {
+    let dir = std::env::temp_dir().join(format!("pollux-perf-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("disk.img");
+    std::fs::write(&f, vec![0xA5u8; 64 << 10]).unwrap();
+    let trid = format!("trtype:soft backend:file path:{} size:64KiB", f.display());
     let (code, v) = perf_json(&[
         "--inline",
         "-t",
         "0",
         "--io-count",
-        "3000",
+        "100",
         "-q",
         "8",
         "-w",
-        "randrw",
-        "-M",
-        "50",
+        "randread",
         "--verify",
         "-r",
-        "trtype:soft backend:null size:64KiB",
+        &trid,
     ]);
-    assert_ne!(code, 0, "errors must give a non-zero exit status");
-    assert!(v["total"]["errors"].as_u64().unwrap() > 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, 1, "errors must give exit status 1: {v}");
+    assert_eq!(v["total"]["errors"], 100, "every read fails: {v}");
     let first = v["errors"][0].as_str().unwrap();
-    assert!(first.contains("verify: LBA "), "{first}");
+    assert!(
+        first.contains("verify: LBA ") && first.contains("tag mismatch"),
+        "{first}"
+    );
+}
+
+/// The null backend keeps no data, so --verify there would report false
+/// corruption: it is refused before the run.
+#[test]
+fn verify_on_null_backend_is_refused() {
+    for args in [
+        &["perf", "--inline", "-t", "1", "--verify"][..],
+        &[
+            "perf",
+            "--inline",
+            "-t",
+            "1",
+            "--verify",
+            "-r",
+            "trtype:soft backend:null size:64KiB",
+        ][..],
+    ] {
+        let (code, out, err) = pollux(args);
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        assert!(
+            err.contains("--verify") && err.contains("backend:null") && err.contains("backend:ram"),
+            "{args:?}: {err}"
+        );
+        assert!(out.is_empty(), "no run: {out}");
+    }
 }
 
 /// A submission the driver refuses (here: 1 MiB at QD 1 needs more commands
@@ -265,6 +316,67 @@ fn bad_arguments_are_clear_errors() {
         let (code, _out, err) = pollux(args);
         assert_eq!(code, 2, "{args:?}: {err}");
         assert!(err.contains(want), "{args:?}: expected '{want}' in: {err}");
+    }
+}
+
+/// Impossible option values are refused before the run, and the message
+/// names the option, its value and the limit.
+#[test]
+fn impossible_options_are_refused_naming_them() {
+    let core = unavailable_core().to_string();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["-o", "0"], vec!["-o 0", "non-zero"]),
+        (vec!["-q", "0"], vec!["-q 0", "at least 1"]),
+        (vec!["-P", "0"], vec!["-P 0", "at least 1"]),
+        (vec!["-t", "0"], vec!["-t 0", "--io-count"]),
+        (
+            vec!["-t", "0", "--io-count", "0"],
+            vec!["--io-count 0", "at least 1"],
+        ),
+        (vec!["--io-count", "0"], vec!["--io-count 0"]),
+        (
+            vec!["--timeout-ms", "18446744073709551615"],
+            vec!["--timeout-ms 18446744073709551615", "at most 86400000"],
+        ),
+        (
+            vec!["--device-core", &core],
+            vec!["--device-core", "is not available", "available: "],
+        ),
+        (
+            vec!["-c", &core],
+            vec!["-c", "is not available", "available: "],
+        ),
+        // CAP.MQES of the emulated controller is 4095: at most 4095 deep.
+        (vec!["-q", "4096"], vec!["-q 4096", "up to 4095"]),
+        // It grants 64 I/O queue pairs.
+        (
+            vec!["-P", "33", "-r", "trtype:soft ns:2"],
+            vec!["-P 33", "need 66", "granted 64"],
+        ),
+        (
+            vec!["-o", "1024", "-r", "trtype:soft lbads:4096"],
+            vec!["-o 1024", "LBA size 4096"],
+        ),
+        (
+            vec!["-o", "8k", "-r", "trtype:soft size:4KiB"],
+            vec!["-o 8192", "namespace (4096 bytes)"],
+        ),
+        // 64 queue pairs x 4095 x 64 MiB = 16 TiB of buffers: more than any
+        // machine has, refused before a byte is allocated.
+        (
+            vec!["-q", "4095", "-o", "64m", "-P", "64"],
+            vec!["-q 4095", "-o 67108864", "64 queue pair(s)", "MemAvailable"],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut a = vec!["perf", "--inline"];
+        a.extend_from_slice(&args);
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 2, "{a:?}: {out} {err}");
+        for w in wants {
+            assert!(err.contains(w), "{a:?}: expected '{w}' in: {err}");
+        }
+        assert!(out.is_empty(), "{a:?}: no run: {out}");
     }
 }
 
