@@ -417,3 +417,64 @@ fn threaded_device_two_workers() {
     assert_eq!(v["total"]["ios"], 20000);
     assert_eq!(v["cores"].as_array().unwrap().len(), 2);
 }
+
+/// pingpong refuses counts whose round-trip counter would overflow (it used
+/// to wrap and spin forever) or whose results cannot be held, and cores it
+/// cannot run on.
+#[test]
+fn pingpong_refuses_impossible_counts() {
+    let core = unavailable_core().to_string();
+    let both = format!("0,{core}");
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["--trips", "9223372036854775807", "--batches", "2"],
+            vec!["--trips 9223372036854775807", "--batches 2", "overflow"],
+        ),
+        (
+            vec!["--trips", "1", "--batches", "18446744073709551615"],
+            vec!["--batches 18446744073709551615", "at most"],
+        ),
+        (vec!["--trips", "0"], vec!["--trips 0", "at least 1"]),
+        (vec!["--batches", "0"], vec!["--batches 0", "at least 1"]),
+        (vec!["-c", "0"], vec!["-c 0", "two cores"]),
+        (
+            vec!["-c", &both],
+            vec!["-c", "is not available", "available: "],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut a = vec!["pingpong"];
+        a.extend_from_slice(&args);
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 2, "{a:?}: {out} {err}");
+        for w in wants {
+            assert!(err.contains(w), "{a:?}: expected '{w}' in: {err}");
+        }
+    }
+}
+
+/// One round trip in one batch (the smallest run) reports a finite,
+/// non-negative figure.
+#[test]
+fn pingpong_tiny_run_reports_sane_numbers() {
+    let first_unavailable = unavailable_core();
+    if first_unavailable < 2 {
+        eprintln!("skipped: pingpong needs CPUs 0 and 1");
+        return;
+    }
+    let (code, out, err) = pollux(&[
+        "pingpong",
+        "-c",
+        "0,1",
+        "--trips",
+        "1",
+        "--batches",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let rt = v["round_trip_ns"].as_f64().unwrap();
+    assert!(rt.is_finite() && rt >= 0.0, "{v}");
+    assert_eq!(v["batches"].as_array().unwrap().len(), 1);
+}
