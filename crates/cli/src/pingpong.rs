@@ -16,35 +16,70 @@ pub struct PingpongArgs {
     /// Round trips per batch.
     #[arg(long, default_value_t = 200_000)]
     pub trips: u64,
-    /// Batches (the median is reported).
+    /// Batches (the median is reported; at most 1000000).
     #[arg(long, default_value_t = 7)]
     pub batches: usize,
     #[arg(long)]
     pub json: bool,
 }
 
+/// Most batches: one figure each is kept and printed.
+pub const MAX_BATCHES: usize = 1_000_000;
+
 #[repr(align(128))]
 struct Line(AtomicU64);
 
+/// The counter value after the last round trip: each trip adds 2, so
+/// `2 x trips x batches` must fit in the 64-bit counter.
+fn final_count(a: &PingpongArgs) -> Result<u64, String> {
+    if a.trips == 0 {
+        return Err(format!("--trips {}: must be at least 1", a.trips));
+    }
+    if a.batches == 0 {
+        return Err(format!("--batches {}: must be at least 1", a.batches));
+    }
+    if a.batches > MAX_BATCHES {
+        return Err(format!(
+            "--batches {}: at most {MAX_BATCHES} (one figure is kept per batch)",
+            a.batches
+        ));
+    }
+    a.trips
+        .checked_mul(a.batches as u64)
+        .and_then(|n| n.checked_mul(2))
+        .ok_or_else(|| {
+            format!(
+                "--trips {} x --batches {} round trips overflow the 64-bit counter (at most {} in total)",
+                a.trips,
+                a.batches,
+                u64::MAX / 2
+            )
+        })
+}
+
 pub fn run(a: PingpongArgs) -> Result<(), String> {
-    let cores = crate::perf::parse_cores(&a.cores)?;
+    let end = final_count(&a)?;
+    let cores = crate::perf::parse_cores(&a.cores).map_err(|e| format!("-c {}: {e}", a.cores))?;
     if cores.len() != 2 {
-        return Err("pingpong needs exactly two cores".into());
+        return Err(format!(
+            "-c {}: pingpong needs exactly two cores (got {})",
+            a.cores,
+            cores.len()
+        ));
     }
-    if a.trips == 0 || a.batches == 0 {
-        return Err("--trips and --batches must be at least 1".into());
-    }
+    crate::perf::check_cores(&cores, &crate::perf::online_cpus())
+        .map_err(|e| format!("-c {}: {e}", a.cores))?;
     let line = Line(AtomicU64::new(0));
-    let total = a.trips * a.batches as u64;
     let mut results = Vec::with_capacity(a.batches);
     std::thread::scope(|s| {
         let l = &line;
         let c1 = cores[1];
         s.spawn(move || {
             crate::perf::pin_to(c1);
-            // Answer every odd value with the next even one.
+            // Answer every odd value with the next even one. `want` stays
+            // below `end` (even, at most u64::MAX - 1) before each answer.
             let mut want = 1u64;
-            while want < 2 * total {
+            while want < end {
                 while l.0.load(Ordering::Acquire) != want {
                     std::hint::spin_loop();
                 }
@@ -53,6 +88,7 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
             }
         });
         crate::perf::pin_to(cores[0]);
+        // `v` reaches `end` after the last trip: no step overflows.
         let mut v = 0u64;
         for _ in 0..a.batches {
             let t = Instant::now();
@@ -67,14 +103,18 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
         }
     });
     results.sort_by(f64::total_cmp);
+    // batches >= 1: the slice has a middle, a first and a last.
+    let (Some(&min), Some(&max)) = (results.first(), results.last()) else {
+        return Err("no batches ran".into());
+    };
     let med = results[results.len() / 2];
     if a.json {
         println!(
             "{}",
-            serde_json::json!({ "round_trip_ns": med, "min_ns": results[0], "max_ns": results[results.len() - 1], "batches": results })
+            serde_json::json!({ "round_trip_ns": med, "min_ns": min, "max_ns": max, "batches": results })
         );
     } else {
-        println!("cross-core cache-line round trip (cores {}): median {med:.1} ns, range {:.1}..{:.1} ns over {} batches", a.cores, results[0], results[results.len() - 1], a.batches);
+        println!("cross-core cache-line round trip (cores {}): median {med:.1} ns, range {min:.1}..{max:.1} ns over {} batches", a.cores, a.batches);
     }
     Ok(())
 }

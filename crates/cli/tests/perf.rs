@@ -1,20 +1,67 @@
 //! `pollux perf` end to end: the binary as a user runs it. Inline mode (the
 //! emulated controller stepped by the worker) and --io-count keep every run
 //! short and its counts exact.
-use std::process::Command;
+use std::io::Read;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
+/// A run that has not exited by then is a hang: it is killed and the test
+/// fails (instead of hanging CI).
+const HANG: Duration = Duration::from_secs(60);
+
 fn pollux(args: &[&str]) -> (i32, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_pollux"))
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
         .args(args)
-        .output()
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
         .expect("run pollux");
+    // Read both pipes while waiting, so a full pipe cannot stall the child.
+    let reader = |mut p: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = p.read_to_end(&mut b);
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("stderr")));
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for pollux") {
+            break st;
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("pollux {args:?} did not exit within {HANG:?}: killed (hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
     (
-        out.status.code().unwrap_or(-1),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
+        status.code().unwrap_or(-1),
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
     )
+}
+
+/// The first CPU this process may not run on (sched_getaffinity).
+fn unavailable_core() -> usize {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: c < CPU_SETSIZE.
+        .find(|&c| !unsafe { libc::CPU_ISSET(c, &set) })
+        .expect("a CPU outside the affinity mask")
 }
 
 fn perf_json(args: &[&str]) -> (i32, Value) {
@@ -86,30 +133,93 @@ fn verify_passes_on_ram_for_every_pattern() {
     }
 }
 
-/// The null backend keeps no data: a read after a write must not verify.
-/// This is what shows --verify can fail.
+/// Blocks that hold neither zeros nor their tag (a file full of 0xA5, never
+/// written by this run) must fail verification: this is what shows --verify
+/// can fail.
 #[test]
-fn verify_fails_on_null_backend_and_names_the_lba() {
+fn verify_fails_on_foreign_data_and_names_the_lba() {
+    let dir = std::env::temp_dir().join(format!("pollux-perf-verify-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let f = dir.join("disk.img");
+    std::fs::write(&f, vec![0xA5u8; 64 << 10]).unwrap();
+    let trid = format!("trtype:soft backend:file path:{} size:64KiB", f.display());
     let (code, v) = perf_json(&[
         "--inline",
         "-t",
         "0",
         "--io-count",
-        "3000",
+        "100",
         "-q",
         "8",
         "-w",
-        "randrw",
-        "-M",
-        "50",
+        "randread",
         "--verify",
         "-r",
-        "trtype:soft backend:null size:64KiB",
+        &trid,
     ]);
-    assert_ne!(code, 0, "errors must give a non-zero exit status");
-    assert!(v["total"]["errors"].as_u64().unwrap() > 0);
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(code, 1, "errors must give exit status 1: {v}");
+    assert_eq!(v["total"]["errors"], 100, "every read fails: {v}");
     let first = v["errors"][0].as_str().unwrap();
-    assert!(first.contains("verify: LBA "), "{first}");
+    assert!(
+        first.contains("verify: LBA ") && first.contains("tag mismatch"),
+        "{first}"
+    );
+}
+
+/// The null backend keeps no data, so --verify there would report false
+/// corruption: it is refused before the run.
+#[test]
+fn verify_on_null_backend_is_refused() {
+    for args in [
+        &["perf", "--inline", "-t", "1", "--verify"][..],
+        &[
+            "perf",
+            "--inline",
+            "-t",
+            "1",
+            "--verify",
+            "-r",
+            "trtype:soft backend:null size:64KiB",
+        ][..],
+    ] {
+        let (code, out, err) = pollux(args);
+        assert_eq!(code, 2, "{args:?}: {out} {err}");
+        assert!(
+            err.contains("--verify") && err.contains("backend:null") && err.contains("backend:ram"),
+            "{args:?}: {err}"
+        );
+        assert!(out.is_empty(), "no run: {out}");
+    }
+}
+
+/// A submission the driver refuses (here: 1 MiB at QD 1 needs more commands
+/// than the queue pair has slots, with the emulated controller's 128 KiB
+/// MDTS) is a finished I/O with an error: the run ends (it used to wait
+/// forever for the slot's completion) and exits non-zero. A driver that
+/// splits such an I/O and waits for free slots runs it instead: then it
+/// must succeed exactly.
+#[test]
+fn refused_submission_ends_the_run() {
+    for extra in [&[][..], &["--inline"][..]] {
+        let mut args = vec!["-q", "1", "-o", "1m", "-t", "0", "--io-count", "10"];
+        args.extend_from_slice(extra);
+        let (code, v) = perf_json(&args);
+        let t = &v["total"];
+        if code == 0 {
+            assert_eq!(
+                (t["ios"].as_u64(), t["errors"].as_u64()),
+                (Some(10), Some(0)),
+                "{v}"
+            );
+        } else {
+            assert_eq!(code, 1, "{v}");
+            let ios = t["ios"].as_u64().unwrap();
+            assert!(ios >= 1 && t["errors"].as_u64() >= Some(ios), "{v}");
+            let first = v["errors"][0].as_str().unwrap();
+            assert!(first.contains("submit at LBA"), "{first}");
+        }
+    }
 }
 
 #[test]
@@ -209,6 +319,67 @@ fn bad_arguments_are_clear_errors() {
     }
 }
 
+/// Impossible option values are refused before the run, and the message
+/// names the option, its value and the limit.
+#[test]
+fn impossible_options_are_refused_naming_them() {
+    let core = unavailable_core().to_string();
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (vec!["-o", "0"], vec!["-o 0", "non-zero"]),
+        (vec!["-q", "0"], vec!["-q 0", "at least 1"]),
+        (vec!["-P", "0"], vec!["-P 0", "at least 1"]),
+        (vec!["-t", "0"], vec!["-t 0", "--io-count"]),
+        (
+            vec!["-t", "0", "--io-count", "0"],
+            vec!["--io-count 0", "at least 1"],
+        ),
+        (vec!["--io-count", "0"], vec!["--io-count 0"]),
+        (
+            vec!["--timeout-ms", "18446744073709551615"],
+            vec!["--timeout-ms 18446744073709551615", "at most 86400000"],
+        ),
+        (
+            vec!["--device-core", &core],
+            vec!["--device-core", "is not available", "available: "],
+        ),
+        (
+            vec!["-c", &core],
+            vec!["-c", "is not available", "available: "],
+        ),
+        // CAP.MQES of the emulated controller is 4095: at most 4095 deep.
+        (vec!["-q", "4096"], vec!["-q 4096", "up to 4095"]),
+        // It grants 64 I/O queue pairs.
+        (
+            vec!["-P", "33", "-r", "trtype:soft ns:2"],
+            vec!["-P 33", "need 66", "granted 64"],
+        ),
+        (
+            vec!["-o", "1024", "-r", "trtype:soft lbads:4096"],
+            vec!["-o 1024", "LBA size 4096"],
+        ),
+        (
+            vec!["-o", "8k", "-r", "trtype:soft size:4KiB"],
+            vec!["-o 8192", "namespace (4096 bytes)"],
+        ),
+        // 64 queue pairs x 4095 x 64 MiB = 16 TiB of buffers: more than any
+        // machine has, refused before a byte is allocated.
+        (
+            vec!["-q", "4095", "-o", "64m", "-P", "64"],
+            vec!["-q 4095", "-o 67108864", "64 queue pair(s)", "MemAvailable"],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut a = vec!["perf", "--inline"];
+        a.extend_from_slice(&args);
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 2, "{a:?}: {out} {err}");
+        for w in wants {
+            assert!(err.contains(w), "{a:?}: expected '{w}' in: {err}");
+        }
+        assert!(out.is_empty(), "{a:?}: no run: {out}");
+    }
+}
+
 #[test]
 fn table_output_and_status_lines() {
     let (code, out, _err) = pollux(&[
@@ -245,4 +416,65 @@ fn threaded_device_two_workers() {
     assert_eq!(code, 0);
     assert_eq!(v["total"]["ios"], 20000);
     assert_eq!(v["cores"].as_array().unwrap().len(), 2);
+}
+
+/// pingpong refuses counts whose round-trip counter would overflow (it used
+/// to wrap and spin forever) or whose results cannot be held, and cores it
+/// cannot run on.
+#[test]
+fn pingpong_refuses_impossible_counts() {
+    let core = unavailable_core().to_string();
+    let both = format!("0,{core}");
+    let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
+        (
+            vec!["--trips", "9223372036854775807", "--batches", "2"],
+            vec!["--trips 9223372036854775807", "--batches 2", "overflow"],
+        ),
+        (
+            vec!["--trips", "1", "--batches", "18446744073709551615"],
+            vec!["--batches 18446744073709551615", "at most"],
+        ),
+        (vec!["--trips", "0"], vec!["--trips 0", "at least 1"]),
+        (vec!["--batches", "0"], vec!["--batches 0", "at least 1"]),
+        (vec!["-c", "0"], vec!["-c 0", "two cores"]),
+        (
+            vec!["-c", &both],
+            vec!["-c", "is not available", "available: "],
+        ),
+    ];
+    for (args, wants) in cases {
+        let mut a = vec!["pingpong"];
+        a.extend_from_slice(&args);
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 2, "{a:?}: {out} {err}");
+        for w in wants {
+            assert!(err.contains(w), "{a:?}: expected '{w}' in: {err}");
+        }
+    }
+}
+
+/// One round trip in one batch (the smallest run) reports a finite,
+/// non-negative figure.
+#[test]
+fn pingpong_tiny_run_reports_sane_numbers() {
+    let first_unavailable = unavailable_core();
+    if first_unavailable < 2 {
+        eprintln!("skipped: pingpong needs CPUs 0 and 1");
+        return;
+    }
+    let (code, out, err) = pollux(&[
+        "pingpong",
+        "-c",
+        "0,1",
+        "--trips",
+        "1",
+        "--batches",
+        "1",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|e| panic!("{e}: {out}"));
+    let rt = v["round_trip_ns"].as_f64().unwrap();
+    assert!(rt.is_finite() && rt >= 0.0, "{v}");
+    assert_eq!(v["batches"].as_array().unwrap().len(), 1);
 }

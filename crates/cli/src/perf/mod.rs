@@ -78,7 +78,7 @@ pub struct PerfArgs {
     /// Print one JSON object on stdout instead of the table.
     #[arg(long)]
     pub json: bool,
-    /// Per-command timeout in milliseconds (0: none).
+    /// Per-command timeout in milliseconds (0: none; at most one day).
     #[arg(long = "timeout-ms", default_value_t = 30_000)]
     pub timeout_ms: u64,
     /// Ring the SQ doorbell per command instead of once per poll.
@@ -114,7 +114,54 @@ pub enum PerfError {
     Io(#[from] std::io::Error),
     #[error("invalid arguments: {0}")]
     Args(String),
+    /// An option whose value cannot work, named with its value (if any).
+    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
+    BadOption {
+        option: &'static str,
+        value: String,
+        why: String,
+    },
+    /// The run would need more memory than the machine has.
+    #[error("{what} need {} of {kind} memory, but {} is available ({source_}): lower -q, -o or -P, or use fewer namespaces or devices", human_bytes(*.need), human_bytes(*.avail))]
+    Memory {
+        what: String,
+        need: u64,
+        kind: &'static str,
+        avail: u64,
+        source_: &'static str,
+    },
 }
+
+fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<String>) -> PerfError {
+    PerfError::BadOption {
+        option,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+/// `1234567` -> `1.2 MiB (1234567 bytes)`.
+fn human_bytes(n: u64) -> String {
+    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
+    let mut v = n as f64;
+    let mut unit = "bytes";
+    for u in UNITS {
+        if v < 1024.0 {
+            break;
+        }
+        v /= 1024.0;
+        unit = u;
+    }
+    if unit == "bytes" {
+        format!("{n} bytes")
+    } else {
+        format!("{v:.1} {unit} ({n} bytes)")
+    }
+}
+
+/// Longest `--timeout-ms` (one day): a bound keeps every deadline derived
+/// from it (`Instant + 2 x timeout`) far from overflow.
+pub const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
 
 /// What the caller needs after a run.
 pub struct Summary {
@@ -150,7 +197,39 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
     Ok(cores)
 }
 
-fn online_cpus() -> Vec<usize> {
+/// `[0, 1, 2, 5]` -> `0-2,5`.
+pub(crate) fn fmt_cores(cores: &[usize]) -> String {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < cores.len() {
+        let mut j = i;
+        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
+            j += 1;
+        }
+        out.push(if i == j {
+            cores[i].to_string()
+        } else {
+            format!("{}-{}", cores[i], cores[j])
+        });
+        i = j + 1;
+    }
+    out.join(",")
+}
+
+/// Checks that every core in `cores` is one of `online` (the CPUs this
+/// process may run on); the error names the first one that is not.
+pub(crate) fn check_cores(cores: &[usize], online: &[usize]) -> Result<(), String> {
+    match cores.iter().find(|c| !online.contains(c)) {
+        Some(c) => Err(format!(
+            "core {c} is not available to this process (available: {})",
+            fmt_cores(online)
+        )),
+        None => Ok(()),
+    }
+}
+
+/// The CPUs this process may run on.
+pub(crate) fn online_cpus() -> Vec<usize> {
     // SAFETY: zeroed cpu_set_t is valid; sched_getaffinity fills it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
@@ -167,6 +246,7 @@ struct Device {
     name: String,
     ctrl: Controller,
     soft: Option<Arc<SoftDevice>>,
+    mem: MemSource,
 }
 
 fn open_device(
@@ -221,41 +301,317 @@ fn open_device(
                 name: format!("soft{idx} ({b})"),
                 ctrl,
                 soft: Some(dev),
+                mem: MemSource::Anon,
             })
         }
         Trid::Pcie { traddr } => {
             let platform = pollux_pcie::platform::open_pcie(traddr)?;
             let ctrl = pollux_pcie::open(platform, opts.clone())?;
+            // open_pcie chose the platform by the bound driver.
+            let uio = pollux_pcie::platform::pci::normalize_bdf(traddr)
+                .and_then(|b| pollux_pcie::platform::pci::current_driver(&b))
+                .is_ok_and(|d| d.as_deref() == Some("uio_pci_generic"));
             Ok(Device {
                 name: format!("pcie {}", ctrl.describe()),
                 ctrl,
                 soft: None,
+                mem: if uio {
+                    MemSource::Huge
+                } else {
+                    MemSource::HugeThenAnon
+                },
             })
         }
     }
 }
 
-/// Runs the benchmark and prints its report.
-pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
-    let cores = parse_cores(&a.cores).map_err(PerfError::Args)?;
+/// Option checks that need no device: each names the option and its value.
+fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
+    let cores = parse_cores(&a.cores).map_err(|e| bad("-c", &a.cores, e))?;
+    check_cores(&cores, online).map_err(|e| bad("-c", &a.cores, e))?;
+    if let Some(c) = a.device_core {
+        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
+    }
     if a.queue_depth == 0 {
-        return Err(PerfError::Args("-q must be at least 1".into()));
+        return Err(bad("-q", 0, "must be at least 1"));
     }
     if a.qpairs == 0 {
-        return Err(PerfError::Args("-P must be at least 1".into()));
+        return Err(bad("-P", 0, "must be at least 1"));
     }
     if a.io_size == 0 || !a.io_size.is_multiple_of(512) || a.io_size > 64 << 20 {
-        return Err(PerfError::Args(format!(
-            "-o {} must be a non-zero multiple of 512, at most 64 MiB",
-            a.io_size
-        )));
+        return Err(bad(
+            "-o",
+            a.io_size,
+            "the I/O size must be a non-zero multiple of 512, at most 64 MiB",
+        ));
     }
-    if a.time == 0 && a.io_count.is_none() {
-        return Err(PerfError::Args("-t 0 needs --io-count".into()));
+    match a.io_count {
+        Some(0) => return Err(bad("--io-count", 0, "must be at least 1")),
+        None if a.time == 0 => {
+            return Err(bad(
+                "-t",
+                0,
+                "no time limit: give --io-count N to end the run after N I/Os",
+            ))
+        }
+        _ => {}
+    }
+    if a.timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "--timeout-ms",
+            a.timeout_ms,
+            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
+        ));
     }
     if a.inline && cores.len() != 1 {
         return Err(PerfError::Args("--inline steps the emulated controller on the worker thread: use exactly one worker core".into()));
     }
+    Ok(cores)
+}
+
+/// Option checks against the transport IDs, before any device exists.
+fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
+    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft { .. })) {
+        return Err(PerfError::Args(
+            "--inline only applies to trtype:soft".into(),
+        ));
+    }
+    if a.verify {
+        for (i, t) in trids.iter().enumerate() {
+            if let Trid::Soft {
+                backend: Backend::Null,
+                ..
+            } = t
+            {
+                let which = match a.transport.get(i) {
+                    Some(s) => format!("-r '{s}' uses backend:null"),
+                    None => "the default transport is trtype:soft backend:null".into(),
+                };
+                return Err(bad(
+                    "--verify",
+                    "",
+                    format!(
+                        "{which}, which keeps no data (reads return zeros), so every read after a write would be reported as corrupt: use backend:ram or backend:file"
+                    ),
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// What one job (queue pair) on a namespace needs, checked before any
+/// queue pair or buffer is allocated.
+struct NsPlan {
+    nlb: u32,
+    units: u64,
+}
+
+/// Option checks against the opened controllers and their namespaces.
+fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, PerfError> {
+    let io = a.io_size;
+    let mut plans = Vec::new();
+    for d in devices {
+        // SQ entries = depth + 1 <= CAP.MQES + 1 (MQES is 0's based).
+        let max_depth = d.ctrl.cap().mqes();
+        if a.queue_depth > max_depth {
+            return Err(bad(
+                "-q",
+                a.queue_depth,
+                format!(
+                    "{} allows queue depths up to {max_depth} (CAP.MQES + 1 = {} queue entries, one kept empty)",
+                    d.name,
+                    max_depth as u32 + 1
+                ),
+            ));
+        }
+        let nns = d.ctrl.namespaces().len() as u64;
+        let need = nns * a.qpairs as u64;
+        if need > d.ctrl.io_queues() as u64 {
+            return Err(bad(
+                "-P",
+                a.qpairs,
+                format!(
+                    "{}: {nns} namespace(s) x -P {} need {need} I/O queue pairs, but the controller granted {}",
+                    d.name,
+                    a.qpairs,
+                    d.ctrl.io_queues()
+                ),
+            ));
+        }
+        let mut ns_plans = Vec::new();
+        for ns in d.ctrl.namespaces() {
+            if !io.is_multiple_of(ns.lba_size() as u64) {
+                return Err(bad(
+                    "-o",
+                    io,
+                    format!(
+                        "{} nsid {}: not a multiple of the LBA size {}",
+                        d.name,
+                        ns.nsid,
+                        ns.lba_size()
+                    ),
+                ));
+            }
+            let nlb = u32::try_from(io >> ns.lba_shift)
+                .map_err(|_| bad("-o", io, "too many blocks for one I/O"))?;
+            let units = ns.nsze / nlb as u64;
+            if units == 0 {
+                return Err(bad(
+                    "-o",
+                    io,
+                    format!(
+                        "{} nsid {}: the namespace ({} bytes) is smaller than one I/O",
+                        d.name,
+                        ns.nsid,
+                        ns.size_bytes()
+                    ),
+                ));
+            }
+            if a.verify && units > verify::MAX_UNITS {
+                return Err(bad(
+                    "--verify",
+                    "",
+                    format!(
+                        "{} nsid {}: the namespace has {units} I/O units of -o {io} bytes, at most {} can be tracked",
+                        d.name,
+                        ns.nsid,
+                        verify::MAX_UNITS
+                    ),
+                ));
+            }
+            ns_plans.push(NsPlan { nlb, units });
+        }
+        plans.push(ns_plans);
+    }
+    Ok(plans)
+}
+
+/// Where a device's DMA memory comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MemSource {
+    /// Anonymous 4 KiB pages (the emulated controller).
+    Anon,
+    /// 2 MiB hugepages while free ones last, then 4 KiB pages (VFIO).
+    HugeThenAnon,
+    /// 2 MiB hugepages only (UIO: buffers over 4 KiB must be physically
+    /// contiguous).
+    Huge,
+}
+
+/// `MemAvailable` from /proc/meminfo, in bytes.
+fn mem_available() -> Option<u64> {
+    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// DMA bytes one queue pair of `depth` with I/O buffers of `io` bytes
+/// takes on `d`: the buffers plus the SQ, CQ and PRP list pool the driver
+/// allocates (the driver's sizing: CQ up to 4 x depth entries, a PRP list
+/// slice per tracker of `max_transfer / 4 KiB + 1` entries rounded up to a
+/// power of two, 2..=512). Each allocation is rounded up to 4 KiB.
+fn qpair_dma_bytes(d: &Device, depth: u64, io: u64) -> u64 {
+    let page = |n: u64| n.div_ceil(4096).saturating_mul(4096);
+    let entries = d.ctrl.cap().mqes() as u64 + 1;
+    let cq = (4 * depth).clamp(depth + 1, entries.max(depth + 1));
+    let list = ((d.ctrl.max_transfer() as u64).div_ceil(4096) + 1)
+        .next_power_of_two()
+        .clamp(2, 512);
+    page(depth.saturating_mul(io))
+        .saturating_add(page((depth + 1) * 64))
+        .saturating_add(page(cq * 16))
+        .saturating_add(page(depth * list * 8))
+}
+
+/// Refuses a run whose DMA buffers (and --verify bitmaps) cannot fit in
+/// the memory the machine has, before anything is allocated: the buffers
+/// are populated (MAP_POPULATE) or pinned at allocation, so an impossible
+/// size would otherwise push the machine into swap or the OOM killer.
+fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Result<(), PerfError> {
+    let depth = a.queue_depth as u64;
+    let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
+    for (d, ns_plans) in devices.iter().zip(plans) {
+        let per_qp = qpair_dma_bytes(d, depth, a.io_size);
+        let n = ns_plans.len() as u64 * a.qpairs as u64;
+        qpairs += n;
+        let bytes = per_qp.saturating_mul(n);
+        match d.mem {
+            MemSource::Anon => anon = anon.saturating_add(bytes),
+            MemSource::Huge => huge = huge.saturating_add(bytes),
+            MemSource::HugeThenAnon => huge_or_anon = huge_or_anon.saturating_add(bytes),
+        }
+        if a.verify {
+            // One bit per I/O unit, shared by the queue pairs of a namespace.
+            for p in ns_plans {
+                anon = anon.saturating_add(p.units.div_ceil(64) * 8);
+            }
+        }
+    }
+    let what = format!(
+        "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace, {} device(s)){}",
+        a.queue_depth,
+        a.io_size,
+        a.qpairs,
+        devices.len(),
+        if a.verify {
+            " and the --verify bitmaps"
+        } else {
+            ""
+        }
+    );
+    let free_huge = || {
+        pollux_pcie::platform::hugemem::free_hugepages()
+            .unwrap_or(0)
+            .saturating_mul(pollux_pcie::platform::hugemem::HUGE_PAGE_SIZE as u64)
+    };
+    if huge > 0 {
+        let avail = free_huge();
+        // Buffers are carved from whole 2 MiB pages.
+        if huge > avail {
+            return Err(PerfError::Memory {
+                what,
+                need: huge,
+                kind: "hugepage",
+                avail,
+                source_: "free 2 MiB hugepages; reserve more with `pollux setup hugepages N`",
+            });
+        }
+    }
+    let Some(avail) = mem_available() else {
+        tracing::debug!("no MemAvailable in /proc/meminfo: memory check skipped");
+        return Ok(());
+    };
+    if huge_or_anon > 0 {
+        let avail_both = avail.saturating_add(free_huge());
+        let need = anon.saturating_add(huge_or_anon);
+        if need > avail_both {
+            return Err(PerfError::Memory {
+                what,
+                need,
+                kind: "DMA",
+                avail: avail_both,
+                source_: "MemAvailable in /proc/meminfo plus free 2 MiB hugepages",
+            });
+        }
+    }
+    if anon > avail {
+        return Err(PerfError::Memory {
+            what,
+            need: anon,
+            kind: "DMA",
+            avail,
+            source_: "MemAvailable in /proc/meminfo",
+        });
+    }
+    Ok(())
+}
+
+/// Runs the benchmark and prints its report.
+pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
+    let online = online_cpus();
+    let cores = check_args(&a, &online)?;
     let trids: Vec<Trid> = if a.transport.is_empty() {
         vec![Trid::Soft {
             backend: Backend::Null,
@@ -270,17 +626,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .map(|s| s.parse())
             .collect::<Result<_, _>>()?
     };
-    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft { .. })) {
-        return Err(PerfError::Args(
-            "--inline only applies to trtype:soft".into(),
-        ));
-    }
-    let online = online_cpus();
-    if let Some(c) = cores.iter().find(|c| !online.contains(c)) {
-        return Err(PerfError::Args(format!(
-            "core {c} is not available (online: {online:?})"
-        )));
-    }
+    check_trids(&a, &trids)?;
 
     // The device thread must outlive the controllers (their orderly
     // shutdown needs it), so it is declared first and dropped last.
@@ -298,14 +644,33 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     } else {
         SoftMode::Threaded
     };
+    let defaults = ControllerOptions::default();
     let copts = ControllerOptions {
         shadow_doorbells: !a.no_shadow_doorbell,
-        ..ControllerOptions::default()
+        // Enough queue pairs for -P on every namespace we know of up front
+        // (the controller may grant fewer: checked below).
+        io_queues: trids
+            .iter()
+            .map(|t| match t {
+                Trid::Soft { namespaces, .. } => *namespaces as u64,
+                Trid::Pcie { .. } => 1,
+            })
+            .max()
+            .unwrap_or(1)
+            .saturating_mul(a.qpairs as u64)
+            .clamp(defaults.io_queues as u64, u16::MAX as u64 - 1) as u16,
+        ..defaults
     };
     let mut devices = Vec::new();
     for (i, t) in trids.iter().enumerate() {
         devices.push(open_device(t, i, mode, dev_thread.as_ref(), &copts)?);
     }
+    let plans = check_devices(&a, &devices)?;
+    let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;
+    if total_jobs == 0 {
+        return Err(PerfError::Args("no namespaces found".into()));
+    }
+    check_memory(&a, &devices, &plans)?;
 
     let qopts = QpairOptions {
         depth: a.queue_depth,
@@ -337,33 +702,10 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
-    let total_jobs: u64 = devices
-        .iter()
-        .map(|d| d.ctrl.namespaces().len() as u64)
-        .sum::<u64>()
-        * a.qpairs as u64;
-    if total_jobs == 0 {
-        return Err(PerfError::Args("no namespaces found".into()));
-    }
-    for (di, d) in devices.iter().enumerate() {
-        for ns in d.ctrl.namespaces() {
+    for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
+        for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
             let io = a.io_size as usize;
-            if !io.is_multiple_of(ns.lba_size() as usize) {
-                return Err(PerfError::Args(format!(
-                    "{} nsid {}: -o {io} is not a multiple of the LBA size {}",
-                    d.name,
-                    ns.nsid,
-                    ns.lba_size()
-                )));
-            }
-            let nlb = (io >> ns.lba_shift) as u32;
-            let units = ns.nsze / nlb as u64;
-            if units == 0 {
-                return Err(PerfError::Args(format!(
-                    "{} nsid {}: namespace smaller than one I/O",
-                    d.name, ns.nsid
-                )));
-            }
+            let (nlb, units) = (plan.nlb, plan.units);
             for p in 0..a.qpairs {
                 let w = njobs % cores.len();
                 let qp = d.ctrl.alloc_qpair(qopts.clone())?;
@@ -374,12 +716,6 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     None => u64::MAX,
                 };
                 let verify = if a.verify {
-                    if units > verify::MAX_UNITS {
-                        return Err(PerfError::Args(format!(
-                            "--verify: namespace has {units} I/O units, at most {}",
-                            verify::MAX_UNITS
-                        )));
-                    }
                     let w = written
                         .entry((di, ns.nsid))
                         .or_insert_with(|| verify::Written::new(units))
@@ -423,6 +759,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     latency,
                     verify,
                     slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
+                    retry: Vec::new(),
                 };
                 per_worker[w].push(Job { qp, ctx });
                 njobs += 1;
@@ -442,7 +779,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             progress: AtomicU64::new(0),
         })
         .collect();
-    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000) * 2);
+    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -478,8 +815,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     eprintln!(
                         "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s",
                         el.as_secs(),
-                        (now - last) as f64,
-                        (now - last) as f64 * a.io_size as f64 / (1 << 20) as f64
+                        now.saturating_sub(last) as f64,
+                        now.saturating_sub(last) as f64 * a.io_size as f64 / (1 << 20) as f64
                     );
                 }
                 last = now;

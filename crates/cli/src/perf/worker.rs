@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pollux_pcie::{
-    Completion, DmaBuffer, Handler, Namespace, Pcie, QpairStats, QueuePair, Submitter,
+    Completion, DmaBuffer, Handler, Namespace, Pcie, QpairStats, QueuePair, SubmitError, Submitter,
 };
 use pollux_softnvme::SoftDevice;
 
@@ -63,6 +63,10 @@ pub struct JobCtx {
     pub slow: bool,
     /// Per slot: LBA of the I/O in flight (only kept with --verify).
     pub slot_lba: Vec<u64>,
+    /// Slots whose last submission was refused and that are owed another
+    /// one: the worker loop tries them again on its cold path (never the
+    /// submit path itself, so a run of refusals cannot recurse).
+    pub retry: Vec<usize>,
 }
 
 pub struct Job {
@@ -124,7 +128,48 @@ impl JobCtx {
             sub.write(&self.ns, lba, self.nlb, data, slot as u64)
         };
         if let Err(e) = r {
-            self.error(format!("submit at LBA {lba} failed: {e}"));
+            self.submit_failed(slot, lba, e);
+        }
+    }
+
+    /// A refused submission is a finished I/O with an error: it advances
+    /// the count like a completion (so `--io-count` still ends the run) and,
+    /// like a completion, earns its slot another submission while the count
+    /// allows, made later by `retry_failed`.
+    #[cold]
+    fn submit_failed(&mut self, slot: usize, lba: u64, e: SubmitError) {
+        self.ios += 1;
+        self.error(format!("submit at LBA {lba} failed: {e}"));
+        if self.ios <= self.stop_at {
+            self.retry.push(slot);
+        }
+    }
+
+    /// Submits the slots whose last submission was refused, once each.
+    /// If all of them are refused again while nothing is in flight, no
+    /// completion can ever come to change that: the job gives up (its I/O
+    /// count stops) instead of spinning or waiting forever.
+    #[cold]
+    fn retry_failed(&mut self, qp: &mut QueuePair) {
+        let slots = std::mem::take(&mut self.retry);
+        if self.stop_at == 0 {
+            return; // stopped: nothing more is submitted
+        }
+        for &slot in &slots {
+            self.submit(&mut qp.submitter(), slot);
+        }
+        qp.flush();
+        if !self.retry.is_empty() && qp.in_flight() == 0 {
+            // Reported (always: it explains a short run), not counted: the
+            // refusals themselves were.
+            let msg = format!(
+                "giving up: all {} remaining slots had their submissions refused twice with no I/O in flight",
+                self.retry.len()
+            );
+            tracing::error!("{}: {msg}", self.label);
+            self.first_errors.push(msg);
+            self.retry.clear();
+            self.stop_at = 0;
         }
     }
 
@@ -252,11 +297,12 @@ pub fn run(
     for job in &mut jobs {
         let Job { qp, ctx } = job;
         let fill = (qp.depth() as u64).min(ctx.total);
+        // Completion k resubmits while fill + k - 1 < total. Set before
+        // the first submission: a refused one decides by it too.
+        ctx.stop_at = ctx.total - fill;
         for slot in 0..fill as usize {
             ctx.submit(&mut qp.submitter(), slot);
         }
-        // Completion k resubmits while fill + k - 1 < total.
-        ctx.stop_at = ctx.total - fill;
         qp.flush();
     }
     let mut iter: u64 = 0;
@@ -275,11 +321,19 @@ pub fn run(
         if iter & 255 != 0 {
             continue;
         }
+        for job in jobs.iter_mut() {
+            if !job.ctx.retry.is_empty() {
+                job.ctx.retry_failed(&mut job.qp);
+            }
+        }
         let ios: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
         ctl.progress.store(ios, Ordering::Relaxed);
         match stopped_at {
             None => {
-                let all_submitted = jobs.iter().all(|j| j.ctx.ios >= j.ctx.stop_at);
+                // A slot owed a retry still has a submission to make.
+                let all_submitted = jobs
+                    .iter()
+                    .all(|j| j.ctx.ios >= j.ctx.stop_at && j.ctx.retry.is_empty());
                 let stop = ctl.stop.load(Ordering::Relaxed);
                 if stop || all_submitted {
                     by_count = !stop;
@@ -329,5 +383,137 @@ pub fn run(
             })
             .collect(),
         drain_error,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
+    use pollux_pcie::ControllerOptions;
+    use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig};
+    use std::sync::mpsc;
+
+    /// Blocks in the namespace the tests use (512-byte LBAs).
+    const NSZE: u64 = 64;
+
+    /// Runs one worker with one job of `total` I/Os at `depth` on an inline
+    /// null-backend controller; `units`/`seq` may point beyond the
+    /// namespace, so the driver refuses those submissions (LBA out of
+    /// range), a refusal that never turns into a success. Fails the test
+    /// instead of hanging if the worker does not return within 60 s.
+    fn run_job(depth: u16, total: u64, random: bool, units: u64, seq: u64) -> WorkerResult {
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            let dev = SoftDevice::new(SoftConfig {
+                namespaces: vec![NamespaceConfig {
+                    backend: BackendConfig::Null,
+                    lba_shift: 9,
+                    size_bytes: NSZE << 9,
+                }],
+                ..SoftConfig::default()
+            })
+            .unwrap();
+            let ctrl = pollux_pcie::open(
+                Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
+                ControllerOptions::default(),
+            )
+            .unwrap();
+            let ns = ctrl.namespaces()[0];
+            assert_eq!(ns.nsze, NSZE);
+            let qp = ctrl
+                .alloc_qpair(pollux_pcie::QpairOptions {
+                    depth,
+                    ..Default::default()
+                })
+                .unwrap();
+            let buf = ctrl.alloc_dma(depth as usize * 512).unwrap();
+            let ctx = JobCtx {
+                label: "test".into(),
+                ns,
+                buf,
+                io_size: 512,
+                nlb: 1,
+                units,
+                rng: 12345,
+                random,
+                mix: Mix::AllRead,
+                seq,
+                total,
+                stop_at: 0,
+                ios: 0,
+                errors: 0,
+                first_errors: Vec::new(),
+                latency: None,
+                verify: None,
+                slow: false,
+                slot_lba: Vec::new(),
+                retry: Vec::new(),
+            };
+            let ctl = WorkerCtl {
+                stop: AtomicBool::new(false),
+                progress: AtomicU64::new(0),
+            };
+            let r = run(
+                None,
+                vec![Job { qp, ctx }],
+                vec![dev],
+                &ctl,
+                Duration::from_secs(10),
+            );
+            drop(ctrl);
+            let _ = tx.send(r);
+        });
+        rx.recv_timeout(Duration::from_secs(60))
+            .expect("worker did not finish within 60 s (hang)")
+    }
+
+    /// Every submission is refused: the job counts each refusal as a failed
+    /// I/O and gives up once nothing is in flight, instead of waiting
+    /// forever for a completion that cannot come.
+    #[test]
+    fn all_submissions_refused_ends_the_job() {
+        // Sequential from the first unit past the end: every LBA is out of range.
+        let r = run_job(4, 1000, false, NSZE * 1000, NSZE);
+        let j = &r.jobs[0];
+        assert!(j.ios > 0 && j.ios < 1000, "ios {}", j.ios);
+        assert_eq!(j.errors, j.ios, "every counted I/O is a failure");
+        assert_eq!(j.qp.submitted, 0);
+        assert!(
+            j.first_errors[0].contains("submit at LBA") && j.first_errors[0].contains("outside"),
+            "{:?}",
+            j.first_errors
+        );
+        assert!(
+            j.first_errors.iter().any(|e| e.contains("giving up")),
+            "{:?}",
+            j.first_errors
+        );
+        assert!(r.drain_error.is_none());
+    }
+
+    /// Some submissions are refused, some succeed: refusals count towards
+    /// the I/O count, their slots are submitted again, and the count comes
+    /// out exact.
+    #[test]
+    fn refused_submissions_count_and_the_count_is_exact() {
+        // Sequential over NSZE + 1 units: attempt i (retries included) gets
+        // unit i mod 65, and unit 64 lies past the end. Of 2000 attempts,
+        // i = 64, 129, .., 1949 are refused: 30.
+        let r = run_job(4, 2000, false, NSZE + 1, 0);
+        let j = &r.jobs[0];
+        assert_eq!(j.ios, 2000);
+        assert_eq!(j.errors, 30);
+        assert_eq!(j.qp.submitted, 1970, "every I/O not refused was submitted");
+        assert!(!j.first_errors.iter().any(|e| e.contains("giving up")));
+    }
+
+    /// A depth larger than the count and every submission refused: nothing
+    /// is owed a retry, the job ends at once.
+    #[test]
+    fn refusals_while_filling_a_short_count() {
+        let r = run_job(8, 3, false, NSZE * 1000, NSZE);
+        let j = &r.jobs[0];
+        assert_eq!((j.ios, j.errors, j.qp.submitted), (3, 3, 0));
     }
 }
