@@ -6,8 +6,8 @@
 //!    reacts to a changed CC;
 //! 2. if the controller is running (RDY, no CFS, not frozen or shut down):
 //!    posts due delayed completions (the only clock read, and only while
-//!    some are pending), polls every CQ head and drains backlogs, runs the
-//!    admin SQ, delivers asynchronous events, then runs every I/O SQ with a
+//!    some are pending), polls every CQ head and drains backlogs, advances
+//!    SQ deletions waiting for CQ room, runs the admin SQ, delivers asynchronous events, then runs every I/O SQ with a
 //!    bounded budget;
 //! 3. every [`HOUSEKEEPING_PERIOD`] steps, checks reserved registers and the
 //!    doorbells of queues that do not exist.
@@ -80,6 +80,15 @@ impl ShadowBuf {
     }
 }
 
+/// A Delete I/O SQ command waiting for room in the SQ's CQ to post the
+/// aborted completions of the commands the SQ still holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqDeletion {
+    pub sqid: u16,
+    /// CID of the Delete command (admin SQ).
+    pub cid: u16,
+}
+
 /// What happens to a completion once the command has been executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Disposition {
@@ -109,6 +118,8 @@ pub(crate) struct Controller {
     pub io_sqs: Vec<u16>,
     /// Existing CQ identifiers (admin included).
     pub cq_ids: Vec<u16>,
+    /// SQ deletions in progress, oldest first (at most one per I/O SQ).
+    pub deleting: Vec<SqDeletion>,
     pub feat: Features,
     pub deferred: DeferredSet,
     pub aer: AerState,
@@ -152,6 +163,7 @@ impl Controller {
             cqs: (0..queues).map(|_| None).collect(),
             io_sqs: Vec::with_capacity(queues),
             cq_ids: Vec::with_capacity(queues),
+            deleting: Vec::new(),
             feat,
             deferred: DeferredSet::default(),
             aer: AerState::default(),
@@ -305,6 +317,7 @@ impl Controller {
         }
         self.io_sqs.clear();
         self.cq_ids.clear();
+        self.deleting.clear();
         self.deferred.clear();
         self.aer.reset();
         self.shadow = None;
@@ -385,6 +398,9 @@ impl Controller {
                 n += self.run_due();
             }
             n += self.poll_cqs();
+            if !self.deleting.is_empty() {
+                n += self.run_deletions();
+            }
             n += self.run_admin();
             n += self.deliver_events();
             if self.running {
