@@ -157,3 +157,53 @@ impl SoftConfig {
         (self.mdts != 0).then(|| 4096usize << self.mdts)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(cfg: SoftConfig) -> String {
+        match cfg.validate() {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("accepted {cfg:?}"),
+        }
+    }
+
+    #[test]
+    fn mdts_and_mqes_bounds() {
+        for mdts in [0, 1, MAX_MDTS] {
+            let c = SoftConfig {
+                mdts,
+                ..Default::default()
+            };
+            assert!(c.validate().is_ok(), "mdts {mdts}");
+        }
+        let e = err(SoftConfig {
+            mdts: MAX_MDTS + 1,
+            ..Default::default()
+        });
+        assert!(e.contains("mdts"), "{e}");
+        for mqes in [1, 3, u16::MAX] {
+            let c = SoftConfig {
+                mqes,
+                ..Default::default()
+            };
+            assert!(c.validate().is_ok(), "mqes {mqes}");
+        }
+        let e = err(SoftConfig {
+            mqes: 0,
+            ..Default::default()
+        });
+        assert!(e.contains("mqes"), "{e}");
+        let c = SoftConfig {
+            mdts: 1,
+            ..Default::default()
+        };
+        assert_eq!(c.max_transfer(), Some(8 << 10));
+        let c = SoftConfig {
+            mdts: 0,
+            ..Default::default()
+        };
+        assert_eq!(c.max_transfer(), None);
+    }
+}
