@@ -142,7 +142,8 @@ impl Controller {
         if !pc {
             return gen(generic::INVALID_FIELD);
         }
-        if iv > self.cfg.max_io_queues {
+        // IV is checked even without IEN (as QEMU does): it names a vector.
+        if iv >= self.irqs.len() {
             return spec(specific::INVALID_INTERRUPT_VECTOR);
         }
         let size = qsize as u32 + 1;
@@ -153,6 +154,12 @@ impl Controller {
             tracing::warn!(qid, prp1 = sqe.prp1, "Create I/O CQ: memory not mapped");
             return gen(generic::INVALID_FIELD);
         };
+        if ien {
+            if let Err(e) = self.ensure_vector(iv) {
+                tracing::error!(qid, iv, error = %e, "Create I/O CQ: no eventfd for the vector");
+                return gen(generic::INTERNAL_ERROR);
+            }
+        }
         let db = self.doorbell_for(qid, false);
         db.reset();
         // SAFETY: `size` CQEs at `base` were translated above; `db` is a
@@ -162,7 +169,10 @@ impl Controller {
         cq.iv = iv;
         self.cqs[qid as usize] = Some(cq);
         self.cq_ids.push(qid);
-        tracing::debug!(qid, size, "I/O CQ created");
+        if ien {
+            self.irq_cqs.push(qid);
+        }
+        tracing::debug!(qid, size, ien, iv, "I/O CQ created");
         ok(0)
     }
 
@@ -380,7 +390,22 @@ impl Controller {
                 "CQ deleted with unposted completions"
             );
         }
-        self.cqs[qid as usize] = None;
+        if let Some(cq) = self.cqs[qid as usize].take() {
+            if cq.ien {
+                self.irq_cqs.retain(|&q| q != qid);
+            }
+            if cq.irq_new != 0 {
+                // Entries written this step still raise their interrupt.
+                let mut now = None;
+                self.irqs.add(
+                    cq.iv,
+                    cq.irq_new,
+                    self.feat.coalescing,
+                    &self.feat.no_coalesce,
+                    &mut now,
+                );
+            }
+        }
         self.cq_ids.retain(|&q| q != qid);
         self.bar
             .cq_head(qid)
