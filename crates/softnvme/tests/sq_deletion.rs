@@ -136,3 +136,58 @@ fn deleting_many_full_sqs_on_a_tiny_cq_loses_nothing() {
 fn check_success(s: pollux_spec::Status) {
     assert!(s.is_success(), "{s}");
 }
+
+/// Commands in progress (delayed by fault injection) are aborted into a CQ
+/// with room for one entry: the Delete completes only once the host has
+/// been given every one of them.
+#[test]
+fn deletion_waits_for_aborted_commands_in_the_backlog() {
+    use pollux_softnvme::{FaultAction, FaultRule, QueueSel};
+    let mut h = Host::enabled(cfg_ram());
+    let mut q = h.create_ioq_irq(1, 2, None);
+    // Two-entry SQ and CQ: keep submitting one at a time.
+    h.dev.add_fault(FaultRule::new(
+        QueueSel::Io,
+        FaultAction::Delay(std::time::Duration::from_secs(3600)),
+    ));
+    let mut cids = Vec::new();
+    for _ in 0..8 {
+        cids.push(h.submit(&mut q, Sqe::flush(1)));
+        h.steps(2);
+    }
+    assert!(!Host::peek(&q.cq), "delayed commands completed early");
+    let del = h.admin_submit(Sqe::delete_io_sq(1));
+    h.steps(4);
+    assert!(
+        !Host::peek(&h.acq),
+        "Delete completed with aborted commands still unposted"
+    );
+    let mut aborted = Vec::new();
+    let mut deleted = None;
+    for _ in 0..100 {
+        h.step();
+        let old = q.cq.head;
+        while let Some(c) = Host::take(&mut q.cq) {
+            assert!(
+                c.status().is(sct::GENERIC, generic::ABORTED_SQ_DELETION),
+                "{c:?}"
+            );
+            aborted.push(c.cid);
+        }
+        h.ring_cq(&q.cq, old);
+        // The Delete's completion is checked after draining the I/O CQ in
+        // the same round: it may only be posted once every abort is in it.
+        if let Some(c) = Host::take(&mut h.acq) {
+            h.w32(pollux_spec::regs::cq_head_doorbell(0, 0), h.acq.head);
+            assert_eq!(c.cid, del);
+            assert!(c.status().is_success(), "{}", c.status());
+            deleted = Some(aborted.len());
+            break;
+        }
+    }
+    assert_eq!(deleted, Some(cids.len()), "Delete before all aborts");
+    aborted.sort_unstable();
+    cids.sort_unstable();
+    assert_eq!(aborted, cids);
+    check_success(h.admin_status(Sqe::delete_io_cq(1)));
+}
