@@ -10,7 +10,9 @@
 //! doorbells from 0x1000 at stride `4 << DSTRD`, SQ tail then CQ head per
 //! queue, for `max_io_queues + 1` queues; rounded up to whole pages.
 //!
-//! Caveats: INTMS/INTMC are plain memory (pollux never uses interrupts);
+//! Caveats: INTMS/INTMC are plain memory: the emulated interrupts are
+//! MSI-X style (per-vector eventfds, see `irq`), and with MSI-X the spec
+//! leaves these pin/MSI mask registers undefined;
 //! NSSR is not supported (CAP.NSSRS = 0) and reads back 0.
 use std::io;
 use std::ptr::NonNull;

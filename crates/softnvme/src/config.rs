@@ -5,6 +5,7 @@
 //! lengths) without re-checking them.
 use std::path::PathBuf;
 
+use crate::irq::MAX_IRQ_VECTORS;
 use crate::SoftError;
 
 /// Most namespaces a controller may have.
@@ -27,6 +28,10 @@ pub struct SoftConfig {
     pub max_io_queues: u16,
     /// Identify MDTS: max transfer is `4 KiB << mdts`; 0 = unlimited.
     pub mdts: u8,
+    /// Interrupt vectors offered (MSI-X table size), `1..=2048`. Create I/O
+    /// CQ fails with Invalid Interrupt Vector for an IV at or above it.
+    /// Vector 0 is the admin vector.
+    pub irq_vectors: u16,
     /// CAP.DSTRD.
     pub dstrd: u8,
     /// CAP.TO (500 ms units).
@@ -52,6 +57,8 @@ impl Default for SoftConfig {
             mqes: 4095,
             max_io_queues: 64,
             mdts: 5,
+            // Admin plus one per default I/O queue.
+            irq_vectors: 65,
             dstrd: 0,
             cap_to: 20,
             shadow_doorbells: true,
@@ -109,6 +116,12 @@ impl SoftConfig {
                 self.max_io_queues
             ));
         }
+        if self.irq_vectors == 0 || self.irq_vectors > MAX_IRQ_VECTORS {
+            return bad(format!(
+                "irq_vectors {} not in 1..={MAX_IRQ_VECTORS}",
+                self.irq_vectors
+            ));
+        }
         if self.mdts > MAX_MDTS {
             return bad(format!("mdts {} > {MAX_MDTS}", self.mdts));
         }
@@ -155,5 +168,55 @@ impl SoftConfig {
     /// Largest data transfer in bytes (`None` = unlimited).
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         (self.mdts != 0).then(|| 4096usize << self.mdts)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn err(cfg: SoftConfig) -> String {
+        match cfg.validate() {
+            Err(e) => e.to_string(),
+            Ok(()) => panic!("accepted {cfg:?}"),
+        }
+    }
+
+    #[test]
+    fn mdts_and_mqes_bounds() {
+        for mdts in [0, 1, MAX_MDTS] {
+            let c = SoftConfig {
+                mdts,
+                ..Default::default()
+            };
+            assert!(c.validate().is_ok(), "mdts {mdts}");
+        }
+        let e = err(SoftConfig {
+            mdts: MAX_MDTS + 1,
+            ..Default::default()
+        });
+        assert!(e.contains("mdts"), "{e}");
+        for mqes in [1, 3, u16::MAX] {
+            let c = SoftConfig {
+                mqes,
+                ..Default::default()
+            };
+            assert!(c.validate().is_ok(), "mqes {mqes}");
+        }
+        let e = err(SoftConfig {
+            mqes: 0,
+            ..Default::default()
+        });
+        assert!(e.contains("mqes"), "{e}");
+        let c = SoftConfig {
+            mdts: 1,
+            ..Default::default()
+        };
+        assert_eq!(c.max_transfer(), Some(8 << 10));
+        let c = SoftConfig {
+            mdts: 0,
+            ..Default::default()
+        };
+        assert_eq!(c.max_transfer(), None);
     }
 }

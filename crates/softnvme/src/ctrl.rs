@@ -5,11 +5,15 @@
 //! 1. every [`REPUBLISH_PERIOD`] steps re-publishes the read-only registers;
 //!    reacts to a changed CC;
 //! 2. if the controller is running (RDY, no CFS, not frozen or shut down):
-//!    posts due delayed completions (the only clock read, and only while
-//!    some are pending), polls every CQ head and drains backlogs, runs the
-//!    admin SQ, delivers asynchronous events, then runs every I/O SQ with a
-//!    bounded budget;
-//! 3. every [`HOUSEKEEPING_PERIOD`] steps, checks reserved registers and the
+//!    posts due delayed completions (a clock read, only while some are
+//!    pending), polls every CQ head and drains backlogs, advances SQ
+//!    deletions waiting for CQ room, runs the admin SQ, delivers
+//!    asynchronous events, then runs every I/O SQ with a bounded budget;
+//! 3. if some CQ has interrupts enabled or a coalesced interrupt waits for
+//!    its aggregation time, hands the entries posted to their vectors and
+//!    signals the interrupts raised (`irq`; a clock read only while a
+//!    coalesced interrupt waits or starts waiting);
+//! 4. every [`HOUSEKEEPING_PERIOD`] steps, checks reserved registers and the
 //!    doorbells of queues that do not exist.
 //!
 //! The I/O fast path (no fault rules installed) borrows the controller's
@@ -32,6 +36,7 @@ use crate::errlog::ErrorLog;
 use crate::fault::{DeferKind, Deferred, DeferredSet, FaultAction, Faults};
 use crate::io::{self, IoCtx};
 use crate::iommu::{Iommu, Mapping};
+use crate::irq::Irqs;
 use crate::queue::{Completion, Cq, Doorbell, Sq, HELD_LIMIT};
 use crate::stats::Counters;
 
@@ -80,6 +85,15 @@ impl ShadowBuf {
     }
 }
 
+/// A Delete I/O SQ command waiting for room in the SQ's CQ to post the
+/// aborted completions of the commands the SQ still holds.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct SqDeletion {
+    pub sqid: u16,
+    /// CID of the Delete command (admin SQ).
+    pub cid: u16,
+}
+
 /// What happens to a completion once the command has been executed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Disposition {
@@ -109,6 +123,11 @@ pub(crate) struct Controller {
     pub io_sqs: Vec<u16>,
     /// Existing CQ identifiers (admin included).
     pub cq_ids: Vec<u16>,
+    /// SQ deletions in progress, oldest first (at most one per I/O SQ).
+    pub deleting: Vec<SqDeletion>,
+    /// CQs whose interrupts are enabled (collected at the end of a step).
+    pub irq_cqs: Vec<u16>,
+    pub irqs: Irqs,
     pub feat: Features,
     pub deferred: DeferredSet,
     pub aer: AerState,
@@ -152,6 +171,9 @@ impl Controller {
             cqs: (0..queues).map(|_| None).collect(),
             io_sqs: Vec::with_capacity(queues),
             cq_ids: Vec::with_capacity(queues),
+            deleting: Vec::new(),
+            irq_cqs: Vec::new(),
+            irqs: Irqs::new(cfg.irq_vectors),
             feat,
             deferred: DeferredSet::default(),
             aer: AerState::default(),
@@ -288,6 +310,9 @@ impl Controller {
             self.sqs[0] = Some(Sq::new(0, asq, sq_base.cast(), sqs, sq_db));
         }
         self.cq_ids.push(0);
+        if self.irqs.has_fd(0) {
+            self.enable_admin_irq();
+        }
         self.shut = false;
         self.set_csts(Csts::RDY);
         tracing::debug!(page_size = self.page_size, sqs, cqs, "controller enabled");
@@ -305,6 +330,9 @@ impl Controller {
         }
         self.io_sqs.clear();
         self.cq_ids.clear();
+        self.deleting.clear();
+        self.irq_cqs.clear();
+        self.irqs.reset();
         self.deferred.clear();
         self.aer.reset();
         self.shadow = None;
@@ -385,16 +413,80 @@ impl Controller {
                 n += self.run_due();
             }
             n += self.poll_cqs();
+            if !self.deleting.is_empty() {
+                n += self.run_deletions();
+            }
             n += self.run_admin();
             n += self.deliver_events();
             if self.running {
                 n += self.run_io();
             }
         }
+        // Interrupts: one branch per step unless some CQ has IEN set or a
+        // coalesced interrupt is waiting for its aggregation time.
+        if !self.irq_cqs.is_empty() || self.irqs.active() {
+            self.deliver_irqs();
+        }
         if self.ticks.is_multiple_of(HOUSEKEEPING_PERIOD) {
             self.housekeeping();
         }
         n
+    }
+
+    /// The earliest moment a step has something to do even if the host
+    /// does nothing (a coalesced interrupt's aggregation time, a delayed
+    /// completion): a device thread must not sleep past it.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        match (self.irqs.next_deadline(), self.deferred.next_due()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Hands the entries written to IEN CQs to their vectors and signals
+    /// the interrupts raised.
+    fn deliver_irqs(&mut self) {
+        let Controller {
+            cqs,
+            irq_cqs,
+            irqs,
+            feat,
+            counters,
+            ..
+        } = self;
+        let mut now = None;
+        for &qid in irq_cqs.iter() {
+            let Some(cq) = cqs.get_mut(qid as usize).and_then(Option::as_mut) else {
+                debug_assert!(false, "irq_cqs out of sync");
+                continue;
+            };
+            if cq.irq_new != 0 {
+                let n = std::mem::take(&mut cq.irq_new);
+                irqs.add(cq.iv, n, feat.coalescing, &feat.no_coalesce, &mut now);
+            }
+        }
+        irqs.expire(&mut now);
+        counters.s.interrupts += irqs.signal();
+    }
+
+    /// Creates vector `v`'s eventfd if needed. The admin CQ signals
+    /// vector 0 from the moment its eventfd exists.
+    pub(crate) fn ensure_vector(&mut self, v: u16) -> std::io::Result<()> {
+        self.irqs.fd(v)?;
+        if v == 0 {
+            self.enable_admin_irq();
+        }
+        Ok(())
+    }
+
+    fn enable_admin_irq(&mut self) {
+        if let Some(cq) = self.cqs[0].as_mut() {
+            if !cq.ien {
+                cq.ien = true;
+                cq.iv = 0;
+                self.irq_cqs.push(0);
+            }
+        }
     }
 
     fn run_due(&mut self) -> usize {

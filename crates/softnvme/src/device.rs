@@ -6,8 +6,10 @@
 //! stepping thread takes it, so it is uncontended. Statistics are read
 //! without the lock. A poisoned lock (a panic inside the emulator, which
 //! would be a bug) is recovered rather than propagated.
+use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant;
 
 use crate::backend::AnyBackend;
 use crate::bar::BarMem;
@@ -112,6 +114,40 @@ impl SoftDevice {
     /// or otherwise handled (0 = idle).
     pub fn step(&self) -> usize {
         self.lock().step()
+    }
+
+    /// `step()`, plus the earliest moment the device has something to do
+    /// on its own (a coalesced interrupt or a delayed completion is due),
+    /// which a stepping thread must not sleep past.
+    pub(crate) fn step_with_deadline(&self) -> (usize, Option<Instant>) {
+        let mut c = self.lock();
+        let n = c.step();
+        (n, c.next_deadline())
+    }
+
+    /// The eventfd of interrupt vector `vector`, duplicated for the host.
+    ///
+    /// The device signals it (adds the number of interrupts raised) when a
+    /// CQ created with IEN on that vector posts completions, honouring
+    /// Interrupt Coalescing and Interrupt Vector Configuration. Vector 0
+    /// serves the admin CQ, which signals only once vector 0's eventfd
+    /// exists (this was called for vector 0, or an I/O CQ uses vector 0 with
+    /// IEN): a polled admin queue costs nothing. The fd is
+    /// non-blocking and close-on-exec: poll it, then `read` 8 bytes to
+    /// clear it. Every call returns a new descriptor for the same eventfd,
+    /// which lives as long as the device (controller resets keep it).
+    pub fn irq_eventfd(&self, vector: u16) -> Result<OwnedFd, SoftError> {
+        let mut c = self.lock();
+        let vectors = c.irqs.len();
+        if vector >= vectors {
+            return Err(SoftError::InvalidVector { vector, vectors });
+        }
+        let eventfd = |source| SoftError::Eventfd { vector, source };
+        c.ensure_vector(vector).map_err(eventfd)?;
+        c.irqs
+            .fd(vector)
+            .and_then(|fd| fd.try_clone())
+            .map_err(eventfd)
     }
 
     /// Installs a fault injection rule (evaluated in insertion order).

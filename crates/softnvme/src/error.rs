@@ -34,6 +34,16 @@ pub enum SoftError {
     /// The IOMMU table is full.
     #[error("dma_map: too many mappings (limit {0})")]
     TooManyMappings(usize),
+    /// `irq_eventfd` for a vector the device does not offer.
+    #[error("interrupt vector {vector} out of range (the device offers {vectors})")]
+    InvalidVector { vector: u16, vectors: u16 },
+    /// Creating or duplicating a vector's eventfd failed.
+    #[error("interrupt vector {vector} eventfd: {source}")]
+    Eventfd {
+        vector: u16,
+        #[source]
+        source: io::Error,
+    },
     /// `dma_unmap` of an IOVA that starts no mapping.
     #[error("dma_unmap: no mapping starts at iova {0:#x}")]
     NotMapped(u64),

@@ -196,6 +196,11 @@ impl DeferredSet {
         self.items.len() >= DEFERRED_LIMIT
     }
 
+    /// When the earliest delayed completion is due.
+    pub fn next_due(&self) -> Option<Instant> {
+        self.next_due
+    }
+
     /// Some delayed completion is pending (a clock read is needed).
     #[inline(always)]
     pub fn has_delayed(&self) -> bool {

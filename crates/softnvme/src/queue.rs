@@ -13,8 +13,9 @@
 //!   (see `Doorbell::set_event`).
 //!
 //! The CQ never overflows: a completion that finds no free slot (per the
-//! head last published by the host) goes to a bounded backlog, and the
-//! owner stops fetching for SQs bound to that CQ until it drains. Invalid
+//! head last published by the host) goes to a bounded backlog (see
+//! [`BACKLOG_LIMIT`] for why the bound holds), and the owner stops fetching
+//! for SQs bound to that CQ until it drains. Invalid
 //! doorbell values are ignored, counted once per distinct value, and flagged
 //! (`db_error`) for the controller to report as an asynchronous event.
 use std::collections::VecDeque;
@@ -23,9 +24,27 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use pollux_spec::{Sqe, Status};
 
-/// Hard cap on a CQ's backlog; the controller's deferred-command limit keeps
-/// it far below this, so hitting it is an emulator bug (logged, dropped).
-pub const BACKLOG_LIMIT: usize = 1 << 16;
+use crate::config::MAX_IO_QUEUES;
+use crate::fault::DEFERRED_LIMIT;
+
+/// Most completions a CQ's backlog can hold; never reached.
+///
+/// Why: a completion enters a backlog only when its CQ is full, and SQs
+/// bound to a CQ with a backlog fetch nothing until it has drained (also
+/// the admin SQ). So while a backlog is non-empty it can only grow by
+/// completions that already existed when it was empty: at most one just
+/// fetched, plus ones held elsewhere that move into it — deferred commands
+/// (at most [`DEFERRED_LIMIT`] per controller), completions held back for
+/// reordering ([`HELD_LIMIT`] per CQ) and, for the admin CQ, outstanding
+/// Asynchronous Event Requests (at most 16) and Delete I/O SQ commands
+/// waiting for their SQ (at most [`MAX_IO_QUEUES`]). An SQ deletion never
+/// puts the SQ's unfetched commands in a backlog: it completes them only
+/// as the CQ has room (`Controller::run_deletions`). Reaching the limit is
+/// therefore an emulator bug (logged as an error, asserted in debug
+/// builds).
+pub const BACKLOG_LIMIT: usize = DEFERRED_LIMIT + HELD_LIMIT + AER_MAX + MAX_IO_QUEUES as usize + 1;
+/// Most outstanding Asynchronous Event Requests (AERL + 1, AERL <= 15).
+const AER_MAX: usize = 16;
 /// Event index this polling controller publishes (see `Doorbell::set_event`).
 pub const EVENT_IDX_POLLED: u32 = 0xFFFF;
 /// Most completions held back for out-of-order posting per CQ.
@@ -238,8 +257,12 @@ pub(crate) struct Cq {
     pub db_error: bool,
     /// SQs bound to this CQ.
     pub sq_count: u32,
+    /// Interrupts enabled: count written entries in `irq_new`.
     pub ien: bool,
     pub iv: u16,
+    /// Entries written since the controller last collected them for the
+    /// interrupt vector (only counted with `ien`).
+    pub irq_new: u32,
     /// Completions ready but not yet posted (CQ full), in order.
     pub backlog: VecDeque<Completion>,
     /// Completions held back by a Reorder fault; posted after the next one.
@@ -266,6 +289,7 @@ impl Cq {
             sq_count: 0,
             ien: false,
             iv: 0,
+            irq_new: 0,
             backlog: VecDeque::new(),
             held: Vec::new(),
         }
@@ -309,6 +333,12 @@ impl Cq {
         self.head = v;
         self.db.set_event(v);
         DbPoll::Moved
+    }
+
+    /// True if a completion posted now would be written, not backlogged.
+    #[inline]
+    pub fn can_post(&mut self) -> bool {
+        self.backlog.is_empty() && self.room()
     }
 
     /// True if a completion can be written now (refreshing the head once
@@ -384,6 +414,11 @@ impl Cq {
         if self.tail == self.size {
             self.tail = 0;
             self.phase = !self.phase;
+        }
+        // The only interrupt cost on the posting path: one predictable
+        // branch for a CQ without interrupts.
+        if self.ien {
+            self.irq_new += 1;
         }
     }
 

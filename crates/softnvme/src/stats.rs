@@ -22,6 +22,9 @@ pub struct DeviceStats {
     /// Controller resets (CC.EN 1 -> 0).
     pub resets: u64,
     pub faults_fired: u64,
+    /// Interrupts signalled on the vectors' eventfds (each adds 1 to the
+    /// eventfd counter).
+    pub interrupts: u64,
     pub shadow_doorbell_enabled: bool,
 }
 

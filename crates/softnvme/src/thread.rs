@@ -2,8 +2,11 @@
 //! pinned to a CPU.
 //!
 //! The loop busy-polls. After ~1 ms without work on any controller it sleeps
-//! ~50 µs between rounds, and goes back to busy polling as soon as a round
-//! finds work. Attach/detach go through a Mutex<Vec<..>> plus an AtomicBool
+//! between rounds (50 µs, backing off to 1 ms), and goes back to busy
+//! polling as soon as a round finds work. A sleep never runs past the
+//! earliest deadline a controller reports (a coalesced interrupt's
+//! aggregation time, a delayed completion), so those fire on time even when
+//! the host is idle. Attach/detach go through a Mutex<Vec<..>> plus an AtomicBool
 //! "changed" flag checked once per round (no lock per round); `detach`
 //! waits until the thread has picked up the change, so once it returns the
 //! thread no longer steps (or holds) that device. Drop stops and joins.
@@ -158,8 +161,13 @@ fn run(sh: &Shared) {
             sh.applied.store(gen, Ordering::Release);
         }
         let mut work = 0;
+        let mut wake: Option<Instant> = None;
         for d in &devs {
-            work += d.step();
+            let (n, due) = d.step_with_deadline();
+            work += n;
+            if let Some(t) = due {
+                wake = Some(wake.map_or(t, |w| w.min(t)));
+            }
         }
         if work > 0 {
             idle_rounds = 0;
@@ -173,7 +181,13 @@ fn run(sh: &Shared) {
         if sleeping {
             // Back off from IDLE_SLEEP to IDLE_SLEEP_MAX while nothing
             // happens: an idle controller thread should cost ~nothing.
-            std::thread::sleep(sleep_for);
+            let nap = nap(
+                sleep_for,
+                wake.map(|t| t.saturating_duration_since(Instant::now())),
+            );
+            if !nap.is_zero() {
+                std::thread::sleep(nap);
+            }
             sleep_for = (sleep_for * 2).min(IDLE_SLEEP_MAX);
             continue;
         }
@@ -196,11 +210,37 @@ fn run(sh: &Shared) {
     sh.applied.store(u64::MAX, Ordering::Release);
 }
 
+/// How long an idle round sleeps: the back-off step, but never past the
+/// earliest deadline a controller reported (`until_deadline` from now).
+fn nap(backoff: Duration, until_deadline: Option<Duration>) -> Duration {
+    match until_deadline {
+        Some(d) => backoff.min(d),
+        None => backoff,
+    }
+}
+
 impl Drop for DeviceThread {
     fn drop(&mut self) {
         self.shared.stop.store(true, Ordering::Relaxed);
         if let Some(h) = self.handle.take() {
             let _ = h.join();
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn idle_sleep_stops_at_the_next_deadline() {
+        let ms = Duration::from_millis;
+        assert_eq!(nap(ms(1), None), ms(1));
+        assert_eq!(
+            nap(ms(1), Some(Duration::from_micros(300))),
+            Duration::from_micros(300)
+        );
+        assert_eq!(nap(ms(1), Some(ms(5))), ms(1));
+        assert_eq!(nap(ms(1), Some(Duration::ZERO)), Duration::ZERO);
     }
 }

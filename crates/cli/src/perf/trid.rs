@@ -1,8 +1,15 @@
 //! Transport IDs in SPDK's `key:value` syntax, e.g.
-//! `trtype:soft backend:ram size:1GiB lbads:4096 ns:2` or
+//! `trtype:soft backend:ram size:1GiB lbads:4096 ns:2 mdts:1 mqes:3` or
 //! `trtype:pcie traddr:0000:00:01.0`.
+//!
+//! The controller limits of an emulated controller (`mdts:`, `mqes:`) are
+//! parsed into [`SoftLimits`] by [`parse_with_limits`]; plain
+//! `str::parse::<Trid>()` refuses them (naming the key) rather than
+//! silently ignoring them, for callers that do not apply them.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use pollux_softnvme::{SoftConfig, MAX_MDTS};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TridError {
@@ -20,6 +27,68 @@ pub enum TridError {
     },
     #[error("transport ID: trtype:{0} needs {1}")]
     Missing(&'static str, &'static str),
+    #[error(
+        "transport ID: key '{key}' is valid for trtype:soft but not applied here \
+         (the caller must parse with parse_with_limits)"
+    )]
+    NotApplied { key: &'static str },
+}
+
+/// Controller limits of a `trtype:soft` transport ID; `None` keeps the
+/// [`SoftConfig`] default.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SoftLimits {
+    /// `mdts:N`: maximum data transfer `4 KiB << N` (Identify MDTS);
+    /// `mdts:0` means no limit. `0..=MAX_MDTS`.
+    pub mdts: Option<u8>,
+    /// `mqes:N`: CAP.MQES, 0's based: I/O queues of at most `N + 1`
+    /// entries. `1..=65535`.
+    pub mqes: Option<u16>,
+}
+
+impl SoftLimits {
+    /// Writes the limits that were given into `cfg`.
+    #[allow(
+        dead_code,
+        reason = "for perf's device setup, which does not parse limits yet"
+    )]
+    pub fn apply(&self, cfg: &mut SoftConfig) {
+        if let Some(m) = self.mdts {
+            cfg.mdts = m;
+        }
+        if let Some(q) = self.mqes {
+            cfg.mqes = q;
+        }
+    }
+
+    /// Takes `mdts` and `mqes` out of `kv`, validated.
+    fn take(kv: &mut BTreeMap<String, String>) -> Result<SoftLimits, TridError> {
+        let mdts = kv
+            .remove("mdts")
+            .map(|v| match v.parse::<u8>() {
+                Ok(n) if n <= MAX_MDTS => Ok(n),
+                _ => Err(TridError::BadValue {
+                    key: "mdts",
+                    value: v,
+                    why: format!(
+                        "expected 0..={MAX_MDTS} (max transfer 4 KiB << mdts; 0 = no limit)"
+                    ),
+                }),
+            })
+            .transpose()?;
+        let mqes = kv
+            .remove("mqes")
+            .map(|v| match v.parse::<u16>() {
+                Ok(n) if n >= 1 => Ok(n),
+                _ => Err(TridError::BadValue {
+                    key: "mqes",
+                    value: v,
+                    why: "expected 1..=65535 (0's based: queues of mqes + 1 entries)".into(),
+                }),
+            })
+            .transpose()?;
+        Ok(SoftLimits { mdts, mqes })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -64,108 +133,127 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 impl std::str::FromStr for Trid {
     type Err = TridError;
 
+    /// Parses a transport ID without controller limits: `mdts:` / `mqes:`
+    /// are refused ([`TridError::NotApplied`]), never ignored.
     fn from_str(s: &str) -> Result<Self, TridError> {
-        let mut kv = BTreeMap::new();
-        for tok in s.split_whitespace() {
-            let (k, v) = tok
-                .split_once([':', '='])
-                .ok_or_else(|| TridError::Syntax(s.to_string()))?;
-            if k.is_empty() || v.is_empty() {
-                return Err(TridError::Syntax(s.to_string()));
-            }
-            kv.insert(k.to_ascii_lowercase(), v.to_string());
+        let (t, limits) = parse_with_limits(s)?;
+        if limits.mdts.is_some() {
+            return Err(TridError::NotApplied { key: "mdts" });
         }
-        let trtype = kv
-            .remove("trtype")
-            .ok_or(TridError::Missing("<any>", "trtype:"))?;
-        match trtype.to_ascii_lowercase().as_str() {
-            "soft" => {
-                let backend = match kv
-                    .remove("backend")
-                    .as_deref()
-                    .map(str::to_ascii_lowercase)
-                    .as_deref()
-                {
-                    None | Some("null") => Backend::Null,
-                    Some("ram") => Backend::Ram,
-                    Some("file") => Backend::File,
-                    Some(o) => {
+        if limits.mqes.is_some() {
+            return Err(TridError::NotApplied { key: "mqes" });
+        }
+        Ok(t)
+    }
+}
+
+/// Parses a transport ID and, for `trtype:soft`, its controller limits
+/// (`mdts:`, `mqes:`; empty for other transports).
+pub fn parse_with_limits(s: &str) -> Result<(Trid, SoftLimits), TridError> {
+    let mut kv = BTreeMap::new();
+    for tok in s.split_whitespace() {
+        let (k, v) = tok
+            .split_once([':', '='])
+            .ok_or_else(|| TridError::Syntax(s.to_string()))?;
+        if k.is_empty() || v.is_empty() {
+            return Err(TridError::Syntax(s.to_string()));
+        }
+        kv.insert(k.to_ascii_lowercase(), v.to_string());
+    }
+    let trtype = kv
+        .remove("trtype")
+        .ok_or(TridError::Missing("<any>", "trtype:"))?;
+    match trtype.to_ascii_lowercase().as_str() {
+        "soft" => {
+            let backend = match kv
+                .remove("backend")
+                .as_deref()
+                .map(str::to_ascii_lowercase)
+                .as_deref()
+            {
+                None | Some("null") => Backend::Null,
+                Some("ram") => Backend::Ram,
+                Some("file") => Backend::File,
+                Some(o) => {
+                    return Err(TridError::BadValue {
+                        key: "backend",
+                        value: o.into(),
+                        why: "expected null, ram or file".into(),
+                    })
+                }
+            };
+            let path = kv.remove("path").map(PathBuf::from);
+            if backend == Backend::File && path.is_none() {
+                return Err(TridError::Missing("soft backend:file", "path:"));
+            }
+            let default_size = match backend {
+                Backend::Null => 1 << 40,
+                Backend::Ram => 1 << 30,
+                Backend::File => 0,
+            };
+            let size = match kv.remove("size") {
+                Some(v) => parse_size(&v).map_err(|why| TridError::BadValue {
+                    key: "size",
+                    value: v,
+                    why,
+                })?,
+                None => default_size,
+            };
+            let lba_shift = match kv.remove("lbads").as_deref() {
+                None | Some("512") | Some("9") => 9,
+                Some("4096") | Some("12") => 12,
+                Some(o) => {
+                    return Err(TridError::BadValue {
+                        key: "lbads",
+                        value: o.into(),
+                        why: "expected 512 or 4096".into(),
+                    })
+                }
+            };
+            let namespaces = match kv.remove("ns") {
+                None => 1,
+                Some(v) => match v.parse::<u32>() {
+                    Ok(n @ 1..=32) => n,
+                    _ => {
                         return Err(TridError::BadValue {
-                            key: "backend",
-                            value: o.into(),
-                            why: "expected null, ram or file".into(),
+                            key: "ns",
+                            value: v,
+                            why: "expected 1..=32".into(),
                         })
                     }
-                };
-                let path = kv.remove("path").map(PathBuf::from);
-                if backend == Backend::File && path.is_none() {
-                    return Err(TridError::Missing("soft backend:file", "path:"));
-                }
-                let default_size = match backend {
-                    Backend::Null => 1 << 40,
-                    Backend::Ram => 1 << 30,
-                    Backend::File => 0,
-                };
-                let size = match kv.remove("size") {
-                    Some(v) => parse_size(&v).map_err(|why| TridError::BadValue {
-                        key: "size",
-                        value: v,
-                        why,
-                    })?,
-                    None => default_size,
-                };
-                let lba_shift = match kv.remove("lbads").as_deref() {
-                    None | Some("512") | Some("9") => 9,
-                    Some("4096") | Some("12") => 12,
-                    Some(o) => {
-                        return Err(TridError::BadValue {
-                            key: "lbads",
-                            value: o.into(),
-                            why: "expected 512 or 4096".into(),
-                        })
-                    }
-                };
-                let namespaces = match kv.remove("ns") {
-                    None => 1,
-                    Some(v) => match v.parse::<u32>() {
-                        Ok(n @ 1..=32) => n,
-                        _ => {
-                            return Err(TridError::BadValue {
-                                key: "ns",
-                                value: v,
-                                why: "expected 1..=32".into(),
-                            })
-                        }
-                    },
-                };
-                if let Some(k) = kv.keys().next() {
-                    return Err(TridError::UnknownKey {
-                        key: k.clone(),
-                        trtype: "soft",
-                    });
-                }
-                Ok(Trid::Soft {
+                },
+            };
+            let limits = SoftLimits::take(&mut kv)?;
+            if let Some(k) = kv.keys().next() {
+                return Err(TridError::UnknownKey {
+                    key: k.clone(),
+                    trtype: "soft",
+                });
+            }
+            Ok((
+                Trid::Soft {
                     backend,
                     path,
                     size,
                     lba_shift,
                     namespaces,
-                })
-            }
-            "pcie" => {
-                let traddr = kv
-                    .remove("traddr")
-                    .ok_or(TridError::Missing("pcie", "traddr:"))?;
-                if let Some(k) = kv.keys().next() {
-                    return Err(TridError::UnknownKey {
-                        key: k.clone(),
-                        trtype: "pcie",
-                    });
-                }
-                Ok(Trid::Pcie { traddr })
-            }
-            o => Err(TridError::UnknownType(o.into())),
+                },
+                limits,
+            ))
         }
+        "pcie" => {
+            let traddr = kv
+                .remove("traddr")
+                .ok_or(TridError::Missing("pcie", "traddr:"))?;
+            if let Some(k) = kv.keys().next() {
+                return Err(TridError::UnknownKey {
+                    key: k.clone(),
+                    trtype: "pcie",
+                });
+            }
+            Ok((Trid::Pcie { traddr }, SoftLimits::default()))
+        }
+        o => Err(TridError::UnknownType(o.into())),
     }
 }
 
@@ -238,6 +326,97 @@ mod tests {
             "trtype:soft ns:0".parse::<Trid>(),
             Err(TridError::BadValue { .. })
         ));
+    }
+
+    #[test]
+    fn soft_limits_map_to_the_controller() {
+        let (t, l) = parse_with_limits("trtype:soft backend:ram size:1MiB mdts:1 mqes:3").unwrap();
+        assert!(matches!(
+            t,
+            Trid::Soft {
+                backend: Backend::Ram,
+                ..
+            }
+        ));
+        assert_eq!(
+            l,
+            SoftLimits {
+                mdts: Some(1),
+                mqes: Some(3)
+            }
+        );
+        let mut cfg = SoftConfig::default();
+        l.apply(&mut cfg);
+        assert_eq!(cfg.mdts, 1);
+        assert_eq!(4096usize << cfg.mdts, 8 << 10, "mdts:1 is 8 KiB");
+        assert_eq!(cfg.mqes, 3);
+        let dev = pollux_softnvme::SoftDevice::new(cfg).expect("valid config");
+        let (bar, _) = dev.bar0();
+        // SAFETY: BAR0 is page aligned and valid while `dev` lives; CAP is
+        // at offset 0, accessed as an aligned atomic.
+        let cap = unsafe { &*bar.as_ptr().cast::<std::sync::atomic::AtomicU32>() }
+            .load(std::sync::atomic::Ordering::Acquire);
+        let cap = pollux_spec::regs::Cap(cap as u64);
+        assert_eq!(cap.mqes(), 3, "mqes:3 gives 4-entry queues");
+
+        // Unset limits keep the defaults.
+        let (_, l) = parse_with_limits("trtype:soft").unwrap();
+        assert_eq!(l, SoftLimits::default());
+        let mut cfg = SoftConfig::default();
+        l.apply(&mut cfg);
+        assert_eq!(cfg.mdts, SoftConfig::default().mdts);
+        assert_eq!(cfg.mqes, SoftConfig::default().mqes);
+
+        // The extremes the parser accepts are valid controller configs.
+        for (s, mdts, mqes) in [
+            ("trtype:soft mdts:0 mqes:1", 0, 1),
+            ("trtype:soft MDTS:16 MQES:65535", 16, 65535),
+        ] {
+            let (_, l) = parse_with_limits(s).unwrap();
+            assert_eq!((l.mdts, l.mqes), (Some(mdts), Some(mqes)), "{s}");
+            let mut cfg = SoftConfig::default();
+            l.apply(&mut cfg);
+            pollux_softnvme::SoftDevice::new(cfg).unwrap_or_else(|e| panic!("{s}: {e}"));
+        }
+    }
+
+    #[test]
+    fn soft_limit_errors_name_the_key() {
+        for (s, key) in [
+            ("trtype:soft mdts:17", "mdts"),
+            ("trtype:soft mdts:-1", "mdts"),
+            ("trtype:soft mdts:8k", "mdts"),
+            ("trtype:soft mqes:0", "mqes"),
+            ("trtype:soft mqes:65536", "mqes"),
+            ("trtype:soft mqes:many", "mqes"),
+        ] {
+            match parse_with_limits(s) {
+                Err(e @ TridError::BadValue { key: k, .. }) => {
+                    assert_eq!(k, key, "{s}");
+                    let msg = e.to_string();
+                    assert!(msg.contains(key), "{s}: {msg}");
+                }
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        // Not a PCIe key.
+        assert!(matches!(
+            parse_with_limits("trtype:pcie traddr:0000:00:01.0 mdts:1"),
+            Err(TridError::UnknownKey { .. })
+        ));
+        // A caller that does not apply limits refuses them, never drops them.
+        for (s, key) in [
+            ("trtype:soft mdts:1", "mdts"),
+            ("trtype:soft mqes:3", "mqes"),
+        ] {
+            match s.parse::<Trid>() {
+                Err(e @ TridError::NotApplied { key: k }) => {
+                    assert_eq!(k, key);
+                    assert!(e.to_string().contains(key));
+                }
+                other => panic!("{s}: {other:?}"),
+            }
+        }
     }
 
     #[test]

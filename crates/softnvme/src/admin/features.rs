@@ -1,14 +1,20 @@
 //! Get Features / Set Features: Arbitration, Temperature Threshold,
-//! Volatile Write Cache, Number of Queues and Asynchronous Event
-//! Configuration. Every other feature is Invalid Field.
+//! Volatile Write Cache, Number of Queues, Interrupt Coalescing, Interrupt
+//! Vector Configuration and Asynchronous Event Configuration. Every other
+//! feature is Invalid Field.
+//!
+//! Interrupt Vector Configuration selects the vector with CDW11 IV (Get and
+//! Set; out of range: Invalid Field). Vector 0, the admin vector, is never
+//! coalesced: it reports CD = 1 and refuses CD = 0 (Invalid Field).
 //!
 //! Nothing is saveable (SV set → Feature Identifier Not Saveable; SEL
 //! "saved" returns the default). Features return to their defaults on a
 //! controller reset. Number of Queues grants `min(request, max_io_queues)`
 //! and may only be set before any I/O queue exists (Command Sequence Error).
 use pollux_spec::features::{
-    cdw10_fid, cdw10_save, cdw10_sel, fid, sel, NumberOfQueues, TemperatureThreshold,
-    VolatileWriteCache, CAP_CHANGEABLE, THSEL_OVER, THSEL_UNDER,
+    cdw10_fid, cdw10_save, cdw10_sel, fid, sel, InterruptCoalescing, InterruptVectorConfig,
+    NumberOfQueues, TemperatureThreshold, VolatileWriteCache, CAP_CHANGEABLE, THSEL_OVER,
+    THSEL_UNDER,
 };
 use pollux_spec::status::{generic, specific};
 use pollux_spec::Sqe;
@@ -33,6 +39,11 @@ pub(crate) struct Features {
     pub aec: u32,
     pub temp_over: u16,
     pub temp_under: u16,
+    /// Interrupt Coalescing (THR, TIME).
+    pub coalescing: InterruptCoalescing,
+    /// Interrupt Vector Configuration CD per vector (`irq_vectors` long;
+    /// always set for vector 0).
+    pub no_coalesce: Vec<bool>,
 }
 
 impl Features {
@@ -44,6 +55,8 @@ impl Features {
             aec: 0,
             temp_over: DEFAULT_TEMP_OVER,
             temp_under: 0,
+            coalescing: InterruptCoalescing::default(),
+            no_coalesce: (0..cfg.irq_vectors).map(|v| v == 0).collect(),
         }
     }
 
@@ -62,6 +75,12 @@ impl Features {
             fid::VOLATILE_WRITE_CACHE => VolatileWriteCache { wce: self.wce }.to_dw0(),
             fid::NUMBER_OF_QUEUES => self.queues.to_dw0(),
             fid::ASYNC_EVENT_CONFIG => self.aec,
+            fid::INTERRUPT_COALESCING => self.coalescing.to_cdw11(),
+            fid::INTERRUPT_VECTOR_CONFIG => {
+                let iv = InterruptVectorConfig::from_cdw11(cdw11).iv;
+                let cd = *self.no_coalesce.get(iv as usize)?;
+                InterruptVectorConfig { iv, cd }.to_cdw11()
+            }
             _ => return None,
         })
     }
@@ -74,6 +93,8 @@ fn supported(f: u8) -> bool {
             | fid::TEMPERATURE_THRESHOLD
             | fid::VOLATILE_WRITE_CACHE
             | fid::NUMBER_OF_QUEUES
+            | fid::INTERRUPT_COALESCING
+            | fid::INTERRUPT_VECTOR_CONFIG
             | fid::ASYNC_EVENT_CONFIG
     )
 }
@@ -145,6 +166,24 @@ impl Controller {
             }
             fid::ASYNC_EVENT_CONFIG => {
                 self.feat.aec = sqe.cdw11;
+                ok(0)
+            }
+            fid::INTERRUPT_COALESCING => {
+                self.feat.coalescing = InterruptCoalescing::from_cdw11(sqe.cdw11);
+                tracing::debug!(coalescing = ?self.feat.coalescing, "interrupt coalescing");
+                ok(0)
+            }
+            fid::INTERRUPT_VECTOR_CONFIG => {
+                let c = InterruptVectorConfig::from_cdw11(sqe.cdw11);
+                if c.iv == 0 && !c.cd {
+                    tracing::warn!("Set Features: coalescing cannot be enabled on vector 0");
+                    return gen(generic::INVALID_FIELD);
+                }
+                let Some(cd) = self.feat.no_coalesce.get_mut(c.iv as usize) else {
+                    tracing::warn!(iv = c.iv, "Set Features: interrupt vector out of range");
+                    return gen(generic::INVALID_FIELD);
+                };
+                *cd = c.cd;
                 ok(0)
             }
             _ => gen(generic::INVALID_FIELD),

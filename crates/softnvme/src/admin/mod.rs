@@ -11,7 +11,7 @@ use pollux_spec::regs::{self, Cc};
 use pollux_spec::status::{generic, specific};
 use pollux_spec::{AdminOpcode, Sqe, Status};
 
-use crate::ctrl::{Controller, ShadowBuf};
+use crate::ctrl::{Controller, ShadowBuf, SqDeletion};
 use crate::dma;
 use crate::fault::DeferKind;
 use crate::queue::{Completion, Cq, Doorbell, Sq};
@@ -142,7 +142,8 @@ impl Controller {
         if !pc {
             return gen(generic::INVALID_FIELD);
         }
-        if iv > self.cfg.max_io_queues {
+        // IV is checked even without IEN (as QEMU does): it names a vector.
+        if iv >= self.irqs.len() {
             return spec(specific::INVALID_INTERRUPT_VECTOR);
         }
         let size = qsize as u32 + 1;
@@ -153,6 +154,12 @@ impl Controller {
             tracing::warn!(qid, prp1 = sqe.prp1, "Create I/O CQ: memory not mapped");
             return gen(generic::INVALID_FIELD);
         };
+        if ien {
+            if let Err(e) = self.ensure_vector(iv) {
+                tracing::error!(qid, iv, error = %e, "Create I/O CQ: no eventfd for the vector");
+                return gen(generic::INTERNAL_ERROR);
+            }
+        }
         let db = self.doorbell_for(qid, false);
         db.reset();
         // SAFETY: `size` CQEs at `base` were translated above; `db` is a
@@ -162,7 +169,10 @@ impl Controller {
         cq.iv = iv;
         self.cqs[qid as usize] = Some(cq);
         self.cq_ids.push(qid);
-        tracing::debug!(qid, size, "I/O CQ created");
+        if ien {
+            self.irq_cqs.push(qid);
+        }
+        tracing::debug!(qid, size, ien, iv, "I/O CQ created");
         ok(0)
     }
 
@@ -208,35 +218,35 @@ impl Controller {
         ok(0)
     }
 
+    /// Delete I/O Submission Queue. Every command submitted to the SQ is
+    /// completed with Command Aborted due to SQ Deletion: those in progress
+    /// (delayed or held back by fault injection) at once, those not fetched
+    /// yet as the CQ has room for them. The SQ stays allocated (not fetched
+    /// from, its doorbell no longer read) until then, and the Delete itself
+    /// completes only once no completion of the SQ is left unwritten: the
+    /// host sees every aborted command before it may delete the CQ, and a
+    /// CQ that the host does not consume holds the Delete back (as it would
+    /// on hardware) instead of piling the aborts up in a backlog.
     fn delete_io_sq(&mut self, sqe: &Sqe) -> AdminResult {
         let qid = sqe.cdw10 as u16;
-        if qid == 0 || !matches!(self.sqs.get(qid as usize), Some(Some(_))) {
+        if qid == 0
+            || !matches!(self.sqs.get(qid as usize), Some(Some(_)))
+            || self.deleting.iter().any(|d| d.sqid == qid)
+        {
             return spec(specific::INVALID_QID);
         }
-        let Some(mut sq) = self.sqs[qid as usize].take() else {
+        let Some(sq) = self.sqs[qid as usize].as_mut() else {
             return spec(specific::INVALID_QID);
         };
-        self.io_sqs.retain(|&q| q != qid);
-        let cqid = sq.cqid;
-        let aborted = Status::generic(generic::ABORTED_SQ_DELETION);
-        // Commands submitted but not fetched yet: complete them as aborted.
+        // Commands submitted before the Delete: the tail as of now. The
+        // doorbell is not read again.
         let _ = sq.poll_tail();
-        let mut n = 0;
-        while sq.head != sq.tail {
-            let s = sq.fetch();
-            let c = Completion {
-                dw0: 0,
-                sqhd: sq.head as u16,
-                sqid: qid,
-                cid: s.cid,
-                status: aborted,
-            };
-            crate::ctrl::note_error(&mut self.counters, &mut self.errlog, &c, &s);
-            self.post(cqid, c);
-            n += 1;
-        }
+        let cqid = sq.cqid;
+        self.io_sqs.retain(|&q| q != qid);
+        let aborted = Status::generic(generic::ABORTED_SQ_DELETION);
         // Commands in progress (delayed, held back) complete as aborted;
-        // dropped ones are forgotten.
+        // dropped ones are forgotten. They were already counted against the
+        // CQ's backlog bound (see `queue::BACKLOG_LIMIT`).
         for d in self.deferred.take_where(|d| d.c.sqid == qid) {
             if d.kind != DeferKind::Dropped {
                 self.post(
@@ -263,15 +273,102 @@ impl Controller {
                 );
             }
         }
-        if let Some(cq) = self.cqs[cqid as usize].as_mut() {
+        let (_, done) = self.abort_unfetched(qid);
+        if done {
+            self.remove_sq(qid);
+            return ok(0);
+        }
+        tracing::debug!(qid, cqid, "I/O SQ deletion waits for room in its CQ");
+        self.deleting.push(SqDeletion {
+            sqid: qid,
+            cid: sqe.cid,
+        });
+        None
+    }
+
+    /// Completes as aborted the unfetched commands of SQ `qid` (being
+    /// deleted) that fit in its CQ now. Returns the number posted and
+    /// whether the deletion is complete: nothing left in the SQ and none of
+    /// its completions waiting in the CQ's backlog.
+    fn abort_unfetched(&mut self, qid: u16) -> (usize, bool) {
+        let Controller {
+            sqs,
+            cqs,
+            counters,
+            errlog,
+            ..
+        } = self;
+        let Some(sq) = sqs.get_mut(qid as usize).and_then(Option::as_mut) else {
+            debug_assert!(false, "deleting a missing SQ");
+            return (0, true);
+        };
+        let Some(cq) = cqs.get_mut(sq.cqid as usize).and_then(Option::as_mut) else {
+            // Cannot happen: a CQ with SQs bound cannot be deleted.
+            debug_assert!(false, "SQ bound to a missing CQ");
+            return (0, true);
+        };
+        let mut n = 0;
+        while sq.head != sq.tail && cq.can_post() {
+            let s = sq.fetch();
+            let c = Completion {
+                dw0: 0,
+                sqhd: sq.head as u16,
+                sqid: qid,
+                cid: s.cid,
+                status: Status::generic(generic::ABORTED_SQ_DELETION),
+            };
+            crate::ctrl::note_error(counters, errlog, &c, &s);
+            crate::ctrl::post_to(cq, c, counters);
+            n += 1;
+        }
+        let done = sq.head == sq.tail && !cq.backlog.iter().any(|c| c.sqid == qid);
+        (n, done)
+    }
+
+    /// Frees SQ `qid` once its deletion is complete.
+    fn remove_sq(&mut self, qid: u16) {
+        let Some(sq) = self.sqs.get_mut(qid as usize).and_then(Option::take) else {
+            return;
+        };
+        if let Some(cq) = self.cqs[sq.cqid as usize].as_mut() {
             debug_assert!(cq.sq_count > 0);
             cq.sq_count = cq.sq_count.saturating_sub(1);
         }
         self.bar
             .sq_tail(qid)
             .store(0, std::sync::atomic::Ordering::Release);
-        tracing::debug!(qid, unfetched_aborted = n, "I/O SQ deleted");
-        ok(0)
+        tracing::debug!(qid, "I/O SQ deleted");
+    }
+
+    /// Advances the SQ deletions waiting for CQ room; posts the Delete
+    /// completions of those that are done. Returns the completions posted.
+    pub(crate) fn run_deletions(&mut self) -> usize {
+        let mut n = 0;
+        let mut i = 0;
+        while i < self.deleting.len() {
+            let d = self.deleting[i];
+            let (posted, done) = self.abort_unfetched(d.sqid);
+            n += posted;
+            if !done {
+                i += 1;
+                continue;
+            }
+            self.deleting.remove(i);
+            self.remove_sq(d.sqid);
+            let sqhd = self.sqs[0].as_ref().map_or(0, |s| s.head as u16);
+            self.post(
+                0,
+                Completion {
+                    dw0: 0,
+                    sqhd,
+                    sqid: 0,
+                    cid: d.cid,
+                    status: Status::SUCCESS,
+                },
+            );
+            n += 1;
+        }
+        n
     }
 
     fn delete_io_cq(&mut self, sqe: &Sqe) -> AdminResult {
@@ -293,7 +390,22 @@ impl Controller {
                 "CQ deleted with unposted completions"
             );
         }
-        self.cqs[qid as usize] = None;
+        if let Some(cq) = self.cqs[qid as usize].take() {
+            if cq.ien {
+                self.irq_cqs.retain(|&q| q != qid);
+            }
+            if cq.irq_new != 0 {
+                // Entries written this step still raise their interrupt.
+                let mut now = None;
+                self.irqs.add(
+                    cq.iv,
+                    cq.irq_new,
+                    self.feat.coalescing,
+                    &self.feat.no_coalesce,
+                    &mut now,
+                );
+            }
+        }
         self.cq_ids.retain(|&q| q != qid);
         self.bar
             .cq_head(qid)

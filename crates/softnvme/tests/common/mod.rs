@@ -420,9 +420,18 @@ impl Host {
 
     /// Creates I/O CQ+SQ `qid` with `entries` entries each.
     pub fn create_ioq(&mut self, qid: u16, entries: u32) -> IoQ {
+        self.create_ioq_irq(qid, entries, None)
+    }
+
+    /// Creates I/O CQ+SQ `qid`; `irq: Some(iv)` sets IEN with vector `iv`.
+    pub fn create_ioq_irq(&mut self, qid: u16, entries: u32, irq: Option<u16>) -> IoQ {
         let (cq_iova, cq_ptr) = self.alloc(entries as usize * 16);
         let (sq_iova, sq_ptr) = self.alloc(entries as usize * 64);
-        let s = self.admin_status(Sqe::create_io_cq(qid, entries as u16, cq_iova));
+        let mut create_cq = Sqe::create_io_cq(qid, entries as u16, cq_iova);
+        if let Some(iv) = irq {
+            create_cq.cdw11 |= pollux_spec::cmd::CQ_IEN | (iv as u32) << 16;
+        }
+        let s = self.admin_status(create_cq);
         assert!(s.is_success(), "create cq: {s}");
         let s = self.admin_status(Sqe::create_io_sq(qid, entries as u16, qid, sq_iova));
         assert!(s.is_success(), "create sq: {s}");
