@@ -222,6 +222,54 @@ fn refused_submission_ends_the_run() {
     }
 }
 
+/// A small-MDTS drive (8 KiB, `mdts:1`) at queue depth 1 with 1 MiB I/O:
+/// each request is 128 commands that wait for the one tracker, and the data
+/// is verified. Before, the driver refused it ("needs 128 commands but the
+/// queue pair only has 1 slots").
+#[test]
+fn one_mib_at_qd1_on_a_small_mdts_drive_moves_data() {
+    for extra in [&[][..], &["--inline"][..]] {
+        let mut args = vec![
+            "-r",
+            "trtype:soft backend:ram size:64MiB mdts:1 mqes:3",
+            "-q",
+            "1",
+            "-o",
+            "1m",
+            "-w",
+            "randrw",
+            "--verify",
+            "-t",
+            "0",
+            "--io-count",
+            "20",
+        ];
+        args.extend_from_slice(extra);
+        let (code, v) = perf_json(&args);
+        assert_eq!(code, 0, "{v}");
+        let t = &v["total"];
+        assert_eq!(
+            (t["ios"].as_u64(), t["errors"].as_u64()),
+            (Some(20), Some(0)),
+            "{v}"
+        );
+    }
+    // mqes:3 allows queues of 4 entries: -q 4 needs 5.
+    let (code, _out, err) = pollux(&[
+        "perf",
+        "-r",
+        "trtype:soft backend:ram size:64MiB mqes:3",
+        "-q",
+        "4",
+        "-t",
+        "0",
+        "--io-count",
+        "8",
+    ]);
+    assert_ne!(code, 0);
+    assert!(err.contains("-q"), "{err}");
+}
+
 #[test]
 fn latency_fields_with_dash_l() {
     let (code, v) = perf_json(&["--inline", "-t", "0", "--io-count", "2000", "-q", "4", "-L"]);

@@ -251,6 +251,7 @@ struct Device {
 
 fn open_device(
     t: &Trid,
+    limits: trid::SoftLimits,
     idx: usize,
     mode: SoftMode,
     thread: Option<&DeviceThread>,
@@ -280,11 +281,12 @@ fn open_device(
                     size_bytes: *size,
                 })
                 .collect();
-            let cfg = SoftConfig {
+            let mut cfg = SoftConfig {
                 namespaces: ns,
                 serial: format!("SOFT{idx:04}"),
                 ..SoftConfig::default()
             };
+            limits.apply(&mut cfg);
             let dev = SoftDevice::new(cfg)?;
             // The device must run before bring-up can talk to it.
             if let Some(th) = thread {
@@ -612,19 +614,22 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
 pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let online = online_cpus();
     let cores = check_args(&a, &online)?;
-    let trids: Vec<Trid> = if a.transport.is_empty() {
-        vec![Trid::Soft {
+    let (trids, limits): (Vec<Trid>, Vec<trid::SoftLimits>) = if a.transport.is_empty() {
+        let t = Trid::Soft {
             backend: Backend::Null,
             path: None,
             size: 1 << 40,
             lba_shift: 9,
             namespaces: 1,
-        }]
+        };
+        (vec![t], vec![trid::SoftLimits::default()])
     } else {
         a.transport
             .iter()
-            .map(|s| s.parse())
-            .collect::<Result<_, _>>()?
+            .map(|s| trid::parse_with_limits(s))
+            .collect::<Result<Vec<_>, _>>()?
+            .into_iter()
+            .unzip()
     };
     check_trids(&a, &trids)?;
 
@@ -663,7 +668,14 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     };
     let mut devices = Vec::new();
     for (i, t) in trids.iter().enumerate() {
-        devices.push(open_device(t, i, mode, dev_thread.as_ref(), &copts)?);
+        devices.push(open_device(
+            t,
+            limits[i],
+            i,
+            mode,
+            dev_thread.as_ref(),
+            &copts,
+        )?);
     }
     let plans = check_devices(&a, &devices)?;
     let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;

@@ -48,10 +48,6 @@ pub struct SoftLimits {
 
 impl SoftLimits {
     /// Writes the limits that were given into `cfg`.
-    #[allow(
-        dead_code,
-        reason = "for perf's device setup, which does not parse limits yet"
-    )]
     pub fn apply(&self, cfg: &mut SoftConfig) {
         if let Some(m) = self.mdts {
             cfg.mdts = m;
