@@ -38,12 +38,15 @@ fn main() {
         )
     }
     .cast::<u8>();
+    // SAFETY: the mapping is fresh and lives to the end of main; the device is unmapped first at exit.
     unsafe {
         dev.dma_map(IOVA, NonNull::new(mem).unwrap(), mem_len)
             .unwrap()
     };
     let (bar, _) = dev.bar0();
+    // SAFETY: offsets used are register offsets inside BAR0, which lives as long as `dev`.
     let reg = |o: usize| unsafe { &*bar.as_ptr().add(o).cast::<AtomicU32>() };
+    // SAFETY: offsets used are inside the mapping allocated above.
     let at = |off: usize| unsafe { mem.add(off) };
     // Admin queues at 0 / 4K, I/O CQ at 64K, I/O SQ at 128K, data at 1M.
     reg(off::AQA).store(Aqa::new(16, 16).0, Ordering::Release);
@@ -57,6 +60,7 @@ fn main() {
         Sqe::create_io_sq(1, size as u16, 1, IOVA + 0x20000),
     ];
     for (i, s) in admin.iter().enumerate() {
+        // SAFETY: slot i of the admin SQ, inside the mapping.
         unsafe { ptr::write_volatile(at(i * 64).cast::<Sqe>(), *s) };
     }
     reg(sq_tail_doorbell(0, 0)).store(2, Ordering::Release);
@@ -75,6 +79,7 @@ fn main() {
             while outstanding < qd {
                 cmd.cid = tail as u16;
                 cmd.cdw10 = tail;
+                // SAFETY: tail < queue entries; the SQ lies inside the mapping.
                 unsafe { ptr::write_volatile(sq.add(tail as usize), cmd) };
                 tail = (tail + 1) % size;
                 outstanding += 1;
@@ -83,6 +88,7 @@ fn main() {
             dev.step();
             let mut n = 0;
             loop {
+                // SAFETY: dword 3 of a CQ entry inside the mapping, read atomically.
                 let dw3 = unsafe {
                     &*cq.add(head as usize)
                         .cast::<u8>()

@@ -426,6 +426,7 @@ fn dma_unmap_then_command_fails() {
     let mut h = Host::enabled(cfg_ram());
     let mut q = h.create_ioq(1, 16);
     // A second mapping for a data buffer.
+    // SAFETY: (test) a fresh anonymous mapping.
     let buf = unsafe {
         libc::mmap(
             std::ptr::null_mut(),
@@ -437,6 +438,7 @@ fn dma_unmap_then_command_fails() {
         )
     };
     let iova = 0x40_0000_0000u64;
+    // SAFETY: (test) `buf` is our live 8 KiB mapping; it is unmapped from the device before munmap.
     unsafe {
         h.dev
             .dma_map(iova, std::ptr::NonNull::new(buf.cast()).unwrap(), 8192)
@@ -452,6 +454,7 @@ fn dma_unmap_then_command_fails() {
         generic::DATA_TRANSFER_ERROR,
     );
     assert!(h.dev.dma_unmap(iova).is_err());
+    // SAFETY: (test) unmapped from the device above; nothing else uses it.
     unsafe { libc::munmap(buf, 8192) };
     // Unmapping queue memory is an IOMMU fault: the controller goes fatal.
     h.dev.dma_unmap(IOVA_BASE).unwrap();
@@ -463,6 +466,7 @@ fn dma_unmap_then_command_fails() {
 fn dma_map_rejects_bad_ranges() {
     let h = Host::new(cfg_ram());
     let p = std::ptr::NonNull::new(h.mem).unwrap();
+    // SAFETY: (test) `h.mem` is the host's live mapping; the ranges below are refused before any access.
     unsafe {
         assert!(h.dev.dma_map(0x1_0000_0000, p, 100).is_err());
         assert!(h.dev.dma_map(0x1_0000_0100, p, 4096).is_err());

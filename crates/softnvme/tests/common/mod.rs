@@ -83,6 +83,7 @@ impl Drop for Host {
         // no other reference that steps it afterwards)... except an Arc
         // clone; unmap first so the device can never touch it.
         let _ = self.dev.dma_unmap(IOVA_BASE);
+        // SAFETY: (test) the device no longer maps this memory (unmapped above); we own the mapping.
         unsafe {
             libc::munmap(self.mem.cast(), self.mem_len);
         }
@@ -98,7 +99,7 @@ impl Host {
         let dstrd = cfg.dstrd;
         let dev = SoftDevice::new(cfg).expect("device");
         let (bar, bar_len) = dev.bar0();
-        // SAFETY (test): fresh anonymous mapping.
+        // SAFETY: (test) fresh anonymous mapping.
         let mem = unsafe {
             libc::mmap(
                 ptr::null_mut(),
@@ -111,7 +112,7 @@ impl Host {
         };
         assert_ne!(mem, libc::MAP_FAILED);
         let mem = mem.cast::<u8>();
-        // SAFETY (test): the memory lives until Drop, which unmaps first.
+        // SAFETY: (test) the memory lives until Drop, which unmaps first.
         unsafe {
             dev.dma_map(IOVA_BASE, NonNull::new(mem).unwrap(), mem_len)
                 .unwrap()
@@ -153,8 +154,9 @@ impl Host {
         assert!(self.next + bytes <= self.mem_len, "test host out of memory");
         let off = self.next;
         self.next += bytes;
-        // SAFETY (test): inside our mapping.
+        // SAFETY: (test) inside our mapping.
         let p = unsafe { self.mem.add(off) };
+        // SAFETY: (test) `bytes` bytes from `p` lie inside our mapping (the allocator checks).
         unsafe { ptr::write_bytes(p, 0, bytes) };
         (IOVA_BASE + off as u64, p)
     }
@@ -162,15 +164,18 @@ impl Host {
     pub fn ptr(&self, iova: u64) -> *mut u8 {
         let off = (iova - IOVA_BASE) as usize;
         assert!(off < self.mem_len);
+        // SAFETY: (test) off < mem_len, asserted above.
         unsafe { self.mem.add(off) }
     }
 
     pub fn write_mem(&self, iova: u64, data: &[u8]) {
+        // SAFETY: (test) `ptr` checks the start lies in our mapping; tests pass ranges inside it.
         unsafe { ptr::copy_nonoverlapping(data.as_ptr(), self.ptr(iova), data.len()) };
     }
 
     pub fn read_mem(&self, iova: u64, len: usize) -> Vec<u8> {
         let mut v = vec![0u8; len];
+        // SAFETY: (test) as in write_mem.
         unsafe { ptr::copy_nonoverlapping(self.ptr(iova), v.as_mut_ptr(), len) };
         v
     }
@@ -179,6 +184,7 @@ impl Host {
 
     fn reg(&self, o: usize) -> &AtomicU32 {
         assert!(o.is_multiple_of(4) && o + 4 <= self.bar_len);
+        // SAFETY: (test) bounds and alignment asserted above; the BAR lives as long as the device.
         unsafe { &*self.bar.add(o).cast::<AtomicU32>() }
     }
     pub fn r32(&self, o: usize) -> u32 {
@@ -248,6 +254,7 @@ impl Host {
             self.acq.phase = true;
             // The admin CQ memory keeps old entries; clear it.
             if !self.acq.ptr.is_null() {
+                // SAFETY: (test) the admin CQ lies in our mapping; the controller is disabled while it is cleared.
                 unsafe {
                     ptr::write_bytes(self.acq.ptr.cast::<u8>(), 0, self.acq.size as usize * 16)
                 };
@@ -275,6 +282,7 @@ impl Host {
 
     /// Writes `sqe` at the SQ tail (no doorbell).
     pub fn push(sq: &mut SqRing, sqe: Sqe) {
+        // SAFETY: (test) tail < entries and the ring lies in our mapping.
         unsafe { ptr::write_volatile(sq.ptr.add(sq.tail as usize), sqe) };
         sq.tail = (sq.tail + 1) % sq.size;
     }
@@ -296,7 +304,9 @@ impl Host {
         if qid != 0 {
             if let Some(s) = &self.shadow {
                 let rel = off - off::DOORBELL_BASE;
+                // SAFETY: (test) rel < 4096 inside the shadow page in our mapping; accessed atomically.
                 let db = unsafe { &*s.db.add(rel).cast::<AtomicU32>() };
+                // SAFETY: (test) as above for the event index page.
                 let ei = unsafe { &*s.ei.add(rel).cast::<AtomicU32>() };
                 db.store(new, Ordering::Release);
                 std::sync::atomic::fence(Ordering::SeqCst);
@@ -324,12 +334,15 @@ impl Host {
 
     /// Takes the next CQE if its phase matches (no doorbell).
     pub fn take(cq: &mut CqRing) -> Option<Cqe> {
+        // SAFETY: (test) head < entries and the ring lies in our mapping.
         let slot = unsafe { cq.ptr.add(cq.head as usize) };
         let dw3 =
+            // SAFETY: (test) dword 3 of an entry in the ring; accessed atomically.
             unsafe { &*slot.cast::<u8>().add(12).cast::<AtomicU32>() }.load(Ordering::Acquire);
         if ((dw3 >> 16) & 1 != 0) != cq.phase {
             return None;
         }
+        // SAFETY: (test) the entry was published (phase checked with Acquire above).
         let cqe = unsafe { ptr::read_volatile(slot) };
         cq.head += 1;
         if cq.head == cq.size {
@@ -341,8 +354,10 @@ impl Host {
 
     /// Peeks whether a CQE is available without consuming it.
     pub fn peek(cq: &CqRing) -> bool {
+        // SAFETY: (test) as in `take`.
         let slot = unsafe { cq.ptr.add(cq.head as usize) };
         let dw3 =
+            // SAFETY: (test) as in `take`.
             unsafe { &*slot.cast::<u8>().add(12).cast::<AtomicU32>() }.load(Ordering::Acquire);
         ((dw3 >> 16) & 1 != 0) == cq.phase
     }
