@@ -134,6 +134,12 @@ fn dir_names(p: &Path) -> Vec<String> {
     v
 }
 
+/// Drops repeated entries, keeping the first of each (`bind A A` moves A once).
+fn dedup_in_order(v: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|x| seen.insert(x.clone()));
+}
+
 /// `0000:01:00.0` form (adds the domain), validated.
 pub fn normalize_bdf(s: &str) -> Result<String, SetupError> {
     pollux_driver::platform::pci::normalize_bdf(s).map_err(|e| msg(e.to_string()))
@@ -160,7 +166,9 @@ impl Host {
         let d = self.pci_dev(bdf);
         if !d.exists() {
             return Err(msg(format!(
-                "no PCI device {bdf} (`pollux setup list` shows the NVMe controllers)"
+                "no PCI device {bdf} ({} does not exist); `pollux setup list` shows the \
+                 NVMe controllers",
+                d.display()
             )));
         }
         let class = read_trim(&d.join("class")).unwrap_or_default();
@@ -358,9 +366,14 @@ impl Host {
             )));
         }
         // Check everything first: nothing is moved if any controller is busy.
+        let mut targets = bdfs
+            .iter()
+            .map(|b| normalize_bdf(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        dedup_in_order(&mut targets);
         let mut ctrls = Vec::new();
-        for b in bdfs {
-            let c = self.controller(&normalize_bdf(b)?)?;
+        for bdf in &targets {
+            let c = self.controller(bdf)?;
             if !c.in_use.is_empty() {
                 return Err(msg(format!(
                     "refusing to take {} from the kernel: {}. Unmount / release it first.",
@@ -441,18 +454,26 @@ impl Host {
             let _ = writeln!(out, "no controller is bound to vfio-pci or uio_pci_generic");
             return Ok(());
         }
+        // Check every target first (exists, is NVMe): a typo must be named
+        // before modprobe runs or any controller is moved.
+        let mut targets = targets;
+        dedup_in_order(&mut targets);
+        let ctrls = targets
+            .iter()
+            .map(|bdf| self.controller(bdf))
+            .collect::<Result<Vec<_>, _>>()?;
         if let Err(e) = (self.modprobe)("nvme") {
             if !self.sys.join("bus/pci/drivers/nvme").exists() {
                 return Err(msg(format!("kernel nvme driver not available: {e}")));
             }
         }
-        for bdf in targets {
-            let c = self.controller(&bdf)?;
+        for c in ctrls {
+            let bdf = c.bdf.as_str();
             if c.driver.as_deref() == Some("nvme") {
                 let _ = writeln!(out, "{bdf}: already bound to nvme");
                 continue;
             }
-            let got = self.rebind(&bdf, None)?;
+            let got = self.rebind(bdf, None)?;
             let from = c.driver.as_deref().unwrap_or("no driver");
             match got.as_deref() {
                 Some("nvme") => {
@@ -745,6 +766,60 @@ mod tests {
             fs::read_to_string(f.root.join("sys/bus/pci/drivers_probe")).unwrap(),
             "0000:01:00.0"
         );
+    }
+
+    thread_local! {
+        /// `modprobe` calls made by the current test's thread.
+        static MODPROBES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn counting_modprobe(name: &str) -> Result<(), String> {
+        MODPROBES.with(|m| m.borrow_mut().push(name.to_string()));
+        Ok(())
+    }
+
+    #[test]
+    fn reset_names_a_missing_device_before_touching_anything() {
+        let f = Fake::new("reset-missing");
+        let h = Host {
+            modprobe: counting_modprobe,
+            ..f.host()
+        };
+        let mut out = String::new();
+        // 0000:02:00.0 exists (no driver), 0000:00:99.0 does not: nothing
+        // may be written for either, and modprobe must not run.
+        let e = h
+            .reset(&["0000:02:00.0".into(), "00:99.0".into()], &mut out)
+            .unwrap_err()
+            .to_string();
+        let path = f.root.join("sys/bus/pci/devices/0000:00:99.0");
+        assert!(
+            e.contains(&format!(
+                "no PCI device 0000:00:99.0 ({} does not exist)",
+                path.display()
+            )),
+            "{e}"
+        );
+        assert_eq!(MODPROBES.with(|m| m.borrow().clone()), Vec::<String>::new());
+        let d2 = f.root.join("sys/bus/pci/devices/0000:02:00.0");
+        assert_eq!(
+            fs::read_to_string(d2.join("driver_override")).unwrap(),
+            "(null)\n"
+        );
+        assert!(!f.root.join("sys/bus/pci/drivers_probe").exists());
+        // Not an NVMe controller: also refused before modprobe.
+        let e = h
+            .reset(&["0000:03:00.0".into()], &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0000:03:00.0 is not an NVMe controller"), "{e}");
+        assert_eq!(MODPROBES.with(|m| m.borrow().len()), 0);
+        assert!(out.is_empty(), "{out}");
+        // A controller named twice is handled once.
+        h.reset(&["0000:01:00.0".into(), "01:00.0".into()], &mut out)
+            .unwrap();
+        assert_eq!(out, "0000:01:00.0: already bound to nvme\n");
+        assert_eq!(MODPROBES.with(|m| m.borrow().clone()), ["nvme"]);
     }
 
     #[test]
