@@ -9,6 +9,7 @@
 //! vfio-pci).
 use std::fmt::Write as _;
 use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -70,6 +71,9 @@ fn io_err(path: &Path, err: std::io::Error) -> SetupError {
 pub struct Host {
     pub sys: PathBuf,
     pub proc_: PathBuf,
+    /// Where the device nodes are (/dev): matched against /proc/PID/fd
+    /// links and read for file-system signatures.
+    pub dev: PathBuf,
     /// Runs `modprobe NAME`; Err = could not.
     pub modprobe: fn(&str) -> Result<(), String>,
     /// How long to wait for a driver to bind.
@@ -89,6 +93,7 @@ impl Default for Host {
         Host {
             sys: "/sys".into(),
             proc_: "/proc".into(),
+            dev: "/dev".into(),
             modprobe: real_modprobe,
             bind_timeout: Duration::from_secs(10),
         }
@@ -107,6 +112,9 @@ pub struct Controller {
     pub model: Option<String>,
     /// Block devices of its namespaces (disks and partitions).
     pub block_devs: Vec<String>,
+    /// Character devices: the controller's (nvme0) and its namespaces'
+    /// generic ones (ng0n1).
+    pub char_devs: Vec<String>,
     /// Why it must not be taken away from the kernel ("nvme0n1p1 is
     /// mounted on /home", ...). Empty: free.
     pub in_use: Vec<String>,
@@ -132,6 +140,126 @@ fn dir_names(p: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// `MAJOR:MINOR` from a sysfs `dev` file.
+fn read_devno(p: &Path) -> Option<(u32, u32)> {
+    let s = read_trim(p)?;
+    let (major, minor) = s.split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// `(X, Y)` of a namespace disk name `nvmeXnY` (not partitions `nvmeXnYpZ`).
+fn disk_numbers(name: &str) -> Option<(&str, &str)> {
+    let (x, y) = name.strip_prefix("nvme")?.split_once('n')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(x) && digits(y)).then_some((x, y))
+}
+
+/// Character devices of controller `kname`: its own (/dev/nvme0) and the
+/// generic namespace devices: ngXnY for each namespace disk nvmeXnY (the
+/// same numbers, with native multipath too) and any ng* the controller
+/// lists in sysfs.
+fn char_devs(ctrl_dir: &Path, kname: &str, block_devs: &[String]) -> Vec<String> {
+    let mut ng: Vec<String> = block_devs
+        .iter()
+        .filter_map(|d| disk_numbers(d))
+        .map(|(x, y)| format!("ng{x}n{y}"))
+        .chain(
+            dir_names(ctrl_dir)
+                .into_iter()
+                .filter(|n| n.starts_with("ng")),
+        )
+        .collect();
+    ng.sort();
+    ng.dedup();
+    let mut out = vec![kname.to_string()];
+    out.extend(ng);
+    out
+}
+
+/// A device node of a controller, for the /proc/PID/fd scan.
+struct Node {
+    /// Kernel name: nvme0n1p1, nvme0, ng0n1.
+    name: String,
+    /// Where it is expected: /dev/NAME.
+    path: PathBuf,
+    /// Block (else character) device.
+    block: bool,
+    /// (major, minor) from sysfs, when known.
+    devno: Option<(u32, u32)>,
+}
+
+impl Node {
+    /// Whether the open file behind `fd` (a /proc/PID/fd link to `target`)
+    /// is this node: the link names its path, or, opened under another
+    /// path with the same file name (a container's /dev, a deleted node),
+    /// the file is a device of the same type and number.
+    fn is_behind(&self, fd: &Path, target: &Path) -> bool {
+        if target == self.path {
+            return true;
+        }
+        let same_name = target
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().trim_end_matches(" (deleted)") == self.name);
+        let Some((major, minor)) = self.devno.filter(|_| same_name) else {
+            return false;
+        };
+        // stat follows the link to the open file; only for files named like
+        // the node, so no other (possibly hanging network) file is touched.
+        let Ok(md) = fs::metadata(fd) else {
+            return false;
+        };
+        let ft = md.file_type();
+        let kind_ok = if self.block {
+            ft.is_block_device()
+        } else {
+            ft.is_char_device()
+        };
+        kind_ok && md.rdev() == libc::makedev(major, minor)
+    }
+}
+
+/// Processes other than this one that hold one of `nodes` open, from the
+/// /proc/PID/fd links under `proc_`: "/dev/nvme0n1 is open in process 42
+/// (fio)". Processes whose fd directory cannot be read (gone, or not ours
+/// without root) are skipped.
+fn open_by_processes(proc_: &Path, nodes: &[Node]) -> Vec<String> {
+    let me = std::process::id();
+    let mut pids: Vec<u32> = dir_names(proc_)
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .filter(|&p| p != me)
+        .collect();
+    pids.sort_unstable();
+    let mut why = Vec::new();
+    for pid in pids {
+        let pdir = proc_.join(pid.to_string());
+        let Ok(fds) = fs::read_dir(pdir.join("fd")) else {
+            continue;
+        };
+        let mut hits: Vec<(usize, PathBuf)> = Vec::new();
+        for fd in fds.filter_map(|e| e.ok()).map(|e| e.path()) {
+            let Ok(target) = fs::read_link(&fd) else {
+                continue;
+            };
+            if let Some(i) = nodes.iter().position(|n| n.is_behind(&fd, &target)) {
+                hits.push((i, target));
+            }
+        }
+        hits.sort();
+        hits.dedup();
+        let comm = read_trim(&pdir.join("comm")).unwrap_or_else(|| "?".into());
+        for (i, target) in hits {
+            let node = &nodes[i];
+            let mut s = format!("{} is open in process {pid} ({comm})", node.path.display());
+            if target != node.path {
+                let _ = write!(s, " as {}", target.display());
+            }
+            why.push(s);
+        }
+    }
+    why
 }
 
 /// Drops repeated entries, keeping the first of each (`bind A A` moves A once).
@@ -189,14 +317,17 @@ impl Host {
         let driver = link_name(&d.join("driver"));
         let iommu_group = link_name(&d.join("iommu_group")).and_then(|g| g.parse().ok());
         let kname = dir_names(&d.join("nvme")).into_iter().next();
-        let model = kname
-            .as_ref()
-            .and_then(|k| read_trim(&d.join("nvme").join(k).join("model")));
-        let block_devs = kname
-            .as_ref()
-            .map(|k| self.block_devs(&d.join("nvme").join(k), k))
-            .unwrap_or_default();
-        let in_use = self.usage(&block_devs);
+        let ctrl_dir = kname.as_ref().map(|k| d.join("nvme").join(k));
+        let model = ctrl_dir.as_ref().and_then(|c| read_trim(&c.join("model")));
+        let (block_devs, char_devs) = match (&ctrl_dir, &kname) {
+            (Some(c), Some(k)) => {
+                let b = self.block_devs(c, k);
+                let ch = char_devs(c, k, &b);
+                (b, ch)
+            }
+            _ => Default::default(),
+        };
+        let in_use = self.usage(ctrl_dir.as_deref(), &block_devs, &char_devs);
         Ok(Controller {
             bdf: bdf.to_string(),
             ids,
@@ -205,6 +336,7 @@ impl Host {
             kname,
             model,
             block_devs,
+            char_devs,
             in_use,
         })
     }
@@ -248,10 +380,26 @@ impl Host {
         out
     }
 
-    /// Who uses these block devices: mounts, swap, dm/md holders.
-    fn usage(&self, devs: &[String]) -> Vec<String> {
+    /// sysfs directory of block device `dev`, one of `devs` (a disk:
+    /// /sys/block/D; a partition: /sys/block/D/P).
+    fn block_dir(&self, dev: &str, devs: &[String]) -> PathBuf {
+        let disk = devs.iter().find(|d| {
+            dev.strip_prefix(d.as_str())
+                .is_some_and(|r| r.starts_with('p'))
+        });
+        match disk {
+            Some(d) => self.sys.join("block").join(d).join(dev),
+            None => self.sys.join("block").join(dev),
+        }
+    }
+
+    /// Who uses a controller's devices: mounts, swap, dm/md holders of the
+    /// block devices `devs`; processes holding `devs` or the character
+    /// devices `chars` open. `ctrl_dir`: the controller's sysfs directory
+    /// (/sys/bus/pci/devices/BDF/nvme/nvme0).
+    fn usage(&self, ctrl_dir: Option<&Path>, devs: &[String], chars: &[String]) -> Vec<String> {
         let mut why = Vec::new();
-        if devs.is_empty() {
+        if devs.is_empty() && chars.is_empty() {
             return why;
         }
         let resolve = |src: &str| -> Option<String> {
@@ -288,25 +436,35 @@ impl Host {
             }
         }
         for dev in devs {
-            // Disks: /sys/block/D/holders; partitions: /sys/block/D/P/holders.
-            let disk = devs
-                .iter()
-                .find(|d| {
-                    dev.strip_prefix(d.as_str())
-                        .is_some_and(|r| r.starts_with('p'))
-                })
-                .cloned();
-            let dir = match &disk {
-                Some(d) => self.sys.join("block").join(d).join(dev),
-                None => self.sys.join("block").join(dev),
-            };
-            for h in dir_names(&dir.join("holders")) {
+            for h in dir_names(&self.block_dir(dev, devs).join("holders")) {
                 let what = read_trim(&self.sys.join("block").join(&h).join("dm/name"))
                     .map(|n| format!("device-mapper {n} ({h})"))
                     .unwrap_or(h);
                 why.push(format!("/dev/{dev} is held by {what}"));
             }
         }
+        let mut nodes: Vec<Node> = devs
+            .iter()
+            .map(|d| Node {
+                path: self.dev.join(d),
+                name: d.clone(),
+                block: true,
+                devno: read_devno(&self.block_dir(d, devs).join("dev")),
+            })
+            .collect();
+        for c in chars {
+            let sysdir = match ctrl_dir {
+                Some(cd) if cd.file_name().is_some_and(|n| *n == **c) => cd.to_owned(),
+                _ => self.sys.join("class/nvme-generic").join(c),
+            };
+            nodes.push(Node {
+                path: self.dev.join(c),
+                name: c.clone(),
+                block: false,
+                devno: read_devno(&sysdir.join("dev")),
+            });
+        }
+        why.extend(open_by_processes(&self.proc_, &nodes));
         why
     }
 
@@ -633,6 +791,7 @@ mod tests {
             Host {
                 sys: self.root.join("sys"),
                 proc_: self.root.join("proc"),
+                dev: self.root.join("dev"),
                 modprobe: |_| Ok(()),
                 bind_timeout: Duration::from_millis(10),
             }
@@ -657,6 +816,7 @@ mod tests {
         assert_eq!(c[0].kname.as_deref(), Some("nvme0"));
         assert_eq!(c[0].model.as_deref(), Some("QEMU NVMe Ctrl"));
         assert_eq!(c[0].block_devs, ["nvme0n1", "nvme0n1p1", "nvme0n1p2"]);
+        assert_eq!(c[0].char_devs, ["nvme0", "ng0n1"]);
         assert!(c[0].in_use.is_empty());
         assert_eq!(c[1].driver, None);
         let mut out = String::new();
@@ -765,6 +925,142 @@ mod tests {
         assert_eq!(
             fs::read_to_string(f.root.join("sys/bus/pci/drivers_probe")).unwrap(),
             "0000:01:00.0"
+        );
+    }
+
+    /// Makes /proc/PID/fd/FD a link to `target` (and PID's comm).
+    fn fake_fd(proc_: &Path, pid: u32, comm: &str, fd: u32, target: &Path) {
+        let d = proc_.join(pid.to_string());
+        fs::create_dir_all(d.join("fd")).unwrap();
+        fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
+        symlink(target, d.join("fd").join(fd.to_string())).unwrap();
+    }
+
+    #[test]
+    fn processes_holding_a_device_refuse_bind() {
+        let f = Fake::new("fds");
+        let h = f.host();
+        let (proc_, dev) = (f.root.join("proc"), f.root.join("dev"));
+        let in_use = || h.controller("0000:01:00.0").unwrap().in_use;
+        // Unrelated files, another controller's namespace, a non-PID entry.
+        fake_fd(&proc_, 100, "bash", 0, Path::new("/dev/pts/0"));
+        fake_fd(&proc_, 100, "bash", 1, Path::new("socket:[1234]"));
+        fake_fd(&proc_, 100, "bash", 2, &dev.join("nvme1n1"));
+        fake_fd(&proc_, 100, "bash", 3, &dev.join("nvme0n10"));
+        symlink(proc_.join("100"), proc_.join("self")).unwrap();
+        assert_eq!(in_use(), Vec::<String>::new());
+        // This process (pollux itself) is not a culprit.
+        fake_fd(
+            &proc_,
+            std::process::id(),
+            "pollux",
+            7,
+            &dev.join("nvme0n1"),
+        );
+        assert_eq!(in_use(), Vec::<String>::new());
+
+        // A partition (twice: one line), the controller's char device and
+        // the namespace's generic char device.
+        fake_fd(&proc_, 200, "fio", 5, &dev.join("nvme0n1p1"));
+        fake_fd(&proc_, 200, "fio", 6, &dev.join("nvme0n1p1"));
+        fake_fd(&proc_, 300, "nvme", 3, &dev.join("nvme0"));
+        fake_fd(&proc_, 4000, "t/io_uring", 9, &dev.join("ng0n1"));
+        let d = dev.display();
+        assert_eq!(
+            in_use(),
+            [
+                format!("{d}/nvme0n1p1 is open in process 200 (fio)"),
+                format!("{d}/nvme0 is open in process 300 (nvme)"),
+                format!("{d}/ng0n1 is open in process 4000 (t/io_uring)"),
+            ]
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
+        assert!(e.contains("nvme0n1p1 is open in process 200 (fio)"), "{e}");
+    }
+
+    /// The real /proc: a child holding a file open is found by its path
+    /// (the file stands in for a device node).
+    #[test]
+    fn real_proc_scan_finds_a_child_holding_a_node() {
+        let f = Fake::new("realproc");
+        let node_path = f.root.join("dev/nvme9n1");
+        fs::create_dir_all(f.root.join("dev")).unwrap();
+        fs::write(&node_path, "").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(fs::File::open(&node_path).unwrap())
+            .spawn()
+            .unwrap();
+        let node = Node {
+            name: "nvme9n1".into(),
+            path: node_path.clone(),
+            block: true,
+            devno: None,
+        };
+        // The child may still be between fork and exec (comm = ours).
+        let mut why = Vec::new();
+        for _ in 0..200 {
+            why = open_by_processes(Path::new("/proc"), std::slice::from_ref(&node));
+            if why.iter().any(|w| w.ends_with("(sleep)")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            why,
+            [format!(
+                "{} is open in process {} (sleep)",
+                node_path.display(),
+                child.id()
+            )]
+        );
+    }
+
+    /// A node opened under another path (a container's /dev) counts when
+    /// its file name and device number match; a node of the wrong type or
+    /// number does not.
+    #[test]
+    fn processes_holding_a_device_elsewhere_matched_by_number() {
+        let f = Fake::new("fds-devno");
+        let h = f.host();
+        let proc_ = f.root.join("proc");
+        let null = fs::metadata("/dev/null").unwrap().rdev();
+        let null_no = format!("{}:{}\n", libc::major(null), libc::minor(null));
+        let ctr = f.root.join("container/dev");
+        fs::create_dir_all(&ctr).unwrap();
+        // nvme0n1 is a block device: a char device with its number is not it.
+        fs::write(f.root.join("sys/block/nvme0n1/dev"), &null_no).unwrap();
+        symlink("/dev/null", ctr.join("nvme0n1")).unwrap();
+        fake_fd(&proc_, 500, "dd", 4, &ctr.join("nvme0n1"));
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
+        );
+        // The controller's char device: /dev/null stands in for it.
+        let ctrl = f.root.join("sys/bus/pci/devices/0000:01:00.0/nvme/nvme0");
+        fs::write(ctrl.join("dev"), &null_no).unwrap();
+        symlink("/dev/null", ctr.join("nvme0")).unwrap();
+        fake_fd(&proc_, 600, "nvme", 3, &ctr.join("nvme0"));
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            [format!(
+                "{}/nvme0 is open in process 600 (nvme) as {}",
+                f.root.join("dev").display(),
+                ctr.join("nvme0").display()
+            )]
+        );
+        // Same name, other number: not it.
+        fs::write(ctrl.join("dev"), "242:0\n").unwrap();
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
         );
     }
 
