@@ -3,8 +3,10 @@
 //! `list` shows every NVMe controller (PCI class 0x010802) with its driver,
 //! IOMMU group and what uses its namespaces; `bind` moves controllers to
 //! vfio-pci (default) or uio_pci_generic with driver_override, refusing any
-//! whose namespaces are mounted, used as swap or held by device-mapper/md;
-//! `reset` gives them back to the kernel nvme driver; `hugepages N`
+//! whose namespaces are mounted, used as swap, held by device-mapper/md,
+//! open in a process (/proc/PID/fd, also the controller's and the generic
+//! char devices), ZFS vdevs, or btrfs members mounted or spanning other
+//! devices; `reset` gives them back to the kernel nvme driver; `hugepages N`
 //! reserves 2 MiB hugepages (needed for uio_pci_generic, optional for
 //! vfio-pci).
 use std::fmt::Write as _;
@@ -21,7 +23,8 @@ pub enum SetupCommand {
     /// List NVMe controllers: driver, IOMMU group, namespaces and their use.
     List,
     /// Detach controllers from the kernel and bind them to a user-space
-    /// driver (refuses controllers with mounted file systems).
+    /// driver (refuses controllers in use: mounted, swap, dm/md, open in a
+    /// process, ZFS, btrfs).
     Bind {
         /// PCI addresses, e.g. 0000:01:00.0 (see `pollux setup list`).
         #[arg(required = true)]
@@ -262,6 +265,117 @@ fn open_by_processes(proc_: &Path, nodes: &[Node]) -> Vec<String> {
     why
 }
 
+/// What a namespace or partition holds, as far as `pollux setup` cares.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Content {
+    /// A ZFS vdev label (what blkid reports as TYPE zfs_member).
+    pub zfs: bool,
+    /// A btrfs superblock.
+    pub btrfs: Option<BtrfsMember>,
+}
+
+/// The btrfs a device belongs to (from its primary superblock).
+#[derive(Debug, PartialEq, Eq)]
+pub struct BtrfsMember {
+    /// File system UUID as /sys/fs/btrfs names it.
+    pub fsid: String,
+    /// Devices the file system spans.
+    pub num_devices: u64,
+}
+
+/// ZFS: four 256 KiB vdev labels, two at the start of the device, two at
+/// its end (size rounded down to 256 KiB); each ends in a 128 KiB ring of
+/// uberblocks, at least 1 KiB apart, whose first word is the magic in the
+/// writer's byte order.
+const ZFS_LABEL: u64 = 256 * 1024;
+const ZFS_RING: u64 = 128 * 1024;
+const ZFS_UB_STEP: usize = 1024;
+const ZFS_UB_MAGIC: u64 = 0x00ba_b10c;
+/// Uberblocks needed for a match, over all labels (as blkid: one stray
+/// magic word is not a pool).
+const ZFS_UB_WANT: usize = 4;
+/// btrfs: the primary superblock at 64 KiB; fsid at 0x20, magic at 0x40,
+/// num_devices at 0x88.
+const BTRFS_SUPER: u64 = 64 * 1024;
+const BTRFS_MAGIC: &[u8; 8] = b"_BHRfS_M";
+
+impl Content {
+    /// Reads the ZFS labels and the btrfs superblock of `path` (a block
+    /// device, or an image file in tests).
+    pub fn probe(path: &Path) -> std::io::Result<Content> {
+        use std::io::{Seek, SeekFrom};
+        let mut f = fs::File::open(path)?;
+        // Block devices report length 0 in their metadata; seek to the end.
+        let size = f.seek(SeekFrom::End(0))?;
+        Ok(Content {
+            zfs: zfs_uberblocks(&f, size)? >= ZFS_UB_WANT,
+            btrfs: btrfs_member(&f)?,
+        })
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `off`; returns how many (short at the
+/// end of the device).
+fn read_upto(f: &fs::File, off: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Uberblock magics in the ZFS label rings of a device of `size` bytes.
+fn zfs_uberblocks(f: &fs::File, size: u64) -> std::io::Result<usize> {
+    let end = size - size % ZFS_LABEL;
+    let mut labels = vec![0, ZFS_LABEL];
+    if end >= 2 * ZFS_LABEL {
+        labels.extend([end - 2 * ZFS_LABEL, end - ZFS_LABEL]);
+    }
+    labels.retain(|&l| l + ZFS_LABEL <= size);
+    labels.sort_unstable();
+    labels.dedup();
+    let mut ring = vec![0u8; ZFS_RING as usize];
+    let mut found = 0;
+    for l in labels {
+        let n = read_upto(f, l + ZFS_RING, &mut ring)?;
+        found += ring[..n]
+            .chunks_exact(ZFS_UB_STEP)
+            .filter(|ub| {
+                let w = [ub[0], ub[1], ub[2], ub[3], ub[4], ub[5], ub[6], ub[7]];
+                u64::from_le_bytes(w) == ZFS_UB_MAGIC || u64::from_be_bytes(w) == ZFS_UB_MAGIC
+            })
+            .count();
+    }
+    Ok(found)
+}
+
+/// The btrfs superblock's fsid and device count, if there is one.
+fn btrfs_member(f: &fs::File) -> std::io::Result<Option<BtrfsMember>> {
+    let mut sb = [0u8; 0x90];
+    if read_upto(f, BTRFS_SUPER, &mut sb)? < sb.len() || &sb[0x40..0x48] != BTRFS_MAGIC {
+        return Ok(None);
+    }
+    let mut fsid = String::new();
+    for (i, b) in sb[0x20..0x30].iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            fsid.push('-');
+        }
+        let _ = write!(fsid, "{b:02x}");
+    }
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&sb[0x88..0x90]);
+    Ok(Some(BtrfsMember {
+        fsid,
+        num_devices: u64::from_le_bytes(n),
+    }))
+}
+
 /// Drops repeated entries, keeping the first of each (`bind A A` moves A once).
 fn dedup_in_order(v: &mut Vec<String>) {
     let mut seen = std::collections::HashSet::new();
@@ -465,6 +579,69 @@ impl Host {
             });
         }
         why.extend(open_by_processes(&self.proc_, &nodes));
+        why.extend(self.content_users(devs));
+        why
+    }
+
+    /// Users the kernel does not show as mounts, holders or open files:
+    /// ZFS vdevs (an imported pool opens its disks from the kernel), and
+    /// btrfs members, which a multi-device btrfs uses without a mount line
+    /// for each. Devices that cannot be read (no node, not root) are
+    /// skipped.
+    fn content_users(&self, devs: &[String]) -> Vec<String> {
+        let mut why = Vec::new();
+        let mut btrfs = Vec::new();
+        for d in devs {
+            let path = self.dev.join(d);
+            let content = match Content::probe(&path) {
+                Ok(c) => c,
+                Err(e) => {
+                    use std::io::ErrorKind::{NotFound, PermissionDenied};
+                    if matches!(e.kind(), NotFound | PermissionDenied) {
+                        tracing::debug!("{}: not probed for ZFS/btrfs: {e}", path.display());
+                    } else {
+                        tracing::warn!("{}: not probed for ZFS/btrfs: {e}", path.display());
+                    }
+                    continue;
+                }
+            };
+            if content.zfs {
+                why.push(format!(
+                    "{} is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool is \
+                     gone)",
+                    path.display()
+                ));
+            }
+            if let Some(b) = content.btrfs {
+                btrfs.push((d, path, b));
+            }
+        }
+        for (d, path, b) in &btrfs {
+            // /sys/fs/btrfs/FSID exists while that file system is mounted;
+            // devices/ names its member block devices.
+            let members = dir_names(&self.sys.join("fs/btrfs").join(&b.fsid).join("devices"));
+            if members.contains(d) {
+                why.push(format!(
+                    "{} is a member of the mounted btrfs {} (devices: {})",
+                    path.display(),
+                    b.fsid,
+                    members.join(", ")
+                ));
+                continue;
+            }
+            // Not mounted: taking it is harmless unless the file system
+            // also lives on devices outside this controller.
+            let here = btrfs.iter().filter(|(_, _, o)| o.fsid == b.fsid).count() as u64;
+            if b.num_devices > here {
+                why.push(format!(
+                    "{} is one of {} devices of btrfs {}, {} of them not on this controller",
+                    path.display(),
+                    b.num_devices,
+                    b.fsid,
+                    b.num_devices - here
+                ));
+            }
+        }
         why
     }
 
@@ -1062,6 +1239,228 @@ mod tests {
             h.controller("0000:01:00.0").unwrap().in_use,
             Vec::<String>::new()
         );
+    }
+
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+
+    /// Makes `path` a sparse file of `size` bytes with `bytes` at `off`.
+    fn put(path: &Path, size: u64, off: u64, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap();
+        if f.metadata().unwrap().len() < size {
+            f.set_len(size).unwrap();
+        }
+        f.write_all_at(bytes, off).unwrap();
+    }
+
+    /// Writes ZFS uberblock magics (little endian) into `path` at label
+    /// `label_off` + 128 KiB + slot KiB, for each slot.
+    fn put_uberblocks(path: &Path, size: u64, label_off: u64, slots: &[u64], big_endian: bool) {
+        let magic: u64 = 0x00ba_b10c;
+        let b = if big_endian {
+            magic.to_be_bytes()
+        } else {
+            magic.to_le_bytes()
+        };
+        for s in slots {
+            put(path, size, label_off + 128 * KIB + s * KIB, &b);
+        }
+    }
+
+    /// Writes a btrfs superblock header (fsid, magic, num_devices).
+    fn put_btrfs(path: &Path, size: u64, fsid: [u8; 16], num_devices: u64) {
+        let mut sb = vec![0u8; 0x100];
+        sb[0x20..0x30].copy_from_slice(&fsid);
+        sb[0x30..0x38].copy_from_slice(&(64 * KIB).to_le_bytes());
+        sb[0x40..0x48].copy_from_slice(b"_BHRfS_M");
+        sb[0x88..0x90].copy_from_slice(&num_devices.to_le_bytes());
+        put(path, size, 64 * KIB, &sb);
+    }
+
+    const FSID_A: [u8; 16] = [
+        0x4f, 0x6b, 0x1c, 0x2d, 0x3e, 0x4f, 0x40, 0x51, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7, 0xe8,
+        0xf9,
+    ];
+    const FSID_A_STR: &str = "4f6b1c2d-3e4f-4051-8293-a4b5c6d7e8f9";
+
+    #[test]
+    fn zfs_labels_found_by_uberblock_magic() {
+        let f = Fake::new("zfs-probe");
+        let dir = f.root.join("img");
+        fs::create_dir_all(&dir).unwrap();
+        let probe = |name: &str| Content::probe(&dir.join(name)).unwrap().zfs;
+        // Nothing.
+        put(&dir.join("empty"), 64 * MIB, 0, &[0]);
+        assert!(!probe("empty"));
+        // Four uberblocks in L0 (little endian); three are not enough.
+        put_uberblocks(&dir.join("l0"), 64 * MIB, 0, &[0, 4, 9, 127], false);
+        assert!(probe("l0"));
+        put_uberblocks(&dir.join("three"), 64 * MIB, 0, &[0, 4, 9], false);
+        assert!(!probe("three"));
+        // Big endian, spread over L1 and the end labels of a device whose
+        // size is not a multiple of 256 KiB (L2, L3 sit below the rounded
+        // end).
+        let size = 64 * MIB + 100 * KIB;
+        let end = 64 * MIB;
+        let be = dir.join("be");
+        put_uberblocks(&be, size, 256 * KIB, &[3], true);
+        put_uberblocks(&be, size, end - 512 * KIB, &[3], true);
+        put_uberblocks(&be, size, end - 256 * KIB, &[3, 100], true);
+        assert!(probe("be"));
+        // Eight at the unrounded end: not where ZFS puts them (these slots
+        // fall outside the rounded labels' rings).
+        let off = dir.join("unrounded");
+        put_uberblocks(&off, size, size - 512 * KIB, &[30, 40, 50, 60], true);
+        put_uberblocks(&off, size, size - 256 * KIB, &[30, 40, 50, 60], true);
+        assert!(!probe("unrounded"));
+        // The magic off the 1 KiB grid, or outside the ring: not labels.
+        let skew = dir.join("skew");
+        for slot in [0, 4, 9, 127] {
+            put(
+                &skew,
+                64 * MIB,
+                128 * KIB + slot * KIB + 8,
+                &0x00ba_b10cu64.to_le_bytes(),
+            );
+        }
+        for k in [16, 17, 64, 127] {
+            put(&skew, 64 * MIB, k * KIB, &0x00ba_b10cu64.to_le_bytes());
+        }
+        assert!(!probe("skew"));
+        // A 512 KiB device: L2/L3 coincide with L0/L1, counted once.
+        put_uberblocks(&dir.join("small"), 512 * KIB, 0, &[1, 2], false);
+        assert!(!probe("small"));
+        put_uberblocks(&dir.join("small"), 512 * KIB, 256 * KIB, &[1, 2], false);
+        assert!(probe("small"));
+        // Shorter than one label: no ZFS, no error.
+        put(&dir.join("tiny"), 4 * KIB, 0, &[1]);
+        assert_eq!(
+            Content::probe(&dir.join("tiny")).unwrap(),
+            Content::default()
+        );
+    }
+
+    #[test]
+    fn btrfs_superblock_read() {
+        let f = Fake::new("btrfs-probe");
+        let dir = f.root.join("img");
+        fs::create_dir_all(&dir).unwrap();
+        let probe = |name: &str| Content::probe(&dir.join(name)).unwrap();
+        put_btrfs(&dir.join("a"), 64 * MIB, FSID_A, 3);
+        assert_eq!(
+            probe("a"),
+            Content {
+                zfs: false,
+                btrfs: Some(BtrfsMember {
+                    fsid: FSID_A_STR.into(),
+                    num_devices: 3
+                })
+            }
+        );
+        // The magic at the superblock's start (not at 0x40): not btrfs.
+        put(&dir.join("b"), 64 * MIB, 64 * KIB, b"_BHRfS_M");
+        assert_eq!(probe("b").btrfs, None);
+        // A file ending inside the superblock.
+        put(
+            &dir.join("c"),
+            64 * KIB + 0x48,
+            64 * KIB + 0x40,
+            b"_BHRfS_M",
+        );
+        assert_eq!(probe("c").btrfs, None);
+        assert!(Content::probe(&dir.join("missing")).is_err());
+    }
+
+    #[test]
+    fn zfs_vdevs_refuse_bind() {
+        let f = Fake::new("zfs");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        for d in ["nvme0n1", "nvme0n1p1", "nvme0n1p2"] {
+            put(&dev.join(d), 64 * MIB, 0, &[0]);
+        }
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
+        );
+        put_uberblocks(&dev.join("nvme0n1p2"), 64 * MIB, 0, &[0, 1, 5, 127], false);
+        let d = dev.display();
+        let want = format!(
+            "{d}/nvme0n1p2 is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool \
+             is gone)"
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            std::slice::from_ref(&want)
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
+        assert!(e.contains(&want), "{e}");
+    }
+
+    #[test]
+    fn btrfs_members_refuse_bind() {
+        let f = Fake::new("btrfs");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        let in_use = || h.controller("0000:01:00.0").unwrap().in_use;
+        let d = dev.display();
+        // A one-device btrfs that is not mounted: free.
+        put(&dev.join("nvme0n1"), 64 * MIB, 0, &[0]);
+        put_btrfs(&dev.join("nvme0n1p2"), 64 * MIB, FSID_A, 1);
+        assert_eq!(in_use(), Vec::<String>::new());
+        // Mounted through another device (its sysfs lists this one too).
+        let fsdir = f.root.join("sys/fs/btrfs").join(FSID_A_STR);
+        fs::create_dir_all(fsdir.join("devices")).unwrap();
+        symlink(
+            "../../../../devices/x/block/sda/sda3",
+            fsdir.join("devices/sda3"),
+        )
+        .unwrap();
+        symlink(
+            "../../../../devices/y/block/nvme0n1/nvme0n1p2",
+            fsdir.join("devices/nvme0n1p2"),
+        )
+        .unwrap();
+        let mounted = format!(
+            "{d}/nvme0n1p2 is a member of the mounted btrfs {FSID_A_STR} (devices: nvme0n1p2, sda3)"
+        );
+        assert_eq!(in_use(), std::slice::from_ref(&mounted));
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&mounted), "{e}");
+        fs::remove_dir_all(&fsdir).unwrap();
+
+        // Not mounted, two devices, one of them elsewhere.
+        put_btrfs(&dev.join("nvme0n1p2"), 64 * MIB, FSID_A, 2);
+        let split = format!(
+            "{d}/nvme0n1p2 is one of 2 devices of btrfs {FSID_A_STR}, 1 of them not on this \
+             controller"
+        );
+        assert_eq!(in_use(), std::slice::from_ref(&split));
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&split), "{e}");
+        // Both devices on this controller (and not mounted): free.
+        put_btrfs(&dev.join("nvme0n1p1"), 64 * MIB, FSID_A, 2);
+        assert_eq!(in_use(), Vec::<String>::new());
     }
 
     thread_local! {
