@@ -299,17 +299,27 @@ const ZFS_UB_WANT: usize = 4;
 const BTRFS_SUPER: u64 = 64 * 1024;
 const BTRFS_MAGIC: &[u8; 8] = b"_BHRfS_M";
 
+/// Size of the btrfs superblock.
+const BTRFS_SUPER_SIZE: u64 = 4096;
+
 impl Content {
     /// Reads the ZFS labels and the btrfs superblock of `path` (a block
-    /// device, or an image file in tests).
-    pub fn probe(path: &Path) -> std::io::Result<Content> {
+    /// device, or an image file in tests), ignoring those that overlap a
+    /// `covered` byte range `[start, end)` (a whole disk's partitions, whose
+    /// content is the partitions').
+    pub fn probe(path: &Path, covered: &[(u64, u64)]) -> std::io::Result<Content> {
         use std::io::{Seek, SeekFrom};
         let mut f = fs::File::open(path)?;
         // Block devices report length 0 in their metadata; seek to the end.
         let size = f.seek(SeekFrom::End(0))?;
+        let free = |off: u64, len: u64| !covered.iter().any(|&(s, e)| off < e && s < off + len);
         Ok(Content {
-            zfs: zfs_uberblocks(&f, size)? >= ZFS_UB_WANT,
-            btrfs: btrfs_member(&f)?,
+            zfs: zfs_uberblocks(&f, size, &free)? >= ZFS_UB_WANT,
+            btrfs: if free(BTRFS_SUPER, BTRFS_SUPER_SIZE) {
+                btrfs_member(&f)?
+            } else {
+                None
+            },
         })
     }
 }
@@ -330,14 +340,19 @@ fn read_upto(f: &fs::File, off: u64, buf: &mut [u8]) -> std::io::Result<usize> {
     Ok(got)
 }
 
-/// Uberblock magics in the ZFS label rings of a device of `size` bytes.
-fn zfs_uberblocks(f: &fs::File, size: u64) -> std::io::Result<usize> {
+/// Uberblock magics in the ZFS label rings of a device of `size` bytes,
+/// in the labels for which `free(offset, length)` holds.
+fn zfs_uberblocks(
+    f: &fs::File,
+    size: u64,
+    free: &dyn Fn(u64, u64) -> bool,
+) -> std::io::Result<usize> {
     let end = size - size % ZFS_LABEL;
     let mut labels = vec![0, ZFS_LABEL];
     if end >= 2 * ZFS_LABEL {
         labels.extend([end - 2 * ZFS_LABEL, end - ZFS_LABEL]);
     }
-    labels.retain(|&l| l + ZFS_LABEL <= size);
+    labels.retain(|&l| l + ZFS_LABEL <= size && free(l, ZFS_LABEL));
     labels.sort_unstable();
     labels.dedup();
     let mut ring = vec![0u8; ZFS_RING as usize];
@@ -509,8 +524,8 @@ impl Host {
 
     /// Who uses a controller's devices: mounts, swap, dm/md holders of the
     /// block devices `devs`; processes holding `devs` or the character
-    /// devices `chars` open. `ctrl_dir`: the controller's sysfs directory
-    /// (/sys/bus/pci/devices/BDF/nvme/nvme0).
+    /// devices `chars` open; ZFS and btrfs on `devs`. `ctrl_dir`: the
+    /// controller's sysfs directory (/sys/bus/pci/devices/BDF/nvme/nvme0).
     fn usage(&self, ctrl_dir: Option<&Path>, devs: &[String], chars: &[String]) -> Vec<String> {
         let mut why = Vec::new();
         if devs.is_empty() && chars.is_empty() {
@@ -593,7 +608,23 @@ impl Host {
         let mut btrfs = Vec::new();
         for d in devs {
             let path = self.dev.join(d);
-            let content = match Content::probe(&path) {
+            // A whole disk: its partitions' signatures are theirs (a
+            // partition starting at 16 KiB puts its ZFS labels on the
+            // disk's grid too).
+            let covered: Vec<(u64, u64)> = devs
+                .iter()
+                .filter(|p| {
+                    p.strip_prefix(d.as_str())
+                        .is_some_and(|r| r.starts_with('p'))
+                })
+                .filter_map(|p| {
+                    let dir = self.block_dir(p, devs);
+                    let sectors = |f: &str| read_trim(&dir.join(f))?.parse::<u64>().ok();
+                    let (start, size) = (sectors("start")?, sectors("size")?);
+                    Some((start * 512, (start + size) * 512))
+                })
+                .collect();
+            let content = match Content::probe(&path, &covered) {
                 Ok(c) => c,
                 Err(e) => {
                     use std::io::ErrorKind::{NotFound, PermissionDenied};
@@ -1294,7 +1325,7 @@ mod tests {
         let f = Fake::new("zfs-probe");
         let dir = f.root.join("img");
         fs::create_dir_all(&dir).unwrap();
-        let probe = |name: &str| Content::probe(&dir.join(name)).unwrap().zfs;
+        let probe = |name: &str| Content::probe(&dir.join(name), &[]).unwrap().zfs;
         // Nothing.
         put(&dir.join("empty"), 64 * MIB, 0, &[0]);
         assert!(!probe("empty"));
@@ -1341,7 +1372,7 @@ mod tests {
         // Shorter than one label: no ZFS, no error.
         put(&dir.join("tiny"), 4 * KIB, 0, &[1]);
         assert_eq!(
-            Content::probe(&dir.join("tiny")).unwrap(),
+            Content::probe(&dir.join("tiny"), &[]).unwrap(),
             Content::default()
         );
     }
@@ -1351,7 +1382,7 @@ mod tests {
         let f = Fake::new("btrfs-probe");
         let dir = f.root.join("img");
         fs::create_dir_all(&dir).unwrap();
-        let probe = |name: &str| Content::probe(&dir.join(name)).unwrap();
+        let probe = |name: &str| Content::probe(&dir.join(name), &[]).unwrap();
         put_btrfs(&dir.join("a"), 64 * MIB, FSID_A, 3);
         assert_eq!(
             probe("a"),
@@ -1374,7 +1405,12 @@ mod tests {
             b"_BHRfS_M",
         );
         assert_eq!(probe("c").btrfs, None);
-        assert!(Content::probe(&dir.join("missing")).is_err());
+        // Inside a partition (of a whole disk): the partition's.
+        assert_eq!(
+            Content::probe(&dir.join("a"), &[(32 * KIB, 65 * KIB)]).unwrap(),
+            Content::default()
+        );
+        assert!(Content::probe(&dir.join("missing"), &[]).is_err());
     }
 
     #[test]
@@ -1407,6 +1443,60 @@ mod tests {
             .to_string();
         assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
         assert!(e.contains(&want), "{e}");
+    }
+
+    /// A partition's labels seen through the whole disk (a partition
+    /// starting at 16 KiB puts them on the disk's label grid) name the
+    /// partition only; a label outside every partition names the disk.
+    #[test]
+    fn zfs_labels_inside_partitions_are_not_the_disks() {
+        let f = Fake::new("zfs-disk");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        let blk = f.root.join("sys/block/nvme0n1");
+        // p1: sectors 32.. (16 KiB), 32 MiB; p2: 40 MiB.., 8 MiB.
+        for (p, start, size) in [("nvme0n1p1", 32, 65536), ("nvme0n1p2", 81920, 16384)] {
+            fs::write(blk.join(p).join("start"), format!("{start}\n")).unwrap();
+            fs::write(blk.join(p).join("size"), format!("{size}\n")).unwrap();
+        }
+        put(&dev.join("nvme0n1p2"), 8 * MIB, 0, &[0]);
+        put_uberblocks(&dev.join("nvme0n1p1"), 32 * MIB, 0, &[4, 5, 6, 7], false);
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            16 * KIB,
+            &[4, 5, 6, 7],
+            false,
+        );
+        let d = dev.display();
+        let p1 = format!(
+            "{d}/nvme0n1p1 is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool \
+             is gone)"
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            std::slice::from_ref(&p1)
+        );
+        // The disk's own end labels (past p2, which ends at 48 MiB).
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            64 * MIB - 256 * KIB,
+            &[9, 10],
+            false,
+        );
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            64 * MIB - 512 * KIB,
+            &[9, 10],
+            false,
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            [p1.replace("nvme0n1p1", "nvme0n1"), p1]
+        );
     }
 
     #[test]
