@@ -97,6 +97,31 @@ umount /mnt/data
 mkswap /dev/nvme0n1p1 > /dev/null && swapon /dev/nvme0n1p1
 expect_fail setup-refuses-swap "nvme0n1p1 is in use as swap" $P setup bind $BDF
 swapoff /dev/nvme0n1p1
+# A process holding the partition or the controller's char device open.
+hold() {  # hold DEV: a background sleep with DEV open as stdin, its PID in SPID
+    sleep 600 < $1 & SPID=$!
+    for i in $(seq 50); do [ "$(readlink /proc/$SPID/fd/0)" = $1 ] && return 0; sleep 0.1; done
+}
+hold /dev/nvme0n1p1
+expect_fail setup-refuses-open-partition "/dev/nvme0n1p1 is open in process $SPID" $P setup bind $BDF
+kill $SPID; wait $SPID 2>/dev/null
+hold /dev/nvme0
+expect_fail setup-refuses-open-ctrl "/dev/nvme0 is open in process $SPID" $P setup bind $BDF
+kill $SPID; wait $SPID 2>/dev/null
+# Content the kernel would use without a mount line: a ZFS label (uberblock
+# magics in L0's ring) and a btrfs superblock of a 2-device file system.
+poke() {  # poke OFFSET BYTES(printf octal): write into nvme0n1p1
+    printf "$2" | dd of=/dev/nvme0n1p1 bs=1 seek=$1 conv=notrunc 2>/dev/null
+}
+dd if=/dev/zero of=/dev/nvme0n1p1 bs=1024 seek=64 count=192 conv=notrunc 2>/dev/null
+for slot in 4 5 6 7; do poke $(((128 + slot) * 1024)) '\014\261\272'; done
+# (the partition only: through the whole disk its labels are the partition's)
+expect_fail setup-refuses-zfs "kernel: /dev/nvme0n1p1 is a ZFS vdev" $P setup bind $BDF
+dd if=/dev/zero of=/dev/nvme0n1p1 bs=1024 seek=64 count=192 conv=notrunc 2>/dev/null
+poke $((65536 + 64)) '_BHRfS_M'; poke $((65536 + 136)) '\002'
+expect_fail setup-refuses-btrfs "/dev/nvme0n1p1 is one of 2 devices of btrfs" $P setup bind $BDF
+dd if=/dev/zero of=/dev/nvme0n1p1 bs=1024 seek=64 count=192 conv=notrunc 2>/dev/null
+check setup-list-free listed "$BDF.* nvme .*free"
 
 dd if=/dev/urandom of=/tmp/k.bin bs=64k count=16 2>/dev/null
 check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync   # 600 MiB = LBA 1228800

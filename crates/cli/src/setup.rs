@@ -3,12 +3,15 @@
 //! `list` shows every NVMe controller (PCI class 0x010802) with its driver,
 //! IOMMU group and what uses its namespaces; `bind` moves controllers to
 //! vfio-pci (default) or uio_pci_generic with driver_override, refusing any
-//! whose namespaces are mounted, used as swap or held by device-mapper/md;
-//! `reset` gives them back to the kernel nvme driver; `hugepages N`
+//! whose namespaces are mounted, used as swap, held by device-mapper/md,
+//! open in a process (/proc/PID/fd, also the controller's and the generic
+//! char devices), ZFS vdevs, or btrfs members mounted or spanning other
+//! devices; `reset` gives them back to the kernel nvme driver; `hugepages N`
 //! reserves 2 MiB hugepages (needed for uio_pci_generic, optional for
 //! vfio-pci).
 use std::fmt::Write as _;
 use std::fs;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
@@ -20,7 +23,8 @@ pub enum SetupCommand {
     /// List NVMe controllers: driver, IOMMU group, namespaces and their use.
     List,
     /// Detach controllers from the kernel and bind them to a user-space
-    /// driver (refuses controllers with mounted file systems).
+    /// driver (refuses controllers in use: mounted, swap, dm/md, open in a
+    /// process, ZFS, btrfs).
     Bind {
         /// PCI addresses, e.g. 0000:01:00.0 (see `pollux setup list`).
         #[arg(required = true)]
@@ -70,6 +74,9 @@ fn io_err(path: &Path, err: std::io::Error) -> SetupError {
 pub struct Host {
     pub sys: PathBuf,
     pub proc_: PathBuf,
+    /// Where the device nodes are (/dev): matched against /proc/PID/fd
+    /// links and read for file-system signatures.
+    pub dev: PathBuf,
     /// Runs `modprobe NAME`; Err = could not.
     pub modprobe: fn(&str) -> Result<(), String>,
     /// How long to wait for a driver to bind.
@@ -89,6 +96,7 @@ impl Default for Host {
         Host {
             sys: "/sys".into(),
             proc_: "/proc".into(),
+            dev: "/dev".into(),
             modprobe: real_modprobe,
             bind_timeout: Duration::from_secs(10),
         }
@@ -107,6 +115,9 @@ pub struct Controller {
     pub model: Option<String>,
     /// Block devices of its namespaces (disks and partitions).
     pub block_devs: Vec<String>,
+    /// Character devices: the controller's (nvme0) and its namespaces'
+    /// generic ones (ng0n1).
+    pub char_devs: Vec<String>,
     /// Why it must not be taken away from the kernel ("nvme0n1p1 is
     /// mounted on /home", ...). Empty: free.
     pub in_use: Vec<String>,
@@ -132,6 +143,258 @@ fn dir_names(p: &Path) -> Vec<String> {
         .unwrap_or_default();
     v.sort();
     v
+}
+
+/// `MAJOR:MINOR` from a sysfs `dev` file.
+fn read_devno(p: &Path) -> Option<(u32, u32)> {
+    let s = read_trim(p)?;
+    let (major, minor) = s.split_once(':')?;
+    Some((major.parse().ok()?, minor.parse().ok()?))
+}
+
+/// `(X, Y)` of a namespace disk name `nvmeXnY` (not partitions `nvmeXnYpZ`).
+fn disk_numbers(name: &str) -> Option<(&str, &str)> {
+    let (x, y) = name.strip_prefix("nvme")?.split_once('n')?;
+    let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+    (digits(x) && digits(y)).then_some((x, y))
+}
+
+/// Character devices of controller `kname`: its own (/dev/nvme0) and the
+/// generic namespace devices: ngXnY for each namespace disk nvmeXnY (the
+/// same numbers, with native multipath too) and any ng* the controller
+/// lists in sysfs.
+fn char_devs(ctrl_dir: &Path, kname: &str, block_devs: &[String]) -> Vec<String> {
+    let mut ng: Vec<String> = block_devs
+        .iter()
+        .filter_map(|d| disk_numbers(d))
+        .map(|(x, y)| format!("ng{x}n{y}"))
+        .chain(
+            dir_names(ctrl_dir)
+                .into_iter()
+                .filter(|n| n.starts_with("ng")),
+        )
+        .collect();
+    ng.sort();
+    ng.dedup();
+    let mut out = vec![kname.to_string()];
+    out.extend(ng);
+    out
+}
+
+/// A device node of a controller, for the /proc/PID/fd scan.
+struct Node {
+    /// Kernel name: nvme0n1p1, nvme0, ng0n1.
+    name: String,
+    /// Where it is expected: /dev/NAME.
+    path: PathBuf,
+    /// Block (else character) device.
+    block: bool,
+    /// (major, minor) from sysfs, when known.
+    devno: Option<(u32, u32)>,
+}
+
+impl Node {
+    /// Whether the open file behind `fd` (a /proc/PID/fd link to `target`)
+    /// is this node: the link names its path, or, opened under another
+    /// path with the same file name (a container's /dev, a deleted node),
+    /// the file is a device of the same type and number.
+    fn is_behind(&self, fd: &Path, target: &Path) -> bool {
+        if target == self.path {
+            return true;
+        }
+        let same_name = target
+            .file_name()
+            .is_some_and(|n| n.to_string_lossy().trim_end_matches(" (deleted)") == self.name);
+        let Some((major, minor)) = self.devno.filter(|_| same_name) else {
+            return false;
+        };
+        // stat follows the link to the open file; only for files named like
+        // the node, so no other (possibly hanging network) file is touched.
+        let Ok(md) = fs::metadata(fd) else {
+            return false;
+        };
+        let ft = md.file_type();
+        let kind_ok = if self.block {
+            ft.is_block_device()
+        } else {
+            ft.is_char_device()
+        };
+        kind_ok && md.rdev() == libc::makedev(major, minor)
+    }
+}
+
+/// Processes other than this one that hold one of `nodes` open, from the
+/// /proc/PID/fd links under `proc_`: "/dev/nvme0n1 is open in process 42
+/// (fio)". Processes whose fd directory cannot be read (gone, or not ours
+/// without root) are skipped.
+fn open_by_processes(proc_: &Path, nodes: &[Node]) -> Vec<String> {
+    let me = std::process::id();
+    let mut pids: Vec<u32> = dir_names(proc_)
+        .iter()
+        .filter_map(|n| n.parse().ok())
+        .filter(|&p| p != me)
+        .collect();
+    pids.sort_unstable();
+    let mut why = Vec::new();
+    for pid in pids {
+        let pdir = proc_.join(pid.to_string());
+        let Ok(fds) = fs::read_dir(pdir.join("fd")) else {
+            continue;
+        };
+        let mut hits: Vec<(usize, PathBuf)> = Vec::new();
+        for fd in fds.filter_map(|e| e.ok()).map(|e| e.path()) {
+            let Ok(target) = fs::read_link(&fd) else {
+                continue;
+            };
+            if let Some(i) = nodes.iter().position(|n| n.is_behind(&fd, &target)) {
+                hits.push((i, target));
+            }
+        }
+        hits.sort();
+        hits.dedup();
+        let comm = read_trim(&pdir.join("comm")).unwrap_or_else(|| "?".into());
+        for (i, target) in hits {
+            let node = &nodes[i];
+            let mut s = format!("{} is open in process {pid} ({comm})", node.path.display());
+            if target != node.path {
+                let _ = write!(s, " as {}", target.display());
+            }
+            why.push(s);
+        }
+    }
+    why
+}
+
+/// What a namespace or partition holds, as far as `pollux setup` cares.
+#[derive(Debug, Default, PartialEq, Eq)]
+pub struct Content {
+    /// A ZFS vdev label (what blkid reports as TYPE zfs_member).
+    pub zfs: bool,
+    /// A btrfs superblock.
+    pub btrfs: Option<BtrfsMember>,
+}
+
+/// The btrfs a device belongs to (from its primary superblock).
+#[derive(Debug, PartialEq, Eq)]
+pub struct BtrfsMember {
+    /// File system UUID as /sys/fs/btrfs names it.
+    pub fsid: String,
+    /// Devices the file system spans.
+    pub num_devices: u64,
+}
+
+/// ZFS: four 256 KiB vdev labels, two at the start of the device, two at
+/// its end (size rounded down to 256 KiB); each ends in a 128 KiB ring of
+/// uberblocks, at least 1 KiB apart, whose first word is the magic in the
+/// writer's byte order.
+const ZFS_LABEL: u64 = 256 * 1024;
+const ZFS_RING: u64 = 128 * 1024;
+const ZFS_UB_STEP: usize = 1024;
+const ZFS_UB_MAGIC: u64 = 0x00ba_b10c;
+/// Uberblocks needed for a match, over all labels (as blkid: one stray
+/// magic word is not a pool).
+const ZFS_UB_WANT: usize = 4;
+/// btrfs: the primary superblock at 64 KiB; fsid at 0x20, magic at 0x40,
+/// num_devices at 0x88.
+const BTRFS_SUPER: u64 = 64 * 1024;
+const BTRFS_MAGIC: &[u8; 8] = b"_BHRfS_M";
+
+/// Size of the btrfs superblock.
+const BTRFS_SUPER_SIZE: u64 = 4096;
+
+impl Content {
+    /// Reads the ZFS labels and the btrfs superblock of `path` (a block
+    /// device, or an image file in tests), ignoring those that overlap a
+    /// `covered` byte range `[start, end)` (a whole disk's partitions, whose
+    /// content is the partitions').
+    pub fn probe(path: &Path, covered: &[(u64, u64)]) -> std::io::Result<Content> {
+        use std::io::{Seek, SeekFrom};
+        let mut f = fs::File::open(path)?;
+        // Block devices report length 0 in their metadata; seek to the end.
+        let size = f.seek(SeekFrom::End(0))?;
+        let free = |off: u64, len: u64| !covered.iter().any(|&(s, e)| off < e && s < off + len);
+        Ok(Content {
+            zfs: zfs_uberblocks(&f, size, &free)? >= ZFS_UB_WANT,
+            btrfs: if free(BTRFS_SUPER, BTRFS_SUPER_SIZE) {
+                btrfs_member(&f)?
+            } else {
+                None
+            },
+        })
+    }
+}
+
+/// Reads up to `buf.len()` bytes at `off`; returns how many (short at the
+/// end of the device).
+fn read_upto(f: &fs::File, off: u64, buf: &mut [u8]) -> std::io::Result<usize> {
+    use std::os::unix::fs::FileExt;
+    let mut got = 0;
+    while got < buf.len() {
+        match f.read_at(&mut buf[got..], off + got as u64) {
+            Ok(0) => break,
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(got)
+}
+
+/// Uberblock magics in the ZFS label rings of a device of `size` bytes,
+/// in the labels for which `free(offset, length)` holds.
+fn zfs_uberblocks(
+    f: &fs::File,
+    size: u64,
+    free: &dyn Fn(u64, u64) -> bool,
+) -> std::io::Result<usize> {
+    let end = size - size % ZFS_LABEL;
+    let mut labels = vec![0, ZFS_LABEL];
+    if end >= 2 * ZFS_LABEL {
+        labels.extend([end - 2 * ZFS_LABEL, end - ZFS_LABEL]);
+    }
+    labels.retain(|&l| l + ZFS_LABEL <= size && free(l, ZFS_LABEL));
+    labels.sort_unstable();
+    labels.dedup();
+    let mut ring = vec![0u8; ZFS_RING as usize];
+    let mut found = 0;
+    for l in labels {
+        let n = read_upto(f, l + ZFS_RING, &mut ring)?;
+        found += ring[..n]
+            .chunks_exact(ZFS_UB_STEP)
+            .filter(|ub| {
+                let w = [ub[0], ub[1], ub[2], ub[3], ub[4], ub[5], ub[6], ub[7]];
+                u64::from_le_bytes(w) == ZFS_UB_MAGIC || u64::from_be_bytes(w) == ZFS_UB_MAGIC
+            })
+            .count();
+    }
+    Ok(found)
+}
+
+/// The btrfs superblock's fsid and device count, if there is one.
+fn btrfs_member(f: &fs::File) -> std::io::Result<Option<BtrfsMember>> {
+    let mut sb = [0u8; 0x90];
+    if read_upto(f, BTRFS_SUPER, &mut sb)? < sb.len() || &sb[0x40..0x48] != BTRFS_MAGIC {
+        return Ok(None);
+    }
+    let mut fsid = String::new();
+    for (i, b) in sb[0x20..0x30].iter().enumerate() {
+        if matches!(i, 4 | 6 | 8 | 10) {
+            fsid.push('-');
+        }
+        let _ = write!(fsid, "{b:02x}");
+    }
+    let mut n = [0u8; 8];
+    n.copy_from_slice(&sb[0x88..0x90]);
+    Ok(Some(BtrfsMember {
+        fsid,
+        num_devices: u64::from_le_bytes(n),
+    }))
+}
+
+/// Drops repeated entries, keeping the first of each (`bind A A` moves A once).
+fn dedup_in_order(v: &mut Vec<String>) {
+    let mut seen = std::collections::HashSet::new();
+    v.retain(|x| seen.insert(x.clone()));
 }
 
 /// `0000:01:00.0` form (adds the domain), validated.
@@ -160,7 +423,9 @@ impl Host {
         let d = self.pci_dev(bdf);
         if !d.exists() {
             return Err(msg(format!(
-                "no PCI device {bdf} (`pollux setup list` shows the NVMe controllers)"
+                "no PCI device {bdf} ({} does not exist); `pollux setup list` shows the \
+                 NVMe controllers",
+                d.display()
             )));
         }
         let class = read_trim(&d.join("class")).unwrap_or_default();
@@ -181,14 +446,17 @@ impl Host {
         let driver = link_name(&d.join("driver"));
         let iommu_group = link_name(&d.join("iommu_group")).and_then(|g| g.parse().ok());
         let kname = dir_names(&d.join("nvme")).into_iter().next();
-        let model = kname
-            .as_ref()
-            .and_then(|k| read_trim(&d.join("nvme").join(k).join("model")));
-        let block_devs = kname
-            .as_ref()
-            .map(|k| self.block_devs(&d.join("nvme").join(k), k))
-            .unwrap_or_default();
-        let in_use = self.usage(&block_devs);
+        let ctrl_dir = kname.as_ref().map(|k| d.join("nvme").join(k));
+        let model = ctrl_dir.as_ref().and_then(|c| read_trim(&c.join("model")));
+        let (block_devs, char_devs) = match (&ctrl_dir, &kname) {
+            (Some(c), Some(k)) => {
+                let b = self.block_devs(c, k);
+                let ch = char_devs(c, k, &b);
+                (b, ch)
+            }
+            _ => Default::default(),
+        };
+        let in_use = self.usage(ctrl_dir.as_deref(), &block_devs, &char_devs);
         Ok(Controller {
             bdf: bdf.to_string(),
             ids,
@@ -197,6 +465,7 @@ impl Host {
             kname,
             model,
             block_devs,
+            char_devs,
             in_use,
         })
     }
@@ -240,10 +509,26 @@ impl Host {
         out
     }
 
-    /// Who uses these block devices: mounts, swap, dm/md holders.
-    fn usage(&self, devs: &[String]) -> Vec<String> {
+    /// sysfs directory of block device `dev`, one of `devs` (a disk:
+    /// /sys/block/D; a partition: /sys/block/D/P).
+    fn block_dir(&self, dev: &str, devs: &[String]) -> PathBuf {
+        let disk = devs.iter().find(|d| {
+            dev.strip_prefix(d.as_str())
+                .is_some_and(|r| r.starts_with('p'))
+        });
+        match disk {
+            Some(d) => self.sys.join("block").join(d).join(dev),
+            None => self.sys.join("block").join(dev),
+        }
+    }
+
+    /// Who uses a controller's devices: mounts, swap, dm/md holders of the
+    /// block devices `devs`; processes holding `devs` or the character
+    /// devices `chars` open; ZFS and btrfs on `devs`. `ctrl_dir`: the
+    /// controller's sysfs directory (/sys/bus/pci/devices/BDF/nvme/nvme0).
+    fn usage(&self, ctrl_dir: Option<&Path>, devs: &[String], chars: &[String]) -> Vec<String> {
         let mut why = Vec::new();
-        if devs.is_empty() {
+        if devs.is_empty() && chars.is_empty() {
             return why;
         }
         let resolve = |src: &str| -> Option<String> {
@@ -280,23 +565,112 @@ impl Host {
             }
         }
         for dev in devs {
-            // Disks: /sys/block/D/holders; partitions: /sys/block/D/P/holders.
-            let disk = devs
-                .iter()
-                .find(|d| {
-                    dev.strip_prefix(d.as_str())
-                        .is_some_and(|r| r.starts_with('p'))
-                })
-                .cloned();
-            let dir = match &disk {
-                Some(d) => self.sys.join("block").join(d).join(dev),
-                None => self.sys.join("block").join(dev),
-            };
-            for h in dir_names(&dir.join("holders")) {
+            for h in dir_names(&self.block_dir(dev, devs).join("holders")) {
                 let what = read_trim(&self.sys.join("block").join(&h).join("dm/name"))
                     .map(|n| format!("device-mapper {n} ({h})"))
                     .unwrap_or(h);
                 why.push(format!("/dev/{dev} is held by {what}"));
+            }
+        }
+        let mut nodes: Vec<Node> = devs
+            .iter()
+            .map(|d| Node {
+                path: self.dev.join(d),
+                name: d.clone(),
+                block: true,
+                devno: read_devno(&self.block_dir(d, devs).join("dev")),
+            })
+            .collect();
+        for c in chars {
+            let sysdir = match ctrl_dir {
+                Some(cd) if cd.file_name().is_some_and(|n| *n == **c) => cd.to_owned(),
+                _ => self.sys.join("class/nvme-generic").join(c),
+            };
+            nodes.push(Node {
+                path: self.dev.join(c),
+                name: c.clone(),
+                block: false,
+                devno: read_devno(&sysdir.join("dev")),
+            });
+        }
+        why.extend(open_by_processes(&self.proc_, &nodes));
+        why.extend(self.content_users(devs));
+        why
+    }
+
+    /// Users the kernel does not show as mounts, holders or open files:
+    /// ZFS vdevs (an imported pool opens its disks from the kernel), and
+    /// btrfs members, which a multi-device btrfs uses without a mount line
+    /// for each. Devices that cannot be read (no node, not root) are
+    /// skipped.
+    fn content_users(&self, devs: &[String]) -> Vec<String> {
+        let mut why = Vec::new();
+        let mut btrfs = Vec::new();
+        for d in devs {
+            let path = self.dev.join(d);
+            // A whole disk: its partitions' signatures are theirs (a
+            // partition starting at 16 KiB puts its ZFS labels on the
+            // disk's grid too).
+            let covered: Vec<(u64, u64)> = devs
+                .iter()
+                .filter(|p| {
+                    p.strip_prefix(d.as_str())
+                        .is_some_and(|r| r.starts_with('p'))
+                })
+                .filter_map(|p| {
+                    let dir = self.block_dir(p, devs);
+                    let sectors = |f: &str| read_trim(&dir.join(f))?.parse::<u64>().ok();
+                    let (start, size) = (sectors("start")?, sectors("size")?);
+                    Some((start * 512, (start + size) * 512))
+                })
+                .collect();
+            let content = match Content::probe(&path, &covered) {
+                Ok(c) => c,
+                Err(e) => {
+                    use std::io::ErrorKind::{NotFound, PermissionDenied};
+                    if matches!(e.kind(), NotFound | PermissionDenied) {
+                        tracing::debug!("{}: not probed for ZFS/btrfs: {e}", path.display());
+                    } else {
+                        tracing::warn!("{}: not probed for ZFS/btrfs: {e}", path.display());
+                    }
+                    continue;
+                }
+            };
+            if content.zfs {
+                why.push(format!(
+                    "{} is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool is \
+                     gone)",
+                    path.display()
+                ));
+            }
+            if let Some(b) = content.btrfs {
+                btrfs.push((d, path, b));
+            }
+        }
+        for (d, path, b) in &btrfs {
+            // /sys/fs/btrfs/FSID exists while that file system is mounted;
+            // devices/ names its member block devices.
+            let members = dir_names(&self.sys.join("fs/btrfs").join(&b.fsid).join("devices"));
+            if members.contains(d) {
+                why.push(format!(
+                    "{} is a member of the mounted btrfs {} (devices: {})",
+                    path.display(),
+                    b.fsid,
+                    members.join(", ")
+                ));
+                continue;
+            }
+            // Not mounted: taking it is harmless unless the file system
+            // also lives on devices outside this controller.
+            let here = btrfs.iter().filter(|(_, _, o)| o.fsid == b.fsid).count() as u64;
+            if b.num_devices > here {
+                why.push(format!(
+                    "{} is one of {} devices of btrfs {}, {} of them not on this controller",
+                    path.display(),
+                    b.num_devices,
+                    b.fsid,
+                    b.num_devices - here
+                ));
             }
         }
         why
@@ -358,9 +732,14 @@ impl Host {
             )));
         }
         // Check everything first: nothing is moved if any controller is busy.
+        let mut targets = bdfs
+            .iter()
+            .map(|b| normalize_bdf(b))
+            .collect::<Result<Vec<_>, _>>()?;
+        dedup_in_order(&mut targets);
         let mut ctrls = Vec::new();
-        for b in bdfs {
-            let c = self.controller(&normalize_bdf(b)?)?;
+        for bdf in &targets {
+            let c = self.controller(bdf)?;
             if !c.in_use.is_empty() {
                 return Err(msg(format!(
                     "refusing to take {} from the kernel: {}. Unmount / release it first.",
@@ -441,18 +820,26 @@ impl Host {
             let _ = writeln!(out, "no controller is bound to vfio-pci or uio_pci_generic");
             return Ok(());
         }
+        // Check every target first (exists, is NVMe): a typo must be named
+        // before modprobe runs or any controller is moved.
+        let mut targets = targets;
+        dedup_in_order(&mut targets);
+        let ctrls = targets
+            .iter()
+            .map(|bdf| self.controller(bdf))
+            .collect::<Result<Vec<_>, _>>()?;
         if let Err(e) = (self.modprobe)("nvme") {
             if !self.sys.join("bus/pci/drivers/nvme").exists() {
                 return Err(msg(format!("kernel nvme driver not available: {e}")));
             }
         }
-        for bdf in targets {
-            let c = self.controller(&bdf)?;
+        for c in ctrls {
+            let bdf = c.bdf.as_str();
             if c.driver.as_deref() == Some("nvme") {
                 let _ = writeln!(out, "{bdf}: already bound to nvme");
                 continue;
             }
-            let got = self.rebind(&bdf, None)?;
+            let got = self.rebind(bdf, None)?;
             let from = c.driver.as_deref().unwrap_or("no driver");
             match got.as_deref() {
                 Some("nvme") => {
@@ -612,6 +999,7 @@ mod tests {
             Host {
                 sys: self.root.join("sys"),
                 proc_: self.root.join("proc"),
+                dev: self.root.join("dev"),
                 modprobe: |_| Ok(()),
                 bind_timeout: Duration::from_millis(10),
             }
@@ -636,6 +1024,7 @@ mod tests {
         assert_eq!(c[0].kname.as_deref(), Some("nvme0"));
         assert_eq!(c[0].model.as_deref(), Some("QEMU NVMe Ctrl"));
         assert_eq!(c[0].block_devs, ["nvme0n1", "nvme0n1p1", "nvme0n1p2"]);
+        assert_eq!(c[0].char_devs, ["nvme0", "ng0n1"]);
         assert!(c[0].in_use.is_empty());
         assert_eq!(c[1].driver, None);
         let mut out = String::new();
@@ -745,6 +1134,477 @@ mod tests {
             fs::read_to_string(f.root.join("sys/bus/pci/drivers_probe")).unwrap(),
             "0000:01:00.0"
         );
+    }
+
+    /// Makes /proc/PID/fd/FD a link to `target` (and PID's comm).
+    fn fake_fd(proc_: &Path, pid: u32, comm: &str, fd: u32, target: &Path) {
+        let d = proc_.join(pid.to_string());
+        fs::create_dir_all(d.join("fd")).unwrap();
+        fs::write(d.join("comm"), format!("{comm}\n")).unwrap();
+        symlink(target, d.join("fd").join(fd.to_string())).unwrap();
+    }
+
+    #[test]
+    fn processes_holding_a_device_refuse_bind() {
+        let f = Fake::new("fds");
+        let h = f.host();
+        let (proc_, dev) = (f.root.join("proc"), f.root.join("dev"));
+        let in_use = || h.controller("0000:01:00.0").unwrap().in_use;
+        // Unrelated files, another controller's namespace, a non-PID entry.
+        fake_fd(&proc_, 100, "bash", 0, Path::new("/dev/pts/0"));
+        fake_fd(&proc_, 100, "bash", 1, Path::new("socket:[1234]"));
+        fake_fd(&proc_, 100, "bash", 2, &dev.join("nvme1n1"));
+        fake_fd(&proc_, 100, "bash", 3, &dev.join("nvme0n10"));
+        symlink(proc_.join("100"), proc_.join("self")).unwrap();
+        assert_eq!(in_use(), Vec::<String>::new());
+        // This process (pollux itself) is not a culprit.
+        fake_fd(
+            &proc_,
+            std::process::id(),
+            "pollux",
+            7,
+            &dev.join("nvme0n1"),
+        );
+        assert_eq!(in_use(), Vec::<String>::new());
+
+        // A partition (twice: one line), the controller's char device and
+        // the namespace's generic char device.
+        fake_fd(&proc_, 200, "fio", 5, &dev.join("nvme0n1p1"));
+        fake_fd(&proc_, 200, "fio", 6, &dev.join("nvme0n1p1"));
+        fake_fd(&proc_, 300, "nvme", 3, &dev.join("nvme0"));
+        fake_fd(&proc_, 4000, "t/io_uring", 9, &dev.join("ng0n1"));
+        let d = dev.display();
+        assert_eq!(
+            in_use(),
+            [
+                format!("{d}/nvme0n1p1 is open in process 200 (fio)"),
+                format!("{d}/nvme0 is open in process 300 (nvme)"),
+                format!("{d}/ng0n1 is open in process 4000 (t/io_uring)"),
+            ]
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
+        assert!(e.contains("nvme0n1p1 is open in process 200 (fio)"), "{e}");
+    }
+
+    /// The real /proc: a child holding a file open is found by its path
+    /// (the file stands in for a device node).
+    #[test]
+    fn real_proc_scan_finds_a_child_holding_a_node() {
+        let f = Fake::new("realproc");
+        let node_path = f.root.join("dev/nvme9n1");
+        fs::create_dir_all(f.root.join("dev")).unwrap();
+        fs::write(&node_path, "").unwrap();
+        let mut child = std::process::Command::new("sleep")
+            .arg("30")
+            .stdin(fs::File::open(&node_path).unwrap())
+            .spawn()
+            .unwrap();
+        let node = Node {
+            name: "nvme9n1".into(),
+            path: node_path.clone(),
+            block: true,
+            devno: None,
+        };
+        // The child may still be between fork and exec (comm = ours).
+        let mut why = Vec::new();
+        for _ in 0..200 {
+            why = open_by_processes(Path::new("/proc"), std::slice::from_ref(&node));
+            if why.iter().any(|w| w.ends_with("(sleep)")) {
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = child.kill();
+        let _ = child.wait();
+        assert_eq!(
+            why,
+            [format!(
+                "{} is open in process {} (sleep)",
+                node_path.display(),
+                child.id()
+            )]
+        );
+    }
+
+    /// A node opened under another path (a container's /dev) counts when
+    /// its file name and device number match; a node of the wrong type or
+    /// number does not.
+    #[test]
+    fn processes_holding_a_device_elsewhere_matched_by_number() {
+        let f = Fake::new("fds-devno");
+        let h = f.host();
+        let proc_ = f.root.join("proc");
+        let null = fs::metadata("/dev/null").unwrap().rdev();
+        let null_no = format!("{}:{}\n", libc::major(null), libc::minor(null));
+        let ctr = f.root.join("container/dev");
+        fs::create_dir_all(&ctr).unwrap();
+        // nvme0n1 is a block device: a char device with its number is not it.
+        fs::write(f.root.join("sys/block/nvme0n1/dev"), &null_no).unwrap();
+        symlink("/dev/null", ctr.join("nvme0n1")).unwrap();
+        fake_fd(&proc_, 500, "dd", 4, &ctr.join("nvme0n1"));
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
+        );
+        // The controller's char device: /dev/null stands in for it.
+        let ctrl = f.root.join("sys/bus/pci/devices/0000:01:00.0/nvme/nvme0");
+        fs::write(ctrl.join("dev"), &null_no).unwrap();
+        symlink("/dev/null", ctr.join("nvme0")).unwrap();
+        fake_fd(&proc_, 600, "nvme", 3, &ctr.join("nvme0"));
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            [format!(
+                "{}/nvme0 is open in process 600 (nvme) as {}",
+                f.root.join("dev").display(),
+                ctr.join("nvme0").display()
+            )]
+        );
+        // Same name, other number: not it.
+        fs::write(ctrl.join("dev"), "242:0\n").unwrap();
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
+        );
+    }
+
+    const KIB: u64 = 1024;
+    const MIB: u64 = 1024 * KIB;
+
+    /// Makes `path` a sparse file of `size` bytes with `bytes` at `off`.
+    fn put(path: &Path, size: u64, off: u64, bytes: &[u8]) {
+        use std::os::unix::fs::FileExt;
+        let f = fs::OpenOptions::new()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(path)
+            .unwrap();
+        if f.metadata().unwrap().len() < size {
+            f.set_len(size).unwrap();
+        }
+        f.write_all_at(bytes, off).unwrap();
+    }
+
+    /// Writes ZFS uberblock magics (little endian) into `path` at label
+    /// `label_off` + 128 KiB + slot KiB, for each slot.
+    fn put_uberblocks(path: &Path, size: u64, label_off: u64, slots: &[u64], big_endian: bool) {
+        let magic: u64 = 0x00ba_b10c;
+        let b = if big_endian {
+            magic.to_be_bytes()
+        } else {
+            magic.to_le_bytes()
+        };
+        for s in slots {
+            put(path, size, label_off + 128 * KIB + s * KIB, &b);
+        }
+    }
+
+    /// Writes a btrfs superblock header (fsid, magic, num_devices).
+    fn put_btrfs(path: &Path, size: u64, fsid: [u8; 16], num_devices: u64) {
+        let mut sb = vec![0u8; 0x100];
+        sb[0x20..0x30].copy_from_slice(&fsid);
+        sb[0x30..0x38].copy_from_slice(&(64 * KIB).to_le_bytes());
+        sb[0x40..0x48].copy_from_slice(b"_BHRfS_M");
+        sb[0x88..0x90].copy_from_slice(&num_devices.to_le_bytes());
+        put(path, size, 64 * KIB, &sb);
+    }
+
+    const FSID_A: [u8; 16] = [
+        0x4f, 0x6b, 0x1c, 0x2d, 0x3e, 0x4f, 0x40, 0x51, 0x82, 0x93, 0xa4, 0xb5, 0xc6, 0xd7, 0xe8,
+        0xf9,
+    ];
+    const FSID_A_STR: &str = "4f6b1c2d-3e4f-4051-8293-a4b5c6d7e8f9";
+
+    #[test]
+    fn zfs_labels_found_by_uberblock_magic() {
+        let f = Fake::new("zfs-probe");
+        let dir = f.root.join("img");
+        fs::create_dir_all(&dir).unwrap();
+        let probe = |name: &str| Content::probe(&dir.join(name), &[]).unwrap().zfs;
+        // Nothing.
+        put(&dir.join("empty"), 64 * MIB, 0, &[0]);
+        assert!(!probe("empty"));
+        // Four uberblocks in L0 (little endian); three are not enough.
+        put_uberblocks(&dir.join("l0"), 64 * MIB, 0, &[0, 4, 9, 127], false);
+        assert!(probe("l0"));
+        put_uberblocks(&dir.join("three"), 64 * MIB, 0, &[0, 4, 9], false);
+        assert!(!probe("three"));
+        // Big endian, spread over L1 and the end labels of a device whose
+        // size is not a multiple of 256 KiB (L2, L3 sit below the rounded
+        // end).
+        let size = 64 * MIB + 100 * KIB;
+        let end = 64 * MIB;
+        let be = dir.join("be");
+        put_uberblocks(&be, size, 256 * KIB, &[3], true);
+        put_uberblocks(&be, size, end - 512 * KIB, &[3], true);
+        put_uberblocks(&be, size, end - 256 * KIB, &[3, 100], true);
+        assert!(probe("be"));
+        // Eight at the unrounded end: not where ZFS puts them (these slots
+        // fall outside the rounded labels' rings).
+        let off = dir.join("unrounded");
+        put_uberblocks(&off, size, size - 512 * KIB, &[30, 40, 50, 60], true);
+        put_uberblocks(&off, size, size - 256 * KIB, &[30, 40, 50, 60], true);
+        assert!(!probe("unrounded"));
+        // The magic off the 1 KiB grid, or outside the ring: not labels.
+        let skew = dir.join("skew");
+        for slot in [0, 4, 9, 127] {
+            put(
+                &skew,
+                64 * MIB,
+                128 * KIB + slot * KIB + 8,
+                &0x00ba_b10cu64.to_le_bytes(),
+            );
+        }
+        for k in [16, 17, 64, 127] {
+            put(&skew, 64 * MIB, k * KIB, &0x00ba_b10cu64.to_le_bytes());
+        }
+        assert!(!probe("skew"));
+        // A 512 KiB device: L2/L3 coincide with L0/L1, counted once.
+        put_uberblocks(&dir.join("small"), 512 * KIB, 0, &[1, 2], false);
+        assert!(!probe("small"));
+        put_uberblocks(&dir.join("small"), 512 * KIB, 256 * KIB, &[1, 2], false);
+        assert!(probe("small"));
+        // Shorter than one label: no ZFS, no error.
+        put(&dir.join("tiny"), 4 * KIB, 0, &[1]);
+        assert_eq!(
+            Content::probe(&dir.join("tiny"), &[]).unwrap(),
+            Content::default()
+        );
+    }
+
+    #[test]
+    fn btrfs_superblock_read() {
+        let f = Fake::new("btrfs-probe");
+        let dir = f.root.join("img");
+        fs::create_dir_all(&dir).unwrap();
+        let probe = |name: &str| Content::probe(&dir.join(name), &[]).unwrap();
+        put_btrfs(&dir.join("a"), 64 * MIB, FSID_A, 3);
+        assert_eq!(
+            probe("a"),
+            Content {
+                zfs: false,
+                btrfs: Some(BtrfsMember {
+                    fsid: FSID_A_STR.into(),
+                    num_devices: 3
+                })
+            }
+        );
+        // The magic at the superblock's start (not at 0x40): not btrfs.
+        put(&dir.join("b"), 64 * MIB, 64 * KIB, b"_BHRfS_M");
+        assert_eq!(probe("b").btrfs, None);
+        // A file ending inside the superblock.
+        put(
+            &dir.join("c"),
+            64 * KIB + 0x48,
+            64 * KIB + 0x40,
+            b"_BHRfS_M",
+        );
+        assert_eq!(probe("c").btrfs, None);
+        // Inside a partition (of a whole disk): the partition's.
+        assert_eq!(
+            Content::probe(&dir.join("a"), &[(32 * KIB, 65 * KIB)]).unwrap(),
+            Content::default()
+        );
+        assert!(Content::probe(&dir.join("missing"), &[]).is_err());
+    }
+
+    #[test]
+    fn zfs_vdevs_refuse_bind() {
+        let f = Fake::new("zfs");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        for d in ["nvme0n1", "nvme0n1p1", "nvme0n1p2"] {
+            put(&dev.join(d), 64 * MIB, 0, &[0]);
+        }
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            Vec::<String>::new()
+        );
+        put_uberblocks(&dev.join("nvme0n1p2"), 64 * MIB, 0, &[0, 1, 5, 127], false);
+        let d = dev.display();
+        let want = format!(
+            "{d}/nvme0n1p2 is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool \
+             is gone)"
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            std::slice::from_ref(&want)
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
+        assert!(e.contains(&want), "{e}");
+    }
+
+    /// A partition's labels seen through the whole disk (a partition
+    /// starting at 16 KiB puts them on the disk's label grid) name the
+    /// partition only; a label outside every partition names the disk.
+    #[test]
+    fn zfs_labels_inside_partitions_are_not_the_disks() {
+        let f = Fake::new("zfs-disk");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        let blk = f.root.join("sys/block/nvme0n1");
+        // p1: sectors 32.. (16 KiB), 32 MiB; p2: 40 MiB.., 8 MiB.
+        for (p, start, size) in [("nvme0n1p1", 32, 65536), ("nvme0n1p2", 81920, 16384)] {
+            fs::write(blk.join(p).join("start"), format!("{start}\n")).unwrap();
+            fs::write(blk.join(p).join("size"), format!("{size}\n")).unwrap();
+        }
+        put(&dev.join("nvme0n1p2"), 8 * MIB, 0, &[0]);
+        put_uberblocks(&dev.join("nvme0n1p1"), 32 * MIB, 0, &[4, 5, 6, 7], false);
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            16 * KIB,
+            &[4, 5, 6, 7],
+            false,
+        );
+        let d = dev.display();
+        let p1 = format!(
+            "{d}/nvme0n1p1 is a ZFS vdev (zfs_member label; `zpool labelclear` it if its pool \
+             is gone)"
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            std::slice::from_ref(&p1)
+        );
+        // The disk's own end labels (past p2, which ends at 48 MiB).
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            64 * MIB - 256 * KIB,
+            &[9, 10],
+            false,
+        );
+        put_uberblocks(
+            &dev.join("nvme0n1"),
+            64 * MIB,
+            64 * MIB - 512 * KIB,
+            &[9, 10],
+            false,
+        );
+        assert_eq!(
+            h.controller("0000:01:00.0").unwrap().in_use,
+            [p1.replace("nvme0n1p1", "nvme0n1"), p1]
+        );
+    }
+
+    #[test]
+    fn btrfs_members_refuse_bind() {
+        let f = Fake::new("btrfs");
+        let h = f.host();
+        let dev = f.root.join("dev");
+        fs::create_dir_all(&dev).unwrap();
+        let in_use = || h.controller("0000:01:00.0").unwrap().in_use;
+        let d = dev.display();
+        // A one-device btrfs that is not mounted: free.
+        put(&dev.join("nvme0n1"), 64 * MIB, 0, &[0]);
+        put_btrfs(&dev.join("nvme0n1p2"), 64 * MIB, FSID_A, 1);
+        assert_eq!(in_use(), Vec::<String>::new());
+        // Mounted through another device (its sysfs lists this one too).
+        let fsdir = f.root.join("sys/fs/btrfs").join(FSID_A_STR);
+        fs::create_dir_all(fsdir.join("devices")).unwrap();
+        symlink(
+            "../../../../devices/x/block/sda/sda3",
+            fsdir.join("devices/sda3"),
+        )
+        .unwrap();
+        symlink(
+            "../../../../devices/y/block/nvme0n1/nvme0n1p2",
+            fsdir.join("devices/nvme0n1p2"),
+        )
+        .unwrap();
+        let mounted = format!(
+            "{d}/nvme0n1p2 is a member of the mounted btrfs {FSID_A_STR} (devices: nvme0n1p2, sda3)"
+        );
+        assert_eq!(in_use(), std::slice::from_ref(&mounted));
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&mounted), "{e}");
+        fs::remove_dir_all(&fsdir).unwrap();
+
+        // Not mounted, two devices, one of them elsewhere.
+        put_btrfs(&dev.join("nvme0n1p2"), 64 * MIB, FSID_A, 2);
+        let split = format!(
+            "{d}/nvme0n1p2 is one of 2 devices of btrfs {FSID_A_STR}, 1 of them not on this \
+             controller"
+        );
+        assert_eq!(in_use(), std::slice::from_ref(&split));
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&split), "{e}");
+        // Both devices on this controller (and not mounted): free.
+        put_btrfs(&dev.join("nvme0n1p1"), 64 * MIB, FSID_A, 2);
+        assert_eq!(in_use(), Vec::<String>::new());
+    }
+
+    thread_local! {
+        /// `modprobe` calls made by the current test's thread.
+        static MODPROBES: std::cell::RefCell<Vec<String>> = const { std::cell::RefCell::new(Vec::new()) };
+    }
+
+    fn counting_modprobe(name: &str) -> Result<(), String> {
+        MODPROBES.with(|m| m.borrow_mut().push(name.to_string()));
+        Ok(())
+    }
+
+    #[test]
+    fn reset_names_a_missing_device_before_touching_anything() {
+        let f = Fake::new("reset-missing");
+        let h = Host {
+            modprobe: counting_modprobe,
+            ..f.host()
+        };
+        let mut out = String::new();
+        // 0000:02:00.0 exists (no driver), 0000:00:99.0 does not: nothing
+        // may be written for either, and modprobe must not run.
+        let e = h
+            .reset(&["0000:02:00.0".into(), "00:99.0".into()], &mut out)
+            .unwrap_err()
+            .to_string();
+        let path = f.root.join("sys/bus/pci/devices/0000:00:99.0");
+        assert!(
+            e.contains(&format!(
+                "no PCI device 0000:00:99.0 ({} does not exist)",
+                path.display()
+            )),
+            "{e}"
+        );
+        assert_eq!(MODPROBES.with(|m| m.borrow().clone()), Vec::<String>::new());
+        let d2 = f.root.join("sys/bus/pci/devices/0000:02:00.0");
+        assert_eq!(
+            fs::read_to_string(d2.join("driver_override")).unwrap(),
+            "(null)\n"
+        );
+        assert!(!f.root.join("sys/bus/pci/drivers_probe").exists());
+        // Not an NVMe controller: also refused before modprobe.
+        let e = h
+            .reset(&["0000:03:00.0".into()], &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("0000:03:00.0 is not an NVMe controller"), "{e}");
+        assert_eq!(MODPROBES.with(|m| m.borrow().len()), 0);
+        assert!(out.is_empty(), "{out}");
+        // A controller named twice is handled once.
+        h.reset(&["0000:01:00.0".into(), "01:00.0".into()], &mut out)
+            .unwrap();
+        assert_eq!(out, "0000:01:00.0: already bound to nvme\n");
+        assert_eq!(MODPROBES.with(|m| m.borrow().clone()), ["nvme"]);
     }
 
     #[test]
