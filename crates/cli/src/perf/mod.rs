@@ -97,6 +97,10 @@ pub struct PerfArgs {
     /// Copy SQEs into the ring with non-temporal stores (off by default).
     #[arg(long = "nt-copy")]
     pub nt_copy: bool,
+    /// Read the CQ a cache line (four entries) at a time onto the stack
+    /// before handling them (off by default; see README).
+    #[arg(long = "cq-line-batch")]
+    pub cq_line_batch: bool,
     /// Don't use shadow doorbells even if the controller offers them.
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
@@ -691,6 +695,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         lazy_cq_doorbell: !a.no_lazy_cq,
         prefetch: a.prefetch,
         nt_sqe_copy: a.nt_copy,
+        cq_line_batch: a.cq_line_batch,
         timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
         ..QpairOptions::default()
     };
@@ -962,7 +967,7 @@ fn report(
                 "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.inline, "verify": a.verify, "latency": a.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
-                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "shadow_doorbell": !a.no_shadow_doorbell,
+                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "shadow_doorbell": !a.no_shadow_doorbell,
             },
             "devices": rows,
             "cores": cores_json,
