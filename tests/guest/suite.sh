@@ -185,7 +185,7 @@ check setup-bind-uio $P setup bind --driver uio_pci_generic $BDF
 check handoff-kernel-to-pollux-uio env POLLUX_HANDOFF=verify:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
 check pcie-tests-uio $T --test-threads=1
 $P setup hugepages 0 > /dev/null
-expect_fail uio-without-hugepages "reserve some with .pollux setup hugepages" $P perf -r "$TRID" -t 1
+expect_fail uio-without-hugepages ".pollux setup hugepages" $P perf -r "$TRID" -t 1
 $P setup hugepages 64 > /dev/null
 check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
