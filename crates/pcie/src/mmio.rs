@@ -135,3 +135,49 @@ impl std::fmt::Debug for Doorbell {
         f.debug_struct("Doorbell").field("reg", &self.reg).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A register offset past BAR0 (as a device-supplied CAP.DSTRD can
+    /// make a doorbell's) is an error naming it, not a panic or an
+    /// out-of-bounds access. Before, `Mmio::reg` asserted.
+    #[test]
+    fn out_of_range_offset_is_an_error() {
+        let mut regs = vec![0u32; 1024]; // 4 KiB standing in for BAR0
+        let base = NonNull::new(regs.as_mut_ptr().cast::<u8>()).unwrap();
+        // SAFETY: `regs` outlives `bar` and is 4-byte aligned.
+        let bar = unsafe { Mmio::new(base, 4096) };
+        bar.write32(0x1000 - 4, 7).unwrap();
+        assert_eq!(bar.read32(0x1000 - 4).unwrap(), 7);
+        // Queue 1's SQ doorbell with CAP.DSTRD = 15: 0x1000 + 2 * (4 << 15).
+        let off = pollux_spec::regs::sq_tail_doorbell(1, 15);
+        let e = bar.read32(off).unwrap_err().to_string();
+        assert!(e.contains(&format!("{off:#x}")), "{e}");
+        assert!(bar.write32(4095, 1).is_err(), "unaligned");
+        assert!(bar.read64(usize::MAX - 3).is_err(), "overflowing offset");
+    }
+
+    /// A doorbell keeps the platform that maps BAR0 alive: writing it after
+    /// every other handle is gone still hits mapped memory. Before,
+    /// `Doorbell` was `Copy` with no lifetime, so this was a use after
+    /// unmap.
+    #[cfg(feature = "soft")]
+    #[test]
+    fn doorbell_outlives_every_other_handle() {
+        use crate::platform::soft::{SoftMode, SoftPlatform};
+        let dev = pollux_softnvme::SoftDevice::new(pollux_softnvme::SoftConfig::default()).unwrap();
+        let weak = std::sync::Arc::downgrade(&dev);
+        let p: Arc<dyn Platform> = Arc::new(SoftPlatform::new(dev, SoftMode::Inline));
+        let db = Doorbell::new(&p, pollux_spec::regs::off::DOORBELL_BASE).unwrap();
+        drop(p);
+        assert!(
+            weak.upgrade().is_some(),
+            "the doorbell keeps the device (and its BAR) alive"
+        );
+        db.write(1);
+        drop(db);
+        assert!(weak.upgrade().is_none(), "and releases it when dropped");
+    }
+}
