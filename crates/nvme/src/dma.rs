@@ -258,3 +258,140 @@ impl SliceRef {
         }
     }
 }
+
+/// An owned I/O buffer: a byte range of a `DmaBuffer`, handed to the queue
+/// pair with a request and handed back in its `Completion` (tokio-uring's
+/// model). While the request is in flight the queue pair owns it, so its
+/// bytes are unreachable from safe code while the device may write them;
+/// holding an `IoBuf` means no device access is pending on it.
+///
+/// One allocation can be cut into several `IoBuf`s (`split_at`, `chunks`),
+/// each reaching only its own, disjoint range: several requests can be in
+/// flight on one allocation. The allocation is freed (and unmapped from the
+/// device) when the last piece is dropped.
+///
+/// A thin handle (one pointer): moving it into the queue pair and back
+/// costs a store and a load per I/O.
+pub struct IoBuf(Box<IoBufInner>);
+
+struct IoBufInner {
+    mem: Arc<DmaBuffer>,
+    off: usize,
+    len: usize,
+    /// Bus address of the first byte (0 for an empty buffer).
+    iova0: u64,
+    /// The allocation's bus addresses are one range (no page table).
+    contiguous: bool,
+}
+
+impl IoBuf {
+    /// The whole buffer.
+    pub fn new(buf: DmaBuffer) -> IoBuf {
+        let len = buf.len();
+        IoBuf::piece(Arc::new(buf), 0, len)
+    }
+
+    fn piece(mem: Arc<DmaBuffer>, off: usize, len: usize) -> IoBuf {
+        let iova0 = if len > 0 { mem.iova_at(off) } else { 0 };
+        let contiguous = matches!(mem.iova, Iova::Contiguous(_));
+        IoBuf(Box::new(IoBufInner {
+            mem,
+            off,
+            len,
+            iova0,
+            contiguous,
+        }))
+    }
+
+    #[inline(always)]
+    pub fn len(&self) -> usize {
+        self.0.len
+    }
+
+    #[inline(always)]
+    pub fn is_empty(&self) -> bool {
+        self.0.len == 0
+    }
+
+    /// The bytes of this range.
+    pub fn as_slice(&self) -> &[u8] {
+        let i = &*self.0;
+        // SAFETY: off + len <= the allocation's length (kept by every
+        // constructor); no other IoBuf reaches this range (pieces are
+        // disjoint by construction) and the DmaBuffer itself is private, so
+        // nothing writes it while this shared borrow lives; no device
+        // access is pending (the queue pair owns an IoBuf while it is).
+        unsafe { std::slice::from_raw_parts(i.mem.as_ptr().add(i.off), i.len) }
+    }
+
+    /// The bytes of this range, writable.
+    pub fn as_mut_slice(&mut self) -> &mut [u8] {
+        let i = &*self.0;
+        // SAFETY: as in `as_slice`; `&mut self` makes the access exclusive.
+        unsafe { std::slice::from_raw_parts_mut(i.mem.as_ptr().add(i.off), i.len) }
+    }
+
+    /// Cuts the range in two at `mid` (panics if `mid > len`).
+    pub fn split_at(self, mid: usize) -> (IoBuf, IoBuf) {
+        let i = *self.0;
+        assert!(mid <= i.len, "split at {mid} past the end ({})", i.len);
+        let tail = IoBuf::piece(i.mem.clone(), i.off + mid, i.len - mid);
+        (IoBuf::piece(i.mem, i.off, mid), tail)
+    }
+
+    /// Cuts the range into pieces of `size` bytes (the last may be shorter).
+    pub fn chunks(self, size: usize) -> Vec<IoBuf> {
+        assert!(size > 0, "chunk size 0");
+        let i = *self.0;
+        (0..i.len)
+            .step_by(size)
+            .map(|o| IoBuf::piece(i.mem.clone(), i.off + o, size.min(i.len - o)))
+            .collect()
+    }
+
+    /// The first `len` bytes only (the rest stays unreachable through this
+    /// handle; panics if `len` exceeds the current length).
+    pub fn truncate(self, len: usize) -> IoBuf {
+        self.split_at(len).0
+    }
+
+    /// The bus addresses of the range, for a submission.
+    #[inline(always)]
+    pub fn dma_slice(&self) -> DmaSlice<'_> {
+        let i = &*self.0;
+        if i.contiguous {
+            return DmaSlice {
+                iova0: i.iova0,
+                len: i.len,
+                pages: None,
+            };
+        }
+        match &i.mem.iova {
+            Iova::Pages(p) => DmaSlice {
+                iova0: i.iova0,
+                len: i.len,
+                pages: Some((p, i.off)),
+            },
+            Iova::Contiguous(_) => DmaSlice {
+                iova0: i.iova0,
+                len: i.len,
+                pages: None,
+            },
+        }
+    }
+
+    /// True if both handles are the same piece.
+    pub fn same(&self, other: &IoBuf) -> bool {
+        std::ptr::eq(&*self.0, &*other.0)
+    }
+}
+
+impl std::fmt::Debug for IoBuf {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IoBuf")
+            .field("off", &self.0.off)
+            .field("len", &self.0.len)
+            .field("iova0", &self.0.iova0)
+            .finish()
+    }
+}

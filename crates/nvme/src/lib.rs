@@ -8,6 +8,22 @@
 //! (`transport::Transport`: PCIe in `pollux-pcie`, TCP next) supplies the
 //! wire: rings and doorbells, or a connection. The queue pair is generic
 //! over it and monomorphised: no `dyn` call per I/O.
+//!
+//! # Buffers that outlive their DMA
+//!
+//! One model, tokio-uring's: an I/O buffer is an owned [`IoBuf`] handed to
+//! the queue pair with the request and handed back in its [`Completion`]
+//! (or with the [`Refused`] error). While the device may read or write it,
+//! only the queue pair holds it, so no safe `&`/`&mut` slice of it exists;
+//! holding an `IoBuf` means nothing is pending on it. Underneath, for
+//! callers that manage memory themselves (a C API, an fio engine), the
+//! same requests take a borrowed [`DmaSlice`] through `unsafe fn`s
+//! (`read_dma`, `write_dma`, `raw_dma`) whose `# Safety` contract is what
+//! the owned layer guarantees: the memory stays allocated and untouched
+//! until the completion. Why owned rather than only `unsafe`: the common
+//! caller gets soundness from the types at the cost of one pointer stored
+//! in the tracker and handed back per I/O, and the block-device layer and
+//! the C API can carry the same handle.
 #[cfg(target_endian = "big")]
 compile_error!("pollux assumes a little-endian host");
 
@@ -21,10 +37,10 @@ mod submit;
 pub mod transport;
 
 pub use ctrl::{Controller, ControllerOptions, Namespace, MAX_TRANSFER_CAP};
-pub use dma::{DmaBuffer, DmaSlice};
+pub use dma::{DmaBuffer, DmaSlice, IoBuf};
 pub use error::{Error, IoError, SubmitError};
 pub use qpair::{Completion, Handler, QpairOptions, QpairStats, QueuePair};
-pub use submit::Submitter;
+pub use submit::{Refused, Submitter};
 pub use transport::{
     AdminExec, CompletionQueue, CqeSink, QueueSpec, Registers, SubmissionQueue, Transport, Tuning,
     WireCounters,

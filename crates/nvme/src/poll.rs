@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 
 use pollux_spec::Status;
 
+use crate::dma::IoBuf;
 use crate::error::IoError;
 use crate::qpair::{Completion, Handler, QueuePair};
 use crate::submit::{Core, QpState, Submitter, T_BUSY, T_CHILD, T_TIMED_OUT};
@@ -184,6 +185,7 @@ impl<T: Transport> QueuePair<T> {
                     Completion {
                         user_data: p.user_data,
                         result: Err(IoError::ControllerFailed),
+                        buf: p.buf,
                     },
                 ),
             }
@@ -227,6 +229,7 @@ fn complete<T: Transport, F: Handler<T>>(
     // One test for the common case: outstanding, not split, not timed out.
     if flags == T_BUSY {
         t.flags = 0;
+        let buf = t.buf.take();
         sub.core.free.push(cid);
         let st = Status(status);
         let result = if st.is_success() {
@@ -234,7 +237,14 @@ fn complete<T: Transport, F: Handler<T>>(
         } else {
             Err(IoError::Nvme(st))
         };
-        f.complete(sub, Completion { user_data, result });
+        f.complete(
+            sub,
+            Completion {
+                user_data,
+                result,
+                buf,
+            },
+        );
     } else {
         complete_other(sub, cid, flags, user_data, status, dw0, f);
     }
@@ -254,7 +264,9 @@ fn complete_other<T: Transport, F: Handler<T>>(
     if flags & T_BUSY == 0 {
         return bogus(sub.core, cid);
     }
-    sub.core.trackers[cid as usize].flags = 0;
+    let t = &mut sub.core.trackers[cid as usize];
+    t.flags = 0;
+    let buf = t.buf.take();
     sub.core.free.push(cid);
     let st = Status(status);
     // A command that completes successfully after it timed out (its abort
@@ -266,7 +278,7 @@ fn complete_other<T: Transport, F: Handler<T>>(
     } else {
         Err(IoError::Nvme(st))
     };
-    finish(sub, flags, user_data, result, f);
+    finish(sub, flags, user_data, result, buf, f);
 }
 
 #[cold]
@@ -278,16 +290,25 @@ fn bogus(core: &mut Core, cid: u16) {
     );
 }
 
-/// Delivers a result for a tracker that has already been released.
+/// Delivers a result for a tracker that has already been released (`buf`:
+/// what the tracker held; a child's buffer is in its split slot).
 fn finish<T: Transport, F: Handler<T>>(
     sub: &mut Submitter<'_, T>,
     flags: u32,
     user_data: u64,
     result: Result<u32, IoError>,
+    buf: Option<IoBuf>,
     f: &mut F,
 ) {
     if flags & T_CHILD == 0 {
-        f.complete(sub, Completion { user_data, result });
+        f.complete(
+            sub,
+            Completion {
+                user_data,
+                result,
+                buf,
+            },
+        );
         return;
     }
     let idx = user_data as usize;
@@ -303,6 +324,7 @@ fn finish<T: Transport, F: Handler<T>>(
         let c = Completion {
             user_data: s.user_data,
             result: s.error.map_or(Ok(0), Err),
+            buf: s.buf.take(),
         };
         sub.core.free_splits.push(idx as u32);
         f.complete(sub, c);
@@ -325,6 +347,7 @@ fn finish_split_unissued<T: Transport, F: Handler<T>>(
     let c = Completion {
         user_data: s.user_data,
         result: Err(s.error.unwrap_or(err)),
+        buf: s.buf.take(),
     };
     sub.core.free_splits.push(idx);
     f.complete(sub, c);
@@ -341,19 +364,21 @@ fn fail_outstanding<T: Transport, F: Handler<T>>(
 ) {
     debug_assert_ne!(sub.core.state, QpState::Ready);
     for cid in 0..sub.core.trackers.len() {
-        let t = sub.core.trackers[cid];
-        if t.flags & T_BUSY == 0 {
+        let t = &mut sub.core.trackers[cid];
+        let (flags, user_data) = (t.flags, t.user_data);
+        if flags & T_BUSY == 0 {
             continue;
         }
-        sub.core.trackers[cid].flags = 0;
+        t.flags = 0;
+        let buf = t.buf.take();
         sub.core.free.push(cid as u16);
         sub.core.failed_outstanding += 1;
-        let e = if t.flags & T_TIMED_OUT != 0 {
+        let e = if flags & T_TIMED_OUT != 0 {
             IoError::Timeout
         } else {
             err
         };
-        finish(sub, t.flags, t.user_data, Err(e), f);
+        finish(sub, flags, user_data, Err(e), buf, f);
     }
     debug_assert_eq!(sub.core.outstanding(), 0);
 }

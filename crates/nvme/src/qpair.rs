@@ -11,9 +11,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::ctrl::{Namespace, Shared};
-use crate::dma::DmaSlice;
+use crate::dma::{DmaSlice, IoBuf};
 use crate::error::{Error, IoError, Result, SubmitError};
-use crate::submit::{Core, QpState, Submitter, T_BUSY, T_TIMED_OUT};
+use crate::submit::{Core, QpState, Refused, Submitter, T_BUSY, T_TIMED_OUT};
 use crate::transport::{CompletionQueue, QueueSpec, SubmissionQueue, Transport, Tuning};
 
 /// Options of one queue pair. `Default` turns on every technique that
@@ -72,12 +72,40 @@ impl Default for QpairOptions {
 }
 
 /// A finished request.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub struct Completion {
     /// The value given at submission.
     pub user_data: u64,
     /// Completion dword 0 on success.
     pub result: Result<u32, IoError>,
+    /// The owned buffer the request was submitted with, handed back.
+    pub buf: Option<IoBuf>,
+}
+
+impl Completion {
+    /// A completion without a buffer (what a request submitted with a
+    /// borrowed buffer, or none, gets).
+    pub fn new(user_data: u64, result: Result<u32, IoError>) -> Completion {
+        Completion {
+            user_data,
+            result,
+            buf: None,
+        }
+    }
+}
+
+/// Equal when user data and result are, and both carry no buffer or the
+/// same piece of buffer.
+impl PartialEq for Completion {
+    fn eq(&self, o: &Completion) -> bool {
+        self.user_data == o.user_data
+            && self.result == o.result
+            && match (&self.buf, &o.buf) {
+                (None, None) => true,
+                (Some(a), Some(b)) => a.same(b),
+                _ => false,
+            }
+    }
 }
 
 /// Receives completions from `QueuePair::poll`, with the submission half
@@ -227,9 +255,9 @@ impl<T: Transport> QueuePair<T> {
         ns: &Namespace,
         lba: u64,
         nlb: u32,
-        buf: DmaSlice<'_>,
+        buf: IoBuf,
         user_data: u64,
-    ) -> Result<(), SubmitError> {
+    ) -> Result<(), Refused> {
         self.submitter().read(ns, lba, nlb, buf, user_data)
     }
 
@@ -240,10 +268,44 @@ impl<T: Transport> QueuePair<T> {
         ns: &Namespace,
         lba: u64,
         nlb: u32,
+        buf: IoBuf,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.submitter().write(ns, lba, nlb, buf, user_data)
+    }
+
+    /// See `Submitter::read_dma`.
+    ///
+    /// # Safety
+    /// As for `Submitter::read_dma`.
+    #[inline]
+    pub unsafe fn read_dma(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.submitter().write(ns, lba, nlb, buf, user_data)
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.submitter().read_dma(ns, lba, nlb, buf, user_data) }
+    }
+
+    /// See `Submitter::write_dma`.
+    ///
+    /// # Safety
+    /// As for `Submitter::write_dma`.
+    #[inline]
+    pub unsafe fn write_dma(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.submitter().write_dma(ns, lba, nlb, buf, user_data) }
     }
 
     /// See `Submitter::flush_cache`.
@@ -279,10 +341,24 @@ impl<T: Transport> QueuePair<T> {
     pub fn raw(
         &mut self,
         sqe: pollux_spec::Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.submitter().raw(sqe, data, user_data)
+    }
+
+    /// See `Submitter::raw_dma`.
+    ///
+    /// # Safety
+    /// As for `Submitter::raw_dma`.
+    pub unsafe fn raw_dma(
+        &mut self,
+        sqe: pollux_spec::Sqe,
         data: Option<DmaSlice<'_>>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.submitter().raw(sqe, data, user_data)
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.submitter().raw_dma(sqe, data, user_data) }
     }
 
     /// Tells the controller about new commands now.
@@ -365,7 +441,7 @@ impl<T: Transport> QueuePair<T> {
         let epoch = self.core.epoch;
         let mut need_reset = false;
         for cid in 0..self.core.trackers.len() {
-            let t = self.core.trackers[cid];
+            let t = &self.core.trackers[cid];
             if t.flags & T_BUSY == 0 || epoch.wrapping_sub(t.epoch) < 3 {
                 continue;
             }

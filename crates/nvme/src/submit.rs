@@ -4,14 +4,27 @@
 //! PRPs in the tracker's list slice).
 //!
 //! Per I/O on the fast path: one bounds test, one state test, one pop from
-//! the free list, one 16-byte tracker store and the transport's push.
+//! the free list, one 16-byte tracker store, the transport's push, and (for
+//! an owned buffer) one pointer store into the tracker.
+//!
+//! # Buffers
+//!
+//! A buffer under DMA must not be reachable through a safe `&`/`&mut`
+//! slice while the device may write it. Two ways in, one model:
+//! - `read`, `write`, `raw` take an owned [`IoBuf`] and hand it back in the
+//!   request's `Completion` (or in `Refused` if the request was refused):
+//!   while the request is in flight, only the queue pair holds it. Safe.
+//! - `read_dma`, `write_dma`, `raw_dma` take a `DmaSlice` borrow and are
+//!   `unsafe`: the caller promises what the owned layer guarantees (the
+//!   buffer stays allocated and untouched until the completion). For
+//!   callers that manage buffers themselves (a C API, an fio engine).
 use std::collections::VecDeque;
 
 use pollux_spec::cmd::NvmOpcode;
 use pollux_spec::{Sqe, Status};
 
 use crate::ctrl::Namespace;
-use crate::dma::{DmaSlice, SliceRef};
+use crate::dma::{DmaSlice, IoBuf, SliceRef};
 use crate::error::{IoError, SubmitError};
 use crate::qpair::{Completion, QpairStats};
 use crate::transport::{SubmissionQueue, Transport};
@@ -21,13 +34,17 @@ pub(crate) const T_BUSY: u32 = 1;
 pub(crate) const T_CHILD: u32 = 2;
 pub(crate) const T_TIMED_OUT: u32 = 4;
 
-/// Per-command state: 16 bytes, four to a cache line. Anything colder (the
-/// transport's PRP list slice) is found by index from the CID.
-#[derive(Clone, Copy, Default)]
-#[repr(C, align(16))]
+/// Per-command state: 32 bytes, two to a cache line, everything the
+/// completion needs in one line. Anything colder (the transport's PRP list
+/// slice) is found by index from the CID.
+#[derive(Default)]
+#[repr(C, align(32))]
 pub(crate) struct Tracker {
     /// User data, or the split index for a child of a split request.
     pub(crate) user_data: u64,
+    /// The owned buffer of a single-command request (a split request
+    /// keeps it in its `Split`, a waiting one in its `Pending`).
+    pub(crate) buf: Option<IoBuf>,
     /// Timeout epoch at submission.
     pub(crate) epoch: u32,
     pub(crate) flags: u32,
@@ -36,6 +53,8 @@ pub(crate) struct Tracker {
 /// A request split into several commands (larger than the max transfer).
 pub(crate) struct Split {
     pub(crate) user_data: u64,
+    /// The request's owned buffer, handed back when it completes.
+    pub(crate) buf: Option<IoBuf>,
     /// Pieces not completed yet (issued or not).
     pub(crate) remaining: u32,
     pub(crate) error: Option<IoError>,
@@ -79,6 +98,8 @@ pub(crate) enum PendingOp {
 pub(crate) struct Pending {
     pub(crate) op: PendingOp,
     pub(crate) user_data: u64,
+    /// The request's owned buffer, if it came with one.
+    pub(crate) buf: Option<IoBuf>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -123,7 +144,7 @@ impl Core {
     pub(crate) fn new(depth: u16, max_queued: usize, max_raw: usize) -> Core {
         Core {
             epoch: 0,
-            trackers: vec![Tracker::default(); depth as usize].into_boxed_slice(),
+            trackers: (0..depth).map(|_| Tracker::default()).collect(),
             free: (0..depth).rev().collect(),
             state: QpState::Ready,
             fast: true,
@@ -149,11 +170,10 @@ impl Core {
     pub(crate) fn claim(&mut self, cid: u16, user_data: u64, flags: u32) {
         let t = &mut self.trackers[cid as usize];
         debug_assert_eq!(t.flags & T_BUSY, 0);
-        *t = Tracker {
-            user_data,
-            epoch: self.epoch,
-            flags: T_BUSY | flags,
-        };
+        debug_assert!(t.buf.is_none());
+        t.user_data = user_data;
+        t.epoch = self.epoch;
+        t.flags = T_BUSY | flags;
     }
 
     /// Commands outstanding at the controller.
@@ -166,11 +186,12 @@ impl Core {
         self.outstanding() as usize + self.queue.len() + self.deferred.len()
     }
 
-    fn enqueue(&mut self, p: Pending) -> Result<(), SubmitError> {
+    fn enqueue(&mut self, p: Pending) -> Result<(), (SubmitError, Option<IoBuf>)> {
         if self.queue.len() >= self.max_queued {
-            return Err(SubmitError::QueueFull {
+            let e = SubmitError::QueueFull {
                 limit: self.max_queued,
-            });
+            };
+            return Err((e, p.buf));
         }
         self.stats.queued += 1;
         self.queue.push_back(p);
@@ -186,9 +207,10 @@ impl Core {
     }
 
     /// A slot for a split request.
-    fn new_split(&mut self, user_data: u64, pieces: u32) -> u32 {
+    fn new_split(&mut self, user_data: u64, pieces: u32, buf: Option<IoBuf>) -> u32 {
         let split = Split {
             user_data,
+            buf,
             remaining: pieces,
             error: None,
         };
@@ -250,6 +272,31 @@ fn check_rw(ns: &Namespace, lba: u64, nlb: u32, len: usize, iova0: u64) -> Resul
     Ok(())
 }
 
+/// A request refused at submission: nothing was queued or sent, and the
+/// buffer it came with comes back (always, for `read` and `write`).
+#[derive(Debug, thiserror::Error)]
+#[error("{error}")]
+pub struct Refused {
+    pub error: SubmitError,
+    pub buf: Option<IoBuf>,
+}
+
+/// Where the fast path put a request.
+enum Fast {
+    /// Sent as one command on this tracker.
+    Issued(u16),
+    /// Split or waiting: the slow path takes it, with these bus addresses.
+    Slow(SliceRef),
+}
+
+fn refused(r: Result<(), (SubmitError, Option<IoBuf>)>) -> Result<(), SubmitError> {
+    r.map_err(|(e, _)| e)
+}
+
+fn refused_owned(r: Result<(), (SubmitError, Option<IoBuf>)>) -> Result<(), Refused> {
+    r.map_err(|(error, buf)| Refused { error, buf })
+}
+
 impl<'a, T: Transport> Submitter<'a, T> {
     /// Issues one command on tracker `cid`. On error the tracker is returned
     /// to the free list and nothing is sent.
@@ -281,21 +328,42 @@ impl<'a, T: Transport> Submitter<'a, T> {
     }
 
     /// Reads `nlb` blocks at `lba` into `buf` (exactly `nlb` blocks long).
+    /// The buffer comes back in the completion.
     #[inline(always)]
     pub fn read(
         &mut self,
         ns: &Namespace,
         lba: u64,
         nlb: u32,
-        buf: DmaSlice<'_>,
+        buf: IoBuf,
         user_data: u64,
-    ) -> Result<(), SubmitError> {
-        self.rw(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
+    ) -> Result<(), Refused> {
+        self.rw_owned(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
     }
 
     /// Writes `buf` (exactly `nlb` blocks long) to `nlb` blocks at `lba`.
+    /// The buffer comes back in the completion.
     #[inline(always)]
     pub fn write(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rw_owned(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
+    }
+
+    /// `read` with a borrowed buffer.
+    ///
+    /// # Safety
+    /// The memory `buf` describes must stay allocated (its `DmaBuffer`
+    /// alive) and must be neither read nor written by the host until the
+    /// completion for `user_data` has been delivered (or the queue pair has
+    /// been dropped): the controller writes it meanwhile.
+    #[inline(always)]
+    pub unsafe fn read_dma(
         &mut self,
         ns: &Namespace,
         lba: u64,
@@ -303,11 +371,55 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.rw(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
+        self.rw_borrowed(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
+    }
+
+    /// `write` with a borrowed buffer.
+    ///
+    /// # Safety
+    /// The memory `buf` describes must stay allocated (its `DmaBuffer`
+    /// alive) and must not be written by the host until the completion for
+    /// `user_data` has been delivered (or the queue pair has been dropped):
+    /// the controller reads it meanwhile.
+    #[inline(always)]
+    pub unsafe fn write_dma(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw_borrowed(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
     }
 
     #[inline(always)]
-    fn rw(
+    fn rw_owned(
+        &mut self,
+        opc: NvmOpcode,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        match self.rw_fast(opc, ns, lba, nlb, buf.dma_slice(), user_data) {
+            Ok(Fast::Issued(cid)) => {
+                self.core.trackers[cid as usize].buf = Some(buf);
+                Ok(())
+            }
+            Ok(Fast::Slow(data)) => {
+                refused_owned(self.rw_slow(opc, ns, lba, nlb, data, Some(buf), user_data))
+            }
+            Err(error) => Err(Refused {
+                error,
+                buf: Some(buf),
+            }),
+        }
+    }
+
+    #[inline(always)]
+    fn rw_borrowed(
         &mut self,
         opc: NvmOpcode,
         ns: &Namespace,
@@ -316,12 +428,28 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
+        match self.rw_fast(opc, ns, lba, nlb, buf, user_data)? {
+            Fast::Issued(_) => Ok(()),
+            Fast::Slow(data) => refused(self.rw_slow(opc, ns, lba, nlb, data, None, user_data)),
+        }
+    }
+
+    #[inline(always)]
+    fn rw_fast(
+        &mut self,
+        opc: NvmOpcode,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        user_data: u64,
+    ) -> Result<Fast, SubmitError> {
         check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
-                return self.issue(
+                self.issue(
                     cid,
                     sqe,
                     buf.len(),
@@ -329,13 +457,16 @@ impl<'a, T: Transport> Submitter<'a, T> {
                     |i| buf.iova_at(i),
                     user_data,
                     0,
-                );
+                )?;
+                return Ok(Fast::Issued(cid));
             }
         }
-        self.rw_slow(opc, ns, lba, nlb, buf.to_owned_ref(), user_data)
+        Ok(Fast::Slow(buf.to_owned_ref()))
     }
 
-    /// A request that is split, or has to wait for trackers.
+    /// A request that is split, or has to wait for trackers. On refusal the
+    /// buffer comes back with the error.
+    #[allow(clippy::too_many_arguments)]
     #[cold]
     fn rw_slow(
         &mut self,
@@ -344,11 +475,14 @@ impl<'a, T: Transport> Submitter<'a, T> {
         lba: u64,
         nlb: u32,
         data: SliceRef,
+        mut buf: Option<IoBuf>,
         user_data: u64,
-    ) -> Result<(), SubmitError> {
-        self.core.check_open()?;
+    ) -> Result<(), (SubmitError, Option<IoBuf>)> {
+        if let Err(e) = self.core.check_open() {
+            return Err((e, buf));
+        }
         if nlb == 0 {
-            return Err(SubmitError::ZeroLength);
+            return Err((SubmitError::ZeroLength, buf));
         }
         let mut p = PendingRw {
             opc,
@@ -362,28 +496,40 @@ impl<'a, T: Transport> Submitter<'a, T> {
         let pieces = nlb.div_ceil(ns.max_lbas);
         if self.core.queue.len() >= self.core.max_queued && self.core.free.len() < pieces as usize {
             // It could not wait for the rest: refuse before issuing any.
-            return Err(SubmitError::QueueFull {
+            let e = SubmitError::QueueFull {
                 limit: self.core.max_queued,
-            });
+            };
+            return Err((e, buf));
         }
-        if self.core.fast && self.issue_rw(&mut p, user_data)? {
-            return Ok(());
+        if self.core.fast {
+            match self.issue_rw(&mut p, &mut buf, user_data) {
+                Ok(true) => return Ok(()),
+                Ok(false) => {}
+                Err(e) => return Err((e, buf)),
+            }
         }
         self.core.enqueue(Pending {
             op: PendingOp::Rw(p),
             user_data,
+            buf,
         })
     }
 
     /// Issues as many pieces of `p` (`max_lbas` blocks each) as there are
-    /// free trackers. `Ok(true)` when every piece is out (or the request
-    /// has already been completed with an error), `Ok(false)` when it must
-    /// wait for trackers, `Err` when nothing was issued and it never will
-    /// be. A request that fits one command takes no split slot. If a later
-    /// piece cannot be built (a broken buffer page table), the pieces
-    /// already sent finish and the request completes with the error: never
-    /// silently lost.
-    fn issue_rw(&mut self, p: &mut PendingRw, user_data: u64) -> Result<bool, SubmitError> {
+    /// free trackers; `buf` (the request's owned buffer) goes with the
+    /// first: to the tracker for one command, to the split slot otherwise.
+    /// `Ok(true)` when every piece is out (or the request has already been
+    /// completed with an error), `Ok(false)` when it must wait for
+    /// trackers, `Err` when nothing was issued and it never will be (`buf`
+    /// is left in place). If a later piece cannot be built (a broken buffer
+    /// page table), the pieces already sent finish and the request
+    /// completes with the error: never silently lost.
+    fn issue_rw(
+        &mut self,
+        p: &mut PendingRw,
+        buf: &mut Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<bool, SubmitError> {
         let max = p.ns.max_lbas;
         if p.done == 0 && p.nlb <= max {
             let Some(cid) = self.core.free.pop() else {
@@ -400,6 +546,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 user_data,
                 0,
             )?;
+            self.core.trackers[cid as usize].buf = buf.take();
+            p.done = p.nlb;
             return Ok(true);
         }
         while p.done < p.nlb {
@@ -409,7 +557,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             let idx = match p.split {
                 Some(i) => i,
                 None => {
-                    let i = self.core.new_split(user_data, p.nlb.div_ceil(max));
+                    let i = self.core.new_split(user_data, p.nlb.div_ceil(max), None);
                     p.split = Some(i);
                     i
                 }
@@ -435,6 +583,9 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 self.fail_unissued(p, idx, e);
                 return Ok(true);
             }
+            if p.done == 0 {
+                self.core.splits[idx as usize].buf = buf.take();
+            }
             p.done += n;
         }
         Ok(true)
@@ -456,6 +607,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             let c = Completion {
                 user_data: s.user_data,
                 result: Err(err),
+                buf: s.buf.take(),
             };
             self.core.free_splits.push(idx);
             self.core.deferred.push(c);
@@ -466,18 +618,19 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// An accepted request that could not be issued: it completes with an
     /// error on the next poll.
     #[cold]
-    fn defer_error(&mut self, user_data: u64, e: SubmitError) {
+    fn defer_error(&mut self, user_data: u64, e: SubmitError, buf: Option<IoBuf>) {
         tracing::error!("queued request could not be issued: {e}");
         let st = Status::generic(pollux_spec::status::generic::DATA_TRANSFER_ERROR);
         self.core.deferred.push(Completion {
             user_data,
             result: Err(IoError::Nvme(st)),
+            buf,
         });
     }
 
     /// Flushes the namespace's volatile write cache.
     pub fn flush_cache(&mut self, ns: &Namespace, user_data: u64) -> Result<(), SubmitError> {
-        self.raw(Sqe::flush(ns.nsid), None, user_data)
+        refused(self.raw_inner(Sqe::flush(ns.nsid), None, None, user_data))
     }
 
     /// Write Zeroes over `nlb` blocks at `lba` (at most 65536 per command);
@@ -497,11 +650,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 depth: 1,
             });
         }
-        self.raw(
-            Sqe::write_zeroes(ns.nsid, lba, nlb, deallocate),
-            None,
-            user_data,
-        )
+        let sqe = Sqe::write_zeroes(ns.nsid, lba, nlb, deallocate);
+        refused(self.raw_inner(sqe, None, None, user_data))
     }
 
     /// Dataset Management, deallocate one range. The transport places the
@@ -522,58 +672,112 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 return Ok(());
             }
         }
-        self.core.enqueue(Pending {
+        refused(self.core.enqueue(Pending {
             op: PendingOp::Dealloc {
                 nsid: ns.nsid,
                 lba,
                 nlb,
             },
             user_data,
-        })
+            buf: None,
+        }))
     }
 
     /// Raw command passthrough. The driver sets the CID and, if `data` is
     /// given, the data pointer fields (data at most the transport's
-    /// per-command limit); without data the command goes as given.
-    pub fn raw(
+    /// per-command limit); without data the command goes as given. The
+    /// buffer comes back in the completion.
+    pub fn raw(&mut self, sqe: Sqe, data: Option<IoBuf>, user_data: u64) -> Result<(), Refused> {
+        let Some(buf) = data else {
+            return refused_owned(self.raw_inner(sqe, None, None, user_data));
+        };
+        let slice = buf.dma_slice();
+        match self.raw_check(&slice) {
+            Err(error) => Err(Refused {
+                error,
+                buf: Some(buf),
+            }),
+            Ok(()) => {
+                let owned = slice.to_owned_ref();
+                refused_owned(self.raw_inner(sqe, Some(owned), Some(buf), user_data))
+            }
+        }
+    }
+
+    /// `raw` with a borrowed buffer.
+    ///
+    /// # Safety
+    /// As for `read_dma`: the memory `data` describes must stay allocated
+    /// and untouched by the host until the completion for `user_data` has
+    /// been delivered (or the queue pair has been dropped).
+    pub unsafe fn raw_dma(
         &mut self,
         sqe: Sqe,
         data: Option<DmaSlice<'_>>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.core.check_open()?;
         if let Some(d) = &data {
-            if d.is_empty() {
-                return Err(SubmitError::ZeroLength);
-            }
-            let iova0 = d.iova_at(0);
-            if iova0 & 3 != 0 {
-                return Err(SubmitError::Unaligned { iova: iova0 });
-            }
-            let cap = self.core.max_raw;
-            if d.len() > cap {
-                return Err(SubmitError::BufferLength {
-                    expected: cap,
-                    got: d.len(),
-                });
-            }
+            self.raw_check(d)?;
+        }
+        refused(self.raw_inner(sqe, data.map(|d| d.to_owned_ref()), None, user_data))
+    }
+
+    fn raw_check(&self, d: &DmaSlice<'_>) -> Result<(), SubmitError> {
+        self.core.check_open()?;
+        if d.is_empty() {
+            return Err(SubmitError::ZeroLength);
+        }
+        let iova0 = d.iova_at(0);
+        if iova0 & 3 != 0 {
+            return Err(SubmitError::Unaligned { iova: iova0 });
+        }
+        let cap = self.core.max_raw;
+        if d.len() > cap {
+            return Err(SubmitError::BufferLength {
+                expected: cap,
+                got: d.len(),
+            });
+        }
+        Ok(())
+    }
+
+    fn raw_inner(
+        &mut self,
+        sqe: Sqe,
+        data: Option<SliceRef>,
+        buf: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), (SubmitError, Option<IoBuf>)> {
+        if let Err(e) = self.core.check_open() {
+            return Err((e, buf));
         }
         if self.core.fast {
             if let Some(cid) = self.core.free.pop() {
-                return match data {
-                    Some(d) => {
-                        self.issue(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i), user_data, 0)
-                    }
+                let r = match &data {
+                    Some(d) => self.issue(
+                        cid,
+                        sqe,
+                        d.len,
+                        d.iova_at(0),
+                        |i| d.iova_at(i),
+                        user_data,
+                        0,
+                    ),
                     None => self.issue(cid, sqe, 0, 0, |_| 0, user_data, 0),
+                };
+                return match r {
+                    Ok(()) => {
+                        self.core.trackers[cid as usize].buf = buf;
+                        Ok(())
+                    }
+                    Err(e) => Err((e, buf)),
                 };
             }
         }
         self.core.enqueue(Pending {
-            op: PendingOp::Raw {
-                sqe,
-                data: data.map(|d| d.to_owned_ref()),
-            },
+            op: PendingOp::Raw { sqe, data },
             user_data,
+            buf,
         })
     }
 
@@ -588,10 +792,10 @@ impl<'a, T: Transport> Submitter<'a, T> {
             };
             let user_data = p.user_data;
             let finished = match &mut p.op {
-                PendingOp::Rw(rw) => match self.issue_rw(rw, user_data) {
+                PendingOp::Rw(rw) => match self.issue_rw(rw, &mut p.buf, user_data) {
                     Ok(done) => done,
                     Err(e) => {
-                        self.defer_error(user_data, e);
+                        self.defer_error(user_data, e, p.buf.take());
                         true
                     }
                 },
@@ -621,8 +825,9 @@ impl<'a, T: Transport> Submitter<'a, T> {
                         ),
                         None => self.issue(cid, *sqe, 0, 0, |_| 0, user_data, 0),
                     };
-                    if let Err(e) = r {
-                        self.defer_error(user_data, e);
+                    match r {
+                        Ok(()) => self.core.trackers[cid as usize].buf = p.buf.take(),
+                        Err(e) => self.defer_error(user_data, e, p.buf.take()),
                     }
                     true
                 }
@@ -658,5 +863,16 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// Trackers (the most commands outstanding at once).
     pub fn depth(&self) -> u32 {
         self.core.trackers.len() as u32
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tracker_is_half_a_cache_line() {
+        assert_eq!(std::mem::size_of::<Tracker>(), 32);
+        assert_eq!(std::mem::align_of::<Tracker>(), 32);
     }
 }

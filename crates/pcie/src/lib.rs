@@ -19,8 +19,17 @@
 //! let ctrl = pollux_pcie::open(platform, ControllerOptions::default()).unwrap();
 //! let ns = ctrl.namespaces()[0];
 //! let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
-//! let buf = ctrl.alloc_dma(4096).unwrap();
-//! qp.read(&ns, 0, 4096 >> ns.lba_shift, buf.full(), 7).unwrap();
+//! let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
+//! qp.read(&ns, 0, 4096 >> ns.lba_shift, buf, 7).unwrap();
+//! let mut got = None;
+//! while got.is_none() {
+//!     qp.poll(u32::MAX, |_, c| got = Some(c));
+//!     ctrl.relax();
+//! }
+//! let c = got.unwrap();
+//! assert_eq!(c.result, Ok(0));
+//! let data = c.buf.unwrap(); // the buffer comes back with the completion
+//! assert_eq!(data.len(), 4096);
 //! # }
 //! ```
 pub mod cq;
@@ -32,7 +41,7 @@ pub mod transport;
 
 pub use pollux_nvme::{dma, error};
 pub use pollux_nvme::{
-    Completion, ControllerOptions, DmaBuffer, DmaSlice, Error, Handler, IoError, Namespace,
-    QpairOptions, QpairStats, SubmitError,
+    Completion, ControllerOptions, DmaBuffer, DmaSlice, Error, Handler, IoBuf, IoError, Namespace,
+    QpairOptions, QpairStats, Refused, SubmitError,
 };
 pub use transport::{open, Controller, Pcie, QueuePair, Submitter};

@@ -1,6 +1,8 @@
 //! Regression tests for defects found when the driver was used as a hostile
 //! user would (issue "One host core for every transport"). Each failed
 //! before its fix. Inline (deterministic) emulated controller.
+mod common;
+use common::Borrowed;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
@@ -74,23 +76,14 @@ fn split_larger_than_depth_waits_and_moves_the_data() {
             })
             .unwrap();
         let lba = depth as u64 * 2048;
-        qp.write(&ns, lba, nlb, w.full(), 1).unwrap();
+        qp.write_b(&ns, lba, nlb, w.full(), 1).unwrap();
         // A second request behind it waits its turn and keeps its order.
         let r = ctrl.alloc_dma(1 << 20).unwrap();
-        qp.read(&ns, lba, nlb, r.full(), 2).unwrap();
+        qp.read_b(&ns, lba, nlb, r.full(), 2).unwrap();
         let done = drain(&mut qp);
         assert_eq!(
             done,
-            vec![
-                Completion {
-                    user_data: 1,
-                    result: Ok(0)
-                },
-                Completion {
-                    user_data: 2,
-                    result: Ok(0)
-                }
-            ],
+            vec![Completion::new(1, Ok(0)), Completion::new(2, Ok(0))],
             "depth {depth}"
         );
         assert!(r.as_slice() == w.as_slice(), "depth {depth}: data differs");
@@ -137,7 +130,7 @@ fn reset_with_resubmitting_handler_loses_nothing() {
     let mut next = 0u64;
     for slot in 0..8u64 {
         let s = slot as usize * 512;
-        qp.read(&ns, next % 64, 1, buf.slice(s..s + 512), next)
+        qp.read_b(&ns, next % 64, 1, buf.slice(s..s + 512), next)
             .unwrap();
         next += 1;
     }
@@ -159,7 +152,7 @@ fn reset_with_resubmitting_handler_loses_nothing() {
             if after_reset < 2000 {
                 let slot = (c.user_data % 8) as usize * 512;
                 // Each request reads into the slot it came from.
-                sub.read(&ns, next % 64, 1, buf.slice(slot..slot + 512), next)
+                sub.read_b(&ns, next % 64, 1, buf.slice(slot..slot + 512), next)
                     .unwrap();
                 next += 1;
             }
@@ -201,12 +194,12 @@ fn swapping_submitters_is_harmless() {
         let mut sb = b.submitter();
         std::mem::swap(&mut sa, &mut sb);
         // `sa` now submits to b, `sb` to a.
-        sa.read(&ns, 0, 1, buf.slice(0..512), 1).unwrap();
-        sb.read(&ns, 1, 1, buf.slice(512..1024), 2).unwrap();
+        sa.read_b(&ns, 0, 1, buf.slice(0..512), 1).unwrap();
+        sb.read_b(&ns, 1, 1, buf.slice(512..1024), 2).unwrap();
     }
     assert_eq!(drain(&mut a)[0].user_data, 2);
     drop(a);
-    b.read(&ns, 2, 1, buf.slice(1024..1536), 3).unwrap();
+    b.read_b(&ns, 2, 1, buf.slice(1024..1536), 3).unwrap();
     let done = drain(&mut b);
     assert_eq!(done.len(), 2);
     assert!(done.iter().all(|c| c.result == Ok(0)));
@@ -249,16 +242,13 @@ fn success_after_timeout_is_a_success() {
         action: FaultAction::Drop,
     });
     let buf = ctrl.alloc_dma(4096).unwrap();
-    qp.read(&ns, 0, 1, buf.slice(0..512), 5).unwrap();
+    qp.read_b(&ns, 0, 1, buf.slice(0..512), 5).unwrap();
     let done = drain(&mut qp);
     assert_eq!(qp.stats().timeouts, 1, "it did time out");
     assert_eq!(ctrl.resets(), 1);
     assert_eq!(
         done,
-        vec![Completion {
-            user_data: 5,
-            result: Ok(0)
-        }],
+        vec![Completion::new(5, Ok(0))],
         "completed successfully after the timeout"
     );
 }

@@ -1,6 +1,8 @@
 //! Driver + emulated controller, end to end, in inline (deterministic) mode:
 //! the device is stepped by the test thread whenever the driver waits, so
 //! every result here is reproducible.
+mod common;
+use common::Borrowed;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,7 +64,7 @@ fn submit_reads(
 ) {
     for i in 0..n {
         let s = i as usize * 512;
-        qp.read(ns, i, 1, buf.slice(s..s + 512), i).unwrap();
+        qp.read_b(ns, i, 1, buf.slice(s..s + 512), i).unwrap();
     }
 }
 
@@ -127,18 +129,15 @@ fn read_write_sizes_and_formats() {
             let nlb = (size >> lba_shift) as u32;
             let mut w = ctrl.alloc_dma(size).unwrap();
             pattern(w.as_mut_slice(), i as u64 + 1);
-            qp.write(&ns, lba, nlb, w.slice(0..size), 1).unwrap();
+            qp.write_b(&ns, lba, nlb, w.slice(0..size), 1).unwrap();
             let c = drain(&mut qp);
             assert_eq!(
                 c,
-                vec![Completion {
-                    user_data: 1,
-                    result: Ok(0)
-                }],
+                vec![Completion::new(1, Ok(0))],
                 "write {size} B, lba_shift {lba_shift}"
             );
             let r = ctrl.alloc_dma(size).unwrap();
-            qp.read(&ns, lba, nlb, r.slice(0..size), 2).unwrap();
+            qp.read_b(&ns, lba, nlb, r.slice(0..size), 2).unwrap();
             let c = drain(&mut qp);
             assert_eq!(c.len(), 1);
             assert!(c[0].result.is_ok(), "read {size}: {:?}", c[0]);
@@ -161,10 +160,11 @@ fn unaligned_in_page_buffer_offset() {
     let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
     let mut w = ctrl.alloc_dma(3 * 4096).unwrap();
     pattern(w.as_mut_slice(), 9);
-    qp.write(&ns, 100, 16, w.slice(512..512 + 8192), 1).unwrap();
+    qp.write_b(&ns, 100, 16, w.slice(512..512 + 8192), 1)
+        .unwrap();
     assert!(drain(&mut qp)[0].result.is_ok());
     let r = ctrl.alloc_dma(8192).unwrap();
-    qp.read(&ns, 100, 16, r.full(), 2).unwrap();
+    qp.read_b(&ns, 100, 16, r.full(), 2).unwrap();
     assert!(drain(&mut qp)[0].result.is_ok());
     assert!(r.as_slice() == &w.as_slice()[512..512 + 8192]);
 }
@@ -177,7 +177,7 @@ fn bad_input_is_refused_before_submission() {
     let buf = ctrl.alloc_dma(8192).unwrap();
     let end = ns.nsze;
     assert_eq!(
-        qp.read(&ns, end - 1, 2, buf.slice(0..1024), 0),
+        qp.read_b(&ns, end - 1, 2, buf.slice(0..1024), 0),
         Err(SubmitError::LbaOutOfRange {
             lba: end - 1,
             nlb: 2,
@@ -185,22 +185,22 @@ fn bad_input_is_refused_before_submission() {
         })
     );
     assert!(matches!(
-        qp.read(&ns, u64::MAX, 1, buf.slice(0..512), 0),
+        qp.read_b(&ns, u64::MAX, 1, buf.slice(0..512), 0),
         Err(SubmitError::LbaOutOfRange { .. })
     ));
     assert_eq!(
-        qp.read(&ns, 0, 0, buf.slice(0..0), 0),
+        qp.read_b(&ns, 0, 0, buf.slice(0..0), 0),
         Err(SubmitError::ZeroLength)
     );
     assert_eq!(
-        qp.read(&ns, 0, 2, buf.slice(0..512), 0),
+        qp.read_b(&ns, 0, 2, buf.slice(0..512), 0),
         Err(SubmitError::BufferLength {
             expected: 1024,
             got: 512
         })
     );
     assert!(matches!(
-        qp.write(&ns, 0, 1, buf.slice(2..514), 0),
+        qp.write_b(&ns, 0, 1, buf.slice(2..514), 0),
         Err(SubmitError::Unaligned { .. })
     ));
     assert_eq!(qp.outstanding(), 0, "nothing was sent");
@@ -208,7 +208,7 @@ fn bad_input_is_refused_before_submission() {
     // The device refuses what slipped past a wrong namespace description.
     let mut lying = ns;
     lying.nsze += 100;
-    qp.read(&lying, ns.nsze, 1, buf.slice(0..512), 5).unwrap();
+    qp.read_b(&lying, ns.nsze, 1, buf.slice(0..512), 5).unwrap();
     let c = drain(&mut qp);
     assert_eq!(
         c[0].result,
@@ -230,7 +230,7 @@ fn queue_full_requests_wait_in_software() {
     let mut w = ctrl.alloc_dma(100 * 4096).unwrap();
     pattern(w.as_mut_slice(), 3);
     for i in 0..100u64 {
-        qp.write(
+        qp.write_b(
             &ns,
             i * 8,
             8,
@@ -255,8 +255,8 @@ fn queue_full_requests_wait_in_software() {
         })
         .unwrap();
     let big = ctrl.alloc_dma(1 << 20).unwrap();
-    qp8.read(&ns, 0, 2048, big.full(), 1).unwrap();
-    qp8.read(&ns, 0, 2048, big.full(), 2).unwrap();
+    qp8.read_b(&ns, 0, 2048, big.full(), 1).unwrap();
+    qp8.read_b(&ns, 0, 2048, big.full(), 2).unwrap();
     assert_eq!(qp8.queued(), 1);
     assert_eq!(drain(&mut qp8).len(), 2);
     // More pieces than the queue pair has trackers: they wait and the
@@ -267,7 +267,7 @@ fn queue_full_requests_wait_in_software() {
             ..QpairOptions::default()
         })
         .unwrap();
-    qp2.read(&ns, 0, 2048, big.full(), 1).unwrap();
+    qp2.read_b(&ns, 0, 2048, big.full(), 1).unwrap();
     let done = drain(&mut qp2);
     assert_eq!(done.len(), 1);
     assert_eq!(done[0].result, Ok(0));
@@ -280,10 +280,10 @@ fn queue_full_requests_wait_in_software() {
         })
         .unwrap();
     for i in 0..3 {
-        qp3.read(&ns, 0, 1, w.slice(0..512), i).unwrap();
+        qp3.read_b(&ns, 0, 1, w.slice(0..512), i).unwrap();
     }
     assert_eq!(
-        qp3.read(&ns, 0, 1, w.slice(0..512), 9),
+        qp3.read_b(&ns, 0, 1, w.slice(0..512), 9),
         Err(SubmitError::QueueFull { limit: 2 })
     );
     assert_eq!(drain(&mut qp3).len(), 3);
@@ -310,7 +310,7 @@ fn several_queue_pairs() {
         let mut b = ctrl.alloc_dma(16 * 4096).unwrap();
         pattern(b.as_mut_slice(), 100 + q as u64);
         for i in 0..16 {
-            qp.write(
+            qp.write_b(
                 &ns,
                 (q * 16 + i) as u64,
                 1,
@@ -325,7 +325,7 @@ fn several_queue_pairs() {
         assert!(drain(qp).iter().all(|c| c.result.is_ok()));
     }
     let r = ctrl.alloc_dma(64 * 4096).unwrap();
-    qps[2].read(&ns, 0, 64, r.full(), 0).unwrap();
+    qps[2].read_b(&ns, 0, 64, r.full(), 0).unwrap();
     assert!(drain(&mut qps[2])[0].result.is_ok());
     for (q, b) in bufs.iter().enumerate() {
         assert!(
@@ -346,8 +346,8 @@ fn write_zeroes_deallocate_flush_and_raw() {
     let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
     let mut w = ctrl.alloc_dma(8192).unwrap();
     w.as_mut_slice().fill(0xAB);
-    qp.write(&ns, 0, 16, w.full(), 1).unwrap();
-    qp.write(&ns, 64, 16, w.full(), 2).unwrap();
+    qp.write_b(&ns, 0, 16, w.full(), 1).unwrap();
+    qp.write_b(&ns, 64, 16, w.full(), 2).unwrap();
     assert!(drain(&mut qp).iter().all(|c| c.result.is_ok()));
     qp.write_zeroes(&ns, 0, 8, false, 3).unwrap();
     qp.deallocate(&ns, 64, 16, 4).unwrap();
@@ -356,14 +356,14 @@ fn write_zeroes_deallocate_flush_and_raw() {
     // Raw passthrough read of both ranges.
     let r = ctrl.alloc_dma(8192).unwrap();
     let sqe = pollux_spec::Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 16);
-    qp.raw(sqe, Some(r.full()), 6).unwrap();
+    qp.raw_b(sqe, Some(r.full()), 6).unwrap();
     assert!(drain(&mut qp)[0].result.is_ok());
     assert!(r.as_slice()[..4096].iter().all(|&b| b == 0), "write zeroes");
     assert!(
         r.as_slice()[4096..].iter().all(|&b| b == 0xAB),
         "beyond write zeroes untouched"
     );
-    qp.read(&ns, 64, 16, r.full(), 7).unwrap();
+    qp.read_b(&ns, 64, 16, r.full(), 7).unwrap();
     assert!(drain(&mut qp)[0].result.is_ok());
     assert!(
         r.as_slice().iter().all(|&b| b == 0),
@@ -431,7 +431,7 @@ fn cq_run(cq_entries: u16, lazy: bool, per_poll: u32, total: u64) -> (u64, u64) 
             if submitted < total {
                 submitted += 1;
                 let s = c.user_data as usize;
-                sub.read(
+                sub.read_b(
                     &ns,
                     s as u64,
                     1,
@@ -503,11 +503,11 @@ fn shadow_doorbells_replace_mmio() {
         let mut w = ctrl.alloc_dma(4096).unwrap();
         pattern(w.as_mut_slice(), 5);
         for round in 0..50u64 {
-            qp.write(&ns, round * 8, 8, w.full(), round).unwrap();
+            qp.write_b(&ns, round * 8, 8, w.full(), round).unwrap();
             assert!(drain(&mut qp)[0].result.is_ok());
         }
         let r = ctrl.alloc_dma(4096).unwrap();
-        qp.read(&ns, 49 * 8, 8, r.full(), 0).unwrap();
+        qp.read_b(&ns, 49 * 8, 8, r.full(), 0).unwrap();
         assert!(drain(&mut qp)[0].result.is_ok());
         assert!(r.as_slice() == w.as_slice());
         let st = qp.stats();
@@ -567,9 +567,9 @@ fn fault_error_status_reaches_the_user() {
         )
     });
     let b = ctrl.alloc_dma(4096).unwrap();
-    qp.read(&ns, 0, 8, b.full(), 1).unwrap();
-    qp.read(&ns, 12, 1, b.slice(0..512), 2).unwrap();
-    qp.write(&ns, 12, 1, b.slice(0..512), 3).unwrap();
+    qp.read_b(&ns, 0, 8, b.full(), 1).unwrap();
+    qp.read_b(&ns, 12, 1, b.slice(0..512), 2).unwrap();
+    qp.write_b(&ns, 12, 1, b.slice(0..512), 3).unwrap();
     let mut c = drain(&mut qp);
     c.sort_by_key(|c| c.user_data);
     assert_eq!(c[0].result, Ok(0));
@@ -622,22 +622,16 @@ fn fault_lost_completion_timeout_and_abort() {
         FaultAction::Drop,
     ));
     let b = ctrl.alloc_dma(4096).unwrap();
-    qp.read(&ns, 0, 1, b.slice(0..512), 1).unwrap();
-    qp.write(&ns, 1, 1, b.slice(512..1024), 2).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 1).unwrap();
+    qp.write_b(&ns, 1, 1, b.slice(512..1024), 2).unwrap();
     let mut c = drain(&mut qp);
     c.sort_by_key(|c| c.user_data);
-    assert_eq!(
-        c[0],
-        Completion {
-            user_data: 1,
-            result: Err(IoError::Timeout)
-        }
-    );
+    assert_eq!(c[0], Completion::new(1, Err(IoError::Timeout)));
     assert_eq!(c[1].result, Ok(0));
     assert_eq!(qp.stats().timeouts, 1);
     assert_eq!(qp.stats().aborts_sent, 1);
     assert_eq!(ctrl.resets(), 0);
-    qp.read(&ns, 0, 1, b.slice(0..512), 3).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 3).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
 }
 
@@ -671,29 +665,17 @@ fn fault_abort_lost_resets_controller() {
         )
     });
     let b = ctrl.alloc_dma(4096).unwrap();
-    qp.read(&ns, 0, 1, b.slice(0..512), 1).unwrap();
-    other.write(&ns, 100, 1, b.slice(512..1024), 7).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 1).unwrap();
+    other.write_b(&ns, 100, 1, b.slice(512..1024), 7).unwrap();
     other.flush();
     let c = drain(&mut qp);
-    assert_eq!(
-        c,
-        vec![Completion {
-            user_data: 1,
-            result: Err(IoError::Timeout)
-        }]
-    );
+    assert_eq!(c, vec![Completion::new(1, Err(IoError::Timeout))]);
     assert_eq!(ctrl.resets(), 1);
     let c = drain(&mut other);
-    assert_eq!(
-        c,
-        vec![Completion {
-            user_data: 7,
-            result: Err(IoError::ControllerReset)
-        }]
-    );
+    assert_eq!(c, vec![Completion::new(7, Err(IoError::ControllerReset))]);
     assert_eq!(dev.stats().resets, 1);
     for q in [&mut qp, &mut other] {
-        q.read(&ns, 0, 1, b.slice(0..512), 9).unwrap();
+        q.read_b(&ns, 0, 1, b.slice(0..512), 9).unwrap();
         assert_eq!(drain(q)[0].result, Ok(0), "queue pair works after reset");
     }
 }
@@ -715,16 +697,13 @@ fn fault_abort_error_resets_controller() {
         FaultAction::Status(Status::generic(generic::INTERNAL_ERROR)),
     ));
     let b = ctrl.alloc_dma(512).unwrap();
-    qp.read(&ns, 0, 1, b.slice(0..512), 1).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 1).unwrap();
     assert_eq!(
         drain(&mut qp),
-        vec![Completion {
-            user_data: 1,
-            result: Err(IoError::Timeout)
-        }]
+        vec![Completion::new(1, Err(IoError::Timeout))]
     );
     assert_eq!(ctrl.resets(), 1);
-    qp.read(&ns, 0, 1, b.slice(0..512), 2).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 2).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
 }
 
@@ -751,7 +730,7 @@ fn fault_controller_fatal_resets() {
     assert_eq!(ok, 2);
     assert_eq!(reset, 4);
     assert_eq!(ctrl.resets(), 1);
-    qp.read(&ns, 0, 1, b.slice(0..512), 9).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 9).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
 }
 
@@ -770,7 +749,7 @@ fn fault_frozen_controller_recovers() {
     assert!(c.iter().all(|c| c.result.is_err()));
     assert!(c.iter().any(|c| c.result == Err(IoError::Timeout)));
     assert_eq!(ctrl.resets(), 1);
-    qp.read(&ns, 0, 1, b.slice(0..512), 9).unwrap();
+    qp.read_b(&ns, 0, 1, b.slice(0..512), 9).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
 }
 
@@ -804,7 +783,7 @@ fn admin_passthrough_and_smart_log() {
     let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
     let b = ctrl.alloc_dma(4096).unwrap();
     for i in 0..10 {
-        qp.write(&ns, i * 8, 8, b.full(), i).unwrap();
+        qp.write_b(&ns, i * 8, 8, b.full(), i).unwrap();
     }
     drain(&mut qp);
     let smart = ctrl
@@ -842,7 +821,7 @@ fn threaded_device_many_ios() {
     let total = 20_000u64;
     let mut submitted = 0u64;
     for s in 0..32u64 {
-        qp.read(
+        qp.read_b(
             &ns,
             s * 8,
             8,
@@ -860,7 +839,7 @@ fn threaded_device_many_ios() {
             if submitted < total {
                 submitted += 1;
                 let s = c.user_data as usize;
-                sub.read(
+                sub.read_b(
                     &ns,
                     (submitted % 1000) * 8,
                     8,
@@ -930,7 +909,7 @@ fn sq_doorbell_batching() {
     let mut submit = |qp: &mut QueuePair, n: u64| {
         for _ in 0..n {
             let s = next as usize;
-            qp.read(&ns, next, 1, b.slice(s * 512..(s + 1) * 512), next)
+            qp.read_b(&ns, next, 1, b.slice(s * 512..(s + 1) * 512), next)
                 .unwrap();
             next += 1;
         }
@@ -966,14 +945,14 @@ fn queued_deallocate_and_raw_dsm_stay_distinct() {
         .unwrap();
     let mut w = ctrl.alloc_dma(8192).unwrap();
     w.as_mut_slice().fill(0x5A);
-    qp.write(&ns, 64, 16, w.full(), 1).unwrap();
+    qp.write_b(&ns, 64, 16, w.full(), 1).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     // Occupy the only tracker, then queue both.
-    qp.read(&ns, 0, 1, w.slice(0..512), 2).unwrap();
+    qp.read_b(&ns, 0, 1, w.slice(0..512), 2).unwrap();
     qp.deallocate(&ns, 64, 16, 3).unwrap();
     let mut raw = pollux_spec::Sqe::dsm(ns.nsid, 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
     raw.cdw15 = u32::MAX;
-    qp.raw(raw, None, 4).unwrap();
+    qp.raw_b(raw, None, 4).unwrap();
     assert_eq!(qp.queued(), 2);
     let mut c = drain(&mut qp);
     c.sort_by_key(|c| c.user_data);
@@ -985,7 +964,7 @@ fn queued_deallocate_and_raw_dsm_stay_distinct() {
         c[2]
     );
     let r = ctrl.alloc_dma(8192).unwrap();
-    qp.read(&ns, 64, 16, r.full(), 5).unwrap();
+    qp.read_b(&ns, 64, 16, r.full(), 5).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     assert!(
         r.as_slice().iter().all(|&b| b == 0),

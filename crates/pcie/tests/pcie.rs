@@ -8,6 +8,8 @@
 //! `kernel_handoff` write FILE's bytes at LBA / check that the namespace
 //! holds them there (the other side is done with `dd` through the kernel
 //! nvme driver).
+mod common;
+use common::Borrowed;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -143,13 +145,14 @@ fn read_write_verify_queue_pairs_and_sizes() {
                         let mut w = ctrl.alloc_dma(size + off).unwrap();
                         let seed = t << 32 | (i as u64) << 8 | off as u64;
                         pattern(&mut w.as_mut_slice()[off..], seed);
-                        qp.write(&ns, lba, nlb, w.slice(off..off + size), 1)
+                        qp.write_b(&ns, lba, nlb, w.slice(off..off + size), 1)
                             .unwrap();
                         let c = drain(&mut qp);
                         assert_eq!(c.len(), 1);
                         assert_eq!(c[0].result, Ok(0), "write {size} B at +{off}");
                         let r = ctrl.alloc_dma(size + off).unwrap();
-                        qp.read(&ns, lba, nlb, r.slice(off..off + size), 2).unwrap();
+                        qp.read_b(&ns, lba, nlb, r.slice(off..off + size), 2)
+                            .unwrap();
                         let c = drain(&mut qp);
                         assert_eq!(c[0].result, Ok(0), "read {size} B at +{off}");
                         let span = off..off + size;
@@ -190,7 +193,7 @@ fn queue_full() {
     let per = (4096 / lbs) as u32;
     for i in 0..100u64 {
         let b = w.slice(i as usize * 4096..(i as usize + 1) * 4096);
-        qp.write(&ns, i * per as u64, per, b, i).unwrap();
+        qp.write_b(&ns, i * per as u64, per, b, i).unwrap();
     }
     assert_eq!(qp.outstanding(), 4);
     assert_eq!(qp.queued(), 96);
@@ -201,7 +204,7 @@ fn queue_full() {
     assert_eq!(ids, (0..100).collect::<Vec<_>>());
     assert!(c.iter().all(|c| c.result.is_ok()), "{c:?}");
     let r = ctrl.alloc_dma(100 * 4096).unwrap();
-    qp.read(&ns, 0, 100 * per, r.full(), 1).unwrap();
+    qp.read_b(&ns, 0, 100 * per, r.full(), 1).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     assert!(
         r.as_slice() == w.as_slice(),
@@ -216,10 +219,10 @@ fn queue_full() {
         })
         .unwrap();
     for i in 0..3 {
-        qp1.read(&ns, 0, per, r.slice(0..4096), i).unwrap();
+        qp1.read_b(&ns, 0, per, r.slice(0..4096), i).unwrap();
     }
     assert_eq!(
-        qp1.read(&ns, 0, per, r.slice(0..4096), 9),
+        qp1.read_b(&ns, 0, per, r.slice(0..4096), 9),
         Err(SubmitError::QueueFull { limit: 2 })
     );
     assert_eq!(drain(&mut qp1).len(), 3);
@@ -256,13 +259,13 @@ fn shadow_doorbells_on_and_off() {
         pattern(w.as_mut_slice(), 5 + shadow as u64);
         for i in 0..64u64 {
             let b = w.slice(i as usize * 4096..(i as usize + 1) * 4096);
-            qp.write(&ns, base + i * per, per as u32, b, i).unwrap();
+            qp.write_b(&ns, base + i * per, per as u32, b, i).unwrap();
         }
         assert!(drain(&mut qp).iter().all(|c| c.result.is_ok()));
         let r = ctrl.alloc_dma(64 * 4096).unwrap();
         for i in 0..64u64 {
             let b = r.slice(i as usize * 4096..(i as usize + 1) * 4096);
-            qp.read(&ns, base + i * per, per as u32, b, i).unwrap();
+            qp.read_b(&ns, base + i * per, per as u32, b, i).unwrap();
         }
         assert!(drain(&mut qp).iter().all(|c| c.result.is_ok()));
         assert!(
@@ -300,13 +303,13 @@ fn controller_reset_and_recovery() {
         .unwrap();
     let mut w = ctrl.alloc_dma(32 * 4096).unwrap();
     pattern(w.as_mut_slice(), 99);
-    qp.write(&ns, base, 32 * per as u32, w.full(), 0).unwrap();
+    qp.write_b(&ns, base, 32 * per as u32, w.full(), 0).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     let r = ctrl.alloc_dma(32 * 4096).unwrap();
     for round in 1..=2u32 {
         for i in 0..32u64 {
             let b = r.slice(i as usize * 4096..(i as usize + 1) * 4096);
-            qp.read(&ns, base + i * per, per as u32, b, i).unwrap();
+            qp.read_b(&ns, base + i * per, per as u32, b, i).unwrap();
         }
         qp.flush();
         ctrl.reset().expect("reset");
@@ -323,7 +326,7 @@ fn controller_reset_and_recovery() {
         println!("reset {round}: {failed} of 32 in-flight reads failed with ControllerReset");
         // Recovered: the same queue pair works and the data is intact.
         let r2 = ctrl.alloc_dma(32 * 4096).unwrap();
-        qp.read(&ns, base, 32 * per as u32, r2.full(), 7).unwrap();
+        qp.read_b(&ns, base, 32 * per as u32, r2.full(), 7).unwrap();
         let c = drain(&mut qp);
         assert_eq!(c[0].result, Ok(0));
         assert!(
@@ -335,7 +338,7 @@ fn controller_reset_and_recovery() {
     // A fresh queue pair after the resets works too.
     let mut qp2 = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
     let r3 = ctrl.alloc_dma(4096).unwrap();
-    qp2.read(&ns, base, per as u32, r3.full(), 1).unwrap();
+    qp2.read_b(&ns, base, per as u32, r3.full(), 1).unwrap();
     assert_eq!(drain(&mut qp2)[0].result, Ok(0));
     assert!(r3.as_slice() == &w.as_slice()[..4096]);
 }
@@ -367,10 +370,10 @@ fn queue_pair_churn_alongside_io() {
                     for k in 0..(1 + t * 3) {
                         let lba = (t * 1000 + k) * per as u64;
                         pattern(w.as_mut_slice(), t << 16 | round << 8 | k);
-                        qp.write(&ns, lba, per, w.full(), 1).unwrap();
+                        qp.write_b(&ns, lba, per, w.full(), 1).unwrap();
                         let c = drain(&mut qp);
                         assert_eq!(c[0].result, Ok(0), "thread {t} round {round} write {k}");
-                        qp.read(&ns, lba, per, r.full(), 2).unwrap();
+                        qp.read_b(&ns, lba, per, r.full(), 2).unwrap();
                         let c = drain(&mut qp);
                         assert_eq!(c[0].result, Ok(0), "thread {t} round {round} read {k}");
                         assert!(
@@ -414,7 +417,7 @@ fn wipe_namespace() {
     let step = (64u64 << 20) >> ns.lba_shift;
     for lba in (0..ns.nsze).step_by(step as usize) {
         buf.as_mut_slice().fill(0xa5);
-        qp.read(&ns, lba, per, buf.full(), 0).unwrap();
+        qp.read_b(&ns, lba, per, buf.full(), 0).unwrap();
         assert_eq!(drain(&mut qp)[0].result, Ok(0));
         assert!(
             buf.as_slice().iter().all(|&b| b == 0),
@@ -449,7 +452,7 @@ fn kernel_handoff() {
     match mode {
         "write" => {
             buf.as_mut_slice()[..data.len()].copy_from_slice(&data);
-            qp.write(&ns, lba, nlb, buf.slice(0..data.len()), 1)
+            qp.write_b(&ns, lba, nlb, buf.slice(0..data.len()), 1)
                 .unwrap();
             assert_eq!(drain(&mut qp)[0].result, Ok(0));
             qp.flush_cache(&ns, 2).unwrap();
@@ -457,7 +460,8 @@ fn kernel_handoff() {
             println!("pollux wrote {} bytes at LBA {lba}", data.len());
         }
         "verify" => {
-            qp.read(&ns, lba, nlb, buf.slice(0..data.len()), 1).unwrap();
+            qp.read_b(&ns, lba, nlb, buf.slice(0..data.len()), 1)
+                .unwrap();
             assert_eq!(drain(&mut qp)[0].result, Ok(0));
             if let Some(d) = first_diff(&buf.as_slice()[..data.len()], &data) {
                 panic!("pollux read differs from {file} at byte {d}");

@@ -727,7 +727,12 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 let w = njobs % cores.len();
                 let qp = d.ctrl.alloc_qpair(qopts.clone())?;
                 let depth = qp.depth() as usize;
-                let buf = d.ctrl.alloc_dma(depth * io)?;
+                // One allocation, one owned piece per slot.
+                let bufs = pollux_pcie::IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
+                    .chunks(io)
+                    .into_iter()
+                    .map(Some)
+                    .collect();
                 let total = match a.io_count {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
@@ -759,7 +764,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                         d.name, ns.nsid, p, cores[w]
                     ),
                     ns: *ns,
-                    buf,
+                    bufs,
                     io_size: io,
                     nlb,
                     units,

@@ -11,7 +11,8 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pollux_pcie::{
-    Completion, DmaBuffer, Handler, Namespace, Pcie, QpairStats, QueuePair, SubmitError, Submitter,
+    Completion, Handler, IoBuf, Namespace, Pcie, QpairStats, QueuePair, Refused, SubmitError,
+    Submitter,
 };
 use pollux_softnvme::SoftDevice;
 
@@ -37,7 +38,9 @@ pub struct Latency {
 pub struct JobCtx {
     pub label: String,
     pub ns: Namespace,
-    pub buf: DmaBuffer,
+    /// Each slot's buffer while it is not in flight (in flight, the queue
+    /// pair holds it; it comes back with the completion).
+    pub bufs: Vec<Option<IoBuf>>,
     pub io_size: usize,
     pub nlb: u32,
     /// I/O-sized units in the namespace.
@@ -96,8 +99,18 @@ impl JobCtx {
         self.rng
     }
 
+    /// Submits slot `slot`'s next I/O with its buffer, taken from where it
+    /// waits (the first submission of a slot, and retries).
+    #[cold]
+    pub fn submit_waiting(&mut self, sub: &mut Submitter<'_>, slot: usize) {
+        match self.bufs[slot].take() {
+            Some(buf) => self.submit(sub, slot, buf),
+            None => self.error(format!("slot {slot} has no buffer")),
+        }
+    }
+
     #[inline(always)]
-    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize) {
+    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize, mut buf: IoBuf) {
         let r = self.next_rand();
         let is_read = match self.mix {
             Mix::AllRead => true,
@@ -117,15 +130,13 @@ impl JobCtx {
             u
         };
         let lba = unit * self.nlb as u64;
-        let off = slot * self.io_size;
         if self.slow {
-            self.before_submit(slot, unit, lba, is_read);
+            self.before_submit(slot, unit, lba, is_read, &mut buf);
         }
-        let data = self.buf.slice(off..off + self.io_size);
         let r = if is_read {
-            sub.read(&self.ns, lba, self.nlb, data, slot as u64)
+            sub.read(&self.ns, lba, self.nlb, buf, slot as u64)
         } else {
-            sub.write(&self.ns, lba, self.nlb, data, slot as u64)
+            sub.write(&self.ns, lba, self.nlb, buf, slot as u64)
         };
         if let Err(e) = r {
             self.submit_failed(slot, lba, e);
@@ -137,7 +148,9 @@ impl JobCtx {
     /// like a completion, earns its slot another submission while the count
     /// allows, made later by `retry_failed`.
     #[cold]
-    fn submit_failed(&mut self, slot: usize, lba: u64, e: SubmitError) {
+    fn submit_failed(&mut self, slot: usize, lba: u64, e: Refused) {
+        self.bufs[slot] = e.buf;
+        let e: SubmitError = e.error;
         self.ios += 1;
         self.error(format!("submit at LBA {lba} failed: {e}"));
         if self.ios <= self.stop_at {
@@ -156,7 +169,7 @@ impl JobCtx {
             return; // stopped: nothing more is submitted
         }
         for &slot in &slots {
-            self.submit(&mut qp.submitter(), slot);
+            self.submit_waiting(&mut qp.submitter(), slot);
         }
         qp.flush();
         if !self.retry.is_empty() && qp.in_flight() == 0 {
@@ -174,17 +187,10 @@ impl JobCtx {
     }
 
     #[cold]
-    fn before_submit(&mut self, slot: usize, unit: u64, lba: u64, is_read: bool) {
-        let off = slot * self.io_size;
+    fn before_submit(&mut self, slot: usize, unit: u64, lba: u64, is_read: bool, buf: &mut IoBuf) {
         if let Some(v) = &mut self.verify {
             self.slot_lba[slot] = lba;
-            v.prepare(
-                slot,
-                unit,
-                lba,
-                is_read,
-                &mut self.buf.as_mut_slice()[off..off + self.io_size],
-            );
+            v.prepare(slot, unit, lba, is_read, buf.as_mut_slice());
         }
         if let Some(l) = &mut self.latency {
             l.submit[slot] = l.clock.now();
@@ -192,13 +198,13 @@ impl JobCtx {
     }
 
     #[cold]
-    fn after_complete(&mut self, slot: usize, ok: bool) {
+    fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<&IoBuf>) {
         if let Some(l) = &mut self.latency {
             let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
             let _ = l.hist.record(ticks.max(1));
         }
-        if ok && self.verify.is_some() {
-            self.check(slot);
+        if let (true, Some(b)) = (ok && self.verify.is_some(), buf) {
+            self.check(slot, b);
         }
     }
 
@@ -216,22 +222,32 @@ impl JobCtx {
         let slot = c.user_data as usize;
         self.ios += 1;
         if self.slow {
-            self.after_complete(slot, c.result.is_ok());
+            self.after_complete(slot, c.result.is_ok(), c.buf.as_ref());
         }
         if let Err(e) = c.result {
             self.error(format!("I/O failed: {e}"));
         }
-        if self.ios <= self.stop_at {
-            self.submit(sub, slot);
+        match c.buf {
+            Some(buf) if self.ios <= self.stop_at => self.submit(sub, slot, buf),
+            buf => self.park(slot, buf),
         }
     }
 
+    /// The run is over for this slot (or its buffer did not come back):
+    /// keep the buffer for the end of the run.
     #[cold]
-    fn check(&mut self, slot: usize) {
-        let off = slot * self.io_size;
+    fn park(&mut self, slot: usize, buf: Option<IoBuf>) {
+        if buf.is_none() {
+            self.error(format!("slot {slot}: completion without its buffer"));
+        }
+        self.bufs[slot] = buf;
+    }
+
+    #[cold]
+    fn check(&mut self, slot: usize, buf: &IoBuf) {
         let lba = self.slot_lba[slot];
         let Some(v) = &mut self.verify else { return };
-        if let Err(m) = v.complete(slot, lba, &self.buf.as_slice()[off..off + self.io_size]) {
+        if let Err(m) = v.complete(slot, lba, buf.as_slice()) {
             self.error(format!("verify: LBA {}: {}", m.lba, m.what));
         }
     }
@@ -301,7 +317,7 @@ pub fn run(
         // the first submission: a refused one decides by it too.
         ctx.stop_at = ctx.total - fill;
         for slot in 0..fill as usize {
-            ctx.submit(&mut qp.submitter(), slot);
+            ctx.submit_waiting(&mut qp.submitter(), slot);
         }
         qp.flush();
     }
@@ -427,11 +443,15 @@ mod tests {
                     ..Default::default()
                 })
                 .unwrap();
-            let buf = ctrl.alloc_dma(depth as usize * 512).unwrap();
+            let bufs = IoBuf::new(ctrl.alloc_dma(depth as usize * 512).unwrap())
+                .chunks(512)
+                .into_iter()
+                .map(Some)
+                .collect();
             let ctx = JobCtx {
                 label: "test".into(),
                 ns,
-                buf,
+                bufs,
                 io_size: 512,
                 nlb: 1,
                 units,
