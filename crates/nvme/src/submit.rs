@@ -176,6 +176,18 @@ impl Core {
         t.flags = T_BUSY | flags;
     }
 
+    /// Gives tracker `cid` (just claimed, so holding none) its request's
+    /// buffer. A plain store: the slot is empty (completion and failure
+    /// always take the buffer out), so there is nothing to drop.
+    #[inline(always)]
+    pub(crate) fn set_buf(&mut self, cid: u16, buf: IoBuf) {
+        let old = self.trackers[cid as usize].buf.replace(buf);
+        debug_assert!(old.is_none(), "tracker {cid} still held a buffer");
+        // Never Some (see above); forgetting rather than dropping keeps the
+        // drop test off the hot path, and a bug would leak, not free.
+        std::mem::forget(old);
+    }
+
     /// Commands outstanding at the controller.
     #[inline]
     pub(crate) fn outstanding(&self) -> u32 {
@@ -405,7 +417,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
     ) -> Result<(), Refused> {
         match self.rw_fast(opc, ns, lba, nlb, buf.dma_slice(), user_data) {
             Ok(Fast::Issued(cid)) => {
-                self.core.trackers[cid as usize].buf = Some(buf);
+                self.core.set_buf(cid, buf);
                 Ok(())
             }
             Ok(Fast::Slow(data)) => {
