@@ -49,6 +49,10 @@ metric() {
     awk -v n="$1" '$1=="METRIC" && $2==n {print $3}' "$LOG" | sort -n |
         awk '{v[NR] = $1} END {if (NR) printf "%d", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
 }
+metricf() {  # metricf NAME: median of a fractional metric, 3 significant digits
+    awk -v n="$1" '$1=="METRIC" && $2==n && $3!="nan" {print $3}' "$LOG" | sort -g |
+        awk '{v[NR] = $1} END {if (NR) printf "%.3g", NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2}'
+}
 ratio() {  # ratio A B: A/B with 2 decimals, or n/a
     local a b; a=$(metric "$1"); b=$(metric "$2")
     if [[ -n $a && -n $b && $b != 0 ]]; then awk -v a="$a" -v b="$b" 'BEGIN {printf "%.2f", a / b}'; else echo n/a; fi
@@ -64,6 +68,16 @@ printf '%-62s %s\n' \
     "pollux vfio / kernel fio io_uring polled (hipri):" "$(ratio vfio-shadow-delayed fio-io_uring-polled)" \
     "pollux uio / kernel fio io_uring:" "$(ratio uio-shadow-delayed fio-io_uring)" \
     "pollux uio / kernel fio io_uring polled (hipri):" "$(ratio uio-shadow-delayed fio-io_uring-polled)"
+echo
+echo "===== QD 1, 4 KiB randread: polled vs interrupts (medians; TCG emulation: ratios, not speeds) ====="
+printf '%-34s %10s %10s %10s %10s %8s\n' "" "IOPS" "p50 us" "p99 us" "max us" "CPU"
+for m in vfio-qd1-polled vfio-qd1-irq uio-qd1-polled uio-qd1-irq; do
+    printf '%-34s %10s %10s %10s %10s %8s\n' "$m" "$(metric $m)" "$(metricf $m-p50_lat_us)" \
+        "$(metricf $m-p99_lat_us)" "$(metricf $m-max_lat_us)" "$(metricf $m-worker_cpu_util_max)"
+done
+printf '%-62s %s\n' \
+    "IOPS interrupts / polled (vfio, MSI-X):" "$(ratio vfio-qd1-irq vfio-qd1-polled)" \
+    "IOPS interrupts / polled (uio, INTx):" "$(ratio uio-qd1-irq uio-qd1-polled)"
 echo "IOPS (each run): $(awk '$1=="METRIC" {printf "%s=%s ", $2, $3}' "$LOG")"
 
 passed=$(grep -c '^RESULT .* ok' "$LOG" || true)

@@ -67,6 +67,24 @@ perf() {  # perf NAME ARGS...: prints IOPS as METRIC NAME
         result "perf-$name" FAIL
     fi
 }
+perf_lat() {  # perf_lat NAME ARGS...: IOPS, p50/p99/max latency (us), worker CPU as METRICs
+    name=$1; shift
+    echo "== perf $name: ${AS:+$AS }pollux perf -r '$TRID' $*"
+    if $AS $P perf -r "$TRID" --json -L "$@" > /tmp/perf.json 2>/tmp/perf.err; then
+        iops=$(json_total_iops /tmp/perf.json)
+        errs=$(sed -n 's/.*"total":{[^}]*"errors":\([0-9]*\).*/\1/p' /tmp/perf.json)
+        for k in p50_lat_us p99_lat_us max_lat_us worker_cpu_util_max; do
+            v=$(sed -n "s/.*\"total\":{.*\"$k\":\([0-9.e+-]*\).*/\1/p" /tmp/perf.json)
+            echo "METRIC $name-$k ${v:-nan}"
+        done
+        echo "   IOPS $iops, errors $errs"
+        echo "METRIC $name $iops"
+        [ "${errs:-1}" = 0 ] && result "perf-$name" ok || result "perf-$name" FAIL
+    else
+        cat /tmp/perf.err /tmp/perf.json | sed 's/^/   /'
+        result "perf-$name" FAIL
+    fi
+}
 fio_iops() {  # fio_iops NAME EXTRA...: 4k randread QD32 on /dev/nvme0n1
     name=$1; shift
     echo "== fio $name: $*"
@@ -142,6 +160,12 @@ check pcie-tests-vfio $T --test-threads=1
 check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
+perf vfio-irq-verify -w randrw -M 50 -q 8 -o 4096 -t 2 --verify --interrupts
+# QD 1, polled vs interrupts (MSI-X through VFIO eventfds), interleaved.
+for i in 1 2 3; do
+    perf_lat vfio-qd1-polled -w randread -q 1 -o 4096 -t $PERF_DB_T
+    perf_lat vfio-qd1-irq -w randread -q 1 -o 4096 -t $PERF_DB_T --interrupts
+done
 # Without root: an ordinary user (uid 1000, no capabilities) needs only
 # read/write access to /dev/vfio/vfio (0666) and the group node (root 0600
 # by default), and a locked-memory limit covering the pinned DMA memory.
@@ -189,6 +213,11 @@ expect_fail uio-without-hugepages ".pollux setup hugepages" $P perf -r "$TRID" -
 $P setup hugepages 64 > /dev/null
 check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+perf uio-irq-verify -w randrw -M 50 -q 8 -o 4096 -t 2 --verify --interrupts
+for i in 1 2; do
+    perf_lat uio-qd1-polled -w randread -q 1 -o 4096 -t $PERF_DB_T
+    perf_lat uio-qd1-irq -w randread -q 1 -o 4096 -t $PERF_DB_T --interrupts
+done
 perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
 perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
 check setup-reset-all $P setup reset

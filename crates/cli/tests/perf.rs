@@ -270,6 +270,41 @@ fn one_mib_at_qd1_on_a_small_mdts_drive_moves_data() {
     assert!(err.contains("-q"), "{err}");
 }
 
+/// `--interrupts`: the worker sleeps on the queue pairs' interrupts when a
+/// poll finds nothing; data still verified, CPU use reported; refused with
+/// `--inline`, where nothing runs the device while the worker sleeps.
+#[test]
+fn interrupts_mode_moves_verified_data_and_reports_cpu() {
+    let (code, v) = perf_json(&[
+        "-r",
+        "trtype:soft backend:ram size:16MiB",
+        "--interrupts",
+        "-q",
+        "2",
+        "-w",
+        "randrw",
+        "--verify",
+        "-L",
+        "-t",
+        "0",
+        "--io-count",
+        "3000",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    let t = &v["total"];
+    assert_eq!(
+        (t["ios"].as_u64(), t["errors"].as_u64()),
+        (Some(3000), Some(0)),
+        "{v}"
+    );
+    assert_eq!(v["config"]["interrupts"], true);
+    let cpu = t["worker_cpu_util_max"].as_f64().unwrap();
+    assert!(cpu > 0.0 && cpu.is_finite(), "{v}");
+    let (code, _out, err) = pollux(&["perf", "--inline", "--interrupts", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--interrupts"), "{err}");
+}
+
 #[test]
 fn latency_fields_with_dash_l() {
     let (code, v) = perf_json(&["--inline", "-t", "0", "--io-count", "2000", "-q", "4", "-L"]);

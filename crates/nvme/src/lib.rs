@@ -39,7 +39,7 @@ pub mod transport;
 pub use ctrl::{Controller, ControllerOptions, Namespace, MAX_TRANSFER_CAP};
 pub use dma::{DmaBuffer, DmaSlice, IoBuf};
 pub use error::{Error, IoError, SubmitError};
-pub use qpair::{Completion, Handler, QpairOptions, QpairStats, QueuePair};
+pub use qpair::{wait_readable, Completion, Handler, QpairOptions, QpairStats, QueuePair};
 pub use submit::{Refused, Submitter};
 pub use transport::{
     AdminExec, CompletionQueue, CqeSink, QueueSpec, Registers, SubmissionQueue, Transport, Tuning,

@@ -52,6 +52,9 @@ pub struct QpairOptions {
     pub timeout: Option<Duration>,
     /// Requests that may wait in software when all trackers are busy.
     pub max_queued: usize,
+    /// Completions raise an interrupt (`QueuePair::wait` blocks on it;
+    /// `interrupt_fd` hands it to an event loop). Off: polled only.
+    pub interrupts: bool,
 }
 
 impl Default for QpairOptions {
@@ -67,6 +70,7 @@ impl Default for QpairOptions {
             cq_line_batch: false,
             timeout: Some(Duration::from_secs(30)),
             max_queued: 1 << 16,
+            interrupts: false,
         }
     }
 }
@@ -203,6 +207,7 @@ impl<T: Transport> QueuePair<T> {
                 nt_sqe_copy: opts.nt_sqe_copy,
                 cq_line_batch: opts.cq_line_batch,
             },
+            interrupts: opts.interrupts,
         };
         // The generation is read under the admin lock that creates the
         // queues: a reset cannot slip in between.
@@ -480,6 +485,37 @@ impl<T: Transport> QueuePair<T> {
         }
     }
 
+    /// The descriptor that becomes readable when a completion arrives, for
+    /// an event loop (epoll): None unless created with `interrupts`. Before
+    /// sleeping on it, call `arm`; after waking, `poll`.
+    pub fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.cq.interrupt_fd()
+    }
+
+    /// Prepares to sleep on the interrupt: tells the controller about new
+    /// commands, consumes signals already pending, and returns false if a
+    /// completion is already posted (then poll instead of sleeping).
+    pub fn arm(&mut self) -> Result<bool> {
+        self.sq.flush();
+        self.cq.ack_interrupt()?;
+        Ok(!self.cq.ready() && self.core.deferred.is_empty())
+    }
+
+    /// Blocks until a completion is posted or `timeout` passes (None:
+    /// forever); true if one is. With `interrupts`, sleeps on the
+    /// interrupt (no CPU used meanwhile); without, returns at once whether
+    /// one is posted.
+    pub fn wait(&mut self, timeout: Option<Duration>) -> Result<bool> {
+        if !self.arm()? {
+            return Ok(true);
+        }
+        let Some(fd) = self.cq.interrupt_fd() else {
+            return Ok(false);
+        };
+        let woke = wait_readable(&[fd], timeout)?;
+        Ok(woke || self.cq.ready())
+    }
+
     /// Polls until nothing is outstanding or queued, or `timeout` passes
     /// (relaxing the transport in between). Returns completions seen.
     pub fn drain<F: FnMut(&mut Submitter<'_, T>, crate::qpair::Completion)>(
@@ -504,6 +540,41 @@ impl<T: Transport> QueuePair<T> {
             self.shared.transport.relax();
         }
         Ok(total)
+    }
+}
+
+/// Blocks in poll(2) until one of `fds` is readable or `timeout` passes;
+/// true if one is.
+pub fn wait_readable(
+    fds: &[std::os::fd::BorrowedFd<'_>],
+    timeout: Option<Duration>,
+) -> Result<bool> {
+    use std::os::fd::AsRawFd;
+    let mut p: Vec<libc::pollfd> = fds
+        .iter()
+        .map(|fd| libc::pollfd {
+            fd: fd.as_raw_fd(),
+            events: libc::POLLIN,
+            revents: 0,
+        })
+        .collect();
+    let ms = timeout.map_or(-1, |t| {
+        // Round up: a sub-millisecond wait must not become a busy loop.
+        t.as_nanos()
+            .div_ceil(1_000_000)
+            .min(libc::c_int::MAX as u128) as libc::c_int
+    });
+    loop {
+        // SAFETY: `p` holds `p.len()` initialised pollfds and lives across
+        // the call.
+        let n = unsafe { libc::poll(p.as_mut_ptr(), p.len() as libc::nfds_t, ms) };
+        if n >= 0 {
+            return Ok(n > 0);
+        }
+        let e = std::io::Error::last_os_error();
+        if e.kind() != std::io::ErrorKind::Interrupted {
+            return Err(Error::Io(e));
+        }
     }
 }
 

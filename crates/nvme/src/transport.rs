@@ -45,6 +45,8 @@ pub struct QueueSpec {
     pub max_transfer: u32,
     /// Transport switches (doorbells, prefetch, copies), as given.
     pub tuning: Tuning,
+    /// Completions raise an interrupt the queue pair can block on.
+    pub interrupts: bool,
 }
 
 /// The hot-path techniques a transport may offer, each with a switch so
@@ -126,6 +128,18 @@ pub trait CompletionQueue: Send {
     fn entries(&self) -> u16;
     fn counters(&self) -> WireCounters;
     fn reset_counters(&mut self);
+    /// True if a completion is posted and not yet reaped.
+    fn ready(&self) -> bool;
+    /// The descriptor that becomes readable when this queue's interrupt
+    /// fires (None: the queue was created without interrupts).
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+    /// Consumes the interrupt's pending signals (and re-arms it where the
+    /// transport needs that).
+    fn ack_interrupt(&mut self) -> Result<()> {
+        Ok(())
+    }
 }
 
 /// A way to reach one controller: the control path.

@@ -7,10 +7,14 @@
 use std::ptr::{self, NonNull};
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use std::os::fd::{AsFd, BorrowedFd};
+
 use pollux_nvme::dma::DmaBuffer;
+use pollux_nvme::error::Result;
 use pollux_nvme::{CompletionQueue, CqeSink, WireCounters};
 
 use crate::mmio::Doorbell;
+use crate::platform::irq::IrqFd;
 use crate::sq::Shadow;
 
 /// The completion half of a PCIe queue pair.
@@ -30,6 +34,9 @@ pub struct PcieCq {
     /// CQ head the controller was last told about (for the shadow rule).
     rung_head: u16,
     counters: WireCounters,
+    /// The interrupt vector and its descriptor, when created with
+    /// interrupts.
+    irq: Option<(u16, IrqFd)>,
     ring_mem: DmaBuffer,
 }
 
@@ -70,8 +77,19 @@ impl PcieCq {
             shadow,
             rung_head: 0,
             counters: WireCounters::default(),
+            irq: None,
             ring_mem,
         }
+    }
+
+    /// Completions raise interrupt `vector`, signalled through `fd`.
+    pub(crate) fn set_irq(&mut self, vector: u16, fd: IrqFd) {
+        self.irq = Some((vector, fd));
+    }
+
+    /// The interrupt vector, if the queue uses interrupts.
+    pub(crate) fn irq_vector(&self) -> Option<u16> {
+        self.irq.as_ref().map(|(v, _)| *v)
     }
 
     /// Bus address of the ring (for Create I/O CQ / ACQ).
@@ -235,5 +253,37 @@ impl CompletionQueue for PcieCq {
 
     fn reset_counters(&mut self) {
         self.counters = WireCounters::default();
+    }
+
+    fn ready(&self) -> bool {
+        (self.status_word(self.head) >> 16) & 1 == self.phase
+    }
+
+    fn interrupt_fd(&self) -> Option<BorrowedFd<'_>> {
+        self.irq.as_ref().map(|(_, fd)| fd.as_fd())
+    }
+
+    fn ack_interrupt(&mut self) -> Result<()> {
+        if self.irq.is_none() {
+            return Ok(());
+        }
+        // Before sleeping: tell the controller about every consumed entry
+        // (the lazy doorbell may be behind), through the shadow and the
+        // register both. A level-triggered INTx stays asserted while the
+        // controller sees entries it thinks are unconsumed.
+        if self.head != self.rung_head {
+            let head = self.head as u32;
+            if let Some(s) = &self.shadow {
+                s.publish(head, self.rung_head as u32);
+            }
+            self.bell.write(head);
+            self.counters.doorbells += 1;
+            self.rung_head = self.head;
+            self.unacked = 0;
+        }
+        if let Some((_, fd)) = &self.irq {
+            fd.ack()?;
+        }
+        Ok(())
     }
 }

@@ -210,11 +210,26 @@ impl Pcie {
         Ok((sq, cq))
     }
 
+    /// The interrupt vector for queue `qid`: vector 0 is the admin
+    /// queue's, so I/O queues share the others round robin (all of them
+    /// vector 0 where that is the only one, as with INTx under UIO).
+    fn vector_for(&self, qid: u16) -> Result<u16> {
+        match self.platform.irq_vectors() {
+            0 => Err(Error::Unsupported(format!(
+                "{} delivers no interrupts",
+                self.platform.describe()
+            ))),
+            1 => Ok(0),
+            n => Ok(1 + (qid - 1) % (n - 1)),
+        }
+    }
+
     fn create(admin: &mut AdminExec<'_>, qid: u16, sq: &PcieSq, cq: &PcieCq) -> Result<()> {
-        admin(
-            Sqe::create_io_cq(qid, cq_entries(cq), cq.ring_iova()),
-            "Create I/O Completion Queue",
-        )?;
+        let mut create_cq = Sqe::create_io_cq(qid, cq_entries(cq), cq.ring_iova());
+        if let Some(v) = cq.irq_vector() {
+            create_cq.cdw11 |= pollux_spec::cmd::CQ_IEN | (v as u32) << 16;
+        }
+        admin(create_cq, "Create I/O Completion Queue")?;
         if let Err(e) = admin(
             Sqe::create_io_sq(qid, sq.entries(), qid, sq.ring_iova()),
             "Create I/O Submission Queue",
@@ -315,7 +330,7 @@ impl Transport for Pcie {
         admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
     ) -> Result<(PcieSq, PcieCq)> {
-        let (sq, cq) = self.queues(
+        let (sq, mut cq) = self.queues(
             spec.qid,
             spec.depth,
             spec.sq_entries,
@@ -323,6 +338,12 @@ impl Transport for Pcie {
             spec.max_transfer,
             &spec.tuning,
         )?;
+        if spec.interrupts {
+            // Enabled before the CQ exists: QEMU drops the messages of a
+            // vector that was not enabled when its CQ was created.
+            let v = self.vector_for(spec.qid)?;
+            cq.set_irq(v, self.platform.enable_irq(v)?);
+        }
         Self::create(admin, spec.qid, &sq, &cq)?;
         Ok((sq, cq))
     }

@@ -25,6 +25,7 @@ pub struct SoftDevice {
     // BAR) is dropped before the BAR memory.
     ctrl: Mutex<Controller>,
     bar: BarMem,
+    irq_vectors: u16,
 }
 
 // SAFETY: `BarMem` is a private mapping accessed only through atomics (by
@@ -64,11 +65,18 @@ impl SoftDevice {
                 backend,
             });
         }
+        let irq_vectors = cfg.irq_vectors;
         let ctrl = Controller::new(cfg, bar.view(), ns);
         Ok(Arc::new(SoftDevice {
             ctrl: Mutex::new(ctrl),
             bar,
+            irq_vectors,
         }))
+    }
+
+    /// Interrupt vectors the device offers (`SoftConfig::irq_vectors`).
+    pub fn irq_vectors(&self) -> u16 {
+        self.irq_vectors
     }
 
     fn lock(&self) -> MutexGuard<'_, Controller> {

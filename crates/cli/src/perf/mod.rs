@@ -97,6 +97,10 @@ pub struct PerfArgs {
     /// Copy SQEs into the ring with non-temporal stores (off by default).
     #[arg(long = "nt-copy")]
     pub nt_copy: bool,
+    /// Sleep on the queue pairs' interrupts when a poll finds nothing,
+    /// instead of spinning (emulated controllers and vfio/uio devices).
+    #[arg(long = "interrupts")]
+    pub interrupts: bool,
     /// Read the CQ a cache line (four entries) at a time onto the stack
     /// before handling them (off by default; see README).
     #[arg(long = "cq-line-batch")]
@@ -380,6 +384,11 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
     if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft { .. })) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
+        ));
+    }
+    if a.inline && a.interrupts {
+        return Err(PerfError::Args(
+            "--interrupts needs a controller that runs by itself: not with --inline (the worker steps the device)".into(),
         ));
     }
     if a.verify {
@@ -696,6 +705,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         prefetch: a.prefetch,
         nt_sqe_copy: a.nt_copy,
         cq_line_batch: a.cq_line_batch,
+        interrupts: a.interrupts,
         timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
         ..QpairOptions::default()
     };
@@ -810,7 +820,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .zip(&cores)
             .map(|((jobs, ctl), &core)| {
                 let inl = inline_devs.clone();
-                s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout))
+                let irq = a.interrupts;
+                s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, irq))
             })
             .collect();
         // Status line each second; stop after -t seconds.
@@ -899,6 +910,7 @@ fn report(
     let mut cores_json = Vec::new();
     let mut errors_list = Vec::new();
     let mut max_elapsed = 0f64;
+    let mut max_cpu = 0f64;
     for r in results {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         max_elapsed = max_elapsed.max(secs);
@@ -950,8 +962,12 @@ fn report(
             t_err += 1;
             errors_list.push(e.clone());
         }
-        cores_json
-            .push(json!({ "core": r.core, "iops": core_ios, "seconds": secs, "errors": core_err }));
+        let cpu_util = r.cpu.as_secs_f64() / r.wall.as_secs_f64().max(1e-9);
+        max_cpu = max_cpu.max(cpu_util);
+        cores_json.push(json!({
+            "core": r.core, "iops": core_ios, "seconds": secs, "errors": core_err,
+            "cpu_s": r.cpu.as_secs_f64(), "cpu_util": cpu_util,
+        }));
     }
     let per_io = |x: u64| {
         if submitted == 0 {
@@ -972,7 +988,7 @@ fn report(
                 "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.inline, "verify": a.verify, "latency": a.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
-                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "shadow_doorbell": !a.no_shadow_doorbell,
+                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,
             },
             "devices": rows,
             "cores": cores_json,
@@ -985,6 +1001,7 @@ fn report(
                 "max_lat_us": total_hist.as_ref().map(|h| us(h.max())),
                 "sq_doorbells_per_io": per_io(sq_db), "cq_doorbells_per_io": per_io(cq_db),
                 "shadow_updates_per_io": per_io(shadow),
+                "worker_cpu_util_max": max_cpu,
             }
         });
         println!("{out}");
@@ -1033,6 +1050,15 @@ fn report(
             per_io(shadow)
         );
         println!("I/Os: {t_ios}  errors: {t_err}");
+        println!(
+            "Worker CPU: {:.1}% of a core (busiest worker, getrusage){}",
+            max_cpu * 100.0,
+            if a.interrupts {
+                "; sleeping on interrupts when idle"
+            } else {
+                "; polling"
+            }
+        );
         for e in &errors_list {
             println!("error: {e}");
         }

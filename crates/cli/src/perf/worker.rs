@@ -272,6 +272,10 @@ pub struct JobResult {
 
 pub struct WorkerResult {
     pub core: Option<usize>,
+    /// CPU time the worker thread used (getrusage), and the wall time it
+    /// ran, the drain included.
+    pub cpu: Duration,
+    pub wall: Duration,
     /// Time from the first submission to the stop signal (or to the last
     /// completion with --io-count).
     pub elapsed: Duration,
@@ -298,17 +302,57 @@ pub fn pin_to(core: usize) {
     }
 }
 
+/// CPU time (user + system) this thread has used.
+pub fn thread_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
+}
+
+/// With interrupts: after a round of polls that found nothing, sleep on
+/// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
+/// Arms each first: a completion already posted means no sleep.
+#[cold]
+fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
+    let mut ready = false;
+    for j in jobs.iter_mut() {
+        match j.qp.arm() {
+            Ok(armed) => ready |= !armed,
+            Err(e) => {
+                j.ctx.error(format!("interrupt: {e}"));
+                return;
+            }
+        }
+    }
+    if ready {
+        return;
+    }
+    let fds: Vec<_> = jobs.iter().filter_map(|j| j.qp.interrupt_fd()).collect();
+    if let Err(e) = pollux_nvme::wait_readable(&fds, Some(nap)) {
+        tracing::error!("waiting for interrupts: {e}");
+    }
+}
+
 /// Runs one worker until stopped (or its I/O count is done), then drains.
+/// `interrupts`: sleep on the queue pairs' interrupts when a round of polls
+/// finds nothing, instead of spinning.
 pub fn run(
     core: Option<usize>,
     mut jobs: Vec<Job>,
     inline: Vec<Arc<SoftDevice>>,
     ctl: &WorkerCtl,
     drain_timeout: Duration,
+    interrupts: bool,
 ) -> WorkerResult {
     if let Some(c) = core {
         pin_to(c);
     }
+    let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
     for job in &mut jobs {
         let Job { qp, ctx } = job;
@@ -326,12 +370,17 @@ pub fn run(
     let mut by_count = false;
     let mut drain_error = None;
     loop {
+        let mut n = 0;
         for job in jobs.iter_mut() {
             let Job { qp, ctx } = job;
-            qp.poll_with(u32::MAX, ctx);
+            n += qp.poll_with(u32::MAX, ctx);
         }
         for d in &inline {
             d.step();
+        }
+        if interrupts && n == 0 {
+            sleep_on_interrupts(&mut jobs, Duration::from_millis(10));
+            iter |= 255; // check the stop flag after every sleep
         }
         iter += 1;
         if iter & 255 != 0 {
@@ -382,8 +431,11 @@ pub fn run(
         stop_time
     };
     let total: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+    let cpu = thread_cpu_time().saturating_sub(cpu0);
     WorkerResult {
         core,
+        cpu,
+        wall: t0.elapsed(),
         elapsed: end.duration_since(t0),
         ios_in_window: if count_mode { total } else { stop_ios },
         jobs: jobs

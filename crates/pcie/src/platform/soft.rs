@@ -100,6 +100,18 @@ impl Platform for SoftPlatform {
         Ok(unsafe { DmaBuffer::from_raw(ptr, len, Iova::Contiguous(iova), self.mem.clone()) })
     }
 
+    fn irq_vectors(&self) -> u16 {
+        self.dev.irq_vectors()
+    }
+
+    fn enable_irq(&self, vector: u16) -> Result<super::irq::IrqFd> {
+        let fd = self
+            .dev
+            .irq_eventfd(vector)
+            .map_err(|e| Error::Platform(format!("interrupt vector {vector}: {e}")))?;
+        super::irq::IrqFd::from_eventfd(fd)
+    }
+
     fn relax(&self) {
         match self.mode {
             SoftMode::Inline => {
