@@ -532,6 +532,7 @@ mod tests {
                 vec![dev],
                 &ctl,
                 Duration::from_secs(10),
+                false,
             );
             drop(ctrl);
             let _ = tx.send(r);
