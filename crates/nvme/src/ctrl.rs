@@ -15,7 +15,6 @@ use zerocopy::FromBytes;
 use crate::admin::AdminQueue;
 use crate::dma::DmaBuffer;
 use crate::error::{Error, Result};
-use crate::qpair::{QpairOptions, QueuePair};
 use crate::transport::{Registers, SubmissionQueue, Transport};
 
 /// Largest transfer pollux puts in one command: one PRP list page (512
@@ -93,7 +92,7 @@ pub(crate) struct Shared<T: Transport> {
 /// `Sync`: admin operations take an internal lock. The I/O path lives in
 /// `QueuePair`s, which are `Send` but not `Sync` and take no lock.
 pub struct Controller<T: Transport> {
-    shared: Arc<Shared<T>>,
+    pub(crate) shared: Arc<Shared<T>>,
 }
 
 fn wait_csts<T: Transport>(
@@ -245,6 +244,20 @@ impl<T: Transport> Shared<T> {
         }
         self.generation.fetch_add(1, Ordering::AcqRel); // even: done (check `failed`)
         r
+    }
+
+    /// Claims a free I/O queue ID.
+    pub(crate) fn claim_qid(&self) -> Result<u16> {
+        let mut st = self.lock_admin();
+        let qid = st
+            .qid_used
+            .iter()
+            .skip(1)
+            .position(|u| !u)
+            .map(|i| i + 1)
+            .ok_or(Error::NoQueues)?;
+        st.qid_used[qid] = true;
+        Ok(qid as u16)
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {
@@ -485,26 +498,6 @@ impl<T: Transport> Controller<T> {
     /// Calls the transport's wait hook (steps an inline emulated controller).
     pub fn relax(&self) {
         self.shared.transport.relax()
-    }
-
-    /// Allocates an I/O queue pair.
-    pub fn alloc_qpair(&self, opts: QpairOptions) -> Result<QueuePair<T>> {
-        if self.shared.failed.load(Ordering::Acquire) {
-            return Err(Error::ControllerFatal);
-        }
-        let qid = {
-            let mut st = self.shared.lock_admin();
-            let qid = st
-                .qid_used
-                .iter()
-                .skip(1)
-                .position(|u| !u)
-                .map(|i| i + 1)
-                .ok_or(Error::NoQueues)?;
-            st.qid_used[qid] = true;
-            qid as u16
-        };
-        QueuePair::new(self.shared.clone(), qid, opts).inspect_err(|_| self.shared.release_qid(qid))
     }
 
     /// Raw admin command. `data`, if given, is described by the transport

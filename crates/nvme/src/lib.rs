@@ -28,6 +28,7 @@
 compile_error!("pollux assumes a little-endian host");
 
 mod admin;
+mod completion;
 pub mod ctrl;
 pub mod dma;
 pub mod error;
@@ -36,11 +37,12 @@ pub mod qpair;
 mod submit;
 pub mod transport;
 
+pub use completion::{Completion, QpairStats};
 pub use ctrl::{Controller, ControllerOptions, Namespace, MAX_TRANSFER_CAP};
 pub use dma::{DmaBuffer, DmaSlice, IoBuf};
 pub use error::{Error, IoError, SubmitError};
-pub use qpair::{wait_readable, Completion, Handler, QpairOptions, QpairStats, QueuePair};
-pub use submit::{Refused, Submitter};
+pub use qpair::{wait_readable, QpairOptions, QueuePair};
+pub use submit::{Handler, Refused, Submitter};
 pub use transport::{
     AdminExec, CompletionQueue, CqeSink, QueueSpec, Registers, SubmissionQueue, Transport, Tuning,
     WireCounters,

@@ -7,10 +7,11 @@ use std::sync::atomic::Ordering;
 
 use pollux_spec::Status;
 
+use crate::completion::Completion;
 use crate::dma::IoBuf;
 use crate::error::IoError;
-use crate::qpair::{Completion, Handler, QueuePair};
-use crate::submit::{Core, QpState, Submitter, T_BUSY, T_CHILD, T_TIMED_OUT};
+use crate::qpair::QueuePair;
+use crate::submit::{Core, Handler, QpState, Submitter, T_BUSY, T_CHILD, T_TIMED_OUT};
 use crate::transport::{CompletionQueue, CqeSink, SubmissionQueue, Transport};
 
 #[inline(always)]

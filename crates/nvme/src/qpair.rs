@@ -10,9 +10,11 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::ctrl::{Namespace, Shared};
+use crate::completion::Completion;
+use crate::completion::QpairStats;
+use crate::ctrl::{Controller, Namespace, Shared};
 use crate::dma::{DmaSlice, IoBuf};
-use crate::error::{Error, IoError, Result, SubmitError};
+use crate::error::{Error, Result, SubmitError};
 use crate::submit::{Core, QpState, Refused, Submitter, T_BUSY, T_TIMED_OUT};
 use crate::transport::{CompletionQueue, QueueSpec, SubmissionQueue, Transport, Tuning};
 
@@ -75,85 +77,6 @@ impl Default for QpairOptions {
     }
 }
 
-/// A finished request.
-#[derive(Debug)]
-pub struct Completion {
-    /// The value given at submission.
-    pub user_data: u64,
-    /// Completion dword 0 on success.
-    pub result: Result<u32, IoError>,
-    /// The owned buffer the request was submitted with, handed back.
-    pub buf: Option<IoBuf>,
-}
-
-impl Completion {
-    /// A completion without a buffer (what a request submitted with a
-    /// borrowed buffer, or none, gets).
-    pub fn new(user_data: u64, result: Result<u32, IoError>) -> Completion {
-        Completion {
-            user_data,
-            result,
-            buf: None,
-        }
-    }
-}
-
-/// Equal when user data and result are, and both carry no buffer or the
-/// same piece of buffer.
-impl PartialEq for Completion {
-    fn eq(&self, o: &Completion) -> bool {
-        self.user_data == o.user_data
-            && self.result == o.result
-            && match (&self.buf, &o.buf) {
-                (None, None) => true,
-                (Some(a), Some(b)) => a.same(b),
-                _ => false,
-            }
-    }
-}
-
-/// Receives completions from `QueuePair::poll`, with the submission half
-/// of the queue pair to submit follow-up requests.
-///
-/// Closures `FnMut(&mut Submitter<T>, Completion)` implement it. A type
-/// that implements it directly with an `#[inline(always)]` method gets
-/// inlined into the completion loop even when its body is large (a
-/// closure's call cannot be forced inline on stable Rust); `pollux perf`
-/// does that.
-pub trait Handler<T: Transport> {
-    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion);
-}
-
-impl<T: Transport, F: FnMut(&mut Submitter<'_, T>, Completion)> Handler<T> for F {
-    #[inline(always)]
-    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
-        self(sub, c)
-    }
-}
-
-/// Counters of one queue pair (plain integers: the queue pair has one owner).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct QpairStats {
-    /// Commands sent to the controller.
-    pub submitted: u64,
-    /// Completions consumed.
-    pub completed: u64,
-    /// SQ tail doorbell writes (MMIO).
-    pub sq_doorbells: u64,
-    /// CQ head doorbell writes (MMIO).
-    pub cq_doorbells: u64,
-    /// Shadow doorbell updates (memory writes instead of MMIO).
-    pub shadow_updates: u64,
-    pub polls: u64,
-    /// Requests that had to wait in the software queue.
-    pub queued: u64,
-    pub timeouts: u64,
-    pub aborts_sent: u64,
-    pub resets_seen: u64,
-    /// Completions the controller posted for a CID that was not outstanding.
-    pub bogus_completions: u64,
-}
-
 /// An I/O queue pair. See the module docs.
 pub struct QueuePair<T: Transport> {
     pub(crate) core: Core,
@@ -165,6 +88,20 @@ pub struct QueuePair<T: Transport> {
     pub(crate) generation: u32,
     pub(crate) timeout: Option<Duration>,
     pub(crate) next_tick: Instant,
+}
+
+// Queue pairs are made here rather than in `ctrl`, so the controller
+// module does not depend on the queue pair's (no import cycle).
+impl<T: Transport> Controller<T> {
+    /// Allocates an I/O queue pair.
+    pub fn alloc_qpair(&self, opts: QpairOptions) -> Result<QueuePair<T>> {
+        let shared = &self.shared;
+        if shared.failed.load(Ordering::Acquire) {
+            return Err(Error::ControllerFatal);
+        }
+        let qid = shared.claim_qid()?;
+        QueuePair::new(shared.clone(), qid, opts).inspect_err(|_| shared.release_qid(qid))
+    }
 }
 
 impl<T: Transport> QueuePair<T> {
@@ -518,7 +455,7 @@ impl<T: Transport> QueuePair<T> {
 
     /// Polls until nothing is outstanding or queued, or `timeout` passes
     /// (relaxing the transport in between). Returns completions seen.
-    pub fn drain<F: FnMut(&mut Submitter<'_, T>, crate::qpair::Completion)>(
+    pub fn drain<F: FnMut(&mut Submitter<'_, T>, Completion)>(
         &mut self,
         timeout: Duration,
         mut f: F,

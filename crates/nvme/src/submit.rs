@@ -23,10 +23,10 @@ use std::collections::VecDeque;
 use pollux_spec::cmd::NvmOpcode;
 use pollux_spec::{Sqe, Status};
 
+use crate::completion::{Completion, QpairStats};
 use crate::ctrl::Namespace;
 use crate::dma::{DmaSlice, IoBuf, SliceRef};
 use crate::error::{IoError, SubmitError};
-use crate::qpair::{Completion, QpairStats};
 use crate::transport::{SubmissionQueue, Transport};
 
 // Tracker flags.
@@ -236,6 +236,25 @@ impl Core {
                 (self.splits.len() - 1) as u32
             }
         }
+    }
+}
+
+/// Receives completions from `QueuePair::poll`, with the submission half
+/// of the queue pair to submit follow-up requests.
+///
+/// Closures `FnMut(&mut Submitter<T>, Completion)` implement it. A type
+/// that implements it directly with an `#[inline(always)]` method gets
+/// inlined into the completion loop even when its body is large (a
+/// closure's call cannot be forced inline on stable Rust); `pollux perf`
+/// does that.
+pub trait Handler<T: Transport> {
+    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion);
+}
+
+impl<T: Transport, F: FnMut(&mut Submitter<'_, T>, Completion)> Handler<T> for F {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
+        self(sub, c)
     }
 }
 
