@@ -64,6 +64,7 @@ printf '%-62s %s\n' \
     "delayed / per-command SQ doorbell, MMIO doorbells (vfio):" "$(ratio vfio-mmio-delayed vfio-mmio-perio)" \
     "delayed / per-command SQ doorbell, shadow doorbells (vfio):" "$(ratio vfio-shadow-delayed vfio-shadow-perio)" \
     "shadow / MMIO doorbells, delayed (vfio):" "$(ratio vfio-shadow-delayed vfio-mmio-delayed)" \
+    "CQ line batch on / off, shadow, delayed (vfio):" "$(ratio vfio-shadow-delayed-cqline vfio-shadow-delayed)" \
     "pollux vfio / kernel fio io_uring:" "$(ratio vfio-shadow-delayed fio-io_uring)" \
     "pollux vfio / kernel fio io_uring polled (hipri):" "$(ratio vfio-shadow-delayed fio-io_uring-polled)" \
     "pollux uio / kernel fio io_uring:" "$(ratio uio-shadow-delayed fio-io_uring)" \
@@ -71,13 +72,12 @@ printf '%-62s %s\n' \
 echo
 echo "===== QD 1, 4 KiB randread: polled vs interrupts (medians; TCG emulation: ratios, not speeds) ====="
 printf '%-34s %10s %10s %10s %10s %8s\n' "" "IOPS" "p50 us" "p99 us" "max us" "CPU"
-for m in vfio-qd1-polled vfio-qd1-irq uio-qd1-polled uio-qd1-irq; do
+for m in vfio-qd1-polled vfio-qd1-irq; do
     printf '%-34s %10s %10s %10s %10s %8s\n' "$m" "$(metric $m)" "$(metricf $m-p50_lat_us)" \
         "$(metricf $m-p99_lat_us)" "$(metricf $m-max_lat_us)" "$(metricf $m-worker_cpu_util_max)"
 done
 printf '%-62s %s\n' \
-    "IOPS interrupts / polled (vfio, MSI-X):" "$(ratio vfio-qd1-irq vfio-qd1-polled)" \
-    "IOPS interrupts / polled (uio, INTx):" "$(ratio uio-qd1-irq uio-qd1-polled)"
+    "IOPS interrupts / polled (vfio, MSI-X):" "$(ratio vfio-qd1-irq vfio-qd1-polled)"
 echo "IOPS (each run): $(awk '$1=="METRIC" {printf "%s=%s ", $2, $3}' "$LOG")"
 
 passed=$(grep -c '^RESULT .* ok' "$LOG" || true)

@@ -195,6 +195,7 @@ for round in 1 2 3 4; do
     perf vfio-shadow-perio -w randread -q 32 -o 4096 -t $PERF_DB_T --no-delayed-doorbell
     perf vfio-mmio-delayed -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell
     perf vfio-mmio-perio -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell --no-delayed-doorbell
+    perf vfio-shadow-delayed-cqline -w randread -q 32 -o 4096 -t $PERF_DB_T --cq-line-batch
 done
 dd if=/dev/urandom of=/tmp/p.bin bs=64k count=16 2>/dev/null
 check pollux-writes-vfio env POLLUX_HANDOFF=write:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
@@ -213,11 +214,12 @@ expect_fail uio-without-hugepages ".pollux setup hugepages" $P perf -r "$TRID" -
 $P setup hugepages 64 > /dev/null
 check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+# INTx through uio: data must be right. Not timed: QEMU 7.2 keeps the
+# INTx line asserted (tens of thousands of interrupts per I/O show in
+# /proc/interrupts), so a latency figure would measure the storm.
+irq_before=$(awk '/uio_pci_generic/ {print $2}' /proc/interrupts)
 perf uio-irq-verify -w randrw -M 50 -q 8 -o 4096 -t 2 --verify --interrupts
-for i in 1 2; do
-    perf_lat uio-qd1-polled -w randread -q 1 -o 4096 -t $PERF_DB_T
-    perf_lat uio-qd1-irq -w randread -q 1 -o 4096 -t $PERF_DB_T --interrupts
-done
+echo "   INTx interrupts during that run: $(( $(awk '/uio_pci_generic/ {print $2}' /proc/interrupts) - ${irq_before:-0} ))"
 perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
 perf uio-shadow-delayed -w randread -q 32 -o 4096 -t $PERF_T
 check setup-reset-all $P setup reset

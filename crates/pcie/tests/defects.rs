@@ -252,3 +252,56 @@ fn success_after_timeout_is_a_success() {
         "completed successfully after the timeout"
     );
 }
+
+/// A queue pair that submits after another thread reset the controller but
+/// before it noticed: the command it wrote fails with `ControllerReset`
+/// once it recovers, and its re-created queue starts clean (its shadow
+/// doorbell slot cleared again), so nothing stale is executed and later
+/// I/O moves the right data. Before, recovery kept the shadow tail that the
+/// late submission had published after the controller cleared the page,
+/// and the controller fetched entries that were never written.
+#[test]
+fn submission_between_reset_and_recovery_is_failed_not_replayed() {
+    let (dev, ctrl) = open(cfg(5, 4 << 20));
+    assert!(ctrl.transport().shadow_doorbells());
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 8,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut w = ctrl.alloc_dma(4096).unwrap();
+    fill(w.as_mut_slice(), 9);
+    let r = ctrl.alloc_dma(4096).unwrap();
+    // Move the SQ tail away from 0 first.
+    for i in 0..3 {
+        qp.write_b(&ns, 0, 8, w.full(), i).unwrap();
+    }
+    assert_eq!(drain(&mut qp).len(), 3);
+    ctrl.reset().unwrap();
+    // Submitted before this queue pair polls (and so recovers).
+    for i in 10..13 {
+        qp.read_b(&ns, 0, 8, r.full(), i).unwrap();
+    }
+    qp.flush();
+    let done = drain(&mut qp);
+    assert_eq!(done.len(), 3);
+    assert!(
+        done.iter()
+            .all(|c| c.result == Err(IoError::ControllerReset)),
+        "{done:?}"
+    );
+    // Let the controller look at the re-created queue before anything new
+    // is submitted: it must find it empty.
+    for _ in 0..100 {
+        ctrl.relax();
+    }
+    qp.poll(u32::MAX, |_, c| panic!("nothing is outstanding, yet {c:?}"));
+    qp.read_b(&ns, 0, 8, r.full(), 20).unwrap();
+    let done = drain(&mut qp);
+    assert_eq!(done, vec![Completion::new(20, Ok(0))]);
+    assert!(r.as_slice() == w.as_slice());
+    assert_eq!(qp.stats().bogus_completions, 0);
+    assert_eq!(dev.stats().errors, 0, "the controller saw nothing invalid");
+}
