@@ -15,6 +15,9 @@ import statistics
 import subprocess
 import sys
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab import round_trip  # noqa: E402  (bench/ab.py: the same round-trip probe)
+
 
 def perf(binary, extra, args, secs):
     cmd = [binary, "perf", "--json", "-L", "-q", "1", "-o", "4096", "-w", "randread", "-t", str(secs)] + extra + args
@@ -29,14 +32,6 @@ def perf(binary, extra, args, secs):
         "max": t["max_lat_us"],
         "cpu": t["worker_cpu_util_max"] * 100,
     }
-
-
-def round_trip(binary):
-    p = subprocess.run([binary, "pingpong", "--json"], capture_output=True, text=True, timeout=120)
-    try:
-        return json.loads(p.stdout).get("round_trip_ns")
-    except json.JSONDecodeError:
-        return None
 
 
 def main():
