@@ -98,6 +98,7 @@ def main():
         ("tracker prefetch", ["--prefetch"], []),
         ("non-temporal SQE copy", ["--nt-copy"], []),
         ("shadow doorbells", [], ["--no-shadow-doorbell"]),
+        ("CQ line batch", ["--cq-line-batch"], []),
     ]
     res["techniques"] = {}
     for name, on, off in techniques:
@@ -143,6 +144,24 @@ def main():
         res["instructions"] = rows
     else:
         print("== 5. skipped: valgrind not installed (apt-get install valgrind)")
+    print(f"== 6. QD1 4 KiB randread, polled vs interrupts, {runs} interleaved pairs (median, range)")
+    modes = {"polled": [], "interrupts": []}
+    for i in range(runs):
+        order = [("polled", []), ("interrupts", ["--interrupts"])]
+        for name, extra in (order if i % 2 == 0 else order[::-1]):
+            modes[name].append(perf(["-q", "1", "-o", "4096", "-w", "randread", "-c", "0", "-L"] + extra, secs))
+    res["qd1_interrupts"] = {}
+    for name, ts in modes.items():
+        row = {}
+        cells = []
+        for k, label, f in [("iops", "IOPS", "{:.0f}"), ("p50_lat_us", "p50 us", "{:.2f}"), ("p99_lat_us", "p99 us", "{:.2f}"),
+                            ("max_lat_us", "max us", "{:.0f}"), ("worker_cpu_util_max", "CPU", "{:.2f}")]:
+            xs = [t[k] for t in ts]
+            m, lo, hi = med_range(xs)
+            row[k] = {"median": m, "min": lo, "max": hi}
+            cells.append(f"{label} {f.format(m)} ({f.format(lo)}..{f.format(hi)})")
+        print(f"   {name:<11} " + "  ".join(cells))
+        res["qd1_interrupts"][name] = row
     res["machine"]["load_after"] = os.getloadavg()
     print(f"load average before {res['machine']['load_before'][0]:.2f}, after {res['machine']['load_after'][0]:.2f} (2 vCPUs, shared machine)")
     if a.json:

@@ -4,7 +4,7 @@
 //! PRPs in the tracker's list slice).
 //!
 //! Per I/O on the fast path: one bounds test, one state test, one pop from
-//! the free list, one 16-byte tracker store, the transport's push, and (for
+//! the free list, one tracker store, the transport's push, and (for
 //! an owned buffer) one pointer store into the tracker.
 //!
 //! # Buffers
