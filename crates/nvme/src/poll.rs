@@ -118,7 +118,6 @@ impl<T: Transport> QueuePair<T> {
         }
         let failed = self.shared.failed.load(Ordering::Acquire);
         if self.core.outstanding() > 0 {
-            self.core.stats.resets_seen += 1;
             fail_outstanding(
                 &mut self.submitter(),
                 if failed {
@@ -130,6 +129,8 @@ impl<T: Transport> QueuePair<T> {
             );
         }
         if failed {
+            self.core.stats.resets_seen += 1;
+            self.generation = g;
             self.fail_for_good(f);
             return;
         }
@@ -150,6 +151,7 @@ impl<T: Transport> QueuePair<T> {
         match r {
             Ok(()) => {
                 tracing::info!(qid, "queue pair re-created after controller reset");
+                self.core.stats.resets_seen += 1;
                 self.generation = g;
                 self.core.set_state(QpState::Ready);
                 if !self.core.queue.is_empty() {
@@ -159,6 +161,7 @@ impl<T: Transport> QueuePair<T> {
             }
             Err(e) => {
                 tracing::error!(qid, "re-creating queues after reset failed: {e}");
+                self.core.stats.resets_seen += 1;
                 self.generation = g;
                 self.fail_for_good(f);
             }

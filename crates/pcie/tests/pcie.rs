@@ -474,9 +474,13 @@ fn kernel_handoff() {
 
 /// Interrupts: the admin CQ always interrupts on vector 0 (MSI-X with
 /// vfio-pci, the INTx pin with uio_pci_generic). Vector 0 is enabled
-/// before bring-up, so bring-up's admin commands must raise it; after an
-/// ack (which for INTx re-enables the masked line) a further admin command
-/// must raise it again. Out-of-range vectors are refused by number.
+/// before bring-up, so bring-up's admin commands must raise it. With
+/// MSI-X, after an ack every further admin command must raise it again.
+/// With INTx the admin queue is polled and releases each entry at once,
+/// which withdraws a level interrupt that may not have been delivered yet
+/// (seen in the guest), so per-command delivery is checked on an I/O queue
+/// pair instead (`io_completion_interrupts`), whose entries stay unreleased
+/// until it sleeps. Out-of-range vectors are refused by number.
 #[test]
 fn admin_completion_interrupts() {
     let Some(bdf) = bdf() else { return };
@@ -515,9 +519,65 @@ fn admin_completion_interrupts() {
             .get_log_page(0x02, 0xffff_ffff, 512)
             .expect("SMART log");
         assert_eq!(log.len(), 512);
-        got(&irq, &format!("SMART log {round}"));
+        if n > 1 {
+            got(&irq, &format!("SMART log {round}"));
+        }
     }
     if let Some(q) = quiet {
         assert_eq!(q.ack().expect("ack"), 0, "vector {} fired", n - 1);
+    }
+}
+
+/// An I/O queue pair in interrupt mode: every read is completed by
+/// sleeping on the queue pair's interrupt (MSI-X vector with vfio-pci, the
+/// INTx line with uio_pci_generic) and then polling, with the data checked.
+#[test]
+fn io_completion_interrupts() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let ns = ctrl.namespaces()[0];
+    let per = 4096 >> ns.lba_shift;
+    let base = 3 * ns.nsze / 4 + 8192;
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 4,
+            interrupts: true,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    assert!(qp.interrupt_fd().is_some());
+    let mut w = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
+    pattern(w.as_mut_slice(), 7);
+    qp.write(&ns, base, per as u32, w, 1).unwrap();
+    // Sleep on the interrupt until the completion is there. A wait that
+    // times out (5 s) with nothing posted is a lost interrupt; a wake with
+    // nothing posted (a spurious or shared one) just waits again.
+    let complete = |qp: &mut QueuePair, what: &str| -> Completion {
+        let mut got = None;
+        let mut timeouts = 0;
+        for _ in 0..1_000_000 {
+            if qp.wait(Some(Duration::from_secs(5))).unwrap() {
+                qp.poll(u32::MAX, |_, c| got = Some(c));
+            } else {
+                timeouts += 1;
+                assert!(timeouts < 2, "{what}: no interrupt within 5 s");
+            }
+            if let Some(c) = got.take() {
+                return c;
+            }
+        }
+        panic!("{what}: a million wake-ups without the completion");
+    };
+    let w = complete(&mut qp, "write").buf.unwrap();
+    let mut r = Some(pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap()));
+    for i in 0..50u64 {
+        qp.read(&ns, base, per as u32, r.take().unwrap(), i)
+            .unwrap();
+        let c = complete(&mut qp, &format!("read {i}"));
+        assert_eq!((c.user_data, c.result), (i, Ok(0)));
+        let b = c.buf.unwrap();
+        assert!(b.as_slice() == w.as_slice(), "read {i}: data differs");
+        r = Some(b);
     }
 }
