@@ -61,7 +61,7 @@ def callgrind_instr(args, ios):
             m = re.match(r"\s*([\d,]+)\s+(?:\([^)]*\)\s+)?PROGRAM TOTALS", line)
             if m:
                 total = int(m.group(1).replace(",", ""))
-            m = re.match(r"\s*([\d,]+)\s+(?:\([^)]*\)\s+)?\S*pollux_softnvme::.*SoftDevice>?::step\b", line)
+            m = re.match(r"\s*([\d,]+)\s+(?:\([^)]*\)\s+)?\S*pollux_softnvme::\S*::step\b", line)
             if m:
                 step = max(step, int(m.group(1).replace(",", "")))
         if total is None:
