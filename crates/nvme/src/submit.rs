@@ -176,12 +176,18 @@ impl Core {
         t.flags = T_BUSY | flags;
     }
 
-    /// Gives tracker `cid` (just claimed, so holding none) its request's
-    /// buffer. A plain store: the slot is empty (completion and failure
-    /// always take the buffer out), so there is nothing to drop.
+    /// Claims a tracker for one command of a request with an owned buffer.
+    /// The buffer goes in with a plain store: the slot is empty (completion
+    /// and failure always take the buffer out), so there is nothing to drop.
     #[inline(always)]
-    pub(crate) fn set_buf(&mut self, cid: u16, buf: IoBuf) {
-        let old = self.trackers[cid as usize].buf.replace(buf);
+    pub(crate) fn claim_with_buf(&mut self, cid: u16, user_data: u64, buf: IoBuf) {
+        let epoch = self.epoch;
+        let t = &mut self.trackers[cid as usize];
+        debug_assert_eq!(t.flags & T_BUSY, 0);
+        t.user_data = user_data;
+        t.epoch = epoch;
+        t.flags = T_BUSY;
+        let old = t.buf.replace(buf);
         debug_assert!(old.is_none(), "tracker {cid} still held a buffer");
         // Never Some (see above); forgetting rather than dropping keeps the
         // drop test off the hot path, and a bug would leak, not free.
@@ -314,8 +320,8 @@ pub struct Refused {
 
 /// Where the fast path put a request.
 enum Fast {
-    /// Sent as one command on this tracker.
-    Issued(u16),
+    /// Sent as one command.
+    Issued,
     /// Split or waiting: the slow path takes it, with these bus addresses.
     Slow(SliceRef),
 }
@@ -434,19 +440,32 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: IoBuf,
         user_data: u64,
     ) -> Result<(), Refused> {
-        match self.rw_fast(opc, ns, lba, nlb, buf.dma_slice(), user_data) {
-            Ok(Fast::Issued(cid)) => {
-                self.core.set_buf(cid, buf);
-                Ok(())
-            }
-            Ok(Fast::Slow(data)) => {
-                refused_owned(self.rw_slow(opc, ns, lba, nlb, data, Some(buf), user_data))
-            }
-            Err(error) => Err(Refused {
+        let d = buf.dma_slice();
+        if let Err(error) = check_rw(ns, lba, nlb, d.len(), d.iova0()) {
+            return Err(Refused {
                 error,
                 buf: Some(buf),
-            }),
+            });
         }
+        // The fast path of `rw_fast`, with the buffer going into the
+        // tracker in the same store sequence as its other fields.
+        if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
+            if let Some(cid) = self.core.free.pop() {
+                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
+                return match self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i)) {
+                    Ok(()) => {
+                        self.core.claim_with_buf(cid, user_data, buf);
+                        Ok(())
+                    }
+                    Err(error) => Err(Refused {
+                        error: self.push_failed(cid, error),
+                        buf: Some(buf),
+                    }),
+                };
+            }
+        }
+        let data = d.to_owned_ref();
+        refused_owned(self.rw_slow(opc, ns, lba, nlb, data, Some(buf), user_data))
     }
 
     #[inline(always)]
@@ -460,7 +479,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
     ) -> Result<(), SubmitError> {
         match self.rw_fast(opc, ns, lba, nlb, buf, user_data)? {
-            Fast::Issued(_) => Ok(()),
+            Fast::Issued => Ok(()),
             Fast::Slow(data) => refused(self.rw_slow(opc, ns, lba, nlb, data, None, user_data)),
         }
     }
@@ -489,7 +508,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
                     user_data,
                     0,
                 )?;
-                return Ok(Fast::Issued(cid));
+                return Ok(Fast::Issued);
             }
         }
         Ok(Fast::Slow(buf.to_owned_ref()))

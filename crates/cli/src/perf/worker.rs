@@ -198,14 +198,15 @@ impl JobCtx {
     }
 
     #[cold]
-    fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<&IoBuf>) {
+    fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<IoBuf>) -> Option<IoBuf> {
         if let Some(l) = &mut self.latency {
             let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
             let _ = l.hist.record(ticks.max(1));
         }
-        if let (true, Some(b)) = (ok && self.verify.is_some(), buf) {
+        if let (true, Some(b)) = (ok && self.verify.is_some(), &buf) {
             self.check(slot, b);
         }
+        buf
     }
 
     #[cold]
@@ -219,15 +220,22 @@ impl JobCtx {
 
     #[inline(always)]
     pub fn on_complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
-        let slot = c.user_data as usize;
+        let Completion {
+            user_data,
+            result,
+            mut buf,
+        } = c;
+        let slot = user_data as usize;
         self.ios += 1;
         if self.slow {
-            self.after_complete(slot, c.result.is_ok(), c.buf.as_ref());
+            // By value, in and out: a reference would make the completion
+            // live in memory on the fast path too.
+            buf = self.after_complete(slot, result.is_ok(), buf);
         }
-        if let Err(e) = c.result {
+        if let Err(e) = result {
             self.error(format!("I/O failed: {e}"));
         }
-        match c.buf {
+        match buf {
             Some(buf) if self.ios <= self.stop_at => self.submit(sub, slot, buf),
             buf => self.park(slot, buf),
         }
