@@ -1,0 +1,812 @@
+//! One runtime thread: its context (what closures, pollers and timers see)
+//! and its loop.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::sync::atomic::{fence, AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crate::sys::{Epoll, EventFd, TimerFd};
+use crate::{Error, Msg, Poll, Result, RuntimeOptions};
+
+/// What a runtime thread shares with senders on other threads.
+pub(crate) struct ThreadShared {
+    pub(crate) index: usize,
+    pub(crate) core: usize,
+    /// Set while the thread sleeps (or is about to) in epoll: senders
+    /// signal `wake` only then.
+    pub(crate) asleep: AtomicBool,
+    pub(crate) wake: EventFd,
+    /// Messages from non-runtime threads.
+    pub(crate) external: Mutex<External>,
+    /// Set (under the lock) when `external` has messages: the loop takes
+    /// the lock only then.
+    pub(crate) external_pending: AtomicBool,
+}
+
+#[derive(Default)]
+pub(crate) struct External {
+    pub(crate) queue: VecDeque<Msg>,
+    /// The thread has exited: nothing will run what is pushed.
+    pub(crate) closed: bool,
+}
+
+impl ThreadShared {
+    /// Wakes the thread if it sleeps. Call after making a message visible.
+    pub(crate) fn notify(&self) {
+        // Pairs with the fence in `Reactor::sleep`: either the thread sees
+        // the message before sleeping, or this sees `asleep` set.
+        fence(Ordering::SeqCst);
+        self.wake_if_asleep();
+    }
+
+    fn wake_if_asleep(&self) {
+        if self.asleep.load(Ordering::Relaxed) {
+            if let Err(e) = self.wake.signal() {
+                tracing::error!(thread = self.index, "waking runtime thread failed: {e}");
+            }
+        }
+    }
+}
+
+/// The whole runtime's shared state.
+pub(crate) struct Shared {
+    pub(crate) threads: Vec<Arc<ThreadShared>>,
+    /// Shutdown requested: external senders are refused, threads drain.
+    pub(crate) stop: AtomicBool,
+}
+
+/// Identifies a poller on its thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct PollerId(u64);
+
+/// Identifies a timer on its thread.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct TimerId(u64);
+
+type PollerFn = Box<dyn FnMut(&mut ThreadCtx) -> Poll>;
+type DrainFn = Box<dyn FnMut(&mut ThreadCtx) -> bool>;
+
+struct PollerEntry {
+    id: PollerId,
+    name: String,
+    /// None while it runs (so it can get `&mut ThreadCtx`).
+    f: Option<PollerFn>,
+    runs: u64,
+    busy_runs: u64,
+    removed: bool,
+}
+
+enum TimerKind {
+    Once(Box<dyn FnOnce(&mut ThreadCtx)>),
+    Periodic(Duration, Box<dyn FnMut(&mut ThreadCtx)>),
+}
+
+#[derive(Default)]
+struct Timers {
+    heap: BinaryHeap<Reverse<(Instant, u64)>>,
+    live: HashMap<u64, TimerKind>,
+    /// The periodic timer running now, and whether it cancelled itself.
+    firing: Option<(u64, bool)>,
+}
+
+impl Timers {
+    /// The earliest deadline of a live timer (drops cancelled ones on top).
+    fn next_deadline(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((deadline, id))) = self.heap.peek() {
+            if self.live.contains_key(&id) {
+                return Some(deadline);
+            }
+            self.heap.pop();
+        }
+        None
+    }
+}
+
+/// Per-poller counters.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct PollerStats {
+    pub id: PollerId,
+    pub name: String,
+    /// Times it ran.
+    pub runs: u64,
+    /// Times it reported [`Poll::Busy`].
+    pub busy_runs: u64,
+}
+
+/// Counters of one runtime thread. Times are attributed per loop iteration
+/// from the one clock read each iteration makes: an iteration in which a
+/// message, timer or poller did work counts as busy, else idle; the
+/// iteration that ends in epoll counts as asleep.
+#[derive(Clone, Debug, Default)]
+pub struct ThreadStats {
+    pub index: usize,
+    pub core: usize,
+    pub loops: u64,
+    pub busy: Duration,
+    pub idle: Duration,
+    pub asleep: Duration,
+    /// Times it went to sleep in epoll.
+    pub sleeps: u64,
+    /// Wake-ups caused by a registered descriptor (see
+    /// [`ThreadCtx::register_wake_fd`]).
+    pub fd_wakeups: u64,
+    pub messages: u64,
+    pub timers_fired: u64,
+    pub pollers: Vec<PollerStats>,
+}
+
+/// The state of a runtime thread, handed to every closure, poller, timer
+/// and drain callback that runs on it.
+pub struct ThreadCtx {
+    shared: Arc<Shared>,
+    me: Arc<ThreadShared>,
+    now: Instant,
+    /// One SPSC ring to each thread (including this one).
+    producers: Vec<rtrb::Producer<Msg>>,
+    /// Messages that did not fit in a full ring, per target, in order.
+    backlog: Vec<VecDeque<Msg>>,
+    backlogged: usize,
+    /// Targets sent to since the last notification pass.
+    to_notify: Vec<usize>,
+    notify_marked: Vec<bool>,
+    pollers: Vec<PollerEntry>,
+    next_id: u64,
+    timers: Timers,
+    drains: Vec<(String, Option<DrainFn>)>,
+    sleep_hooks: Vec<Box<dyn FnMut() -> bool>>,
+    wake_fds: Vec<RawFd>,
+    epoll: Epoll,
+    stats: ThreadStats,
+    draining: bool,
+}
+
+/// Token of the thread's own eventfd and timerfd in its epoll set; user
+/// descriptors get token 2.
+const TOKEN_WAKE: u64 = 0;
+const TOKEN_TIMER: u64 = 1;
+const TOKEN_USER: u64 = 2;
+
+impl ThreadCtx {
+    /// This thread's index in the runtime (0-based, the order of the core
+    /// list).
+    pub fn index(&self) -> usize {
+        self.me.index
+    }
+
+    /// The core this thread was pinned to.
+    pub fn core(&self) -> usize {
+        self.me.core
+    }
+
+    /// How many threads the runtime has.
+    pub fn thread_count(&self) -> usize {
+        self.producers.len()
+    }
+
+    /// The time read at the start of this loop iteration (the loop reads
+    /// the clock once per iteration; use this instead of reading it again).
+    pub fn now(&self) -> Instant {
+        self.now
+    }
+
+    /// True once shutdown was requested: drain callbacks are running.
+    pub fn is_shutting_down(&self) -> bool {
+        self.draining
+    }
+
+    /// Sends `f` to run on thread `target` (possibly this one, at its next
+    /// loop iteration). Messages from one thread to another run in the
+    /// order sent.
+    pub fn send(
+        &mut self,
+        target: usize,
+        f: impl FnOnce(&mut ThreadCtx) + Send + 'static,
+    ) -> Result<()> {
+        self.send_boxed(target, Box::new(f))
+    }
+
+    pub(crate) fn send_boxed(&mut self, target: usize, msg: Msg) -> Result<()> {
+        let count = self.producers.len();
+        let Some(p) = self.producers.get_mut(target) else {
+            return Err(Error::NoSuchThread {
+                index: target,
+                count,
+            });
+        };
+        if p.is_abandoned() {
+            return Err(Error::ThreadGone { index: target });
+        }
+        if self.backlog[target].is_empty() {
+            match p.push(msg) {
+                Ok(()) => {
+                    if !self.notify_marked[target] {
+                        self.notify_marked[target] = true;
+                        self.to_notify.push(target);
+                    }
+                    return Ok(());
+                }
+                Err(rtrb::PushError::Full(m)) => {
+                    self.backlog[target].push_back(m);
+                }
+            }
+        } else {
+            self.backlog[target].push_back(msg);
+        }
+        self.backlogged += 1;
+        Ok(())
+    }
+
+    /// Runs `f` on thread `target`, then `reply` with its result back on
+    /// this thread.
+    pub fn call<R: Send + 'static>(
+        &mut self,
+        target: usize,
+        f: impl FnOnce(&mut ThreadCtx) -> R + Send + 'static,
+        reply: impl FnOnce(&mut ThreadCtx, R) + Send + 'static,
+    ) -> Result<()> {
+        let origin = self.index();
+        self.send(target, move |ctx| {
+            let r = f(ctx);
+            if let Err(e) = ctx.send(origin, move |ctx| reply(ctx, r)) {
+                tracing::warn!(thread = ctx.index(), origin, "reply lost: {e}");
+            }
+        })
+    }
+
+    /// Registers a poller: it runs once every loop iteration and reports
+    /// whether it found work. The thread may sleep once all pollers have
+    /// reported [`Poll::Idle`] for the configured idle time.
+    pub fn register_poller(
+        &mut self,
+        name: impl Into<String>,
+        f: impl FnMut(&mut ThreadCtx) -> Poll + 'static,
+    ) -> PollerId {
+        let id = PollerId(self.fresh_id());
+        self.pollers.push(PollerEntry {
+            id,
+            name: name.into(),
+            f: Some(Box::new(f)),
+            runs: 0,
+            busy_runs: 0,
+            removed: false,
+        });
+        id
+    }
+
+    /// Removes a poller (it may be the one running); false if unknown.
+    pub fn unregister_poller(&mut self, id: PollerId) -> bool {
+        match self.pollers.iter_mut().find(|p| p.id == id && !p.removed) {
+            Some(p) => {
+                p.removed = true;
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Runs `f` once after `delay`.
+    pub fn add_timer(
+        &mut self,
+        delay: Duration,
+        f: impl FnOnce(&mut ThreadCtx) + 'static,
+    ) -> TimerId {
+        self.insert_timer(self.now + delay, TimerKind::Once(Box::new(f)))
+    }
+
+    /// Runs `f` every `period` (the first time after one period) until
+    /// cancelled. A thread that falls behind skips missed runs rather than
+    /// running them back to back. A zero period is taken as 1 ns.
+    pub fn add_periodic(
+        &mut self,
+        period: Duration,
+        f: impl FnMut(&mut ThreadCtx) + 'static,
+    ) -> TimerId {
+        let period = period.max(Duration::from_nanos(1));
+        self.insert_timer(self.now + period, TimerKind::Periodic(period, Box::new(f)))
+    }
+
+    /// Cancels a timer (it may be the one running); false if it already
+    /// fired (one-shot) or is unknown.
+    pub fn cancel_timer(&mut self, id: TimerId) -> bool {
+        if let Some((firing, cancelled)) = &mut self.timers.firing {
+            if *firing == id.0 {
+                let was = !*cancelled;
+                *cancelled = true;
+                return was;
+            }
+        }
+        self.timers.live.remove(&id.0).is_some()
+    }
+
+    fn insert_timer(&mut self, deadline: Instant, kind: TimerKind) -> TimerId {
+        let id = self.fresh_id();
+        self.timers.heap.push(Reverse((deadline, id)));
+        self.timers.live.insert(id, kind);
+        TimerId(id)
+    }
+
+    fn fresh_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Registers a callback run repeatedly once shutdown is requested,
+    /// until it returns true (drained) or the drain timeout passes.
+    pub fn register_drain(
+        &mut self,
+        name: impl Into<String>,
+        f: impl FnMut(&mut ThreadCtx) -> bool + 'static,
+    ) {
+        self.drains.push((name.into(), Some(Box::new(f))));
+    }
+
+    /// Adds `fd` to the descriptors that wake this thread from its idle
+    /// sleep when readable (level-triggered): e.g. a queue pair's interrupt
+    /// descriptor. Whoever registers it arms it (see
+    /// [`on_sleep`](Self::on_sleep)) and consumes its readiness, or the
+    /// thread will not stay asleep. Unregister it before closing it.
+    pub fn register_wake_fd(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
+        let raw = fd.as_raw_fd();
+        self.epoll
+            .add(raw, TOKEN_USER)
+            .map_err(|source| Error::Io {
+                what: format!("adding descriptor {raw} to the epoll set"),
+                source,
+            })?;
+        self.wake_fds.push(raw);
+        Ok(())
+    }
+
+    /// Removes a descriptor added by [`register_wake_fd`](Self::register_wake_fd).
+    pub fn unregister_wake_fd(&mut self, fd: BorrowedFd<'_>) -> Result<()> {
+        let raw = fd.as_raw_fd();
+        let Some(pos) = self.wake_fds.iter().position(|&f| f == raw) else {
+            return Err(Error::NotRegistered { fd: raw });
+        };
+        self.wake_fds.swap_remove(pos);
+        self.epoll.delete(raw).map_err(|source| Error::Io {
+            what: format!("removing descriptor {raw} from the epoll set"),
+            source,
+        })
+    }
+
+    /// Registers a hook run just before the thread sleeps: it arms wake
+    /// descriptors (e.g. `QueuePair::arm`) and returns false if work is
+    /// already pending, which cancels this sleep.
+    pub fn on_sleep(&mut self, f: impl FnMut() -> bool + 'static) {
+        self.sleep_hooks.push(Box::new(f));
+    }
+
+    /// This thread's counters so far.
+    pub fn stats(&self) -> ThreadStats {
+        let mut s = self.stats.clone();
+        s.pollers = self
+            .pollers
+            .iter()
+            .filter(|p| !p.removed)
+            .map(|p| PollerStats {
+                id: p.id,
+                name: p.name.clone(),
+                runs: p.runs,
+                busy_runs: p.busy_runs,
+            })
+            .collect();
+        s
+    }
+
+    /// Moves backlogged messages into rings that have room; true if some
+    /// remain.
+    fn flush_backlog(&mut self) -> bool {
+        if self.backlogged == 0 {
+            return false;
+        }
+        for (t, q) in self.backlog.iter_mut().enumerate() {
+            let mut moved = false;
+            while let Some(m) = q.pop_front() {
+                match self.producers[t].push(m) {
+                    Ok(()) => {
+                        self.backlogged -= 1;
+                        moved = true;
+                    }
+                    Err(rtrb::PushError::Full(m)) => {
+                        q.push_front(m);
+                        break;
+                    }
+                }
+            }
+            if moved && !self.notify_marked[t] {
+                self.notify_marked[t] = true;
+                self.to_notify.push(t);
+            }
+        }
+        self.backlogged > 0
+    }
+
+    /// Wakes the sleeping targets of messages sent since the last pass
+    /// (one fence per pass, not per message).
+    fn notify_targets(&mut self) {
+        if self.to_notify.is_empty() {
+            return;
+        }
+        fence(Ordering::SeqCst);
+        for t in self.to_notify.drain(..) {
+            self.notify_marked[t] = false;
+            self.shared.threads[t].wake_if_asleep();
+        }
+    }
+}
+
+/// A runtime thread's descriptors and rings, made before spawning it (so
+/// errors reach `Runtime::start`).
+pub(crate) struct Prepared {
+    shared: Arc<Shared>,
+    index: usize,
+    producers: Vec<rtrb::Producer<Msg>>,
+    consumers: Vec<rtrb::Consumer<Msg>>,
+    epoll: Epoll,
+    timerfd: TimerFd,
+    opts: RuntimeOptions,
+}
+
+impl Prepared {
+    pub(crate) fn new(
+        shared: Arc<Shared>,
+        index: usize,
+        producers: Vec<rtrb::Producer<Msg>>,
+        consumers: Vec<rtrb::Consumer<Msg>>,
+        opts: RuntimeOptions,
+    ) -> Result<Self> {
+        let core = shared.threads[index].core;
+        let io = |what: &str| {
+            let what = format!("{what} for runtime thread {index} (core {core})");
+            move |source| Error::Io { what, source }
+        };
+        let epoll = Epoll::new().map_err(io("creating the epoll set"))?;
+        let timerfd = TimerFd::new().map_err(io("creating the timerfd"))?;
+        let wake = shared.threads[index].wake.as_fd().as_raw_fd();
+        epoll
+            .add(wake, TOKEN_WAKE)
+            .map_err(io("watching the wake eventfd"))?;
+        epoll
+            .add(timerfd.as_fd().as_raw_fd(), TOKEN_TIMER)
+            .map_err(io("watching the timerfd"))?;
+        Ok(Self {
+            shared,
+            index,
+            producers,
+            consumers,
+            epoll,
+            timerfd,
+            opts,
+        })
+    }
+}
+
+/// The loop of one runtime thread.
+pub(crate) struct Reactor {
+    ctx: ThreadCtx,
+    consumers: Vec<rtrb::Consumer<Msg>>,
+    timerfd: TimerFd,
+    opts: RuntimeOptions,
+}
+
+#[derive(Clone, Copy)]
+enum Phase {
+    Busy,
+    Idle,
+    Asleep,
+}
+
+/// Messages taken from one ring per iteration, so pollers keep running
+/// under a flood.
+const MSG_BATCH: usize = 256;
+
+impl Reactor {
+    /// Builds the loop from what `prepare` made (on the thread itself:
+    /// pollers and timers need not be `Send`).
+    fn new(p: Prepared) -> Self {
+        let Prepared {
+            shared,
+            index,
+            producers,
+            consumers,
+            epoll,
+            timerfd,
+            opts,
+        } = p;
+        let me = shared.threads[index].clone();
+        let n = producers.len();
+        let stats = ThreadStats {
+            index,
+            core: me.core,
+            ..Default::default()
+        };
+        Self {
+            ctx: ThreadCtx {
+                shared,
+                me,
+                now: Instant::now(),
+                producers,
+                backlog: (0..n).map(|_| VecDeque::new()).collect(),
+                backlogged: 0,
+                to_notify: Vec::new(),
+                notify_marked: vec![false; n],
+                pollers: Vec::new(),
+                next_id: 0,
+                timers: Timers::default(),
+                drains: Vec::new(),
+                sleep_hooks: Vec::new(),
+                wake_fds: Vec::new(),
+                epoll,
+                stats,
+                draining: false,
+            },
+            consumers,
+            timerfd,
+            opts,
+        }
+    }
+
+    pub(crate) fn run_with(p: Prepared, init: impl FnOnce(&mut ThreadCtx)) {
+        let mut this = Self::new(p);
+        this.ctx.now = Instant::now();
+        init(&mut this.ctx);
+        this.ctx.notify_targets();
+        this.run();
+    }
+
+    fn run(mut self) {
+        let mut prev = Instant::now();
+        let mut phase = Phase::Idle;
+        let mut last_work = prev;
+        let mut drain_start = None;
+        loop {
+            let now = Instant::now();
+            let dt = now - prev;
+            prev = now;
+            self.ctx.now = now;
+            let s = &mut self.ctx.stats;
+            s.loops += 1;
+            match phase {
+                Phase::Busy => s.busy += dt,
+                Phase::Idle => s.idle += dt,
+                Phase::Asleep => s.asleep += dt,
+            }
+
+            let mut busy = self.run_messages();
+            busy |= self.run_timers(now);
+            busy |= self.run_pollers();
+            let backlog = self.ctx.flush_backlog();
+            self.ctx.notify_targets();
+
+            if self.ctx.shared.stop.load(Ordering::Relaxed) {
+                let start = *drain_start.get_or_insert_with(|| {
+                    self.ctx.draining = true;
+                    tracing::debug!(thread = self.ctx.index(), "draining");
+                    now
+                });
+                let drained = self.run_drains();
+                if drained && !backlog && !self.inbox_pending() {
+                    break;
+                }
+                if now - start >= self.opts.drain_timeout {
+                    let left: Vec<&str> = self.ctx.drains.iter().map(|(n, _)| n.as_str()).collect();
+                    tracing::warn!(
+                        thread = self.ctx.index(),
+                        core = self.ctx.core(),
+                        "drain timed out after {:?}; not drained: {left:?}",
+                        self.opts.drain_timeout
+                    );
+                    break;
+                }
+                phase = if busy { Phase::Busy } else { Phase::Idle };
+                continue;
+            }
+
+            if busy || backlog {
+                last_work = now;
+                phase = Phase::Busy;
+            } else if now - last_work >= self.opts.idle_threshold && self.sleep() {
+                phase = Phase::Asleep;
+            } else {
+                phase = Phase::Idle;
+            }
+        }
+        self.close();
+    }
+
+    fn inbox_pending(&self) -> bool {
+        self.consumers.iter().any(|c| !c.is_empty())
+            || self.ctx.me.external_pending.load(Ordering::Acquire)
+    }
+
+    fn run_messages(&mut self) -> bool {
+        let mut n = 0u64;
+        for c in &mut self.consumers {
+            for _ in 0..MSG_BATCH {
+                match c.pop() {
+                    Ok(m) => {
+                        m(&mut self.ctx);
+                        n += 1;
+                    }
+                    Err(_) => break,
+                }
+            }
+        }
+        if self.ctx.me.external_pending.load(Ordering::Acquire) {
+            let batch = {
+                let mut ext = lock(&self.ctx.me.external);
+                self.ctx.me.external_pending.store(false, Ordering::Relaxed);
+                std::mem::take(&mut ext.queue)
+            };
+            for m in batch {
+                m(&mut self.ctx);
+                n += 1;
+            }
+        }
+        self.ctx.stats.messages += n;
+        n > 0
+    }
+
+    fn run_timers(&mut self, now: Instant) -> bool {
+        let mut fired = 0u64;
+        let ctx = &mut self.ctx;
+        while let Some(&Reverse((deadline, id))) = ctx.timers.heap.peek() {
+            if deadline > now {
+                break;
+            }
+            ctx.timers.heap.pop();
+            let Some(kind) = ctx.timers.live.remove(&id) else {
+                continue; // cancelled
+            };
+            fired += 1;
+            match kind {
+                TimerKind::Once(f) => f(ctx),
+                TimerKind::Periodic(period, mut f) => {
+                    ctx.timers.firing = Some((id, false));
+                    f(ctx);
+                    let cancelled = matches!(ctx.timers.firing.take(), Some((_, true)));
+                    if !cancelled {
+                        let mut next = deadline + period;
+                        if next <= now {
+                            next = now + period;
+                        }
+                        ctx.timers.heap.push(Reverse((next, id)));
+                        ctx.timers.live.insert(id, TimerKind::Periodic(period, f));
+                    }
+                }
+            }
+        }
+        ctx.stats.timers_fired += fired;
+        fired > 0
+    }
+
+    fn run_pollers(&mut self) -> bool {
+        let mut busy = false;
+        let mut removed = false;
+        let mut i = 0;
+        // Pollers registered meanwhile are appended and run this pass too.
+        while i < self.ctx.pollers.len() {
+            let p = &mut self.ctx.pollers[i];
+            if p.removed {
+                removed = true;
+            } else if let Some(mut f) = p.f.take() {
+                let r = f(&mut self.ctx);
+                let p = &mut self.ctx.pollers[i];
+                p.f = Some(f);
+                p.runs += 1;
+                if r == Poll::Busy {
+                    p.busy_runs += 1;
+                    busy = true;
+                }
+                removed |= p.removed;
+            }
+            i += 1;
+        }
+        if removed {
+            self.ctx.pollers.retain(|p| !p.removed);
+        }
+        busy
+    }
+
+    /// Runs drain callbacks, dropping those that report drained; true once
+    /// none is left.
+    fn run_drains(&mut self) -> bool {
+        let mut i = 0;
+        while i < self.ctx.drains.len() {
+            let Some(mut f) = self.ctx.drains[i].1.take() else {
+                i += 1;
+                continue;
+            };
+            if f(&mut self.ctx) {
+                self.ctx.drains.remove(i);
+            } else {
+                self.ctx.drains[i].1 = Some(f);
+                i += 1;
+            }
+        }
+        self.ctx.drains.is_empty()
+    }
+
+    /// Sleeps in epoll until a message, the next timer or a registered
+    /// descriptor wakes the thread; false if it did not sleep.
+    fn sleep(&mut self) -> bool {
+        for hook in &mut self.ctx.sleep_hooks {
+            if !hook() {
+                return false;
+            }
+        }
+        let next = self.ctx.timers.next_deadline();
+        let after = match next {
+            Some(d) if d <= self.ctx.now => return false,
+            Some(d) => Some(d - self.ctx.now),
+            None => None,
+        };
+        if let Err(e) = self.timerfd.set(after) {
+            tracing::error!(
+                thread = self.ctx.index(),
+                "arming the timerfd failed, not sleeping: {e}"
+            );
+            return false;
+        }
+        let me = self.ctx.me.clone();
+        me.asleep.store(true, Ordering::Relaxed);
+        // Pairs with the fence in senders' notification: either they see
+        // `asleep` set, or this sees their message.
+        fence(Ordering::SeqCst);
+        if self.inbox_pending() || self.ctx.shared.stop.load(Ordering::Relaxed) {
+            me.asleep.store(false, Ordering::Relaxed);
+            return false;
+        }
+        let mut events = [libc::epoll_event { events: 0, u64: 0 }; 8];
+        let n = match self.ctx.epoll.wait(&mut events, -1) {
+            Ok(n) => n,
+            Err(e) => {
+                tracing::error!(thread = self.ctx.index(), "epoll_wait failed: {e}");
+                0
+            }
+        };
+        me.asleep.store(false, Ordering::Relaxed);
+        self.ctx.stats.sleeps += 1;
+        for ev in &events[..n] {
+            let r = match ev.u64 {
+                TOKEN_WAKE => me.wake.drain().map(drop),
+                TOKEN_TIMER => self.timerfd.drain().map(drop),
+                _ => {
+                    self.ctx.stats.fd_wakeups += 1;
+                    Ok(())
+                }
+            };
+            if let Err(e) = r {
+                tracing::error!(
+                    thread = self.ctx.index(),
+                    "reading a wake-up descriptor failed: {e}"
+                );
+            }
+        }
+        true
+    }
+
+    /// Refuses further external messages and drops those left.
+    fn close(self) {
+        let left = {
+            let mut ext = lock(&self.ctx.me.external);
+            ext.closed = true;
+            std::mem::take(&mut ext.queue)
+        };
+        tracing::debug!(
+            thread = self.ctx.index(),
+            dropped = left.len(),
+            "runtime thread exits"
+        );
+        drop(left);
+    }
+}
+
+/// Locks, ignoring poisoning (the data are queues that stay consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
