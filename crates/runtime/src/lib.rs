@@ -59,8 +59,13 @@
 //! [`RuntimeOptions::drain_timeout`] passes; then it joins the threads.
 //! [`RuntimeHandle::stop_on_signals`] triggers this on SIGINT/SIGTERM.
 //!
-//! Not (yet) provided: SPDK's dynamic scheduler moving pollers between
-//! threads so lightly loaded cores can sleep.
+//! # Scheduler
+//!
+//! Optionally ([`RuntimeOptions::scheduler`]), a simple form of SPDK's
+//! dynamic scheduler consolidates work: pollers registered as movable
+//! leave lightly loaded threads for thread 0 while it has room, so the
+//! emptied cores sleep. It does not spread pollers back out when thread 0
+//! becomes overloaded.
 
 mod reactor;
 mod sys;
@@ -127,6 +132,30 @@ pub struct RuntimeOptions {
     pub inbox_capacity: usize,
     /// Name prefix of the OS threads (`{prefix}-{core}`).
     pub thread_name: String,
+    /// Moves movable pollers off lightly loaded threads (None: off).
+    pub scheduler: Option<SchedulerOptions>,
+}
+
+/// The scheduler: every `period`, each thread other than thread 0 whose
+/// load (busy share of its time) was at most `light_load` hands its
+/// movable pollers ([`ThreadCtx::register_movable_poller`]) to thread 0,
+/// if thread 0's load plus its own stays at most `main_cap`. The emptied
+/// thread then sleeps. Pollers are never spread back out.
+#[derive(Clone, Debug)]
+pub struct SchedulerOptions {
+    pub period: Duration,
+    pub light_load: f64,
+    pub main_cap: f64,
+}
+
+impl Default for SchedulerOptions {
+    fn default() -> Self {
+        Self {
+            period: Duration::from_millis(100),
+            light_load: 0.2,
+            main_cap: 0.8,
+        }
+    }
 }
 
 impl Default for RuntimeOptions {
@@ -136,6 +165,7 @@ impl Default for RuntimeOptions {
             drain_timeout: Duration::from_secs(5),
             inbox_capacity: 1024,
             thread_name: "pollux-rt".into(),
+            scheduler: None,
         }
     }
 }

@@ -67,13 +67,38 @@ pub struct PollerId(u64);
 pub struct TimerId(u64);
 
 type PollerFn = Box<dyn FnMut(&mut ThreadCtx) -> Poll>;
+type MovableFn = Box<dyn FnMut(&mut ThreadCtx) -> Poll + Send>;
+
+/// A poller's closure: movable ones may migrate between threads.
+enum PollerBox {
+    Local(PollerFn),
+    Movable(MovableFn),
+}
+
+impl PollerBox {
+    fn call(&mut self, ctx: &mut ThreadCtx) -> Poll {
+        match self {
+            PollerBox::Local(f) => f(ctx),
+            PollerBox::Movable(f) => f(ctx),
+        }
+    }
+}
+
+/// A movable poller in transit to another thread.
+struct Moving {
+    id: PollerId,
+    name: String,
+    f: MovableFn,
+    runs: u64,
+    busy_runs: u64,
+}
 type DrainFn = Box<dyn FnMut(&mut ThreadCtx) -> bool>;
 
 struct PollerEntry {
     id: PollerId,
     name: String,
     /// None while it runs (so it can get `&mut ThreadCtx`).
-    f: Option<PollerFn>,
+    f: Option<PollerBox>,
     runs: u64,
     busy_runs: u64,
     removed: bool,
@@ -161,6 +186,11 @@ pub struct ThreadCtx {
     epoll: Epoll,
     stats: ThreadStats,
     draining: bool,
+    /// Scheduler state: busy and total time at the last tick, the main
+    /// thread's load, and whether an offer to the main thread is out.
+    load_mark: (Duration, Duration),
+    main_load: f64,
+    migration_pending: bool,
 }
 
 /// Token of the thread's own eventfd and timerfd in its epoll set; user
@@ -268,7 +298,7 @@ impl ThreadCtx {
         self.pollers.push(PollerEntry {
             id,
             name: name.into(),
-            f: Some(Box::new(f)),
+            f: Some(PollerBox::Local(Box::new(f))),
             runs: 0,
             busy_runs: 0,
             removed: false,
@@ -328,9 +358,137 @@ impl ThreadCtx {
         TimerId(id)
     }
 
+    /// Ids are unique runtime-wide (thread index in the top 16 bits), so a
+    /// poller keeps its id when it migrates.
     fn fresh_id(&mut self) -> u64 {
         self.next_id += 1;
-        self.next_id
+        ((self.me.index as u64) << 48) | self.next_id
+    }
+
+    /// Registers a poller the scheduler (see
+    /// [`RuntimeOptions::scheduler`](crate::RuntimeOptions::scheduler)) may
+    /// move to another thread, keeping its id and counters: it must be
+    /// `Send` and must not rely on which thread runs it (it reads
+    /// [`index`](Self::index) to know). It can remove itself with
+    /// [`unregister_poller`](Self::unregister_poller) wherever it runs.
+    pub fn register_movable_poller(
+        &mut self,
+        name: impl Into<String>,
+        f: impl FnMut(&mut ThreadCtx) -> Poll + Send + 'static,
+    ) -> PollerId {
+        let id = PollerId(self.fresh_id());
+        self.adopt(Moving {
+            id,
+            name: name.into(),
+            f: Box::new(f),
+            runs: 0,
+            busy_runs: 0,
+        });
+        id
+    }
+
+    fn adopt(&mut self, m: Moving) {
+        self.pollers.push(PollerEntry {
+            id: m.id,
+            name: m.name,
+            f: Some(PollerBox::Movable(m.f)),
+            runs: m.runs,
+            busy_runs: m.busy_runs,
+            removed: false,
+        });
+    }
+
+    /// Takes this thread's movable pollers out (between poller passes:
+    /// called from messages only).
+    fn take_movable(&mut self) -> Vec<Moving> {
+        let mut out = Vec::new();
+        let mut kept = Vec::with_capacity(self.pollers.len());
+        for p in self.pollers.drain(..) {
+            match p.f {
+                Some(PollerBox::Movable(f)) if !p.removed => out.push(Moving {
+                    id: p.id,
+                    name: p.name,
+                    f,
+                    runs: p.runs,
+                    busy_runs: p.busy_runs,
+                }),
+                f => kept.push(PollerEntry { f, ..p }),
+            }
+        }
+        self.pollers = kept;
+        out
+    }
+
+    fn has_movable(&self) -> bool {
+        self.pollers
+            .iter()
+            .any(|p| !p.removed && matches!(p.f, Some(PollerBox::Movable(_))))
+    }
+
+    /// The share of time busy since the last call (0..=1).
+    fn load_since_last(&mut self) -> f64 {
+        let s = &self.stats;
+        let (busy, total) = (s.busy, s.busy + s.idle + s.asleep);
+        let (b0, t0) = std::mem::replace(&mut self.load_mark, (busy, total));
+        let dt = total.saturating_sub(t0).as_secs_f64();
+        if dt <= 0.0 {
+            return 0.0;
+        }
+        (busy.saturating_sub(b0).as_secs_f64() / dt).min(1.0)
+    }
+
+    /// The scheduler tick (a periodic timer on every thread when the
+    /// scheduler is on). The main thread (index 0) records its load; a
+    /// lightly loaded other thread offers its movable pollers to the main
+    /// thread, which takes them if its load stays under the cap, so the
+    /// emptied thread can sleep.
+    fn scheduler_tick(&mut self, opts: &crate::SchedulerOptions) {
+        let load = self.load_since_last();
+        if self.index() == 0 {
+            self.main_load = load;
+            return;
+        }
+        if load > opts.light_load || !self.has_movable() || self.migration_pending {
+            return;
+        }
+        self.migration_pending = true;
+        let cap = opts.main_cap;
+        let from = self.index();
+        let r = self.call(
+            0,
+            move |main| {
+                let accept = main.main_load + load <= cap;
+                if accept {
+                    // Count what it takes on until its next tick.
+                    main.main_load += load;
+                }
+                accept
+            },
+            move |src, accept| {
+                src.migration_pending = false;
+                if !accept {
+                    return;
+                }
+                let moving = src.take_movable();
+                if moving.is_empty() {
+                    return;
+                }
+                tracing::debug!(
+                    from,
+                    n = moving.len(),
+                    "scheduler: moving pollers to thread 0"
+                );
+                if let Err(e) = src.send(0, move |main| {
+                    moving.into_iter().for_each(|m| main.adopt(m))
+                }) {
+                    tracing::error!(from, "scheduler: moving pollers failed, they are lost: {e}");
+                }
+            },
+        );
+        if let Err(e) = r {
+            self.migration_pending = false;
+            tracing::warn!(from, "scheduler: cannot reach thread 0: {e}");
+        }
     }
 
     /// Registers a callback run repeatedly once shutdown is requested,
@@ -543,6 +701,9 @@ impl Reactor {
                 epoll,
                 stats,
                 draining: false,
+                load_mark: (Duration::ZERO, Duration::ZERO),
+                main_load: 0.0,
+                migration_pending: false,
             },
             consumers,
             timerfd,
@@ -553,6 +714,10 @@ impl Reactor {
     pub(crate) fn run_with(p: Prepared, init: impl FnOnce(&mut ThreadCtx)) {
         let mut this = Self::new(p);
         this.ctx.now = Instant::now();
+        if let Some(sched) = this.opts.scheduler.clone() {
+            this.ctx
+                .add_periodic(sched.period, move |ctx| ctx.scheduler_tick(&sched));
+        }
         init(&mut this.ctx);
         this.ctx.notify_targets();
         this.run();
@@ -694,7 +859,7 @@ impl Reactor {
             if p.removed {
                 removed = true;
             } else if let Some(mut f) = p.f.take() {
-                let r = f(&mut self.ctx);
+                let r = f.call(&mut self.ctx);
                 let p = &mut self.ctx.pollers[i];
                 p.f = Some(f);
                 p.runs += 1;
