@@ -366,6 +366,10 @@ impl RuntimeHandle {
     /// Refuses further messages from outside the runtime, lets every
     /// thread drain (its drain callbacks report drained and its inbox is
     /// empty, or the drain timeout passes), and joins the threads.
+    /// Runtime threads may still message each other while draining, but
+    /// each exits on its own once drained: a later message to it fails
+    /// with [`Error::ThreadGone`] (or, in a race with its exit, is dropped
+    /// unrun).
     pub fn shutdown(&self) -> Result<()> {
         self.request_shutdown();
         self.wait()
