@@ -222,8 +222,7 @@ impl<'a> DmaSlice<'a> {
     /// Detaches the slice from the borrow, for requests that wait in the
     /// software queue. The caller keeps the buffer alive until completion
     /// (the same contract as any in-flight DMA).
-    #[doc(hidden)]
-    pub fn to_owned_ref(self) -> SliceRef {
+    pub(crate) fn to_owned_ref(self) -> SliceRef {
         match self.pages {
             None => SliceRef {
                 iova: Iova::Contiguous(self.iova0),
@@ -241,16 +240,15 @@ impl<'a> DmaSlice<'a> {
 
 /// A slice's bus addresses without the borrow (see `DmaSlice::to_owned_ref`).
 #[derive(Clone, Debug)]
-#[doc(hidden)]
-pub struct SliceRef {
+pub(crate) struct SliceRef {
     iova: Iova,
     off: usize,
-    pub len: usize,
+    pub(crate) len: usize,
 }
 
 impl SliceRef {
     #[inline]
-    pub fn iova_at(&self, i: usize) -> u64 {
+    pub(crate) fn iova_at(&self, i: usize) -> u64 {
         let o = self.off + i;
         match &self.iova {
             Iova::Contiguous(b) => b + o as u64,
