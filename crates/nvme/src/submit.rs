@@ -335,6 +335,16 @@ fn refused_owned(r: Result<(), (SubmitError, Option<IoBuf>)>) -> Result<(), Refu
 }
 
 impl<'a, T: Transport> Submitter<'a, T> {
+    /// A shorter-lived view of the same queue pair, for handing on (a
+    /// layer above wraps it in its own view).
+    #[inline(always)]
+    pub fn reborrow(&mut self) -> Submitter<'_, T> {
+        Submitter {
+            core: &mut *self.core,
+            sq: &mut *self.sq,
+        }
+    }
+
     /// Issues one command on tracker `cid`. On error the tracker is returned
     /// to the free list and nothing is sent.
     #[allow(clippy::too_many_arguments)]

@@ -1,0 +1,283 @@
+//! `Bdev` (a block device, shared by every thread that uses it), `Desc`
+//! (an opened bdev) and the backends' shared state.
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+
+use pollux_nvme::{Controller, IoBuf, QpairOptions, Transport};
+
+use crate::channel::{ChanBe, Channel, Common};
+use crate::error::{Error, Result};
+use crate::info::{random_uuid, BdevInfo, Caps};
+use crate::local::{LocalChan, LocalShared, RamStore};
+use crate::never::NoNvme;
+use crate::nvme::{NvmeChan, NvmeShared};
+use crate::stats::{BdevStats, Registry};
+
+/// A block device. Cheap to clone (shared); every thread that does I/O
+/// opens it and takes its own [`Channel`].
+///
+/// `T` is the NVMe transport of the `nvme` backend; a bdev without one
+/// uses the default [`NoNvme`].
+pub struct Bdev<T: Transport = NoNvme>(pub(crate) Arc<Inner<T>>);
+
+impl<T: Transport> Clone for Bdev<T> {
+    fn clone(&self) -> Self {
+        Bdev(self.0.clone())
+    }
+}
+
+pub(crate) struct Inner<T: Transport> {
+    pub info: BdevInfo,
+    pub backend: Shared<T>,
+    pub stats: Arc<Registry>,
+}
+
+pub(crate) enum Shared<T: Transport> {
+    Local(Arc<LocalShared>),
+    Nvme(NvmeShared<T>),
+}
+
+/// Options of one channel.
+#[derive(Clone, Debug)]
+pub struct ChannelOptions {
+    /// Most requests outstanding at once (an NVMe channel's queue depth).
+    pub depth: u32,
+    /// Track latency per request (reads the clock twice per I/O).
+    pub latency: bool,
+    /// NVMe backend: queue pair options other than the depth (None: the
+    /// bdev's defaults).
+    pub nvme: Option<QpairOptions>,
+}
+
+impl Default for ChannelOptions {
+    fn default() -> Self {
+        ChannelOptions {
+            depth: 128,
+            latency: false,
+            nvme: None,
+        }
+    }
+}
+
+fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
+    let bad = |msg: String| {
+        Err(Error::Invalid {
+            name: name.to_string(),
+            msg,
+        })
+    };
+    if name.is_empty() {
+        return bad("the name is empty".into());
+    }
+    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
+        return bad(format!(
+            "block size {block_size} is not a power of two between 512 and 65536"
+        ));
+    }
+    if num_blocks == 0 {
+        return bad("it has no blocks".into());
+    }
+    if num_blocks.checked_mul(block_size as u64).is_none() {
+        return bad(format!(
+            "{num_blocks} blocks of {block_size} bytes overflow"
+        ));
+    }
+    Ok(())
+}
+
+impl<T: Transport> Bdev<T> {
+    fn local(name: &str, block_size: u32, num_blocks: u64, ram: Option<RamStore>) -> Bdev<T> {
+        let is_ram = ram.is_some();
+        Bdev(Arc::new(Inner {
+            info: BdevInfo {
+                name: name.to_string(),
+                uuid: random_uuid(),
+                block_size,
+                num_blocks,
+                buf_align: 1,
+                max_transfer: u32::MAX,
+                backend: if is_ram { "ram" } else { "null" },
+                caps: Caps {
+                    flush: true,
+                    write_zeroes: true,
+                    unmap: true,
+                    reset: true,
+                    nvme_passthru: false,
+                },
+            },
+            backend: Shared::Local(Arc::new(LocalShared {
+                failed: Default::default(),
+                ram,
+            })),
+            stats: Default::default(),
+        }))
+    }
+
+    /// A bdev that stores nothing: writes are dropped, reads return the
+    /// buffer untouched (SPDK's `bdev_null_create`).
+    pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+        check_geometry(name, block_size, num_blocks)?;
+        Ok(Bdev::local(name, block_size, num_blocks, None))
+    }
+
+    /// A RAM disk, zeroed (SPDK's `bdev_malloc_create`).
+    pub fn ram(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+        check_geometry(name, block_size, num_blocks)?;
+        let store = RamStore::new(num_blocks * block_size as u64).map_err(|source| Error::Os {
+            name: name.to_string(),
+            source,
+        })?;
+        Ok(Bdev::local(name, block_size, num_blocks, Some(store)))
+    }
+
+    /// Namespace `nsid` of an NVMe controller; each channel gets its own
+    /// I/O queue pair (`qopts`, with the channel's depth).
+    pub fn nvme(
+        name: &str,
+        ctrl: Arc<Controller<T>>,
+        nsid: u32,
+        qopts: QpairOptions,
+    ) -> Result<Bdev<T>> {
+        let ns = ctrl.namespace(nsid).ok_or_else(|| Error::Invalid {
+            name: name.to_string(),
+            msg: format!(
+                "controller {} has no active namespace {nsid}",
+                ctrl.describe()
+            ),
+        })?;
+        check_geometry(name, ns.lba_size(), ns.nsze)?;
+        let info = BdevInfo {
+            name: name.to_string(),
+            uuid: random_uuid(),
+            block_size: ns.lba_size(),
+            num_blocks: ns.nsze,
+            buf_align: 4,
+            max_transfer: ctrl.max_transfer(),
+            backend: "nvme",
+            caps: Caps {
+                flush: true,
+                write_zeroes: true,
+                unmap: true,
+                reset: true,
+                nvme_passthru: true,
+            },
+        };
+        Ok(Bdev(Arc::new(Inner {
+            info,
+            backend: Shared::Nvme(NvmeShared { ctrl, ns, qopts }),
+            stats: Default::default(),
+        })))
+    }
+
+    /// The same bdev with another UUID (before it is shared or opened).
+    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev<T>> {
+        match Arc::get_mut(&mut self.0) {
+            Some(i) => {
+                i.info.uuid = uuid;
+                Ok(self)
+            }
+            None => Err(Error::Invalid {
+                name: self.0.info.name.clone(),
+                msg: "the UUID can only be set before the bdev is shared".into(),
+            }),
+        }
+    }
+
+    pub fn info(&self) -> &BdevInfo {
+        &self.0.info
+    }
+
+    pub fn name(&self) -> &str {
+        &self.0.info.name
+    }
+
+    /// Opens the bdev; `write` allows writes, write zeroes and unmap.
+    pub fn open(&self, write: bool) -> Desc<T> {
+        Desc {
+            bdev: self.clone(),
+            write,
+        }
+    }
+
+    /// Statistics of every channel, live and closed.
+    pub fn stats(&self) -> BdevStats {
+        self.0.stats.snapshot()
+    }
+
+    /// Forgets the latency recorded so far.
+    pub fn reset_latency(&self) {
+        self.0.stats.reset_latency()
+    }
+
+    /// A buffer of `len` bytes this bdev can transfer to and from (DMA
+    /// memory of the controller for NVMe; page-aligned host memory else).
+    pub fn alloc_buf(&self, len: usize) -> Result<IoBuf> {
+        match &self.0.backend {
+            Shared::Local(_) => crate::mem::alloc_host_buf(len).map_err(|source| Error::Os {
+                name: self.name().to_string(),
+                source,
+            }),
+            Shared::Nvme(n) => {
+                n.ctrl
+                    .alloc_dma(len)
+                    .map(IoBuf::new)
+                    .map_err(|source| Error::Nvme {
+                        name: self.name().to_string(),
+                        source,
+                    })
+            }
+        }
+    }
+
+    /// Testing aid (SPDK's error bdev): a null or RAM bdev fails from now
+    /// on: every request outstanding on any channel completes with
+    /// `IoError::Failed`, later ones are refused. False for other backends.
+    pub fn inject_failure(&self) -> bool {
+        match &self.0.backend {
+            Shared::Local(l) => {
+                l.failed.store(true, Relaxed);
+                true
+            }
+            Shared::Nvme(_) => false,
+        }
+    }
+}
+
+/// An opened bdev: what channels are taken from.
+pub struct Desc<T: Transport = NoNvme> {
+    bdev: Bdev<T>,
+    write: bool,
+}
+
+impl<T: Transport> Desc<T> {
+    pub fn bdev(&self) -> &Bdev<T> {
+        &self.bdev
+    }
+
+    pub fn writable(&self) -> bool {
+        self.write
+    }
+
+    /// A channel for the calling thread: all I/O on it is lock-free.
+    pub fn channel(&self, opts: &ChannelOptions) -> Result<Channel<T>> {
+        let inner = &self.bdev.0;
+        let name = || inner.info.name.clone();
+        if opts.depth == 0 || opts.depth > 65535 {
+            return Err(Error::Invalid {
+                name: name(),
+                msg: format!("channel depth {} is not in 1..=65535", opts.depth),
+            });
+        }
+        let be = match &inner.backend {
+            Shared::Local(l) => ChanBe::Local(LocalChan::new(l.clone(), opts.depth)),
+            Shared::Nvme(n) => {
+                ChanBe::Nvme(NvmeChan::open(n, opts).map_err(|source| Error::Nvme {
+                    name: name(),
+                    source,
+                })?)
+            }
+        };
+        let c = Common::new(&inner.info, self.write, inner.stats.clone(), opts.latency);
+        Ok(Channel::new(c, be, self.bdev.clone()))
+    }
+}

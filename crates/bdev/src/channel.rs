@@ -1,0 +1,599 @@
+//! The submit path: a thread's [`Channel`] and its borrowed submission
+//! view [`Io`], which completion handlers get too.
+//!
+//! Every request is checked here the same way for every backend (user
+//! data, write permission, whole blocks, range), counted in the channel's
+//! statistics, and handed to its backend by one `match`: no `dyn` call.
+//! For NVMe the range and length checks are the queue pair's own (it makes
+//! them anyway), so the layer adds no second copy of them.
+use std::sync::Arc;
+
+use pollux_nvme::{IoBuf, Transport};
+use pollux_spec::Sqe;
+
+use crate::bdev::Bdev;
+use crate::data::{Completion, Data};
+use crate::error::{IoError, Refused, SubmitError};
+use crate::info::BdevInfo;
+use crate::latency::Latency;
+use crate::local::{LocalChan, LocalOp};
+use crate::never::NoNvme;
+use crate::nvme::{NvmeChan, NvmeSide};
+use crate::split::{Parents, CHILD, MAX_CHILDREN};
+use crate::stats::{bump, ChanCounters, Registry};
+
+/// Most blocks of one NVMe Write Zeroes or deallocate command.
+const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
+
+/// What every backend's channel shares: the checks' inputs, counters,
+/// latency slots and split parents.
+pub(crate) struct Common {
+    pub shift: u32,
+    pub num_blocks: u64,
+    pub writable: bool,
+    pub ctr: Arc<ChanCounters>,
+    pub lat: Option<Box<Latency>>,
+    pub parents: Parents,
+    pub reg: Arc<Registry>,
+    pub backend: &'static str,
+}
+
+impl Common {
+    pub fn new(info: &BdevInfo, writable: bool, reg: Arc<Registry>, latency: bool) -> Common {
+        Common {
+            shift: info.block_shift(),
+            num_blocks: info.num_blocks,
+            writable,
+            ctr: reg.register(),
+            lat: latency.then(|| Box::new(Latency::new())),
+            parents: Parents::default(),
+            reg,
+            backend: info.backend,
+        }
+    }
+
+    /// `[lba, lba + nlb)` inside the bdev.
+    #[inline(always)]
+    fn range(&self, lba: u64, nlb: u64) -> Result<(), SubmitError> {
+        match lba.checked_add(nlb) {
+            Some(end) if end <= self.num_blocks && nlb > 0 => Ok(()),
+            _ if nlb == 0 => Err(SubmitError::ZeroLength),
+            _ => Err(SubmitError::OutOfRange {
+                lba,
+                nlb,
+                num_blocks: self.num_blocks,
+            }),
+        }
+    }
+
+    /// Blocks in `len` bytes, which must be whole blocks.
+    #[inline(always)]
+    fn blocks(&self, len: usize) -> Result<u64, SubmitError> {
+        if len & ((1usize << self.shift) - 1) != 0 {
+            return Err(SubmitError::NotBlockMultiple {
+                len,
+                block_size: 1 << self.shift,
+            });
+        }
+        Ok((len >> self.shift) as u64)
+    }
+
+    /// Checks common to every request; returns the user data to carry.
+    #[inline(always)]
+    fn admit(&mut self, user_data: u64, writes: bool) -> Result<u64, SubmitError> {
+        if user_data & CHILD != 0 {
+            return Err(SubmitError::ReservedUserData(user_data));
+        }
+        if writes && !self.writable {
+            return Err(SubmitError::ReadOnly);
+        }
+        Ok(match &mut self.lat {
+            None => user_data,
+            Some(l) => l.start(user_data),
+        })
+    }
+
+    /// The request carrying `carried` was refused after `admit`.
+    #[cold]
+    fn unadmit(&mut self, carried: u64) {
+        if let Some(l) = &mut self.lat {
+            l.cancel(carried);
+        }
+    }
+
+    #[inline(always)]
+    fn count(&self, write: bool, len: usize) {
+        let c = &*self.ctr;
+        if write {
+            bump(&c.writes, 1);
+            bump(&c.write_bytes, len as u64);
+        } else {
+            bump(&c.reads, 1);
+            bump(&c.read_bytes, len as u64);
+        }
+    }
+
+    #[inline(always)]
+    fn count_other(&self) {
+        bump(&self.ctr.others, 1);
+    }
+}
+
+/// The same error in the layer's terms where one exists.
+#[cold]
+fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
+    use pollux_nvme::SubmitError as N;
+    match e {
+        N::LbaOutOfRange { lba, nlb, nsze } => SubmitError::OutOfRange {
+            lba,
+            nlb: nlb as u64,
+            num_blocks: nsze,
+        },
+        N::ZeroLength => SubmitError::ZeroLength,
+        N::BufferLength { got, .. } if got % block_size as usize != 0 => {
+            SubmitError::NotBlockMultiple {
+                len: got,
+                block_size,
+            }
+        }
+        e => SubmitError::Nvme(e),
+    }
+}
+
+// Boxing the queue pair would add a dependent load to every request.
+#[allow(clippy::large_enum_variant)]
+pub(crate) enum ChanBe<T: Transport> {
+    Local(LocalChan),
+    Nvme(NvmeChan<T>),
+}
+
+/// A thread's channel to a bdev. All I/O on it is lock-free and
+/// atomic-free; it is `Send` (it may be built on one thread and moved to
+/// the one that uses it) but not shared: every call takes `&mut self`.
+pub struct Channel<T: Transport = NoNvme> {
+    pub(crate) c: Common,
+    pub(crate) be: ChanBe<T>,
+    bdev: Bdev<T>,
+}
+
+impl<T: Transport> Channel<T> {
+    pub(crate) fn new(c: Common, be: ChanBe<T>, bdev: Bdev<T>) -> Channel<T> {
+        Channel { c, be, bdev }
+    }
+
+    pub fn bdev(&self) -> &Bdev<T> {
+        &self.bdev
+    }
+
+    /// The submission view (what handlers get).
+    #[inline(always)]
+    pub fn io(&mut self) -> Io<'_, T> {
+        let be = match &mut self.be {
+            ChanBe::Local(l) => IoBe::Local(l),
+            ChanBe::Nvme(n) => IoBe::Nvme(n.qp.submitter(), &mut n.side),
+        };
+        Io { c: &mut self.c, be }
+    }
+
+    /// Requests submitted and not yet completed to the handler.
+    pub fn outstanding(&self) -> usize {
+        match &self.be {
+            ChanBe::Local(l) => l.outstanding() + self.c.parents.open_count(),
+            ChanBe::Nvme(n) => n.qp.outstanding() as usize + n.side.deferred.len(),
+        }
+    }
+
+    /// The NVMe queue pair behind this channel (stats, interrupts), if any.
+    pub fn nvme_qpair(&mut self) -> Option<&mut pollux_nvme::QueuePair<T>> {
+        match &mut self.be {
+            ChanBe::Nvme(n) => Some(&mut n.qp),
+            ChanBe::Local(_) => None,
+        }
+    }
+
+    /// Tells the backend about requests submitted since the last poll now
+    /// (a poll does it anyway).
+    pub fn flush(&mut self) {
+        if let ChanBe::Nvme(n) = &mut self.be {
+            n.qp.flush();
+        }
+    }
+
+    #[inline(always)]
+    pub fn read(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+        self.io().read(lba, buf, user_data)
+    }
+
+    #[inline(always)]
+    pub fn write(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+        self.io().write(lba, buf, user_data)
+    }
+
+    pub fn readv(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
+        self.io().readv(lba, bufs, user_data)
+    }
+
+    pub fn writev(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
+        self.io().writev(lba, bufs, user_data)
+    }
+
+    pub fn flush_cache(&mut self, user_data: u64) -> Result<(), SubmitError> {
+        self.io().flush_cache(user_data)
+    }
+
+    pub fn write_zeroes(&mut self, lba: u64, nlb: u64, user_data: u64) -> Result<(), SubmitError> {
+        self.io().write_zeroes(lba, nlb, user_data)
+    }
+
+    pub fn unmap(&mut self, lba: u64, nlb: u64, user_data: u64) -> Result<(), SubmitError> {
+        self.io().unmap(lba, nlb, user_data)
+    }
+
+    pub fn reset(&mut self, user_data: u64) -> Result<(), SubmitError> {
+        self.io().reset(user_data)
+    }
+
+    pub fn nvme_passthru(
+        &mut self,
+        sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.io().nvme_passthru(sqe, data, user_data)
+    }
+}
+
+impl<T: Transport> Drop for Channel<T> {
+    fn drop(&mut self) {
+        if let Some(l) = &self.c.lat {
+            self.c.reg.merge_latency(&l.hist);
+        }
+        self.c.reg.retire(&self.c.ctr);
+    }
+}
+
+pub(crate) enum IoBe<'a, T: Transport> {
+    Local(&'a mut LocalChan),
+    Nvme(pollux_nvme::Submitter<'a, T>, &'a mut NvmeSide<T>),
+}
+
+/// A channel's submission half, borrowed: from [`Channel::io`], and in
+/// every completion handler.
+pub struct Io<'a, T: Transport = NoNvme> {
+    pub(crate) c: &'a mut Common,
+    pub(crate) be: IoBe<'a, T>,
+}
+
+impl<'a, T: Transport> Io<'a, T> {
+    /// Reads `buf.len()` bytes (whole blocks) at block `lba` into `buf`,
+    /// which comes back in the completion.
+    #[inline(always)]
+    pub fn read(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+        self.rw(false, lba, buf, user_data)
+    }
+
+    /// Writes `buf` (whole blocks) at block `lba`.
+    #[inline(always)]
+    pub fn write(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+        self.rw(true, lba, buf, user_data)
+    }
+
+    #[inline(always)]
+    fn rw(&mut self, write: bool, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+        let ud = match self.c.admit(user_data, write) {
+            Ok(ud) => ud,
+            Err(e) => return Err(Refused::new(e, Data::One(buf))),
+        };
+        let len = buf.len();
+        let r = match &mut self.be {
+            IoBe::Nvme(sub, side) => {
+                let nlb = (len >> self.c.shift) as u32;
+                let r = if write {
+                    sub.write(&side.ns, lba, nlb, buf, ud)
+                } else {
+                    sub.read(&side.ns, lba, nlb, buf, ud)
+                };
+                r.map_err(|r| Refused::new(from_nvme(r.error, 1 << self.c.shift), r.buf.into()))
+            }
+            IoBe::Local(l) => match self.c.blocks(len).and_then(|n| self.c.range(lba, n)) {
+                Ok(()) => {
+                    let op = if write { LocalOp::Write } else { LocalOp::Read };
+                    l.submit(op, lba << self.c.shift, len as u64, Data::One(buf), ud)
+                }
+                Err(e) => Err(Refused::new(e, Data::One(buf))),
+            },
+        };
+        match r {
+            Ok(()) => {
+                self.c.count(write, len);
+                Ok(())
+            }
+            Err(e) => {
+                self.c.unadmit(ud);
+                Err(e)
+            }
+        }
+    }
+
+    /// Reads into a vector of buffers (each whole blocks), in order, from
+    /// block `lba`; they come back in the completion as `Data::Vec`.
+    pub fn readv(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
+        self.rwv(false, lba, bufs, user_data)
+    }
+
+    /// Writes a vector of buffers (each whole blocks), in order, at `lba`.
+    pub fn writev(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
+        self.rwv(true, lba, bufs, user_data)
+    }
+
+    fn rwv(
+        &mut self,
+        write: bool,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        let checked = self.c.admit(user_data, write).and_then(|ud| {
+            let mut nlb = 0u64;
+            for b in &bufs {
+                match self.c.blocks(b.len()) {
+                    Ok(n) => nlb += n,
+                    Err(e) => {
+                        self.c.unadmit(ud);
+                        return Err(e);
+                    }
+                }
+            }
+            if bufs.len() > MAX_CHILDREN {
+                self.c.unadmit(ud);
+                return Err(SubmitError::TooManySegments {
+                    n: bufs.len(),
+                    max: MAX_CHILDREN,
+                });
+            }
+            match self.c.range(lba, nlb) {
+                Ok(()) => Ok((ud, nlb)),
+                Err(e) => {
+                    self.c.unadmit(ud);
+                    Err(e)
+                }
+            }
+        });
+        let (ud, nlb) = match checked {
+            Ok(x) => x,
+            Err(e) => return Err(Refused::new(e, Data::Vec(bufs))),
+        };
+        let len = (nlb << self.c.shift) as usize;
+        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        let r = match &mut self.be {
+            IoBe::Local(l) => l.submit(op, lba << self.c.shift, len as u64, Data::Vec(bufs), ud),
+            IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, ud),
+        };
+        match r {
+            Ok(()) => {
+                self.c.count(write, len);
+                Ok(())
+            }
+            Err(e) => {
+                self.c.unadmit(ud);
+                Err(e)
+            }
+        }
+    }
+
+    /// A vector on NVMe: one command per buffer under a parent. If a
+    /// command is refused after others were sent, the rest are not sent
+    /// and the parent completes with the error once the sent ones finish.
+    fn nvme_vec(
+        &mut self,
+        write: bool,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        let IoBe::Nvme(sub, side) = &mut self.be else {
+            return Err(Refused::new(SubmitError::Failed, Data::Vec(bufs)));
+        };
+        let n = bufs.len();
+        let shift = self.c.shift;
+        let parent = self.c.parents.open(ud, n as u32, n);
+        let mut at = lba;
+        let mut it = bufs.into_iter().enumerate();
+        while let Some((i, b)) = it.next() {
+            let nlb = (b.len() >> shift) as u32;
+            let cud = Parents::child_data(parent, i);
+            let r = if write {
+                sub.write(&side.ns, at, nlb, b, cud)
+            } else {
+                sub.read(&side.ns, at, nlb, b, cud)
+            };
+            at += nlb as u64;
+            if let Err(r) = r {
+                let error = from_nvme(r.error, 1 << shift);
+                if i == 0 {
+                    // Nothing sent: refuse the whole request.
+                    let mut back: Vec<IoBuf> = r.buf.into_iter().collect();
+                    back.extend(it.map(|(_, b)| b));
+                    self.c
+                        .parents
+                        .child_done(parent, 0, Err(IoError::Failed), None);
+                    // Close the parent silently (its other children never ran).
+                    for j in 1..n {
+                        self.c
+                            .parents
+                            .child_done(parent, j, Err(IoError::Failed), None);
+                    }
+                    return Err(Refused::new(error, Data::Vec(back)));
+                }
+                tracing::warn!(%error, index = i, "vector request partly refused; failing it");
+                let fail = Err(IoError::Failed);
+                let mut last = self.c.parents.child_done(parent, i, fail, r.buf);
+                for (j, b) in it.by_ref() {
+                    last = self.c.parents.child_done(parent, j, fail, Some(b));
+                }
+                debug_assert!(last.is_none(), "sent children are still outstanding");
+                return Ok(());
+            }
+        }
+        Ok(())
+    }
+
+    /// Makes written data durable.
+    pub fn flush_cache(&mut self, user_data: u64) -> Result<(), SubmitError> {
+        let ud = self.c.admit(user_data, false)?;
+        let r = match &mut self.be {
+            IoBe::Local(l) => l
+                .submit(LocalOp::None, 0, 0, Data::None, ud)
+                .map_err(|r| r.error),
+            IoBe::Nvme(sub, side) => sub
+                .flush_cache(&side.ns, ud)
+                .map_err(|e| from_nvme(e, 1 << self.c.shift)),
+        };
+        self.other_done(r, ud)
+    }
+
+    /// Writes zeroes to `nlb` blocks at `lba`.
+    pub fn write_zeroes(&mut self, lba: u64, nlb: u64, user_data: u64) -> Result<(), SubmitError> {
+        self.zero(lba, nlb, user_data, false)
+    }
+
+    /// Deallocates `nlb` blocks at `lba` (they read back as zeroes on RAM;
+    /// on NVMe as the controller's DLFEAT says).
+    pub fn unmap(&mut self, lba: u64, nlb: u64, user_data: u64) -> Result<(), SubmitError> {
+        self.zero(lba, nlb, user_data, true)
+    }
+
+    fn zero(&mut self, lba: u64, nlb: u64, user_data: u64, unmap: bool) -> Result<(), SubmitError> {
+        let ud = self.c.admit(user_data, true)?;
+        if let Err(e) = self.c.range(lba, nlb) {
+            self.c.unadmit(ud);
+            return Err(e);
+        }
+        let shift = self.c.shift;
+        let r = match &mut self.be {
+            IoBe::Local(l) => l
+                .submit(LocalOp::Zero, lba << shift, nlb << shift, Data::None, ud)
+                .map_err(|r| r.error),
+            IoBe::Nvme(sub, side) => {
+                let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
+                if chunks as usize > MAX_CHILDREN {
+                    Err(SubmitError::TooManySegments {
+                        n: chunks as usize,
+                        max: MAX_CHILDREN,
+                    })
+                } else {
+                    let parent = self.c.parents.open(ud, chunks as u32, 0);
+                    let mut sent = 0u64;
+                    let mut res = Ok(());
+                    for i in 0..chunks {
+                        let at = lba + i * NVME_MAX_ZERO_BLOCKS;
+                        let n = (nlb - i * NVME_MAX_ZERO_BLOCKS).min(NVME_MAX_ZERO_BLOCKS) as u32;
+                        let cud = Parents::child_data(parent, i as usize);
+                        let r = if unmap {
+                            sub.deallocate(&side.ns, at, n, cud)
+                        } else {
+                            sub.write_zeroes(&side.ns, at, n, false, cud)
+                        };
+                        if let Err(e) = r {
+                            res = Err(from_nvme(e, 1 << shift));
+                            break;
+                        }
+                        sent += 1;
+                    }
+                    if let Err(e) = res {
+                        for j in sent..chunks {
+                            self.c.parents.child_done(
+                                parent,
+                                j as usize,
+                                Err(IoError::Failed),
+                                None,
+                            );
+                        }
+                        if sent > 0 {
+                            // Some went out: the parent reports the failure.
+                            tracing::warn!(%e, "zeroing partly refused; failing it");
+                            res = Ok(());
+                        }
+                    }
+                    res
+                }
+            }
+        };
+        self.other_done(r, ud)
+    }
+
+    /// Resets the backend: NVMe resets the controller (outstanding
+    /// commands on every queue pair complete with an error or are
+    /// retried, by the driver's recovery); null and RAM finish what they
+    /// hold. Completes once the reset is done.
+    pub fn reset(&mut self, user_data: u64) -> Result<(), SubmitError> {
+        let ud = self.c.admit(user_data, false)?;
+        let r = match &mut self.be {
+            IoBe::Local(l) => l
+                .submit(LocalOp::None, 0, 0, Data::None, ud)
+                .map_err(|r| r.error),
+            IoBe::Nvme(_, side) => {
+                let result = side.ctrl.reset().map(|()| 0).map_err(|e| {
+                    tracing::error!(error = %e, "controller reset failed");
+                    IoError::Nvme(pollux_nvme::IoError::ControllerFailed)
+                });
+                side.deferred.push(Completion {
+                    user_data: ud,
+                    result,
+                    data: Data::None,
+                });
+                Ok(())
+            }
+        };
+        self.other_done(r, ud)
+    }
+
+    /// An NVMe command passed through unchanged (NVMe backend only); the
+    /// namespace ID is the caller's to set.
+    pub fn nvme_passthru(
+        &mut self,
+        sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        let ud = match self.c.admit(user_data, true) {
+            Ok(ud) => ud,
+            Err(e) => return Err(Refused::new(e, data.into())),
+        };
+        let r = match &mut self.be {
+            IoBe::Nvme(sub, _) => sub
+                .raw(sqe, data, ud)
+                .map_err(|r| Refused::new(SubmitError::Nvme(r.error), r.buf.into())),
+            IoBe::Local(_) => Err(Refused::new(
+                SubmitError::Unsupported {
+                    op: "NVMe passthrough",
+                    backend: self.c.backend,
+                },
+                data.into(),
+            )),
+        };
+        match r {
+            Ok(()) => {
+                self.c.count_other();
+                Ok(())
+            }
+            Err(e) => {
+                self.c.unadmit(ud);
+                Err(e)
+            }
+        }
+    }
+
+    fn other_done(&mut self, r: Result<(), SubmitError>, ud: u64) -> Result<(), SubmitError> {
+        match r {
+            Ok(()) => {
+                self.c.count_other();
+                Ok(())
+            }
+            Err(e) => {
+                self.c.unadmit(ud);
+                Err(e)
+            }
+        }
+    }
+}

@@ -1,0 +1,63 @@
+//! pollux-bdev — block devices: one I/O API over NVMe namespaces, io_uring
+//! files, RAM and null.
+//!
+//! A [`Bdev`] (name, UUID, block size and count, buffer alignment, limits,
+//! capabilities: [`BdevInfo`]) is shared by every thread; a thread opens
+//! it ([`Bdev::open`] → [`Desc`]) and takes its own [`Channel`]. All I/O
+//! on a channel is lock-free and atomic-free (its statistics are a cache
+//! line of counters only it writes): read and write of one buffer or a
+//! vector, flush, write zeroes, unmap, reset, and NVMe passthrough where
+//! the backend is NVMe.
+//!
+//! # Buffers
+//!
+//! The driver's model: a request takes owned [`IoBuf`]s and hands them
+//! back in its [`Completion`] (or in [`Refused`] when it is refused at
+//! submission); while a request is in flight only the channel holds its
+//! buffers, so no safe slice of memory under DMA or kernel I/O exists.
+//! [`Bdev::alloc_buf`] gives memory every backend can use.
+//!
+//! # Completions
+//!
+//! [`Channel::poll`] hands finished requests to a [`Handler`] with the
+//! channel's submission view [`Io`], as the driver's queue pair does: the
+//! completion carries the caller's `user_data` (bit 63 is reserved), so
+//! the handler finds its state with one indexed load.
+//!
+//! # Backends
+//!
+//! One `enum`, one `match` per request: no `dyn` call. `nvme` (one queue
+//! pair per channel; the bdev is generic over the driver's transport `T`,
+//! [`NoNvme`] when there is none), `ram` and `null`.
+//!
+//! # Errors and splitting
+//!
+//! Misaligned, partial-block, out-of-range or oversized requests are
+//! refused with a [`SubmitError`] naming the culprit. Requests beyond an
+//! NVMe command's reach are split (by the queue pair for transfers beyond
+//! MDTS; by the layer for vectors and large write zeroes/unmap) and
+//! complete once. A failed backend completes every outstanding request
+//! with an error.
+mod bdev;
+mod channel;
+mod data;
+pub mod error;
+pub mod info;
+mod latency;
+mod local;
+pub mod mem;
+mod never;
+mod nvme;
+mod poll;
+mod split;
+pub mod stats;
+
+pub use bdev::{Bdev, ChannelOptions, Desc};
+pub use channel::{Channel, Io};
+pub use data::{Completion, Data};
+pub use error::{Error, IoError, Refused, SubmitError};
+pub use info::{BdevInfo, Caps};
+pub use never::NoNvme;
+pub use poll::Handler;
+pub use pollux_nvme::IoBuf;
+pub use stats::{BdevStats, LatencySummary};

@@ -1,0 +1,210 @@
+//! The null and RAM backends: requests finish at submission and their
+//! completions wait in the channel until the next poll (so a handler
+//! never runs inside a submit call).
+//!
+//! RAM is shared by every channel of the bdev, on any thread, without a
+//! lock: it is an array of `AtomicU64` copied word by word with relaxed
+//! loads and stores, so two channels writing the same block at once race
+//! only as the hardware does (a torn block), never as undefined behaviour.
+use std::collections::VecDeque;
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::Arc;
+
+use pollux_nvme::IoBuf;
+
+use crate::data::{Completion, Data};
+use crate::error::{IoError, Refused, SubmitError};
+
+/// A RAM disk's memory: zeroed anonymous pages, as 64-bit words.
+pub(crate) struct RamStore {
+    words: NonNull<AtomicU64>,
+    len: usize,
+}
+
+// SAFETY: the memory is only reached through &[AtomicU64].
+unsafe impl Send for RamStore {}
+// SAFETY: as above; atomics make shared access sound.
+unsafe impl Sync for RamStore {}
+
+impl RamStore {
+    /// `len` bytes (a multiple of 8), zeroed, reserved lazily by the kernel.
+    pub fn new(len: u64) -> std::io::Result<RamStore> {
+        let bytes = usize::try_from(len)
+            .ok()
+            .filter(|l| l % 8 == 0)
+            .ok_or_else(|| std::io::Error::other(format!("RAM size {len} is not usable")))?;
+        let map_len = bytes.max(1).next_multiple_of(4096);
+        // SAFETY: a fresh anonymous private mapping; nothing else is touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_NORESERVE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(std::io::Error::last_os_error());
+        }
+        let words =
+            NonNull::new(p.cast::<AtomicU64>()).ok_or_else(std::io::Error::last_os_error)?;
+        Ok(RamStore { words, len: bytes })
+    }
+
+    fn words(&self) -> &[AtomicU64] {
+        // SAFETY: the mapping holds len bytes of zeroed, 4 KiB-aligned
+        // memory for as long as self lives; zero is a valid AtomicU64 and
+        // all access goes through the atomics.
+        unsafe { std::slice::from_raw_parts(self.words.as_ptr(), self.len / 8) }
+    }
+
+    /// The words backing `[off, off + len)`; the caller checked the range
+    /// and that both are multiples of 8.
+    #[inline]
+    fn range(&self, off: u64, len: usize) -> &[AtomicU64] {
+        let w = (off / 8) as usize;
+        &self.words()[w..w + len / 8]
+    }
+
+    #[inline]
+    pub fn read(&self, off: u64, dst: &mut [u8]) {
+        let words = self.range(off, dst.len());
+        for (d, w) in dst.chunks_exact_mut(8).zip(words) {
+            d.copy_from_slice(&w.load(Relaxed).to_ne_bytes());
+        }
+    }
+
+    #[inline]
+    pub fn write(&self, off: u64, src: &[u8]) {
+        for (s, w) in src.chunks_exact(8).zip(self.range(off, src.len())) {
+            let mut b = [0u8; 8];
+            b.copy_from_slice(s);
+            w.store(u64::from_ne_bytes(b), Relaxed);
+        }
+    }
+
+    pub fn zero(&self, off: u64, len: u64) {
+        for w in self.range(off, len as usize) {
+            w.store(0, Relaxed);
+        }
+    }
+}
+
+impl Drop for RamStore {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`, unmapped once.
+        unsafe {
+            libc::munmap(
+                self.words.as_ptr().cast(),
+                self.len.max(1).next_multiple_of(4096),
+            );
+        }
+    }
+}
+
+/// What the channels of a null or RAM bdev share.
+pub(crate) struct LocalShared {
+    /// Set by `Bdev::inject_failure`: every outstanding and later request
+    /// fails.
+    pub failed: AtomicBool,
+    /// None: null (moves no data).
+    pub ram: Option<RamStore>,
+}
+
+pub(crate) struct LocalChan {
+    done: VecDeque<Completion>,
+    depth: u32,
+    shared: Arc<LocalShared>,
+}
+
+/// What a local request does.
+#[derive(Clone, Copy)]
+pub(crate) enum LocalOp {
+    Read,
+    Write,
+    /// Zero the range (write zeroes, unmap).
+    Zero,
+    /// Nothing to move (flush, reset).
+    None,
+}
+
+impl LocalChan {
+    pub fn new(shared: Arc<LocalShared>, depth: u32) -> LocalChan {
+        LocalChan {
+            done: VecDeque::with_capacity(depth as usize),
+            depth,
+            shared,
+        }
+    }
+
+    /// Requests submitted and not yet polled.
+    pub fn outstanding(&self) -> usize {
+        self.done.len()
+    }
+
+    /// Executes one request on bytes `[off, off + len)` (already checked
+    /// against the bdev) and queues its completion.
+    #[inline(always)]
+    pub fn submit(
+        &mut self,
+        op: LocalOp,
+        off: u64,
+        len: u64,
+        mut data: Data,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        if self.done.len() >= self.depth as usize {
+            return Err(Refused::new(
+                SubmitError::QueueFull { depth: self.depth },
+                data,
+            ));
+        }
+        let sh = &*self.shared;
+        if sh.failed.load(Relaxed) {
+            return Err(Refused::new(SubmitError::Failed, data));
+        }
+        if let Some(ram) = &sh.ram {
+            move_data(ram, op, off, len, &mut data);
+        }
+        self.done.push_back(Completion {
+            user_data,
+            result: Ok(0),
+            data,
+        });
+        Ok(())
+    }
+
+    /// The next finished request.
+    #[inline(always)]
+    pub fn pop(&mut self) -> Option<Completion> {
+        let mut c = self.done.pop_front()?;
+        if self.shared.failed.load(Relaxed) {
+            c.result = Err(IoError::Failed);
+        }
+        Some(c)
+    }
+}
+
+fn move_data(ram: &RamStore, op: LocalOp, off: u64, len: u64, data: &mut Data) {
+    let mut at = off;
+    let mut each = |b: &mut IoBuf| {
+        match op {
+            LocalOp::Read => ram.read(at, b.as_mut_slice()),
+            LocalOp::Write => ram.write(at, b.as_slice()),
+            LocalOp::Zero | LocalOp::None => {}
+        }
+        at += b.len() as u64;
+    };
+    match op {
+        LocalOp::Zero => ram.zero(off, len),
+        LocalOp::None => {}
+        LocalOp::Read | LocalOp::Write => match data {
+            Data::None => {}
+            Data::One(b) => each(b),
+            Data::Vec(v) => v.iter_mut().for_each(each),
+        },
+    }
+}

@@ -1,0 +1,46 @@
+//! The NVMe backend: a namespace through the driver, one I/O queue pair
+//! per channel. Requests map one to one onto the queue pair's (which
+//! splits what exceeds the controller's transfer size itself); the layer
+//! adds only a vector split and the conversion of the completion.
+use std::sync::Arc;
+
+use pollux_nvme::{Controller, Namespace, QpairOptions, QueuePair, Transport};
+
+use crate::bdev::ChannelOptions;
+use crate::data::Completion;
+
+pub(crate) struct NvmeShared<T: Transport> {
+    pub ctrl: Arc<Controller<T>>,
+    pub ns: Namespace,
+    pub qopts: QpairOptions,
+}
+
+/// The parts of an NVMe channel next to its queue pair (borrowed
+/// alongside the queue pair's submitter).
+pub(crate) struct NvmeSide<T: Transport> {
+    pub ns: Namespace,
+    pub ctrl: Arc<Controller<T>>,
+    /// Completions made by the layer (a reset), delivered at the next poll.
+    pub deferred: Vec<Completion>,
+}
+
+pub(crate) struct NvmeChan<T: Transport> {
+    pub qp: QueuePair<T>,
+    pub side: NvmeSide<T>,
+}
+
+impl<T: Transport> NvmeChan<T> {
+    pub fn open(sh: &NvmeShared<T>, opts: &ChannelOptions) -> pollux_nvme::error::Result<Self> {
+        let mut q = opts.nvme.clone().unwrap_or_else(|| sh.qopts.clone());
+        q.depth = u16::try_from(opts.depth).unwrap_or(u16::MAX);
+        let qp = sh.ctrl.alloc_qpair(q)?;
+        Ok(NvmeChan {
+            qp,
+            side: NvmeSide {
+                ns: sh.ns,
+                ctrl: sh.ctrl.clone(),
+                deferred: Vec::new(),
+            },
+        })
+    }
+}

@@ -1,0 +1,153 @@
+//! The poll path: completions from the backend to the caller's handler.
+//!
+//! Per completion the layer adds one test of the user data (a split child
+//! goes to its parent), an error count when it failed, and the latency
+//! slot when tracking is on; the handler is called with the channel's
+//! submission view so it can submit the next request at once.
+use pollux_nvme::Transport;
+
+use crate::channel::{ChanBe, Channel, Common, Io, IoBe};
+use crate::data::Completion;
+use crate::error::IoError;
+use crate::never::NoNvme;
+use crate::nvme::NvmeSide;
+use crate::split::CHILD;
+use crate::stats::bump;
+
+/// Receives completions from [`Channel::poll`]. Closures
+/// `FnMut(&mut Io<T>, Completion)` implement it; a type implementing it
+/// with an `#[inline(always)]` method is inlined into the poll loop.
+pub trait Handler<T: Transport = NoNvme> {
+    fn complete(&mut self, io: &mut Io<'_, T>, c: Completion);
+}
+
+impl<T: Transport, F: FnMut(&mut Io<'_, T>, Completion)> Handler<T> for F {
+    #[inline(always)]
+    fn complete(&mut self, io: &mut Io<'_, T>, c: Completion) {
+        self(io, c)
+    }
+}
+
+/// Hands `c` to the handler after the layer's bookkeeping.
+#[inline(always)]
+fn deliver<T: Transport, H: Handler<T>>(io: &mut Io<'_, T>, mut c: Completion, h: &mut H) {
+    if c.user_data & CHILD != 0 {
+        match io.c.parents.on_child(c) {
+            Some(p) => c = p,
+            None => return,
+        }
+    }
+    if c.result.is_err() {
+        bump(&io.c.ctr.errors, 1);
+    }
+    if io.c.lat.is_some() {
+        latency_done(io.c, &mut c);
+    }
+    h.complete(io, c)
+}
+
+#[cold]
+#[inline(never)]
+fn latency_done(c: &mut Common, comp: &mut Completion) {
+    if let Some(l) = &mut c.lat {
+        let (ud, due) = l.finish(comp.user_data);
+        comp.user_data = ud;
+        if due {
+            c.reg.merge_latency(&l.hist);
+            l.hist.reset();
+        }
+    }
+}
+
+/// The NVMe queue pair's handler: converts each completion and passes it
+/// on with the layer's view.
+struct NvmeSink<'h, 'c, T: Transport, H> {
+    c: &'c mut Common,
+    side: &'c mut NvmeSide<T>,
+    h: &'h mut H,
+}
+
+impl<T: Transport, H: Handler<T>> pollux_nvme::Handler<T> for NvmeSink<'_, '_, T, H> {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut pollux_nvme::Submitter<'_, T>, c: pollux_nvme::Completion) {
+        let c = Completion {
+            user_data: c.user_data,
+            result: c.result.map_err(IoError::Nvme),
+            data: c.buf.into(),
+        };
+        let mut io = Io {
+            c: &mut *self.c,
+            be: IoBe::Nvme(sub.reborrow(), &mut *self.side),
+        };
+        deliver(&mut io, c, self.h);
+    }
+}
+
+impl<T: Transport> Channel<T> {
+    /// Delivers up to `max` finished requests to `h` (which may submit
+    /// more through the `Io` it is given) and tells the backend about new
+    /// requests. Returns how many were delivered.
+    #[inline(always)]
+    pub fn poll<H: Handler<T>>(&mut self, max: u32, h: &mut H) -> u32 {
+        match &mut self.be {
+            ChanBe::Local(l) => {
+                let mut n = 0;
+                while n < max {
+                    let Some(c) = l.pop() else { break };
+                    n += 1;
+                    let mut io = Io {
+                        c: &mut self.c,
+                        be: IoBe::Local(l),
+                    };
+                    deliver(&mut io, c, h);
+                }
+                n
+            }
+            ChanBe::Nvme(nv) => {
+                let mut n = 0;
+                if !nv.side.deferred.is_empty() {
+                    n = deferred(&mut self.c, nv, h);
+                }
+                let mut sink = NvmeSink {
+                    c: &mut self.c,
+                    side: &mut nv.side,
+                    h,
+                };
+                n + nv.qp.poll_with(max, &mut sink)
+            }
+        }
+    }
+
+    /// Polls until nothing is outstanding (or `max_polls` polls passed);
+    /// returns whether the channel is drained.
+    pub fn drain<H: Handler<T>>(&mut self, h: &mut H, max_polls: u64) -> bool {
+        for _ in 0..max_polls {
+            if self.outstanding() == 0 {
+                return true;
+            }
+            self.poll(u32::MAX, h);
+            if let ChanBe::Nvme(n) = &self.be {
+                n.side.ctrl.relax();
+            }
+        }
+        self.outstanding() == 0
+    }
+}
+
+#[cold]
+fn deferred<T: Transport, H: Handler<T>>(
+    c: &mut Common,
+    nv: &mut crate::nvme::NvmeChan<T>,
+    h: &mut H,
+) -> u32 {
+    let list = std::mem::take(&mut nv.side.deferred);
+    let n = list.len() as u32;
+    for comp in list {
+        let mut io = Io {
+            c: &mut *c,
+            be: IoBe::Nvme(nv.qp.submitter(), &mut nv.side),
+        };
+        deliver(&mut io, comp, h);
+    }
+    n
+}
