@@ -12,7 +12,7 @@ use pollux_nvme::{IoBuf, Transport};
 use pollux_spec::Sqe;
 
 use crate::bdev::Bdev;
-use crate::data::{Completion, Data};
+use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
 use crate::info::BdevInfo;
 use crate::latency::Latency;
@@ -436,6 +436,84 @@ impl<'a, T: Transport> Io<'a, T> {
             }
         }
         Ok(())
+    }
+
+    /// `readv` into memory the caller lends instead of owned buffers (a C
+    /// API, an emulated controller reading guest pages). Host-memory
+    /// backends only (null, RAM, io_uring); NVMe refuses it (it needs DMA
+    /// memory: use owned buffers). The completion carries `Data::None`.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of its length and must not
+    /// be read or written by anything else until the completion for
+    /// `user_data` has been delivered or the channel has been dropped.
+    pub unsafe fn readv_raw(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw(false, lba, segs, user_data) }
+    }
+
+    /// `writev` from memory the caller lends.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of its length and must not be
+    /// written by anything else until the completion for `user_data` has
+    /// been delivered or the channel has been dropped.
+    pub unsafe fn writev_raw(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw(true, lba, segs, user_data) }
+    }
+
+    /// # Safety
+    /// As `readv_raw` (reads) or `writev_raw` (writes).
+    unsafe fn rwv_raw(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[RawSeg],
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        let ud = self.c.admit(user_data, write)?;
+        let mut nlb = 0u64;
+        let mut check = || {
+            for s in segs {
+                nlb += self.c.blocks(s.len)?;
+            }
+            self.c.range(lba, nlb)
+        };
+        if let Err(e) = check() {
+            self.c.unadmit(ud);
+            return Err(e);
+        }
+        let len = nlb << self.c.shift;
+        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        let r = match &mut self.be {
+            // SAFETY: the caller's contract covers the call.
+            IoBe::Local(l) => unsafe { l.submit_raw(op, lba << self.c.shift, segs, ud) },
+            IoBe::Nvme(..) => Err(SubmitError::Unsupported {
+                op: "borrowed host memory",
+                backend: self.c.backend,
+            }),
+        };
+        match r {
+            Ok(()) => {
+                self.c.count(write, len as usize);
+                Ok(())
+            }
+            Err(e) => {
+                self.c.unadmit(ud);
+                Err(e)
+            }
+        }
     }
 
     /// Makes written data durable.

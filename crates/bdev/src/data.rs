@@ -69,3 +69,11 @@ pub struct Completion {
     /// The buffers the request was submitted with.
     pub data: Data,
 }
+
+/// A piece of memory the caller lends to a request (`Io::readv_raw`,
+/// `Io::writev_raw`): host memory only, not DMA memory of a controller.
+#[derive(Clone, Copy, Debug)]
+pub struct RawSeg {
+    pub ptr: *mut u8,
+    pub len: usize,
+}

@@ -54,7 +54,7 @@ pub mod stats;
 
 pub use bdev::{Bdev, ChannelOptions, Desc};
 pub use channel::{Channel, Io};
-pub use data::{Completion, Data};
+pub use data::{Completion, Data, RawSeg};
 pub use error::{Error, IoError, Refused, SubmitError};
 pub use info::{BdevInfo, Caps};
 pub use never::NoNvme;

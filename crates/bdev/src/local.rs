@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 use pollux_nvme::IoBuf;
 
-use crate::data::{Completion, Data};
+use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
 
 /// A RAM disk's memory: zeroed anonymous pages, as 64-bit words.
@@ -173,6 +173,54 @@ impl LocalChan {
             user_data,
             result: Ok(0),
             data,
+        });
+        Ok(())
+    }
+
+    /// `submit` for memory the caller lends (see `Io::readv_raw`): the
+    /// data moves now, the completion carries no buffer.
+    ///
+    /// # Safety
+    /// Every segment is valid for its length (writable for reads) and
+    /// nothing else accesses it during the call.
+    pub unsafe fn submit_raw(
+        &mut self,
+        op: LocalOp,
+        off: u64,
+        segs: &[RawSeg],
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        if self.done.len() >= self.depth as usize {
+            return Err(SubmitError::QueueFull { depth: self.depth });
+        }
+        let sh = &*self.shared;
+        if sh.failed.load(Relaxed) {
+            return Err(SubmitError::Failed);
+        }
+        if let Some(ram) = &sh.ram {
+            let mut at = off;
+            for s in segs {
+                match op {
+                    LocalOp::Read => {
+                        // SAFETY: the caller's contract: valid, writable,
+                        // exclusive for the call.
+                        let d = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
+                        ram.read(at, d)
+                    }
+                    LocalOp::Write => {
+                        // SAFETY: valid for reads for the call.
+                        let d = unsafe { std::slice::from_raw_parts(s.ptr, s.len) };
+                        ram.write(at, d)
+                    }
+                    LocalOp::Zero | LocalOp::None => {}
+                }
+                at += s.len as u64;
+            }
+        }
+        self.done.push_back(Completion {
+            user_data,
+            result: Ok(0),
+            data: Data::None,
         });
         Ok(())
     }
