@@ -3,9 +3,10 @@
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
-mod clock;
+pub(crate) mod clock;
+pub(crate) mod pattern;
 mod trid;
-mod verify;
+pub(crate) mod verify;
 mod worker;
 
 use std::collections::HashMap;
@@ -20,9 +21,10 @@ use pollux_pcie::{Controller, ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use serde_json::json;
 
+use pattern::{Mix, Pattern};
 pub use trid::{parse_size, Backend, Trid};
 pub use worker::pin_to;
-use worker::{Job, JobCtx, Latency, Mix, WorkerCtl, WorkerResult};
+use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -716,11 +718,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         Workload::Randwrite => (true, Mix::AllWrite),
         Workload::Rw | Workload::Randrw => (
             a.workload == Workload::Randrw,
-            match a.rwmixread {
-                100 => Mix::AllRead,
-                0 => Mix::AllWrite,
-                m => Mix::Reads(((m as u64) << 32) / 100),
-            },
+            Mix::from_percent(a.rwmixread),
         ),
     };
 
@@ -777,11 +775,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     bufs,
                     io_size: io,
                     nlb,
-                    units,
-                    rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid as u64),
-                    random,
-                    mix,
-                    seq: 0,
+                    pat: Pattern {
+                        units,
+                        rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid as u64),
+                        random,
+                        mix,
+                        seq: 0,
+                    },
                     total,
                     stop_at: 0,
                     ios: 0,

@@ -2,9 +2,9 @@
 //! completion immediately submits the slot's next I/O through the
 //! `Submitter` it is handed, and the poll rings the doorbells once.
 //!
-//! Budget per I/O: one xorshift step, one multiply-shift for the random LBA
-//! (no division), one read/write decision by comparison. The clock is read
-//! per I/O only with `-L`; verification work only with `--verify`.
+//! Budget per I/O: the pattern's step (`pattern.rs`: no division). The
+//! clock is read per I/O only with `-L`; verification work only with
+//! `--verify`.
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -16,15 +16,8 @@ use pollux_pcie::{
 };
 use pollux_softnvme::SoftDevice;
 
+use super::pattern::Pattern;
 use super::verify::Verify;
-
-#[derive(Clone, Copy, Debug)]
-pub enum Mix {
-    AllRead,
-    AllWrite,
-    /// Read when the high 32 random bits are below this threshold.
-    Reads(u64),
-}
 
 pub struct Latency {
     pub clock: super::clock::LatClock,
@@ -43,12 +36,8 @@ pub struct JobCtx {
     pub bufs: Vec<Option<IoBuf>>,
     pub io_size: usize,
     pub nlb: u32,
-    /// I/O-sized units in the namespace.
-    pub units: u64,
-    pub rng: u64,
-    pub random: bool,
-    pub mix: Mix,
-    pub seq: u64,
+    /// Where the I/Os go (units of the namespace) and which read.
+    pub pat: Pattern,
     /// I/Os still to submit.
     /// I/Os this job submits in total (`u64::MAX`: until stopped). Set
     /// once; `stop_at` is derived from it when the run starts.
@@ -87,18 +76,6 @@ impl Handler<Pcie> for JobCtx {
 const MAX_REPORTED_ERRORS: usize = 10;
 
 impl JobCtx {
-    /// A 64-bit LCG step (Knuth's MMIX constants): one multiply and one add.
-    /// Its high bits are what the multiply-shift range reduction and the
-    /// read/write decision use; the weak low bits are not used alone.
-    #[inline(always)]
-    fn next_rand(&mut self) -> u64 {
-        self.rng = self
-            .rng
-            .wrapping_mul(6_364_136_223_846_793_005)
-            .wrapping_add(1_442_695_040_888_963_407);
-        self.rng
-    }
-
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
     /// waits (the first submission of a slot, and retries).
     #[cold]
@@ -111,24 +88,7 @@ impl JobCtx {
 
     #[inline(always)]
     pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize, mut buf: IoBuf) {
-        let r = self.next_rand();
-        let is_read = match self.mix {
-            Mix::AllRead => true,
-            Mix::AllWrite => false,
-            // A draw of its own: the LBA below also comes from the high
-            // bits, and sharing them would send reads to low LBAs only.
-            Mix::Reads(t) => (self.next_rand() >> 32) < t,
-        };
-        let unit = if self.random {
-            ((r as u128 * self.units as u128) >> 64) as u64
-        } else {
-            let u = self.seq;
-            self.seq += 1;
-            if self.seq == self.units {
-                self.seq = 0;
-            }
-            u
-        };
+        let (unit, is_read) = self.pat.next();
         let lba = unit * self.nlb as u64;
         if self.slow {
             self.before_submit(slot, unit, lba, is_read, &mut buf);
@@ -465,6 +425,7 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::perf::pattern::Mix;
     use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
     use pollux_pcie::ControllerOptions;
     use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig};
@@ -514,11 +475,13 @@ mod tests {
                 bufs,
                 io_size: 512,
                 nlb: 1,
-                units,
-                rng: 12345,
-                random,
-                mix: Mix::AllRead,
-                seq,
+                pat: Pattern {
+                    units,
+                    rng: 12345,
+                    random,
+                    mix: Mix::AllRead,
+                    seq,
+                },
                 total,
                 stop_at: 0,
                 ios: 0,
