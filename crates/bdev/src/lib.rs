@@ -40,6 +40,7 @@
 //! with an error.
 mod bdev;
 mod channel;
+pub mod config;
 mod data;
 pub mod error;
 pub mod info;

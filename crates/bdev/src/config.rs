@@ -1,0 +1,882 @@
+//! Bdevs from SPDK's JSON configuration (what `spdk_tgt --json` and
+//! `bdevperf -c` read, and `save_config` writes):
+//!
+//! ```json
+//! {"subsystems": [{"subsystem": "bdev", "config": [
+//!   {"method": "bdev_null_create",
+//!    "params": {"name": "Null0", "num_blocks": 262144, "block_size": 4096}},
+//!   {"method": "bdev_malloc_create",
+//!    "params": {"name": "Malloc0", "num_blocks": 16384, "block_size": 512}}
+//! ]}]}
+//! ```
+//!
+//! # Methods
+//!
+//! With SPDK's parameter names (`jsonrpc.md`):
+//!
+//! | method | creates | parameters |
+//! |---|---|---|
+//! | `bdev_null_create` | [`Bdev::null`] | `name`, `num_blocks`, `block_size`, `uuid`; `md_size`, `dif_type` only 0, `dif_is_head_of_md` only false |
+//! | `bdev_malloc_create` | [`Bdev::ram`] | as null, plus `optimal_io_boundary` (accepted, ignored) |
+//! | `bdev_uring_create` | an io_uring bdev | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
+//! | `bdev_nvme_attach_controller` | `<name>n<nsid>` per namespace | `name`, `trtype`, `traddr`, any other: handed to the caller |
+//!
+//! `name` is optional for null and malloc bdevs as in SPDK (`Null<k>` /
+//! `Malloc<k>` are made up); a name used twice is an error.
+//!
+//! NVMe controllers are opened by the caller (this crate does not depend
+//! on a transport): [`Config::create`] calls it with each
+//! [`NvmeAttach`] and takes the bdevs it returns.
+//!
+//! # What is refused, what is ignored
+//!
+//! Refused with an error naming the culprit: malformed JSON (with its line
+//! and column), a missing `subsystems` array or `bdev` subsystem, an
+//! unknown method in the `bdev` subsystem, an unknown, missing or
+//! ill-typed parameter (naming method and parameter), metadata or
+//! protection information (unsupported), a duplicate bdev name.
+//!
+//! Ignored with a warning (logged and kept in [`Config::warnings`]): other
+//! subsystems (`accel`, `sock`, `iobuf`, ...: they create no bdevs, and
+//! SPDK's `save_config` writes them into every file), and the tuning
+//! methods SPDK writes into the `bdev` subsystem (`*_set_options`,
+//! `bdev_nvme_set_hotplug`), which have nothing to tune here.
+//! `bdev_wait_for_examine` is accepted silently: bdevs here exist once
+//! created, there is nothing to wait for.
+use std::collections::BTreeMap;
+
+use pollux_nvme::Transport;
+use serde_json::{Map, Value};
+
+use crate::bdev::Bdev;
+use crate::info::parse_uuid;
+
+/// The methods of the `bdev` subsystem that create bdevs.
+pub const SUPPORTED_METHODS: &str =
+    "bdev_null_create, bdev_malloc_create, bdev_uring_create, bdev_nvme_attach_controller";
+
+/// Why a configuration was refused.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("JSON configuration: {0}")]
+    Json(#[from] serde_json::Error),
+    /// The document is JSON but not shaped like an SPDK configuration.
+    #[error("JSON configuration: {0}")]
+    Shape(String),
+    #[error("JSON configuration: no \"bdev\" subsystem (nothing to create)")]
+    NoBdevSubsystem,
+    #[error("JSON configuration: method '{method}' (bdev subsystem, entry {index}) is not supported; supported: {SUPPORTED_METHODS}")]
+    UnknownMethod { method: String, index: usize },
+    #[error("JSON configuration: {method}: unknown parameter '{param}' (known: {known})")]
+    UnknownParam {
+        method: String,
+        param: String,
+        known: String,
+    },
+    #[error("JSON configuration: {method}: missing required parameter '{param}'")]
+    MissingParam { method: String, param: &'static str },
+    #[error("JSON configuration: {method}: parameter '{param}': {why}")]
+    BadParam {
+        method: String,
+        param: String,
+        why: String,
+    },
+    #[error("JSON configuration: bdev name '{0}' is used twice")]
+    DuplicateName(String),
+    #[error("JSON configuration: {method} '{name}': {source}")]
+    Create {
+        method: &'static str,
+        name: String,
+        #[source]
+        source: crate::Error,
+    },
+    #[error("JSON configuration: bdev_nvme_attach_controller '{name}': {source}")]
+    Attach {
+        name: String,
+        #[source]
+        source: Box<dyn std::error::Error + Send + Sync>,
+    },
+    #[error("JSON configuration: {method} '{name}': {why}")]
+    Unsupported {
+        method: &'static str,
+        name: String,
+        why: String,
+    },
+}
+
+pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
+
+/// `bdev_null_create` and `bdev_malloc_create`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct LocalParams {
+    pub name: String,
+    pub num_blocks: u64,
+    pub block_size: u32,
+    pub uuid: Option<[u8; 16]>,
+}
+
+/// `bdev_uring_create`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct UringParams {
+    pub name: String,
+    pub filename: String,
+    /// None (or 0 in the file): the file's own logical block size.
+    pub block_size: Option<u32>,
+    pub uuid: Option<[u8; 16]>,
+}
+
+/// `bdev_nvme_attach_controller`: what the caller needs to open the
+/// controller. Its bdevs are named [`bdev_name`](Self::bdev_name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvmeAttach {
+    /// The controller's name, prefix of its bdevs' names.
+    pub name: String,
+    /// As given (`pcie`, `rdma`, ..., or a transport of the caller's own).
+    pub trtype: String,
+    pub traddr: Option<String>,
+    /// Every other parameter, unchanged: the caller interprets them and
+    /// refuses those it does not know.
+    pub params: BTreeMap<String, Value>,
+}
+
+impl NvmeAttach {
+    /// SPDK's name of namespace `nsid`'s bdev: `<name>n<nsid>`.
+    pub fn bdev_name(&self, nsid: u32) -> String {
+        format!("{}n{nsid}", self.name)
+    }
+}
+
+/// One method of the `bdev` subsystem that creates bdevs.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Entry {
+    Null(LocalParams),
+    Malloc(LocalParams),
+    Uring(UringParams),
+    NvmeAttach(NvmeAttach),
+}
+
+impl Entry {
+    pub fn method(&self) -> &'static str {
+        match self {
+            Entry::Null(_) => "bdev_null_create",
+            Entry::Malloc(_) => "bdev_malloc_create",
+            Entry::Uring(_) => "bdev_uring_create",
+            Entry::NvmeAttach(_) => "bdev_nvme_attach_controller",
+        }
+    }
+
+    /// The bdev's name (the controller's for NVMe).
+    pub fn name(&self) -> &str {
+        match self {
+            Entry::Null(p) | Entry::Malloc(p) => &p.name,
+            Entry::Uring(p) => &p.name,
+            Entry::NvmeAttach(p) => &p.name,
+        }
+    }
+}
+
+/// A parsed configuration: its bdev methods in order, and what was ignored.
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct Config {
+    pub entries: Vec<Entry>,
+    /// What was ignored (each also logged as a warning).
+    pub warnings: Vec<String>,
+}
+
+/// Parses `json` and creates its bdevs; NVMe controllers are opened by
+/// `attach`. See [`Config::parse`] and [`Config::create`].
+pub fn load<T: Transport, E>(
+    json: &str,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
+) -> Result<Vec<Bdev<T>>>
+where
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    Config::parse(json)?.create(attach)
+}
+
+/// Reads the parameters of one method, remembering which were used.
+struct Params<'a> {
+    method: &'a str,
+    obj: &'a Map<String, Value>,
+    known: &'static [&'static str],
+}
+
+impl<'a> Params<'a> {
+    fn new(
+        method: &'a str,
+        obj: &'a Map<String, Value>,
+        known: &'static [&'static str],
+    ) -> Result<Params<'a>> {
+        if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
+            return Err(ConfigError::UnknownParam {
+                method: method.to_string(),
+                param: k.clone(),
+                known: known.join(", "),
+            });
+        }
+        Ok(Params { method, obj, known })
+    }
+
+    fn bad(&self, param: &str, why: impl Into<String>) -> ConfigError {
+        ConfigError::BadParam {
+            method: self.method.to_string(),
+            param: param.to_string(),
+            why: why.into(),
+        }
+    }
+
+    fn get(&self, param: &'static str) -> Option<&'a Value> {
+        debug_assert!(self.known.contains(&param));
+        self.obj.get(param).filter(|v| !v.is_null())
+    }
+
+    fn required<V>(&self, param: &'static str, v: Option<V>) -> Result<V> {
+        v.ok_or_else(|| ConfigError::MissingParam {
+            method: self.method.to_string(),
+            param,
+        })
+    }
+
+    fn opt_u64(&self, param: &'static str) -> Result<Option<u64>> {
+        match self.get(param) {
+            None => Ok(None),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                self.bad(param, format!("expected a non-negative integer, got {v}"))
+            }),
+        }
+    }
+
+    fn opt_u32(&self, param: &'static str) -> Result<Option<u32>> {
+        match self.opt_u64(param)? {
+            None => Ok(None),
+            Some(n) => u32::try_from(n)
+                .map(Some)
+                .map_err(|_| self.bad(param, format!("{n} is too large"))),
+        }
+    }
+
+    fn opt_str(&self, param: &'static str) -> Result<Option<&'a str>> {
+        match self.get(param) {
+            None => Ok(None),
+            Some(Value::String(s)) => Ok(Some(s)),
+            Some(v) => Err(self.bad(param, format!("expected a string, got {v}"))),
+        }
+    }
+
+    fn opt_bool(&self, param: &'static str) -> Result<Option<bool>> {
+        match self.get(param) {
+            None => Ok(None),
+            Some(Value::Bool(b)) => Ok(Some(*b)),
+            Some(v) => Err(self.bad(param, format!("expected true or false, got {v}"))),
+        }
+    }
+
+    fn name(&self, required: bool) -> Result<Option<String>> {
+        let n = self.opt_str("name")?;
+        if required {
+            self.required("name", n)?;
+        }
+        match n {
+            Some("") => Err(self.bad("name", "the name is empty")),
+            n => Ok(n.map(str::to_string)),
+        }
+    }
+
+    fn uuid(&self) -> Result<Option<[u8; 16]>> {
+        match self.opt_str("uuid")? {
+            None => Ok(None),
+            Some(s) => parse_uuid(s).map(Some).ok_or_else(|| {
+                self.bad(
+                    "uuid",
+                    format!("'{s}' is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"),
+                )
+            }),
+        }
+    }
+
+    /// Metadata and protection information: only their "none" values.
+    fn no_metadata(&self) -> Result<()> {
+        if let Some(n) = self.opt_u32("md_size")?.filter(|&n| n != 0) {
+            return Err(self.bad(
+                "md_size",
+                format!("{n}: metadata is not supported (only 0)"),
+            ));
+        }
+        if let Some(n) = self.opt_u32("dif_type")?.filter(|&n| n != 0) {
+            return Err(self.bad(
+                "dif_type",
+                format!("{n}: protection information is not supported (only 0)"),
+            ));
+        }
+        if self.opt_bool("dif_is_head_of_md")? == Some(true) {
+            return Err(self.bad(
+                "dif_is_head_of_md",
+                "true: protection information is not supported (only false)",
+            ));
+        }
+        Ok(())
+    }
+}
+
+const NULL_PARAMS: &[&str] = &[
+    "name",
+    "num_blocks",
+    "block_size",
+    "uuid",
+    "md_size",
+    "dif_type",
+    "dif_is_head_of_md",
+];
+const MALLOC_PARAMS: &[&str] = &[
+    "name",
+    "num_blocks",
+    "block_size",
+    "uuid",
+    "optimal_io_boundary",
+    "md_size",
+    "dif_type",
+    "dif_is_head_of_md",
+];
+const URING_PARAMS: &[&str] = &["name", "filename", "block_size", "uuid"];
+
+/// Methods SPDK writes into the bdev subsystem that only tune SPDK itself.
+fn is_tuning(method: &str) -> bool {
+    method.ends_with("_set_options") || method == "bdev_nvme_set_hotplug"
+}
+
+impl Config {
+    /// Parses an SPDK JSON configuration (see the module docs for what is
+    /// accepted). Creates nothing.
+    pub fn parse(json: &str) -> Result<Config> {
+        let doc: Value = serde_json::from_str(json)?;
+        let shape = |m: &str| ConfigError::Shape(m.to_string());
+        let subsystems = doc
+            .as_object()
+            .ok_or_else(|| shape("the document is not a JSON object"))?
+            .get("subsystems")
+            .ok_or_else(|| shape("no \"subsystems\" array at the top level"))?
+            .as_array()
+            .ok_or_else(|| shape("\"subsystems\" is not an array"))?;
+        let mut cfg = Config::default();
+        let mut found = false;
+        for (i, s) in subsystems.iter().enumerate() {
+            let name = s.get("subsystem").and_then(Value::as_str).ok_or_else(|| {
+                ConfigError::Shape(format!("subsystems[{i}] has no \"subsystem\" name string"))
+            })?;
+            let config = match s.get("config") {
+                None | Some(Value::Null) => &[][..],
+                Some(Value::Array(a)) => a.as_slice(),
+                Some(_) => {
+                    return Err(ConfigError::Shape(format!(
+                        "subsystem '{name}': \"config\" is not an array"
+                    )))
+                }
+            };
+            if name != "bdev" {
+                if !config.is_empty() {
+                    cfg.warn(format!(
+                        "subsystem '{name}' ignored ({} entries): only the bdev subsystem is used",
+                        config.len()
+                    ));
+                }
+                continue;
+            }
+            found = true;
+            for (index, e) in config.iter().enumerate() {
+                if let Some(entry) = cfg.entry(index, e)? {
+                    cfg.entries.push(entry);
+                }
+            }
+        }
+        if !found {
+            return Err(ConfigError::NoBdevSubsystem);
+        }
+        cfg.name_and_check()?;
+        Ok(cfg)
+    }
+
+    fn warn(&mut self, msg: String) {
+        tracing::warn!("JSON configuration: {msg}");
+        self.warnings.push(msg);
+    }
+
+    /// One entry of the bdev subsystem; None if it creates nothing.
+    fn entry(&mut self, index: usize, e: &Value) -> Result<Option<Entry>> {
+        let method = e.get("method").and_then(Value::as_str).ok_or_else(|| {
+            ConfigError::Shape(format!(
+                "bdev subsystem, entry {index}: no \"method\" string"
+            ))
+        })?;
+        let empty = Map::new();
+        let obj = match e.get("params") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(o)) => o,
+            Some(_) => {
+                return Err(ConfigError::Shape(format!(
+                    "bdev subsystem, entry {index} ({method}): \"params\" is not an object"
+                )))
+            }
+        };
+        Ok(Some(match method {
+            "bdev_null_create" => Entry::Null(local(Params::new(method, obj, NULL_PARAMS)?)?),
+            "bdev_malloc_create" => {
+                let p = Params::new(method, obj, MALLOC_PARAMS)?;
+                if let Some(b) = p.opt_u64("optimal_io_boundary")?.filter(|&b| b != 0) {
+                    self.warn(format!(
+                        "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
+                    ));
+                }
+                Entry::Malloc(local(p)?)
+            }
+            "bdev_uring_create" => {
+                let p = Params::new(method, obj, URING_PARAMS)?;
+                Entry::Uring(UringParams {
+                    name: p.required("name", p.name(true)?)?,
+                    filename: p.required("filename", p.opt_str("filename")?)?.to_string(),
+                    block_size: p.opt_u32("block_size")?.filter(|&b| b != 0),
+                    uuid: p.uuid()?,
+                })
+            }
+            "bdev_nvme_attach_controller" => {
+                // Only these are read here; the rest go to the caller.
+                const OWN: &[&str] = &["name", "trtype", "traddr"];
+                let own: Map<String, Value> = obj
+                    .iter()
+                    .filter(|(k, _)| OWN.contains(&k.as_str()))
+                    .map(|(k, v)| (k.clone(), v.clone()))
+                    .collect();
+                let p = Params::new(method, &own, OWN)?;
+                let name = p.required("name", p.name(true)?)?;
+                let trtype = p.required("trtype", p.opt_str("trtype")?)?.to_string();
+                let traddr = p.opt_str("traddr")?.map(str::to_string);
+                Entry::NvmeAttach(NvmeAttach {
+                    name,
+                    trtype,
+                    traddr,
+                    params: obj
+                        .iter()
+                        .filter(|(k, _)| !OWN.contains(&k.as_str()))
+                        .map(|(k, v)| (k.clone(), v.clone()))
+                        .collect(),
+                })
+            }
+            "bdev_wait_for_examine" => return Ok(None),
+            m if is_tuning(m) => {
+                self.warn(format!(
+                    "method '{m}' ignored: it tunes SPDK's bdev layer, which pollux does not have"
+                ));
+                return Ok(None);
+            }
+            m => {
+                return Err(ConfigError::UnknownMethod {
+                    method: m.to_string(),
+                    index,
+                })
+            }
+        }))
+    }
+
+    /// Gives unnamed null/malloc bdevs SPDK-like names and refuses
+    /// duplicates (NVMe bdev names are checked when they exist).
+    fn name_and_check(&mut self) -> Result<()> {
+        // Controller names and bdev names are apart, as in SPDK.
+        let mut used: Vec<String> = Vec::new();
+        let mut ctrls: Vec<&str> = Vec::new();
+        for e in &self.entries {
+            let list_has = |l: &[&str], n: &str| l.contains(&n);
+            let dup = match e {
+                Entry::NvmeAttach(a) => {
+                    let d = list_has(&ctrls, &a.name);
+                    ctrls.push(&a.name);
+                    d
+                }
+                e if e.name().is_empty() => false,
+                e => {
+                    let d = used.iter().any(|u| u == e.name());
+                    used.push(e.name().to_string());
+                    d
+                }
+            };
+            if dup {
+                return Err(ConfigError::DuplicateName(e.name().to_string()));
+            }
+        }
+        for e in &mut self.entries {
+            let (p, prefix) = match e {
+                Entry::Null(p) => (p, "Null"),
+                Entry::Malloc(p) => (p, "Malloc"),
+                _ => continue,
+            };
+            if p.name.is_empty() {
+                let name = (0..)
+                    .map(|k| format!("{prefix}{k}"))
+                    .find(|n| !used.contains(n))
+                    .unwrap_or_default();
+                used.push(name.clone());
+                p.name = name;
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether some entry attaches an NVMe controller.
+    pub fn has_nvme(&self) -> bool {
+        self.entries
+            .iter()
+            .any(|e| matches!(e, Entry::NvmeAttach(_)))
+    }
+
+    /// Creates the bdevs, in the configuration's order; `attach` opens each
+    /// NVMe controller and returns its bdevs (named
+    /// [`NvmeAttach::bdev_name`]).
+    pub fn create<T: Transport, E>(
+        &self,
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
+    ) -> Result<Vec<Bdev<T>>>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let mut out: Vec<Bdev<T>> = Vec::new();
+        for e in &self.entries {
+            let method = e.method();
+            let made = match e {
+                Entry::Null(p) | Entry::Malloc(p) => {
+                    let b = if matches!(e, Entry::Null(_)) {
+                        Bdev::null(&p.name, p.block_size, p.num_blocks)
+                    } else {
+                        Bdev::ram(&p.name, p.block_size, p.num_blocks)
+                    };
+                    let b = match p.uuid {
+                        Some(u) => b.and_then(|b| b.with_uuid(u)),
+                        None => b,
+                    };
+                    vec![b.map_err(|source| ConfigError::Create {
+                        method,
+                        name: p.name.clone(),
+                        source,
+                    })?]
+                }
+                Entry::Uring(p) => {
+                    // URING: replace with `Bdev::uring(&p.name, &p.filename,
+                    // UringOptions { block_size: p.block_size, .. })`, then
+                    // `with_uuid`, mapped to ConfigError::Create, once the
+                    // io_uring backend is in this crate.
+                    return Err(ConfigError::Unsupported {
+                        method,
+                        name: p.name.clone(),
+                        why: format!(
+                            "file {}: this build has no io_uring backend yet",
+                            p.filename
+                        ),
+                    });
+                }
+                Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
+                    name: a.name.clone(),
+                    source: e.into(),
+                })?,
+            };
+            for b in made {
+                if out.iter().any(|o| o.name() == b.name()) {
+                    return Err(ConfigError::DuplicateName(b.name().to_string()));
+                }
+                out.push(b);
+            }
+        }
+        Ok(out)
+    }
+}
+
+fn local(p: Params<'_>) -> Result<LocalParams> {
+    p.no_metadata()?;
+    Ok(LocalParams {
+        name: p.name(false)?.unwrap_or_default(),
+        num_blocks: p.required("num_blocks", p.opt_u64("num_blocks")?)?,
+        block_size: p.required("block_size", p.opt_u32("block_size")?)?,
+        uuid: p.uuid()?,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::NoNvme;
+
+    fn bdev_cfg(entries: &str) -> String {
+        format!(r#"{{"subsystems":[{{"subsystem":"bdev","config":[{entries}]}}]}}"#)
+    }
+
+    fn no_nvme(_: &NvmeAttach) -> Result<Vec<Bdev<NoNvme>>, String> {
+        Err("no NVMe here".into())
+    }
+
+    fn load_local(json: &str) -> Result<Vec<Bdev<NoNvme>>> {
+        load(json, &mut no_nvme)
+    }
+
+    /// The error of a load that must fail (bdevs are not `Debug`).
+    fn err(r: Result<Vec<Bdev<NoNvme>>>, what: &str) -> ConfigError {
+        match r {
+            Err(e) => e,
+            Ok(b) => panic!("{what}: accepted, made {} bdevs", b.len()),
+        }
+    }
+
+    #[test]
+    fn null_and_malloc_with_spdk_parameter_names() {
+        let json = r#"{
+          "subsystems": [
+            {"subsystem": "accel", "config": [{"method": "accel_set_options", "params": {}}]},
+            {"subsystem": "bdev", "config": [
+              {"method": "bdev_set_options", "params": {"bdev_io_pool_size": 65535}},
+              {"method": "bdev_null_create",
+               "params": {"name": "Null0", "num_blocks": 262144, "block_size": 4096,
+                          "uuid": "2b6601ba-eada-44fb-9a83-a20eb9eb9e90", "md_size": 0,
+                          "dif_type": 0, "dif_is_head_of_md": false}},
+              {"method": "bdev_malloc_create",
+               "params": {"name": "Malloc0", "num_blocks": 16384, "block_size": 512,
+                          "optimal_io_boundary": 16}},
+              {"method": "bdev_malloc_create", "params": {"num_blocks": 8, "block_size": 512}},
+              {"method": "bdev_wait_for_examine"}
+            ]},
+            {"subsystem": "sock", "config": null}
+          ]
+        }"#;
+        let cfg = Config::parse(json).unwrap();
+        assert_eq!(cfg.entries.len(), 3);
+        assert!(!cfg.has_nvme());
+        // accel, bdev_set_options, optimal_io_boundary; sock had nothing.
+        assert_eq!(cfg.warnings.len(), 3, "{:?}", cfg.warnings);
+        assert!(cfg.warnings[0].contains("'accel'"));
+        assert!(cfg.warnings[1].contains("bdev_set_options"));
+        assert!(cfg.warnings[2].contains("optimal_io_boundary"));
+        let bdevs = cfg.create(&mut no_nvme).unwrap();
+        let names: Vec<_> = bdevs.iter().map(|b| b.name().to_string()).collect();
+        assert_eq!(names, ["Null0", "Malloc0", "Malloc1"]);
+        let n = bdevs[0].info();
+        assert_eq!(
+            (n.backend, n.block_size, n.num_blocks),
+            ("null", 4096, 262144)
+        );
+        assert_eq!(n.uuid_string(), "2b6601ba-eada-44fb-9a83-a20eb9eb9e90");
+        let m = bdevs[1].info();
+        assert_eq!((m.backend, m.block_size, m.num_blocks), ("ram", 512, 16384));
+        assert_eq!(bdevs[2].info().num_blocks, 8);
+    }
+
+    #[test]
+    fn nvme_attach_goes_to_the_caller_with_its_parameters() {
+        let json = bdev_cfg(
+            r#"{"method": "bdev_nvme_attach_controller",
+                "params": {"name": "Nvme0", "trtype": "PCIe", "traddr": "0000:0a:00.0",
+                           "prchk_reftag": false}},
+               {"method": "bdev_null_create", "params": {"name": "n", "num_blocks": 8, "block_size": 512}}"#,
+        );
+        let cfg = Config::parse(&json).unwrap();
+        assert!(cfg.has_nvme());
+        let mut seen = Vec::new();
+        let bdevs = cfg
+            .create(&mut |a: &NvmeAttach| -> Result<Vec<Bdev<NoNvme>>, String> {
+                seen.push(a.clone());
+                // Stand in for the controller's two namespaces.
+                Ok(vec![
+                    Bdev::null(&a.bdev_name(1), 512, 8).map_err(|e| e.to_string())?,
+                    Bdev::null(&a.bdev_name(2), 512, 8).map_err(|e| e.to_string())?,
+                ])
+            })
+            .unwrap();
+        assert_eq!(seen.len(), 1);
+        assert_eq!(seen[0].name, "Nvme0");
+        assert_eq!(seen[0].trtype, "PCIe");
+        assert_eq!(seen[0].traddr.as_deref(), Some("0000:0a:00.0"));
+        assert_eq!(seen[0].params.len(), 1);
+        assert_eq!(seen[0].params["prchk_reftag"], Value::Bool(false));
+        let names: Vec<_> = bdevs.iter().map(|b| b.name().to_string()).collect();
+        assert_eq!(names, ["Nvme0n1", "Nvme0n2", "n"]);
+
+        // A controller's bdev may not take a name already used.
+        let e = err(
+            cfg.create(&mut |_: &NvmeAttach| -> Result<Vec<Bdev<NoNvme>>, String> {
+                Ok(vec![Bdev::null("n", 512, 8).map_err(|e| e.to_string())?])
+            }),
+            "clash",
+        );
+        assert!(
+            matches!(&e, ConfigError::DuplicateName(n) if n == "n"),
+            "{e}"
+        );
+
+        // The caller's refusal is reported with the controller's name.
+        let e = err(Config::parse(&json).unwrap().create(&mut no_nvme), "attach");
+        let msg = e.to_string();
+        assert!(
+            matches!(e, ConfigError::Attach { .. })
+                && msg.contains("Nvme0")
+                && msg.contains("no NVMe here"),
+            "{msg}"
+        );
+    }
+
+    #[test]
+    fn errors_name_the_method_and_the_parameter() {
+        let cases: &[(&str, &[&str])] = &[
+            (
+                r#"{"method": "bdev_null_create", "params": {"name": "a", "num_blocks": 8, "block_size": 512, "colour": 1}}"#,
+                &[
+                    "bdev_null_create",
+                    "unknown parameter 'colour'",
+                    "num_blocks",
+                ],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"name": "a", "block_size": 512}}"#,
+                &["bdev_null_create", "missing", "'num_blocks'"],
+            ),
+            (
+                r#"{"method": "bdev_malloc_create", "params": {"name": "a", "num_blocks": 8}}"#,
+                &["bdev_malloc_create", "'block_size'"],
+            ),
+            (
+                r#"{"method": "bdev_malloc_create", "params": {"num_blocks": "8", "block_size": 512}}"#,
+                &["bdev_malloc_create", "'num_blocks'", "\"8\""],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 8589934592}}"#,
+                &["'block_size'", "too large"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512, "uuid": "nope"}}"#,
+                &["'uuid'", "'nope'"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 520, "md_size": 8}}"#,
+                &["'md_size'", "metadata is not supported"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512, "dif_type": 1}}"#,
+                &["'dif_type'"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"name": "", "num_blocks": 8, "block_size": 512}}"#,
+                &["'name'", "empty"],
+            ),
+            (
+                r#"{"method": "bdev_aio_create", "params": {"name": "a", "filename": "/x"}}"#,
+                &[
+                    "'bdev_aio_create'",
+                    "entry 0",
+                    "not supported",
+                    "bdev_malloc_create",
+                ],
+            ),
+            (
+                r#"{"method": "bdev_uring_create", "params": {"filename": "/x"}}"#,
+                &["bdev_uring_create", "'name'"],
+            ),
+            (
+                r#"{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme0"}}"#,
+                &["bdev_nvme_attach_controller", "'trtype'"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"name": "d", "num_blocks": 8, "block_size": 512}},
+                   {"method": "bdev_malloc_create", "params": {"name": "d", "num_blocks": 8, "block_size": 512}}"#,
+                &["'d'", "used twice"],
+            ),
+            (r#"{"params": {}}"#, &["entry 0", "no \"method\""]),
+            (
+                r#"{"method": "bdev_null_create", "params": [1]}"#,
+                &["bdev_null_create", "\"params\" is not an object"],
+            ),
+        ];
+        for (entries, want) in cases {
+            let e = err(load_local(&bdev_cfg(entries)), entries);
+            let msg = e.to_string();
+            for w in *want {
+                assert!(msg.contains(w), "{entries}: '{msg}' lacks '{w}'");
+            }
+        }
+    }
+
+    #[test]
+    fn bad_documents_are_refused() {
+        let e = err(
+            load_local("{\"subsystems\": [\n  {\"subsystem\": \"bdev\",,}]}"),
+            "syntax",
+        );
+        assert!(matches!(e, ConfigError::Json(_)));
+        assert!(e.to_string().contains("line 2"), "{e}");
+        for (doc, want) in [
+            ("[]", "not a JSON object"),
+            ("{}", "no \"subsystems\""),
+            (r#"{"subsystems": {}}"#, "not an array"),
+            (r#"{"subsystems": [{"config": []}]}"#, "subsystems[0]"),
+            (
+                r#"{"subsystems": [{"subsystem": "bdev", "config": 3}]}"#,
+                "'bdev'",
+            ),
+            (
+                r#"{"subsystems": [{"subsystem": "accel", "config": []}]}"#,
+                "no \"bdev\" subsystem",
+            ),
+        ] {
+            let msg = err(load_local(doc), doc).to_string();
+            assert!(msg.contains(want), "{doc}: {msg}");
+        }
+        // A bdev the backend refuses names the method and the bdev.
+        let e = err(
+            load_local(&bdev_cfg(
+                r#"{"method": "bdev_malloc_create", "params": {"name": "odd", "num_blocks": 8, "block_size": 1000}}"#,
+            )),
+            "odd block size",
+        );
+        let msg = e.to_string();
+        assert!(
+            matches!(e, ConfigError::Create { .. })
+                && msg.contains("bdev_malloc_create 'odd'")
+                && msg.contains("1000"),
+            "{msg}"
+        );
+        // An empty bdev subsystem is valid and creates nothing.
+        assert!(
+            load_local(r#"{"subsystems": [{"subsystem": "bdev", "config": []}]}"#)
+                .unwrap()
+                .is_empty()
+        );
+    }
+
+    #[test]
+    fn names_made_up_for_unnamed_bdevs_skip_used_ones() {
+        let cfg = Config::parse(&bdev_cfg(
+            r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512}},
+               {"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 8, "block_size": 512}},
+               {"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512}}"#,
+        ))
+        .unwrap();
+        let names: Vec<_> = cfg.entries.iter().map(|e| e.name().to_string()).collect();
+        assert_eq!(names, ["Null1", "Null0", "Null2"]);
+    }
+
+    #[test]
+    fn uring_is_parsed() {
+        let cfg = Config::parse(&bdev_cfg(
+            r#"{"method": "bdev_uring_create", "params": {"name": "u", "filename": "/tmp/f", "block_size": 0}}"#,
+        ))
+        .unwrap();
+        assert_eq!(
+            cfg.entries[0],
+            Entry::Uring(UringParams {
+                name: "u".into(),
+                filename: "/tmp/f".into(),
+                block_size: None,
+                uuid: None
+            })
+        );
+        // URING: until the io_uring backend is in, creating one is refused
+        // naming the bdev and its file.
+        let msg = err(cfg.create(&mut no_nvme), "uring").to_string();
+        assert!(
+            msg.contains("bdev_uring_create 'u'") && msg.contains("/tmp/f"),
+            "{msg}"
+        );
+    }
+}
