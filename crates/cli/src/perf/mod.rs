@@ -22,8 +22,8 @@ use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, 
 use serde_json::json;
 
 use pattern::{Mix, Pattern};
-pub use trid::{parse_size, Backend, Trid};
-pub use worker::pin_to;
+pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
+pub use worker::{pin_to, thread_cpu_time};
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -151,7 +151,7 @@ fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<Strin
 }
 
 /// `1234567` -> `1.2 MiB (1234567 bytes)`.
-fn human_bytes(n: u64) -> String {
+pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
     let mut v = n as f64;
     let mut unit = "bytes";
@@ -252,14 +252,14 @@ pub(crate) fn online_cpus() -> Vec<usize> {
     }
 }
 
-struct Device {
-    name: String,
-    ctrl: Controller,
-    soft: Option<Arc<SoftDevice>>,
+pub(crate) struct Device {
+    pub name: String,
+    pub ctrl: Controller,
+    pub soft: Option<Arc<SoftDevice>>,
     mem: MemSource,
 }
 
-fn open_device(
+pub(crate) fn open_device(
     t: &Trid,
     limits: trid::SoftLimits,
     idx: usize,
@@ -517,7 +517,7 @@ enum MemSource {
 }
 
 /// `MemAvailable` from /proc/meminfo, in bytes.
-fn mem_available() -> Option<u64> {
+pub(crate) fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
