@@ -22,7 +22,7 @@ use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, 
 use serde_json::json;
 
 use pattern::{Mix, Pattern};
-pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
+pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid};
 pub use worker::{pin_to, thread_cpu_time};
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
