@@ -1,6 +1,7 @@
 //! `pollux` — command-line tools of the pollux NVMe stack.
 use clap::{Parser, Subcommand};
 
+mod bdevperf;
 mod perf;
 mod pingpong;
 mod setup;
@@ -20,6 +21,8 @@ struct Cli {
 enum Command {
     /// Measure IOPS, bandwidth and latency (modelled on SPDK's nvme perf).
     Perf(perf::PerfArgs),
+    /// Benchmark block devices (modelled on SPDK's bdevperf).
+    Bdevperf(bdevperf::BdevperfArgs),
     /// Hand NVMe controllers to user space (vfio-pci / uio_pci_generic) and back.
     Setup {
         #[command(subcommand)]
@@ -50,6 +53,13 @@ fn main() {
             }
             Err(e) => {
                 eprintln!("pollux perf: {e}");
+                2
+            }
+        },
+        Command::Bdevperf(args) => match bdevperf::run(args) {
+            Ok(s) => i32::from(s.errors > 0),
+            Err(e) => {
+                eprintln!("pollux bdevperf: {e}");
                 2
             }
         },

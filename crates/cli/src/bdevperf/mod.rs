@@ -1,0 +1,703 @@
+//! `pollux bdevperf`: a block device benchmark modelled on SPDK's
+//! `bdevperf`, on pollux-bdev and the pollux-runtime reactors.
+//!
+//! Bdevs come from quick flags (`--null`, `--ram SIZE`, `--uring PATH`,
+//! `--nvme TRID`) and/or SPDK's JSON configuration (`-c FILE`). As in
+//! SPDK, each bdev gets one job, placed round-robin on the cores of `-m`;
+//! with `-C` every core gets a job on every bdev, each on its own slice of
+//! the bdev. A job is one channel with `-q` buffers, driven by a poller on
+//! its core's runtime thread (see `job.rs`).
+mod job;
+mod nvme;
+mod report;
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use clap::{Args, ValueEnum};
+use hdrhistogram::Histogram;
+use pollux_bdev::config::{Config, ConfigError, NvmeAttach};
+use pollux_bdev::{Bdev, ChannelOptions, NoNvme};
+use pollux_nvme::Transport;
+use pollux_runtime::{Runtime, RuntimeOptions};
+use pollux_softnvme::SoftDevice;
+
+use crate::perf::clock::LatClock;
+use crate::perf::pattern::{Mix, Pattern};
+use crate::perf::verify::{Verify, Written, MAX_UNITS};
+use crate::perf::{
+    check_cores, human_bytes, mem_available, online_cpus, parse_cores, parse_size, PerfError,
+    MAX_TIMEOUT_MS,
+};
+use job::{Job, JobCtx, JobResult, Latency, WriteRead};
+use nvme::NvmeOpener;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+    Rw,
+    Randrw,
+    /// Write each unit, read it back and compare (sequential).
+    Verify,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct BdevperfArgs {
+    /// Queue depth per job.
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
+    pub queue_depth: u32,
+    /// I/O size in bytes (suffixes k, m allowed).
+    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
+    pub io_size: u64,
+    /// Workload pattern (verify: write, read back, compare).
+    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
+    pub workload: Workload,
+    /// Read percentage for rw/randrw.
+    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmixread: u8,
+    /// Run time in seconds.
+    #[arg(short = 't', long = "time", default_value_t = 5)]
+    pub time: u64,
+    /// Stop after this many I/Os in total (split evenly over the jobs).
+    #[arg(long = "io-count")]
+    pub io_count: Option<u64>,
+    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
+    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
+    pub cpumask: String,
+    /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
+    /// bdev_uring_create, bdev_nvme_attach_controller).
+    #[arg(short = 'c', long = "config")]
+    pub config: Option<PathBuf>,
+    /// Every core runs a job on every bdev (each on a slice of it).
+    #[arg(short = 'C')]
+    pub every_core: bool,
+    /// Only run on this bdev.
+    #[arg(short = 'T', long = "bdev")]
+    pub bdev: Option<String>,
+    /// Track latency (reads the clock twice per I/O).
+    #[arg(short = 'L', long = "latency")]
+    pub latency: bool,
+    /// A null bdev (Null0, 1 TiB): stores nothing.
+    #[arg(long)]
+    pub null: bool,
+    /// A RAM bdev of this size (Malloc<k>), repeatable.
+    #[arg(long, value_parser = parse_size)]
+    pub ram: Vec<u64>,
+    /// An io_uring bdev on this file or block device (Uring<k>), repeatable.
+    #[arg(long)]
+    pub uring: Vec<PathBuf>,
+    /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
+    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N' or 'trtype:pcie traddr:0000:00:01.0'.
+    #[arg(long)]
+    pub nvme: Vec<String>,
+    /// Block size of the --null and --ram bdevs.
+    #[arg(long = "block-size", default_value_t = 512)]
+    pub block_size: u32,
+    /// Step the emulated NVMe controllers on the job's thread (deterministic; one core).
+    #[arg(long)]
+    pub inline: bool,
+    /// Core for the emulated controllers' device thread (default: the first online core outside -m).
+    #[arg(long = "device-core")]
+    pub device_core: Option<usize>,
+    /// Tag every written block and check every read.
+    #[arg(long)]
+    pub verify: bool,
+    /// Print one JSON object on stdout instead of the table.
+    #[arg(long)]
+    pub json: bool,
+    /// NVMe per-command timeout in milliseconds (0: none; at most one day).
+    #[arg(long = "timeout-ms", default_value_t = 30_000)]
+    pub timeout_ms: u64,
+    /// Testing aid: fail each job's bdev (null/RAM) once the job completed
+    /// this many I/Os.
+    #[arg(long = "inject-failure-after", hide = true)]
+    pub inject_failure_after: Option<u64>,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BdevperfError {
+    /// An option whose value cannot work, named with its value (if any).
+    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
+    BadOption {
+        option: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error("-c {path}: {source}")]
+    Config {
+        path: String,
+        #[source]
+        source: ConfigError,
+    },
+    #[error("{0}")]
+    Bdev(#[from] pollux_bdev::Error),
+    #[error("{0}")]
+    Device(#[from] PerfError),
+    #[error("{0}")]
+    Driver(#[from] pollux_nvme::Error),
+    #[error("runtime: {0}")]
+    Runtime(#[from] pollux_runtime::Error),
+    #[error("{0}")]
+    Args(String),
+}
+
+fn bad(
+    option: &'static str,
+    value: impl std::fmt::Display,
+    why: impl Into<String>,
+) -> BdevperfError {
+    BdevperfError::BadOption {
+        option,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+/// What the caller needs after a run.
+pub struct Summary {
+    pub errors: u64,
+}
+
+/// Parses SPDK's core mask forms: `0x3`, `[0,1]`, `[0-2,5]`, `0-1`, `0,2`.
+pub fn parse_mask(s: &str) -> Result<Vec<usize>, String> {
+    let t = s.trim();
+    let inner = match (t.strip_prefix('['), t.ends_with(']')) {
+        (Some(rest), true) => &rest[..rest.len() - 1],
+        (None, false) => t,
+        _ => return Err(format!("unbalanced brackets in '{s}'")),
+    };
+    parse_cores(inner)
+}
+
+/// A core list as a hex mask (`0x3`), for the report (cores below 128).
+fn mask_of(cores: &[usize]) -> String {
+    let m = cores
+        .iter()
+        .filter(|&&c| c < 128)
+        .fold(0u128, |m, &c| m | 1 << c);
+    format!("{m:#x}")
+}
+
+/// Option checks that need no bdev: each names the option and its value.
+fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
+    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
+    check_cores(&cores, online).map_err(|e| bad("-m", &a.cpumask, e))?;
+    if let Some(c) = a.device_core {
+        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
+    }
+    if a.queue_depth == 0 || a.queue_depth > 65535 {
+        return Err(bad("-q", a.queue_depth, "must be in 1..=65535"));
+    }
+    if a.io_size == 0 || !a.io_size.is_multiple_of(512) || a.io_size > 64 << 20 {
+        return Err(bad(
+            "-o",
+            a.io_size,
+            "the I/O size must be a non-zero multiple of 512, at most 64 MiB",
+        ));
+    }
+    match a.io_count {
+        Some(0) => return Err(bad("--io-count", 0, "must be at least 1")),
+        None if a.time == 0 => {
+            return Err(bad(
+                "-t",
+                0,
+                "no time limit: give --io-count N to end the run after N I/Os",
+            ))
+        }
+        _ => {}
+    }
+    if a.timeout_ms > MAX_TIMEOUT_MS {
+        return Err(bad(
+            "--timeout-ms",
+            a.timeout_ms,
+            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
+        ));
+    }
+    if a.inline && cores.len() != 1 {
+        return Err(bad(
+            "--inline",
+            "",
+            format!(
+                "the emulated controller is stepped on the job's thread: -m must name exactly one core (got {})",
+                a.cpumask
+            ),
+        ));
+    }
+    if a.inline && a.nvme.is_empty() && a.config.is_none() {
+        return Err(bad(
+            "--inline",
+            "",
+            "steps emulated NVMe controllers: give --nvme 'trtype:soft ...' (or -c with one)",
+        ));
+    }
+    if a.inject_failure_after == Some(0) {
+        return Err(bad("--inject-failure-after", 0, "must be at least 1"));
+    }
+    Ok(cores)
+}
+
+/// Reads and parses `-c`.
+fn read_config(a: &BdevperfArgs) -> Result<Option<Config>, BdevperfError> {
+    let Some(path) = &a.config else {
+        return Ok(None);
+    };
+    let text =
+        std::fs::read_to_string(path).map_err(|e| bad("-c", path.display(), e.to_string()))?;
+    Config::parse(&text)
+        .map(Some)
+        .map_err(|source| BdevperfError::Config {
+            path: path.display().to_string(),
+            source,
+        })
+}
+
+/// The first `<prefix><k>` not in `used`; marks it used.
+fn fresh_name(prefix: &str, used: &mut Vec<String>) -> String {
+    let n = (0..)
+        .map(|k| format!("{prefix}{k}"))
+        .find(|n| !used.contains(n))
+        .unwrap_or_else(|| prefix.to_string());
+    used.push(n.clone());
+    n
+}
+
+/// The bdevs of the config file, then of the quick flags.
+fn make_bdevs<T: Transport>(
+    a: &BdevperfArgs,
+    cfg: Option<&Config>,
+    nvme: &mut impl FnMut(&str, &str) -> Result<Vec<Bdev<T>>, BdevperfError>,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, BdevperfError>,
+) -> Result<Vec<Bdev<T>>, BdevperfError> {
+    let mut used: Vec<String> = Vec::new();
+    let mut ctrl_names: Vec<String> = Vec::new();
+    let mut bdevs = match cfg {
+        Some(c) => {
+            for e in &c.entries {
+                match e {
+                    pollux_bdev::config::Entry::NvmeAttach(n) => ctrl_names.push(n.name.clone()),
+                    e => used.push(e.name().to_string()),
+                }
+            }
+            c.create(attach).map_err(|source| BdevperfError::Config {
+                path: a
+                    .config
+                    .as_ref()
+                    .map(|p| p.display().to_string())
+                    .unwrap_or_default(),
+                source,
+            })?
+        }
+        None => Vec::new(),
+    };
+    used.extend(bdevs.iter().map(|b| b.name().to_string()));
+    let bs = a.block_size;
+    if a.null {
+        let name = fresh_name("Null", &mut used);
+        let b = Bdev::null(&name, bs, (1u64 << 40) / bs.max(1) as u64)
+            .map_err(|e| bad("--block-size", bs, e.to_string()))?;
+        bdevs.push(b);
+    }
+    for &size in &a.ram {
+        if size == 0 || !size.is_multiple_of(bs.max(1) as u64) {
+            return Err(bad(
+                "--ram",
+                size,
+                format!("the size must be a non-zero multiple of --block-size {bs}"),
+            ));
+        }
+        let name = fresh_name("Malloc", &mut used);
+        let b = Bdev::ram(&name, bs, size / bs as u64)
+            .map_err(|e| bad("--ram", size, e.to_string()))?;
+        bdevs.push(b);
+    }
+    if let Some(path) = a.uring.first() {
+        // URING: `Bdev::uring(&fresh_name("Uring", &mut used), path,
+        // UringOptions::default())` per path, once the io_uring backend is
+        // in pollux-bdev.
+        return Err(bad(
+            "--uring",
+            path.display(),
+            "this build has no io_uring backend yet",
+        ));
+    }
+    for t in &a.nvme {
+        let name = fresh_name("Nvme", &mut ctrl_names);
+        bdevs.extend(nvme(&name, t)?);
+    }
+    if let Some(d) = bdevs.iter().enumerate().find_map(|(i, b)| {
+        bdevs[..i]
+            .iter()
+            .any(|o| o.name() == b.name())
+            .then(|| b.name().to_string())
+    }) {
+        return Err(BdevperfError::Args(format!(
+            "bdev name '{d}' is used twice"
+        )));
+    }
+    Ok(bdevs)
+}
+
+/// Runs the benchmark and prints its report.
+pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
+    let online = online_cpus();
+    let cores = check_args(&a, &online)?;
+    let cfg = read_config(&a)?;
+    let quick = a.null || !a.ram.is_empty() || !a.uring.is_empty() || !a.nvme.is_empty();
+    if !quick && cfg.is_none() {
+        return Err(BdevperfError::Args(
+            "no bdevs: give --null, --ram SIZE, --uring PATH, --nvme TRID or -c FILE".into(),
+        ));
+    }
+    let has_nvme = !a.nvme.is_empty() || cfg.as_ref().is_some_and(Config::has_nvme);
+    if a.inline && !has_nvme {
+        return Err(bad(
+            "--inline",
+            "",
+            "steps emulated NVMe controllers, and no bdev is NVMe",
+        ));
+    }
+    if has_nvme {
+        let mut opener = NvmeOpener::new(&a, &cores, &online)?;
+        let bdevs = {
+            let op = std::cell::RefCell::new(&mut opener);
+            make_bdevs(
+                &a,
+                cfg.as_ref(),
+                &mut |name: &str, trid: &str| op.borrow_mut().open_trid(name, trid),
+                &mut |att: &NvmeAttach| op.borrow_mut().attach(att),
+            )?
+        };
+        let inline = if a.inline {
+            opener.soft_devices()
+        } else {
+            Vec::new()
+        };
+        let r = execute(&a, &cores, bdevs, inline);
+        // Controllers close after every bdev and channel, the device
+        // thread last (the opener's field order).
+        drop(opener);
+        r
+    } else {
+        let none = |_: &str| BdevperfError::Args("no NVMe controller here".into());
+        let bdevs: Vec<Bdev<NoNvme>> = make_bdevs(
+            &a,
+            cfg.as_ref(),
+            &mut |n: &str, _: &str| Err(none(n)),
+            &mut |att: &NvmeAttach| Err(none(&att.name)),
+        )?;
+        execute(&a, &cores, bdevs, Vec::new())
+    }
+}
+
+/// One job's place: its bdev and core, for the report.
+pub struct JobMeta {
+    pub bdev: String,
+    pub core: usize,
+}
+
+/// Plans, starts and reports the jobs.
+fn execute<T: Transport>(
+    a: &BdevperfArgs,
+    cores: &[usize],
+    mut bdevs: Vec<Bdev<T>>,
+    inline: Vec<Arc<SoftDevice>>,
+) -> Result<Summary, BdevperfError> {
+    if let Some(name) = &a.bdev {
+        if !bdevs.iter().any(|b| b.name() == name) {
+            let all: Vec<_> = bdevs.iter().map(|b| b.name().to_string()).collect();
+            return Err(bad(
+                "-T",
+                name,
+                format!("no such bdev (bdevs: {})", all.join(", ")),
+            ));
+        }
+        bdevs.retain(|b| b.name() == name);
+    }
+    if bdevs.is_empty() {
+        return Err(BdevperfError::Args("no bdevs to run on".into()));
+    }
+    let io = a.io_size;
+    let depth = a.queue_depth as usize;
+    let verify_tags = a.verify || a.workload == Workload::Verify;
+    let slices = if a.every_core { cores.len() as u64 } else { 1 };
+    // Per bdev: blocks per I/O and I/O units per job.
+    let mut plans = Vec::new();
+    for b in &bdevs {
+        let info = b.info();
+        if !io.is_multiple_of(info.block_size as u64) {
+            return Err(bad(
+                "-o",
+                io,
+                format!(
+                    "bdev {}: not a multiple of its block size {}",
+                    info.name, info.block_size
+                ),
+            ));
+        }
+        let io_blocks = io / info.block_size as u64;
+        let units = info.num_blocks / io_blocks / slices;
+        if units == 0 {
+            return Err(bad(
+                "-o",
+                io,
+                format!(
+                    "bdev {} ({}) is smaller than {slices} I/O(s)",
+                    info.name,
+                    human_bytes(info.size_bytes())
+                ),
+            ));
+        }
+        if verify_tags && info.backend == "null" {
+            return Err(bad(
+                if a.verify { "--verify" } else { "-w verify" },
+                "",
+                format!(
+                    "bdev {} is a null bdev, which keeps no data (reads return the buffer untouched): use --ram or a RAM-backed controller",
+                    info.name
+                ),
+            ));
+        }
+        if verify_tags && units > MAX_UNITS {
+            return Err(bad(
+                "--verify",
+                "",
+                format!(
+                    "bdev {}: {units} I/O units of -o {io} bytes per job, at most {MAX_UNITS} can be tracked",
+                    info.name
+                ),
+            ));
+        }
+        plans.push((io_blocks, units));
+    }
+    let njobs = bdevs.len() as u64 * slices;
+    // Buffers are the memory the run takes (RAM bdevs fill lazily).
+    let need = njobs.saturating_mul(depth as u64).saturating_mul(io);
+    if let Some(avail) = mem_available() {
+        if need > avail {
+            return Err(BdevperfError::Args(format!(
+                "-q {} x -o {io} x {njobs} job(s) need {} of buffers, but {} is available (MemAvailable): lower -q or -o",
+                a.queue_depth,
+                human_bytes(need),
+                human_bytes(avail)
+            )));
+        }
+    }
+
+    let (random, mix) = match a.workload {
+        Workload::Read => (false, Mix::AllRead),
+        Workload::Randread => (true, Mix::AllRead),
+        Workload::Write | Workload::Verify => (false, Mix::AllWrite),
+        Workload::Randwrite => (true, Mix::AllWrite),
+        Workload::Rw => (false, Mix::from_percent(a.rwmixread)),
+        Workload::Randrw => (true, Mix::from_percent(a.rwmixread)),
+    };
+    let writes = !matches!(mix, Mix::AllRead);
+    let lat_clock = LatClock::new();
+    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
+    let (tx, rx) = mpsc::channel::<JobResult>();
+    let mut per_thread: Vec<Vec<Job<T>>> = (0..cores.len()).map(|_| Vec::new()).collect();
+    let mut metas = Vec::new();
+    let mut progress = Vec::new();
+    for (bi, (b, &(io_blocks, units))) in bdevs.iter().zip(&plans).enumerate() {
+        let desc = b.open(writes);
+        for s in 0..slices {
+            let index = metas.len();
+            let thread = if a.every_core {
+                s as usize
+            } else {
+                bi % cores.len()
+            };
+            let ch = desc.channel(&ChannelOptions {
+                depth: a.queue_depth,
+                latency: false,
+                nvme: None,
+            })?;
+            let bufs = b
+                .alloc_buf(depth * io as usize)?
+                .chunks(io as usize)
+                .into_iter()
+                .map(Some)
+                .collect();
+            let total = match a.io_count {
+                Some(n) => n / njobs + u64::from((index as u64) < n % njobs),
+                None => u64::MAX,
+            };
+            let latency = if a.latency {
+                // Ticks: up to an hour at a few GHz.
+                let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
+                    .map_err(|e| BdevperfError::Args(e.to_string()))?;
+                Some(Latency {
+                    clock: lat_clock,
+                    submit: vec![0; depth],
+                    hist,
+                })
+            } else {
+                None
+            };
+            let verify = verify_tags
+                .then(|| Verify::new(Written::new(units), b.info().block_shift() as u8, depth));
+            let write_read = (a.workload == Workload::Verify).then(|| WriteRead {
+                read_back: vec![false; depth],
+            });
+            let slow = latency.is_some() || verify.is_some() || write_read.is_some();
+            let ctx = JobCtx {
+                pat: Pattern {
+                    rng: 0x9E37_79B9_7F4A_7C15 ^ ((index as u64 + 1) << 32),
+                    random,
+                    mix,
+                    seq: 0,
+                    units,
+                },
+                io_blocks,
+                base_lba: s * units * io_blocks,
+                ios: 0,
+                stop_at: 0,
+                slow,
+                bufs,
+                errors: 0,
+                first_errors: Vec::new(),
+                latency,
+                verify,
+                write_read,
+                slot_lba: if slow { vec![0; depth] } else { Vec::new() },
+                slot_read: if slow { vec![false; depth] } else { Vec::new() },
+                retry: Vec::new(),
+                label: format!("{} on core {}", b.name(), cores[thread]),
+                fail_at: a.inject_failure_after,
+            };
+            let p = Arc::new(AtomicU64::new(0));
+            progress.push(p.clone());
+            per_thread[thread].push(Job {
+                index,
+                ch,
+                ctx,
+                total,
+                time: a.io_count.is_none().then(|| Duration::from_secs(a.time)),
+                drain_timeout,
+                progress: p,
+                results: tx.clone(),
+            });
+            metas.push(JobMeta {
+                bdev: b.name().to_string(),
+                core: cores[thread],
+            });
+        }
+    }
+    drop(tx);
+
+    let rt = Runtime::start(
+        cores,
+        RuntimeOptions {
+            // The jobs' own drain bound comes first; this one is a backstop.
+            drain_timeout: drain_timeout + Duration::from_secs(5),
+            thread_name: "bdevperf".into(),
+            ..RuntimeOptions::default()
+        },
+    )?;
+    let signals = rt.stop_on_signals()?;
+    let trigger = rt.shutdown_trigger();
+    let t0 = Instant::now();
+    for (i, jobs) in per_thread.into_iter().enumerate() {
+        let devs = if i == 0 { inline.clone() } else { Vec::new() };
+        rt.send(i, move |ctx| {
+            for j in jobs {
+                j.start(ctx);
+            }
+            if !devs.is_empty() {
+                // After the jobs: poll, then step, as perf's loop does.
+                ctx.register_poller("softnvme inline step", move |_| {
+                    let mut n = 0;
+                    for d in &devs {
+                        n += d.step();
+                    }
+                    if n > 0 {
+                        pollux_runtime::Poll::Busy
+                    } else {
+                        pollux_runtime::Poll::Idle
+                    }
+                });
+            }
+        })?;
+    }
+
+    // Status line each second; results as jobs finish.
+    let mut results: Vec<Option<JobResult>> = (0..metas.len()).map(|_| None).collect();
+    let mut got = 0;
+    let mut last = 0u64;
+    let mut tick = 1u64;
+    while got < results.len() {
+        match rx.recv_timeout(Duration::from_millis(20)) {
+            Ok(r) => {
+                let i = r.index;
+                if let Some(slot) = results.get_mut(i) {
+                    *slot = Some(r);
+                    got += 1;
+                }
+            }
+            Err(mpsc::RecvTimeoutError::Timeout) => {}
+            Err(mpsc::RecvTimeoutError::Disconnected) => break,
+        }
+        let el = t0.elapsed();
+        if el >= Duration::from_secs(tick) {
+            tick = el.as_secs() + 1;
+            let now: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
+            let d = now.saturating_sub(last) as f64;
+            eprintln!(
+                "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}",
+                el.as_secs(),
+                d,
+                d * io as f64 / (1 << 20) as f64,
+                if trigger.is_triggered() {
+                    " (stopping)"
+                } else {
+                    ""
+                }
+            );
+            last = now;
+        }
+    }
+    let interrupted = trigger.is_triggered();
+    rt.shutdown()?;
+    drop(signals);
+    let stats: HashMap<String, pollux_bdev::BdevStats> = bdevs
+        .iter()
+        .map(|b| (b.name().to_string(), b.stats()))
+        .collect();
+    let summary = report::report(
+        a,
+        cores,
+        &metas,
+        &results,
+        &bdevs,
+        &stats,
+        lat_clock.ns_per_tick(),
+        lat_clock.source(),
+        interrupted,
+    );
+    Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn masks_in_spdk_forms() {
+        assert_eq!(parse_mask("0x3").unwrap(), vec![0, 1]);
+        assert_eq!(parse_mask("[0,1]").unwrap(), vec![0, 1]);
+        assert_eq!(parse_mask("[0-2,5]").unwrap(), vec![0, 1, 2, 5]);
+        assert_eq!(parse_mask("0-1").unwrap(), vec![0, 1]);
+        assert!(parse_mask("[0,1").is_err());
+        assert!(parse_mask("0,1]").is_err());
+        assert!(parse_mask("0x0").is_err());
+        assert_eq!(mask_of(&[0, 1]), "0x3");
+        assert_eq!(mask_of(&[4]), "0x10");
+    }
+}
