@@ -4,7 +4,8 @@
 //! loop. Run under callgrind with two I/O counts and subtract to get the
 //! layer's instructions per I/O (bench/bench.py does).
 //!
-//! `cargo run --release -p pollux-bdev --example layer_cost -- bdev|qpair IOS`
+//! `cargo run --release -p pollux-bdev --example layer_cost -- bdev|qpair|null IOS`
+//! (`null`: the null bdev, no controller: the layer's whole cost).
 use std::sync::Arc;
 
 use pollux_bdev::{Bdev, ChannelOptions, Completion, Io, IoBuf};
@@ -118,6 +119,18 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             while job.done < ios {
                 ch.poll(u32::MAX, &mut job);
                 dev.step();
+            }
+        }
+        "null" => {
+            let b: Bdev<Pcie> = Bdev::null("null0", 512, 1 << 21)?;
+            let mut ch = b.open(false).channel(&ChannelOptions::default())?;
+            let bufs = b.alloc_buf(DEPTH as usize * BS)?.chunks(BS);
+            for (i, buf) in bufs.into_iter().enumerate() {
+                let lba = job.next_lba();
+                ch.read(lba, buf, i as u64).map_err(|r| r.error)?;
+            }
+            while job.done < ios {
+                ch.poll(u32::MAX, &mut job);
             }
         }
         _ => {
