@@ -48,7 +48,10 @@
 //!
 //! [`RuntimeHandle::stats`] (or [`ThreadCtx::stats`] on the thread)
 //! returns per-thread busy/idle/asleep time, loop, message, timer and
-//! sleep counts, and per-poller run and busy counts.
+//! sleep counts, and per-poller run and busy counts and busy/idle time
+//! (time spent in the poller in runs that reported busy or idle; a thread
+//! with `n` pollers reads the clock `n - 1` more times per pass for it, one
+//! with a single poller no more: see [`ThreadCtx::register_poller`]).
 //!
 //! # Shutdown
 //!
