@@ -138,6 +138,9 @@ struct PollerEntry {
     /// None while it runs (so it can get `&mut ThreadCtx`).
     f: Option<PollerBox>,
     c: Counters,
+    /// Registered as movable (its closure is `Send`); kept apart from `f`,
+    /// which is None while it runs.
+    movable: bool,
     removed: bool,
 }
 
@@ -380,6 +383,7 @@ impl ThreadCtx {
             name: name.into(),
             f: Some(PollerBox::Local(Box::new(f))),
             c: Counters::new(self.me.index, self.now),
+            movable: false,
             removed: false,
         });
         id
@@ -476,6 +480,7 @@ impl ThreadCtx {
             name: m.name,
             f: Some(PollerBox::Movable(m.f)),
             c: m.c,
+            movable: true,
             removed: false,
         });
     }
@@ -487,7 +492,7 @@ impl ThreadCtx {
         let k = self
             .pollers
             .iter()
-            .position(|p| p.id == id && !p.removed && matches!(p.f, Some(PollerBox::Movable(_))))?;
+            .position(|p| p.id == id && !p.removed && p.movable && p.f.is_some())?;
         let p = self.pollers.remove(k);
         match p.f {
             Some(PollerBox::Movable(f)) => Some(Moving {
@@ -520,7 +525,7 @@ impl ThreadCtx {
         let movable = self
             .pollers
             .iter_mut()
-            .filter(|p| !p.removed && matches!(p.f, Some(PollerBox::Movable(_))))
+            .filter(|p| !p.removed && p.movable)
             .map(|p| {
                 let (t0, b0) = std::mem::replace(&mut p.c.mark, (now, p.c.busy));
                 let dt = now.saturating_duration_since(t0).as_secs_f64();
@@ -729,7 +734,7 @@ impl ThreadCtx {
                 busy_runs: p.c.busy_runs,
                 busy: p.c.busy,
                 idle: p.c.idle,
-                movable: matches!(p.f, Some(PollerBox::Movable(_))),
+                movable: p.movable,
                 home: p.c.home,
                 moves: p.c.moves,
             })

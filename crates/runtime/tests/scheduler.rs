@@ -240,3 +240,28 @@ fn bad_scheduler_options_are_refused_at_start() {
         Ok(_) => panic!("started with fit_load above heavy_load"),
     }
 }
+
+#[test]
+fn a_running_movable_poller_sees_itself_movable_in_the_stats() {
+    let rt = Runtime::start(&[0], RuntimeOptions::default()).unwrap();
+    let (tx, rx) = mpsc::channel();
+    let id = rt
+        .call(0, move |ctx| {
+            let mut sent = false;
+            ctx.register_movable_poller("self-aware", move |ctx| {
+                if !sent {
+                    sent = true;
+                    let _ = tx.send(ctx.stats().pollers);
+                }
+                Poll::Idle
+            })
+        })
+        .unwrap();
+    let seen = rx.recv_timeout(HANG).expect("the poller ran");
+    let me = seen
+        .iter()
+        .find(|p| p.id == id)
+        .expect("itself in the stats");
+    assert!(me.movable, "{me:?}");
+    rt.shutdown().unwrap();
+}
