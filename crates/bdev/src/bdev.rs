@@ -217,15 +217,14 @@ impl<T: Transport> Bdev<T> {
                 name: self.name().to_string(),
                 source,
             }),
-            Shared::Nvme(n) => {
-                n.ctrl
-                    .alloc_dma(len)
-                    .map(IoBuf::new)
-                    .map_err(|source| Error::Nvme {
-                        name: self.name().to_string(),
-                        source,
-                    })
-            }
+            Shared::Nvme(n) => n
+                .ctrl
+                .alloc_dma(len)
+                .map(|d| exact(IoBuf::new(d), len))
+                .map_err(|source| Error::Nvme {
+                    name: self.name().to_string(),
+                    source,
+                }),
         }
     }
 
@@ -240,6 +239,15 @@ impl<T: Transport> Bdev<T> {
             }
             Shared::Nvme(_) => false,
         }
+    }
+}
+
+/// `b` cut to `len` bytes (platforms round DMA memory up to pages).
+fn exact(b: IoBuf, len: usize) -> IoBuf {
+    if b.len() == len {
+        b
+    } else {
+        b.truncate(len)
     }
 }
 

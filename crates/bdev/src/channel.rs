@@ -20,7 +20,7 @@ use crate::local::{LocalChan, LocalOp};
 use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeSide};
 use crate::split::{Parents, CHILD, MAX_CHILDREN};
-use crate::stats::{bump, ChanCounters, Registry};
+use crate::stats::{ChanCounters, Registry};
 
 /// Most blocks of one NVMe Write Zeroes or deallocate command.
 const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
@@ -31,11 +31,28 @@ pub(crate) struct Common {
     pub shift: u32,
     pub num_blocks: u64,
     pub writable: bool,
+    /// `CHILD` when latency is tracked, else 0: OR-ed into the user data so
+    /// one test sends both a reserved bit and latency tracking to the slow
+    /// path, at submission and completion.
+    pub slow_bit: u64,
+    /// This channel's counts, plain: published to `ctr` once per poll.
+    pub n: Counts,
     pub ctr: Arc<ChanCounters>,
     pub lat: Option<Box<Latency>>,
     pub parents: Parents,
     pub reg: Arc<Registry>,
     pub backend: &'static str,
+}
+
+/// Per-channel counts (one writer).
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Counts {
+    pub reads: u64,
+    pub writes: u64,
+    pub read_bytes: u64,
+    pub write_bytes: u64,
+    pub others: u64,
+    pub errors: u64,
 }
 
 impl Common {
@@ -44,12 +61,27 @@ impl Common {
             shift: info.block_shift(),
             num_blocks: info.num_blocks,
             writable,
+            slow_bit: if latency { CHILD } else { 0 },
+            n: Counts::default(),
             ctr: reg.register(),
             lat: latency.then(|| Box::new(Latency::new())),
             parents: Parents::default(),
             reg,
             backend: info.backend,
         }
+    }
+
+    /// Makes the counts visible to `Bdev::stats` (relaxed stores; this
+    /// thread is the only writer).
+    #[inline(always)]
+    pub fn publish(&self) {
+        let (c, n) = (&*self.ctr, &self.n);
+        set(&c.reads, n.reads);
+        set(&c.writes, n.writes);
+        set(&c.read_bytes, n.read_bytes);
+        set(&c.write_bytes, n.write_bytes);
+        set(&c.others, n.others);
+        set(&c.errors, n.errors);
     }
 
     /// `[lba, lba + nlb)` inside the bdev.
@@ -81,6 +113,18 @@ impl Common {
     /// Checks common to every request; returns the user data to carry.
     #[inline(always)]
     fn admit(&mut self, user_data: u64, writes: bool) -> Result<u64, SubmitError> {
+        if (user_data | self.slow_bit) & CHILD != 0 {
+            return self.admit_slow(user_data, writes);
+        }
+        if writes && !self.writable {
+            return Err(SubmitError::ReadOnly);
+        }
+        Ok(user_data)
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn admit_slow(&mut self, user_data: u64, writes: bool) -> Result<u64, SubmitError> {
         if user_data & CHILD != 0 {
             return Err(SubmitError::ReservedUserData(user_data));
         }
@@ -102,21 +146,26 @@ impl Common {
     }
 
     #[inline(always)]
-    fn count(&self, write: bool, len: usize) {
-        let c = &*self.ctr;
+    fn count(&mut self, write: bool, len: usize) {
+        let n = &mut self.n;
         if write {
-            bump(&c.writes, 1);
-            bump(&c.write_bytes, len as u64);
+            n.writes += 1;
+            n.write_bytes += len as u64;
         } else {
-            bump(&c.reads, 1);
-            bump(&c.read_bytes, len as u64);
+            n.reads += 1;
+            n.read_bytes += len as u64;
         }
     }
 
     #[inline(always)]
-    fn count_other(&self) {
-        bump(&self.ctr.others, 1);
+    fn count_other(&mut self) {
+        self.n.others += 1;
     }
+}
+
+#[inline(always)]
+fn set(c: &std::sync::atomic::AtomicU64, v: u64) {
+    c.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
 /// The same error in the layer's terms where one exists.
@@ -248,6 +297,7 @@ impl<T: Transport> Drop for Channel<T> {
         if let Some(l) = &self.c.lat {
             self.c.reg.merge_latency(&l.hist);
         }
+        self.c.publish();
         self.c.reg.retire(&self.c.ctr);
     }
 }
@@ -361,12 +411,18 @@ impl<'a, T: Transport> Io<'a, T> {
         });
         let (ud, nlb) = match checked {
             Ok(x) => x,
-            Err(e) => return Err(Refused::new(e, Data::Vec(bufs))),
+            Err(e) => return Err(Refused::new(e, Data::Vec(Box::new(bufs)))),
         };
         let len = (nlb << self.c.shift) as usize;
         let op = if write { LocalOp::Write } else { LocalOp::Read };
         let r = match &mut self.be {
-            IoBe::Local(l) => l.submit(op, lba << self.c.shift, len as u64, Data::Vec(bufs), ud),
+            IoBe::Local(l) => l.submit(
+                op,
+                lba << self.c.shift,
+                len as u64,
+                Data::Vec(Box::new(bufs)),
+                ud,
+            ),
             IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, ud),
         };
         match r {
@@ -392,7 +448,7 @@ impl<'a, T: Transport> Io<'a, T> {
         ud: u64,
     ) -> Result<(), Refused> {
         let IoBe::Nvme(sub, side) = &mut self.be else {
-            return Err(Refused::new(SubmitError::Failed, Data::Vec(bufs)));
+            return Err(Refused::new(SubmitError::Failed, Data::Vec(Box::new(bufs))));
         };
         let n = bufs.len();
         let shift = self.c.shift;
@@ -423,7 +479,7 @@ impl<'a, T: Transport> Io<'a, T> {
                             .parents
                             .child_done(parent, j, Err(IoError::Failed), None);
                     }
-                    return Err(Refused::new(error, Data::Vec(back)));
+                    return Err(Refused::new(error, Data::Vec(Box::new(back))));
                 }
                 tracing::warn!(%error, index = i, "vector request partly refused; failing it");
                 let fail = Err(IoError::Failed);
@@ -613,7 +669,7 @@ impl<'a, T: Transport> Io<'a, T> {
             IoBe::Nvme(_, side) => {
                 let result = side.ctrl.reset().map(|()| 0).map_err(|e| {
                     tracing::error!(error = %e, "controller reset failed");
-                    IoError::Nvme(pollux_nvme::IoError::ControllerFailed)
+                    IoError::ControllerFailed
                 });
                 side.deferred.push(Completion {
                     user_data: ud,

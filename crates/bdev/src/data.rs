@@ -13,7 +13,7 @@ pub enum Data {
     One(IoBuf),
     /// A vector of buffers, transferred in order (each a whole number of
     /// blocks).
-    Vec(Vec<IoBuf>),
+    Vec(Box<Vec<IoBuf>>),
 }
 
 impl Data {
@@ -31,6 +31,7 @@ impl Data {
     }
 
     /// The single buffer, if that is what it holds.
+    #[inline(always)]
     pub fn into_one(self) -> Option<IoBuf> {
         match self {
             Data::One(b) => Some(b),
@@ -39,11 +40,12 @@ impl Data {
     }
 
     /// Every buffer, in order.
+    #[inline]
     pub fn into_vec(self) -> Vec<IoBuf> {
         match self {
             Data::None => Vec::new(),
             Data::One(b) => vec![b],
-            Data::Vec(v) => v,
+            Data::Vec(v) => *v,
         }
     }
 }

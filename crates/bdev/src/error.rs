@@ -56,18 +56,9 @@ pub enum SubmitError {
     Nvme(pollux_nvme::SubmitError),
 }
 
-/// Why an accepted request did not succeed.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
-pub enum IoError {
-    #[error("nvme: {0}")]
-    Nvme(pollux_nvme::IoError),
-    #[error("{}", std::io::Error::from_raw_os_error(*.0))]
-    Os(i32),
-    #[error("short transfer: {got} of {expected} bytes")]
-    Short { expected: u32, got: u32 },
-    #[error("backend has failed")]
-    Failed,
-}
+/// Why an accepted request did not succeed: the driver's type, so an NVMe
+/// completion passes through the layer unconverted.
+pub use pollux_nvme::IoError;
 
 /// A request refused at submission, with the buffers it came with.
 #[derive(Debug, thiserror::Error)]

@@ -8,11 +8,9 @@ use pollux_nvme::Transport;
 
 use crate::channel::{ChanBe, Channel, Common, Io, IoBe};
 use crate::data::Completion;
-use crate::error::IoError;
 use crate::never::NoNvme;
 use crate::nvme::NvmeSide;
 use crate::split::CHILD;
-use crate::stats::bump;
 
 /// Receives completions from [`Channel::poll`]. Closures
 /// `FnMut(&mut Io<T>, Completion)` implement it; a type implementing it
@@ -28,35 +26,46 @@ impl<T: Transport, F: FnMut(&mut Io<'_, T>, Completion)> Handler<T> for F {
     }
 }
 
-/// Hands `c` to the handler after the layer's bookkeeping.
+/// Hands `c` to the handler after the layer's bookkeeping: one test sends
+/// split children and latency tracking to the slow path. The slow path
+/// gets the channel's common part only, never the `Io` view, so the view
+/// stays in registers on the hot path.
 #[inline(always)]
-fn deliver<T: Transport, H: Handler<T>>(io: &mut Io<'_, T>, mut c: Completion, h: &mut H) {
-    if c.user_data & CHILD != 0 {
-        match io.c.parents.on_child(c) {
-            Some(p) => c = p,
+fn deliver<T: Transport, H: Handler<T>>(io: &mut Io<'_, T>, c: Completion, h: &mut H) {
+    let c = if (c.user_data | io.c.slow_bit) & CHILD != 0 {
+        match slow(io.c, c) {
+            Some(c) => c,
             None => return,
         }
-    }
-    if c.result.is_err() {
-        bump(&io.c.ctr.errors, 1);
-    }
-    if io.c.lat.is_some() {
-        latency_done(io.c, &mut c);
-    }
+    } else {
+        if c.result.is_err() {
+            io.c.n.errors += 1;
+        }
+        c
+    };
     h.complete(io, c)
 }
 
+/// A split child (its parent's completion when it was the last child) or
+/// a latency-tracked request.
 #[cold]
 #[inline(never)]
-fn latency_done(c: &mut Common, comp: &mut Completion) {
-    if let Some(l) = &mut c.lat {
-        let (ud, due) = l.finish(comp.user_data);
-        comp.user_data = ud;
+fn slow(cm: &mut Common, mut c: Completion) -> Option<Completion> {
+    if c.user_data & CHILD != 0 {
+        c = cm.parents.on_child(c)?;
+    }
+    if c.result.is_err() {
+        cm.n.errors += 1;
+    }
+    if let Some(l) = &mut cm.lat {
+        let (ud, due) = l.finish(c.user_data);
+        c.user_data = ud;
         if due {
-            c.reg.merge_latency(&l.hist);
+            cm.reg.merge_latency(&l.hist);
             l.hist.reset();
         }
     }
+    Some(c)
 }
 
 /// The NVMe queue pair's handler: converts each completion and passes it
@@ -68,18 +77,36 @@ struct NvmeSink<'h, 'c, T: Transport, H> {
 }
 
 impl<T: Transport, H: Handler<T>> pollux_nvme::Handler<T> for NvmeSink<'_, '_, T, H> {
+    /// `deliver` for NVMe, with the test made on the driver's completion
+    /// before the layer's is built, so that it is built only where the
+    /// handler takes it (and stays in registers).
     #[inline(always)]
     fn complete(&mut self, sub: &mut pollux_nvme::Submitter<'_, T>, c: pollux_nvme::Completion) {
-        let c = Completion {
-            user_data: c.user_data,
-            result: c.result.map_err(IoError::Nvme),
-            data: c.buf.into(),
+        let c = if (c.user_data | self.c.slow_bit) & CHILD != 0 {
+            let c = Completion {
+                user_data: c.user_data,
+                result: c.result,
+                data: c.buf.into(),
+            };
+            match slow(self.c, c) {
+                Some(c) => c,
+                None => return,
+            }
+        } else {
+            if c.result.is_err() {
+                self.c.n.errors += 1;
+            }
+            Completion {
+                user_data: c.user_data,
+                result: c.result,
+                data: c.buf.into(),
+            }
         };
         let mut io = Io {
             c: &mut *self.c,
             be: IoBe::Nvme(sub.reborrow(), &mut *self.side),
         };
-        deliver(&mut io, c, self.h);
+        self.h.complete(&mut io, c);
     }
 }
 
@@ -89,7 +116,7 @@ impl<T: Transport> Channel<T> {
     /// requests. Returns how many were delivered.
     #[inline(always)]
     pub fn poll<H: Handler<T>>(&mut self, max: u32, h: &mut H) -> u32 {
-        match &mut self.be {
+        let n = match &mut self.be {
             ChanBe::Local(l) => {
                 let mut n = 0;
                 while n < max {
@@ -115,7 +142,9 @@ impl<T: Transport> Channel<T> {
                 };
                 n + nv.qp.poll_with(max, &mut sink)
             }
-        }
+        };
+        self.c.publish();
+        n
     }
 
     /// Polls until nothing is outstanding (or `max_polls` polls passed);

@@ -85,7 +85,7 @@ impl Parents {
         let data = if p.bufs.is_empty() {
             Data::None
         } else {
-            Data::Vec(p.bufs.into_iter().flatten().collect())
+            Data::Vec(Box::new(p.bufs.into_iter().flatten().collect()))
         };
         Some(Completion {
             user_data: p.user_data,

@@ -25,12 +25,6 @@ pub(crate) struct ChanCounters {
     pub errors: AtomicU64,
 }
 
-/// Adds `n` to a counter only this thread writes.
-#[inline(always)]
-pub(crate) fn bump(c: &AtomicU64, n: u64) {
-    c.store(c.load(Relaxed).wrapping_add(n), Relaxed);
-}
-
 /// A snapshot of a bdev's statistics.
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct BdevStats {

@@ -55,7 +55,8 @@ pub enum SubmitError {
     ControllerFailed,
 }
 
-/// Why an accepted request did not succeed. Delivered with its completion.
+/// Why an accepted request did not succeed. Delivered with its completion:
+/// the driver's, and every block device's (`pollux-bdev` uses this type).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum IoError {
     #[error("{0}")]
@@ -66,4 +67,19 @@ pub enum IoError {
     ControllerReset,
     #[error("controller failed while the command was outstanding")]
     ControllerFailed,
+    /// A backend that is not NVMe (a file through io_uring) failed with
+    /// this errno (every Linux errno fits in 16 bits; keeping the error
+    /// four bytes keeps a completion three words).
+    #[error("{}", std::io::Error::from_raw_os_error(*.0 as i32))]
+    Os(u16),
+    /// The backend has failed (a block device layer's verdict).
+    #[error("backend has failed")]
+    Failed,
+}
+
+impl IoError {
+    /// An errno as an `Os` error (EIO for values that do not fit).
+    pub fn os(errno: i32) -> IoError {
+        IoError::Os(u16::try_from(errno).unwrap_or(libc::EIO as u16))
+    }
 }

@@ -48,7 +48,10 @@
 //!
 //! [`RuntimeHandle::stats`] (or [`ThreadCtx::stats`] on the thread)
 //! returns per-thread busy/idle/asleep time, loop, message, timer and
-//! sleep counts, and per-poller run and busy counts.
+//! sleep counts, and per-poller run and busy counts and busy/idle time
+//! (time spent in the poller in runs that reported busy or idle; a thread
+//! with `n` pollers reads the clock `n - 1` more times per pass for it, one
+//! with a single poller no more: see [`ThreadCtx::register_poller`]).
 //!
 //! # Shutdown
 //!
@@ -61,13 +64,19 @@
 //!
 //! # Scheduler
 //!
-//! Optionally ([`RuntimeOptions::scheduler`]), a simple form of SPDK's
-//! dynamic scheduler consolidates work: pollers registered as movable
-//! leave lightly loaded threads for thread 0 while it has room, so the
-//! emptied cores sleep. It does not spread pollers back out when thread 0
-//! becomes overloaded.
+//! Optionally ([`RuntimeOptions::scheduler`]), a dynamic scheduler as
+//! SPDK's moves pollers registered as movable
+//! ([`ThreadCtx::register_movable_poller`]) by their busy time: when
+//! threads are lightly loaded their pollers gather on the lowest threads
+//! that have room (thread 0 first) and the emptied cores sleep; when a
+//! thread is overloaded it hands pollers back out (home first). A moved
+//! poller keeps its id and counters and shows in the stats of the thread
+//! running it; [`ThreadStats::pollers_moved_in`] and
+//! [`ThreadStats::pollers_moved_out`] count the moves. See
+//! [`SchedulerOptions`].
 
 mod reactor;
+mod sched;
 mod sys;
 
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -109,6 +118,12 @@ pub enum Error {
     ThreadGone { index: usize },
     #[error("runtime thread {index} (core {core}) panicked")]
     ThreadPanicked { index: usize, core: usize },
+    #[error("scheduler option {option} = {value}: {reason}")]
+    SchedulerOption {
+        option: &'static str,
+        value: String,
+        reason: &'static str,
+    },
     #[error("descriptor {fd} is not registered as a wake descriptor on this thread")]
     NotRegistered { fd: std::os::fd::RawFd },
     #[error("{what}: {source}")]
@@ -136,16 +151,48 @@ pub struct RuntimeOptions {
     pub scheduler: Option<SchedulerOptions>,
 }
 
-/// The scheduler: every `period`, each thread other than thread 0 whose
-/// load (busy share of its time) was at most `light_load` hands its
-/// movable pollers ([`ThreadCtx::register_movable_poller`]) to thread 0,
-/// if thread 0's load plus its own stays at most `main_cap`. The emptied
-/// thread then sleeps. Pollers are never spread back out.
+/// The dynamic scheduler, modelled on SPDK's `scheduler_dynamic`: it moves
+/// movable pollers ([`ThreadCtx::register_movable_poller`]) between
+/// threads by their busy time.
+///
+/// Every `period` thread 0 asks every thread for its load (busy share of
+/// its time since the last ask) and the busy share of each of its movable
+/// pollers, then:
+///
+/// - spreads: a thread busier than `heavy_load` hands movable pollers out
+///   one at a time (while it stays over the limit), each to its home
+///   thread (where it was registered) if it fits there, else to the least
+///   loaded thread, choosing the move that best evens out the two loads;
+///   a poller that is (nearly) all of its thread's load stays;
+/// - consolidates: a thread other than thread 0 at most `light_load` busy
+///   hands all its movable pollers to lower threads (lowest first) if
+///   they all fit, so it empties and sleeps.
+///
+/// A poller "fits" on a thread if that thread's load plus the poller's
+/// share stays at most `fit_load`. A poller that moved stays put for
+/// `min_dwell` periods, and no plan is made until a full period has passed
+/// after the last move landed (the loads measured across a move are
+/// mixed). Keep `light_load < heavy_load` and `fit_load < heavy_load` (the
+/// gap is the hysteresis that keeps pollers from bouncing);
+/// [`Runtime::start`] refuses other values.
+///
+/// Cost: one message to every thread per period (a sleeping thread wakes
+/// for it), and one periodic timer on thread 0.
 #[derive(Clone, Debug)]
 pub struct SchedulerOptions {
+    /// How often thread 0 gathers loads and moves pollers.
     pub period: Duration,
+    /// A thread at most this busy (share of its time) gives its movable
+    /// pollers away to lower threads.
     pub light_load: f64,
-    pub main_cap: f64,
+    /// A thread takes a poller in only while its load plus the poller's
+    /// stays at most this.
+    pub fit_load: f64,
+    /// A thread busier than this hands movable pollers out.
+    pub heavy_load: f64,
+    /// Periods a moved poller stays on its new thread before it may move
+    /// again.
+    pub min_dwell: u32,
 }
 
 impl Default for SchedulerOptions {
@@ -153,7 +200,9 @@ impl Default for SchedulerOptions {
         Self {
             period: Duration::from_millis(100),
             light_load: 0.2,
-            main_cap: 0.8,
+            fit_load: 0.8,
+            heavy_load: 0.9,
+            min_dwell: 3,
         }
     }
 }
@@ -198,6 +247,9 @@ impl Runtime {
         }
         if opts.inbox_capacity == 0 {
             return Err(Error::ZeroCapacity);
+        }
+        if let Some(sched) = &opts.scheduler {
+            sched::validate(sched)?;
         }
         let n = cores.len();
         let mut threads = Vec::with_capacity(n);

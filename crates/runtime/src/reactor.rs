@@ -8,8 +8,9 @@ use std::sync::atomic::{fence, AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use crate::sched::{self, MovableLoad, Move, ThreadLoad};
 use crate::sys::{Epoll, EventFd, TimerFd};
-use crate::{Error, Msg, Poll, Result, RuntimeOptions};
+use crate::{Error, Msg, Poll, Result, RuntimeOptions, SchedulerOptions};
 
 /// What a runtime thread shares with senders on other threads.
 pub(crate) struct ThreadShared {
@@ -60,7 +61,7 @@ pub(crate) struct Shared {
 
 /// Identifies a poller on its thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct PollerId(u64);
+pub struct PollerId(pub(crate) u64);
 
 /// Identifies a timer on its thread.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -84,13 +85,50 @@ impl PollerBox {
     }
 }
 
+/// What a poller carries wherever it runs: its counters.
+#[derive(Clone, Debug)]
+struct Counters {
+    runs: u64,
+    busy_runs: u64,
+    /// Time inside the poller in runs that reported Busy / Idle.
+    busy: Duration,
+    idle: Duration,
+    /// The thread it was registered on.
+    home: usize,
+    /// Times the scheduler moved it.
+    moves: u64,
+    /// When the scheduler last measured it, and its busy time then.
+    mark: (Instant, Duration),
+}
+
+impl Counters {
+    fn new(home: usize, now: Instant) -> Self {
+        Self {
+            runs: 0,
+            busy_runs: 0,
+            busy: Duration::ZERO,
+            idle: Duration::ZERO,
+            home,
+            moves: 0,
+            mark: (now, Duration::ZERO),
+        }
+    }
+
+    fn charge(&mut self, busy: bool, spent: Duration) {
+        if busy {
+            self.busy += spent;
+        } else {
+            self.idle += spent;
+        }
+    }
+}
+
 /// A movable poller in transit to another thread.
 struct Moving {
     id: PollerId,
     name: String,
     f: MovableFn,
-    runs: u64,
-    busy_runs: u64,
+    c: Counters,
 }
 type DrainFn = Box<dyn FnMut(&mut ThreadCtx) -> bool>;
 
@@ -99,8 +137,10 @@ struct PollerEntry {
     name: String,
     /// None while it runs (so it can get `&mut ThreadCtx`).
     f: Option<PollerBox>,
-    runs: u64,
-    busy_runs: u64,
+    c: Counters,
+    /// Registered as movable (its closure is `Send`); kept apart from `f`,
+    /// which is None while it runs.
+    movable: bool,
     removed: bool,
 }
 
@@ -130,7 +170,8 @@ impl Timers {
     }
 }
 
-/// Per-poller counters.
+/// Per-poller counters. A movable poller keeps them (and its id) when the
+/// scheduler moves it: they count its runs on every thread it ran on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PollerStats {
     pub id: PollerId,
@@ -139,6 +180,17 @@ pub struct PollerStats {
     pub runs: u64,
     /// Times it reported [`Poll::Busy`].
     pub busy_runs: u64,
+    /// Time spent inside it in runs that reported [`Poll::Busy`]. See
+    /// [`ThreadCtx::register_poller`] for how it is measured.
+    pub busy: Duration,
+    /// Time spent inside it in runs that reported [`Poll::Idle`].
+    pub idle: Duration,
+    /// Registered with [`ThreadCtx::register_movable_poller`].
+    pub movable: bool,
+    /// The index of the thread it was registered on.
+    pub home: usize,
+    /// Times the scheduler moved it to another thread.
+    pub moves: u64,
 }
 
 /// Counters of one runtime thread. Times are attributed per loop iteration
@@ -160,6 +212,11 @@ pub struct ThreadStats {
     pub fd_wakeups: u64,
     pub messages: u64,
     pub timers_fired: u64,
+    /// Movable pollers the scheduler moved onto / off this thread.
+    pub pollers_moved_in: u64,
+    pub pollers_moved_out: u64,
+    /// The pollers running on this thread now (a poller the scheduler is
+    /// moving shows on neither thread for the moment the move takes).
     pub pollers: Vec<PollerStats>,
 }
 
@@ -189,8 +246,25 @@ pub struct ThreadCtx {
     /// Scheduler state: busy and total time at the last tick, the main
     /// thread's load, and whether an offer to the main thread is out.
     load_mark: (Duration, Duration),
-    main_load: f64,
-    migration_pending: bool,
+    /// Thread 0's scheduler state (None elsewhere, or with no scheduler).
+    planner: Option<Box<Planner>>,
+}
+
+/// Thread 0's scheduler state: one round per period gathers every
+/// thread's [`ThreadLoad`], plans with [`sched::plan`] and orders the moves.
+struct Planner {
+    opts: SchedulerOptions,
+    round: u64,
+    /// Reports still awaited this round.
+    waiting: usize,
+    loads: Vec<ThreadLoad>,
+    /// Moves ordered and not yet landed.
+    in_flight: usize,
+    /// The first round whose loads were all measured after the last move
+    /// landed.
+    quiet_from: u64,
+    /// The round each recently moved poller moved in (for the dwell).
+    moved_in_round: HashMap<PollerId, u64>,
 }
 
 /// Token of the thread's own eventfd and timerfd in its epoll set; user
@@ -289,6 +363,15 @@ impl ThreadCtx {
     /// Registers a poller: it runs once every loop iteration and reports
     /// whether it found work. The thread may sleep once all pollers have
     /// reported [`Poll::Idle`] for the configured idle time.
+    ///
+    /// Its stats ([`PollerStats`]) count its runs and the time spent in it,
+    /// as busy or idle time by what it reported. That time comes from
+    /// clock reads between pollers: a thread with one poller charges it
+    /// from the loop's own clock read per iteration (no extra read); with
+    /// `n` pollers a pass costs `n - 1` more reads (a vDSO
+    /// `clock_gettime`, some 20 ns each), plus one in iterations where
+    /// messages or timers ran before the pollers. The last poller of a
+    /// pass is also charged the loop's little bookkeeping after it.
     pub fn register_poller(
         &mut self,
         name: impl Into<String>,
@@ -299,8 +382,8 @@ impl ThreadCtx {
             id,
             name: name.into(),
             f: Some(PollerBox::Local(Box::new(f))),
-            runs: 0,
-            busy_runs: 0,
+            c: Counters::new(self.me.index, self.now),
+            movable: false,
             removed: false,
         });
         id
@@ -371,6 +454,11 @@ impl ThreadCtx {
     /// `Send` and must not rely on which thread runs it (it reads
     /// [`index`](Self::index) to know). It can remove itself with
     /// [`unregister_poller`](Self::unregister_poller) wherever it runs.
+    /// This thread is its home: when load rises, the scheduler sends it
+    /// back here first if it fits (see
+    /// [`SchedulerOptions`](crate::SchedulerOptions)). Timers, drain
+    /// callbacks and wake descriptors stay on the thread that registered
+    /// them.
     pub fn register_movable_poller(
         &mut self,
         name: impl Into<String>,
@@ -381,8 +469,7 @@ impl ThreadCtx {
             id,
             name: name.into(),
             f: Box::new(f),
-            runs: 0,
-            busy_runs: 0,
+            c: Counters::new(self.me.index, self.now),
         });
         id
     }
@@ -392,37 +479,30 @@ impl ThreadCtx {
             id: m.id,
             name: m.name,
             f: Some(PollerBox::Movable(m.f)),
-            runs: m.runs,
-            busy_runs: m.busy_runs,
+            c: m.c,
+            movable: true,
             removed: false,
         });
     }
 
-    /// Takes this thread's movable pollers out (between poller passes:
-    /// called from messages only).
-    fn take_movable(&mut self) -> Vec<Moving> {
-        let mut out = Vec::new();
-        let mut kept = Vec::with_capacity(self.pollers.len());
-        for p in self.pollers.drain(..) {
-            match p.f {
-                Some(PollerBox::Movable(f)) if !p.removed => out.push(Moving {
-                    id: p.id,
-                    name: p.name,
-                    f,
-                    runs: p.runs,
-                    busy_runs: p.busy_runs,
-                }),
-                f => kept.push(PollerEntry { f, ..p }),
-            }
-        }
-        self.pollers = kept;
-        out
-    }
-
-    fn has_movable(&self) -> bool {
-        self.pollers
+    /// Takes movable poller `id` out to send it to another thread (from a
+    /// message, between poller passes); None if it is not here, was
+    /// removed or is not movable.
+    fn take_poller(&mut self, id: PollerId) -> Option<Moving> {
+        let k = self
+            .pollers
             .iter()
-            .any(|p| !p.removed && matches!(p.f, Some(PollerBox::Movable(_))))
+            .position(|p| p.id == id && !p.removed && p.movable && p.f.is_some())?;
+        let p = self.pollers.remove(k);
+        match p.f {
+            Some(PollerBox::Movable(f)) => Some(Moving {
+                id: p.id,
+                name: p.name,
+                f,
+                c: p.c,
+            }),
+            _ => None,
+        }
     }
 
     /// The share of time busy since the last call (0..=1).
@@ -437,57 +517,159 @@ impl ThreadCtx {
         (busy.saturating_sub(b0).as_secs_f64() / dt).min(1.0)
     }
 
-    /// The scheduler tick (a periodic timer on every thread when the
-    /// scheduler is on). The main thread (index 0) records its load; a
-    /// lightly loaded other thread offers its movable pollers to the main
-    /// thread, which takes them if its load stays under the cap, so the
-    /// emptied thread can sleep.
-    fn scheduler_tick(&mut self, opts: &crate::SchedulerOptions) {
+    /// This thread's load and its movable pollers' busy shares since the
+    /// last report (for the scheduler on thread 0).
+    fn load_report(&mut self) -> ThreadLoad {
         let load = self.load_since_last();
-        if self.index() == 0 {
-            self.main_load = load;
+        let now = self.now;
+        let movable = self
+            .pollers
+            .iter_mut()
+            .filter(|p| !p.removed && p.movable)
+            .map(|p| {
+                let (t0, b0) = std::mem::replace(&mut p.c.mark, (now, p.c.busy));
+                let dt = now.saturating_duration_since(t0).as_secs_f64();
+                let share = if dt > 0.0 {
+                    (p.c.busy.saturating_sub(b0).as_secs_f64() / dt).min(1.0)
+                } else {
+                    0.0
+                };
+                MovableLoad {
+                    id: p.id,
+                    share,
+                    home: p.c.home,
+                    eligible: true,
+                }
+            })
+            .collect();
+        ThreadLoad { load, movable }
+    }
+
+    /// The scheduler tick (a periodic timer on thread 0 when the scheduler
+    /// is on): starts a round by asking every thread for its load report.
+    fn scheduler_tick(&mut self) {
+        if self.draining {
             return;
         }
-        if load > opts.light_load || !self.has_movable() || self.migration_pending {
+        let n = self.thread_count();
+        let Some(pl) = self.planner.as_mut() else {
+            return;
+        };
+        if pl.waiting > 0 {
+            return; // the last round's reports are not all in yet
+        }
+        pl.round += 1;
+        let round = pl.round;
+        pl.waiting = n;
+        pl.loads = vec![ThreadLoad::default(); n];
+        let mine = self.load_report();
+        self.on_load_report(round, 0, mine);
+        for i in 1..n {
+            let r = self.call(
+                i,
+                |ctx| ctx.load_report(),
+                move |main, load| main.on_load_report(round, i, load),
+            );
+            if let Err(e) = r {
+                tracing::debug!(thread = i, "scheduler: round {round} abandoned: {e}");
+                if let Some(pl) = self.planner.as_mut() {
+                    // Late reports of this round are ignored.
+                    pl.round += 1;
+                    pl.waiting = 0;
+                }
+                return;
+            }
+        }
+    }
+
+    /// Thread 0 takes thread `index`'s report; with the round's last one
+    /// it plans and orders the moves.
+    fn on_load_report(&mut self, round: u64, index: usize, load: ThreadLoad) {
+        let Some(pl) = self.planner.as_mut() else {
+            return;
+        };
+        if round != pl.round || pl.waiting == 0 || index >= pl.loads.len() {
             return;
         }
-        self.migration_pending = true;
-        let cap = opts.main_cap;
-        let from = self.index();
-        let r = self.call(
-            0,
-            move |main| {
-                let accept = main.main_load + load <= cap;
-                if accept {
-                    // Count what it takes on until its next tick.
-                    main.main_load += load;
-                }
-                accept
-            },
-            move |src, accept| {
-                src.migration_pending = false;
-                if !accept {
-                    return;
-                }
-                let moving = src.take_movable();
-                if moving.is_empty() {
-                    return;
-                }
-                tracing::debug!(
-                    from,
-                    n = moving.len(),
-                    "scheduler: moving pollers to thread 0"
-                );
-                if let Err(e) = src.send(0, move |main| {
-                    moving.into_iter().for_each(|m| main.adopt(m))
-                }) {
-                    tracing::error!(from, "scheduler: moving pollers failed, they are lost: {e}");
-                }
-            },
+        pl.loads[index] = load;
+        pl.waiting -= 1;
+        if pl.waiting > 0 || pl.in_flight > 0 || round < pl.quiet_from || self.draining {
+            return;
+        }
+        let dwell = u64::from(pl.opts.min_dwell);
+        pl.moved_in_round.retain(|_, r| round - *r < dwell);
+        for t in &mut pl.loads {
+            for m in &mut t.movable {
+                m.eligible = !pl.moved_in_round.contains_key(&m.id);
+            }
+        }
+        let moves = sched::plan(&pl.loads, &pl.opts);
+        if moves.is_empty() {
+            return;
+        }
+        pl.in_flight += moves.len();
+        for m in &moves {
+            pl.moved_in_round.insert(m.id, round);
+        }
+        tracing::debug!(
+            round,
+            loads = ?pl.loads.iter().map(|t| t.load).collect::<Vec<_>>(),
+            ?moves,
+            "scheduler: moving pollers"
         );
-        if let Err(e) = r {
-            self.migration_pending = false;
-            tracing::warn!(from, "scheduler: cannot reach thread 0: {e}");
+        for Move { id, from, to } in moves {
+            if let Err(e) = self.send(from, move |src| src.move_out(id, to)) {
+                tracing::debug!(from, "scheduler: move not ordered: {e}");
+                self.move_landed();
+            }
+        }
+    }
+
+    /// On the source thread: sends poller `id` to thread `to`.
+    fn move_out(&mut self, id: PollerId, to: usize) {
+        let target_gone = !matches!(self.producers.get(to), Some(p) if !p.is_abandoned());
+        let taken = if target_gone || to == self.index() {
+            None
+        } else {
+            self.take_poller(id)
+        };
+        let Some(m) = taken else {
+            // Removed meanwhile, or the target has exited.
+            self.report_landed();
+            return;
+        };
+        self.stats.pollers_moved_out += 1;
+        let from = self.index();
+        if let Err(e) = self.send(to, move |dst| dst.move_in(m)) {
+            // Only in a race with the target's exit at shutdown.
+            tracing::warn!(from, to, "scheduler: poller dropped in transit: {e}");
+            self.report_landed();
+        }
+    }
+
+    /// On the target thread: adopts a moved poller.
+    fn move_in(&mut self, mut m: Moving) {
+        m.c.moves += 1;
+        self.stats.pollers_moved_in += 1;
+        self.adopt(m);
+        self.report_landed();
+    }
+
+    fn report_landed(&mut self) {
+        if let Err(e) = self.send(0, |main| main.move_landed()) {
+            tracing::debug!(thread = self.index(), "scheduler: move report lost: {e}");
+        }
+    }
+
+    /// On thread 0: a move ordered has completed (or was dropped).
+    fn move_landed(&mut self) {
+        if let Some(pl) = self.planner.as_mut() {
+            pl.in_flight = pl.in_flight.saturating_sub(1);
+            if pl.in_flight == 0 {
+                // Loads of the next round were partly measured before
+                // the move: plan again only with the one after.
+                pl.quiet_from = pl.round + 2;
+            }
         }
     }
 
@@ -548,8 +730,13 @@ impl ThreadCtx {
             .map(|p| PollerStats {
                 id: p.id,
                 name: p.name.clone(),
-                runs: p.runs,
-                busy_runs: p.busy_runs,
+                runs: p.c.runs,
+                busy_runs: p.c.busy_runs,
+                busy: p.c.busy,
+                idle: p.c.idle,
+                movable: p.movable,
+                home: p.c.home,
+                moves: p.c.moves,
             })
             .collect();
         s
@@ -649,6 +836,27 @@ pub(crate) struct Reactor {
     consumers: Vec<rtrb::Consumer<Msg>>,
     timerfd: TimerFd,
     opts: RuntimeOptions,
+    pending: Option<Pending>,
+}
+
+/// The last poller of a pass, whose time is charged at the next clock
+/// read.
+///
+/// A poller's time is the time between two clock reads around its run:
+/// the pass starts at the loop's own clock read (or one more read if
+/// messages or timers ran first), each poller after the first reads the
+/// clock once before it runs (charging the one before it), and the last
+/// poller is charged at the next iteration's clock read (or just before the
+/// thread sleeps). So a thread with one poller reads the clock no more
+/// often than without per-poller times, `n` pollers cost `n - 1` clock
+/// reads per pass, and the last poller of a pass is also charged the
+/// loop's bookkeeping after it (flushing backlogged messages, waking their
+/// targets, the sleep check).
+struct Pending {
+    index: usize,
+    id: PollerId,
+    busy: bool,
+    since: Instant,
 }
 
 #[derive(Clone, Copy)]
@@ -702,21 +910,32 @@ impl Reactor {
                 stats,
                 draining: false,
                 load_mark: (Duration::ZERO, Duration::ZERO),
-                main_load: 0.0,
-                migration_pending: false,
+                planner: None,
             },
             consumers,
             timerfd,
             opts,
+            pending: None,
         }
     }
 
     pub(crate) fn run_with(p: Prepared, init: impl FnOnce(&mut ThreadCtx)) {
         let mut this = Self::new(p);
         this.ctx.now = Instant::now();
-        if let Some(sched) = this.opts.scheduler.clone() {
-            this.ctx
-                .add_periodic(sched.period, move |ctx| ctx.scheduler_tick(&sched));
+        if let Some(opts) = this.opts.scheduler.clone() {
+            if this.ctx.index() == 0 {
+                let period = opts.period;
+                this.ctx.planner = Some(Box::new(Planner {
+                    opts,
+                    round: 0,
+                    waiting: 0,
+                    loads: Vec::new(),
+                    in_flight: 0,
+                    quiet_from: 0,
+                    moved_in_round: HashMap::new(),
+                }));
+                this.ctx.add_periodic(period, |ctx| ctx.scheduler_tick());
+            }
         }
         init(&mut this.ctx);
         this.ctx.notify_targets();
@@ -741,9 +960,12 @@ impl Reactor {
                 Phase::Asleep => s.asleep += dt,
             }
 
+            self.charge_pending(now);
             let mut busy = self.run_messages();
             busy |= self.run_timers(now);
-            busy |= self.run_pollers();
+            // Messages or timers took time: the pollers start later.
+            let pass_start = if busy { Instant::now() } else { now };
+            busy |= self.run_pollers(pass_start);
             let backlog = self.ctx.flush_backlog();
             self.ctx.notify_targets();
 
@@ -849,9 +1071,14 @@ impl Reactor {
         fired > 0
     }
 
-    fn run_pollers(&mut self) -> bool {
+    /// Runs every poller once; `start` is when the pass starts (see
+    /// [`Pending`] for how their time is measured).
+    fn run_pollers(&mut self, start: Instant) -> bool {
         let mut busy = false;
         let mut removed = false;
+        // The poller that ran last, its result, and when it started.
+        let mut last: Option<(usize, bool)> = None;
+        let mut mark = start;
         let mut i = 0;
         // Pollers registered meanwhile are appended and run this pass too.
         while i < self.ctx.pollers.len() {
@@ -859,22 +1086,58 @@ impl Reactor {
             if p.removed {
                 removed = true;
             } else if let Some(mut f) = p.f.take() {
+                if let Some((j, was_busy)) = last {
+                    let t = Instant::now();
+                    self.ctx.pollers[j].c.charge(was_busy, t - mark);
+                    mark = t;
+                }
                 let r = f.call(&mut self.ctx);
                 let p = &mut self.ctx.pollers[i];
                 p.f = Some(f);
-                p.runs += 1;
-                if r == Poll::Busy {
-                    p.busy_runs += 1;
+                p.c.runs += 1;
+                let b = r == Poll::Busy;
+                if b {
+                    p.c.busy_runs += 1;
                     busy = true;
                 }
                 removed |= p.removed;
+                last = Some((i, b));
             }
             i += 1;
         }
+        self.pending = last.map(|(j, busy)| Pending {
+            index: j,
+            id: self.ctx.pollers[j].id,
+            busy,
+            since: mark,
+        });
         if removed {
             self.ctx.pollers.retain(|p| !p.removed);
+            if let Some(p) = &mut self.pending {
+                match self.ctx.pollers.iter().position(|e| e.id == p.id) {
+                    Some(k) => p.index = k,
+                    None => self.pending = None,
+                }
+            }
         }
         busy
+    }
+
+    /// Charges the last poller of the previous pass up to `now`.
+    fn charge_pending(&mut self, now: Instant) {
+        let Some(p) = self.pending.take() else {
+            return;
+        };
+        let pollers = &mut self.ctx.pollers;
+        let entry = match pollers.get(p.index) {
+            Some(e) if e.id == p.id => Some(p.index),
+            _ => pollers.iter().position(|e| e.id == p.id),
+        };
+        if let Some(k) = entry {
+            pollers[k]
+                .c
+                .charge(p.busy, now.saturating_duration_since(p.since));
+        }
     }
 
     /// Runs drain callbacks, dropping those that report drained; true once
@@ -916,6 +1179,10 @@ impl Reactor {
                 "arming the timerfd failed, not sleeping: {e}"
             );
             return false;
+        }
+        if self.pending.is_some() {
+            // The sleep must not count as the last poller's time.
+            self.charge_pending(Instant::now());
         }
         let me = self.ctx.me.clone();
         me.asleep.store(true, Ordering::Relaxed);

@@ -202,6 +202,82 @@ fn one_shot_fires_once_periodic_repeats_until_cancelled() {
     rt.shutdown().unwrap();
 }
 
+/// Spins for at least `d`.
+fn spin(d: Duration) {
+    let t = Instant::now();
+    while t.elapsed() < d {
+        std::hint::spin_loop();
+    }
+}
+
+#[test]
+fn pollers_are_charged_their_busy_and_idle_time() {
+    const BUSY_RUNS: u64 = 200;
+    const SPIN: Duration = Duration::from_micros(20);
+    let rt = start(&[0, 1]);
+    // Thread 0: an idle poller first, then one that always reports Busy
+    // (spinning in its first runs): time between pollers and the last
+    // poller's deferred charge. Thread 1: a lone poller, busy then idle:
+    // charged from the loop's own clock reads.
+    rt.call(0, |ctx| {
+        ctx.register_poller("idle", |_| Poll::Idle);
+        let mut n = 0;
+        ctx.register_poller("busy", move |_| {
+            if n < BUSY_RUNS {
+                n += 1;
+                spin(SPIN);
+            }
+            Poll::Busy
+        });
+    })
+    .unwrap();
+    rt.call(1, |ctx| {
+        let mut n = 0;
+        ctx.register_poller("solo", move |_| {
+            if n < BUSY_RUNS {
+                n += 1;
+                spin(SPIN);
+                Poll::Busy
+            } else {
+                Poll::Idle
+            }
+        });
+    })
+    .unwrap();
+    let find = |s: &pollux_runtime::ThreadStats, name: &str| {
+        s.pollers
+            .iter()
+            .find(|p| p.name == name)
+            .unwrap_or_else(|| panic!("no poller {name} in {s:?}"))
+            .clone()
+    };
+    let mut stats = Vec::new();
+    wait_until("the pollers' time to show", || {
+        stats = rt.stats().unwrap();
+        find(&stats[0], "busy").busy_runs >= BUSY_RUNS
+            && !find(&stats[0], "idle").idle.is_zero()
+            && !find(&stats[1], "solo").idle.is_zero()
+    });
+    let min_busy = SPIN * BUSY_RUNS as u32;
+    let idle = find(&stats[0], "idle");
+    assert_eq!(idle.busy, Duration::ZERO, "{idle:?}");
+    assert_eq!(idle.busy_runs, 0, "{idle:?}");
+    let busy = find(&stats[0], "busy");
+    assert!(busy.busy >= min_busy, "{busy:?}");
+    assert_eq!(busy.idle, Duration::ZERO, "{busy:?}");
+    assert!(
+        !busy.movable && busy.home == 0 && busy.moves == 0,
+        "{busy:?}"
+    );
+    let solo = find(&stats[1], "solo");
+    assert_eq!(solo.busy_runs, BUSY_RUNS, "{solo:?}");
+    assert!(solo.busy >= min_busy, "{solo:?}");
+    // Within the thread's own time, which counts more than the pollers.
+    let t = &stats[1];
+    assert!(solo.busy + solo.idle <= t.busy + t.idle + t.asleep, "{t:?}");
+    rt.shutdown().unwrap();
+}
+
 #[test]
 fn pollers_run_and_their_stats_count() {
     let rt = start(&[0, 1]);
