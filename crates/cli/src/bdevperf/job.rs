@@ -64,13 +64,23 @@ pub struct JobCtx {
     pub write_read: Option<WriteRead>,
     /// Per slot: LBA of the I/O in flight (kept on the slow path only).
     pub slot_lba: Vec<u64>,
-    /// Per slot: the I/O in flight reads (kept on the slow path only).
-    pub slot_read: Vec<bool>,
+    /// Per slot: its unit (kept on the slow path only).
+    pub slot_unit: Vec<u64>,
     /// Slots owed a submission after a refusal (retried on the cold path).
     pub retry: Vec<usize>,
     pub label: String,
     /// Testing aid: fail the bdev once this many I/Os completed.
     pub fail_at: Option<u64>,
+}
+
+/// What a completion on the slow path leads to.
+enum Next {
+    /// Nothing more for this slot (stopped, failed, or no buffer).
+    Park,
+    /// The slot's next I/O, from the pattern.
+    Pattern(IoBuf),
+    /// `-w verify`: read back the unit just written, at this LBA.
+    ReadBack(IoBuf, u64),
 }
 
 impl<T: Transport> Handler<T> for JobCtx {
@@ -83,27 +93,62 @@ impl<T: Transport> Handler<T> for JobCtx {
         } = c;
         let slot = user_data as usize;
         self.ios += 1;
-        if self.slow {
-            return self.complete_slow(io, slot, result, data);
-        }
+        let ok = result.is_ok();
         if let Err(e) = result {
             self.io_failed(slot, e);
         }
-        match data {
-            Data::One(buf) if self.ios <= self.stop_at => self.submit(io, slot, buf),
-            d => self.park(slot, d),
+        let Data::One(buf) = data else {
+            return self.park(slot, data);
+        };
+        if self.slow {
+            // The slow path never sees `io` or the completion (they would
+            // have to live in memory for every I/O): it says what to do.
+            return match self.complete_slow(slot, ok, buf) {
+                Next::Park => {}
+                Next::Pattern(buf) => self.submit(io, slot, buf),
+                Next::ReadBack(buf, lba) => self.send(io, slot, lba, true, buf),
+            };
+        }
+        if self.ios <= self.stop_at {
+            self.submit_fast(io, slot, buf)
+        } else {
+            self.park(slot, Data::One(buf))
         }
     }
 }
 
 impl JobCtx {
+    /// Submits slot `slot`'s next I/O from the pattern.
     #[inline(always)]
     pub fn submit<T: Transport>(&mut self, io: &mut Io<'_, T>, slot: usize, buf: IoBuf) {
+        if self.slow {
+            let (unit, is_read) = self.pat.next();
+            let lba = self.base_lba + unit * self.io_blocks;
+            // By value, in and out: a reference would put the buffer in
+            // memory on the fast path too.
+            let buf = self.prepare(slot, unit, lba, is_read, true, buf);
+            return self.send(io, slot, lba, is_read, buf);
+        }
+        self.submit_fast(io, slot, buf)
+    }
+
+    /// `submit` without the slow path (the caller knows it is off).
+    #[inline(always)]
+    fn submit_fast<T: Transport>(&mut self, io: &mut Io<'_, T>, slot: usize, buf: IoBuf) {
         let (unit, is_read) = self.pat.next();
         let lba = self.base_lba + unit * self.io_blocks;
-        if self.slow {
-            return self.submit_slow(io, slot, unit, lba, is_read, buf);
-        }
+        self.send(io, slot, lba, is_read, buf)
+    }
+
+    #[inline(always)]
+    fn send<T: Transport>(
+        &mut self,
+        io: &mut Io<'_, T>,
+        slot: usize,
+        lba: u64,
+        is_read: bool,
+        buf: IoBuf,
+    ) {
         let r = if is_read {
             io.read(lba, buf, slot as u64)
         } else {
@@ -124,72 +169,44 @@ impl JobCtx {
         }
     }
 
+    /// The slow path before a submission: remembers the slot's I/O, tags
+    /// a write or clears a read's tag area (--verify), reads the clock
+    /// (-L). `fresh`: the I/O comes from the pattern (with -w verify, a
+    /// write of it is to be read back).
     #[cold]
     #[inline(never)]
-    fn submit_slow<T: Transport>(
+    fn prepare(
         &mut self,
-        io: &mut Io<'_, T>,
         slot: usize,
         unit: u64,
         lba: u64,
         is_read: bool,
-        buf: IoBuf,
-    ) {
-        if let Some(w) = &mut self.write_read {
-            w.read_back[slot] = true;
-        }
-        self.issue(io, slot, unit, lba, is_read, buf);
-    }
-
-    /// Prepares (tags, clock) and submits one I/O of the slow path.
-    #[cold]
-    fn issue<T: Transport>(
-        &mut self,
-        io: &mut Io<'_, T>,
-        slot: usize,
-        unit: u64,
-        lba: u64,
-        is_read: bool,
+        fresh: bool,
         mut buf: IoBuf,
-    ) {
+    ) -> IoBuf {
         self.slot_lba[slot] = lba;
-        self.slot_read[slot] = is_read;
+        self.slot_unit[slot] = unit;
+        if let Some(w) = &mut self.write_read {
+            w.read_back[slot] = fresh && !is_read;
+        }
         if let Some(v) = &mut self.verify {
             v.prepare(slot, unit, lba, is_read, buf.as_mut_slice());
         }
         if let Some(l) = &mut self.latency {
             l.submit[slot] = l.clock.now();
         }
-        let r = if is_read {
-            io.read(lba, buf, slot as u64)
-        } else {
-            io.write(lba, buf, slot as u64)
-        };
-        if let Err(e) = r {
-            self.submit_failed(slot, lba, e);
-        }
+        buf
     }
 
+    /// The slow path after a completion (its error, if any, already
+    /// reported): latency, verification, and what the slot does next.
     #[cold]
     #[inline(never)]
-    fn complete_slow<T: Transport>(
-        &mut self,
-        io: &mut Io<'_, T>,
-        slot: usize,
-        result: Result<u32, IoError>,
-        data: Data,
-    ) {
+    fn complete_slow(&mut self, slot: usize, ok: bool, buf: IoBuf) -> Next {
         if let Some(l) = &mut self.latency {
             let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
             let _ = l.hist.record(ticks.max(1));
         }
-        let ok = result.is_ok();
-        if let Err(e) = result {
-            self.io_failed(slot, e);
-        }
-        let Data::One(buf) = data else {
-            return self.park(slot, data);
-        };
         if ok && self.verify.is_some() {
             let lba = self.slot_lba[slot];
             if let Some(v) = &mut self.verify {
@@ -199,19 +216,20 @@ impl JobCtx {
             }
         }
         if self.ios > self.stop_at {
-            return self.park(slot, Data::One(buf));
+            self.park(slot, Data::One(buf));
+            return Next::Park;
         }
-        // -w verify: a write that succeeded is read back from the same unit.
+        // -w verify: a write that succeeded is read back from its unit.
         let read_back = match &mut self.write_read {
-            Some(w) => std::mem::take(&mut w.read_back[slot]) && ok && !self.slot_read[slot],
+            Some(w) => std::mem::take(&mut w.read_back[slot]) && ok,
             None => false,
         };
         if read_back {
-            let lba = self.slot_lba[slot];
-            let unit = (lba - self.base_lba) / self.io_blocks;
-            self.issue(io, slot, unit, lba, true, buf);
+            let (lba, unit) = (self.slot_lba[slot], self.slot_unit[slot]);
+            let buf = self.prepare(slot, unit, lba, true, false, buf);
+            Next::ReadBack(buf, lba)
         } else {
-            self.submit(io, slot, buf);
+            Next::Pattern(buf)
         }
     }
 
@@ -538,7 +556,7 @@ mod tests {
                 read_back: vec![false; depth],
             }),
             slot_lba: vec![0; depth],
-            slot_read: vec![false; depth],
+            slot_unit: vec![0; depth],
             retry: Vec::new(),
             label: "test".into(),
             fail_at: None,

@@ -567,7 +567,7 @@ fn execute<T: Transport>(
                 verify,
                 write_read,
                 slot_lba: if slow { vec![0; depth] } else { Vec::new() },
-                slot_read: if slow { vec![false; depth] } else { Vec::new() },
+                slot_unit: if slow { vec![0; depth] } else { Vec::new() },
                 retry: Vec::new(),
                 label: format!("{} on core {}", b.name(), cores[thread]),
                 fail_at: a.inject_failure_after,
