@@ -24,7 +24,8 @@
 //! Module map: `bar` (register memory), `iommu`, `prp` (pure PRP walker),
 //! `dma` (PRP → host segments), `queue` (SQ/CQ and doorbells), `ctrl`
 //! (state machine and `step`), `admin` (+ identify, log pages, features),
-//! `io` (NVM commands), `backend` (null, ram, file), `fault` (injection),
+//! `io` (NVM commands), `store` (a namespace's bdev, or a file), `backend`
+//! (the file backend), `fault` (injection),
 //! `aer`, `errlog`, `irq` (interrupt vectors, coalescing), `stats`,
 //! `thread`, `device` (the public `SoftDevice`).
 
@@ -45,6 +46,7 @@ mod irq;
 pub mod prp;
 mod queue;
 mod stats;
+mod store;
 mod thread;
 
 pub use config::{
