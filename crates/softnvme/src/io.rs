@@ -92,7 +92,7 @@ fn read_write(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool) -> Status {
     // SAFETY: the segments were translated just now under the controller
     // lock, which is held until the command is done.
     if let Err(e) = unsafe { ns.store.rw(write, slba, ns.lba_shift, ctx.segs) } {
-        return rw_failed(ctx, sqe, write, e);
+        return rw_failed(sqe, write, e);
     }
     let c = &mut ctx.counters.s;
     if write {
@@ -107,10 +107,10 @@ fn read_write(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool) -> Status {
 
 #[cold]
 #[inline(never)]
-fn rw_failed(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool, e: StoreError) -> Status {
+/// (SMART's media error count is the completion path's: `note_error`.)
+fn rw_failed(sqe: &Sqe, write: bool, e: StoreError) -> Status {
     let (slba, nlb) = (sqe.slba(), sqe.nlb());
     tracing::error!(nsid = sqe.nsid, slba, nlb, write, error = %e, "namespace I/O failed");
-    ctx.counters.media_errors += 1;
     Status::media(if write {
         media::WRITE_FAULT
     } else {
@@ -131,7 +131,6 @@ fn flush(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
             tracing::error!(nsid = sqe.nsid, error = %e, "flush failed");
-            ctx.counters.media_errors += 1;
             Status::media(media::WRITE_FAULT)
         }
     }
@@ -151,7 +150,6 @@ fn write_zeroes(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
             tracing::error!(nsid = sqe.nsid, slba, nlb, error = %e, "write zeroes failed");
-            ctx.counters.media_errors += 1;
             Status::media(media::WRITE_FAULT)
         }
     }

@@ -7,9 +7,10 @@ use common::*;
 use pollux_bdev::{Bdev, ChannelOptions, Completion, Io};
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
+use pollux_spec::log::{lid, SmartLog};
 use pollux_spec::status::{generic, media, sct};
 use pollux_spec::{NvmOpcode, Sqe, Status};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 #[track_caller]
 fn ok(st: Status) {
@@ -265,6 +266,12 @@ fn bdev_failures_are_nvme_media_and_internal_errors() {
     h.write_mem(rb, range.as_bytes());
     let st = h.io_status(&mut q, Sqe::dsm(1, 1, DSM_ATTR_DEALLOCATE, rb));
     assert!(st.is(sct::GENERIC, generic::INTERNAL_ERROR), "{st}");
+    // Each failure counts once in SMART's media errors (the DSM one is no
+    // media error).
+    let (lb, _) = h.alloc(512);
+    ok(h.admin_status(Sqe::get_log_page(lid::SMART, 0, 512, 0, lb, 0)));
+    let smart = SmartLog::read_from_bytes(&h.read_mem(lb, 512)).unwrap();
+    assert_eq!(smart.media_errors(), 4);
 }
 
 #[test]
