@@ -13,10 +13,9 @@
 //! block-aligned bounce buffer, [`BOUNCE`] bytes at a time.
 use pollux_bdev::{Bdev, Channel, ChannelOptions, Completion, Io, IoBuf, IoError, SubmitError};
 
-use crate::backend::file::FileBackend;
-use crate::backend::Backend;
 use crate::config::{BackendConfig, NamespaceConfig};
 use crate::dma::Seg;
+use crate::file::FileBackend;
 use crate::SoftError;
 
 /// Bytes of the bounce buffer of a namespace (a multiple of every LBA
