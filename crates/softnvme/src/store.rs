@@ -6,9 +6,8 @@
 //! Reads and writes lend the command's host segments to the bdev
 //! (`readv_raw`/`writev_raw`: no copy) and poll the channel until the
 //! request completes, all under the controller lock that keeps the IOMMU
-//! mapping of those segments alive. RAM completes at the first poll;
-//! reads and writes of a null bdev skip it for now (see `BdevNs::rw`). The
-//! bdev takes only segments of whole blocks (and aligned to its
+//! mapping of those segments alive. Null and RAM complete at the first
+//! poll. The bdev takes only segments of whole blocks (and aligned to its
 //! buffer alignment): a command whose PRP1 offset is not a multiple of the
 //! LBA size has such segments, and only such a command goes through a
 //! block-aligned bounce buffer, [`BOUNCE`] bytes at a time.
@@ -176,8 +175,6 @@ pub(crate) struct BdevNs {
     addr_mask: usize,
     /// For commands whose segments are not (see the module doc).
     bounce: IoBuf,
-    /// A null bdev: reads and writes skip it (see `rw`).
-    null: bool,
 }
 
 impl BdevNs {
@@ -188,7 +185,6 @@ impl BdevNs {
             info.block_size as usize - 1,
             info.buf_align.max(1) as usize - 1,
         );
-        let null = info.backend == "null";
         let bounce = bdev.alloc_buf(BOUNCE)?;
         // One request at a time: each is polled to completion.
         let ch = bdev.open(true).channel(&ChannelOptions {
@@ -202,7 +198,6 @@ impl BdevNs {
             len_mask,
             addr_mask,
             bounce,
-            null,
         })
     }
 
@@ -224,17 +219,6 @@ impl BdevNs {
     /// As `Store::rw`.
     #[inline(always)]
     unsafe fn rw(&mut self, write: bool, lba: u64, segs: &[Seg]) -> Result<(), StoreError> {
-        // Interim, until pollux-bdev can finish a borrowed-memory request
-        // of a null or RAM bdev within the call: a request through the
-        // channel (submit, queued completion, poll) costs ~230 instructions,
-        // which would nearly double the emulator's per-command cost in the
-        // null benchmarks. A null bdev moves no data, so reads and writes
-        // skip it; the price is that its statistics do not count them and
-        // `Bdev::inject_failure` does not fail them (flush, write zeroes
-        // and deallocate still go through it).
-        if self.null {
-            return Ok(());
-        }
         // One segment (a transfer within a page) is whole blocks already.
         let odd = match segs {
             [s] => s.ptr as usize & self.addr_mask,
