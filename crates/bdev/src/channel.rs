@@ -529,8 +529,78 @@ impl<'a, T: Transport> Io<'a, T> {
         unsafe { self.rwv_raw(true, lba, segs, user_data) }
     }
 
+    /// `readv_raw` finished within the call where the backend completes
+    /// at submission (null, RAM): `Some(result)`, and no completion
+    /// follows; `None` (nothing done) where it does not (NVMe, io_uring:
+    /// use `readv_raw` and poll). What a synchronous caller (an emulated
+    /// controller) uses to skip the queued completion.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of its length and untouched
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn readv_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(false, lba, segs) }
+    }
+
+    /// `writev_raw` finished within the call where the backend can.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of its length and not written
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn writev_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(true, lba, segs) }
+    }
+
+    /// # Safety
+    /// As `readv_raw_now` / `writev_raw_now`.
+    #[inline(always)]
+    unsafe fn rwv_raw_now(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        let IoBe::Local(l) = &mut self.be else {
+            return None;
+        };
+        if write && !self.c.writable {
+            return Some(Err(SubmitError::ReadOnly));
+        }
+        let mut nlb = 0u64;
+        for s in segs {
+            match self.c.blocks(s.len) {
+                Ok(n) => nlb += n,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let Err(e) = self.c.range(lba, nlb) {
+            return Some(Err(e));
+        }
+        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        // SAFETY: the caller's contract covers the call.
+        let r = unsafe { l.run_raw(op, lba << self.c.shift, segs) };
+        match r {
+            Ok(()) => self.c.count(write, (nlb << self.c.shift) as usize),
+            Err(_) => self.c.n.errors += 1,
+        }
+        Some(r)
+    }
+
     /// # Safety
     /// As `readv_raw` (reads) or `writev_raw` (writes).
+    #[inline(always)]
     unsafe fn rwv_raw(
         &mut self,
         write: bool,

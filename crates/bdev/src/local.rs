@@ -183,6 +183,7 @@ impl LocalChan {
     /// # Safety
     /// Every segment is valid for its length (writable for reads) and
     /// nothing else accesses it during the call.
+    #[inline(always)]
     pub unsafe fn submit_raw(
         &mut self,
         op: LocalOp,
@@ -193,6 +194,28 @@ impl LocalChan {
         if self.done.len() >= self.depth as usize {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.run_raw(op, off, segs)? };
+        self.done.push_back(Completion {
+            user_data,
+            result: Ok(0),
+            data: Data::None,
+        });
+        Ok(())
+    }
+
+    /// Executes a borrowed-memory request within the call, queueing no
+    /// completion (`Io::readv_raw_now`).
+    ///
+    /// # Safety
+    /// As `submit_raw`.
+    #[inline(always)]
+    pub unsafe fn run_raw(
+        &mut self,
+        op: LocalOp,
+        off: u64,
+        segs: &[RawSeg],
+    ) -> Result<(), SubmitError> {
         let sh = &*self.shared;
         if sh.failed.load(Relaxed) {
             return Err(SubmitError::Failed);
@@ -217,11 +240,6 @@ impl LocalChan {
                 at += s.len as u64;
             }
         }
-        self.done.push_back(Completion {
-            user_data,
-            result: Ok(0),
-            data: Data::None,
-        });
         Ok(())
     }
 

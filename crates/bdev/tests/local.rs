@@ -169,3 +169,36 @@ fn stats_and_latency_across_channels_and_threads() {
         .expect("latency merged when the channel closed");
     assert_eq!(lat.count, 100);
 }
+
+#[test]
+fn borrowed_memory_now_finishes_within_the_call_and_queues_nothing() {
+    let b = ram(64);
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    let mut src = vec![7u8; 1024];
+    let mut dst = vec![0u8; 1024];
+    let seg = |v: &mut Vec<u8>| pollux_bdev::RawSeg {
+        ptr: v.as_mut_ptr(),
+        len: v.len(),
+    };
+    // SAFETY: the vectors outlive the calls and nothing else touches them.
+    unsafe {
+        assert_eq!(ch.io().writev_raw_now(4, &[seg(&mut src)]), Some(Ok(())));
+        assert_eq!(ch.io().readv_raw_now(4, &[seg(&mut dst)]), Some(Ok(())));
+        assert_eq!(
+            ch.io().readv_raw_now(63, &[seg(&mut dst)]),
+            Some(Err(SubmitError::OutOfRange {
+                lba: 63,
+                nlb: 2,
+                num_blocks: 64
+            }))
+        );
+    }
+    assert_eq!(dst, src);
+    assert!(poll_all(&mut ch).is_empty(), "no completion follows");
+    let s = b.stats();
+    assert_eq!((s.reads, s.writes, s.read_bytes), (1, 1, 1024));
+    b.inject_failure();
+    // SAFETY: as above.
+    let r = unsafe { ch.io().readv_raw_now(4, &[seg(&mut dst)]) };
+    assert_eq!(r, Some(Err(SubmitError::Failed)));
+}
