@@ -202,3 +202,25 @@ fn borrowed_memory_now_finishes_within_the_call_and_queues_nothing() {
     let r = unsafe { ch.io().readv_raw_now(4, &[seg(&mut dst)]) };
     assert_eq!(r, Some(Err(SubmitError::Failed)));
 }
+
+#[test]
+fn unmap_of_whole_pages_and_ragged_ends_zeroes_exactly_the_range() {
+    let b = ram(64); // 32 KiB, 512-byte blocks
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    let w = fill(&b, 32768, 9);
+    let expect = w.as_slice().to_vec();
+    ch.write(0, w, 1).unwrap();
+    // Blocks 3..45: bytes 1536..23040, three whole pages (4096..16384..)
+    // between two ragged ends.
+    ch.unmap(3, 42, 2).unwrap();
+    ch.write_zeroes(60, 2, 3).unwrap();
+    poll_all(&mut ch);
+    ch.read(0, b.alloc_buf(32768).unwrap(), 4).unwrap();
+    let got = poll_all(&mut ch).pop().unwrap().data.into_one().unwrap();
+    let got = got.as_slice();
+    assert_eq!(&got[..1536], &expect[..1536]);
+    assert!(got[1536..23040].iter().all(|&x| x == 0));
+    assert_eq!(&got[23040..30720], &expect[23040..30720]);
+    assert!(got[30720..31744].iter().all(|&x| x == 0));
+    assert_eq!(&got[31744..], &expect[31744..]);
+}
