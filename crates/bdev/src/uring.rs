@@ -49,6 +49,16 @@
 //! use plain READ(V) / WRITE(V). With O_DIRECT every buffer address must
 //! be aligned to `buf_align` (refused at submission otherwise).
 //!
+//! # Defaults, measured
+//!
+//! Measured on a 2-vCPU VM (4 KiB random reads at QD 32, the kernel's
+//! CPU time per I/O in the submitting thread, interleaved runs):
+//! registered buffers save 150-430 ns of the 1.1-4 us an I/O costs
+//! (no page pinning), so `register_buffers` is on; registering the file
+//! and the eventfd cost or save nothing measurable single-threaded (a
+//! registered file also skips the file reference count that threads of
+//! one process share), so both are on.
+//!
 //! # Dropping a channel
 //!
 //! The kernel may still be writing into a request's buffers until its CQE
@@ -102,7 +112,10 @@ pub struct UringOptions {
     /// registers with its ring (READ_FIXED / WRITE_FIXED).
     pub register_buffers: bool,
     /// Each channel registers an eventfd with its ring, signalled on every
-    /// completion (`Channel::wake_fd`), so an idle thread can sleep.
+    /// completion (`Channel::wake_fd`), so an idle thread can sleep. Off,
+    /// the rings use COOP_TASKRUN: the kernel does not interrupt a
+    /// polling thread to post completions, the next poll does (better for
+    /// a thread that only ever polls).
     pub wake_fd: bool,
 }
 
@@ -680,6 +693,8 @@ pub(crate) struct UringChan {
     queued: bool,
     side_queued: bool,
     sqpoll: bool,
+    /// COOP_TASKRUN: completions wait for the next enter (flagged).
+    coop: bool,
     iopoll: bool,
     fixed_file: bool,
     raw_fd: RawFd,
@@ -731,9 +746,33 @@ impl UringChan {
         if o.iopoll {
             b.setup_iopoll();
         }
-        let ring = b
-            .build(entries)
-            .map_err(|e| oserr(&format!("io_uring setup ({entries} entries)"), e))?;
+        // Without an eventfd to wake a sleeper, the kernel need not
+        // interrupt the thread to post completions (COOP_TASKRUN): it
+        // flags them and the next poll enters the kernel to post them. An
+        // eventfd is only signalled once they are posted, so a thread
+        // sleeping on it needs the interruption.
+        let mut coop = !o.wake_fd;
+        if coop {
+            b.setup_coop_taskrun();
+            b.setup_taskrun_flag();
+        }
+        let ring = match b.build(entries) {
+            // COOP_TASKRUN is Linux 5.19+: without it the kernel
+            // interrupts the thread instead.
+            Err(e) if coop && e.raw_os_error() == Some(libc::EINVAL) => {
+                let mut b = IoUring::builder();
+                if let Some(idle) = o.sqpoll {
+                    b.setup_sqpoll(idle);
+                }
+                if o.iopoll {
+                    b.setup_iopoll();
+                }
+                coop = false;
+                b.build(entries)
+            }
+            r => r,
+        }
+        .map_err(|e| oserr(&format!("io_uring setup ({entries} entries)"), e))?;
         let side = if o.iopoll {
             Some(
                 IoUring::new(entries)
@@ -788,6 +827,7 @@ impl UringChan {
             queued: false,
             side_queued: false,
             sqpoll: o.sqpoll.is_some(),
+            coop,
             iopoll: o.iopoll,
             fixed_file,
             raw_fd,
@@ -1120,7 +1160,10 @@ impl UringChan {
     /// for completions while requests are in flight.
     #[inline(always)]
     pub fn kick(&mut self) {
-        if self.queued || (self.iopoll && self.inflight > 0) {
+        if self.queued
+            || (self.iopoll && self.inflight > 0)
+            || (self.coop && self.inflight > 0 && self.ring.submission().taskrun())
+        {
             self.queued = false;
             if let Err(e) = self.ring.submit() {
                 self.queued = true;
@@ -1262,7 +1305,14 @@ impl UringChan {
         self.queued = false;
         let ts = types::Timespec::from(timeout);
         let args = types::SubmitArgs::new().timespec(&ts);
-        match self.ring.submitter().submit_with_args(1, &args) {
+        let r = if self.ring.params().is_feature_ext_arg() {
+            self.ring.submitter().submit_with_args(1, &args)
+        } else {
+            // Before Linux 5.11: no timeout; some request is in flight,
+            // so a completion comes.
+            self.ring.submit_and_wait(1)
+        };
+        match r {
             Ok(_) => {}
             Err(e) if matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) => {}
             Err(e) => {
@@ -1357,5 +1407,116 @@ impl Drop for UringChan {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::channel::ChanBe;
+    use crate::{Bdev, ChannelOptions};
+
+    struct Temp(PathBuf);
+    impl Drop for Temp {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+        }
+    }
+
+    fn bdev(tag: &str, register_buffers: bool) -> (Temp, Bdev) {
+        let p =
+            std::env::temp_dir().join(format!("pollux-uring-unit-{}-{tag}", std::process::id()));
+        std::fs::File::create(&p).unwrap();
+        let o = UringOptions {
+            direct: false,
+            size: Some(1 << 20),
+            register_buffers,
+            ..Default::default()
+        };
+        let b = Bdev::uring("t", &p, o).unwrap();
+        (Temp(p), b)
+    }
+
+    fn addr(b: &mut IoBuf) -> u64 {
+        b.as_mut_slice().as_mut_ptr() as u64
+    }
+
+    #[test]
+    fn pool_buffers_are_found_in_registered_regions() {
+        let (_t, b) = bdev("fixed", true);
+        let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+        let ChanBe::Uring(u) = &mut ch.be else {
+            panic!("not a uring channel")
+        };
+        let mut x = b.alloc_buf(8192).unwrap();
+        assert_eq!(u.buf_index(addr(&mut x), 8192), 0, "first region");
+        // A piece of it too.
+        let (_, mut tail) = x.split_at(4096);
+        assert_eq!(u.buf_index(addr(&mut tail), 4096), 0);
+        // Beyond the first region's 4 MiB: a second region, registered
+        // when first seen.
+        let mut big = b.alloc_buf(5 << 20).unwrap();
+        assert_eq!(u.buf_index(addr(&mut big), 5 << 20), 1);
+        assert_eq!(u.known.len(), 2);
+        // Memory of no region goes plain.
+        let mut plain = crate::mem::alloc_host_buf(4096).unwrap();
+        assert_eq!(u.buf_index(addr(&mut plain), 4096), NO_BUF);
+        // A range running past its region's end is not in it.
+        let (start, end) = b_pool(&b).span(0);
+        assert!(u.buf_index(end - 4096, 8192) == NO_BUF && end - start == REGION_MIN as u64);
+    }
+
+    fn b_pool(b: &Bdev) -> Arc<Pool> {
+        match &b.0.backend {
+            crate::bdev::Shared::Uring(u) => u.pool.clone().unwrap(),
+            _ => panic!("not uring"),
+        }
+    }
+
+    #[test]
+    fn without_registration_nothing_is_fixed() {
+        let (_t, b) = bdev("plain", false);
+        let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+        let ChanBe::Uring(u) = &mut ch.be else {
+            panic!("not a uring channel")
+        };
+        let mut x = b.alloc_buf(8192).unwrap();
+        assert_eq!(u.buf_index(addr(&mut x), 8192), NO_BUF);
+    }
+
+    #[test]
+    fn pool_memory_is_reused_zeroed_and_coalesced() {
+        let (_t, b) = bdev("pool", true);
+        let mut x = b.alloc_buf(4096).unwrap();
+        let a = addr(&mut x);
+        x.as_mut_slice().fill(7);
+        drop(x);
+        let mut y = b.alloc_buf(4096).unwrap();
+        assert_eq!(addr(&mut y), a, "the freed range is reused");
+        assert!(y.as_slice().iter().all(|&v| v == 0), "and zeroed");
+        drop(y);
+        // Three neighbours freed out of order merge back into one range:
+        // the whole region is then one free range again.
+        let bufs: Vec<IoBuf> = (0..3).map(|_| b.alloc_buf(4096).unwrap()).collect();
+        let mut it = bufs.into_iter();
+        let (p, q, r) = (it.next().unwrap(), it.next().unwrap(), it.next().unwrap());
+        drop(q);
+        drop(p);
+        drop(r);
+        let pool = b_pool(&b);
+        let g = lock(&pool.inner);
+        assert_eq!(g.free[0], vec![(0, REGION_MIN)]);
+    }
+
+    #[test]
+    fn free_list_first_fit_and_merge() {
+        let mut f = vec![(0, 100)];
+        assert_eq!(take(&mut f, 30), Some(0));
+        assert_eq!(take(&mut f, 30), Some(30));
+        assert_eq!(take(&mut f, 50), None);
+        give(&mut f, 0, 30);
+        assert_eq!(f, vec![(0, 30), (60, 40)]);
+        give(&mut f, 30, 30);
+        assert_eq!(f, vec![(0, 100)]);
     }
 }
