@@ -944,8 +944,7 @@ impl UringChan {
         s.total = len;
         s.addr = addr;
         s.data = Data::One(buf);
-        self.start(i);
-        Ok(())
+        self.start(i).map_err(|(e, d)| Refused::new(e, d))
     }
 
     #[inline(always)]
@@ -995,8 +994,8 @@ impl UringChan {
             });
         }
         s.data = Data::Vec(bufs);
-        self.start_vec(i, write, off, len, ud);
-        Ok(())
+        self.start_vec(i, write, off, len, ud)
+            .map_err(|(e, d)| Refused::new(e, d))
     }
 
     /// `rwv` on borrowed memory.
@@ -1033,11 +1032,17 @@ impl UringChan {
             len: g.len,
         }));
         s.data = Data::None;
-        self.start_vec(i, write, off, len, ud);
-        Ok(())
+        self.start_vec(i, write, off, len, ud).map_err(|(e, _)| e)
     }
 
-    fn start_vec(&mut self, i: usize, write: bool, off: u64, len: u64, ud: u64) {
+    fn start_vec(
+        &mut self,
+        i: usize,
+        write: bool,
+        off: u64,
+        len: u64,
+        ud: u64,
+    ) -> Result<(), (SubmitError, Data)> {
         let s = &mut self.slots[i];
         s.op = if write { Op::Write } else { Op::Read };
         s.buf_index = NO_BUF;
@@ -1047,7 +1052,7 @@ impl UringChan {
         s.off = off;
         s.left = len;
         s.total = len;
-        self.start(i);
+        self.start(i)
     }
 
     /// Flush, write zeroes, unmap or reset (`off`, `len` in bytes, checked
@@ -1068,8 +1073,7 @@ impl UringChan {
         s.left = len;
         s.total = len;
         s.data = Data::None;
-        self.start(i);
-        Ok(())
+        self.start(i).map_err(|(e, _)| e)
     }
 
     fn zero_op(&self) -> Op {
@@ -1080,21 +1084,24 @@ impl UringChan {
         }
     }
 
-    /// Marks slot `i` in flight and queues its first SQE.
+    /// Marks slot `i` in flight and queues its first SQE. If the ring has
+    /// no room (it cannot happen: every slot has at most one SQE and the
+    /// ring holds them all) the slot is freed and its data handed back.
     #[inline(always)]
-    fn start(&mut self, i: usize) {
-        self.slots[i].busy = true;
-        self.inflight += 1;
-        if !self.issue(i) {
-            // Cannot happen (every slot has at most one SQE and the ring
-            // has room for all); the completion reports it.
-            tracing::error!(slot = i, "io_uring submission ring full");
+    fn start(&mut self, i: usize) -> Result<(), (SubmitError, Data)> {
+        if self.issue(i) {
+            self.slots[i].busy = true;
+            self.inflight += 1;
+            return Ok(());
         }
+        tracing::error!(slot = i, "io_uring submission ring full");
+        self.free.push(i as u32);
+        let data = std::mem::take(&mut self.slots[i].data);
+        Err((SubmitError::QueueFull { depth: self.depth }, data))
     }
 
     /// Queues the SQE of slot `i`'s next step; false if the ring had no
-    /// room even after a submit (the slot is then completed with EBUSY at
-    /// the next poll... by the caller).
+    /// room even after a submit.
     #[inline(always)]
     fn issue(&mut self, i: usize) -> bool {
         let s = &self.slots[i];

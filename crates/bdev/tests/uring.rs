@@ -229,6 +229,18 @@ fn round_trip_without_registration_and_with_large_buffers() {
 }
 
 #[test]
+fn round_trip_with_sqpoll() {
+    let f = temp("sqpoll", true);
+    let o = UringOptions {
+        sqpoll: Some(50),
+        ..opts(true, 1 << 20)
+    };
+    let b: Bdev = Bdev::uring("u16", &f.0, o).unwrap();
+    round_trip(&b, Some(&f.0));
+    zeroing(&b, Some(&f.0));
+}
+
+#[test]
 fn raw_segments_round_trip() {
     let f = temp("raw", true);
     let b: Bdev = Bdev::uring("u3", &f.0, opts(true, 1 << 20)).unwrap();
