@@ -12,6 +12,7 @@ use crate::local::{LocalChan, LocalShared, RamStore};
 use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeShared};
 use crate::stats::{BdevStats, Registry};
+use crate::uring::{UringChan, UringOptions, UringShared};
 
 /// A block device. Cheap to clone (shared); every thread that does I/O
 /// opens it and takes its own [`Channel`].
@@ -35,6 +36,7 @@ pub(crate) struct Inner<T: Transport> {
 pub(crate) enum Shared<T: Transport> {
     Local(Arc<LocalShared>),
     Nvme(NvmeShared<T>),
+    Uring(Arc<UringShared>),
 }
 
 /// Options of one channel.
@@ -59,7 +61,7 @@ impl Default for ChannelOptions {
     }
 }
 
-fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
+pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
     let bad = |msg: String| {
         Err(Error::Invalid {
             name: name.to_string(),
@@ -169,6 +171,37 @@ impl<T: Transport> Bdev<T> {
         })))
     }
 
+    /// A regular file or a block device through io_uring (see
+    /// [`UringOptions`]): each channel gets its own ring. A regular file
+    /// shorter than `opts.size` is extended (sparse) to it.
+    pub fn uring(
+        name: &str,
+        path: impl AsRef<std::path::Path>,
+        opts: UringOptions,
+    ) -> Result<Bdev<T>> {
+        let o = crate::uring::open(name, path.as_ref(), opts)?;
+        Ok(Bdev(Arc::new(Inner {
+            info: BdevInfo {
+                name: name.to_string(),
+                uuid: random_uuid(),
+                block_size: o.block_size,
+                num_blocks: o.num_blocks,
+                buf_align: o.buf_align,
+                max_transfer: o.max_transfer,
+                backend: "uring",
+                caps: Caps {
+                    flush: true,
+                    write_zeroes: true,
+                    unmap: true,
+                    reset: true,
+                    nvme_passthru: false,
+                },
+            },
+            backend: Shared::Uring(Arc::new(o.shared)),
+            stats: Default::default(),
+        })))
+    }
+
     /// The same bdev with another UUID (before it is shared or opened).
     pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev<T>> {
         match Arc::get_mut(&mut self.0) {
@@ -210,7 +243,9 @@ impl<T: Transport> Bdev<T> {
     }
 
     /// A buffer of `len` bytes this bdev can transfer to and from (DMA
-    /// memory of the controller for NVMe; page-aligned host memory else).
+    /// memory of the controller for NVMe; for io_uring, memory of regions
+    /// the channels register with their rings when `register_buffers` is
+    /// on; page-aligned host memory else), zeroed.
     pub fn alloc_buf(&self, len: usize) -> Result<IoBuf> {
         match &self.0.backend {
             Shared::Local(_) => crate::mem::alloc_host_buf(len).map_err(|source| Error::Os {
@@ -225,16 +260,25 @@ impl<T: Transport> Bdev<T> {
                     name: self.name().to_string(),
                     source,
                 }),
+            Shared::Uring(u) => u.alloc_buf(len).map_err(|source| Error::Os {
+                name: self.name().to_string(),
+                source,
+            }),
         }
     }
 
-    /// Testing aid (SPDK's error bdev): a null or RAM bdev fails from now
-    /// on: every request outstanding on any channel completes with
-    /// `IoError::Failed`, later ones are refused. False for other backends.
+    /// Testing aid (SPDK's error bdev): a null, RAM or io_uring bdev fails
+    /// from now on: every request outstanding on any channel completes
+    /// with `IoError::Failed` (io_uring: once the kernel is done with it),
+    /// later ones are refused. False for NVMe.
     pub fn inject_failure(&self) -> bool {
         match &self.0.backend {
             Shared::Local(l) => {
                 l.failed.store(true, Relaxed);
+                true
+            }
+            Shared::Uring(u) => {
+                u.failed.store(true, Relaxed);
                 true
             }
             Shared::Nvme(_) => false,
@@ -284,6 +328,7 @@ impl<T: Transport> Desc<T> {
                     source,
                 })?)
             }
+            Shared::Uring(u) => ChanBe::Uring(UringChan::open(u, opts, &inner.info.name)?),
         };
         let c = Common::new(&inner.info, self.write, inner.stats.clone(), opts.latency);
         Ok(Channel::new(c, be, self.bdev.clone()))

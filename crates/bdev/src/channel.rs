@@ -21,6 +21,7 @@ use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeSide};
 use crate::split::{Parents, CHILD, MAX_CHILDREN};
 use crate::stats::{ChanCounters, Registry};
+use crate::uring::{Op as UringOp, UringChan};
 
 /// Most blocks of one NVMe Write Zeroes or deallocate command.
 const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
@@ -194,6 +195,7 @@ fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
 pub(crate) enum ChanBe<T: Transport> {
     Local(LocalChan),
     Nvme(NvmeChan<T>),
+    Uring(UringChan),
 }
 
 /// A thread's channel to a bdev. All I/O on it is lock-free and
@@ -220,6 +222,7 @@ impl<T: Transport> Channel<T> {
         let be = match &mut self.be {
             ChanBe::Local(l) => IoBe::Local(l),
             ChanBe::Nvme(n) => IoBe::Nvme(n.qp.submitter(), &mut n.side),
+            ChanBe::Uring(u) => IoBe::Uring(u),
         };
         Io { c: &mut self.c, be }
     }
@@ -229,6 +232,21 @@ impl<T: Transport> Channel<T> {
         match &self.be {
             ChanBe::Local(l) => l.outstanding() + self.c.parents.open_count(),
             ChanBe::Nvme(n) => n.qp.outstanding() as usize + n.side.deferred.len(),
+            ChanBe::Uring(u) => u.outstanding(),
+        }
+    }
+
+    /// A descriptor that becomes readable when a completion arrives, so an
+    /// idle thread can sleep on it (epoll): io_uring's eventfd (with
+    /// `UringOptions::wake_fd`; read it to clear it, then poll once more
+    /// before sleeping), an NVMe queue pair's interrupt (when it was
+    /// created with interrupts; `nvme_qpair().arm()` before sleeping).
+    /// None for null and RAM, whose completions are ready at submission.
+    pub fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        match &self.be {
+            ChanBe::Local(_) => None,
+            ChanBe::Nvme(n) => n.qp.interrupt_fd(),
+            ChanBe::Uring(u) => u.wake_fd(),
         }
     }
 
@@ -236,15 +254,17 @@ impl<T: Transport> Channel<T> {
     pub fn nvme_qpair(&mut self) -> Option<&mut pollux_nvme::QueuePair<T>> {
         match &mut self.be {
             ChanBe::Nvme(n) => Some(&mut n.qp),
-            ChanBe::Local(_) => None,
+            ChanBe::Local(_) | ChanBe::Uring(_) => None,
         }
     }
 
     /// Tells the backend about requests submitted since the last poll now
     /// (a poll does it anyway).
     pub fn flush(&mut self) {
-        if let ChanBe::Nvme(n) = &mut self.be {
-            n.qp.flush();
+        match &mut self.be {
+            ChanBe::Nvme(n) => n.qp.flush(),
+            ChanBe::Uring(u) => u.kick(),
+            ChanBe::Local(_) => {}
         }
     }
 
@@ -305,6 +325,7 @@ impl<T: Transport> Drop for Channel<T> {
 pub(crate) enum IoBe<'a, T: Transport> {
     Local(&'a mut LocalChan),
     Nvme(pollux_nvme::Submitter<'a, T>, &'a mut NvmeSide<T>),
+    Uring(&'a mut UringChan),
 }
 
 /// A channel's submission half, borrowed: from [`Channel::io`], and in
@@ -350,6 +371,10 @@ impl<'a, T: Transport> Io<'a, T> {
                     let op = if write { LocalOp::Write } else { LocalOp::Read };
                     l.submit(op, lba << self.c.shift, len as u64, Data::One(buf), ud)
                 }
+                Err(e) => Err(Refused::new(e, Data::One(buf))),
+            },
+            IoBe::Uring(u) => match self.c.blocks(len).and_then(|n| self.c.range(lba, n)) {
+                Ok(()) => u.rw(write, lba << self.c.shift, buf, ud),
                 Err(e) => Err(Refused::new(e, Data::One(buf))),
             },
         };
@@ -424,6 +449,7 @@ impl<'a, T: Transport> Io<'a, T> {
                 ud,
             ),
             IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, ud),
+            IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, ud),
         };
         match r {
             Ok(()) => {
@@ -529,8 +555,78 @@ impl<'a, T: Transport> Io<'a, T> {
         unsafe { self.rwv_raw(true, lba, segs, user_data) }
     }
 
+    /// `readv_raw` finished within the call where the backend completes
+    /// at submission (null, RAM): `Some(result)`, and no completion
+    /// follows; `None` (nothing done) where it does not (NVMe, io_uring:
+    /// use `readv_raw` and poll). What a synchronous caller (an emulated
+    /// controller) uses to skip the queued completion.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of its length and untouched
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn readv_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(false, lba, segs) }
+    }
+
+    /// `writev_raw` finished within the call where the backend can.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of its length and not written
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn writev_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(true, lba, segs) }
+    }
+
+    /// # Safety
+    /// As `readv_raw_now` / `writev_raw_now`.
+    #[inline(always)]
+    unsafe fn rwv_raw_now(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        let IoBe::Local(l) = &mut self.be else {
+            return None;
+        };
+        if write && !self.c.writable {
+            return Some(Err(SubmitError::ReadOnly));
+        }
+        let mut nlb = 0u64;
+        for s in segs {
+            match self.c.blocks(s.len) {
+                Ok(n) => nlb += n,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let Err(e) = self.c.range(lba, nlb) {
+            return Some(Err(e));
+        }
+        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        // SAFETY: the caller's contract covers the call.
+        let r = unsafe { l.run_raw(op, lba << self.c.shift, segs) };
+        match r {
+            Ok(()) => self.c.count(write, (nlb << self.c.shift) as usize),
+            Err(_) => self.c.n.errors += 1,
+        }
+        Some(r)
+    }
+
     /// # Safety
     /// As `readv_raw` (reads) or `writev_raw` (writes).
+    #[inline(always)]
     unsafe fn rwv_raw(
         &mut self,
         write: bool,
@@ -555,6 +651,9 @@ impl<'a, T: Transport> Io<'a, T> {
         let r = match &mut self.be {
             // SAFETY: the caller's contract covers the call.
             IoBe::Local(l) => unsafe { l.submit_raw(op, lba << self.c.shift, segs, ud) },
+            // SAFETY: the caller's contract covers the request's lifetime
+            // (the channel's drop waits for the kernel).
+            IoBe::Uring(u) => unsafe { u.rwv_raw(write, lba << self.c.shift, len, segs, ud) },
             IoBe::Nvme(..) => Err(SubmitError::Unsupported {
                 op: "borrowed host memory",
                 backend: self.c.backend,
@@ -582,6 +681,7 @@ impl<'a, T: Transport> Io<'a, T> {
             IoBe::Nvme(sub, side) => sub
                 .flush_cache(&side.ns, ud)
                 .map_err(|e| from_nvme(e, 1 << self.c.shift)),
+            IoBe::Uring(u) => u.other(UringOp::Flush, 0, 0, ud),
         };
         self.other_done(r, ud)
     }
@@ -608,6 +708,10 @@ impl<'a, T: Transport> Io<'a, T> {
             IoBe::Local(l) => l
                 .submit(LocalOp::Zero, lba << shift, nlb << shift, Data::None, ud)
                 .map_err(|r| r.error),
+            IoBe::Uring(u) => {
+                let op = if unmap { UringOp::Punch } else { UringOp::Zero };
+                u.other(op, lba << shift, nlb << shift, ud)
+            }
             IoBe::Nvme(sub, side) => {
                 let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
                 if chunks as usize > MAX_CHILDREN {
@@ -659,7 +763,9 @@ impl<'a, T: Transport> Io<'a, T> {
     /// Resets the backend: NVMe resets the controller (outstanding
     /// commands on every queue pair complete with an error or are
     /// retried, by the driver's recovery); null and RAM finish what they
-    /// hold. Completes once the reset is done.
+    /// hold; io_uring touches nothing and completes once every request
+    /// submitted before it on this channel has finished (IOSQE_IO_DRAIN).
+    /// Completes once the reset is done.
     pub fn reset(&mut self, user_data: u64) -> Result<(), SubmitError> {
         let ud = self.c.admit(user_data, false)?;
         let r = match &mut self.be {
@@ -678,6 +784,7 @@ impl<'a, T: Transport> Io<'a, T> {
                 });
                 Ok(())
             }
+            IoBe::Uring(u) => u.other(UringOp::Drain, 0, 0, ud),
         };
         self.other_done(r, ud)
     }
@@ -698,7 +805,7 @@ impl<'a, T: Transport> Io<'a, T> {
             IoBe::Nvme(sub, _) => sub
                 .raw(sqe, data, ud)
                 .map_err(|r| Refused::new(SubmitError::Nvme(r.error), r.buf.into())),
-            IoBe::Local(_) => Err(Refused::new(
+            IoBe::Local(_) | IoBe::Uring(_) => Err(Refused::new(
                 SubmitError::Unsupported {
                     op: "NVMe passthrough",
                     backend: self.c.backend,

@@ -37,6 +37,8 @@ pub enum SubmitError {
     NotBlockMultiple { len: usize, block_size: u32 },
     #[error("buffer at {addr:#x} is not aligned to {align} bytes")]
     Unaligned { addr: u64, align: u32 },
+    #[error("request of {len} bytes exceeds the backend's limit of {max}")]
+    TooLarge { len: u64, max: u64 },
     #[error("vector of {n} buffers exceeds the limit of {max}")]
     TooManySegments { n: usize, max: usize },
     #[error("channel is full ({depth} requests outstanding)")]

@@ -28,7 +28,9 @@
 //!
 //! One `enum`, one `match` per request: no `dyn` call. `nvme` (one queue
 //! pair per channel; the bdev is generic over the driver's transport `T`,
-//! [`NoNvme`] when there is none), `ram` and `null`.
+//! [`NoNvme`] when there is none), `uring` (a regular file or a block
+//! device through io_uring, one ring per channel: [`UringOptions`]),
+//! `ram` and `null`.
 //!
 //! # Errors and splitting
 //!
@@ -52,6 +54,7 @@ mod nvme;
 mod poll;
 mod split;
 pub mod stats;
+mod uring;
 
 pub use bdev::{Bdev, ChannelOptions, Desc};
 pub use channel::{Channel, Io};
@@ -62,3 +65,4 @@ pub use never::NoNvme;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
 pub use stats::{BdevStats, LatencySummary};
+pub use uring::UringOptions;

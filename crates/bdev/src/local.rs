@@ -72,21 +72,55 @@ impl RamStore {
     #[inline]
     pub fn read(&self, off: u64, dst: &mut [u8]) {
         let words = self.range(off, dst.len());
-        for (d, w) in dst.chunks_exact_mut(8).zip(words) {
-            d.copy_from_slice(&w.load(Relaxed).to_ne_bytes());
+        let d = dst.as_mut_ptr().cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: i < dst.len() / 8 (range() made `words` that long);
+            // unaligned writes into the exclusively borrowed slice.
+            unsafe { d.add(i).write_unaligned(w.load(Relaxed)) };
         }
     }
 
     #[inline]
     pub fn write(&self, off: u64, src: &[u8]) {
-        for (s, w) in src.chunks_exact(8).zip(self.range(off, src.len())) {
-            let mut b = [0u8; 8];
-            b.copy_from_slice(s);
-            w.store(u64::from_ne_bytes(b), Relaxed);
+        let words = self.range(off, src.len());
+        let s = src.as_ptr().cast::<u64>();
+        for (i, w) in words.iter().enumerate() {
+            // SAFETY: i < src.len() / 8; unaligned reads of the slice.
+            w.store(unsafe { s.add(i).read_unaligned() }, Relaxed);
         }
     }
 
+    /// Zeroes `[off, off + len)`: whole pages are handed back to the
+    /// kernel (MADV_DONTNEED: they read as zeroes and take no memory), the
+    /// ragged ends are stored word by word. A request racing on the same
+    /// pages sees either the old data or zeroes, as with a device.
     pub fn zero(&self, off: u64, len: u64) {
+        const PAGE: u64 = 4096;
+        let end = off + len;
+        let (a, b) = (off.next_multiple_of(PAGE), end / PAGE * PAGE);
+        if a < b {
+            let base = self.words.as_ptr().cast::<u8>();
+            // SAFETY: [a, b) lies inside the mapping (a subrange of the
+            // checked request); MADV_DONTNEED on private anonymous memory
+            // only replaces its pages with zero pages, which every access
+            // (all atomic) may observe at any time.
+            let r = unsafe {
+                libc::madvise(
+                    base.add(a as usize).cast(),
+                    (b - a) as usize,
+                    libc::MADV_DONTNEED,
+                )
+            };
+            if r == 0 {
+                self.store_zero(off, a - off);
+                self.store_zero(b, end - b);
+                return;
+            }
+        }
+        self.store_zero(off, len);
+    }
+
+    fn store_zero(&self, off: u64, len: u64) {
         for w in self.range(off, len as usize) {
             w.store(0, Relaxed);
         }
@@ -183,6 +217,7 @@ impl LocalChan {
     /// # Safety
     /// Every segment is valid for its length (writable for reads) and
     /// nothing else accesses it during the call.
+    #[inline(always)]
     pub unsafe fn submit_raw(
         &mut self,
         op: LocalOp,
@@ -193,6 +228,28 @@ impl LocalChan {
         if self.done.len() >= self.depth as usize {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.run_raw(op, off, segs)? };
+        self.done.push_back(Completion {
+            user_data,
+            result: Ok(0),
+            data: Data::None,
+        });
+        Ok(())
+    }
+
+    /// Executes a borrowed-memory request within the call, queueing no
+    /// completion (`Io::readv_raw_now`).
+    ///
+    /// # Safety
+    /// As `submit_raw`.
+    #[inline(always)]
+    pub unsafe fn run_raw(
+        &mut self,
+        op: LocalOp,
+        off: u64,
+        segs: &[RawSeg],
+    ) -> Result<(), SubmitError> {
         let sh = &*self.shared;
         if sh.failed.load(Relaxed) {
             return Err(SubmitError::Failed);
@@ -217,11 +274,6 @@ impl LocalChan {
                 at += s.len as u64;
             }
         }
-        self.done.push_back(Completion {
-            user_data,
-            result: Ok(0),
-            data: Data::None,
-        });
         Ok(())
     }
 

@@ -4,6 +4,9 @@
 //! goes to its parent), an error count when it failed, and the latency
 //! slot when tracking is on; the handler is called with the channel's
 //! submission view so it can submit the next request at once.
+use std::mem::MaybeUninit;
+
+use io_uring::cqueue;
 use pollux_nvme::Transport;
 
 use crate::channel::{ChanBe, Channel, Common, Io, IoBe};
@@ -11,6 +14,7 @@ use crate::data::Completion;
 use crate::never::NoNvme;
 use crate::nvme::NvmeSide;
 use crate::split::CHILD;
+use crate::uring::REAP_BATCH;
 
 /// Receives completions from [`Channel::poll`]. Closures
 /// `FnMut(&mut Io<T>, Completion)` implement it; a type implementing it
@@ -142,6 +146,37 @@ impl<T: Transport> Channel<T> {
                 };
                 n + nv.qp.poll_with(max, &mut sink)
             }
+            ChanBe::Uring(u) => {
+                // One io_uring_enter for what was queued since the last
+                // poll; its return runs the kernel's completion work, so
+                // the CQEs it posts are reaped below.
+                u.kick();
+                let mut n = 0;
+                let mut buf = [const { MaybeUninit::<cqueue::Entry>::uninit() }; REAP_BATCH];
+                for side in [false, true] {
+                    if side && !u.has_side() {
+                        break;
+                    }
+                    while n < max {
+                        let want = ((max - n) as usize).min(REAP_BATCH);
+                        let got = u.reap(side, &mut buf[..want]);
+                        if got.is_empty() {
+                            break;
+                        }
+                        for e in got.iter() {
+                            if let Some(c) = u.on_cqe(e) {
+                                n += 1;
+                                let mut io = Io {
+                                    c: &mut self.c,
+                                    be: IoBe::Uring(u),
+                                };
+                                deliver(&mut io, c, h);
+                            }
+                        }
+                    }
+                }
+                n
+            }
         };
         self.c.publish();
         n
@@ -155,8 +190,11 @@ impl<T: Transport> Channel<T> {
                 return true;
             }
             self.poll(u32::MAX, h);
-            if let ChanBe::Nvme(n) = &self.be {
-                n.side.ctrl.relax();
+            match &mut self.be {
+                ChanBe::Nvme(n) => n.side.ctrl.relax(),
+                // Sleep in the kernel until a completion (or 1 ms).
+                ChanBe::Uring(u) => u.wait(std::time::Duration::from_millis(1)),
+                ChanBe::Local(_) => {}
             }
         }
         self.outstanding() == 0

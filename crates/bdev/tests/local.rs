@@ -169,3 +169,58 @@ fn stats_and_latency_across_channels_and_threads() {
         .expect("latency merged when the channel closed");
     assert_eq!(lat.count, 100);
 }
+
+#[test]
+fn borrowed_memory_now_finishes_within_the_call_and_queues_nothing() {
+    let b = ram(64);
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    let mut src = vec![7u8; 1024];
+    let mut dst = vec![0u8; 1024];
+    let seg = |v: &mut Vec<u8>| pollux_bdev::RawSeg {
+        ptr: v.as_mut_ptr(),
+        len: v.len(),
+    };
+    // SAFETY: the vectors outlive the calls and nothing else touches them.
+    unsafe {
+        assert_eq!(ch.io().writev_raw_now(4, &[seg(&mut src)]), Some(Ok(())));
+        assert_eq!(ch.io().readv_raw_now(4, &[seg(&mut dst)]), Some(Ok(())));
+        assert_eq!(
+            ch.io().readv_raw_now(63, &[seg(&mut dst)]),
+            Some(Err(SubmitError::OutOfRange {
+                lba: 63,
+                nlb: 2,
+                num_blocks: 64
+            }))
+        );
+    }
+    assert_eq!(dst, src);
+    assert!(poll_all(&mut ch).is_empty(), "no completion follows");
+    let s = b.stats();
+    assert_eq!((s.reads, s.writes, s.read_bytes), (1, 1, 1024));
+    b.inject_failure();
+    // SAFETY: as above.
+    let r = unsafe { ch.io().readv_raw_now(4, &[seg(&mut dst)]) };
+    assert_eq!(r, Some(Err(SubmitError::Failed)));
+}
+
+#[test]
+fn unmap_of_whole_pages_and_ragged_ends_zeroes_exactly_the_range() {
+    let b = ram(64); // 32 KiB, 512-byte blocks
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    let w = fill(&b, 32768, 9);
+    let expect = w.as_slice().to_vec();
+    ch.write(0, w, 1).unwrap();
+    // Blocks 3..45: bytes 1536..23040, three whole pages (4096..16384..)
+    // between two ragged ends.
+    ch.unmap(3, 42, 2).unwrap();
+    ch.write_zeroes(60, 2, 3).unwrap();
+    poll_all(&mut ch);
+    ch.read(0, b.alloc_buf(32768).unwrap(), 4).unwrap();
+    let got = poll_all(&mut ch).pop().unwrap().data.into_one().unwrap();
+    let got = got.as_slice();
+    assert_eq!(&got[..1536], &expect[..1536]);
+    assert!(got[1536..23040].iter().all(|&x| x == 0));
+    assert_eq!(&got[23040..30720], &expect[23040..30720]);
+    assert!(got[30720..31744].iter().all(|&x| x == 0));
+    assert_eq!(&got[31744..], &expect[31744..]);
+}

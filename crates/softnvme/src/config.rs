@@ -5,6 +5,8 @@
 //! lengths) without re-checking them.
 use std::path::PathBuf;
 
+use pollux_bdev::Bdev;
+
 use crate::irq::MAX_IRQ_VECTORS;
 use crate::SoftError;
 
@@ -75,22 +77,62 @@ impl Default for SoftConfig {
 #[derive(Clone, Debug)]
 pub struct NamespaceConfig {
     pub backend: BackendConfig,
-    /// log2 of the LBA size: 9 (512 B) or 12 (4 KiB).
+    /// log2 of the LBA size: 9 (512 B) or 12 (4 KiB). For a bdev, its
+    /// block size.
     pub lba_shift: u8,
     /// Namespace size in bytes, a multiple of the LBA size. For a file
-    /// backend, 0 means "the file's size" (rounded down to whole LBAs).
+    /// backend, 0 means "the file's size" (rounded down to whole LBAs);
+    /// for a bdev, 0 means the whole bdev, else at most its size (the
+    /// namespace is its first `size_bytes`).
     pub size_bytes: u64,
 }
 
-/// Where a namespace's data lives.
-#[derive(Clone, Debug)]
+impl NamespaceConfig {
+    /// A namespace serving all of `bdev`, with its block size as LBA size.
+    pub fn bdev(bdev: Bdev) -> NamespaceConfig {
+        NamespaceConfig {
+            lba_shift: bdev.info().block_shift() as u8,
+            size_bytes: 0,
+            backend: BackendConfig::Bdev(bdev),
+        }
+    }
+}
+
+/// Where a namespace's data lives. Null and RAM are conveniences that
+/// create a `pollux_bdev` null or RAM bdev of the namespace's geometry
+/// (named `<serial>n<nsid>`); every namespace except a file one is served
+/// by a bdev channel owned by the controller.
+#[derive(Clone)]
 pub enum BackendConfig {
-    /// Discards writes, reads leave host memory untouched.
+    /// Discards writes, reads leave host memory untouched (`Bdev::null`).
     Null,
-    /// Anonymous memory; unwritten blocks read as zeroes.
+    /// Anonymous memory; unwritten blocks read as zeroes (`Bdev::ram`).
     Ram,
     /// A regular file (extended to `size_bytes` if shorter) or block device.
     File { path: PathBuf },
+    /// A bdev the caller made and may keep using: the namespace's data is
+    /// the bdev's (the controller opens it for writing and takes its own
+    /// channel).
+    Bdev(Bdev),
+}
+
+impl std::fmt::Debug for BackendConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            BackendConfig::Null => f.write_str("Null"),
+            BackendConfig::Ram => f.write_str("Ram"),
+            BackendConfig::File { path } => f.debug_struct("File").field("path", path).finish(),
+            BackendConfig::Bdev(b) => {
+                let i = b.info();
+                f.debug_struct("Bdev")
+                    .field("name", &i.name)
+                    .field("backend", &i.backend)
+                    .field("block_size", &i.block_size)
+                    .field("num_blocks", &i.num_blocks)
+                    .finish()
+            }
+        }
+    }
 }
 
 fn ascii_ok(s: &str, max: usize) -> bool {
@@ -146,13 +188,20 @@ impl SoftConfig {
         for (i, ns) in self.namespaces.iter().enumerate() {
             let nsid = i + 1;
             if ns.lba_shift != 9 && ns.lba_shift != 12 {
+                let of = match &ns.backend {
+                    BackendConfig::Bdev(b) => format!(" (the block size of bdev {})", b.name()),
+                    _ => String::new(),
+                };
                 return bad(format!(
-                    "namespace {nsid}: lba_shift {} (9 or 12)",
+                    "namespace {nsid}: lba_shift {}{of} is not 9 or 12",
                     ns.lba_shift
                 ));
             }
-            let is_file = matches!(ns.backend, BackendConfig::File { .. });
-            if ns.size_bytes == 0 && !is_file {
+            let zero_ok = matches!(
+                ns.backend,
+                BackendConfig::File { .. } | BackendConfig::Bdev(_)
+            );
+            if ns.size_bytes == 0 && !zero_ok {
                 return bad(format!("namespace {nsid}: size_bytes 0"));
             }
             if ns.size_bytes % (1u64 << ns.lba_shift) != 0 {
@@ -160,6 +209,26 @@ impl SoftConfig {
                     "namespace {nsid}: size_bytes {} not a multiple of the LBA size",
                     ns.size_bytes
                 ));
+            }
+            if let BackendConfig::Bdev(b) = &ns.backend {
+                let i = b.info();
+                if i.block_size != 1u32 << ns.lba_shift {
+                    return bad(format!(
+                        "namespace {nsid}: lba_shift {} ({} bytes) but bdev {} has {}-byte blocks",
+                        ns.lba_shift,
+                        1u32 << ns.lba_shift,
+                        i.name,
+                        i.block_size
+                    ));
+                }
+                if ns.size_bytes > i.size_bytes() {
+                    return bad(format!(
+                        "namespace {nsid}: size_bytes {} exceeds bdev {} ({} bytes)",
+                        ns.size_bytes,
+                        i.name,
+                        i.size_bytes()
+                    ));
+                }
             }
         }
         Ok(())

@@ -28,7 +28,6 @@ use pollux_spec::{AdminOpcode, Sqe, Status};
 
 use crate::admin::features::Features;
 use crate::aer::AerState;
-use crate::backend::{AnyBackend, Backend};
 use crate::bar::BarView;
 use crate::config::SoftConfig;
 use crate::dma::Seg;
@@ -39,6 +38,7 @@ use crate::iommu::{Iommu, Mapping};
 use crate::irq::Irqs;
 use crate::queue::{Completion, Cq, Doorbell, Sq, HELD_LIMIT};
 use crate::stats::Counters;
+use crate::store::Store;
 
 /// Most commands fetched from one SQ per `step()`.
 pub const BUDGET: usize = 256;
@@ -52,7 +52,7 @@ pub(crate) struct Namespace {
     pub lba_shift: u8,
     /// Size in logical blocks.
     pub nsze: u64,
-    pub backend: AnyBackend,
+    pub store: Store,
 }
 
 /// The shadow doorbell and event index buffers (Doorbell Buffer Config).
@@ -348,7 +348,7 @@ impl Controller {
     fn shutdown(&mut self, shn: u8) {
         tracing::debug!(shn, "shutdown notification");
         for (i, ns) in self.ns.iter_mut().enumerate() {
-            if let Err(e) = ns.backend.flush() {
+            if let Err(e) = ns.store.flush() {
                 tracing::error!(nsid = i + 1, error = %e, "flush at shutdown failed");
             }
         }

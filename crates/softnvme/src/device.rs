@@ -11,12 +11,14 @@ use std::ptr::NonNull;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
-use crate::backend::AnyBackend;
+use pollux_bdev::Bdev;
+
 use crate::bar::BarMem;
 use crate::config::SoftConfig;
 use crate::ctrl::{Controller, Namespace};
 use crate::fault::FaultRule;
 use crate::stats::DeviceStats;
+use crate::store;
 use crate::SoftError;
 
 /// One emulated NVMe controller. `Send + Sync`; share it with `Arc`.
@@ -51,9 +53,7 @@ impl SoftDevice {
         let mut ns = Vec::with_capacity(cfg.namespaces.len());
         for (i, n) in cfg.namespaces.iter().enumerate() {
             let nsid = i as u32 + 1;
-            let (backend, size) =
-                AnyBackend::open(n).map_err(|source| SoftError::Backend { nsid, source })?;
-            let nsze = size >> n.lba_shift;
+            let (store, nsze) = store::open(&cfg.serial, nsid, n)?;
             if nsze == 0 {
                 return Err(SoftError::InvalidConfig(format!(
                     "namespace {nsid} is smaller than one LBA"
@@ -62,7 +62,7 @@ impl SoftDevice {
             ns.push(Namespace {
                 lba_shift: n.lba_shift,
                 nsze,
-                backend,
+                store,
             });
         }
         let irq_vectors = cfg.irq_vectors;
@@ -156,6 +156,15 @@ impl SoftDevice {
             .fd(vector)
             .and_then(|fd| fd.try_clone())
             .map_err(eventfd)
+    }
+
+    /// The bdev serving namespace `nsid` (1-based): the one given in
+    /// `BackendConfig::Bdev`, or the null or RAM bdev the device made. None
+    /// for a file namespace or an NSID that does not exist.
+    pub fn namespace_bdev(&self, nsid: u32) -> Option<Bdev> {
+        let c = self.lock();
+        let ns = c.ns.get((nsid as usize).checked_sub(1)?)?;
+        ns.store.bdev().cloned()
     }
 
     /// Installs a fault injection rule (evaluated in insertion order).

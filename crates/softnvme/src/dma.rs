@@ -6,34 +6,21 @@
 //! The segment vector is preallocated per controller (no allocation on the
 //! I/O path unless a transfer needs more segments than ever before).
 //!
-//! Caveat (the DMA contract): host buffers are turned into byte slices for
-//! the duration of one backend call. A host that touches a buffer while a
+//! Segments are `pollux_bdev::RawSeg`s, so a namespace's bdev reads and
+//! writes them in place (no copy).
+//!
+//! Caveat (the DMA contract): host buffers are lent to the namespace's bdev
+//! (or turned into byte slices for one file call) for the duration of one
+//! command, under the controller lock. A host that touches a buffer while a
 //! command using it is outstanding gets unspecified data — exactly as with
 //! a real device — and the device never derives anything from such data
 //! except through copies it validates.
-use std::ptr::{self, NonNull};
+use std::ptr;
+
+pub(crate) use pollux_bdev::RawSeg as Seg;
 
 use crate::iommu::Iommu;
 use crate::prp::{self, PrpError};
-
-/// One translated, contiguous piece of host memory.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Seg {
-    pub ptr: NonNull<u8>,
-    pub len: usize,
-}
-
-impl Seg {
-    /// # Safety
-    /// The segment must come from a translation done under the controller
-    /// lock that is still held (so the mapping is alive).
-    #[inline(always)]
-    pub unsafe fn as_mut_slice<'a>(&self) -> &'a mut [u8] {
-        // SAFETY: per the caller's contract the memory is mapped and
-        // `len` bytes long; see the module caveat for concurrent host access.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
-    }
-}
 
 /// Reads `out.len()` little-endian qwords at `iova` (one PRP list chunk).
 fn read_qwords(iommu: &Iommu, iova: u64, out: &mut [u64]) -> Result<(), PrpError> {
@@ -73,7 +60,10 @@ pub(crate) fn map_prps(
             return Err(PrpError::OffsetInvalid);
         }
         let ptr = iommu.translate(prp1, len).ok_or(PrpError::Unmapped)?;
-        out.push(Seg { ptr, len });
+        out.push(Seg {
+            ptr: ptr.as_ptr(),
+            len,
+        });
         return Ok(());
     }
     prp::walk(
@@ -86,7 +76,10 @@ pub(crate) fn map_prps(
             while l > 0 {
                 let (ptr, n) = iommu.translate_prefix(iova, l).ok_or(PrpError::Unmapped)?;
                 debug_assert!(n > 0 && n <= l);
-                out.push(Seg { ptr, len: n });
+                out.push(Seg {
+                    ptr: ptr.as_ptr(),
+                    len: n,
+                });
                 iova = iova.checked_add(n as u64).ok_or(PrpError::Unmapped)?;
                 l -= n;
             }
@@ -104,7 +97,7 @@ pub(crate) fn copy_to_host(segs: &[Seg], mut src: &[u8]) {
         let n = s.len.min(src.len());
         // SAFETY: the segment is mapped (translated under the held lock) and
         // at least `n` bytes long; `src` is device memory, disjoint from it.
-        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), s.ptr.as_ptr(), n) };
+        unsafe { ptr::copy_nonoverlapping(src.as_ptr(), s.ptr, n) };
         src = &src[n..];
     }
 }
@@ -117,7 +110,7 @@ pub(crate) fn copy_from_host(segs: &[Seg], mut dst: &mut [u8]) {
         }
         let n = s.len.min(dst.len());
         // SAFETY: as in `copy_to_host`, reversed.
-        unsafe { ptr::copy_nonoverlapping(s.ptr.as_ptr(), dst.as_mut_ptr(), n) };
+        unsafe { ptr::copy_nonoverlapping(s.ptr, dst.as_mut_ptr(), n) };
         dst = &mut dst[n..];
     }
 }

@@ -18,6 +18,13 @@ pub enum SoftError {
         #[source]
         source: io::Error,
     },
+    /// A namespace's bdev (or its channel) could not be created.
+    #[error("namespace {nsid}: {source}")]
+    Bdev {
+        nsid: u32,
+        #[source]
+        source: pollux_bdev::Error,
+    },
     /// Allocating the BAR page(s) failed.
     #[error("allocating BAR0: {0}")]
     Bar(#[source] io::Error),

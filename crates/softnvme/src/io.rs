@@ -6,21 +6,23 @@
 //! Invalid Field), opcode, NSID (Invalid Namespace or Format), transfer size
 //! vs MDTS (Invalid Field), LBA range (LBA Out of Range), then the PRPs
 //! (PRP Offset Invalid / Data Transfer Error). Nothing is transferred unless
-//! every check passed. Backend failures become media errors (Unrecovered
-//! Read Error, Write Fault) or Internal Error.
+//! every check passed. Failures of the namespace's storage (a bdev request
+//! refused or completed with an error, a file error) become media errors
+//! (Unrecovered Read Error, Write Fault) or Internal Error (deallocate).
 //!
 //! The Read/Write path allocates nothing: the PRP segments go into the
-//! controller's preallocated vector.
+//! controller's preallocated vector and are lent to the namespace's bdev
+//! as they are (see `store`).
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
-use crate::backend::Backend;
 use crate::ctrl::Namespace;
 use crate::dma::{self, Seg};
 use crate::iommu::Iommu;
 use crate::stats::Counters;
+use crate::store::StoreError;
 
 /// Everything an I/O command may touch (disjoint controller fields).
 pub(crate) struct IoCtx<'a> {
@@ -87,28 +89,10 @@ fn read_write(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool) -> Status {
     if let Err(e) = dma::map_prps(ctx.iommu, sqe.prp1, sqe.prp2, len, ctx.page_size, ctx.segs) {
         return e.status();
     }
-    let mut off = slba << ns.lba_shift;
-    if ns.backend.moves_data() {
-        for s in ctx.segs.iter() {
-            // SAFETY: segments were translated just now under the controller
-            // lock, which is still held.
-            let buf = unsafe { s.as_mut_slice() };
-            let r = if write {
-                ns.backend.write(off, buf)
-            } else {
-                ns.backend.read(off, buf)
-            };
-            if let Err(e) = r {
-                tracing::error!(nsid = sqe.nsid, slba, nlb, write, error = %e, "backend I/O failed");
-                ctx.counters.media_errors += 1;
-                return Status::media(if write {
-                    media::WRITE_FAULT
-                } else {
-                    media::UNRECOVERED_READ_ERROR
-                });
-            }
-            off += s.len as u64;
-        }
+    // SAFETY: the segments were translated just now under the controller
+    // lock, which is held until the command is done.
+    if let Err(e) = unsafe { ns.store.rw(write, slba, ns.lba_shift, ctx.segs) } {
+        return rw_failed(sqe, write, e);
     }
     let c = &mut ctx.counters.s;
     if write {
@@ -121,12 +105,25 @@ fn read_write(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool) -> Status {
     Status::SUCCESS
 }
 
+#[cold]
+#[inline(never)]
+/// (SMART's media error count is the completion path's: `note_error`.)
+fn rw_failed(sqe: &Sqe, write: bool, e: StoreError) -> Status {
+    let (slba, nlb) = (sqe.slba(), sqe.nlb());
+    tracing::error!(nsid = sqe.nsid, slba, nlb, write, error = %e, "namespace I/O failed");
+    Status::media(if write {
+        media::WRITE_FAULT
+    } else {
+        media::UNRECOVERED_READ_ERROR
+    })
+}
+
 fn flush(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
     let result = if sqe.nsid == NSID_ALL {
-        ctx.ns.iter_mut().try_for_each(|n| n.backend.flush())
+        ctx.ns.iter_mut().try_for_each(|n| n.store.flush())
     } else {
         match ns_of(ctx.ns, sqe.nsid) {
-            Some(ns) => ns.backend.flush(),
+            Some(ns) => ns.store.flush(),
             None => return gen(generic::INVALID_NAMESPACE),
         }
     };
@@ -134,7 +131,6 @@ fn flush(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
             tracing::error!(nsid = sqe.nsid, error = %e, "flush failed");
-            ctx.counters.media_errors += 1;
             Status::media(media::WRITE_FAULT)
         }
     }
@@ -149,17 +145,11 @@ fn write_zeroes(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
     if !lba_ok(slba, nlb, ns.nsze) {
         return gen(generic::LBA_OUT_OF_RANGE);
     }
-    let (off, len) = (slba << ns.lba_shift, nlb << ns.lba_shift);
-    let r = if sqe.cdw12 & WZ_DEAC != 0 {
-        ns.backend.deallocate(off, len)
-    } else {
-        ns.backend.write_zeroes(off, len)
-    };
-    match r {
+    let dealloc = sqe.cdw12 & WZ_DEAC != 0;
+    match ns.store.zero(slba, nlb, ns.lba_shift, dealloc) {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
             tracing::error!(nsid = sqe.nsid, slba, nlb, error = %e, "write zeroes failed");
-            ctx.counters.media_errors += 1;
             Status::media(media::WRITE_FAULT)
         }
     }
@@ -195,8 +185,7 @@ fn dsm(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         if r.nlb == 0 {
             continue;
         }
-        let (off, l) = (r.slba << ns.lba_shift, (r.nlb as u64) << ns.lba_shift);
-        if let Err(e) = ns.backend.deallocate(off, l) {
+        if let Err(e) = ns.store.zero(r.slba, r.nlb as u64, ns.lba_shift, true) {
             tracing::error!(nsid = sqe.nsid, slba = r.slba, error = %e, "deallocate failed");
             return gen(generic::INTERNAL_ERROR);
         }

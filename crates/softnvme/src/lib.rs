@@ -24,13 +24,13 @@
 //! Module map: `bar` (register memory), `iommu`, `prp` (pure PRP walker),
 //! `dma` (PRP → host segments), `queue` (SQ/CQ and doorbells), `ctrl`
 //! (state machine and `step`), `admin` (+ identify, log pages, features),
-//! `io` (NVM commands), `backend` (null, ram, file), `fault` (injection),
+//! `io` (NVM commands), `store` (a namespace's bdev, or a file), `file`
+//! (file namespaces until the bdev layer serves them), `fault` (injection),
 //! `aer`, `errlog`, `irq` (interrupt vectors, coalescing), `stats`,
 //! `thread`, `device` (the public `SoftDevice`).
 
 mod admin;
 mod aer;
-pub mod backend;
 mod bar;
 mod config;
 mod ctrl;
@@ -39,12 +39,14 @@ mod dma;
 mod errlog;
 mod error;
 mod fault;
+mod file;
 mod io;
 mod iommu;
 mod irq;
 pub mod prp;
 mod queue;
 mod stats;
+mod store;
 mod thread;
 
 pub use config::{

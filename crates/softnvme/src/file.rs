@@ -1,5 +1,11 @@
-//! The file backend: a regular file or a block device, accessed with
-//! `pread`/`pwrite` (`FileExt`), flushed with `fdatasync`.
+//! File namespaces: a regular file or a block device, accessed with
+//! `pread`/`pwrite` (`FileExt`), flushed with `fdatasync`. Temporary: a
+//! file namespace becomes a `pollux_bdev` io_uring bdev (and this module
+//! goes) once that backend exists.
+//!
+//! Callers (the I/O command layer) have already checked that every range
+//! lies inside the namespace; this checks again and fails with an I/O
+//! error rather than touching the file out of bounds.
 //!
 //! A regular file shorter than the namespace is extended (sparse); a size of
 //! 0 means "use the file's size" rounded down to whole LBAs. Deallocate
@@ -13,8 +19,6 @@ use std::io::{self, Seek, SeekFrom};
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::{FileExt, FileTypeExt};
 use std::path::Path;
-
-use super::{in_bounds, Backend};
 
 static ZEROES: [u8; 64 * 1024] = [0; 64 * 1024];
 
@@ -98,22 +102,22 @@ impl FileBackend {
     }
 }
 
-impl Backend for FileBackend {
-    fn read(&mut self, off: u64, buf: &mut [u8]) -> io::Result<()> {
+impl FileBackend {
+    pub fn read(&mut self, off: u64, buf: &mut [u8]) -> io::Result<()> {
         in_bounds(off, buf.len() as u64, self.size)?;
         self.file.read_exact_at(buf, off)
     }
 
-    fn write(&mut self, off: u64, buf: &[u8]) -> io::Result<()> {
+    pub fn write(&mut self, off: u64, buf: &[u8]) -> io::Result<()> {
         in_bounds(off, buf.len() as u64, self.size)?;
         self.file.write_all_at(buf, off)
     }
 
-    fn flush(&mut self) -> io::Result<()> {
+    pub fn flush(&mut self) -> io::Result<()> {
         self.file.sync_data()
     }
 
-    fn deallocate(&mut self, off: u64, len: u64) -> io::Result<()> {
+    pub fn deallocate(&mut self, off: u64, len: u64) -> io::Result<()> {
         in_bounds(off, len, self.size)?;
         if self.fallocate(
             libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
@@ -125,7 +129,7 @@ impl Backend for FileBackend {
         self.write_zero_bytes(off, len)
     }
 
-    fn write_zeroes(&mut self, off: u64, len: u64) -> io::Result<()> {
+    pub fn write_zeroes(&mut self, off: u64, len: u64) -> io::Result<()> {
         in_bounds(off, len, self.size)?;
         if self.fallocate(
             libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE,
@@ -135,5 +139,17 @@ impl Backend for FileBackend {
             return Ok(());
         }
         self.write_zero_bytes(off, len)
+    }
+}
+
+/// `[off, off + len)` lies inside `[0, size)`.
+#[inline]
+fn in_bounds(off: u64, len: u64, size: u64) -> io::Result<()> {
+    match off.checked_add(len) {
+        Some(end) if end <= size => Ok(()),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("range {off:#x}+{len:#x} outside a file namespace of {size:#x} bytes"),
+        )),
     }
 }
