@@ -18,7 +18,7 @@
 //! |---|---|---|
 //! | `bdev_null_create` | [`Bdev::null`] | `name`, `num_blocks`, `block_size`, `uuid`; `md_size`, `dif_type` only 0, `dif_is_head_of_md` only false |
 //! | `bdev_malloc_create` | [`Bdev::ram`] | as null, plus `optimal_io_boundary` (accepted, ignored) |
-//! | `bdev_uring_create` | an io_uring bdev | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
+//! | `bdev_uring_create` | [`Bdev::uring`] (O_DIRECT, else the page cache) | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
 //! | `bdev_nvme_attach_controller` | `<name>n<nsid>` per namespace | `name`, `trtype`, `traddr`, any other: handed to the caller |
 //!
 //! `name` is optional for null and malloc bdevs as in SPDK (`Null<k>` /
@@ -50,6 +50,7 @@ use serde_json::{Map, Value};
 
 use crate::bdev::Bdev;
 use crate::info::parse_uuid;
+use crate::UringOptions;
 
 /// The methods of the `bdev` subsystem that create bdevs.
 pub const SUPPORTED_METHODS: &str =
@@ -96,12 +97,6 @@ pub enum ConfigError {
         #[source]
         source: Box<dyn std::error::Error + Send + Sync>,
     },
-    #[error("JSON configuration: {method} '{name}': {why}")]
-    Unsupported {
-        method: &'static str,
-        name: String,
-        why: String,
-    },
 }
 
 pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
@@ -123,6 +118,38 @@ pub struct UringParams {
     /// None (or 0 in the file): the file's own logical block size.
     pub block_size: Option<u32>,
     pub uuid: Option<[u8; 16]>,
+}
+
+impl UringParams {
+    /// Opens the bdev with O_DIRECT, as SPDK does; where the file system
+    /// refuses O_DIRECT (tmpfs), through the page cache instead, with a
+    /// warning. If both fail, the O_DIRECT error is returned.
+    pub fn create<T: Transport>(&self) -> crate::error::Result<Bdev<T>> {
+        let opts = UringOptions {
+            block_size: self.block_size,
+            ..UringOptions::default()
+        };
+        match Bdev::uring(&self.name, &self.filename, opts.clone()) {
+            Ok(b) => Ok(b),
+            Err(direct) => {
+                let buffered = UringOptions {
+                    direct: false,
+                    ..opts
+                };
+                match Bdev::uring(&self.name, &self.filename, buffered) {
+                    Ok(b) => {
+                        tracing::warn!(
+                            "bdev {}: {} opened through the page cache (O_DIRECT failed: {direct})",
+                            self.name,
+                            self.filename
+                        );
+                        Ok(b)
+                    }
+                    Err(_) => Err(direct),
+                }
+            }
+        }
+    }
 }
 
 /// `bdev_nvme_attach_controller`: what the caller needs to open the
@@ -558,18 +585,15 @@ impl Config {
                     })?]
                 }
                 Entry::Uring(p) => {
-                    // URING: replace with `Bdev::uring(&p.name, &p.filename,
-                    // UringOptions { block_size: p.block_size, .. })`, then
-                    // `with_uuid`, mapped to ConfigError::Create, once the
-                    // io_uring backend is in this crate.
-                    return Err(ConfigError::Unsupported {
+                    let b = p.create().and_then(|b| match p.uuid {
+                        Some(u) => b.with_uuid(u),
+                        None => Ok(b),
+                    });
+                    vec![b.map_err(|source| ConfigError::Create {
                         method,
                         name: p.name.clone(),
-                        why: format!(
-                            "file {}: this build has no io_uring backend yet",
-                            p.filename
-                        ),
-                    });
+                        source,
+                    })?]
                 }
                 Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
                     name: a.name.clone(),
@@ -859,24 +883,77 @@ mod tests {
     #[test]
     fn uring_is_parsed() {
         let cfg = Config::parse(&bdev_cfg(
-            r#"{"method": "bdev_uring_create", "params": {"name": "u", "filename": "/tmp/f", "block_size": 0}}"#,
+            r#"{"method": "bdev_uring_create", "params": {"name": "u", "filename": "/nonexistent/f", "block_size": 0}}"#,
         ))
         .unwrap();
         assert_eq!(
             cfg.entries[0],
             Entry::Uring(UringParams {
                 name: "u".into(),
-                filename: "/tmp/f".into(),
+                filename: "/nonexistent/f".into(),
                 block_size: None,
                 uuid: None
             })
         );
-        // URING: until the io_uring backend is in, creating one is refused
-        // naming the bdev and its file.
+        // A missing file is refused naming the method, the bdev and the file.
         let msg = err(cfg.create(&mut no_nvme), "uring").to_string();
         assert!(
-            msg.contains("bdev_uring_create 'u'") && msg.contains("/tmp/f"),
+            msg.contains("bdev_uring_create 'u'") && msg.contains("/nonexistent/f"),
             "{msg}"
         );
+    }
+
+    #[test]
+    fn uring_bdev_on_a_file() {
+        let dir = std::env::temp_dir().join(format!("pollux-config-uring-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let f = dir.join("disk.img");
+        std::fs::write(&f, vec![0u8; 1 << 20]).unwrap();
+        let json = bdev_cfg(&format!(
+            r#"{{"method": "bdev_uring_create", "params": {{"name": "Uring0", "filename": "{}", "block_size": 4096,
+                "uuid": "2b6601ba-eada-44fb-9a83-a20eb9eb9e90"}}}}"#,
+            f.display()
+        ));
+        let r = load_local(&json);
+        std::fs::remove_dir_all(&dir).unwrap();
+        let b = match r {
+            Ok(b) => b,
+            Err(e) => panic!("{e}"),
+        };
+        let i = b[0].info();
+        assert_eq!(
+            (i.backend, i.block_size, i.num_blocks),
+            ("uring", 4096, 256)
+        );
+        assert_eq!(i.uuid_string(), "2b6601ba-eada-44fb-9a83-a20eb9eb9e90");
+    }
+
+    /// tmpfs refuses O_DIRECT: the bdev opens through the page cache.
+    #[test]
+    fn uring_falls_back_to_the_page_cache_without_o_direct() {
+        let shm = std::path::Path::new("/dev/shm");
+        if !shm.is_dir() {
+            eprintln!("skipped: no /dev/shm");
+            return;
+        }
+        let f = shm.join(format!("pollux-config-uring-{}", std::process::id()));
+        std::fs::write(&f, vec![0u8; 64 << 10]).unwrap();
+        let p = UringParams {
+            name: "u".into(),
+            filename: f.display().to_string(),
+            block_size: Some(512),
+            uuid: None,
+        };
+        let direct = Bdev::<NoNvme>::uring(&p.name, &p.filename, UringOptions::default());
+        let r = p.create::<NoNvme>();
+        std::fs::remove_file(&f).unwrap();
+        if direct.is_ok() {
+            eprintln!("skipped: this /dev/shm takes O_DIRECT");
+            return;
+        }
+        match r {
+            Ok(b) => assert_eq!(b.info().num_blocks, 128),
+            Err(e) => panic!("no fallback: {e}"),
+        }
     }
 }
