@@ -1,7 +1,8 @@
 //! `pollux bdevperf`: a block device benchmark modelled on SPDK's
 //! `bdevperf`, on pollux-bdev and the pollux-runtime reactors.
 //!
-//! Bdevs come from quick flags (`--null`, `--ram SIZE`, `--uring PATH`,
+//! Bdevs come from quick flags (`--null`, `--ram SIZE`, `--uring PATH`
+//! (O_DIRECT, else the page cache; the file's block size and length),
 //! `--nvme TRID`) and/or SPDK's JSON configuration (`-c FILE`). As in
 //! SPDK, each bdev gets one job, placed round-robin on the cores of `-m`;
 //! with `-C` every core gets a job on every bdev, each on its own slice of
@@ -20,7 +21,7 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
-use pollux_bdev::config::{Config, ConfigError, NvmeAttach};
+use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
 use pollux_bdev::{Bdev, ChannelOptions, NoNvme};
 use pollux_nvme::Transport;
 use pollux_runtime::{Runtime, RuntimeOptions};
@@ -317,15 +318,17 @@ fn make_bdevs<T: Transport>(
             .map_err(|e| bad("--ram", size, e.to_string()))?;
         bdevs.push(b);
     }
-    if let Some(path) = a.uring.first() {
-        // URING: `Bdev::uring(&fresh_name("Uring", &mut used), path,
-        // UringOptions::default())` per path, once the io_uring backend is
-        // in pollux-bdev.
-        return Err(bad(
-            "--uring",
-            path.display(),
-            "this build has no io_uring backend yet",
-        ));
+    for path in &a.uring {
+        let p = UringParams {
+            name: fresh_name("Uring", &mut used),
+            filename: path.display().to_string(),
+            block_size: None,
+            uuid: None,
+        };
+        bdevs.push(
+            p.create()
+                .map_err(|e| bad("--uring", path.display(), e.to_string()))?,
+        );
     }
     for t in &a.nvme {
         let name = fresh_name("Nvme", &mut ctrl_names);
