@@ -83,9 +83,30 @@ enum Next {
     ReadBack(IoBuf, u64),
 }
 
-impl<T: Transport> Handler<T> for JobCtx {
+/// The completion handler, made twice: with the slow path compiled out
+/// (`SLOW` false: no test of it per I/O) and with it.
+pub struct Hot<'a, const SLOW: bool>(pub &'a mut JobCtx);
+
+impl<T: Transport, const SLOW: bool> Handler<T> for Hot<'_, SLOW> {
     #[inline(always)]
     fn complete(&mut self, io: &mut Io<'_, T>, c: Completion) {
+        self.0.complete::<T, SLOW>(io, c)
+    }
+}
+
+impl JobCtx {
+    /// Polls `ch` with the handler this job needs.
+    #[inline(always)]
+    pub fn poll<T: Transport>(&mut self, ch: &mut Channel<T>, max: u32) -> u32 {
+        if self.slow {
+            ch.poll(max, &mut Hot::<true>(self))
+        } else {
+            ch.poll(max, &mut Hot::<false>(self))
+        }
+    }
+
+    #[inline(always)]
+    fn complete<T: Transport, const SLOW: bool>(&mut self, io: &mut Io<'_, T>, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -100,7 +121,7 @@ impl<T: Transport> Handler<T> for JobCtx {
         let Data::One(buf) = data else {
             return self.park(slot, data);
         };
-        if self.slow {
+        if SLOW {
             // The slow path never sees `io` or the completion (they would
             // have to live in memory for every I/O): it says what to do.
             return match self.complete_slow(slot, ok, buf) {
@@ -338,7 +359,7 @@ impl<T: Transport> Job<T> {
                 };
                 // At most a queue's worth: a null or RAM channel completes
                 // what the handler resubmits within the same poll.
-                r.job.ch.poll(r.max, &mut r.job.ctx);
+                r.job.ctx.poll(&mut r.job.ch, r.max);
                 r.polls += 1;
                 if r.polls % CHECK_EVERY == 0 && r.check(ctx) {
                     if let Some(r) = run.take() {
@@ -569,7 +590,7 @@ mod tests {
         }
         let mut polls = 0;
         while ch.outstanding() > 0 {
-            ch.poll(depth as u32, &mut ctx);
+            ctx.poll(&mut ch, depth as u32);
             polls += 1;
             assert!(polls < 1_000_000, "the job does not end");
         }
