@@ -143,6 +143,11 @@ fn null_and_ram_counts_are_exact_and_the_fields_are_there() {
         .map(|j| j["ios"].as_u64().unwrap())
         .collect();
     assert_eq!(ios, [5001, 5000], "split evenly, the remainder first");
+    for j in v["jobs"].as_array().unwrap() {
+        // Each poll completes at most a queue's worth (-q 16).
+        let polls = j["polls"].as_u64().unwrap();
+        assert!(polls * 16 >= j["ios"].as_u64().unwrap(), "{j}");
+    }
     // The bdevs' own counters agree with the jobs'.
     let b = v["bdevs"].as_array().unwrap();
     assert_eq!(b[0]["backend"], "null");

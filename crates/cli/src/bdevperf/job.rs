@@ -310,6 +310,8 @@ pub struct JobResult {
     pub hist: Option<Histogram<u64>>,
     /// NVMe command timeouts on the job's queue pair.
     pub timeouts: u64,
+    /// Times the job's poller ran (one channel poll each).
+    pub polls: u64,
     /// CPU time of the job's thread while it ran (shared by the jobs of
     /// that thread).
     pub cpu: Duration,
@@ -516,6 +518,7 @@ impl<T: Transport> Run<T> {
             ios_in_window: in_window,
             hist: ctx.latency.map(|l| l.hist),
             timeouts,
+            polls: self.polls,
             cpu: thread_cpu_time().saturating_sub(self.cpu0),
             wall: now.saturating_duration_since(self.t0),
         };

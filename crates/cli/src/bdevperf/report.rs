@@ -92,6 +92,7 @@ pub fn report<T: Transport>(
             "fail_s": fail_s,
             "timeouts": r.timeouts,
             "to_s": to_s,
+            "polls": r.polls,
             "avg_lat_us": r.hist.as_ref().map(|h| lat_us(h, None, ns_per_tick)),
             "min_lat_us": r.hist.as_ref().map(|h| us(h.min())),
             "max_lat_us": r.hist.as_ref().map(|h| us(h.max())),
