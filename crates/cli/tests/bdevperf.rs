@@ -615,6 +615,10 @@ fn bad_options_are_refused_naming_them() {
             vec!["--block-size 1000"],
         ),
         (
+            vec!["--nvme", "trtype:soft mqes:15", "-q", "128"],
+            vec!["-q 128", "Nvme0n1", "1..=15"],
+        ),
+        (
             vec!["--uring", "/nonexistent/disk.img"],
             vec!["--uring /nonexistent/disk.img", "Uring0", "No such file"],
         ),

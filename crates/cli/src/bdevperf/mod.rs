@@ -517,11 +517,18 @@ fn execute<T: Transport>(
             } else {
                 bi % cores.len()
             };
-            let ch = desc.channel(&ChannelOptions {
-                depth: a.queue_depth,
-                latency: false,
-                nvme: None,
-            })?;
+            let ch = desc
+                .channel(&ChannelOptions {
+                    depth: a.queue_depth,
+                    latency: false,
+                    nvme: None,
+                })
+                .map_err(|e| {
+                    BdevperfError::Args(format!(
+                        "a channel of -q {} for the job on core {}: {e}",
+                        a.queue_depth, cores[thread]
+                    ))
+                })?;
             let bufs = b
                 .alloc_buf(depth * io as usize)?
                 .chunks(io as usize)
