@@ -159,12 +159,12 @@ impl SoftDevice {
     }
 
     /// The bdev serving namespace `nsid` (1-based): the one given in
-    /// `BackendConfig::Bdev`, or the null or RAM bdev the device made. None
-    /// for a file namespace or an NSID that does not exist.
+    /// `BackendConfig::Bdev`, or the null, RAM or io_uring bdev the device
+    /// made. None for an NSID that does not exist.
     pub fn namespace_bdev(&self, nsid: u32) -> Option<Bdev> {
         let c = self.lock();
         let ns = c.ns.get((nsid as usize).checked_sub(1)?)?;
-        ns.store.bdev().cloned()
+        Some(ns.store.bdev().clone())
     }
 
     /// Installs a fault injection rule (evaluated in insertion order).

@@ -11,13 +11,6 @@ pub enum SoftError {
     /// The [`crate::SoftConfig`] is outside what the emulator supports.
     #[error("invalid configuration: {0}")]
     InvalidConfig(String),
-    /// A namespace backend could not be created or opened.
-    #[error("namespace {nsid} backend: {source}")]
-    Backend {
-        nsid: u32,
-        #[source]
-        source: io::Error,
-    },
     /// A namespace's bdev (or its channel) could not be created.
     #[error("namespace {nsid}: {source}")]
     Bdev {

@@ -91,7 +91,7 @@ fn read_write(ctx: &mut IoCtx<'_>, sqe: &Sqe, write: bool) -> Status {
     }
     // SAFETY: the segments were translated just now under the controller
     // lock, which is held until the command is done.
-    if let Err(e) = unsafe { ns.store.rw(write, slba, ns.lba_shift, ctx.segs) } {
+    if let Err(e) = unsafe { ns.store.rw(write, slba, ctx.segs) } {
         return rw_failed(sqe, write, e);
     }
     let c = &mut ctx.counters.s;
@@ -146,7 +146,7 @@ fn write_zeroes(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         return gen(generic::LBA_OUT_OF_RANGE);
     }
     let dealloc = sqe.cdw12 & WZ_DEAC != 0;
-    match ns.store.zero(slba, nlb, ns.lba_shift, dealloc) {
+    match ns.store.zero(slba, nlb, dealloc) {
         Ok(()) => Status::SUCCESS,
         Err(e) => {
             tracing::error!(nsid = sqe.nsid, slba, nlb, error = %e, "write zeroes failed");
@@ -185,7 +185,7 @@ fn dsm(ctx: &mut IoCtx<'_>, sqe: &Sqe) -> Status {
         if r.nlb == 0 {
             continue;
         }
-        if let Err(e) = ns.store.zero(r.slba, r.nlb as u64, ns.lba_shift, true) {
+        if let Err(e) = ns.store.zero(r.slba, r.nlb as u64, true) {
             tracing::error!(nsid = sqe.nsid, slba = r.slba, error = %e, "deallocate failed");
             return gen(generic::INTERNAL_ERROR);
         }

@@ -39,7 +39,6 @@ mod dma;
 mod errlog;
 mod error;
 mod fault;
-mod file;
 mod io;
 mod iommu;
 mod irq;

@@ -1,21 +1,22 @@
 //! Where a namespace's data lives: a `pollux_bdev` block device, served
-//! through a channel the controller owns (null, RAM, or any bdev the
-//! caller hands over), or — until the bdev layer's io_uring backend
-//! replaces it — a file.
+//! through a channel the controller owns: null, RAM, a file or block
+//! device through io_uring, or any bdev the caller hands over.
 //!
 //! Reads and writes lend the command's host segments to the bdev
 //! (`readv_raw`/`writev_raw`: no copy) and poll the channel until the
 //! request completes, all under the controller lock that keeps the IOMMU
-//! mapping of those segments alive. Null and RAM complete at the first
-//! poll. The bdev takes only segments of whole blocks (and aligned to its
+//! mapping of those segments alive. Null and RAM finish within the call
+//! (`readv_raw_now`); io_uring completes asynchronously and is polled for
+//! (one command at a time: a slow file stalls the controller's queues, as
+//! its synchronous `pread` did before). The bdev takes only segments of whole blocks (and aligned to its
 //! buffer alignment): a command whose PRP1 offset is not a multiple of the
 //! LBA size has such segments, and only such a command goes through a
 //! block-aligned bounce buffer, [`BOUNCE`] bytes at a time.
+use pollux_bdev::UringOptions;
 use pollux_bdev::{Bdev, Channel, ChannelOptions, Completion, Io, IoBuf, IoError, SubmitError};
 
 use crate::config::{BackendConfig, NamespaceConfig};
 use crate::dma::Seg;
-use crate::file::FileBackend;
 use crate::SoftError;
 
 /// Bytes of the bounce buffer of a namespace (a multiple of every LBA
@@ -42,18 +43,10 @@ pub(crate) enum StoreError {
     Refused(#[from] SubmitError),
     #[error("bdev request failed: {0}")]
     Failed(#[from] IoError),
-    #[error("file: {0}")]
-    File(#[from] std::io::Error),
 }
 
-/// A namespace's storage. (Boxing the channel would add a dependent load
-/// to every command; the file variant is the small one, and temporary.)
-#[allow(clippy::large_enum_variant)]
-pub(crate) enum Store {
-    Bdev(BdevNs),
-    /// Temporary: to become `Bdev::uring` when that backend exists.
-    File(FileBackend),
-}
+/// A namespace's storage: its bdev, through the controller's channel.
+pub(crate) struct Store(BdevNs);
 
 /// Creates the storage of namespace `nsid` (1-based) of a controller with
 /// serial `serial`; returns it with the namespace size in blocks.
@@ -71,10 +64,34 @@ pub(crate) fn open(
         BackendConfig::Ram => Bdev::ram(&name(), bs, blocks).map_err(bdev_err)?,
         BackendConfig::Bdev(b) => b.clone(),
         BackendConfig::File { path } => {
-            let f = FileBackend::open(path, cfg.size_bytes, bs as u64)
-                .map_err(|source| SoftError::Backend { nsid, source })?;
-            let nsze = f.size() >> cfg.lba_shift;
-            return Ok((Store::File(f), nsze));
+            // The emulator's file namespaces keep their old behaviour:
+            // created when a size is given, through the page cache (the
+            // host's PRP segments need no O_DIRECT alignment).
+            if cfg.size_bytes != 0 {
+                std::fs::OpenOptions::new()
+                    .write(true)
+                    .create(true)
+                    .truncate(false)
+                    .open(path)
+                    .map_err(|e| {
+                        bdev_err(pollux_bdev::Error::Os {
+                            name: name(),
+                            source: std::io::Error::new(
+                                e.kind(),
+                                format!("{}: {e}", path.display()),
+                            ),
+                        })
+                    })?;
+            }
+            let opts = UringOptions {
+                block_size: Some(bs),
+                size: (cfg.size_bytes != 0).then_some(cfg.size_bytes),
+                direct: false,
+                register_buffers: false,
+                wake_fd: false,
+                ..UringOptions::default()
+            };
+            Bdev::uring(&name(), path, opts).map_err(bdev_err)?
         }
     };
     // `SoftConfig::validate` checked a given bdev's block size and size.
@@ -83,7 +100,7 @@ pub(crate) fn open(
     } else {
         blocks
     };
-    Ok((Store::Bdev(BdevNs::new(bdev).map_err(bdev_err)?), nsze))
+    Ok((Store(BdevNs::new(bdev).map_err(bdev_err)?), nsze))
 }
 
 impl Store {
@@ -94,75 +111,26 @@ impl Store {
     /// The segments were translated by the IOMMU under the controller lock,
     /// which is held until this returns (their memory stays mapped).
     #[inline(always)]
-    pub unsafe fn rw(
-        &mut self,
-        write: bool,
-        lba: u64,
-        shift: u8,
-        segs: &[Seg],
-    ) -> Result<(), StoreError> {
-        match self {
-            // SAFETY: forwarded contract.
-            Store::Bdev(b) => unsafe { b.rw(write, lba, segs) },
-            // SAFETY: forwarded contract.
-            Store::File(f) => unsafe { file_rw(f, write, lba << shift, segs) },
-        }
+    pub unsafe fn rw(&mut self, write: bool, lba: u64, segs: &[Seg]) -> Result<(), StoreError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.0.rw(write, lba, segs) }
     }
 
     /// Makes written data durable.
     pub fn flush(&mut self) -> Result<(), StoreError> {
-        match self {
-            Store::Bdev(b) => b.flush(),
-            Store::File(f) => Ok(f.flush()?),
-        }
+        self.0.flush()
     }
 
     /// Zeroes `nlb` blocks at `lba`; `dealloc`: deallocates them instead
     /// (they read back as zeroes either way).
-    pub fn zero(&mut self, lba: u64, nlb: u64, shift: u8, dealloc: bool) -> Result<(), StoreError> {
-        match self {
-            Store::Bdev(b) => b.zero(lba, nlb, dealloc),
-            Store::File(f) => {
-                let (off, len) = (lba << shift, nlb << shift);
-                if dealloc {
-                    f.deallocate(off, len)?
-                } else {
-                    f.write_zeroes(off, len)?
-                }
-                Ok(())
-            }
-        }
+    pub fn zero(&mut self, lba: u64, nlb: u64, dealloc: bool) -> Result<(), StoreError> {
+        self.0.zero(lba, nlb, dealloc)
     }
 
-    /// The namespace's bdev, if it is served by one.
-    pub fn bdev(&self) -> Option<&Bdev> {
-        match self {
-            Store::Bdev(b) => Some(b.ch.bdev()),
-            Store::File(_) => None,
-        }
+    /// The namespace's bdev.
+    pub fn bdev(&self) -> &Bdev {
+        self.0.ch.bdev()
     }
-}
-
-/// # Safety
-/// As `Store::rw`.
-unsafe fn file_rw(
-    f: &mut FileBackend,
-    write: bool,
-    mut off: u64,
-    segs: &[Seg],
-) -> Result<(), StoreError> {
-    for s in segs {
-        // SAFETY: the caller's contract: mapped for `len` bytes while the
-        // lock is held; see the DMA caveat in `dma` for host accesses.
-        let buf = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
-        if write {
-            f.write(off, buf)?
-        } else {
-            f.read(off, buf)?
-        }
-        off += s.len as u64;
-    }
-    Ok(())
 }
 
 /// A namespace served by a bdev: the controller's channel to it.
