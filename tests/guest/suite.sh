@@ -85,6 +85,20 @@ perf_lat() {  # perf_lat NAME ARGS...: IOPS, p50/p99/max latency (us), worker CP
         result "perf-$name" FAIL
     fi
 }
+bdevperf() {  # bdevperf NAME ARGS...: pollux bdevperf, IOPS as METRIC NAME, ok iff no I/O failed
+    name=$1; shift
+    echo "== bdevperf $name: pollux bdevperf $*"
+    if $P bdevperf --json "$@" > /tmp/bp.json 2>/tmp/bp.err; then
+        iops=$(json_total_iops /tmp/bp.json)
+        errs=$(sed -n 's/.*"total":{[^}]*"errors":\([0-9]*\).*/\1/p' /tmp/bp.json)
+        echo "   IOPS $iops, errors $errs"
+        echo "METRIC $name $iops"
+        [ "${errs:-1}" = 0 ] && result "bdevperf-$name" ok || result "bdevperf-$name" FAIL
+    else
+        tail -5 /tmp/bp.err | sed 's/^/   /'; head -c 600 /tmp/bp.json | sed 's/^/   /'
+        result "bdevperf-$name" FAIL
+    fi
+}
 fio_iops() {  # fio_iops NAME EXTRA...: 4k randread QD32 on /dev/nvme0n1
     name=$1; shift
     echo "== fio $name: $*"
@@ -143,7 +157,12 @@ check setup-list-free listed "$BDF.* nvme .*free"
 
 dd if=/dev/urandom of=/tmp/k.bin bs=64k count=16 2>/dev/null
 check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync   # 600 MiB = LBA 1228800
+# pollux's io_uring bdev on the kernel's block device: data verified on the
+# scratch partition, then IOPS beside fio's io_uring engine (reads only).
+bdevperf uring-verify --uring /dev/nvme0n1p1 -w randrw -M 50 -q 32 -o 4096 -t 2 --verify
+bdevperf uring-verify-64k --uring /dev/nvme0n1p1 -w verify -q 8 -o 65536 -t 2
 for round in 1 2; do
+    bdevperf bdevperf-uring --uring /dev/nvme0n1 -w randread -q 32 -o 4096 -t $PERF_T
     fio_iops fio-io_uring --ioengine=io_uring
     if [ "$(cat /sys/module/nvme/parameters/poll_queues 2>/dev/null)" -gt 0 ] 2>/dev/null; then
         fio_iops fio-io_uring-polled --ioengine=io_uring --hipri=1
@@ -160,6 +179,7 @@ check pcie-tests-vfio $T --test-threads=1
 check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
+bdevperf vfio-bdevperf-verify --nvme "$TRID" -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 # Without root: an ordinary user (uid 1000, no capabilities) needs only
 # read/write access to /dev/vfio/vfio (0666) and the group node (root 0600
 # by default), and a locked-memory limit covering the pinned DMA memory.
@@ -190,6 +210,7 @@ for round in 1 2 3 4; do
     perf vfio-mmio-delayed -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell
     perf vfio-mmio-perio -w randread -q 32 -o 4096 -t $PERF_DB_T --no-shadow-doorbell --no-delayed-doorbell
     perf vfio-shadow-delayed-cqline -w randread -q 32 -o 4096 -t $PERF_DB_T --cq-line-batch
+    bdevperf vfio-bdevperf --nvme "$TRID" -w randread -q 32 -o 4096 -t $PERF_DB_T
 done
 dd if=/dev/urandom of=/tmp/p.bin bs=64k count=16 2>/dev/null
 check pollux-writes-vfio env POLLUX_HANDOFF=write:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
