@@ -82,10 +82,12 @@ printf '%-62s %s\n' \
     "IOPS interrupts / polled (vfio, MSI-X):" "$(ratio vfio-qd1-irq vfio-qd1-polled)"
 echo "IOPS (each run): $(awk '$1=="METRIC" {printf "%s=%s ", $2, $3}' "$LOG")"
 
-passed=$(grep -c '^RESULT .* ok' "$LOG" || true)
-failed=$(grep -c '^RESULT .* FAIL' "$LOG" || true)
+# (-o, unanchored: a RESULT printed after output without a final newline
+# still counts)
+passed=$(grep -o 'RESULT [^ ]* ok$' "$LOG" | wc -l)
+failed=$(grep -o 'RESULT [^ ]* FAIL$' "$LOG" | wc -l)
 if ((rc != 0 && failed == 0)); then failed=1; echo "guest run failed (exit status $rc)"; fi
-grep '^RESULT .* FAIL' "$LOG" | sed 's/^RESULT /failed: /' || true
+grep -o 'RESULT [^ ]* FAIL$' "$LOG" | sed 's/^RESULT /failed: /' || true
 echo "guest suite: build ${build_s}s, total $((SECONDS - start))s"
 echo "$passed passed, $failed failed"
 ((failed == 0))

@@ -95,7 +95,7 @@ bdevperf() {  # bdevperf NAME ARGS...: pollux bdevperf, IOPS as METRIC NAME, ok 
         echo "METRIC $name $iops"
         [ "${errs:-1}" = 0 ] && result "bdevperf-$name" ok || result "bdevperf-$name" FAIL
     else
-        tail -5 /tmp/bp.err | sed 's/^/   /'; head -c 600 /tmp/bp.json | sed 's/^/   /'
+        tail -5 /tmp/bp.err | sed 's/^/   /'; head -c 600 /tmp/bp.json | sed 's/^/   /'; echo
         result "bdevperf-$name" FAIL
     fi
 }
@@ -158,7 +158,10 @@ check setup-list-free listed "$BDF.* nvme .*free"
 dd if=/dev/urandom of=/tmp/k.bin bs=64k count=16 2>/dev/null
 check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync   # 600 MiB = LBA 1228800
 # pollux's io_uring bdev on the kernel's block device: data verified on the
-# scratch partition, then IOPS beside fio's io_uring engine (reads only).
+# scratch partition (zeroed first: --verify accepts zeros or its own tags,
+# and the refusal tests above left file system and swap signatures), then
+# IOPS beside fio's io_uring engine (reads only).
+check wipe-partition dd if=/dev/zero of=/dev/nvme0n1p1 bs=1M count=64 conv=fsync
 bdevperf uring-verify --uring /dev/nvme0n1p1 -w randrw -M 50 -q 32 -o 4096 -t 2 --verify
 bdevperf uring-verify-64k --uring /dev/nvme0n1p1 -w verify -q 8 -o 65536 -t 2
 for round in 1 2; do
