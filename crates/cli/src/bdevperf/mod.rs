@@ -31,8 +31,8 @@ use crate::perf::clock::LatClock;
 use crate::perf::pattern::{Mix, Pattern};
 use crate::perf::verify::{Verify, Written, MAX_UNITS};
 use crate::perf::{
-    check_cores, human_bytes, mem_available, online_cpus, parse_cores, parse_size, PerfError,
-    MAX_TIMEOUT_MS,
+    check_cores, check_run_options, human_bytes, mem_available, online_cpus, parse_cores,
+    parse_size, PerfError,
 };
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
 use nvme::NvmeOpener;
@@ -196,31 +196,8 @@ fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, Bdevperf
     if a.queue_depth == 0 || a.queue_depth > 65535 {
         return Err(bad("-q", a.queue_depth, "must be in 1..=65535"));
     }
-    if a.io_size == 0 || !a.io_size.is_multiple_of(512) || a.io_size > 64 << 20 {
-        return Err(bad(
-            "-o",
-            a.io_size,
-            "the I/O size must be a non-zero multiple of 512, at most 64 MiB",
-        ));
-    }
-    match a.io_count {
-        Some(0) => return Err(bad("--io-count", 0, "must be at least 1")),
-        None if a.time == 0 => {
-            return Err(bad(
-                "-t",
-                0,
-                "no time limit: give --io-count N to end the run after N I/Os",
-            ))
-        }
-        _ => {}
-    }
-    if a.timeout_ms > MAX_TIMEOUT_MS {
-        return Err(bad(
-            "--timeout-ms",
-            a.timeout_ms,
-            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
-        ));
-    }
+    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
+        .map_err(|(option, value, why)| bad(option, value, why))?;
     if a.inline && cores.len() != 1 {
         return Err(bad(
             "--inline",

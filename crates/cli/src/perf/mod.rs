@@ -150,6 +150,46 @@ fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<Strin
     }
 }
 
+/// A refused option: its name, its value, why.
+pub(crate) type BadOption = (&'static str, String, String);
+
+/// The checks `perf` and `bdevperf` share: I/O size (`-o`), how the run
+/// ends (`--io-count`, `-t`) and the command timeout (`--timeout-ms`).
+pub(crate) fn check_run_options(
+    io_size: u64,
+    io_count: Option<u64>,
+    time: u64,
+    timeout_ms: u64,
+) -> Result<(), BadOption> {
+    let bad = |o: &'static str, v: u64, why: String| Err((o, v.to_string(), why));
+    if io_size == 0 || !io_size.is_multiple_of(512) || io_size > 64 << 20 {
+        return bad(
+            "-o",
+            io_size,
+            "the I/O size must be a non-zero multiple of 512, at most 64 MiB".into(),
+        );
+    }
+    match io_count {
+        Some(0) => return bad("--io-count", 0, "must be at least 1".into()),
+        None if time == 0 => {
+            return bad(
+                "-t",
+                0,
+                "no time limit: give --io-count N to end the run after N I/Os".into(),
+            )
+        }
+        _ => {}
+    }
+    if timeout_ms > MAX_TIMEOUT_MS {
+        return bad(
+            "--timeout-ms",
+            timeout_ms,
+            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
+        );
+    }
+    Ok(())
+}
+
 /// `1234567` -> `1.2 MiB (1234567 bytes)`.
 pub(crate) fn human_bytes(n: u64) -> String {
     const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
@@ -350,31 +390,8 @@ fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
     }
-    if a.io_size == 0 || !a.io_size.is_multiple_of(512) || a.io_size > 64 << 20 {
-        return Err(bad(
-            "-o",
-            a.io_size,
-            "the I/O size must be a non-zero multiple of 512, at most 64 MiB",
-        ));
-    }
-    match a.io_count {
-        Some(0) => return Err(bad("--io-count", 0, "must be at least 1")),
-        None if a.time == 0 => {
-            return Err(bad(
-                "-t",
-                0,
-                "no time limit: give --io-count N to end the run after N I/Os",
-            ))
-        }
-        _ => {}
-    }
-    if a.timeout_ms > MAX_TIMEOUT_MS {
-        return Err(bad(
-            "--timeout-ms",
-            a.timeout_ms,
-            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
-        ));
-    }
+    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
+        .map_err(|(option, value, why)| bad(option, value, why))?;
     if a.inline && cores.len() != 1 {
         return Err(PerfError::Args("--inline steps the emulated controller on the worker thread: use exactly one worker core".into()));
     }
