@@ -84,8 +84,8 @@ echo "IOPS (each run): $(awk '$1=="METRIC" {printf "%s=%s ", $2, $3}' "$LOG")"
 
 # (-o, unanchored: a RESULT printed after output without a final newline
 # still counts)
-passed=$(grep -o 'RESULT [^ ]* ok$' "$LOG" | wc -l)
-failed=$(grep -o 'RESULT [^ ]* FAIL$' "$LOG" | wc -l)
+passed=$({ grep -o 'RESULT [^ ]* ok$' "$LOG" || true; } | wc -l)
+failed=$({ grep -o 'RESULT [^ ]* FAIL$' "$LOG" || true; } | wc -l)
 if ((rc != 0 && failed == 0)); then failed=1; echo "guest run failed (exit status $rc)"; fi
 grep -o 'RESULT [^ ]* FAIL$' "$LOG" | sed 's/^RESULT /failed: /' || true
 echo "guest suite: build ${build_s}s, total $((SECONDS - start))s"
