@@ -67,6 +67,7 @@ printf '%-62s %s\n' \
     "CQ line batch on / off, shadow, delayed (vfio):" "$(ratio vfio-shadow-delayed-cqline vfio-shadow-delayed)" \
     "bdevperf over NVMe / perf, shadow, delayed (vfio):" "$(ratio vfio-bdevperf vfio-shadow-delayed)" \
     "pollux io_uring bdev / kernel fio io_uring (kernel nvme0n1):" "$(ratio bdevperf-uring fio-io_uring)" \
+    "pollux io_uring bdev, IOPOLL / fio io_uring hipri (nvme0n1):" "$(ratio bdevperf-uring-iopoll fio-io_uring-polled)" \
     "pollux vfio / kernel fio io_uring:" "$(ratio vfio-shadow-delayed fio-io_uring)" \
     "pollux vfio / kernel fio io_uring polled (hipri):" "$(ratio vfio-shadow-delayed fio-io_uring-polled)" \
     "pollux uio / kernel fio io_uring:" "$(ratio uio-shadow-delayed fio-io_uring)" \

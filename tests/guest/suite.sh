@@ -164,10 +164,13 @@ check kernel-writes dd if=/tmp/k.bin of=/dev/nvme0n1 bs=64k seek=9600 conv=fsync
 check wipe-partition dd if=/dev/zero of=/dev/nvme0n1p1 bs=1M count=64 conv=fsync
 bdevperf uring-verify --uring /dev/nvme0n1p1 -w randrw -M 50 -q 32 -o 4096 -t 2 --verify
 bdevperf uring-verify-64k --uring /dev/nvme0n1p1 -w verify -q 8 -o 65536 -t 2
+# IOPOLL needs the driver's poll queues (modprobe nvme poll_queues=2 above).
+bdevperf uring-iopoll-verify --uring /dev/nvme0n1p1 --iopoll -w randrw -M 50 -q 32 -o 4096 -t 2 --verify
 for round in 1 2; do
     bdevperf bdevperf-uring --uring /dev/nvme0n1 -w randread -q 32 -o 4096 -t $PERF_T
     fio_iops fio-io_uring --ioengine=io_uring
     if [ "$(cat /sys/module/nvme/parameters/poll_queues 2>/dev/null)" -gt 0 ] 2>/dev/null; then
+        bdevperf bdevperf-uring-iopoll --uring /dev/nvme0n1 --iopoll -w randread -q 32 -o 4096 -t $PERF_T
         fio_iops fio-io_uring-polled --ioengine=io_uring --hipri=1
     else
         echo "nvme.poll_queues not available: no polled fio run"

@@ -575,7 +575,10 @@ fn bad_options_are_refused_naming_them() {
     )
     .unwrap();
     let missing = dir.join("missing.json");
+    let file = dir.join("disk.img");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
     let (u, m) = (unknown.display().to_string(), missing.display().to_string());
+    let f = file.display().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec!["--null", "-q", "0"], vec!["-q 0"]),
         (
@@ -617,6 +620,11 @@ fn bad_options_are_refused_naming_them() {
         (
             vec!["--nvme", "trtype:soft mqes:15", "-q", "128"],
             vec!["-q 128", "Nvme0n1", "1..=15"],
+        ),
+        (vec!["--null", "--iopoll"], vec!["--iopoll", "--uring PATH"]),
+        (
+            vec!["--uring", &f, "--iopoll"],
+            vec!["--uring", "disk.img", "regular file"],
         ),
         (
             vec!["--uring", "/nonexistent/disk.img"],

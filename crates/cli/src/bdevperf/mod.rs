@@ -22,7 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
-use pollux_bdev::{Bdev, ChannelOptions, NoNvme};
+use pollux_bdev::{Bdev, ChannelOptions, NoNvme, UringOptions};
 use pollux_nvme::Transport;
 use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
@@ -94,6 +94,11 @@ pub struct BdevperfArgs {
     /// An io_uring bdev on this file or block device (Uring<k>), repeatable.
     #[arg(long)]
     pub uring: Vec<PathBuf>,
+    /// The --uring bdevs poll completions from the device
+    /// (IORING_SETUP_IOPOLL: O_DIRECT on a block device with poll queues,
+    /// e.g. nvme.poll_queues=N).
+    #[arg(long)]
+    pub iopoll: bool,
     /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
     /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N' or 'trtype:pcie traddr:0000:00:01.0'.
     #[arg(long)]
@@ -295,17 +300,31 @@ fn make_bdevs<T: Transport>(
             .map_err(|e| bad("--ram", size, e.to_string()))?;
         bdevs.push(b);
     }
+    if a.iopoll && a.uring.is_empty() {
+        return Err(bad(
+            "--iopoll",
+            "",
+            "applies to --uring bdevs: give --uring PATH",
+        ));
+    }
     for path in &a.uring {
-        let p = UringParams {
-            name: fresh_name("Uring", &mut used),
-            filename: path.display().to_string(),
-            block_size: None,
-            uuid: None,
-        };
-        bdevs.push(
+        let name = fresh_name("Uring", &mut used);
+        let made = if a.iopoll {
+            let opts = UringOptions {
+                iopoll: true,
+                ..UringOptions::default()
+            };
+            Bdev::uring(&name, path, opts)
+        } else {
+            let p = UringParams {
+                name,
+                filename: path.display().to_string(),
+                block_size: None,
+                uuid: None,
+            };
             p.create()
-                .map_err(|e| bad("--uring", path.display(), e.to_string()))?,
-        );
+        };
+        bdevs.push(made.map_err(|e| bad("--uring", path.display(), e.to_string()))?);
     }
     for t in &a.nvme {
         let name = fresh_name("Nvme", &mut ctrl_names);
