@@ -58,14 +58,19 @@ pub(crate) struct Counts {
 
 impl Common {
     pub fn new(info: &BdevInfo, writable: bool, reg: Arc<Registry>, latency: bool) -> Common {
+        let lat = if latency {
+            Latency::new().map(Box::new)
+        } else {
+            None
+        };
         Common {
             shift: info.block_shift(),
             num_blocks: info.num_blocks,
             writable,
-            slow_bit: if latency { CHILD } else { 0 },
+            slow_bit: if lat.is_some() { CHILD } else { 0 },
             n: Counts::default(),
             ctr: reg.register(),
-            lat: latency.then(|| Box::new(Latency::new())),
+            lat,
             parents: Parents::default(),
             reg,
             backend: info.backend,

@@ -18,13 +18,18 @@ pub(crate) struct Latency {
 }
 
 impl Latency {
-    pub fn new() -> Latency {
-        Latency {
+    /// None (latency not tracked, with a warning) if the histogram
+    /// cannot be made.
+    pub fn new() -> Option<Latency> {
+        let hist = new_histogram()
+            .inspect_err(|e| tracing::warn!("latency histogram: {e}; latency not tracked"))
+            .ok()?;
+        Some(Latency {
             slots: Vec::new(),
             free: Vec::new(),
-            hist: new_histogram(),
+            hist,
             since_merge: 0,
-        }
+        })
     }
 
     /// Remembers `user_data` and now; returns the slot to carry instead.
