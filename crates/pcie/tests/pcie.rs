@@ -510,7 +510,17 @@ fn admin_completion_interrupts() {
         println!("{what}: {seen} interrupts pending, woke {woke}");
         assert!(woke, "{what}: no admin CQ interrupt on vector 0");
     };
-    got(&irq, "bring-up");
+    if n > 1 {
+        got(&irq, "bring-up");
+    } else {
+        // INTx: bring-up's admin commands are polled and each CQ entry is
+        // released at once, which withdraws the level interrupt; whether
+        // one was delivered first depends on timing (a fresh-clone CI dry
+        // run saw none, 1 in 5 runs). Delivery over INTx is checked by
+        // `io_completion_interrupts`, whose entries stay unreleased.
+        let seen = irq.ack().expect("ack");
+        println!("bring-up (INTx, not asserted): {seen} interrupts pending");
+    }
     // Both handles share one source: whatever the first consumed is gone
     // for the second (eventfd counter / UIO file), it must not error.
     irq2.ack().expect("ack through the second handle");
