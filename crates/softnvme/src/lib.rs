@@ -24,8 +24,8 @@
 //! Module map: `bar` (register memory), `iommu`, `prp` (pure PRP walker),
 //! `dma` (PRP → host segments), `queue` (SQ/CQ and doorbells), `ctrl`
 //! (state machine and `step`), `admin` (+ identify, log pages, features),
-//! `io` (NVM commands), `store` (a namespace's bdev, or a file), `file`
-//! (file namespaces until the bdev layer serves them), `fault` (injection),
+//! `io` (NVM commands), `store` (a namespace's bdev: null, RAM, a file
+//! through io_uring, or one handed over), `fault` (injection),
 //! `aer`, `errlog`, `irq` (interrupt vectors, coalescing), `stats`,
 //! `thread`, `device` (the public `SoftDevice`).
 
