@@ -8,8 +8,8 @@
 //! mapping of those segments alive. Null and RAM finish within the call
 //! (`readv_raw_now`); io_uring completes asynchronously and is polled for
 //! (one command at a time: a slow file stalls the controller's queues, as
-//! its synchronous `pread` did before). The bdev takes only segments of whole blocks (and aligned to its
-//! buffer alignment): a command whose PRP1 offset is not a multiple of the
+//! its synchronous `pread` did before). The bdev takes only segments of
+//! whole blocks (and aligned to its buffer alignment): a command whose PRP1 offset is not a multiple of the
 //! LBA size has such segments, and only such a command goes through a
 //! block-aligned bounce buffer, [`BOUNCE`] bytes at a time.
 use pollux_bdev::UringOptions;
