@@ -81,13 +81,24 @@ impl Common {
     /// thread is the only writer).
     #[inline(always)]
     pub fn publish(&self) {
+        self.publish_rw(false);
+        self.publish_rw(true);
         let (c, n) = (&*self.ctr, &self.n);
-        set(&c.reads, n.reads);
-        set(&c.writes, n.writes);
-        set(&c.read_bytes, n.read_bytes);
-        set(&c.write_bytes, n.write_bytes);
         set(&c.others, n.others);
         set(&c.errors, n.errors);
+    }
+
+    /// Publishes the read (or write) counts and the error count.
+    #[inline(always)]
+    pub fn publish_rw(&self, write: bool) {
+        let (c, n) = (&*self.ctr, &self.n);
+        if write {
+            set(&c.writes, n.writes);
+            set(&c.write_bytes, n.write_bytes);
+        } else {
+            set(&c.reads, n.reads);
+            set(&c.read_bytes, n.read_bytes);
+        }
     }
 
     /// `[lba, lba + nlb)` inside the bdev.
@@ -314,6 +325,84 @@ impl<T: Transport> Channel<T> {
         user_data: u64,
     ) -> Result<(), Refused> {
         self.io().nvme_passthru(sqe, data, user_data)
+    }
+}
+
+impl<T: Transport> Channel<T> {
+    /// `Io::readv_raw` finished within the call where the backend completes
+    /// at submission (null, RAM): `Some(result)`, and no completion
+    /// follows; `None` (nothing done) where it does not (NVMe, io_uring:
+    /// use `readv_raw` and poll). What a synchronous caller (an emulated
+    /// controller) uses to skip the queued completion.
+    ///
+    /// # Safety
+    /// Every segment must be valid for writes of its length and untouched
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn readv_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(false, lba, segs) }
+    }
+
+    /// `writev_raw` finished within the call where the backend can.
+    ///
+    /// # Safety
+    /// Every segment must be valid for reads of its length and not written
+    /// by anything else during the call.
+    #[inline(always)]
+    pub unsafe fn writev_raw_now(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(true, lba, segs) }
+    }
+
+    /// # Safety
+    /// As `readv_raw_now` / `writev_raw_now`.
+    #[inline(always)]
+    unsafe fn rwv_raw_now(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[RawSeg],
+    ) -> Option<Result<(), SubmitError>> {
+        let ChanBe::Local(l) = &mut self.be else {
+            return None;
+        };
+        if write && !self.c.writable {
+            return Some(Err(SubmitError::ReadOnly));
+        }
+        let mut nlb = 0u64;
+        for s in segs {
+            match self.c.blocks(s.len) {
+                Ok(n) => nlb += n,
+                Err(e) => return Some(Err(e)),
+            }
+        }
+        if let Err(e) = self.c.range(lba, nlb) {
+            return Some(Err(e));
+        }
+        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        // SAFETY: the caller's contract covers the call.
+        let r = unsafe { l.run_raw(op, lba << self.c.shift, segs) };
+        // No poll follows to publish the counts: publish the ones touched.
+        match r {
+            Ok(()) => {
+                self.c.count(write, (nlb << self.c.shift) as usize);
+                self.c.publish_rw(write);
+            }
+            Err(_) => {
+                self.c.n.errors += 1;
+                self.c.publish();
+            }
+        }
+        Some(r)
     }
 }
 
@@ -558,75 +647,6 @@ impl<'a, T: Transport> Io<'a, T> {
     ) -> Result<(), SubmitError> {
         // SAFETY: forwarded contract.
         unsafe { self.rwv_raw(true, lba, segs, user_data) }
-    }
-
-    /// `readv_raw` finished within the call where the backend completes
-    /// at submission (null, RAM): `Some(result)`, and no completion
-    /// follows; `None` (nothing done) where it does not (NVMe, io_uring:
-    /// use `readv_raw` and poll). What a synchronous caller (an emulated
-    /// controller) uses to skip the queued completion.
-    ///
-    /// # Safety
-    /// Every segment must be valid for writes of its length and untouched
-    /// by anything else during the call.
-    #[inline(always)]
-    pub unsafe fn readv_raw_now(
-        &mut self,
-        lba: u64,
-        segs: &[RawSeg],
-    ) -> Option<Result<(), SubmitError>> {
-        // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw_now(false, lba, segs) }
-    }
-
-    /// `writev_raw` finished within the call where the backend can.
-    ///
-    /// # Safety
-    /// Every segment must be valid for reads of its length and not written
-    /// by anything else during the call.
-    #[inline(always)]
-    pub unsafe fn writev_raw_now(
-        &mut self,
-        lba: u64,
-        segs: &[RawSeg],
-    ) -> Option<Result<(), SubmitError>> {
-        // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw_now(true, lba, segs) }
-    }
-
-    /// # Safety
-    /// As `readv_raw_now` / `writev_raw_now`.
-    #[inline(always)]
-    unsafe fn rwv_raw_now(
-        &mut self,
-        write: bool,
-        lba: u64,
-        segs: &[RawSeg],
-    ) -> Option<Result<(), SubmitError>> {
-        let IoBe::Local(l) = &mut self.be else {
-            return None;
-        };
-        if write && !self.c.writable {
-            return Some(Err(SubmitError::ReadOnly));
-        }
-        let mut nlb = 0u64;
-        for s in segs {
-            match self.c.blocks(s.len) {
-                Ok(n) => nlb += n,
-                Err(e) => return Some(Err(e)),
-            }
-        }
-        if let Err(e) = self.c.range(lba, nlb) {
-            return Some(Err(e));
-        }
-        let op = if write { LocalOp::Write } else { LocalOp::Read };
-        // SAFETY: the caller's contract covers the call.
-        let r = unsafe { l.run_raw(op, lba << self.c.shift, segs) };
-        match r {
-            Ok(()) => self.c.count(write, (nlb << self.c.shift) as usize),
-            Err(_) => self.c.n.errors += 1,
-        }
-        Some(r)
     }
 
     /// # Safety

@@ -239,7 +239,7 @@ impl LocalChan {
     }
 
     /// Executes a borrowed-memory request within the call, queueing no
-    /// completion (`Io::readv_raw_now`).
+    /// completion (`Channel::readv_raw_now`).
     ///
     /// # Safety
     /// As `submit_raw`.

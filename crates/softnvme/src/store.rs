@@ -198,20 +198,20 @@ impl BdevNs {
             // SAFETY: forwarded contract.
             return unsafe { self.rw_bounce(write, lba, segs) };
         }
-        let mut io = self.ch.io();
         // Null and RAM finish within the call (no queued completion).
         // SAFETY: the segments are mapped host memory for the call (the
         // caller's contract).
         let now = unsafe {
             if write {
-                io.writev_raw_now(lba, segs)
+                self.ch.writev_raw_now(lba, segs)
             } else {
-                io.readv_raw_now(lba, segs)
+                self.ch.readv_raw_now(lba, segs)
             }
         };
         if let Some(r) = now {
             return Ok(r?);
         }
+        let mut io = self.ch.io();
         // SAFETY: the segments are mapped host memory (the caller's
         // contract) and stay so until `wait` has delivered the completion:
         // the controller lock is held throughout, and nothing in the
