@@ -1,70 +1,13 @@
 //! `pollux bdevperf` end to end: the binary as a user runs it. `--io-count`
 //! keeps runs short and their counts exact; `--inline` makes emulated NVMe
 //! controllers deterministic.
-use std::io::Read;
-use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+
+use std::time::Duration;
 
 use serde_json::Value;
 
-/// A run that has not exited by then is a hang: it is killed and the test
-/// fails (instead of hanging CI).
-const HANG: Duration = Duration::from_secs(60);
-
-fn spawn(args: &[&str]) -> Child {
-    Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run pollux")
-}
-
-/// Waits for `child` (reading both pipes meanwhile, so a full pipe cannot
-/// stall it); `after`'s function gets the child's pid once its time passed.
-fn finish(
-    mut child: Child,
-    args: &[&str],
-    after: Option<(Duration, &dyn Fn(u32))>,
-) -> (i32, String, String) {
-    let reader = |mut p: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut b = Vec::new();
-            let _ = p.read_to_end(&mut b);
-            String::from_utf8_lossy(&b).into_owned()
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().expect("stdout")));
-    let err = reader(Box::new(child.stderr.take().expect("stderr")));
-    let start = Instant::now();
-    let mut pending = after;
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for pollux") {
-            break st;
-        }
-        if let Some((d, f)) = pending {
-            if start.elapsed() >= d {
-                f(child.id());
-                pending = None;
-            }
-        }
-        if start.elapsed() > HANG {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("pollux {args:?} did not exit within {HANG:?}: killed (hang)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code().unwrap_or(-1),
-        out.join().expect("stdout reader"),
-        err.join().expect("stderr reader"),
-    )
-}
-
-fn pollux(args: &[&str]) -> (i32, String, String) {
-    finish(spawn(args), args, None)
-}
+mod common;
+use common::{finish, pollux, spawn};
 
 fn bdevperf_json(args: &[&str]) -> (i32, Value, String) {
     let mut a = vec!["bdevperf", "--json"];

@@ -1,51 +1,11 @@
 //! `pollux perf` end to end: the binary as a user runs it. Inline mode (the
 //! emulated controller stepped by the worker) and --io-count keep every run
 //! short and its counts exact.
-use std::io::Read;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
 
 use serde_json::Value;
 
-/// A run that has not exited by then is a hang: it is killed and the test
-/// fails (instead of hanging CI).
-const HANG: Duration = Duration::from_secs(60);
-
-fn pollux(args: &[&str]) -> (i32, String, String) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run pollux");
-    // Read both pipes while waiting, so a full pipe cannot stall the child.
-    let reader = |mut p: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut b = Vec::new();
-            let _ = p.read_to_end(&mut b);
-            String::from_utf8_lossy(&b).into_owned()
-        })
-    };
-    let out = reader(Box::new(child.stdout.take().expect("stdout")));
-    let err = reader(Box::new(child.stderr.take().expect("stderr")));
-    let start = Instant::now();
-    let status = loop {
-        if let Some(st) = child.try_wait().expect("wait for pollux") {
-            break st;
-        }
-        if start.elapsed() > HANG {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("pollux {args:?} did not exit within {HANG:?}: killed (hang)");
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    (
-        status.code().unwrap_or(-1),
-        out.join().expect("stdout reader"),
-        err.join().expect("stderr reader"),
-    )
-}
+mod common;
+use common::pollux;
 
 /// The first CPU this process may not run on (sched_getaffinity).
 fn unavailable_core() -> usize {

@@ -1,0 +1,64 @@
+//! Running the `pollux` binary in tests, as a user does.
+#![allow(dead_code)]
+use std::io::Read;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// A run that has not exited by then is a hang: it is killed and the test
+/// fails (instead of hanging CI).
+pub const HANG: Duration = Duration::from_secs(60);
+
+pub fn spawn(args: &[&str]) -> Child {
+    Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pollux")
+}
+
+/// Waits for `child` (reading both pipes meanwhile, so a full pipe cannot
+/// stall it); `after`'s function gets the child's pid once its time passed.
+pub fn finish(
+    mut child: Child,
+    args: &[&str],
+    after: Option<(Duration, &dyn Fn(u32))>,
+) -> (i32, String, String) {
+    let reader = |mut p: Box<dyn Read + Send>| {
+        std::thread::spawn(move || {
+            let mut b = Vec::new();
+            let _ = p.read_to_end(&mut b);
+            String::from_utf8_lossy(&b).into_owned()
+        })
+    };
+    let out = reader(Box::new(child.stdout.take().expect("stdout")));
+    let err = reader(Box::new(child.stderr.take().expect("stderr")));
+    let start = Instant::now();
+    let mut pending = after;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for pollux") {
+            break st;
+        }
+        if let Some((d, f)) = pending {
+            if start.elapsed() >= d {
+                f(child.id());
+                pending = None;
+            }
+        }
+        if start.elapsed() > HANG {
+            let _ = child.kill();
+            let _ = child.wait();
+            panic!("pollux {args:?} did not exit within {HANG:?}: killed (hang)");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    (
+        status.code().unwrap_or(-1),
+        out.join().expect("stdout reader"),
+        err.join().expect("stderr reader"),
+    )
+}
+
+pub fn pollux(args: &[&str]) -> (i32, String, String) {
+    finish(spawn(args), args, None)
+}
