@@ -590,15 +590,7 @@ impl<'a, T: Transport> Io<'a, T> {
                     // Nothing sent: refuse the whole request.
                     let mut back: Vec<IoBuf> = r.buf.into_iter().collect();
                     back.extend(it.map(|(_, b)| b));
-                    self.c
-                        .parents
-                        .child_done(parent, 0, Err(IoError::Failed), None);
-                    // Close the parent silently (its other children never ran).
-                    for j in 1..n {
-                        self.c
-                            .parents
-                            .child_done(parent, j, Err(IoError::Failed), None);
-                    }
+                    self.c.parents.discard(parent);
                     return Err(Refused::new(error, Data::Vec(Box::new(back))));
                 }
                 tracing::warn!(%error, index = i, "vector request partly refused; failing it");
@@ -739,7 +731,15 @@ impl<'a, T: Transport> Io<'a, T> {
             }
             IoBe::Nvme(sub, side) => {
                 let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
-                if chunks as usize > MAX_CHILDREN {
+                if chunks == 1 {
+                    // One command: no parent.
+                    let r = if unmap {
+                        sub.deallocate(&side.ns, lba, nlb as u32, ud)
+                    } else {
+                        sub.write_zeroes(&side.ns, lba, nlb as u32, false, ud)
+                    };
+                    r.map_err(|e| from_nvme(e, 1 << shift))
+                } else if chunks as usize > MAX_CHILDREN {
                     Err(SubmitError::TooManySegments {
                         n: chunks as usize,
                         max: MAX_CHILDREN,
@@ -764,16 +764,15 @@ impl<'a, T: Transport> Io<'a, T> {
                         sent += 1;
                     }
                     if let Err(e) = res {
-                        for j in sent..chunks {
-                            self.c.parents.child_done(
-                                parent,
-                                j as usize,
-                                Err(IoError::Failed),
-                                None,
-                            );
-                        }
-                        if sent > 0 {
-                            // Some went out: the parent reports the failure.
+                        if sent == 0 {
+                            self.c.parents.discard(parent);
+                        } else {
+                            // Some went out: the parent reports the failure
+                            // once they finish.
+                            for j in sent..chunks {
+                                let f = Err(IoError::Failed);
+                                self.c.parents.child_done(parent, j as usize, f, None);
+                            }
                             tracing::warn!(%e, "zeroing partly refused; failing it");
                             res = Ok(());
                         }

@@ -94,6 +94,14 @@ impl Parents {
         })
     }
 
+    /// Forgets a parent none of whose children was sent.
+    pub fn discard(&mut self, parent: u32) {
+        if let Some(slot @ Some(_)) = self.slots.get_mut(parent as usize) {
+            *slot = None;
+            self.free.push(parent);
+        }
+    }
+
     /// A completion whose user data marks it as a child.
     #[inline]
     pub fn on_child(&mut self, c: Completion) -> Option<Completion> {

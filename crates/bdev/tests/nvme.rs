@@ -281,3 +281,29 @@ fn a_failing_controller_completes_every_outstanding_request() {
     }
     assert_eq!(b.stats().errors, 64);
 }
+
+#[test]
+fn a_vector_refused_at_its_first_buffer_comes_back_whole_and_leaves_nothing_open() {
+    let (_dev, b) = open(BackendConfig::Ram, 1 << 20, 5, None);
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    // The first buffer starts 2 bytes into its allocation: the driver
+    // refuses it (PRP entries need dword alignment).
+    let (_, odd) = b.alloc_buf(1026).unwrap().split_at(2);
+    let r = ch
+        .readv(0, vec![odd, b.alloc_buf(512).unwrap()], 7)
+        .unwrap_err();
+    assert!(
+        matches!(
+            r.error,
+            SubmitError::Nvme(pollux_nvme::SubmitError::Unaligned { .. })
+        ),
+        "{r:?}"
+    );
+    assert!(matches!(r.data, Data::Vec(ref v) if v.len() == 2 && v[0].len() == 1024));
+    assert_eq!(ch.outstanding(), 0, "no parent left open");
+    assert!(drain(&mut ch).is_empty());
+    // Zeroing within one command's reach goes out without a parent.
+    ch.unmap(0, 2048, 8).unwrap();
+    assert_eq!(drain(&mut ch).len(), 1);
+    assert_eq!(ch.outstanding(), 0);
+}
