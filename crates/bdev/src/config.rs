@@ -125,9 +125,16 @@ impl UringParams {
     /// refuses O_DIRECT (tmpfs), through the page cache instead, with a
     /// warning. If both fail, the O_DIRECT error is returned.
     pub fn create<T: Transport>(&self) -> crate::error::Result<Bdev<T>> {
+        self.create_with(UringOptions::default())
+    }
+
+    /// `create` with `base`'s ring options (its block size is replaced by
+    /// this entry's; `direct` is tried first whatever `base` says).
+    pub fn create_with<T: Transport>(&self, base: UringOptions) -> crate::error::Result<Bdev<T>> {
         let opts = UringOptions {
             block_size: self.block_size,
-            ..UringOptions::default()
+            direct: true,
+            ..base
         };
         match Bdev::uring(&self.name, &self.filename, opts.clone()) {
             Ok(b) => Ok(b),

@@ -175,6 +175,7 @@ impl<T: Transport> Channel<T> {
                         }
                     }
                 }
+                u.polled(n);
                 n
             }
         };

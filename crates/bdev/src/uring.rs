@@ -118,6 +118,14 @@ pub struct UringOptions {
     /// polling thread to post completions, the next poll does (better for
     /// a thread that only ever polls).
     pub wake_fd: bool,
+    /// After this many polls in a row that found no completion while
+    /// requests were in flight, a poll yields the core (`sched_yield`);
+    /// 0: never. A request the kernel cannot start at once (a file system
+    /// without non-blocking reads, such as tmpfs) runs on an io-wq worker
+    /// that inherits the polling thread's affinity, and a softirq may be
+    /// pushed to ksoftirqd on that core: both wait for a spinning poller's
+    /// time slice to end unless it yields.
+    pub yield_after: u32,
 }
 
 impl Default for UringOptions {
@@ -131,6 +139,7 @@ impl Default for UringOptions {
             register_files: true,
             register_buffers: true,
             wake_fd: true,
+            yield_after: 16,
         }
     }
 }
@@ -681,6 +690,14 @@ struct Known {
     index: u16,
 }
 
+#[cold]
+#[inline(never)]
+fn yield_core() {
+    // SAFETY: sched_yield takes no arguments and cannot fail in a way
+    // that matters here.
+    unsafe { libc::sched_yield() };
+}
+
 pub(crate) struct UringChan {
     ring: IoUring,
     /// With iopoll: an interrupt-driven ring for fsync and fallocate,
@@ -707,6 +724,10 @@ pub(crate) struct UringChan {
     zero_range: bool,
     eventfd: Option<OwnedFd>,
     shared: Arc<UringShared>,
+    /// Polls in a row that found nothing while requests were in flight.
+    empty_polls: u32,
+    /// `UringOptions::yield_after`.
+    yield_after: u32,
 }
 
 /// The SQE built by `$e` with `$f` the channel's file (registered or not).
@@ -839,6 +860,8 @@ impl UringChan {
             zero_range: true,
             eventfd,
             shared: sh.clone(),
+            empty_polls: 0,
+            yield_after: o.yield_after,
         })
     }
 
@@ -1208,6 +1231,22 @@ impl UringChan {
             &mut self.ring
         };
         ring.completion().fill(out)
+    }
+
+    /// A poll found `n` completions. After `yield_after` empty polls in a
+    /// row with requests in flight, yields the core (see
+    /// `UringOptions::yield_after`).
+    #[inline(always)]
+    pub fn polled(&mut self, n: u32) {
+        if n > 0 || self.inflight == 0 || self.yield_after == 0 {
+            self.empty_polls = 0;
+            return;
+        }
+        self.empty_polls += 1;
+        if self.empty_polls == self.yield_after {
+            self.empty_polls = 0;
+            yield_core();
+        }
     }
 
     pub fn has_side(&self) -> bool {

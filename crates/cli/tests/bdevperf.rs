@@ -445,16 +445,18 @@ fn sigint_stops_the_run_and_prints_the_summary() {
 }
 
 /// An io_uring bdev on a file, with --verify, from the quick flag and
-/// from -c (bdev_uring_create).
+/// from -c (bdev_uring_create), and with the poller yielding after every
+/// empty poll.
 #[test]
 fn uring_file_verifies() {
     let dir = temp_dir("uring");
     // A file each: a run's tags are foreign data to the other.
-    let (f1, f2) = (dir.join("a.img"), dir.join("b.img"));
-    for f in [&f1, &f2] {
+    let (f1, f2, f3) = (dir.join("a.img"), dir.join("b.img"), dir.join("c.img"));
+    for f in [&f1, &f2, &f3] {
         std::fs::write(f, vec![0u8; 4 << 20]).unwrap();
     }
     let (p1, p2) = (f1.display().to_string(), f2.display().to_string());
+    let p3 = f3.display().to_string();
     let cfg = dir.join("bdev.json");
     std::fs::write(
         &cfg,
@@ -465,8 +467,12 @@ fn uring_file_verifies() {
     )
     .unwrap();
     let cfg = cfg.display().to_string();
-    for (args, name) in [(["--uring", &p1], "Uring0"), (["-c", &cfg], "Uring7")] {
-        let mut a = args.to_vec();
+    for (args, name) in [
+        (vec!["--uring", &p1], "Uring0"),
+        (vec!["-c", &cfg], "Uring7"),
+        (vec!["--uring", &p3, "--uring-yield", "1"], "Uring0"),
+    ] {
+        let mut a = args.clone();
         a.extend_from_slice(&[
             "-w",
             "randrw",

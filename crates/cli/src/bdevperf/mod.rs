@@ -99,6 +99,11 @@ pub struct BdevperfArgs {
     /// e.g. nvme.poll_queues=N).
     #[arg(long)]
     pub iopoll: bool,
+    /// The --uring bdevs' pollers yield the core after this many empty
+    /// polls in a row with requests in flight (0: never), so an io-wq
+    /// worker or softirq on the same core can run.
+    #[arg(long, value_name = "POLLS", default_value_t = UringOptions::default().yield_after)]
+    pub uring_yield: u32,
     /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
     /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N' or 'trtype:pcie traddr:0000:00:01.0'.
     #[arg(long)]
@@ -309,11 +314,16 @@ fn make_bdevs<T: Transport>(
     }
     for path in &a.uring {
         let name = fresh_name("Uring", &mut used);
+        // Its jobs poll until they end, so the rings need no eventfd to
+        // wake a sleeping thread: COOP_TASKRUN (completions posted at the
+        // next poll instead of interrupting it).
+        let opts = UringOptions {
+            iopoll: a.iopoll,
+            yield_after: a.uring_yield,
+            wake_fd: false,
+            ..UringOptions::default()
+        };
         let made = if a.iopoll {
-            let opts = UringOptions {
-                iopoll: true,
-                ..UringOptions::default()
-            };
             Bdev::uring(&name, path, opts)
         } else {
             let p = UringParams {
@@ -322,7 +332,7 @@ fn make_bdevs<T: Transport>(
                 block_size: None,
                 uuid: None,
             };
-            p.create()
+            p.create_with(opts)
         };
         bdevs.push(made.map_err(|e| bad("--uring", path.display(), e.to_string()))?);
     }
