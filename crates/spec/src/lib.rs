@@ -15,6 +15,7 @@ pub mod identify;
 pub mod log;
 pub mod regs;
 pub mod status;
+pub mod tcp;
 
 pub use cmd::{AdminOpcode, Cqe, NvmOpcode, Sqe};
 pub use status::Status;
