@@ -10,6 +10,7 @@
 compile_error!("pollux assumes a little-endian host");
 
 pub mod cmd;
+pub mod fabrics;
 pub mod features;
 pub mod identify;
 pub mod log;
