@@ -10,11 +10,13 @@
 compile_error!("pollux assumes a little-endian host");
 
 pub mod cmd;
+pub mod fabrics;
 pub mod features;
 pub mod identify;
 pub mod log;
 pub mod regs;
 pub mod status;
+pub mod tcp;
 
 pub use cmd::{AdminOpcode, Cqe, NvmOpcode, Sqe};
 pub use status::Status;
