@@ -1,0 +1,75 @@
+# Linux's NVMe/TCP host (nvme-tcp, nvme-cli) against `pollux target`, in the
+# guest. Sourced by suite.sh (uses its check/result helpers and $P).
+#
+# The target serves a RAM bdev on 127.0.0.1:4420 from one core; the kernel
+# discovers it, connects (without and with header and data digests), and
+# fio writes and verifies data through the block device it creates: 4 KiB
+# writes travel in-capsule, 128 KiB writes through R2T + H2CData, reads
+# come back as C2HData. Then the kernel disconnects and the target must
+# still be running (and stop cleanly on SIGTERM).
+TNQN=nqn.2026-11.dev.pollux:guest-target
+TADDR=127.0.0.1
+TPORT=4420
+
+# Digests need crc32c, which busybox modprobe does not pull in as a
+# softdep of nvme-tcp: without it `nvme connect --hdr-digest` fails with a
+# bare "No such file or directory".
+modprobe crc32c_generic 2>/dev/null
+modprobe crc32c-intel 2>/dev/null
+modprobe nvme-tcp
+
+$P target --listen $TADDR:$TPORT --ram 256MiB --nqn $TNQN -m 0x1 > /tmp/target.log 2>&1 &
+TPID=$!
+target_up() {
+    for i in $(seq 100); do
+        nc -z $TADDR $TPORT 2>/dev/null && return 0
+        grep -q "listening" /tmp/target.log 2>/dev/null && return 0
+        kill -0 $TPID 2>/dev/null || { echo "target exited:"; cat /tmp/target.log; return 1; }
+        sleep 0.1
+    done
+    echo "target not listening after 10 s"; cat /tmp/target.log; return 1
+}
+check target-start target_up
+
+# The kernel's controller for $TNQN, once connected: /dev/<name>n1.
+tdev() {
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(cat $c/subsysnqn 2>/dev/null)" = "$TNQN" ] || continue
+        for i in $(seq 100); do
+            for b in /sys/class/nvme/${c##*/}/nvme*n1 /sys/block/${c##*/}n1; do
+                [ -e "$b" ] && { n=${b##*/}; [ -b /dev/$n ] && { echo /dev/$n; return 0; }; }
+            done
+            sleep 0.1
+        done
+    done
+    return 1
+}
+
+check target-discover sh -c "nvme discover -t tcp -a $TADDR -s $TPORT | tee /dev/stderr | grep -q 'subnqn: *$TNQN'"
+
+fio_verify() {  # fio_verify DEV BS: random writes of BS verified by crc32c
+    fio --name=verify --filename=$1 --ioengine=libaio --direct=1 --rw=randwrite --bs=$2 \
+        --size=64M --iodepth=16 --verify=crc32c --verify_fatal=1 --do_verify=1 \
+        --output-format=terse --minimal > /tmp/fio.out 2>&1 || { cat /tmp/fio.out; return 1; }
+    echo "fio $2 randwrite+verify: ok"
+}
+
+for digests in "" "--hdr-digest --data-digest"; do
+    tag=plain; [ -n "$digests" ] && tag=digests
+    if check target-connect-$tag nvme connect -t tcp -a $TADDR -s $TPORT -n $TNQN $digests; then
+        if D=$(tdev); then
+            echo "   block device $D"
+            check target-fio-4k-$tag fio_verify $D 4k
+            check target-fio-128k-$tag fio_verify $D 128k
+            check target-read-$tag sh -c "dd if=$D of=/dev/null bs=1M count=64 2>&1"
+        else
+            result target-blockdev-$tag FAIL
+        fi
+        check target-disconnect-$tag nvme disconnect -n $TNQN
+    fi
+done
+
+check target-alive kill -0 $TPID
+kill -TERM $TPID
+check target-stop sh -c "for i in \$(seq 100); do kill -0 $TPID 2>/dev/null || exit 0; sleep 0.1; done; exit 1"
+sed 's/^/   target: /' /tmp/target.log | tail -n 20
