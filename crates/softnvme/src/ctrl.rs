@@ -27,11 +27,9 @@ use pollux_spec::status::{generic, sct};
 use pollux_spec::{AdminOpcode, Sqe, Status};
 
 use crate::admin::features::Features;
-use crate::aer::AerState;
 use crate::bar::BarView;
 use crate::config::SoftConfig;
 use crate::dma::Seg;
-use crate::errlog::ErrorLog;
 use crate::fault::{DeferKind, Deferred, DeferredSet, FaultAction, Faults};
 use crate::io::{self, IoCtx};
 use crate::iommu::{Iommu, Mapping};
@@ -39,6 +37,8 @@ use crate::irq::Irqs;
 use crate::queue::{Completion, Cq, Doorbell, Sq, HELD_LIMIT};
 use crate::stats::Counters;
 use crate::store::Store;
+use pollux_controller::aer::AerState;
+use pollux_controller::errlog::ErrorLog;
 
 /// Most commands fetched from one SQ per `step()`.
 pub const BUDGET: usize = 256;

@@ -30,13 +30,11 @@
 //! `thread`, `device` (the public `SoftDevice`).
 
 mod admin;
-mod aer;
 mod bar;
 mod config;
 mod ctrl;
 mod device;
 mod dma;
-mod errlog;
 mod error;
 mod fault;
 mod io;
@@ -52,11 +50,11 @@ pub use config::{
     BackendConfig, NamespaceConfig, SoftConfig, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS, MAX_NAMESPACES,
 };
 pub use device::SoftDevice;
-pub use errlog::ERROR_LOG_ENTRIES;
 pub use error::SoftError;
 pub use fault::{FaultAction, FaultRule, QueueSel, DEFERRED_LIMIT, MAX_FAULT_RULES};
 pub use iommu::MAX_MAPPINGS;
 pub use irq::MAX_IRQ_VECTORS;
+pub use pollux_controller::errlog::ERROR_LOG_ENTRIES;
 pub use stats::DeviceStats;
 pub use thread::DeviceThread;
 

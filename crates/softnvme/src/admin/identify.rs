@@ -20,7 +20,7 @@ use zerocopy::IntoBytes;
 use super::{gen, ok, AdminResult};
 use crate::admin::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::ctrl::Controller;
-use crate::errlog::ERROR_LOG_ENTRIES;
+use pollux_controller::errlog::ERROR_LOG_ENTRIES;
 
 /// PCI vendor ID reported (Red Hat / QEMU's, as emulated devices use).
 pub const VID: u16 = 0x1b36;
