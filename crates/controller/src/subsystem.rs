@@ -226,10 +226,20 @@ impl Subsystem {
         if limits.abort_limit > 15 || limits.aer_limit > 15 {
             return bad("abort_limit and aer_limit must be at most 15".into());
         }
-        if let Personality::Pcie(p) = personality {
-            if p.irq_vectors == 0 {
+        match personality {
+            Personality::Pcie(p) if p.irq_vectors == 0 => {
                 return bad("irq_vectors must be at least 1".into());
             }
+            // IOCCSZ counts 16-byte units (and is a 32-bit field).
+            Personality::Fabrics(f)
+                if f.in_capsule_data % 16 != 0 || f.in_capsule_data > u32::MAX - 64 =>
+            {
+                return bad(format!(
+                    "in-capsule data size {} is not a multiple of 16 bytes",
+                    f.in_capsule_data
+                ));
+            }
+            _ => {}
         }
         Ok(Arc::new(Subsystem {
             identity,

@@ -222,6 +222,27 @@ fn exec(q: &mut IoQueue, sqe: &Sqe, buf: &mut [u8]) -> Status {
 }
 
 #[test]
+fn subsystem_refuses_what_identify_cannot_report() {
+    let odd = Personality::Fabrics(FabricsTraits {
+        in_capsule_data: 100,
+        kas: 0,
+    });
+    let e = Subsystem::new(identity(), limits(5), odd, Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("in-capsule data size 100"), "{e}");
+    let mut id = identity();
+    id.serial = String::new();
+    let e = Subsystem::new(id, limits(5), pcie(), Vec::new()).unwrap_err();
+    assert!(e.to_string().contains("serial"), "{e}");
+    let e = Namespace::new(Bdev::ram("r2", 1024, 8).unwrap(), 0).unwrap_err();
+    assert!(
+        e.to_string().contains("r2") && e.to_string().contains("1024"),
+        "{e}"
+    );
+    let e = Namespace::new(Bdev::ram("r3", 512, 8).unwrap(), 9).unwrap_err();
+    assert!(e.to_string().contains("r3"), "{e}");
+}
+
+#[test]
 fn smart_counts_io_of_every_queue() {
     let mut c = Controller::new(subsystem(fabrics(0), 5), 1);
     let mut q1 = IoQueue::for_controller(&c, IoQueueOptions { depth: 4 }).unwrap();
