@@ -4,11 +4,20 @@
 //! the limits (queue counts, doorbell stride, MDTS, namespace count, string
 //! lengths) without re-checking them.
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use pollux_bdev::Bdev;
+use pollux_controller::{Identity, Limits, Namespace, PcieTraits, Personality, Subsystem};
 
 use crate::irq::MAX_IRQ_VECTORS;
 use crate::SoftError;
+
+/// PCI vendor ID reported (Red Hat / QEMU's, as emulated devices use).
+pub const VID: u16 = 0x1b36;
+/// PCI subsystem vendor ID reported.
+pub const SSVID: u16 = 0x1af4;
+/// Controller ID reported.
+pub const CNTLID: u16 = 1;
 
 /// Most namespaces a controller may have.
 pub const MAX_NAMESPACES: usize = 32;
@@ -237,6 +246,38 @@ impl SoftConfig {
     /// Largest data transfer in bytes (`None` = unlimited).
     pub(crate) fn max_transfer(&self) -> Option<usize> {
         (self.mdts != 0).then(|| 4096usize << self.mdts)
+    }
+
+    /// The controller model's subsystem for this (validated)
+    /// configuration, PCIe personality, serving `namespaces`.
+    pub(crate) fn subsystem(
+        &self,
+        namespaces: Vec<Namespace>,
+    ) -> Result<Arc<Subsystem>, SoftError> {
+        let identity = Identity {
+            serial: self.serial.clone(),
+            model: self.model.clone(),
+            firmware: self.firmware.clone(),
+            vid: VID,
+            ssvid: SSVID,
+            ieee: [0x00, 0x54, 0x52],
+            subnqn: format!("nqn.2024-01.io.pollux:softnvme:{}", self.serial),
+        };
+        let limits = Limits {
+            mqes: self.mqes,
+            max_io_queues: self.max_io_queues,
+            mdts: self.mdts,
+            abort_limit: self.abort_limit,
+            aer_limit: self.aer_limit,
+            cap_to: self.cap_to,
+        };
+        let personality = Personality::Pcie(PcieTraits {
+            dstrd: self.dstrd,
+            irq_vectors: self.irq_vectors,
+            shadow_doorbells: self.shadow_doorbells,
+        });
+        Subsystem::new(identity, limits, personality, namespaces)
+            .map_err(|e| SoftError::InvalidConfig(e.to_string()))
     }
 }
 

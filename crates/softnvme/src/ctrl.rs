@@ -1,5 +1,10 @@
-//! The controller state machine: register reactions (enable, reset,
-//! shutdown), the `step()` loop, completion posting and fault dispositions.
+//! The PCIe shell around the controller model (`pollux_controller`):
+//! register publication and reactions (enable sets up the admin queue,
+//! reset drops the queues, shutdown flushes), the `step()` loop,
+//! completion posting and fault dispositions. The command set itself —
+//! admin commands, the register state machine, I/O on the namespaces —
+//! is `pollux_controller`'s; this file moves commands, data and
+//! completions.
 //!
 //! Everything here runs under the device's single Mutex. One `step()`:
 //! 1. every [`REPUBLISH_PERIOD`] steps re-publishes the read-only registers;
@@ -18,27 +23,27 @@
 //!
 //! The I/O fast path (no fault rules installed) borrows the controller's
 //! fields disjointly and does, per command: one 64-byte SQE copy, the
-//! command (one IOMMU range check for a 4 KiB transfer), one CQE write.
+//! command's checks (`IoQueue::check`), its PRPs (one IOMMU range check
+//! for a 4 KiB transfer), its execution (`IoQueue::exec`), one CQE write.
 use std::ptr::NonNull;
 use std::time::{Duration, Instant};
 
-use pollux_spec::regs::{self, off, shst, Cap, Cc, Csts, Vs, CAP_CSS_NVM};
-use pollux_spec::status::{generic, sct};
+use std::sync::Arc;
+
+use pollux_controller::{IoQueue, IoQueueOptions, Subsystem};
+use pollux_spec::regs::{self, off, Csts};
+use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
 
-use crate::admin::features::Features;
-use crate::aer::AerState;
 use crate::bar::BarView;
-use crate::config::SoftConfig;
-use crate::dma::Seg;
-use crate::errlog::ErrorLog;
+use crate::config::{SoftConfig, CNTLID};
+use crate::dma::{self, Seg};
 use crate::fault::{DeferKind, Deferred, DeferredSet, FaultAction, Faults};
-use crate::io::{self, IoCtx};
 use crate::iommu::{Iommu, Mapping};
 use crate::irq::Irqs;
 use crate::queue::{Completion, Cq, Doorbell, Sq, HELD_LIMIT};
 use crate::stats::Counters;
-use crate::store::Store;
+use crate::SoftError;
 
 /// Most commands fetched from one SQ per `step()`.
 pub const BUDGET: usize = 256;
@@ -46,14 +51,6 @@ pub const BUDGET: usize = 256;
 pub const HOUSEKEEPING_PERIOD: u64 = 256;
 /// Steps between re-publications of the read-only registers.
 pub const REPUBLISH_PERIOD: u64 = 16;
-
-/// One namespace as the controller sees it.
-pub(crate) struct Namespace {
-    pub lba_shift: u8,
-    /// Size in logical blocks.
-    pub nsze: u64,
-    pub store: Store,
-}
 
 /// The shadow doorbell and event index buffers (Doorbell Buffer Config).
 #[derive(Clone, Copy, Debug)]
@@ -105,16 +102,16 @@ pub(crate) enum Disposition {
 pub(crate) struct Controller {
     pub cfg: SoftConfig,
     pub bar: BarView,
-    pub cap: Cap,
+    /// The controller model: registers, admin command set, features,
+    /// logs, events.
+    pub core: pollux_controller::Controller,
+    /// The NVM command set on the namespaces, for every I/O SQ (one
+    /// thread steps them all, synchronously).
+    pub io: IoQueue,
     pub iommu: Iommu,
-    pub ns: Vec<Namespace>,
-    /// CC value last acted on.
-    pub cc: u32,
-    pub csts: u32,
     /// RDY and not fatal, frozen or shut down: queues are processed.
     pub running: bool,
     pub frozen: bool,
-    pub shut: bool,
     /// Memory page size from CC.MPS at enable.
     pub page_size: usize,
     pub sqs: Vec<Option<Sq>>,
@@ -128,19 +125,12 @@ pub(crate) struct Controller {
     /// CQs whose interrupts are enabled (collected at the end of a step).
     pub irq_cqs: Vec<u16>,
     pub irqs: Irqs,
-    pub feat: Features,
     pub deferred: DeferredSet,
-    pub aer: AerState,
-    pub errlog: ErrorLog,
     pub faults: Faults,
     pub counters: Counters,
     pub shadow: Option<ShadowBuf>,
     pub segs: Vec<Seg>,
-    pub scratch: Vec<u8>,
     pub ticks: u64,
-    pub created: Instant,
-    /// Largest data transfer in bytes.
-    pub max_xfer: usize,
 }
 
 // SAFETY: the raw pointers inside (BAR view, queue bases, shadow buffers,
@@ -150,22 +140,28 @@ pub(crate) struct Controller {
 unsafe impl Send for Controller {}
 
 impl Controller {
-    pub fn new(cfg: SoftConfig, bar: BarView, ns: Vec<Namespace>) -> Controller {
-        let cap = Cap::new(cfg.mqes, true, cfg.cap_to, cfg.dstrd, CAP_CSS_NVM, 0, 4);
+    pub fn new(
+        cfg: SoftConfig,
+        bar: BarView,
+        subsys: Arc<Subsystem>,
+    ) -> Result<Controller, SoftError> {
         let queues = cfg.max_io_queues as usize + 1;
-        let max_xfer = cfg.max_transfer().unwrap_or(usize::MAX);
         let seg_cap = cfg.max_transfer().map_or(1024, |b| b / 4096 + 2).min(4096);
-        let feat = Features::defaults(&cfg);
+        let core = pollux_controller::Controller::new(subsys, CNTLID);
+        let io =
+            IoQueue::for_controller(&core, IoQueueOptions { depth: 0 }).map_err(|e| match e {
+                pollux_controller::ControllerError::Bdev { nsid, source } => {
+                    SoftError::Bdev { nsid, source }
+                }
+                e => SoftError::InvalidConfig(e.to_string()),
+            })?;
         let c = Controller {
-            cap,
             bar,
+            core,
+            io,
             iommu: Iommu::default(),
-            ns,
-            cc: 0,
-            csts: 0,
             running: false,
             frozen: false,
-            shut: false,
             page_size: 4096,
             sqs: (0..queues).map(|_| None).collect(),
             cqs: (0..queues).map(|_| None).collect(),
@@ -174,22 +170,16 @@ impl Controller {
             deleting: Vec::new(),
             irq_cqs: Vec::new(),
             irqs: Irqs::new(cfg.irq_vectors),
-            feat,
             deferred: DeferredSet::default(),
-            aer: AerState::default(),
-            errlog: ErrorLog::default(),
             faults: Faults::default(),
             counters: Counters::default(),
             shadow: None,
             segs: Vec::with_capacity(seg_cap),
-            scratch: Vec::with_capacity(4096),
             ticks: 0,
-            created: Instant::now(),
-            max_xfer,
             cfg,
         };
         c.publish_registers();
-        c
+        Ok(c)
     }
 
     // ------------------------------------------------------------------
@@ -199,27 +189,28 @@ impl Controller {
     /// Re-publishes the device-owned registers (undoing host writes).
     #[inline]
     fn publish_registers(&self) {
-        self.bar.publish(off::CAP, self.cap.0 as u32);
-        self.bar.publish(off::CAP + 4, (self.cap.0 >> 32) as u32);
-        self.bar.publish(off::VS, Vs::NVME_2_0.0);
-        self.bar.publish(off::CSTS, self.csts);
+        let r = self.core.registers();
+        let cap = r.cap().0;
+        self.bar.publish(off::CAP, cap as u32);
+        self.bar.publish(off::CAP + 4, (cap >> 32) as u32);
+        self.bar.publish(off::VS, r.vs().0);
+        self.bar.publish(off::CSTS, r.csts());
     }
 
-    fn set_csts(&mut self, v: u32) {
-        self.csts = v;
-        self.bar.store(off::CSTS, v);
+    /// Publishes the controller model's CSTS after a change.
+    fn sync_csts(&mut self) {
+        self.bar.store(off::CSTS, self.core.registers().csts());
         self.update_running();
     }
 
     fn update_running(&mut self) {
-        let c = Csts(self.csts);
-        self.running = c.rdy() && !c.cfs() && !self.frozen && !self.shut;
+        self.running = self.core.is_running() && !self.frozen;
     }
 
     /// Sets CSTS.CFS and stops all processing until reset.
     pub fn fatal(&mut self, why: &str) {
-        tracing::error!(why, "controller fatal status");
-        self.set_csts(self.csts | Csts::CFS);
+        self.core.fatal(why);
+        self.sync_csts();
     }
 
     /// Stops all processing, CSTS unchanged, until reset.
@@ -231,45 +222,35 @@ impl Controller {
 
     fn poll_cc(&mut self) {
         let cc = self.bar.load(off::CC);
-        if cc == self.cc {
+        if cc == self.core.registers().cc() {
             return;
         }
-        let old = Cc(self.cc);
-        let new = Cc(cc);
-        self.cc = cc;
-        if old.en() && !new.en() {
+        let ch = self.core.write_cc(cc);
+        if ch.reset {
             self.reset();
-        } else if !old.en() && new.en() {
-            self.enable(new);
+        } else if ch.enable {
+            self.enable();
         }
-        if new.shn() != regs::shn::NONE && new.shn() != old.shn() {
-            self.shutdown(new.shn());
-        }
-    }
-
-    /// CC.EN 0 -> 1.
-    fn enable(&mut self, cc: Cc) {
-        if let Err(why) = self.try_enable(cc) {
-            tracing::error!(why, cc = cc.0, "invalid controller configuration at enable");
-            self.set_csts(self.csts | Csts::CFS);
+        if let Some(shn) = ch.shutdown {
+            self.shutdown(shn);
         }
     }
 
-    fn try_enable(&mut self, cc: Cc) -> Result<(), String> {
+    /// CC.EN 0 -> 1: the controller model's checks of CC, then the admin
+    /// queue.
+    fn enable(&mut self) {
+        let r = self
+            .core
+            .registers()
+            .check_enable()
+            .and_then(|page_size| self.setup_admin_queue(page_size));
+        self.core.enable_done(r);
+        self.sync_csts();
+    }
+
+    fn setup_admin_queue(&mut self, page_size: usize) -> Result<(), String> {
         debug_assert!(self.sqs.iter().all(Option::is_none));
-        if cc.css() != 0 {
-            return Err(format!("CC.CSS {} not supported (NVM only)", cc.css()));
-        }
-        if cc.mps() < self.cap.mpsmin() || cc.mps() > self.cap.mpsmax() {
-            return Err(format!("CC.MPS {} outside CAP range", cc.mps()));
-        }
-        if cc.ams() != 0 {
-            return Err(format!(
-                "CC.AMS {} not supported (round robin only)",
-                cc.ams()
-            ));
-        }
-        self.page_size = 4096usize << cc.mps();
+        self.page_size = page_size;
         let aqa = regs::Aqa(self.bar.load(off::AQA));
         let asq = self.bar.load(off::ASQ) as u64 | (self.bar.load(off::ASQ + 4) as u64) << 32;
         let acq = self.bar.load(off::ACQ) as u64 | (self.bar.load(off::ACQ + 4) as u64) << 32;
@@ -313,8 +294,6 @@ impl Controller {
         if self.irqs.has_fd(0) {
             self.enable_admin_irq();
         }
-        self.shut = false;
-        self.set_csts(Csts::RDY);
         tracing::debug!(page_size = self.page_size, sqs, cqs, "controller enabled");
         Ok(())
     }
@@ -334,26 +313,20 @@ impl Controller {
         self.irq_cqs.clear();
         self.irqs.reset();
         self.deferred.clear();
-        self.aer.reset();
         self.shadow = None;
         self.counters.s.shadow_doorbell_enabled = false;
-        self.feat = Features::defaults(&self.cfg);
         self.frozen = false;
-        self.shut = false;
         self.bar.clear_doorbells();
         self.counters.s.resets += 1;
-        self.set_csts(0);
+        self.core.reset();
+        self.sync_csts();
     }
 
     fn shutdown(&mut self, shn: u8) {
         tracing::debug!(shn, "shutdown notification");
-        for (i, ns) in self.ns.iter_mut().enumerate() {
-            if let Err(e) = ns.store.flush() {
-                tracing::error!(nsid = i + 1, error = %e, "flush at shutdown failed");
-            }
-        }
-        self.shut = true;
-        self.set_csts(Csts(self.csts).with_shst(shst::COMPLETE).0);
+        self.io.flush_all();
+        self.core.shutdown_complete();
+        self.sync_csts();
     }
 
     // ------------------------------------------------------------------
@@ -387,7 +360,7 @@ impl Controller {
                 len = m.len,
                 "memory unmapped while the device uses it"
             );
-            if !Csts(self.csts).cfs() {
+            if !Csts(self.core.registers().csts()).cfs() {
                 self.fatal("IOMMU fault: queue or shadow doorbell memory unmapped");
             }
         }
@@ -450,10 +423,11 @@ impl Controller {
             cqs,
             irq_cqs,
             irqs,
-            feat,
+            core,
             counters,
             ..
         } = self;
+        let (coalescing, no_coalesce) = core.coalescing();
         let mut now = None;
         for &qid in irq_cqs.iter() {
             let Some(cq) = cqs.get_mut(qid as usize).and_then(Option::as_mut) else {
@@ -462,7 +436,7 @@ impl Controller {
             };
             if cq.irq_new != 0 {
                 let n = std::mem::take(&mut cq.irq_new);
-                irqs.add(cq.iv, n, feat.coalescing, &feat.no_coalesce, &mut now);
+                irqs.add(cq.iv, n, coalescing, no_coalesce, &mut now);
             }
         }
         irqs.expire(&mut now);
@@ -581,14 +555,12 @@ impl Controller {
         let Controller {
             sqs,
             cqs,
-            ns,
+            core,
+            io,
             iommu,
             counters,
-            errlog,
             segs,
-            scratch,
             page_size,
-            max_xfer,
             ..
         } = self;
         let Some(sq) = sqs.get_mut(qid as usize).and_then(Option::as_mut) else {
@@ -601,21 +573,12 @@ impl Controller {
             debug_assert!(false, "SQ bound to a missing CQ");
             return 0;
         };
-        let mut ctx = IoCtx {
-            ns,
-            iommu,
-            segs,
-            scratch,
-            page_size: *page_size,
-            max_xfer: *max_xfer,
-            counters,
-        };
         let mut n = 0;
         sq.prefetch_batch(Self::SQE_PREFETCH);
         while n < BUDGET && sq.head != sq.tail && !cq.stalled() {
             let sqe = sq.fetch();
             n += 1;
-            let status = io::exec(&mut ctx, &sqe);
+            let status = exec_io(io, iommu, segs, *page_size, &sqe);
             let c = Completion {
                 dw0: 0,
                 sqhd: sq.head as u16,
@@ -624,11 +587,11 @@ impl Controller {
                 status,
             };
             if !status.is_success() {
-                note_error(ctx.counters, errlog, &c, &sqe);
+                note_error(counters, core, &c, &sqe);
             }
-            post_to(cq, c, ctx.counters);
+            post_to(cq, c, counters);
         }
-        ctx.counters.s.io_commands += n as u64;
+        counters.s.io_commands += n as u64;
         n
     }
 
@@ -700,7 +663,13 @@ impl Controller {
             let result = if qid == 0 {
                 self.exec_admin(&sqe)
             } else {
-                let status = io::exec(&mut self.io_ctx(), &sqe);
+                let status = exec_io(
+                    &mut self.io,
+                    &self.iommu,
+                    &mut self.segs,
+                    self.page_size,
+                    &sqe,
+                );
                 Some((0, status))
             };
             if let Some((dw0, status)) = result {
@@ -708,18 +677,6 @@ impl Controller {
             }
         }
         n
-    }
-
-    pub(crate) fn io_ctx(&mut self) -> IoCtx<'_> {
-        IoCtx {
-            ns: &mut self.ns,
-            iommu: &self.iommu,
-            segs: &mut self.segs,
-            scratch: &mut self.scratch,
-            page_size: self.page_size,
-            max_xfer: self.max_xfer,
-            counters: &mut self.counters,
-        }
     }
 
     /// Completes an executed command according to its disposition.
@@ -742,7 +699,7 @@ impl Controller {
             status,
         };
         if !status.is_success() {
-            note_error(&mut self.counters, &mut self.errlog, &c, sqe);
+            note_error(&mut self.counters, &mut self.core, &c, sqe);
         }
         match disp {
             Disposition::Post => self.post(cqid, c),
@@ -771,7 +728,7 @@ impl Controller {
 
     fn deliver_events(&mut self) -> usize {
         let mut n = 0;
-        while let Some((cid, dw0)) = self.aer.next() {
+        while let Some((cid, dw0)) = self.core.next_event() {
             let sqhd = self.sqs[0].as_ref().map_or(0, |s| s.head as u16);
             self.post(
                 0,
@@ -813,17 +770,8 @@ impl Controller {
     }
 
     fn invalid_doorbell(&mut self, info: u8) {
-        use pollux_spec::features::aer;
-        use pollux_spec::log::{lid, ERROR_LOG_NOT_SPECIFIC};
         self.counters.s.invalid_doorbell_writes += 1;
-        self.errlog.record(
-            ERROR_LOG_NOT_SPECIFIC,
-            ERROR_LOG_NOT_SPECIFIC,
-            Status::SUCCESS,
-            0,
-            0,
-        );
-        self.aer.raise(aer::ERROR, info, lid::ERROR);
+        self.core.error_event(info);
     }
 
     /// Periodic checks that are too costly for every step.
@@ -887,18 +835,43 @@ fn post_held(cq: &mut Cq, counters: &mut Counters) {
     }
 }
 
-/// Accounts a failed command: counters and the Error Information log.
+/// Accounts a failed command: counters, the Error Information log and
+/// SMART's media errors.
 #[cold]
 pub(crate) fn note_error(
     counters: &mut Counters,
-    errlog: &mut ErrorLog,
+    core: &mut pollux_controller::Controller,
     c: &Completion,
     sqe: &Sqe,
 ) {
     counters.s.errors += 1;
-    if c.status.sct() == sct::MEDIA {
-        counters.media_errors += 1;
-    }
     let lba = if c.sqid != 0 { sqe.slba() } else { 0 };
-    errlog.record(c.sqid, c.cid, c.status, sqe.nsid, lba);
+    core.note_error(c.sqid, c.cid, c.status, sqe.nsid, lba);
+}
+
+/// One I/O command: the controller model's checks, the PRPs of its data
+/// (nothing moves unless every check passed), its execution.
+#[inline(always)]
+fn exec_io(
+    io: &mut IoQueue,
+    iommu: &Iommu,
+    segs: &mut Vec<Seg>,
+    page_size: usize,
+    sqe: &Sqe,
+) -> Status {
+    let cmd = match io.check(sqe) {
+        Ok(cmd) => cmd,
+        Err(status) => return status,
+    };
+    if cmd.xfer_len != 0 {
+        if let Err(e) = dma::map_prps(iommu, sqe.prp1, sqe.prp2, cmd.xfer_len, page_size, segs) {
+            return e.status();
+        }
+    } else {
+        segs.clear();
+    }
+    // SAFETY: the segments were translated just now under the controller
+    // lock, which is held until the command is done (their memory stays
+    // mapped); the device touches them only through this command.
+    unsafe { io.exec(&cmd, segs) }
 }

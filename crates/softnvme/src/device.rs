@@ -13,12 +13,12 @@ use std::time::Instant;
 
 use pollux_bdev::Bdev;
 
+use crate::backend;
 use crate::bar::BarMem;
 use crate::config::SoftConfig;
-use crate::ctrl::{Controller, Namespace};
+use crate::ctrl::Controller;
 use crate::fault::FaultRule;
 use crate::stats::DeviceStats;
-use crate::store;
 use crate::SoftError;
 
 /// One emulated NVMe controller. `Send + Sync`; share it with `Arc`.
@@ -52,21 +52,11 @@ impl SoftDevice {
         let bar = BarMem::new(cfg.max_io_queues as usize + 1, cfg.dstrd).map_err(SoftError::Bar)?;
         let mut ns = Vec::with_capacity(cfg.namespaces.len());
         for (i, n) in cfg.namespaces.iter().enumerate() {
-            let nsid = i as u32 + 1;
-            let (store, nsze) = store::open(&cfg.serial, nsid, n)?;
-            if nsze == 0 {
-                return Err(SoftError::InvalidConfig(format!(
-                    "namespace {nsid} is smaller than one LBA"
-                )));
-            }
-            ns.push(Namespace {
-                lba_shift: n.lba_shift,
-                nsze,
-                store,
-            });
+            ns.push(backend::open(&cfg.serial, i as u32 + 1, n)?);
         }
+        let subsys = cfg.subsystem(ns)?;
         let irq_vectors = cfg.irq_vectors;
-        let ctrl = Controller::new(cfg, bar.view(), ns);
+        let ctrl = Controller::new(cfg, bar.view(), subsys)?;
         Ok(Arc::new(SoftDevice {
             ctrl: Mutex::new(ctrl),
             bar,
@@ -163,8 +153,7 @@ impl SoftDevice {
     /// made. None for an NSID that does not exist.
     pub fn namespace_bdev(&self, nsid: u32) -> Option<Bdev> {
         let c = self.lock();
-        let ns = c.ns.get((nsid as usize).checked_sub(1)?)?;
-        Some(ns.store.bdev().clone())
+        Some(c.core.subsystem().namespace(nsid)?.bdev().clone())
     }
 
     /// Installs a fault injection rule (evaluated in insertion order).
@@ -181,6 +170,13 @@ impl SoftDevice {
     /// Takes the controller lock (briefly stalling a device thread): meant
     /// for tests and reports, not for a polling loop.
     pub fn stats(&self) -> DeviceStats {
-        self.lock().counters.s.clone()
+        let c = self.lock();
+        let mut s = c.counters.s.clone();
+        let io = c.io.stats();
+        s.reads = io.reads;
+        s.writes = io.writes;
+        s.bytes_read = io.bytes_read;
+        s.bytes_written = io.bytes_written;
+        s
     }
 }

@@ -101,16 +101,3 @@ pub(crate) fn copy_to_host(segs: &[Seg], mut src: &[u8]) {
         src = &src[n..];
     }
 }
-
-/// Copies the segments' bytes into `dst` (up to `dst.len()`).
-pub(crate) fn copy_from_host(segs: &[Seg], mut dst: &mut [u8]) {
-    for s in segs {
-        if dst.is_empty() {
-            break;
-        }
-        let n = s.len.min(dst.len());
-        // SAFETY: as in `copy_to_host`, reversed.
-        unsafe { ptr::copy_nonoverlapping(s.ptr, dst.as_mut_ptr(), n) };
-        dst = &mut dst[n..];
-    }
-}

@@ -21,47 +21,50 @@
 //! admin CQ signals vector 0 once the host has asked for that vector's fd.
 //! A CQ without IEN costs one predictable branch per completion.
 //!
+//! The NVMe controller itself — admin command set, Identify, log pages,
+//! features, asynchronous events, the CC/CSTS state machine, NVM I/O on
+//! the namespaces' bdevs — is `pollux_controller`'s (PCIe personality),
+//! shared with the NVMe-oF target; this crate is the PCIe shell around it.
+//!
 //! Module map: `bar` (register memory), `iommu`, `prp` (pure PRP walker),
 //! `dma` (PRP → host segments), `queue` (SQ/CQ and doorbells), `ctrl`
-//! (state machine and `step`), `admin` (+ identify, log pages, features),
-//! `io` (NVM commands), `store` (a namespace's bdev: null, RAM, a file
-//! through io_uring, or one handed over), `fault` (injection),
-//! `aer`, `errlog`, `irq` (interrupt vectors, coalescing), `stats`,
-//! `thread`, `device` (the public `SoftDevice`).
+//! (register publication and reactions, `step`, I/O through the
+//! controller model's `IoQueue`), `admin` (queue creation and deletion,
+//! Abort, Doorbell Buffer Config; the rest goes to the controller model),
+//! `backend` (a namespace's bdev: null, RAM, a file through io_uring, or
+//! one handed over), `fault` (injection), `irq` (interrupt vectors,
+//! coalescing), `stats`, `thread`, `device` (the public `SoftDevice`).
 
 mod admin;
-mod aer;
+mod backend;
 mod bar;
 mod config;
 mod ctrl;
 mod device;
 mod dma;
-mod errlog;
 mod error;
 mod fault;
-mod io;
 mod iommu;
 mod irq;
 pub mod prp;
 mod queue;
 mod stats;
-mod store;
 mod thread;
 
 pub use config::{
     BackendConfig, NamespaceConfig, SoftConfig, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS, MAX_NAMESPACES,
 };
 pub use device::SoftDevice;
-pub use errlog::ERROR_LOG_ENTRIES;
 pub use error::SoftError;
 pub use fault::{FaultAction, FaultRule, QueueSel, DEFERRED_LIMIT, MAX_FAULT_RULES};
 pub use iommu::MAX_MAPPINGS;
 pub use irq::MAX_IRQ_VECTORS;
+pub use pollux_controller::ERROR_LOG_ENTRIES;
 pub use stats::DeviceStats;
 pub use thread::DeviceThread;
 
 /// Limits and identities a test or driver may want to check against.
 pub mod consts {
-    pub use crate::admin::identify::{CNTLID, SSVID, VID};
+    pub use crate::config::{CNTLID, SSVID, VID};
     pub use crate::ctrl::BUDGET;
 }

@@ -1,9 +1,8 @@
 //! Device counters: plain integers updated under the controller lock on the
-//! I/O path (no atomics); `SoftDevice::stats()` copies them under the lock.
-//!
-//! The same counters feed the SMART / Health log (data units, host commands,
-//! media errors, error log entries). They survive controller resets, like a
-//! real device's lifetime counters.
+//! I/O path (no atomics); `SoftDevice::stats()` copies them under the lock,
+//! with the reads and writes (and their bytes) of the controller model's
+//! I/O queue, which are also what SMART / Health reports. They survive
+//! controller resets, like a real device's lifetime counters.
 /// A snapshot of the device counters.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DeviceStats {
@@ -28,9 +27,9 @@ pub struct DeviceStats {
     pub shadow_doorbell_enabled: bool,
 }
 
-/// Lock-protected working copy (plus a few SMART-only counters).
+/// Lock-protected working copy (reads, writes and bytes are the I/O
+/// queue's: see `SoftDevice::stats`).
 #[derive(Clone, Debug, Default)]
 pub(crate) struct Counters {
     pub s: DeviceStats,
-    pub media_errors: u64,
 }

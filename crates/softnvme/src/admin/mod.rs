@@ -1,11 +1,13 @@
-//! Admin command set: dispatch, queue creation and deletion, Abort,
-//! Asynchronous Event Request and Doorbell Buffer Config. Identify, Get Log
-//! Page and Get/Set Features live in their own files.
+//! The admin commands of the PCIe transport: queue creation and deletion,
+//! Abort and Doorbell Buffer Config. Every other admin command is the
+//! controller model's (`pollux_controller::Controller::exec_admin`): this
+//! file moves its data to the host through the command's PRPs.
 //!
 //! Every field of an admin SQE comes from the untrusted host: each path
 //! below ends in a spec status, never a panic.
 use std::ptr::NonNull;
 
+use pollux_controller::{AdminEnv, AdminOutcome};
 use pollux_spec::cmd::{CQ_IEN, QUEUE_PC};
 use pollux_spec::regs::{self, Cc};
 use pollux_spec::status::{generic, specific};
@@ -15,13 +17,6 @@ use crate::ctrl::{Controller, ShadowBuf, SqDeletion};
 use crate::dma;
 use crate::fault::DeferKind;
 use crate::queue::{Completion, Cq, Doorbell, Sq};
-
-pub(crate) mod features;
-pub(crate) mod identify;
-pub(crate) mod log;
-
-/// Largest admin data transfer, even with MDTS 0 (unlimited).
-pub const ADMIN_XFER_LIMIT: usize = 16 << 20;
 
 /// Admin command result: `None` = no completion now (AER held).
 pub(crate) type AdminResult = Option<(u32, Status)>;
@@ -41,21 +36,40 @@ pub(crate) fn spec(sc: u8) -> AdminResult {
 
 impl Controller {
     pub(crate) fn exec_admin(&mut self, sqe: &Sqe) -> AdminResult {
-        if sqe.fuse() != 0 || sqe.psdt() != 0 {
-            return gen(generic::INVALID_FIELD);
+        let env = AdminEnv {
+            io_queues_exist: self.io_queues_exist(),
+        };
+        // The I/O queue's counts reach SMART only when published: here,
+        // not on the I/O path (one thread runs both).
+        self.io.publish();
+        match self.core.exec_admin(sqe, env) {
+            AdminOutcome::Complete { dw0, status } => Some((dw0, status)),
+            AdminOutcome::Data {
+                data,
+                xfer_len,
+                then,
+            } => match self.xfer_to_host(sqe, xfer_len, &data) {
+                Ok(()) => {
+                    self.core.data_sent(then);
+                    ok(0)
+                }
+                Err(s) => Some((0, s)),
+            },
+            AdminOutcome::Held => None,
+            AdminOutcome::NotMine => self.exec_pcie_admin(sqe),
         }
+    }
+
+    /// The transport's admin commands (`exec_admin` checked FUSE and PSDT
+    /// and that the opcode is one of these).
+    fn exec_pcie_admin(&mut self, sqe: &Sqe) -> AdminResult {
         use AdminOpcode::*;
         match AdminOpcode::from_u8(sqe.opc) {
-            Some(Identify) => self.identify(sqe),
             Some(CreateIoCq) => self.create_io_cq(sqe),
             Some(CreateIoSq) => self.create_io_sq(sqe),
             Some(DeleteIoSq) => self.delete_io_sq(sqe),
             Some(DeleteIoCq) => self.delete_io_cq(sqe),
-            Some(GetLogPage) => self.get_log_page(sqe),
-            Some(SetFeatures) => self.set_features(sqe),
-            Some(GetFeatures) => self.get_features(sqe),
             Some(Abort) => self.abort(sqe),
-            Some(AsyncEventRequest) => self.async_event_request(sqe),
             Some(DoorbellBufferConfig) if self.cfg.shadow_doorbells => {
                 self.doorbell_buffer_config(sqe)
             }
@@ -64,7 +78,8 @@ impl Controller {
     }
 
     /// Copies `data` to the host buffer described by the SQE's PRPs, whose
-    /// length is `xfer_len` (at least `data.len()`).
+    /// length is `xfer_len` (at least `data.len()`; the controller model
+    /// checked it against MDTS).
     pub(crate) fn xfer_to_host(
         &mut self,
         sqe: &Sqe,
@@ -72,9 +87,6 @@ impl Controller {
         data: &[u8],
     ) -> Result<(), Status> {
         debug_assert!(data.len() <= xfer_len);
-        if xfer_len > self.max_xfer.min(ADMIN_XFER_LIMIT) {
-            return Err(Status::generic(generic::INVALID_FIELD));
-        }
         dma::map_prps(
             &self.iommu,
             sqe.prp1,
@@ -95,7 +107,7 @@ impl Controller {
 
     /// CC.IOSQES / IOCQES as required for queue creation.
     fn entry_sizes_ok(&self) -> bool {
-        let cc = Cc(self.cc);
+        let cc = Cc(self.core.registers().cc());
         cc.iosqes() == 6 && cc.iocqes() == 4
     }
 
@@ -133,10 +145,13 @@ impl Controller {
         if !self.entry_sizes_ok() {
             return gen(generic::INVALID_FIELD);
         }
-        if qid == 0 || qid > self.feat.queues.ncq || self.cqs.get(qid as usize).is_none_or_some() {
+        if qid == 0
+            || qid > self.core.queues_granted().ncq
+            || self.cqs.get(qid as usize).is_none_or_some()
+        {
             return spec(specific::INVALID_QID);
         }
-        if qsize == 0 || qsize > self.cap.mqes() {
+        if qsize == 0 || qsize > self.core.registers().cap().mqes() {
             return spec(specific::INVALID_QUEUE_SIZE);
         }
         if !pc {
@@ -184,13 +199,16 @@ impl Controller {
         if !self.entry_sizes_ok() {
             return gen(generic::INVALID_FIELD);
         }
-        if qid == 0 || qid > self.feat.queues.nsq || self.sqs.get(qid as usize).is_none_or_some() {
+        if qid == 0
+            || qid > self.core.queues_granted().nsq
+            || self.sqs.get(qid as usize).is_none_or_some()
+        {
             return spec(specific::INVALID_QID);
         }
         if cqid == 0 || !matches!(self.cqs.get(cqid as usize), Some(Some(_))) {
             return spec(specific::INVALID_CQ);
         }
-        if qsize == 0 || qsize > self.cap.mqes() {
+        if qsize == 0 || qsize > self.core.registers().cap().mqes() {
             return spec(specific::INVALID_QUEUE_SIZE);
         }
         if !pc {
@@ -295,7 +313,7 @@ impl Controller {
             sqs,
             cqs,
             counters,
-            errlog,
+            core,
             ..
         } = self;
         let Some(sq) = sqs.get_mut(qid as usize).and_then(Option::as_mut) else {
@@ -317,7 +335,7 @@ impl Controller {
                 cid: s.cid,
                 status: Status::generic(generic::ABORTED_SQ_DELETION),
             };
-            crate::ctrl::note_error(counters, errlog, &c, &s);
+            crate::ctrl::note_error(counters, core, &c, &s);
             crate::ctrl::post_to(cq, c, counters);
             n += 1;
         }
@@ -397,13 +415,9 @@ impl Controller {
             if cq.irq_new != 0 {
                 // Entries written this step still raise their interrupt.
                 let mut now = None;
-                self.irqs.add(
-                    cq.iv,
-                    cq.irq_new,
-                    self.feat.coalescing,
-                    &self.feat.no_coalesce,
-                    &mut now,
-                );
+                let (coalescing, no_coalesce) = self.core.coalescing();
+                self.irqs
+                    .add(cq.iv, cq.irq_new, coalescing, no_coalesce, &mut now);
             }
         }
         self.cq_ids.retain(|&q| q != qid);
@@ -467,36 +481,25 @@ impl Controller {
             }
         }
         // An outstanding Asynchronous Event Request.
-        if sqid == 0 {
-            if let Some(pos) = self.aer.outstanding.iter().position(|&c| c == cid) {
-                self.aer.outstanding.remove(pos);
-                let sqhd = self.sqs[0].as_ref().map_or(0, |s| s.head as u16);
-                let c = Completion {
-                    dw0: 0,
-                    sqhd,
-                    sqid: 0,
-                    cid,
-                    status: requested,
-                };
-                self.note_abort(&c);
-                self.post(0, c);
-                return ok(0);
-            }
+        if sqid == 0 && self.core.abort_aer(cid) {
+            let sqhd = self.sqs[0].as_ref().map_or(0, |s| s.head as u16);
+            let c = Completion {
+                dw0: 0,
+                sqhd,
+                sqid: 0,
+                cid,
+                status: requested,
+            };
+            self.note_abort(&c);
+            self.post(0, c);
+            return ok(0);
         }
         ok(1) // not aborted
     }
 
     fn note_abort(&mut self, c: &Completion) {
         self.counters.s.errors += 1;
-        self.errlog.record(c.sqid, c.cid, c.status, 0, 0);
-    }
-
-    fn async_event_request(&mut self, sqe: &Sqe) -> AdminResult {
-        if self.aer.outstanding.len() > self.cfg.aer_limit as usize {
-            return spec(specific::AER_LIMIT_EXCEEDED);
-        }
-        self.aer.outstanding.push_back(sqe.cid);
-        None
+        self.core.note_error(c.sqid, c.cid, c.status, 0, 0);
     }
 
     fn doorbell_buffer_config(&mut self, sqe: &Sqe) -> AdminResult {

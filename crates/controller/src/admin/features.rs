@@ -1,7 +1,8 @@
 //! Get Features / Set Features: Arbitration, Temperature Threshold,
-//! Volatile Write Cache, Number of Queues, Interrupt Coalescing, Interrupt
-//! Vector Configuration and Asynchronous Event Configuration. Every other
-//! feature is Invalid Field.
+//! Volatile Write Cache, Number of Queues, Asynchronous Event
+//! Configuration; PCIe: Interrupt Coalescing and Interrupt Vector
+//! Configuration; Fabrics (with KAS): Keep Alive Timer (KATO in ms; the
+//! transport runs the timer). Every other feature is Invalid Field.
 //!
 //! Interrupt Vector Configuration selects the vector with CDW11 IV (Get and
 //! Set; out of range: Invalid Field). Vector 0, the admin vector, is never
@@ -19,9 +20,9 @@ use pollux_spec::features::{
 use pollux_spec::status::{generic, specific};
 use pollux_spec::Sqe;
 
-use super::{gen, ok, spec, AdminResult};
-use crate::config::SoftConfig;
+use super::{gen, ok, spec, AdminEnv, AdminResult};
 use crate::ctrl::Controller;
+use crate::subsystem::{Personality, Subsystem};
 
 /// Default over-temperature threshold, Kelvin (70 °C).
 pub const DEFAULT_TEMP_OVER: u16 = 343;
@@ -44,19 +45,25 @@ pub(crate) struct Features {
     /// Interrupt Vector Configuration CD per vector (`irq_vectors` long;
     /// always set for vector 0).
     pub no_coalesce: Vec<bool>,
+    /// Keep Alive Timeout, ms (fabrics).
+    pub kato: u32,
 }
 
 impl Features {
-    pub fn defaults(cfg: &SoftConfig) -> Features {
+    pub fn defaults(subsys: &Subsystem) -> Features {
+        let max = subsys.limits().max_io_queues;
         Features {
-            queues: NumberOfQueues::new(cfg.max_io_queues, cfg.max_io_queues),
+            queues: NumberOfQueues::new(max, max),
             wce: true,
             arbitration: 0,
             aec: 0,
             temp_over: DEFAULT_TEMP_OVER,
             temp_under: 0,
             coalescing: InterruptCoalescing::default(),
-            no_coalesce: (0..cfg.irq_vectors).map(|v| v == 0).collect(),
+            no_coalesce: (0..subsys.personality().irq_vectors())
+                .map(|v| v == 0)
+                .collect(),
+            kato: 0,
         }
     }
 
@@ -81,28 +88,31 @@ impl Features {
                 let cd = *self.no_coalesce.get(iv as usize)?;
                 InterruptVectorConfig { iv, cd }.to_cdw11()
             }
+            fid::KEEP_ALIVE => self.kato,
             _ => return None,
         })
     }
 }
 
-fn supported(f: u8) -> bool {
-    matches!(
-        f,
+fn supported(f: u8, p: &Personality) -> bool {
+    match f {
         fid::ARBITRATION
-            | fid::TEMPERATURE_THRESHOLD
-            | fid::VOLATILE_WRITE_CACHE
-            | fid::NUMBER_OF_QUEUES
-            | fid::INTERRUPT_COALESCING
-            | fid::INTERRUPT_VECTOR_CONFIG
-            | fid::ASYNC_EVENT_CONFIG
-    )
+        | fid::TEMPERATURE_THRESHOLD
+        | fid::VOLATILE_WRITE_CACHE
+        | fid::NUMBER_OF_QUEUES
+        | fid::ASYNC_EVENT_CONFIG => true,
+        fid::INTERRUPT_COALESCING | fid::INTERRUPT_VECTOR_CONFIG => {
+            matches!(p, Personality::Pcie(_))
+        }
+        fid::KEEP_ALIVE => matches!(p, Personality::Fabrics(f) if f.kas != 0),
+        _ => false,
+    }
 }
 
 impl Controller {
     pub(crate) fn get_features(&mut self, sqe: &Sqe) -> AdminResult {
         let f = cdw10_fid(sqe.cdw10);
-        if !supported(f) {
+        if !supported(f, self.subsys.personality()) {
             return gen(generic::INVALID_FIELD);
         }
         if f == fid::TEMPERATURE_THRESHOLD {
@@ -113,7 +123,7 @@ impl Controller {
         }
         let v = match cdw10_sel(sqe.cdw10) {
             sel::CURRENT => self.feat.value(f, sqe.cdw11),
-            sel::DEFAULT | sel::SAVED => Features::defaults(&self.cfg).value(f, sqe.cdw11),
+            sel::DEFAULT | sel::SAVED => Features::defaults(&self.subsys).value(f, sqe.cdw11),
             sel::SUPPORTED => Some(CAP_CHANGEABLE),
             _ => None,
         };
@@ -123,9 +133,9 @@ impl Controller {
         }
     }
 
-    pub(crate) fn set_features(&mut self, sqe: &Sqe) -> AdminResult {
+    pub(crate) fn set_features(&mut self, sqe: &Sqe, env: AdminEnv) -> AdminResult {
         let f = cdw10_fid(sqe.cdw10);
-        if !supported(f) {
+        if !supported(f, self.subsys.personality()) {
             return gen(generic::INVALID_FIELD);
         }
         if cdw10_save(sqe.cdw10) {
@@ -156,10 +166,10 @@ impl Controller {
                 let Some(req) = NumberOfQueues::from_cdw11(sqe.cdw11) else {
                     return gen(generic::INVALID_FIELD);
                 };
-                if self.io_queues_exist() {
+                if env.io_queues_exist {
                     return gen(generic::COMMAND_SEQUENCE_ERROR);
                 }
-                let max = self.cfg.max_io_queues;
+                let max = self.subsys.limits().max_io_queues;
                 self.feat.queues = NumberOfQueues::new(req.nsq.min(max), req.ncq.min(max));
                 tracing::debug!(?req, granted = ?self.feat.queues, "number of queues");
                 ok(self.feat.queues.to_dw0())
@@ -184,6 +194,11 @@ impl Controller {
                     return gen(generic::INVALID_FIELD);
                 };
                 *cd = c.cd;
+                ok(0)
+            }
+            fid::KEEP_ALIVE => {
+                self.feat.kato = sqe.cdw11;
+                tracing::debug!(kato_ms = sqe.cdw11, "keep alive timeout");
                 ok(0)
             }
             _ => gen(generic::INVALID_FIELD),

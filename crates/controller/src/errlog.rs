@@ -15,7 +15,7 @@ use zerocopy::IntoBytes;
 pub const ERROR_LOG_ENTRIES: usize = 64;
 
 #[derive(Default)]
-pub(crate) struct ErrorLog {
+pub struct ErrorLog {
     ring: VecDeque<ErrorLogEntry>,
     count: u64,
 }

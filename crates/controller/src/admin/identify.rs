@@ -1,6 +1,11 @@
 //! Identify: controller (CNS 01h), namespace (00h), active namespace list
 //! (02h) and namespace identification descriptors (03h).
 //!
+//! Identify Controller reports the subsystem's personality: PCIe (what
+//! the emulator always reported), or Fabrics (IOCCSZ/IORCSZ, ICDOFF 0,
+//! FCATT 0 — the dynamic controller model —, MSDBD 1, SGLS, KAS, no
+//! PCIe-only features).
+//!
 //! Namespace identifiers (EUI-64, NGUID, UUID) are derived deterministically
 //! from the serial number and NSID, so the same configuration always
 //! presents the same identities (and a file-backed namespace keeps its
@@ -17,17 +22,21 @@ use pollux_spec::status::generic;
 use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
-use super::{gen, ok, AdminResult};
+use super::{gen, AdminResult, AfterKind};
 use crate::admin::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::ctrl::Controller;
 use crate::errlog::ERROR_LOG_ENTRIES;
+use crate::subsystem::Personality;
 
-/// PCI vendor ID reported (Red Hat / QEMU's, as emulated devices use).
-pub const VID: u16 = 0x1b36;
-/// PCI subsystem vendor ID reported.
-pub const SSVID: u16 = 0x1af4;
-/// Controller ID reported.
-pub const CNTLID: u16 = 1;
+/// SGLS bit 0 (SGLs supported, no alignment requirement).
+const SGLS_SUPPORTED: u32 = 1 << 0;
+/// SGLS bit 20: the Offset address type of SGL Data Block descriptors.
+/// (Bit 2, Keyed SGL Data Block — RDMA — is not set.)
+const SGLS_OFFSET: u32 = 1 << 20;
+/// SGLS bit 21: Transport SGL Data Block descriptor.
+const SGLS_TRANSPORT_DATA_BLOCK: u32 = 1 << 21;
+/// SGLS reported by a fabrics controller.
+pub const FABRICS_SGLS: u32 = SGLS_SUPPORTED | SGLS_OFFSET | SGLS_TRANSPORT_DATA_BLOCK;
 
 /// FNV-1a 64 over `bytes`, continuing from `h`.
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
@@ -69,7 +78,7 @@ impl Controller {
                 if nsid >= 0xFFFF_FFFE {
                     return gen(generic::INVALID_NAMESPACE);
                 }
-                let n = self.ns.len() as u32;
+                let n = self.subsys.namespaces().len() as u32;
                 let list =
                     NsIdList::from_ids((nsid.saturating_add(1)..=n).take(NsIdList::CAPACITY));
                 data.copy_from_slice(list.as_bytes());
@@ -78,7 +87,7 @@ impl Controller {
                 if !self.nsid_valid(nsid) {
                     return gen(generic::INVALID_NAMESPACE);
                 }
-                let (eui, nguid, uuid) = ns_ids(&self.cfg.serial, nsid);
+                let (eui, nguid, uuid) = ns_ids(&self.subsys.identity().serial, nsid);
                 let list = [
                     NsDescriptor::Eui64(eui),
                     NsDescriptor::Nguid(nguid),
@@ -89,39 +98,33 @@ impl Controller {
             }
             _ => return gen(generic::INVALID_FIELD),
         }
-        match self.xfer_to_host(sqe, IDENTIFY_DATA_SIZE, &data) {
-            Ok(()) => ok(0),
-            Err(s) => Some((0, s)),
-        }
+        self.send(data, IDENTIFY_DATA_SIZE, AfterKind::Nothing)
     }
 
     fn nsid_valid(&self, nsid: u32) -> bool {
-        nsid >= 1 && nsid as usize <= self.ns.len()
+        self.subsys.namespace(nsid).is_some()
     }
 
-    pub(crate) fn identify_controller(&self) -> IdentifyController {
-        let cfg = &self.cfg;
+    /// Identify Controller data of this controller.
+    pub fn identify_controller(&self) -> IdentifyController {
+        let ident = self.subsys.identity();
+        let lim = self.subsys.limits();
         let mut id = IdentifyController {
-            vid: VID,
-            ssvid: SSVID,
+            vid: ident.vid,
+            ssvid: ident.ssvid,
             ..Default::default()
         };
-        id.set_serial(&cfg.serial);
-        id.set_model(&cfg.model);
-        id.set_firmware_rev(&cfg.firmware);
+        id.set_serial(&ident.serial);
+        id.set_model(&ident.model);
+        id.set_firmware_rev(&ident.firmware);
         id.rab = 6;
-        id.ieee = [0x00, 0x54, 0x52];
-        id.mdts = cfg.mdts;
-        id.cntlid = CNTLID;
+        id.ieee = ident.ieee;
+        id.mdts = lim.mdts;
+        id.cntlid = self.cntlid;
         id.ver = Vs::NVME_2_0.0;
         id.cntrltype = CNTRLTYPE_IO;
-        id.oacs = if cfg.shadow_doorbells {
-            OACS_DBBUF_CONFIG
-        } else {
-            0
-        };
-        id.acl = cfg.abort_limit;
-        id.aerl = cfg.aer_limit;
+        id.acl = lim.abort_limit;
+        id.aerl = lim.aer_limit;
         // One firmware slot, slot 1 read-only.
         id.frmw = 1 | (1 << 1);
         id.lpa = LPA_EXTENDED_DATA;
@@ -131,32 +134,52 @@ impl Controller {
         id.cctemp = COMPOSITE_TEMP + 60;
         id.sqes = 0x66;
         id.cqes = 0x44;
-        id.maxcmd = (cfg.mqes as u32 + 1).min(u16::MAX as u32) as u16;
-        id.nn = self.ns.len() as u32;
+        id.maxcmd = (lim.mqes as u32 + 1).min(u16::MAX as u32) as u16;
+        id.nn = self.subsys.namespaces().len() as u32;
         id.oncs = ONCS_DSM | ONCS_WRITE_ZEROES | ONCS_SAVE_SELECT;
         id.vwc = VWC_PRESENT | VWC_FLUSH_BROADCAST_SUPPORTED;
-        id.set_subnqn(&format!("nqn.2024-01.io.pollux:softnvme:{}", cfg.serial));
+        id.set_subnqn(&ident.subnqn);
         id.psd[0].mp = 2500; // 25 W
+        match self.subsys.personality() {
+            Personality::Pcie(p) => {
+                id.oacs = if p.shadow_doorbells {
+                    OACS_DBBUF_CONFIG
+                } else {
+                    0
+                };
+            }
+            Personality::Fabrics(f) => {
+                // CMIC, ANA: off (one port, no ANA); OACS: no DBBC.
+                id.kas = f.kas;
+                id.sgls = FABRICS_SGLS;
+                // In 16-byte units: the 64-byte SQE plus in-capsule data;
+                // a response capsule is the 16-byte CQE.
+                id.ioccsz = (64 + f.in_capsule_data) / 16;
+                id.iorcsz = 1;
+                id.icdoff = 0;
+                id.fcatt = 0; // dynamic controller model
+                id.msdbd = 1;
+            }
+        }
         id
     }
 
-    pub(crate) fn identify_namespace(&self, nsid: u32) -> Option<IdentifyNamespace> {
-        if !self.nsid_valid(nsid) {
-            return None;
-        }
-        let ns = &self.ns[nsid as usize - 1];
+    /// Identify Namespace data of `nsid` (None: no such namespace).
+    pub fn identify_namespace(&self, nsid: u32) -> Option<IdentifyNamespace> {
+        let ns = self.subsys.namespace(nsid)?;
+        let nsze = ns.nsze();
         let mut id = IdentifyNamespace {
-            nsze: ns.nsze,
-            ncap: ns.nsze,
-            nuse: ns.nsze,
+            nsze,
+            ncap: nsze,
+            nuse: nsze,
             nlbaf: 1,
             ..Default::default()
         };
         id.lbaf[0] = LbaFormat::new(0, 9, 0);
         id.lbaf[1] = LbaFormat::new(0, 12, 0);
-        id.set_lba_format_index(if ns.lba_shift == 12 { 1 } else { 0 });
+        id.set_lba_format_index(if ns.lba_shift() == 12 { 1 } else { 0 });
         id.dlfeat = DLFEAT_READ_ZEROES | DLFEAT_WRITE_ZEROES_DEALLOC;
-        let (eui, nguid, _) = ns_ids(&self.cfg.serial, nsid);
+        let (eui, nguid, _) = ns_ids(&self.subsys.identity().serial, nsid);
         id.eui64 = eui;
         id.nguid = nguid;
         Some(id)

@@ -13,7 +13,7 @@ use pollux_spec::log::lid;
 pub const PENDING_EVENTS_LIMIT: usize = 16;
 
 #[derive(Default)]
-pub(crate) struct AerState {
+pub struct AerState {
     /// CIDs of outstanding AER commands (admin SQ), oldest first.
     pub outstanding: VecDeque<u16>,
     /// Completion DW0 of events not yet reported.

@@ -11,7 +11,7 @@ use pollux_spec::status::{generic, specific};
 use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
-use super::{gen, ok, spec, AdminResult};
+use super::{gen, spec, AdminResult, AfterKind};
 use crate::admin::features::COMPOSITE_TEMP;
 use crate::ctrl::Controller;
 
@@ -21,7 +21,7 @@ const RAE: u32 = 1 << 15;
 const OT: u32 = 1 << 23;
 
 impl Controller {
-    pub(crate) fn get_log_page(&mut self, sqe: &Sqe) -> AdminResult {
+    pub(crate) fn get_log_page(&self, sqe: &Sqe) -> AdminResult {
         let log_id = sqe.cdw10 as u8;
         let rae = sqe.cdw10 & RAE != 0;
         let numd = (sqe.cdw10 >> 16) as u64 | ((sqe.cdw11 & 0xFFFF) as u64) << 16;
@@ -42,7 +42,7 @@ impl Controller {
             lid::FIRMWARE_SLOT => {
                 let mut fw = FirmwareSlotLog::default();
                 fw.set_afi(1, None);
-                fw.set_revision(1, &self.cfg.firmware);
+                fw.set_revision(1, &self.subsys.identity().firmware);
                 fw.as_bytes().to_vec()
             }
             _ => return spec(specific::INVALID_LOG_PAGE),
@@ -52,17 +52,21 @@ impl Controller {
         }
         let start = offset as usize;
         let end = page.len().min(start.saturating_add(len));
-        if let Err(s) = self.xfer_to_host(sqe, len, &page[start..end]) {
-            return Some((0, s));
-        }
-        if !rae {
-            self.aer.log_read(log_id);
-        }
-        ok(0)
+        let mut page = page;
+        page.truncate(end);
+        page.drain(..start);
+        let then = if rae {
+            AfterKind::Nothing
+        } else {
+            AfterKind::LogRead(log_id)
+        };
+        self.send(page, len, then)
     }
 
-    pub(crate) fn smart_log(&self) -> SmartLog {
-        let s = &self.counters.s;
+    /// The SMART / Health log: I/O counts of every queue as published,
+    /// media errors and error log entries of this controller.
+    pub fn smart_log(&self) -> SmartLog {
+        let s = self.io_stats();
         let mut log = SmartLog::default();
         log.set_temperature(COMPOSITE_TEMP);
         log.avail_spare = 100;
@@ -74,7 +78,7 @@ impl Controller {
         log.set_host_write_commands(s.writes as u128);
         log.set_power_cycles(1);
         log.set_power_on_hours((self.created.elapsed().as_secs() / 3600) as u128);
-        log.set_media_errors(self.counters.media_errors as u128);
+        log.set_media_errors(self.media_errors as u128);
         log.set_num_err_log_entries(self.errlog.total() as u128);
         log
     }

@@ -1,0 +1,25 @@
+//! Errors of the controller API (building a subsystem, an I/O queue).
+//!
+//! Errors caused by the host through commands are never Rust errors: they
+//! are NVMe statuses.
+
+/// An error from the pollux-controller API.
+#[derive(Debug, thiserror::Error)]
+pub enum ControllerError {
+    /// A subsystem setting is outside what the controller supports.
+    #[error("invalid subsystem configuration: {0}")]
+    InvalidConfig(String),
+    /// A namespace's bdev cannot serve as a namespace.
+    #[error("bdev {bdev}: {why}")]
+    InvalidNamespace { bdev: String, why: String },
+    /// A bdev channel (or its bounce buffer) could not be created.
+    #[error("namespace {nsid}: {source}")]
+    Bdev {
+        nsid: u32,
+        #[source]
+        source: pollux_bdev::Error,
+    },
+    /// `IoQueue::submit` beyond the queue's depth.
+    #[error("I/O queue full: {depth} commands outstanding")]
+    QueueFull { depth: u32 },
+}

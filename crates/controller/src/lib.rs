@@ -1,0 +1,55 @@
+//! pollux-controller — the NVMe controller model, one piece of code for
+//! every transport: the emulated PCIe controller (`pollux-softnvme`) and
+//! the NVMe-oF target run the same admin command set, Identify, log
+//! pages, features, asynchronous events and NVM I/O over bdevs; they add
+//! only how commands, data and completions travel.
+//!
+//! Three levels:
+//! - [`Subsystem`] (shared by every thread through an `Arc`): identity,
+//!   limits, personality ([`Personality::Pcie`] or
+//!   [`Personality::Fabrics`]) and namespaces (NSID → bdev).
+//! - [`Controller`] (one per PCIe device or fabrics association, used
+//!   from one thread at a time): the registers as a state machine
+//!   ([`Registers`], [`CcChange`]), features, the Error Information log,
+//!   SMART / Health, asynchronous events, and [`Controller::exec_admin`]
+//!   returning an [`AdminOutcome`] (complete, data to send, held, or the
+//!   transport's own command).
+//! - [`IoQueue`] (one per I/O queue, on the queue's thread): one bdev
+//!   channel per namespace; [`IoQueue::check`] then [`IoQueue::exec`]
+//!   (synchronous) or [`IoQueue::submit`] / [`IoQueue::poll`]
+//!   (asynchronous, tagged). Its counts reach SMART through
+//!   [`IoQueue::publish`] (plain stores; no lock, no atomic
+//!   read-modify-write on the I/O path).
+//!
+//! Every field of a command comes from the untrusted host: every path
+//! ends in an NVMe status, never a panic.
+//!
+//! Module map: `subsystem`, `ctrl` (the controller state, register
+//! reactions, errors and events), `regs` (CAP/VS/CC/CSTS), `admin` (+
+//! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
+//! `IoQueue`), `store` (a queue's channel to a namespace's bdev, bounce
+//! buffer), `stats` (per-queue counts published for SMART), `error`.
+
+pub mod admin;
+mod aer;
+mod ctrl;
+mod errlog;
+mod error;
+mod io;
+mod regs;
+mod stats;
+mod store;
+mod subsystem;
+
+pub use admin::identify::{ns_ids, FABRICS_SGLS};
+pub use admin::{AdminEnv, AdminOutcome, AfterSend, ADMIN_XFER_LIMIT};
+pub use ctrl::Controller;
+pub use errlog::ERROR_LOG_ENTRIES;
+pub use error::ControllerError;
+pub use io::{IoCmd, IoOp, IoQueue, IoQueueOptions};
+pub use regs::{CcChange, Registers};
+pub use stats::{IoStats, StatsHandle};
+pub use subsystem::{
+    FabricsTraits, Identity, Limits, Namespace, PcieTraits, Personality, Subsystem, MAX_MDTS,
+    MAX_NAMESPACES,
+};

@@ -1,0 +1,288 @@
+//! A namespace's storage as one I/O queue sees it: its own channel to the
+//! namespace's bdev ([`NsChan`]).
+//!
+//! Reads and writes lend the command's data segments to the bdev
+//! (`readv_raw`/`writev_raw`: no copy). The synchronous form polls the
+//! channel until the request completes: null and RAM finish within the
+//! call (`readv_raw_now`); io_uring completes asynchronously and is
+//! polled for (one command at a time: a slow file stalls the queue). The
+//! asynchronous form (`IoQueue::submit`) submits and returns; its
+//! completions come out of `IoQueue::poll`. The bdev takes only segments
+//! of whole blocks (and aligned to its buffer alignment): a command whose
+//! data starts at an offset that is not a multiple of the LBA size has
+//! such segments, and only such a command goes through a block-aligned
+//! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
+use std::collections::VecDeque;
+
+use pollux_bdev::{
+    Bdev, Channel, ChannelOptions, Completion, Io, IoBuf, IoError, RawSeg as Seg, SubmitError,
+};
+
+/// Bytes of the bounce buffer of a namespace channel (a multiple of every
+/// LBA size offered).
+pub(crate) const BOUNCE: usize = 64 << 10;
+
+/// The `user_data` of synchronous requests (bit 62: no asynchronous
+/// request's `user_data` has it; bit 63 is the bdev layer's).
+pub(crate) const SYNC_UD: u64 = 1 << 62;
+
+// An I/O queue may be built on one thread and moved to the one that runs
+// it; it must not hide a channel that is not `Send`.
+const _: () = {
+    const fn send<T: Send>() {}
+    send::<Channel>();
+};
+
+/// Why a namespace operation failed (logged, then turned into an NVMe
+/// status by the caller).
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum StoreError {
+    #[error("bdev refused the request: {0}")]
+    Refused(#[from] SubmitError),
+    #[error("bdev request failed: {0}")]
+    Failed(#[from] IoError),
+}
+
+/// One queue's channel to a namespace's bdev.
+pub(crate) struct NsChan {
+    pub ch: Channel,
+    pub shift: u32,
+    /// Size in blocks.
+    pub nsze: u64,
+    /// A segment is usable in place iff `len & len_mask` and
+    /// `ptr & addr_mask` are zero (whole blocks, the bdev's alignment).
+    len_mask: usize,
+    addr_mask: usize,
+    /// For commands whose segments are not (see the module doc).
+    bounce: IoBuf,
+    /// Completions of asynchronous requests met while waiting for a
+    /// synchronous one (delivered by the next `IoQueue::poll`).
+    pub stash: VecDeque<(u64, Result<u32, IoError>)>,
+}
+
+impl NsChan {
+    /// `depth`: asynchronous requests at most (0: synchronous use only).
+    pub fn new(bdev: &Bdev, nsze: u64, depth: u32) -> Result<NsChan, pollux_bdev::Error> {
+        let info = bdev.info();
+        let (shift, len_mask, addr_mask) = (
+            info.block_shift(),
+            info.block_size as usize - 1,
+            info.buf_align.max(1) as usize - 1,
+        );
+        let bounce = bdev.alloc_buf(BOUNCE)?;
+        // The asynchronous requests plus one synchronous one, which is
+        // polled to completion.
+        let ch = bdev.open(true).channel(&ChannelOptions {
+            depth: depth + 1,
+            latency: false,
+            nvme: None,
+        })?;
+        Ok(NsChan {
+            ch,
+            shift,
+            nsze,
+            len_mask,
+            addr_mask,
+            bounce,
+            stash: VecDeque::with_capacity(depth as usize),
+        })
+    }
+
+    /// Polls until the synchronous request completes (completions of
+    /// asynchronous ones go to the stash).
+    #[inline(always)]
+    fn wait(&mut self) -> Result<(), IoError> {
+        let mut res = None;
+        let stash = &mut self.stash;
+        loop {
+            self.ch
+                .poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
+                    if c.user_data == SYNC_UD {
+                        res = Some(c.result);
+                    } else {
+                        stash.push_back((c.user_data, c.result));
+                    }
+                });
+            if let Some(r) = res {
+                return r.map(drop);
+            }
+            std::hint::spin_loop();
+        }
+    }
+
+    /// The segments cannot be lent to the bdev as they are.
+    #[inline(always)]
+    pub fn misaligned(&self, segs: &[Seg]) -> bool {
+        // One segment (a transfer within a page) is whole blocks already.
+        let odd = match segs {
+            [s] => s.ptr as usize & self.addr_mask,
+            _ => segs.iter().fold(0, |a, s| {
+                a | (s.len & self.len_mask) | (s.ptr as usize & self.addr_mask)
+            }),
+        };
+        odd != 0
+    }
+
+    /// Reads (`write` false) or writes whole blocks at `lba` from or to
+    /// the segments, which total a whole number of blocks, synchronously.
+    ///
+    /// # Safety
+    /// The segments are valid memory (writable for reads), untouched by
+    /// anything else until this returns.
+    #[inline(always)]
+    pub unsafe fn rw(&mut self, write: bool, lba: u64, segs: &[Seg]) -> Result<(), StoreError> {
+        if self.misaligned(segs) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.rw_bounce(write, lba, segs) };
+        }
+        // Null and RAM finish within the call (no queued completion).
+        // SAFETY: the segments are mapped host memory for the call (the
+        // caller's contract).
+        let now = unsafe {
+            if write {
+                self.ch.writev_raw_now(lba, segs)
+            } else {
+                self.ch.readv_raw_now(lba, segs)
+            }
+        };
+        if let Some(r) = now {
+            return Ok(r?);
+        }
+        let mut io = self.ch.io();
+        // SAFETY: the segments are mapped host memory (the caller's
+        // contract) and stay so until `wait` has delivered the completion:
+        // the controller lock is held throughout, and nothing in the
+        // emulator touches them meanwhile.
+        unsafe {
+            if write {
+                io.writev_raw(lba, segs, SYNC_UD)?
+            } else {
+                io.readv_raw(lba, segs, SYNC_UD)?
+            }
+        }
+        Ok(self.wait()?)
+    }
+
+    /// `rw` through the bounce buffer, `BOUNCE` bytes per request.
+    ///
+    /// # Safety
+    /// As `rw`.
+    #[cold]
+    #[inline(never)]
+    pub unsafe fn rw_bounce(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[Seg],
+    ) -> Result<(), StoreError> {
+        let total: usize = segs.iter().map(|s| s.len).sum();
+        let mut cur = Cursor { segs, i: 0, off: 0 };
+        let mut done = 0;
+        while done < total {
+            let n = (total - done).min(BOUNCE);
+            let at = lba + (done >> self.shift) as u64;
+            let buf = &mut self.bounce.as_mut_slice()[..n];
+            if write {
+                // SAFETY: forwarded contract.
+                unsafe { cur.gather(buf) };
+            }
+            let seg = [Seg {
+                ptr: buf.as_mut_ptr(),
+                len: n,
+            }];
+            let mut io = self.ch.io();
+            // SAFETY: the bounce buffer is ours, `n` bytes long, and only
+            // the bdev touches it until `wait` returns (`buf` is not used
+            // again: it is re-borrowed below).
+            unsafe {
+                if write {
+                    io.writev_raw(at, &seg, SYNC_UD)?
+                } else {
+                    io.readv_raw(at, &seg, SYNC_UD)?
+                }
+            }
+            self.wait()?;
+            if !write {
+                // SAFETY: forwarded contract.
+                unsafe { cur.scatter(&self.bounce.as_slice()[..n]) };
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Makes written data durable (synchronously).
+    pub fn flush(&mut self) -> Result<(), StoreError> {
+        self.ch.flush_cache(SYNC_UD)?;
+        Ok(self.wait()?)
+    }
+
+    /// Zeroes `nlb` blocks at `lba`; `dealloc`: deallocates them instead
+    /// (they read back as zeroes either way). Synchronously.
+    pub fn zero(&mut self, lba: u64, nlb: u64, dealloc: bool) -> Result<(), StoreError> {
+        if dealloc {
+            self.ch.unmap(lba, nlb, SYNC_UD)?
+        } else {
+            self.ch.write_zeroes(lba, nlb, SYNC_UD)?
+        }
+        Ok(self.wait()?)
+    }
+}
+
+/// A position in a segment list, for copies in pieces.
+struct Cursor<'a> {
+    segs: &'a [Seg],
+    i: usize,
+    off: usize,
+}
+
+impl Cursor<'_> {
+    /// Copies the next `len` bytes of the segments to `dev`, or
+    /// (`to_host`) `len` bytes at `dev` into them.
+    ///
+    /// # Safety
+    /// As `NsChan::rw`; the segments total at least what is left to copy;
+    /// `dev` is valid for `len` bytes (for writes unless `to_host`) and
+    /// disjoint from host memory.
+    unsafe fn copy(&mut self, dev: *mut u8, len: usize, to_host: bool) {
+        let mut done = 0;
+        while done < len {
+            let Some(s) = self.segs.get(self.i) else {
+                debug_assert!(false, "segments shorter than the transfer");
+                return;
+            };
+            let n = (s.len - self.off).min(len - done);
+            // SAFETY: `off + n <= s.len` bytes of a mapped segment and
+            // `done + n <= len` bytes at `dev` (the caller's contract).
+            unsafe {
+                let host = s.ptr.add(self.off);
+                let dev = dev.add(done);
+                if to_host {
+                    std::ptr::copy_nonoverlapping(dev, host, n)
+                } else {
+                    std::ptr::copy_nonoverlapping(host, dev, n)
+                }
+            }
+            done += n;
+            self.off += n;
+            if self.off == s.len {
+                self.i += 1;
+                self.off = 0;
+            }
+        }
+    }
+
+    /// # Safety
+    /// As `copy`.
+    unsafe fn gather(&mut self, dst: &mut [u8]) {
+        // SAFETY: forwarded contract; `dst` is writable for its length.
+        unsafe { self.copy(dst.as_mut_ptr(), dst.len(), false) }
+    }
+
+    /// # Safety
+    /// As `copy`.
+    unsafe fn scatter(&mut self, src: &[u8]) {
+        // SAFETY: forwarded contract; `src` is only read (`to_host`).
+        unsafe { self.copy(src.as_ptr().cast_mut(), src.len(), true) }
+    }
+}

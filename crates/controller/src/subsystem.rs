@@ -1,0 +1,273 @@
+//! The subsystem: what every controller of it shares, read-only once
+//! built (an `Arc<Subsystem>` is cheap to hand to every thread): the
+//! identity, the limits, the personality (PCIe or Fabrics) and the
+//! namespaces (NSID → bdev, LBA size, size in blocks).
+use std::sync::Arc;
+
+use pollux_bdev::Bdev;
+
+use crate::ControllerError;
+
+/// Most namespaces a subsystem may have (Identify NN).
+pub const MAX_NAMESPACES: usize = 1024;
+/// Largest MDTS accepted (4 KiB << 16 = 256 MiB).
+pub const MAX_MDTS: u8 = 16;
+
+/// Identify Controller's identity fields.
+#[derive(Clone, Debug)]
+pub struct Identity {
+    /// SN: 1..=20 printable ASCII characters.
+    pub serial: String,
+    /// MN: at most 40 printable ASCII characters.
+    pub model: String,
+    /// FR and firmware slot 1: at most 8 printable ASCII characters.
+    pub firmware: String,
+    /// PCI vendor ID (VID).
+    pub vid: u16,
+    /// PCI subsystem vendor ID (SSVID).
+    pub ssvid: u16,
+    /// IEEE OUI identifier.
+    pub ieee: [u8; 3],
+    /// NVM Subsystem NVMe Qualified Name (at most 223 bytes).
+    pub subnqn: String,
+}
+
+/// Limits every controller of the subsystem reports and enforces.
+#[derive(Clone, Copy, Debug)]
+pub struct Limits {
+    /// CAP.MQES (0's based), at least 1.
+    pub mqes: u16,
+    /// I/O queues granted at most by Set Features Number of Queues.
+    pub max_io_queues: u16,
+    /// Identify MDTS: max transfer is `4 KiB << mdts`; 0 = unlimited.
+    pub mdts: u8,
+    /// Identify ACL (0's based), at most 15.
+    pub abort_limit: u8,
+    /// Identify AERL (0's based), at most 15.
+    pub aer_limit: u8,
+    /// CAP.TO (500 ms units), at least 1.
+    pub cap_to: u8,
+}
+
+impl Limits {
+    /// Largest data transfer in bytes (`None` = unlimited).
+    pub fn max_transfer(&self) -> Option<usize> {
+        (self.mdts != 0).then(|| 4096usize << self.mdts)
+    }
+}
+
+/// What the PCIe transport adds.
+#[derive(Clone, Copy, Debug)]
+pub struct PcieTraits {
+    /// CAP.DSTRD.
+    pub dstrd: u8,
+    /// Interrupt vectors (MSI-X table size), at least 1: Interrupt
+    /// Coalescing and Interrupt Vector Configuration exist.
+    pub irq_vectors: u16,
+    /// Doorbell Buffer Config is advertised (OACS bit 8).
+    pub shadow_doorbells: bool,
+}
+
+/// What a fabrics transport adds (Identify Controller's fabrics fields).
+#[derive(Clone, Copy, Debug)]
+pub struct FabricsTraits {
+    /// Bytes of in-capsule data an I/O command capsule may carry (IOCCSZ
+    /// is the command, 64 bytes, plus this, in 16-byte units).
+    pub in_capsule_data: u32,
+    /// KAS: Keep Alive granularity, 100 ms units (0: no Keep Alive).
+    pub kas: u16,
+}
+
+/// The kind of controller the subsystem's controllers are.
+#[derive(Clone, Copy, Debug)]
+pub enum Personality {
+    /// An NVMe PCIe controller (the emulator).
+    Pcie(PcieTraits),
+    /// An NVMe-oF I/O controller (dynamic controller model). A discovery
+    /// personality (CNTRLTYPE discovery) would be a third variant.
+    Fabrics(FabricsTraits),
+}
+
+impl Personality {
+    pub fn is_fabrics(&self) -> bool {
+        matches!(self, Personality::Fabrics(_))
+    }
+
+    /// Interrupt vectors (0 for fabrics).
+    pub fn irq_vectors(&self) -> u16 {
+        match self {
+            Personality::Pcie(p) => p.irq_vectors,
+            Personality::Fabrics(_) => 0,
+        }
+    }
+}
+
+/// One namespace: its bdev and geometry.
+#[derive(Clone)]
+pub struct Namespace {
+    bdev: Bdev,
+    lba_shift: u8,
+    nsze: u64,
+}
+
+impl std::fmt::Debug for Namespace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Namespace")
+            .field("bdev", &self.bdev.name())
+            .field("lba_shift", &self.lba_shift)
+            .field("nsze", &self.nsze)
+            .finish()
+    }
+}
+
+impl Namespace {
+    /// The first `nsze` blocks of `bdev` (0: all of it), whose block size
+    /// must be 512 or 4096 bytes (the LBA formats Identify reports).
+    pub fn new(bdev: Bdev, nsze: u64) -> Result<Namespace, ControllerError> {
+        let info = bdev.info();
+        let bad = |why: String| {
+            Err(ControllerError::InvalidNamespace {
+                bdev: info.name.clone(),
+                why,
+            })
+        };
+        let lba_shift = info.block_shift() as u8;
+        if lba_shift != 9 && lba_shift != 12 {
+            return bad(format!(
+                "block size {} is not 512 or 4096 bytes",
+                info.block_size
+            ));
+        }
+        let nsze = if nsze == 0 { info.num_blocks } else { nsze };
+        if nsze > info.num_blocks {
+            return bad(format!(
+                "{nsze} blocks requested but the bdev has {}",
+                info.num_blocks
+            ));
+        }
+        Ok(Namespace {
+            bdev,
+            lba_shift,
+            nsze,
+        })
+    }
+
+    pub fn bdev(&self) -> &Bdev {
+        &self.bdev
+    }
+
+    /// log2 of the LBA size.
+    pub fn lba_shift(&self) -> u8 {
+        self.lba_shift
+    }
+
+    /// Size in logical blocks.
+    pub fn nsze(&self) -> u64 {
+        self.nsze
+    }
+}
+
+/// What every controller of the subsystem shares.
+#[derive(Debug)]
+pub struct Subsystem {
+    identity: Identity,
+    limits: Limits,
+    personality: Personality,
+    namespaces: Vec<Namespace>,
+}
+
+fn ascii_ok(s: &str, max: usize) -> bool {
+    s.len() <= max && s.bytes().all(|b| (0x20..0x7f).contains(&b))
+}
+
+impl Subsystem {
+    /// Checks every bound the controller relies on. NSIDs are `1..=n` in
+    /// the order given.
+    pub fn new(
+        identity: Identity,
+        limits: Limits,
+        personality: Personality,
+        namespaces: Vec<Namespace>,
+    ) -> Result<Arc<Subsystem>, ControllerError> {
+        let bad = |m: String| Err(ControllerError::InvalidConfig(m));
+        if identity.serial.is_empty() || !ascii_ok(&identity.serial, 20) {
+            return bad("serial must be 1..=20 printable ASCII characters".into());
+        }
+        if !ascii_ok(&identity.model, 40) {
+            return bad("model must be at most 40 printable ASCII characters".into());
+        }
+        if !ascii_ok(&identity.firmware, 8) {
+            return bad("firmware must be at most 8 printable ASCII characters".into());
+        }
+        if identity.subnqn.len() > 223 {
+            return bad(format!(
+                "subsystem NQN {:?} longer than 223 bytes",
+                identity.subnqn
+            ));
+        }
+        if namespaces.len() > MAX_NAMESPACES {
+            return bad(format!(
+                "{} namespaces (max {MAX_NAMESPACES})",
+                namespaces.len()
+            ));
+        }
+        if limits.mqes < 1 {
+            return bad("mqes must be at least 1 (2 entries)".into());
+        }
+        if limits.max_io_queues == 0 {
+            return bad("max_io_queues must be at least 1".into());
+        }
+        if limits.mdts > MAX_MDTS {
+            return bad(format!("mdts {} > {MAX_MDTS}", limits.mdts));
+        }
+        if limits.cap_to == 0 {
+            return bad("cap_to must be at least 1".into());
+        }
+        if limits.abort_limit > 15 || limits.aer_limit > 15 {
+            return bad("abort_limit and aer_limit must be at most 15".into());
+        }
+        match personality {
+            Personality::Pcie(p) if p.irq_vectors == 0 => {
+                return bad("irq_vectors must be at least 1".into());
+            }
+            // IOCCSZ counts 16-byte units (and is a 32-bit field).
+            Personality::Fabrics(f)
+                if f.in_capsule_data % 16 != 0 || f.in_capsule_data > u32::MAX - 64 =>
+            {
+                return bad(format!(
+                    "in-capsule data size {} is not a multiple of 16 bytes",
+                    f.in_capsule_data
+                ));
+            }
+            _ => {}
+        }
+        Ok(Arc::new(Subsystem {
+            identity,
+            limits,
+            personality,
+            namespaces,
+        }))
+    }
+
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
+    pub fn limits(&self) -> &Limits {
+        &self.limits
+    }
+
+    pub fn personality(&self) -> &Personality {
+        &self.personality
+    }
+
+    /// The namespaces, NSID 1 first.
+    pub fn namespaces(&self) -> &[Namespace] {
+        &self.namespaces
+    }
+
+    /// Namespace `nsid` (1-based), if it exists.
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+        self.namespaces.get((nsid as usize).wrapping_sub(1))
+    }
+}
