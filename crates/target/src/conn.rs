@@ -80,6 +80,9 @@ struct Body {
     left: u32,
     data_len: u32,
     sink: Sink,
+    /// The command slot the PDU belongs to (also when its data is
+    /// discarded).
+    slot: Option<u16>,
     /// Where the next byte goes in the sink.
     off: u32,
     dg: DataDigest,
@@ -684,9 +687,10 @@ impl Conn {
         true
     }
 
-    fn body(pdu: PduHeader, layout: &PduLayout, sink: Sink, off: u32) -> Body {
+    fn body(pdu: PduHeader, layout: &PduLayout, sink: Sink, slot: Option<u16>, off: u32) -> Body {
         Body {
             pdu,
+            slot,
             pad: layout.pad_len(),
             left: layout.data_len,
             data_len: layout.data_len,
@@ -764,17 +768,23 @@ impl Conn {
                         Sink::Slot(i)
                     } else if dl > self.icd_max {
                         s.err = Some(gen(generic::SGL_OFFSET_INVALID));
-                        self.rxst = RxState::Body(Self::body(pdu, layout, Sink::Discard, i as u32));
+                        self.rxst =
+                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
                         return Ok(());
                     } else if s.ensure_buf(dl as usize) {
                         Sink::Slot(i)
                     } else {
                         s.err = Some(gen(generic::INTERNAL_ERROR));
-                        self.rxst = RxState::Body(Self::body(pdu, layout, Sink::Discard, i as u32));
+                        self.rxst =
+                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
                         return Ok(());
                     }
                 };
-                let b = Self::body(pdu, layout, sink, 0);
+                let slot = match sink {
+                    Sink::Slot(i) => Some(i),
+                    _ => None,
+                };
+                let b = Self::body(pdu, layout, sink, slot, 0);
                 if layout.data_len == 0 && layout.pad_len() == 0 {
                     self.on_body(ctx, &b, true);
                 } else {
@@ -805,7 +815,13 @@ impl Conn {
                     ));
                 }
                 check_data_range(PduType::H2CData, h.datao, h.datal, s.got, s.xfer)?;
-                self.rxst = RxState::Body(Self::body(pdu, layout, Sink::Slot(i as u16), h.datao));
+                self.rxst = RxState::Body(Self::body(
+                    pdu,
+                    layout,
+                    Sink::Slot(i as u16),
+                    Some(i as u16),
+                    h.datao,
+                ));
                 Ok(())
             }
             other => Err(internal(&format!("unexpected PDU {other:?}"))),
@@ -826,9 +842,10 @@ impl Conn {
                         self.advance_sqhd();
                         self.command(ctx, i, b.data_len);
                     }
-                    Sink::Discard if !matches!(self.bound, Bound::None) => {
-                        // A slot whose data was refused: `off` holds it.
-                        let i = b.off as u16;
+                    Sink::Discard if b.slot.is_some() => {
+                        // A command whose data was refused (its slot
+                        // holds the status).
+                        let i = b.slot.unwrap_or_default();
                         self.advance_sqhd();
                         self.command(ctx, i, 0);
                     }

@@ -11,8 +11,8 @@ use pollux_spec::fabrics::{
     CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
 };
 use pollux_spec::tcp::{
-    write_header, CapsuleCmd, CommonHeader, DataDigest, Digests, H2CData, IcReq, IcResp,
-    PduHeader, PduLayout, Role, RxConfig, TermReq,
+    write_header, CapsuleCmd, CommonHeader, DataDigest, Digests, H2CData, IcReq, IcResp, PduHeader,
+    PduLayout, Role, RxConfig, TermReq,
 };
 use pollux_spec::{Cqe, NvmOpcode, Sqe};
 use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
@@ -51,8 +51,19 @@ pub struct Client {
 
 pub enum Pdu {
     Resp(Cqe),
-    C2H { cccid: u16, datao: u32, data: Vec<u8>, last: bool, success: bool },
-    R2T { cccid: u16, ttag: u16, r2to: u32, r2tl: u32 },
+    C2H {
+        cccid: u16,
+        datao: u32,
+        data: Vec<u8>,
+        last: bool,
+        success: bool,
+    },
+    R2T {
+        cccid: u16,
+        ttag: u16,
+        r2to: u32,
+        r2tl: u32,
+    },
     Term(TermReq),
 }
 
@@ -119,7 +130,9 @@ impl Client {
     pub fn recv_hdr(&mut self) -> (PduHeader, Vec<u8>) {
         let first = self.read_exact(8);
         let ch = CommonHeader::read(&first).unwrap();
-        let l = ch.check(&self.rx).unwrap_or_else(|e| panic!("bad PDU from target: {e}"));
+        let l = ch
+            .check(&self.rx)
+            .unwrap_or_else(|e| panic!("bad PDU from target: {e}"));
         let mut all = first;
         all.extend(self.read_exact(l.plen as usize - 8));
         let h = PduHeader::parse(&all, &l, &self.rx).unwrap();
@@ -184,8 +197,22 @@ impl Client {
         }
     }
 
-    pub fn connect_cmd(&mut self, qid: u16, sqsize: u16, kato: u32, cntlid: u16, sub: &str, host: &str, flow_off: bool) -> Cqe {
-        let mut c = ConnectCmd::new(qid, sqsize, if flow_off { CATTR_DISABLE_SQ_FLOW } else { 0 }, kato);
+    pub fn connect_cmd(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        kato: u32,
+        cntlid: u16,
+        sub: &str,
+        host: &str,
+        flow_off: bool,
+    ) -> Cqe {
+        let mut c = ConnectCmd::new(
+            qid,
+            sqsize,
+            if flow_off { CATTR_DISABLE_SQ_FLOW } else { 0 },
+            kato,
+        );
         c.cid = self.next_cid();
         let d = ConnectData::new([7; 16], cntlid, sub, host).unwrap();
         self.capsule(&c.to_sqe(), d.as_bytes());
@@ -219,7 +246,13 @@ impl Client {
         let mut data = Vec::new();
         loop {
             match self.recv() {
-                Pdu::C2H { cccid, datao, data: d, last, success } => {
+                Pdu::C2H {
+                    cccid,
+                    datao,
+                    data: d,
+                    last,
+                    success,
+                } => {
                     assert_eq!(cccid, sqe.cid);
                     assert_eq!(datao as usize, data.len());
                     data.extend(d);
@@ -263,7 +296,12 @@ impl Client {
         SglDescriptor::tcp_transport(data.len() as u32).write_to_sqe(&mut sqe);
         self.capsule(&sqe, &[]);
         let (ttag, r2to, r2tl) = match self.recv() {
-            Pdu::R2T { cccid, ttag, r2to, r2tl } => {
+            Pdu::R2T {
+                cccid,
+                ttag,
+                r2to,
+                r2tl,
+            } => {
                 assert_eq!(cccid, sqe.cid);
                 (ttag, r2to, r2tl)
             }
@@ -277,7 +315,8 @@ impl Client {
         while off < data.len() {
             let n = chunk.min(data.len() - off);
             let last = off + n == data.len();
-            let (h, l) = H2CData::new(sqe.cid, ttag, off as u32, n as u32, last, self.dg, 0).unwrap();
+            let (h, l) =
+                H2CData::new(sqe.cid, ttag, off as u32, n as u32, last, self.dg, 0).unwrap();
             self.send_pdu(h.as_bytes(), &l, &data[off..off + n]);
             off += n;
         }
@@ -291,7 +330,14 @@ impl Client {
 
     /// Number of Queues (Set Features) then I/O queue `qid` on `cntlid`
     /// over a new connection.
-    pub fn io_queue(addr: SocketAddr, dg: Digests, cntlid: u16, qid: u16, host: &str, flow_off: bool) -> Client {
+    pub fn io_queue(
+        addr: SocketAddr,
+        dg: Digests,
+        cntlid: u16,
+        qid: u16,
+        host: &str,
+        flow_off: bool,
+    ) -> Client {
         let mut c = Client::connect(addr);
         c.ic(dg);
         let r = c.connect_cmd(qid, 63, 0, cntlid, SUB1, host, flow_off);
@@ -301,5 +347,7 @@ impl Client {
 }
 
 pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
 }
