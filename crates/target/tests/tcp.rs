@@ -369,3 +369,136 @@ fn a_data_digest_error_fails_the_command_not_the_connection() {
     assert_eq!(q.read(1, 0, 1024).0, data);
     let _ = Status::SUCCESS;
 }
+
+/// Each malformed PDU gets a C2HTermReq with its FES/FEI and a closed
+/// connection; a healthy connection's verified I/O goes on in between.
+#[test]
+fn malformed_pdus_terminate_only_their_connection() {
+    use pollux_spec::tcp::{CapsuleCmd, Fes, H2CData, PduLayout};
+    use zerocopy::IntoBytes;
+    let t = ram_target(4096);
+    let addr = t.listen_addrs()[0];
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(SUB1, HOST_A, 0);
+    let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
+    let mut round = 0u8;
+    let mut check_healthy = |h: &mut Client| {
+        round += 1;
+        let d = pattern(64 << 10, round);
+        assert!(h.write(1, 256, &d, false).status().is_success());
+        assert_eq!(h.read(1, 256, d.len()).0, d);
+    };
+    check_healthy(&mut healthy);
+
+    let fresh = |dg: Digests| {
+        let mut c = Client::connect(addr);
+        c.ic(dg);
+        c
+    };
+    let capsule_bytes = |c: &Client, icd: u32| {
+        let mut sqe = Sqe::new(0x06, 0);
+        sqe.cid = 9;
+        let (h, l) = CapsuleCmd::new(&sqe, icd, c.dg, 0).unwrap();
+        let mut v = vec![0u8; l.plen as usize];
+        pollux_spec::tcp::write_header(h.as_bytes(), &l, &mut v).unwrap();
+        v
+    };
+
+    // Bad HLEN (71 instead of 72): Invalid PDU Header Field at byte 2.
+    let mut c = fresh(Digests::NONE);
+    let mut p = capsule_bytes(&c, 0);
+    p[2] = 71;
+    std::io::Write::write_all(&mut c.s, &p).unwrap();
+    let tr = c.expect_term();
+    assert_eq!((tr.fes(), tr.fei()), (Fes::INVALID_HEADER_FIELD, 2));
+    check_healthy(&mut healthy);
+
+    // Bad PDO (not a multiple of 4 with CPDA 0): field at byte 3.
+    let mut c = fresh(Digests::NONE);
+    let mut p = capsule_bytes(&c, 16);
+    p[3] = 73;
+    std::io::Write::write_all(&mut c.s, &p).unwrap();
+    let tr = c.expect_term();
+    assert_eq!((tr.fes(), tr.fei()), (Fes::INVALID_HEADER_FIELD, 3));
+    assert_eq!(tr.data_len(), 72, "the offending header comes back");
+    check_healthy(&mut healthy);
+
+    // Wrong header digest: FEI is the digest received.
+    let mut c = fresh(Digests::BOTH);
+    let mut p = capsule_bytes(&c, 0);
+    p[72..76].copy_from_slice(&0xDEAD_BEEFu32.to_le_bytes());
+    std::io::Write::write_all(&mut c.s, &p).unwrap();
+    let tr = c.expect_term();
+    assert_eq!(
+        (tr.fes(), tr.fei()),
+        (Fes::HEADER_DIGEST_ERROR, 0xDEAD_BEEF)
+    );
+    check_healthy(&mut healthy);
+
+    // H2CData beyond the command's data: Data Transfer Out of Range.
+    let mut q2 = Client::io_queue(addr, Digests::NONE, cntlid, 2, HOST_A, true);
+    let mut sqe = Sqe::rw(NvmOpcode::Write, 1, 0, 8);
+    sqe.cid = 77;
+    SglDescriptor::tcp_transport(4096).write_to_sqe(&mut sqe);
+    q2.capsule(&sqe, &[]);
+    let ttag = match q2.recv() {
+        Pdu::R2T { ttag, r2tl, .. } => {
+            assert_eq!(r2tl, 4096);
+            ttag
+        }
+        _ => panic!("expected R2T"),
+    };
+    let (h, l) = H2CData::new(77, ttag, 0, 8192, true, q2.dg, 0).unwrap();
+    q2.send_pdu(h.as_bytes(), &l, &pattern(8192, 9));
+    let tr = q2.expect_term();
+    assert_eq!(tr.fes(), Fes::DATA_TRANSFER_OUT_OF_RANGE);
+    check_healthy(&mut healthy);
+
+    // H2CData for a transfer tag with no R2T outstanding: TTAG (byte 10).
+    let mut q3 = Client::io_queue(addr, Digests::NONE, cntlid, 3, HOST_A, true);
+    let (h, l) = H2CData::new(5, 3, 0, 512, true, q3.dg, 0).unwrap();
+    q3.send_pdu(h.as_bytes(), &l, &pattern(512, 1));
+    let tr = q3.expect_term();
+    assert_eq!((tr.fes(), tr.fei()), (Fes::INVALID_HEADER_FIELD, 10));
+    check_healthy(&mut healthy);
+
+    // A PDU type a controller never receives (C2HData): PDU-Type, byte 0.
+    let mut c = fresh(Digests::NONE);
+    let l = PduLayout::new(pollux_spec::tcp::PduType::C2HData, Digests::NONE, 0, 4).unwrap();
+    let h = pollux_spec::tcp::C2HData::new(1, 0, 4, true, false, Digests::NONE, 0)
+        .unwrap()
+        .0;
+    c.send_pdu(h.as_bytes(), &l, &[0; 4]);
+    let tr = c.expect_term();
+    assert_eq!((tr.fes(), tr.fei()), (Fes::INVALID_HEADER_FIELD, 0));
+
+    // A command before ICReq: PDU Sequence Error.
+    let mut c = Client::connect(addr);
+    let p = capsule_bytes(&c, 0);
+    std::io::Write::write_all(&mut c.s, &p).unwrap();
+    let tr = c.expect_term();
+    assert_eq!(tr.fes(), Fes::PDU_SEQUENCE_ERROR);
+
+    // More commands than SQSIZE + 1 at once: PDU Sequence Error.
+    let mut q4 = Client::io_queue(addr, Digests::NONE, cntlid, 4, HOST_A, true);
+    for k in 0..65u16 {
+        let mut sqe = Sqe::rw(NvmOpcode::Write, 1, 0, 8);
+        sqe.cid = k;
+        SglDescriptor::tcp_transport(4096).write_to_sqe(&mut sqe);
+        q4.capsule(&sqe, &[]);
+    }
+    loop {
+        match q4.recv() {
+            Pdu::R2T { .. } => continue,
+            Pdu::Term(t) => {
+                assert_eq!(t.fes(), Fes::PDU_SEQUENCE_ERROR);
+                break;
+            }
+            _ => panic!("expected R2Ts then a TermReq"),
+        }
+    }
+    q4.expect_eof();
+    check_healthy(&mut healthy);
+    assert_eq!(t.controllers(), 1);
+}
