@@ -512,18 +512,21 @@ impl Conn {
                 self.re -= self.rs;
                 self.rs = 0;
             }
-            let r = if let Some(n) = self.direct_receive() {
-                n
+            // (bytes read in all, of them into the receive buffer)
+            let r = if let Some(r) = self.direct_receive() {
+                r
+            } else if self.re == self.rx.len() {
+                break;
             } else {
                 let (_, tail) = self.rx.split_at_mut(self.re);
-                sock::recv2(self.fd, tail, &mut [])
+                sock::recv2(self.fd, tail, &mut []).map(|o| o.map(|n| (n, n)))
             };
             match r {
-                Ok(Some(0)) => {
+                Ok(Some((0, _))) => {
                     self.close_now(ctx, "host closed the connection");
                     return true;
                 }
-                Ok(Some(n)) => {
+                Ok(Some((_, n))) => {
                     self.re += n;
                     busy = true;
                     self.process(ctx);
@@ -546,10 +549,11 @@ impl Conn {
     }
 
     /// One `readv` into the buffer of a large data PDU being received and
-    /// the receive buffer; the bytes for the data are taken in here, the
-    /// rest is returned as read into the receive buffer.
+    /// the receive buffer; the bytes for the data are taken in here.
+    /// Returns the bytes read in all and those that went to the receive
+    /// buffer (which starts empty).
     #[allow(clippy::type_complexity)]
-    fn direct_receive(&mut self) -> Option<std::io::Result<Option<usize>>> {
+    fn direct_receive(&mut self) -> Option<std::io::Result<Option<(usize, usize)>>> {
         if !self.shared.opts.direct_receive || self.rs != self.re {
             return None;
         }
@@ -567,18 +571,19 @@ impl Conn {
             .as_mut_slice()
             .get_mut(b.off as usize..(b.off + b.left) as usize)?;
         let r = sock::recv2(self.fd, dst, &mut self.rx[..]);
-        if let Ok(Some(n)) = r {
-            let n1 = n.min(b.left as usize);
-            if b.want_dd {
-                b.dg.update(&dst[..n1]);
-            }
-            b.off += n1 as u32;
-            b.left -= n1 as u32;
-            self.rs = 0;
-            self.re = 0;
-            return Some(Ok(Some(n - n1)));
-        }
-        Some(r)
+        Some(r.map(|o| {
+            o.map(|n| {
+                let n1 = n.min(b.left as usize);
+                if b.want_dd {
+                    b.dg.update(&dst[..n1]);
+                }
+                b.off += n1 as u32;
+                b.left -= n1 as u32;
+                self.rs = 0;
+                self.re = 0;
+                (n, n - n1)
+            })
+        }))
     }
 
     /// Parses and handles every complete piece in the receive buffer.

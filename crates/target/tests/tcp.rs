@@ -101,7 +101,10 @@ fn admin_bring_up_properties_and_identify() {
 }
 
 fn io_round_trip(dg: Digests, flow_off: bool) {
-    let t = ram_target(4096);
+    io_round_trip_on(ram_target(4096), dg, flow_off);
+}
+
+fn io_round_trip_on(t: pollux_target::Target, dg: Digests, flow_off: bool) {
     let addr = t.listen_addrs()[0];
     let mut a = Client::connect(addr);
     a.ic(dg);
@@ -501,4 +504,61 @@ fn malformed_pdus_terminate_only_their_connection() {
     q4.expect_eof();
     check_healthy(&mut healthy);
     assert_eq!(t.controllers(), 1);
+}
+
+/// Each technique switched away from its default moves the same data.
+#[test]
+fn every_technique_switch_moves_data_intact() {
+    use pollux_target::TransportOptions;
+    let base = TransportOptions::default();
+    let cores: Vec<usize> = if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
+        vec![0, 1]
+    } else {
+        vec![0]
+    };
+    for (what, o) in [
+        (
+            "MSG_ZEROCOPY from 4 KiB",
+            TransportOptions {
+                zerocopy_threshold: Some(4096),
+                ..base.clone()
+            },
+        ),
+        (
+            "no direct receive",
+            TransportOptions {
+                direct_receive: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "no epoll idle sleep",
+            TransportOptions {
+                epoll_idle: false,
+                ..base.clone()
+            },
+        ),
+        (
+            "SO_INCOMING_CPU placement",
+            TransportOptions {
+                incoming_cpu: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "4 KiB receive buffer",
+            TransportOptions {
+                rx_buffer: 4096,
+                ..base.clone()
+            },
+        ),
+    ] {
+        eprintln!("CASE {what}");
+        io_round_trip_on(
+            ram_target_with(4096, o.clone(), &cores),
+            Digests::BOTH,
+            true,
+        );
+        io_round_trip_on(ram_target_with(4096, o, &cores), Digests::NONE, false);
+    }
 }

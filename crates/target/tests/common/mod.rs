@@ -25,7 +25,16 @@ pub const SUB1: &str = "nqn.2024-01.io.pollux:sub1";
 /// A target with one subsystem (`SUB1`, any host) on a RAM bdev of
 /// `blocks` 512-byte blocks, listening on a free loopback port.
 pub fn ram_target(blocks: u64) -> Target {
+    ram_target_with(blocks, pollux_target::TransportOptions::default(), &[0])
+}
+
+pub fn ram_target_with(
+    blocks: u64,
+    opts: pollux_target::TransportOptions,
+    cores: &[usize],
+) -> Target {
     let mut cfg = TargetConfig::default();
+    cfg.transport = opts;
     cfg.bdevs.push(Bdev::ram("Malloc0", 512, blocks).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
     s.namespaces.push(pollux_target::NamespaceConfig {
@@ -34,7 +43,7 @@ pub fn ram_target(blocks: u64) -> Target {
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);
-    start(cfg)
+    Target::start(cfg, cores, RuntimeOptions::default()).unwrap()
 }
 
 pub fn start(cfg: TargetConfig) -> Target {
