@@ -147,7 +147,7 @@ impl TransportOptions {
         if self.max_io_qpairs_per_ctrlr == 0 {
             return bad("max_io_qpairs_per_ctrlr", 0, "must be at least 1");
         }
-        if self.in_capsule_data_size % 16 != 0 || self.in_capsule_data_size > (1 << 20) {
+        if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > (1 << 20) {
             return bad(
                 "in_capsule_data_size",
                 self.in_capsule_data_size as u64,
@@ -168,7 +168,7 @@ impl TransportOptions {
                 "must be a power of two from 4 KiB to 16 MiB",
             );
         }
-        if self.max_h2c_data < 4096 || self.max_h2c_data % 4 != 0 {
+        if self.max_h2c_data < 4096 || !self.max_h2c_data.is_multiple_of(4) {
             return bad(
                 "max_h2c_data",
                 self.max_h2c_data as u64,

@@ -405,11 +405,9 @@ impl Conn {
         }
         match self.phase {
             Phase::Closing => busy |= self.closing(ctx),
-            Phase::Ready | Phase::Init if self.draining => {
-                // Shutdown: finish what is in flight, then close.
-                if !self.needs_poll() {
-                    self.begin_close(ctx, "target shutting down");
-                }
+            // Shutdown: finish what is in flight, then close.
+            Phase::Ready | Phase::Init if self.draining && !self.needs_poll() => {
+                self.begin_close(ctx, "target shutting down");
             }
             _ => {}
         }
@@ -1502,10 +1500,11 @@ impl Conn {
                         if big && n > 0 {
                             break;
                         }
-                        // SAFETY: `ptr` is within slot `slot`'s lent
-                        // buffer, `skip <= len`.
+                        // SAFETY: `ptr` starts slot `slot`'s lent buffer
+                        // of at least `len` bytes, and `skip <= len`.
+                        let base = unsafe { ptr.add(skip) };
                         iov[n] = libc::iovec {
-                            iov_base: unsafe { ptr.add(skip) } as *mut _,
+                            iov_base: base as *mut _,
                             iov_len: len - skip,
                         };
                         n += 1;

@@ -33,7 +33,7 @@ fn icresp_agrees_with_the_hosts_digests() {
         assert_eq!(r.pfv, 0);
         assert_eq!(r.cpda, 0);
         assert_eq!(r.digests(), dg);
-        assert!(r.maxh2cdata >= 4096 && r.maxh2cdata % 4 == 0);
+        assert!(r.maxh2cdata >= 4096 && r.maxh2cdata.is_multiple_of(4));
         // The connection works with those digests.
         let cq = c.admin_connect(SUB1, HOST_A, 0);
         assert!(cq.status().is_success());
@@ -307,7 +307,7 @@ fn sgl_descriptors_other_than_offset_and_transport_are_refused() {
     let cntlid = a.bring_up(SUB1, HOST_A, 0);
     let mut q = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
     let data = pattern(512, 3);
-    let mut send = |q: &mut Client, d: SglDescriptor, icd: &[u8]| {
+    let send = |q: &mut Client, d: SglDescriptor, icd: &[u8]| {
         let mut sqe = Sqe::rw(NvmOpcode::Write, 1, 0, 1);
         sqe.cid = q.next_cid();
         d.write_to_sqe(&mut sqe);

@@ -33,8 +33,10 @@ pub fn ram_target_with(
     opts: pollux_target::TransportOptions,
     cores: &[usize],
 ) -> Target {
-    let mut cfg = TargetConfig::default();
-    cfg.transport = opts;
+    let mut cfg = TargetConfig {
+        transport: opts,
+        ..Default::default()
+    };
     cfg.bdevs.push(Bdev::ram("Malloc0", 512, blocks).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
     s.namespaces.push(pollux_target::NamespaceConfig {
@@ -206,6 +208,7 @@ impl Client {
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     pub fn connect_cmd(
         &mut self,
         qid: u16,
