@@ -5,6 +5,7 @@ mod bdevperf;
 mod perf;
 mod pingpong;
 mod setup;
+mod target;
 
 #[derive(Parser)]
 #[command(
@@ -28,6 +29,8 @@ enum Command {
         #[command(subcommand)]
         cmd: setup::SetupCommand,
     },
+    /// Serve bdevs over NVMe/TCP (an NVMe-oF target, modelled on SPDK's nvmf_tgt).
+    Target(target::TargetArgs),
     /// Measure the cross-core cache-line round trip (the QD 1 latency floor).
     #[command(hide = true)]
     Pingpong(pingpong::PingpongArgs),
@@ -67,6 +70,13 @@ fn main() {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("pollux setup: {e}");
+                2
+            }
+        },
+        Command::Target(args) => match target::run(args) {
+            Ok(()) => 0,
+            Err(e) => {
+                eprintln!("pollux target: {e}");
                 2
             }
         },

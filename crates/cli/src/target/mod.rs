@@ -1,0 +1,272 @@
+//! `pollux target`: an NVMe/TCP target (pollux-target) from quick flags
+//! (one subsystem, one namespace) or SPDK's JSON configuration (`-c`).
+use std::io::Write;
+use std::net::SocketAddr;
+
+use clap::Args;
+use pollux_bdev::{Bdev, UringOptions};
+use pollux_target::{
+    NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
+};
+
+use crate::bdevperf::parse_mask;
+use crate::perf::parse_size;
+use crate::perf::{check_cores, online_cpus};
+
+#[derive(Args, Debug, Clone)]
+pub struct TargetArgs {
+    /// Listen address (IP:port), repeatable (quick mode; default
+    /// 127.0.0.1:4420).
+    #[arg(long = "listen")]
+    pub listen: Vec<String>,
+    /// A null namespace of this size (stores nothing).
+    #[arg(long = "null")]
+    pub null: Option<String>,
+    /// A RAM namespace of this size.
+    #[arg(long = "ram")]
+    pub ram: Option<String>,
+    /// A namespace on a file or block device through io_uring.
+    #[arg(long = "uring")]
+    pub uring: Option<String>,
+    /// A namespace on an NVMe controller (perf's transport ID).
+    #[arg(long = "nvme")]
+    pub nvme: Option<String>,
+    /// Block size of --null and --ram.
+    #[arg(long = "block-size", default_value_t = 512)]
+    pub block_size: u32,
+    /// Subsystem NQN (quick mode).
+    #[arg(long = "nqn", default_value = "nqn.2016-06.io.pollux:cnode1")]
+    pub nqn: String,
+    /// A host NQN allowed to connect, repeatable (default: any host).
+    #[arg(long = "host")]
+    pub host: Vec<String>,
+    /// Serial number (quick mode).
+    #[arg(long = "serial")]
+    pub serial: Option<String>,
+    /// Model number (quick mode).
+    #[arg(long = "model")]
+    pub model: Option<String>,
+    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
+    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
+    pub cpumask: String,
+    /// SPDK JSON configuration (bdev and nvmf subsystems).
+    #[arg(short = 'c', long = "config")]
+    pub config: Option<String>,
+    /// In-capsule data bytes of I/O capsules.
+    #[arg(long = "in-capsule-data-size")]
+    pub in_capsule_data_size: Option<String>,
+    /// Entries of an I/O queue at most.
+    #[arg(long = "max-queue-depth")]
+    pub max_queue_depth: Option<u16>,
+    /// Largest transfer of one command (a power of two).
+    #[arg(long = "max-io-size")]
+    pub max_io_size: Option<String>,
+    /// Send data of at least this size with MSG_ZEROCOPY (off by default).
+    #[arg(long = "zcopy-threshold")]
+    pub zcopy_threshold: Option<String>,
+    /// Place each connection on the thread whose core receives its
+    /// packets (SO_INCOMING_CPU).
+    #[arg(long = "incoming-cpu")]
+    pub incoming_cpu: bool,
+    /// Idle threads keep polling instead of sleeping in epoll.
+    #[arg(long = "no-epoll-idle")]
+    pub no_epoll_idle: bool,
+    /// Copy large incoming data out of the receive buffer instead of
+    /// receiving it straight into the command's buffer.
+    #[arg(long = "no-direct-receive")]
+    pub no_direct_receive: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum TargetCliError {
+    #[error("{option} {value}: {why}")]
+    Bad {
+        option: &'static str,
+        value: String,
+        why: String,
+    },
+    #[error(transparent)]
+    Target(#[from] pollux_target::TargetError),
+    #[error(transparent)]
+    Config(#[from] pollux_target::ConfigError),
+}
+
+fn bad(
+    option: &'static str,
+    value: impl std::fmt::Display,
+    why: impl Into<String>,
+) -> TargetCliError {
+    TargetCliError::Bad {
+        option,
+        value: value.to_string(),
+        why: why.into(),
+    }
+}
+
+fn size_opt(option: &'static str, v: &Option<String>) -> Result<Option<u64>, TargetCliError> {
+    v.as_ref()
+        .map(|s| parse_size(s).map_err(|e| bad(option, s, e)))
+        .transpose()
+}
+
+/// The configuration the options describe (creates the bdevs).
+pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
+    let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
+    let mut cfg = if let Some(path) = &a.config {
+        if quick || !a.listen.is_empty() || !a.host.is_empty() {
+            return Err(bad(
+                "-c",
+                path,
+                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host",
+            ));
+        }
+        let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
+        TargetConfig::from_json(&json).map_err(|e| bad("-c", path, e.to_string()))?
+    } else {
+        let mut cfg = TargetConfig::default();
+        let given = [&a.null, &a.ram, &a.uring, &a.nvme]
+            .iter()
+            .filter(|o| o.is_some())
+            .count();
+        if given == 0 {
+            return Err(bad(
+                "--null/--ram/--uring/--nvme",
+                "",
+                "give one namespace (or -c FILE)",
+            ));
+        }
+        if given > 1 {
+            return Err(bad(
+                "--null/--ram/--uring/--nvme",
+                "",
+                "quick mode serves one namespace: give only one of them (or -c FILE)",
+            ));
+        }
+        if let Some(t) = &a.nvme {
+            return Err(bad(
+                "--nvme",
+                t,
+                "NVMe bdevs cannot back target namespaces yet (pollux-controller's namespaces take bdevs without an NVMe transport)",
+            ));
+        }
+        let bs = a.block_size;
+        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
+            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+            if bs == 0 || size % bs as u64 != 0 || size == 0 {
+                return Err(bad(
+                    option,
+                    v,
+                    format!("not a non-zero multiple of the block size {bs}"),
+                ));
+            }
+            let r = if ram {
+                Bdev::ram("Malloc0", bs, size / bs as u64)
+            } else {
+                Bdev::null("Null0", bs, size / bs as u64)
+            };
+            r.map_err(|e| bad(option, v, e.to_string()))
+        };
+        let bdev = if let Some(v) = &a.null {
+            local("--null", v, false)?
+        } else if let Some(v) = &a.ram {
+            local("--ram", v, true)?
+        } else if let Some(p) = &a.uring {
+            let o = UringOptions {
+                direct: true,
+                wake_fd: true,
+                ..Default::default()
+            };
+            Bdev::uring("Uring0", p, o.clone())
+                .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
+                .map_err(|e| bad("--uring", p, e.to_string()))?
+        } else {
+            return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
+        };
+        let mut s = SubsystemConfig::new(&a.nqn);
+        s.serial = a.serial.clone();
+        s.model = a.model.clone();
+        s.allow_any_host = a.host.is_empty();
+        s.hosts = a.host.clone();
+        s.namespaces.push(NamespaceConfig {
+            bdev: bdev.name().to_string(),
+            nsid: None,
+        });
+        let listen = if a.listen.is_empty() {
+            vec!["127.0.0.1:4420".to_string()]
+        } else {
+            a.listen.clone()
+        };
+        for l in &listen {
+            let addr: SocketAddr = l
+                .parse()
+                .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
+            s.listeners.push(addr);
+        }
+        cfg.bdevs.push(bdev);
+        cfg.subsystems.push(s);
+        cfg
+    };
+    let t: &mut TransportOptions = &mut cfg.transport;
+    if let Some(v) = size_opt("--in-capsule-data-size", &a.in_capsule_data_size)? {
+        t.in_capsule_data_size =
+            u32::try_from(v).map_err(|_| bad("--in-capsule-data-size", v, "too large"))?;
+    }
+    if let Some(v) = a.max_queue_depth {
+        t.max_queue_depth = v;
+    }
+    if let Some(v) = size_opt("--max-io-size", &a.max_io_size)? {
+        t.max_io_size = u32::try_from(v).map_err(|_| bad("--max-io-size", v, "too large"))?;
+    }
+    if let Some(v) = size_opt("--zcopy-threshold", &a.zcopy_threshold)? {
+        t.zerocopy_threshold =
+            Some(u32::try_from(v).map_err(|_| bad("--zcopy-threshold", v, "too large"))?);
+    }
+    t.incoming_cpu = a.incoming_cpu;
+    t.epoll_idle = !a.no_epoll_idle;
+    t.direct_receive = !a.no_direct_receive;
+    cfg.validate().map_err(|e| match e {
+        pollux_target::ConfigError::Transport { option, value, why } => bad(
+            match option {
+                "in_capsule_data_size" => "--in-capsule-data-size",
+                "max_queue_depth" => "--max-queue-depth",
+                "max_io_size" => "--max-io-size",
+                other => other,
+            },
+            value,
+            why,
+        ),
+        pollux_target::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
+            bad("--nqn/--host", nqn, why)
+        }
+        other => TargetCliError::Config(other),
+    })?;
+    Ok(cfg)
+}
+
+/// Runs until SIGINT/SIGTERM.
+pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
+    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
+    check_cores(&cores, &online_cpus()).map_err(|e| bad("-m", &a.cpumask, e))?;
+    let cfg = config(&a)?;
+    let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
+    let rt = RuntimeOptions {
+        thread_name: "pollux-tgt".into(),
+        ..Default::default()
+    };
+    let target = Target::start(cfg, &cores, rt)?;
+    let _signals = target.stop_on_signals()?;
+    {
+        let mut out = std::io::stdout().lock();
+        for addr in target.listen_addrs() {
+            let _ = writeln!(out, "pollux target: listening on {addr}");
+        }
+        for n in &nqns {
+            let _ = writeln!(out, "pollux target: subsystem {n}");
+        }
+        let _ = out.flush();
+    }
+    target.wait()?;
+    let mut out = std::io::stdout().lock();
+    let _ = writeln!(out, "pollux target: stopped");
+    Ok(())
+}

@@ -1,0 +1,122 @@
+//! `pollux target`: quick flags serve a namespace over NVMe/TCP until
+//! SIGTERM; bad options are refused naming the option.
+mod common;
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use pollux_spec::fabrics::{ConnectCmd, ConnectData, CNTLID_DYNAMIC};
+use pollux_spec::tcp::{CapsuleCmd, CapsuleResp, Digests, IcReq, IcResp};
+use zerocopy::{FromBytes, IntoBytes};
+
+const NQN: &str = "nqn.2024-01.io.pollux:cli-test";
+const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:cccccccc-0000-0000-0000-000000000003";
+
+#[test]
+fn quick_flags_serve_a_ram_namespace_until_sigterm() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args([
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "1MiB",
+            "--nqn",
+            NQN,
+            "--host",
+            HOST,
+            "-m",
+            "0x1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pollux");
+    let mut out = BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    out.read_line(&mut line).unwrap();
+    let addr = line
+        .trim()
+        .strip_prefix("pollux target: listening on ")
+        .unwrap_or_else(|| panic!("first line: {line:?}"))
+        .to_string();
+    let mut s = TcpStream::connect(&addr).unwrap();
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    s.write_all(IcReq::new(0, Digests::NONE, 0).as_bytes())
+        .unwrap();
+    let mut b = [0u8; 128];
+    s.read_exact(&mut b).unwrap();
+    let ic = IcResp::read_from_bytes(&b).unwrap();
+    ic.check().unwrap();
+    let connect = |s: &mut TcpStream, host: &str| {
+        let c = ConnectCmd::new(0, 31, 0, 0);
+        let d = ConnectData::new([1; 16], CNTLID_DYNAMIC, NQN, host).unwrap();
+        let (h, l) = CapsuleCmd::new(&c.to_sqe(), 1024, Digests::NONE, 0).unwrap();
+        let mut pdu = vec![0u8; l.plen as usize];
+        let n = pollux_spec::tcp::write_header(h.as_bytes(), &l, &mut pdu).unwrap();
+        pdu[n..].copy_from_slice(d.as_bytes());
+        s.write_all(&pdu).unwrap();
+        let mut r = [0u8; 24];
+        s.read_exact(&mut r).unwrap();
+        CapsuleResp::read_from_bytes(&r).unwrap().cqe.status()
+    };
+    // --host: only that host is allowed.
+    let st = connect(&mut s, "nqn.2014-08.org.nvmexpress:uuid:other");
+    assert!(st.is(1, 0x84), "Connect Invalid Host, got {:#x}", st.0);
+    assert!(connect(&mut s, HOST).is_success());
+    drop(s);
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    let status = loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            break st;
+        }
+        if start.elapsed() > common::HANG {
+            let _ = child.kill();
+            panic!("pollux target did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    let mut rest = String::new();
+    out.read_to_string(&mut rest).unwrap();
+    assert!(status.success(), "exit {status:?}");
+    assert!(rest.contains("pollux target: stopped"), "stdout: {rest}");
+}
+
+#[test]
+fn bad_options_are_refused_naming_the_option() {
+    for (args, name) in [
+        (&["--ram", "1000"][..], "--ram"),
+        (&["--null", "1x"][..], "--null"),
+        (&["--ram", "1MiB", "--listen", "nonsense"][..], "--listen"),
+        (&["--nvme", "trtype:soft backend:null"][..], "--nvme"),
+        (&[][..], "--null/--ram/--uring/--nvme"),
+        (
+            &["--ram", "1MiB", "--null", "1MiB"][..],
+            "--null/--ram/--uring/--nvme",
+        ),
+        (&["--ram", "1MiB", "-m", "0x100000000"][..], "-m"),
+        (
+            &["--ram", "1MiB", "--max-io-size", "3000"][..],
+            "--max-io-size",
+        ),
+        (&["--ram", "1MiB", "--nqn", ""][..], "--nqn"),
+        (&["-c", "/nonexistent/pollux.json"][..], "-c"),
+    ] {
+        let mut full = vec!["target", "--listen", "127.0.0.1:0"];
+        if args.contains(&"--listen") {
+            full.truncate(1);
+        }
+        full.extend_from_slice(args);
+        if name == "-c" {
+            full = vec!["target", "-c", "/nonexistent/pollux.json"];
+        }
+        let child = common::spawn(&full);
+        let (code, _, err) = common::finish(child, &full, None);
+        assert_eq!(code, 2, "{full:?}: {err}");
+        assert!(err.contains(name), "{full:?} must name {name}: {err}");
+    }
+}

@@ -1,0 +1,1628 @@
+//! One NVMe/TCP connection (one queue), owned by one runtime thread.
+//!
+//! Receive: as much as the socket has goes into the connection's receive
+//! buffer in one `read` (large data straight into the command's buffer
+//! with one `readv` when `direct_receive` is on), and PDUs are parsed out
+//! of it: the common header is checked ([`CommonHeader::check`]), the
+//! header parsed ([`PduHeader::parse`], header digest included), then the
+//! PDU's data streams to where it belongs (a command's buffer, the
+//! Connect data, or nowhere) with its data digest computed on the way.
+//! A PDU never has to fit the receive buffer.
+//!
+//! Commands: each queue has SQSIZE + 1 command slots; a slot's index is
+//! the R2T transfer tag. Writes arrive in the capsule or through one R2T
+//! covering the whole transfer (H2CData PDUs must arrive in order, within
+//! the command's data); reads go out as one C2HData PDU, with the SUCCESS
+//! flag and no response capsule when the host disabled SQ flow control.
+//!
+//! Send: PDU headers (and response capsules, digests, padding) are copied
+//! into one byte buffer, data is referenced in place, and everything
+//! queued goes out in one `sendmsg` per poll (`MSG_ZEROCOPY` for data of
+//! at least the configured size, sent in its own call).
+//!
+//! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
+//! Fatal Error Status and Information of the spec and the connection
+//! closes (after our FIN, reading what the host still sends); a command
+//! that is merely wrong completes with an NVMe status. A data digest
+//! error completes its command with Transient Transport Error.
+use std::collections::VecDeque;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pollux_runtime::ThreadCtx;
+use pollux_spec::fabrics::{
+    fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
+    ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+    CONNECT_DATA_LEN, FABRICS_OPCODE, LID_DISCOVERY,
+};
+use pollux_spec::status::generic;
+use pollux_spec::tcp::{
+    check_data_range, flags, write_header, C2HData, CapsuleResp, CommonHeader, DataDigest, Digests,
+    Fes, Field, IcResp, PduError, PduHeader, PduLayout, PduType, Role, RxConfig, TermReq, R2T,
+    TERM_REQ_MAX_DATA,
+};
+use pollux_spec::{AdminOpcode, Cqe, Sqe, Status};
+use zerocopy::{FromBytes, IntoBytes};
+
+use crate::buf::{AlignedBuf, Lent};
+use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
+use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
+use crate::sock;
+
+/// How long a closing connection waits for the host's FIN.
+const LINGER: Duration = Duration::from_secs(2);
+/// Data at least this large is received straight into its buffer.
+const DIRECT_MIN: u32 = 8 << 10;
+/// Reads per poll at most (then other connections get their turn).
+const READS_PER_POLL: usize = 4;
+
+#[inline(always)]
+fn gen(sc: u8) -> Status {
+    Status::generic(sc)
+}
+
+/// Where a PDU's data goes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Sink {
+    Discard,
+    /// The Connect data (`Conn::scratch`).
+    Scratch,
+    Slot(u16),
+}
+
+/// The part of a PDU after its header, being received.
+#[derive(Clone, Copy, Debug)]
+struct Body {
+    pdu: PduHeader,
+    pad: u32,
+    left: u32,
+    data_len: u32,
+    sink: Sink,
+    /// The command slot the PDU belongs to (also when its data is
+    /// discarded).
+    slot: Option<u16>,
+    /// Where the next byte goes in the sink.
+    off: u32,
+    dg: DataDigest,
+    want_dd: bool,
+    dd: [u8; 4],
+    dd_have: u8,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum RxState {
+    Header,
+    Body(Body),
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for ICReq.
+    Init,
+    Ready,
+    /// Sending what is queued (a TermReq, a Disconnect's response), then
+    /// FIN, then reading to the host's FIN (or the linger deadline).
+    Closing,
+    Closed,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum St {
+    Free,
+    /// Capsule data arriving.
+    Recv,
+    /// R2T sent, H2CData arriving.
+    AwaitH2C,
+    /// Lent to the I/O queue.
+    Bdev,
+    /// Data (and response) queued for the socket.
+    Tx,
+    /// Sent with MSG_ZEROCOPY, waiting for the kernel's notification.
+    ZcWait,
+    /// An Asynchronous Event Request held by the controller.
+    Held,
+}
+
+struct Slot {
+    st: St,
+    cid: u16,
+    sqe: Sqe,
+    buf: Option<AlignedBuf>,
+    lent: Option<Lent>,
+    /// Bytes of data the command moves.
+    xfer: u32,
+    /// H2C bytes received.
+    got: u32,
+    io: Option<IoCmd>,
+    /// A transport error seen while receiving the data.
+    err: Option<Status>,
+    /// Last zero-copy send carrying its data.
+    zc_seq: Option<u64>,
+}
+
+impl Slot {
+    fn new() -> Slot {
+        Slot {
+            st: St::Free,
+            cid: 0,
+            sqe: Sqe::default(),
+            buf: None,
+            lent: None,
+            xfer: 0,
+            got: 0,
+            io: None,
+            err: None,
+            zc_seq: None,
+        }
+    }
+
+    /// Makes `buf` `len` bytes long (reallocating only to grow).
+    fn ensure_buf(&mut self, len: usize) -> bool {
+        match &mut self.buf {
+            Some(b) if b.capacity() >= len => b.set_len(len),
+            _ => match AlignedBuf::new(len) {
+                Some(b) => {
+                    self.buf = Some(b);
+                    true
+                }
+                None => false,
+            },
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Seg {
+    Bytes {
+        start: usize,
+        len: usize,
+    },
+    Data {
+        slot: u16,
+        ptr: *const u8,
+        len: usize,
+    },
+    Release {
+        slot: u16,
+    },
+}
+
+/// What is queued for the socket.
+#[derive(Default)]
+struct Tx {
+    bytes: Vec<u8>,
+    segs: VecDeque<Seg>,
+    /// Bytes of the front segment already sent.
+    front: usize,
+}
+
+impl Tx {
+    fn push_bytes(&mut self, b: &[u8]) {
+        let start = self.bytes.len();
+        self.bytes.extend_from_slice(b);
+        if let Some(Seg::Bytes { start: s, len }) = self.segs.back_mut() {
+            if *s + *len == start {
+                *len += b.len();
+                return;
+            }
+        }
+        self.segs.push_back(Seg::Bytes {
+            start,
+            len: b.len(),
+        });
+    }
+
+    /// A PDU header with its digest and padding per `layout`.
+    fn push_header(&mut self, header: &[u8], layout: &PduLayout) {
+        let mut tmp = [0u8; 256];
+        if let Some(n) = write_header(header, layout, &mut tmp) {
+            self.push_bytes(&tmp[..n]);
+        }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.segs.is_empty()
+    }
+}
+
+enum Bound {
+    None,
+    Admin {
+        cntlid: u16,
+        ctrl: Arc<Mutex<Ctrl>>,
+        subsys: SubsysId,
+    },
+    Io {
+        cntlid: u16,
+        qid: u16,
+    },
+}
+
+/// One connection.
+pub(crate) struct Conn {
+    pub id: u64,
+    /// Dropped first (a bdev may still hold slot buffers).
+    io: Option<IoQ>,
+    sock: TcpStream,
+    fd: RawFd,
+    local: SocketAddr,
+    peer: SocketAddr,
+    shared: Arc<Shared>,
+    thread: usize,
+    phase: Phase,
+    now: Instant,
+    rxcfg: RxConfig,
+    digests: Digests,
+    hpda: u8,
+    rx: Vec<u8>,
+    rs: usize,
+    re: usize,
+    rxst: RxState,
+    tx: Tx,
+    bound: Bound,
+    slots: Vec<Slot>,
+    free: Vec<u16>,
+    done: Vec<(u32, Status)>,
+    sqhd: u16,
+    entries: u16,
+    qid: u16,
+    flow_off: bool,
+    icd_max: u32,
+    scratch: Vec<u8>,
+    kato: Duration,
+    last_admin: Instant,
+    zc_threshold: Option<u32>,
+    zc_sent: u64,
+    zc_done: u64,
+    linger_until: Option<Instant>,
+    fin_sent: bool,
+    draining: bool,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The I/O queue waits for (or completes) its requests before the
+        // slot buffers they use are freed.
+        self.io.take();
+    }
+}
+
+/// A fatal protocol error: the TermReq's FES and FEI.
+struct Fatal {
+    fes: Fes,
+    fei: u32,
+    why: String,
+}
+
+impl From<PduError> for Fatal {
+    fn from(e: PduError) -> Fatal {
+        Fatal {
+            fes: e.fes().unwrap_or(Fes::INVALID_HEADER_FIELD),
+            fei: e.fei(),
+            why: e.to_string(),
+        }
+    }
+}
+
+impl Conn {
+    pub fn new(
+        id: u64,
+        sock: TcpStream,
+        shared: Arc<Shared>,
+        thread: usize,
+        now: Instant,
+    ) -> std::io::Result<Conn> {
+        sock.set_nonblocking(true)?;
+        sock.set_nodelay(true)?;
+        let local = sock.local_addr()?;
+        let peer = sock.peer_addr()?;
+        let fd = sock.as_raw_fd();
+        let mut zc_threshold = shared.opts.zerocopy_threshold;
+        if zc_threshold.is_some() {
+            if let Err(e) = sock::enable_zerocopy(fd) {
+                tracing::warn!(%peer, "SO_ZEROCOPY refused ({e}): copying sends");
+                zc_threshold = None;
+            }
+        }
+        let rx = vec![0u8; shared.opts.rx_buffer];
+        let icd_max = shared.opts.admin_in_capsule_data_size;
+        let mut c = Conn {
+            id,
+            io: None,
+            sock,
+            fd,
+            local,
+            peer,
+            thread,
+            phase: Phase::Init,
+            now,
+            rxcfg: RxConfig::initial(Role::Controller),
+            digests: Digests::NONE,
+            hpda: 0,
+            rx,
+            rs: 0,
+            re: 0,
+            rxst: RxState::Header,
+            tx: Tx::default(),
+            bound: Bound::None,
+            slots: Vec::new(),
+            free: Vec::new(),
+            done: Vec::new(),
+            sqhd: 0,
+            entries: 1,
+            qid: 0,
+            flow_off: false,
+            icd_max,
+            scratch: Vec::with_capacity(CONNECT_DATA_LEN as usize),
+            kato: Duration::ZERO,
+            last_admin: now,
+            zc_threshold,
+            zc_sent: 0,
+            zc_done: 0,
+            linger_until: None,
+            fin_sent: false,
+            draining: false,
+            shared,
+        };
+        c.rxcfg.max_plen = 128;
+        Ok(c)
+    }
+
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+
+    pub fn is_closed(&self) -> bool {
+        self.phase == Phase::Closed
+    }
+
+    /// Work is pending that no socket readiness will announce: the
+    /// thread must not sleep.
+    pub fn needs_poll(&self) -> bool {
+        !self.tx.is_empty()
+            || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
+            || self.zc_done < self.zc_sent
+    }
+
+    /// One pass: completions, receive, send.
+    pub fn poll(&mut self, ctx: &mut ThreadCtx) -> bool {
+        self.now = ctx.now();
+        let mut busy = false;
+        if self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+            busy |= self.poll_io();
+        }
+        if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
+            busy |= self.receive(ctx);
+        }
+        if !self.tx.is_empty() {
+            busy |= self.flush(ctx);
+        }
+        if self.zc_done < self.zc_sent {
+            self.reap_zerocopy();
+        }
+        match self.phase {
+            Phase::Closing => busy |= self.closing(ctx),
+            // Shutdown: finish what is in flight, then close.
+            Phase::Ready | Phase::Init if self.draining && !self.needs_poll() => {
+                self.begin_close(ctx, "target shutting down");
+            }
+            _ => {}
+        }
+        busy
+    }
+
+    /// Shutdown of the target: stop taking commands.
+    pub fn drain(&mut self) {
+        self.draining = true;
+    }
+
+    /// Keep Alive Timeout expired on an admin queue.
+    pub fn kato_expired(&self, now: Instant) -> bool {
+        matches!(self.bound, Bound::Admin { .. })
+            && self.phase == Phase::Ready
+            && !self.kato.is_zero()
+            && now.saturating_duration_since(self.last_admin) > self.kato
+    }
+
+    /// Linger deadline passed.
+    pub fn linger_over(&self, now: Instant) -> bool {
+        self.linger_until.is_some_and(|d| now >= d)
+    }
+
+    /// Closes at once (controller torn down elsewhere, or linger over).
+    pub fn close_now(&mut self, ctx: &mut ThreadCtx, why: &str) {
+        if self.phase != Phase::Closed {
+            tracing::debug!(peer = %self.peer, conn = self.id, why, "connection closed");
+            self.detach(ctx);
+            let _ = self.sock.shutdown(Shutdown::Both);
+            self.phase = Phase::Closed;
+        }
+    }
+
+    /// Graceful close: send what is queued, FIN, wait for the host's FIN.
+    pub fn begin_close(&mut self, ctx: &mut ThreadCtx, why: &str) {
+        if matches!(self.phase, Phase::Closing | Phase::Closed) {
+            return;
+        }
+        tracing::debug!(peer = %self.peer, conn = self.id, why, "closing connection");
+        self.detach(ctx);
+        self.phase = Phase::Closing;
+        self.linger_until = Some(self.now + LINGER);
+    }
+
+    /// Leaves the controller table: an admin queue takes its controller
+    /// (and that controller's I/O queues) down, an I/O queue leaves it.
+    fn detach(&mut self, ctx: &mut ThreadCtx) {
+        match std::mem::replace(&mut self.bound, Bound::None) {
+            Bound::None => {}
+            Bound::Admin { cntlid, .. } => teardown(ctx, &self.shared, cntlid),
+            Bound::Io { cntlid, qid } => {
+                let mut t = self.shared.table();
+                if let Some(e) = t.map.get_mut(&cntlid) {
+                    e.io.retain(|(q, _)| *q != qid);
+                }
+            }
+        }
+    }
+
+    fn closing(&mut self, ctx: &mut ThreadCtx) -> bool {
+        if !self.tx.is_empty() || self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+            return false;
+        }
+        if !self.fin_sent {
+            let _ = self.sock.shutdown(Shutdown::Write);
+            self.fin_sent = true;
+        }
+        // Read (and drop) until the host's FIN, so our last bytes are not
+        // lost to a reset.
+        let mut busy = false;
+        loop {
+            match sock::recv2(self.fd, &mut self.rx[..], &mut []) {
+                Ok(Some(0)) | Err(_) => {
+                    self.close_now(ctx, "closed");
+                    return true;
+                }
+                Ok(Some(_)) => busy = true,
+                Ok(None) => break,
+            }
+        }
+        if self.linger_over(self.now) {
+            self.close_now(ctx, "linger time over");
+        }
+        busy
+    }
+
+    // ------------------------------------------------------------------
+    // Receive
+    // ------------------------------------------------------------------
+
+    fn receive(&mut self, ctx: &mut ThreadCtx) -> bool {
+        let mut busy = false;
+        for _ in 0..READS_PER_POLL {
+            if self.rs == self.re {
+                self.rs = 0;
+                self.re = 0;
+            } else if self.rs > 0 && self.rx.len() - self.re < 4096 {
+                self.rx.copy_within(self.rs..self.re, 0);
+                self.re -= self.rs;
+                self.rs = 0;
+            }
+            // (bytes read in all, of them into the receive buffer)
+            let r = if let Some(r) = self.direct_receive() {
+                r
+            } else if self.re == self.rx.len() {
+                break;
+            } else {
+                let (_, tail) = self.rx.split_at_mut(self.re);
+                sock::recv2(self.fd, tail, &mut []).map(|o| o.map(|n| (n, n)))
+            };
+            match r {
+                Ok(Some((0, _))) => {
+                    self.close_now(ctx, "host closed the connection");
+                    return true;
+                }
+                Ok(Some((_, n))) => {
+                    self.re += n;
+                    busy = true;
+                    self.process(ctx);
+                    if self.phase != Phase::Ready && self.phase != Phase::Init {
+                        break;
+                    }
+                    if self.re < self.rx.len() {
+                        // The socket had less than the room: it is empty.
+                        break;
+                    }
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    self.close_now(ctx, &format!("receive failed: {e}"));
+                    return true;
+                }
+            }
+        }
+        busy
+    }
+
+    /// One `readv` into the buffer of a large data PDU being received and
+    /// the receive buffer; the bytes for the data are taken in here.
+    /// Returns the bytes read in all and those that went to the receive
+    /// buffer (which starts empty).
+    #[allow(clippy::type_complexity)]
+    fn direct_receive(&mut self) -> Option<std::io::Result<Option<(usize, usize)>>> {
+        if !self.shared.opts.direct_receive || self.rs != self.re {
+            return None;
+        }
+        let RxState::Body(b) = &mut self.rxst else {
+            return None;
+        };
+        let Sink::Slot(i) = b.sink else {
+            return None;
+        };
+        if b.pad != 0 || b.left < DIRECT_MIN {
+            return None;
+        }
+        let buf = self.slots.get_mut(i as usize)?.buf.as_mut()?;
+        let dst = buf
+            .as_mut_slice()
+            .get_mut(b.off as usize..(b.off + b.left) as usize)?;
+        let r = sock::recv2(self.fd, dst, &mut self.rx[..]);
+        Some(r.map(|o| {
+            o.map(|n| {
+                let n1 = n.min(b.left as usize);
+                if b.want_dd {
+                    b.dg.update(&dst[..n1]);
+                }
+                b.off += n1 as u32;
+                b.left -= n1 as u32;
+                self.rs = 0;
+                self.re = 0;
+                (n, n - n1)
+            })
+        }))
+    }
+
+    /// Parses and handles every complete piece in the receive buffer.
+    fn process(&mut self, ctx: &mut ThreadCtx) {
+        while matches!(self.phase, Phase::Init | Phase::Ready) {
+            match self.rxst {
+                RxState::Header => {
+                    let avail = self.re - self.rs;
+                    if avail < 8 {
+                        return;
+                    }
+                    let at = self.rs;
+                    let Some(ch) = CommonHeader::read(&self.rx[at..self.re]) else {
+                        return;
+                    };
+                    let layout = match ch.check(&self.rxcfg) {
+                        Ok(l) => l,
+                        Err(PduError::TermReqLength { plen, .. }) => {
+                            self.close_now(ctx, &format!("host TermReq with PLEN {plen}"));
+                            return;
+                        }
+                        Err(e) => {
+                            let n = avail.min(ch.hlen.max(8) as usize);
+                            let hb = self.rx[at..at + n].to_vec();
+                            return self.fatal(ctx, e.into(), &hb);
+                        }
+                    };
+                    let hl = layout.header_len() as usize;
+                    if avail < hl {
+                        return;
+                    }
+                    let mut hb = [0u8; 136];
+                    hb[..hl].copy_from_slice(&self.rx[at..at + hl]);
+                    let pdu = match PduHeader::parse(&hb[..hl], &layout, &self.rxcfg) {
+                        Ok(p) => p,
+                        Err(e) => return self.fatal(ctx, e.into(), &hb[..hl]),
+                    };
+                    self.rs += hl;
+                    if let Err(f) = self.on_header(ctx, pdu, &layout) {
+                        return self.fatal(ctx, f, &hb[..layout.hlen as usize]);
+                    }
+                }
+                RxState::Body(mut b) => {
+                    let done = self.consume_body(&mut b);
+                    if !done {
+                        self.rxst = RxState::Body(b);
+                        return;
+                    }
+                    self.rxst = RxState::Header;
+                    let ok = !b.want_dd || b.dg.value() == u32::from_le_bytes(b.dd);
+                    if !ok {
+                        tracing::warn!(peer = %self.peer, "data digest error");
+                    }
+                    self.on_body(ctx, &b, ok);
+                }
+            }
+        }
+    }
+
+    /// Takes what the receive buffer has of a PDU's padding, data and
+    /// data digest; true once all of it is in.
+    fn consume_body(&mut self, b: &mut Body) -> bool {
+        let avail = self.re - self.rs;
+        let n = (b.pad as usize).min(avail);
+        self.rs += n;
+        b.pad -= n as u32;
+        if b.pad > 0 {
+            return false;
+        }
+        if b.left > 0 {
+            let n = (b.left as usize).min(self.re - self.rs);
+            let src = &self.rx[self.rs..self.rs + n];
+            if b.want_dd {
+                b.dg.update(src);
+            }
+            match b.sink {
+                Sink::Discard => {}
+                Sink::Scratch => self.scratch.extend_from_slice(src),
+                Sink::Slot(i) => {
+                    let dst = self.slots[i as usize]
+                        .buf
+                        .as_mut()
+                        .and_then(|d| d.as_mut_slice().get_mut(b.off as usize..b.off as usize + n));
+                    if let Some(dst) = dst {
+                        dst.copy_from_slice(src);
+                    }
+                }
+            }
+            self.rs += n;
+            b.off += n as u32;
+            b.left -= n as u32;
+            if b.left > 0 {
+                return false;
+            }
+        }
+        if b.want_dd {
+            while b.dd_have < 4 && self.rs < self.re {
+                b.dd[b.dd_have as usize] = self.rx[self.rs];
+                b.dd_have += 1;
+                self.rs += 1;
+            }
+            if b.dd_have < 4 {
+                return false;
+            }
+        }
+        true
+    }
+
+    fn body(pdu: PduHeader, layout: &PduLayout, sink: Sink, slot: Option<u16>, off: u32) -> Body {
+        Body {
+            pdu,
+            slot,
+            pad: layout.pad_len(),
+            left: layout.data_len,
+            data_len: layout.data_len,
+            sink,
+            off,
+            dg: DataDigest::new(),
+            want_dd: layout.ddgst,
+            dd: [0; 4],
+            dd_have: 0,
+        }
+    }
+
+    fn on_header(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        pdu: PduHeader,
+        layout: &PduLayout,
+    ) -> Result<(), Fatal> {
+        match pdu {
+            PduHeader::IcReq(r) => {
+                self.digests = r.digests();
+                self.hpda = r.hpda;
+                let o = &self.shared.opts;
+                let resp = IcResp::new(0, self.digests, o.max_h2c_data);
+                let l = PduLayout::new(PduType::IcResp, Digests::NONE, 0, 0)
+                    .ok_or_else(|| internal("ICResp layout"))?;
+                self.tx.push_header(resp.as_bytes(), &l);
+                self.rxcfg.established = true;
+                self.rxcfg.digests = self.digests;
+                self.rxcfg.maxh2cdata = o.max_h2c_data;
+                let icd = o.admin_in_capsule_data_size.max(o.in_capsule_data_size);
+                self.rxcfg.max_plen = self
+                    .rxcfg
+                    .plen_for(PduType::CapsuleCmd, icd)
+                    .max(self.rxcfg.plen_for(PduType::H2CData, o.max_h2c_data));
+                self.phase = Phase::Ready;
+                tracing::debug!(peer = %self.peer, digests = ?self.digests, hpda = r.hpda, maxr2t = r.maxr2t, "connection initialized");
+                Ok(())
+            }
+            PduHeader::TermReq(t) => {
+                tracing::warn!(peer = %self.peer, fes = %t.fes(), fei = t.fei(), "host terminated the connection (H2CTermReq)");
+                self.begin_close(ctx, "H2CTermReq");
+                Ok(())
+            }
+            PduHeader::CapsuleCmd(c) => {
+                let sqe = c.sqe();
+                let dl = layout.data_len;
+                let sink = if matches!(self.bound, Bound::None) {
+                    if FcType::of(&sqe) == Some(FcType::Connect) && dl <= self.icd_max {
+                        self.scratch.clear();
+                        Sink::Scratch
+                    } else {
+                        Sink::Discard
+                    }
+                } else {
+                    let Some(i) = self.free.pop() else {
+                        return Err(Fatal {
+                            fes: Fes::PDU_SEQUENCE_ERROR,
+                            fei: 0,
+                            why: format!(
+                                "command capsule beyond the queue's {} entries",
+                                self.entries
+                            ),
+                        });
+                    };
+                    let s = &mut self.slots[i as usize];
+                    s.st = St::Recv;
+                    s.cid = sqe.cid;
+                    s.sqe = sqe;
+                    s.err = None;
+                    s.got = 0;
+                    s.xfer = 0;
+                    s.io = None;
+                    if dl == 0 {
+                        Sink::Slot(i)
+                    } else if dl > self.icd_max {
+                        s.err = Some(gen(generic::SGL_OFFSET_INVALID));
+                        self.rxst =
+                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
+                        return Ok(());
+                    } else if s.ensure_buf(dl as usize) {
+                        Sink::Slot(i)
+                    } else {
+                        s.err = Some(gen(generic::INTERNAL_ERROR));
+                        self.rxst =
+                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
+                        return Ok(());
+                    }
+                };
+                let slot = match sink {
+                    Sink::Slot(i) => Some(i),
+                    _ => None,
+                };
+                let b = Self::body(pdu, layout, sink, slot, 0);
+                if layout.data_len == 0 && layout.pad_len() == 0 {
+                    self.on_body(ctx, &b, true);
+                } else {
+                    self.rxst = RxState::Body(b);
+                }
+                Ok(())
+            }
+            PduHeader::H2CData(h) => {
+                let i = h.ttag as usize;
+                let bad = |field: Field, why: String| Fatal {
+                    fes: Fes::INVALID_HEADER_FIELD,
+                    fei: field.offset(),
+                    why,
+                };
+                let Some(s) = self.slots.get(i).filter(|s| s.st == St::AwaitH2C) else {
+                    return Err(bad(
+                        Field::Ttag,
+                        format!("H2CData for TTAG {} with no transfer outstanding", h.ttag),
+                    ));
+                };
+                if s.cid != h.cccid {
+                    return Err(bad(
+                        Field::Cccid,
+                        format!(
+                            "H2CData CCCID {} does not match TTAG {}'s command {}",
+                            h.cccid, h.ttag, s.cid
+                        ),
+                    ));
+                }
+                check_data_range(PduType::H2CData, h.datao, h.datal, s.got, s.xfer)?;
+                self.rxst = RxState::Body(Self::body(
+                    pdu,
+                    layout,
+                    Sink::Slot(i as u16),
+                    Some(i as u16),
+                    h.datao,
+                ));
+                Ok(())
+            }
+            other => Err(internal(&format!("unexpected PDU {other:?}"))),
+        }
+    }
+
+    /// A PDU is complete (`ok`: its data digest matched, or it had none).
+    fn on_body(&mut self, ctx: &mut ThreadCtx, b: &Body, ok: bool) {
+        match b.pdu {
+            PduHeader::CapsuleCmd(c) => {
+                let sqe = c.sqe();
+                match b.sink {
+                    Sink::Slot(i) => {
+                        let s = &mut self.slots[i as usize];
+                        if !ok {
+                            s.err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
+                        }
+                        self.advance_sqhd();
+                        self.command(ctx, i, b.data_len);
+                    }
+                    Sink::Discard if b.slot.is_some() => {
+                        // A command whose data was refused (its slot
+                        // holds the status).
+                        let i = b.slot.unwrap_or_default();
+                        self.advance_sqhd();
+                        self.command(ctx, i, 0);
+                    }
+                    _ => self.unbound_command(ctx, &sqe, ok),
+                }
+            }
+            PduHeader::H2CData(h) => {
+                let i = h.ttag;
+                let s = &mut self.slots[i as usize];
+                s.got += h.datal;
+                if !ok {
+                    s.err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
+                }
+                if s.got == s.xfer {
+                    self.write_data_in(i);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn advance_sqhd(&mut self) {
+        self.sqhd = (self.sqhd + 1) % self.entries.max(1);
+    }
+
+    // ------------------------------------------------------------------
+    // Commands
+    // ------------------------------------------------------------------
+
+    /// A command on a queue not yet connected: only Connect.
+    fn unbound_command(&mut self, ctx: &mut ThreadCtx, sqe: &Sqe, ok: bool) {
+        if FcType::of(sqe) != Some(FcType::Connect) {
+            return self.respond(None, sqe.cid, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+        }
+        if !ok {
+            return self.respond(None, sqe.cid, gen(generic::TRANSIENT_TRANSPORT_ERROR), 0, 0);
+        }
+        match self.connect(ctx, sqe) {
+            Ok(cntlid) => {
+                let dw0 = ConnectResponse::Success { cntlid, authreq: 0 }.dw0();
+                self.advance_sqhd();
+                self.respond(None, sqe.cid, Status::SUCCESS, dw0, 0);
+            }
+            Err((status, dw0)) => self.respond(None, sqe.cid, status, dw0, 0),
+        }
+    }
+
+    fn connect(&mut self, ctx: &mut ThreadCtx, sqe: &Sqe) -> Result<u16, (Status, u32)> {
+        let cmd = ConnectCmd::from_sqe(sqe);
+        let invalid = |iattr, ipo| {
+            (
+                fabrics_status(fabrics_sc::CONNECT_INVALID_PARAMETERS),
+                ConnectResponse::InvalidParam { iattr, ipo }.dw0(),
+            )
+        };
+        use pollux_spec::fabrics::connect_ipo as ipo;
+        match Sgl::from_sqe(sqe) {
+            Ok(Sgl::InCapsule { offset: 0, len }) if len == CONNECT_DATA_LEN => {}
+            Ok(Sgl::InCapsule { offset: 0, .. }) => {
+                return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0))
+            }
+            Ok(Sgl::InCapsule { .. }) => return Err((gen(generic::SGL_OFFSET_INVALID), 0)),
+            Ok(_) => return Err((gen(generic::SGL_TYPE_INVALID), 0)),
+            Err(e) => return Err((e.status(), 0)),
+        }
+        if self.scratch.len() < CONNECT_DATA_LEN as usize {
+            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+        }
+        if cmd.recfmt != 0 {
+            return Err((fabrics_status(fabrics_sc::INCOMPATIBLE_FORMAT), 0));
+        }
+        let Ok(data) = ConnectData::read_from_bytes(&self.scratch[..CONNECT_DATA_LEN as usize])
+        else {
+            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+        };
+        let Ok(subnqn) = data.subnqn() else {
+            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+        };
+        let Ok(hostnqn) = data.hostnqn() else {
+            return Err(invalid(ParamIn::Data, ipo::DATA_HOSTNQN));
+        };
+        let shared = self.shared.clone();
+        let Some(sid) = shared.find(subnqn) else {
+            tracing::info!(peer = %self.peer, subnqn, "Connect to an unknown subsystem");
+            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+        };
+        if let SubsysId::Nvm(k) = sid {
+            let e = &shared.subsystems[k];
+            if !e.listeners.contains(&self.local) {
+                tracing::info!(peer = %self.peer, subnqn, local = %self.local, "Connect on a listener of another subsystem");
+                return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+            }
+            if !e.allows(hostnqn) {
+                tracing::info!(peer = %self.peer, subnqn, hostnqn, "host not allowed");
+                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
+            }
+        }
+        if cmd.sqsize == 0 {
+            return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+        }
+        let entries = cmd.queue_entries();
+        let me = ConnRef {
+            thread: self.thread,
+            conn: self.id,
+        };
+        let cntlid;
+        if cmd.qid == 0 {
+            if entries > shared.opts.max_aq_depth as u32 {
+                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            }
+            if data.cntlid != CNTLID_DYNAMIC {
+                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+            }
+            let model = shared.subsys(sid);
+            let host = hostnqn.to_string();
+            let mut slot_ctrl = None;
+            let id = shared.table().insert(|id| {
+                let mut c = Ctrl::new(model, id);
+                c.set_kato(cmd.kato);
+                let c = Arc::new(Mutex::new(c));
+                slot_ctrl = Some(c.clone());
+                CtrlEntry {
+                    subsys: sid,
+                    hostnqn: host,
+                    ctrl: c,
+                    io: Vec::new(),
+                }
+            });
+            let (Some(id), Some(ctrl)) = (id, slot_ctrl) else {
+                return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+            };
+            cntlid = id;
+            self.kato = Duration::from_millis(cmd.kato as u64);
+            self.last_admin = self.now;
+            self.icd_max = shared.opts.admin_in_capsule_data_size;
+            self.bound = Bound::Admin {
+                cntlid,
+                ctrl,
+                subsys: sid,
+            };
+            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = cmd.kato, "admin queue connected");
+        } else {
+            if sid == SubsysId::Discovery {
+                return Err((fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE), 0));
+            }
+            let mut t = shared.table();
+            let Some(e) = t
+                .map
+                .get_mut(&data.cntlid)
+                .filter(|e| e.subsys == sid && e.hostnqn == hostnqn)
+            else {
+                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+            };
+            let ctrl = lock(&e.ctrl);
+            if !ctrl.is_running() {
+                return Err((gen(generic::COMMAND_SEQUENCE_ERROR), 0));
+            }
+            if cmd.qid > ctrl.io_queues_granted() || e.io.iter().any(|(q, _)| *q == cmd.qid) {
+                return Err(invalid(ParamIn::Command, ipo::QID));
+            }
+            if entries > shared.subsys(sid).mqes() as u32 + 1 {
+                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            }
+            let q = match ctrl.new_io_queue(entries) {
+                Ok(q) => q,
+                Err(err) => {
+                    tracing::error!(error = %err, "I/O queue not created");
+                    return Err((gen(generic::INTERNAL_ERROR), 0));
+                }
+            };
+            drop(ctrl);
+            e.io.push((cmd.qid, me));
+            cntlid = data.cntlid;
+            self.io = Some(q);
+            self.icd_max = shared.opts.in_capsule_data_size;
+            self.bound = Bound::Io {
+                cntlid,
+                qid: cmd.qid,
+            };
+            tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
+        }
+        let _ = ctx;
+        self.qid = cmd.qid;
+        self.entries = entries as u16;
+        self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+        self.slots = (0..entries).map(|_| Slot::new()).collect();
+        self.free = (0..entries as u16).rev().collect();
+        self.done = Vec::with_capacity(entries as usize);
+        self.sqhd = 0;
+        Ok(cntlid)
+    }
+
+    /// A command in slot `i` whose capsule (with `icd` bytes of data) is
+    /// in.
+    fn command(&mut self, ctx: &mut ThreadCtx, i: u16, icd: u32) {
+        let s = &self.slots[i as usize];
+        let sqe = s.sqe;
+        if let Some(st) = s.err {
+            return self.finish(i, st, 0, 0);
+        }
+        if sqe.opc == FABRICS_OPCODE {
+            return self.fabrics(ctx, i, &sqe);
+        }
+        match self.bound {
+            Bound::Admin { .. } => self.admin(ctx, i, &sqe, icd),
+            Bound::Io { .. } => self.nvm(i, &sqe, icd),
+            Bound::None => self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0),
+        }
+    }
+
+    fn fabrics(&mut self, ctx: &mut ThreadCtx, i: u16, sqe: &Sqe) {
+        let Bound::Admin { ctrl, .. } = &self.bound else {
+            // Only Connect goes on an I/O queue, and only once.
+            let st = match FcType::of(sqe) {
+                Some(FcType::Disconnect) => {
+                    let _ = DisconnectCmd::from_sqe(sqe);
+                    self.finish(i, Status::SUCCESS, 0, 0);
+                    return self.begin_close(ctx, "Disconnect");
+                }
+                Some(FcType::Connect) => gen(generic::COMMAND_SEQUENCE_ERROR),
+                _ => gen(generic::INVALID_OPCODE),
+            };
+            return self.finish(i, st, 0, 0);
+        };
+        let ctrl = ctrl.clone();
+        self.last_admin = self.now;
+        match FcType::of(sqe) {
+            Some(FcType::PropertyGet) => {
+                let c = PropertyGetCmd::from_sqe(sqe);
+                let r = match c.size() {
+                    Some(sz) => lock(&ctrl).property_get(c.ofst, sz),
+                    None => Err(gen(generic::INVALID_FIELD)),
+                };
+                match r {
+                    Ok(v) => self.finish(i, Status::SUCCESS, v as u32, (v >> 32) as u32),
+                    Err(st) => self.finish(i, st, 0, 0),
+                }
+            }
+            Some(FcType::PropertySet) => {
+                let c = PropertySetCmd::from_sqe(sqe);
+                let r = match c.size() {
+                    Some(sz) => lock(&ctrl).property_set(c.ofst, sz, c.value),
+                    None => Err(gen(generic::INVALID_FIELD)),
+                };
+                self.finish(i, r.err().unwrap_or(Status::SUCCESS), 0, 0);
+            }
+            Some(FcType::Disconnect) => {
+                self.finish(i, Status::SUCCESS, 0, 0);
+                self.begin_close(ctx, "Disconnect");
+            }
+            Some(FcType::Connect) => self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0),
+            _ => self.finish(i, gen(generic::INVALID_OPCODE), 0, 0),
+        }
+    }
+
+    /// The SGL of a command moving `want` bytes; `to_host`: its data goes
+    /// to the host. In-capsule data (`icd` bytes) is only for writes.
+    fn data_sgl(sqe: &Sqe, want: u32, to_host: bool, icd: u32) -> Result<Sgl, Status> {
+        let sgl = Sgl::from_sqe(sqe).map_err(|e| e.status())?;
+        match sgl {
+            Sgl::InCapsule { .. } if to_host => Err(gen(generic::INVALID_FIELD)),
+            Sgl::InCapsule { offset, .. } if offset != 0 => Err(gen(generic::SGL_OFFSET_INVALID)),
+            Sgl::InCapsule { len, .. } if len < want || len > icd => {
+                Err(gen(generic::DATA_SGL_LENGTH_INVALID))
+            }
+            Sgl::Transport { len } if len < want => Err(gen(generic::DATA_SGL_LENGTH_INVALID)),
+            Sgl::Address { .. } => Err(gen(generic::SGL_TYPE_INVALID)),
+            ok => Ok(ok),
+        }
+    }
+
+    fn admin(&mut self, ctx: &mut ThreadCtx, i: u16, sqe: &Sqe, icd: u32) {
+        let Bound::Admin { ctrl, subsys, .. } = &self.bound else {
+            return;
+        };
+        let (ctrl, subsys) = (ctrl.clone(), *subsys);
+        self.last_admin = self.now;
+        // Data direction from the opcode's low bits (01b: to the
+        // controller, 10b: to the host).
+        let dir = sqe.opc & 3;
+        if dir == 1 {
+            // No admin command of the model takes data from the host; the
+            // capsule's data (if any) is ignored, data that would need an
+            // R2T is refused.
+            if let Ok(Sgl::Transport { len }) = Sgl::from_sqe(sqe) {
+                if len > 0 {
+                    return self.finish(i, gen(generic::INVALID_FIELD), 0, 0);
+                }
+            }
+            let _ = icd;
+        }
+        // The table before the controller (the order Connect takes them).
+        let (io_exist, hostnqn) = {
+            let Bound::Admin { cntlid, .. } = &self.bound else {
+                return;
+            };
+            let t = self.shared.table();
+            let e = t.map.get(cntlid);
+            (
+                e.is_some_and(|e| !e.io.is_empty()),
+                e.map(|e| e.hostnqn.clone()).unwrap_or_default(),
+            )
+        };
+        let mut c = lock(&ctrl);
+        if !c.is_running() {
+            drop(c);
+            return self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+        }
+        let outcome =
+            if sqe.opc == AdminOpcode::GetLogPage as u8 && sqe.cdw10 as u8 == LID_DISCOVERY {
+                if subsys == SubsysId::Discovery {
+                    crate::discovery::log_page(&self.shared, &hostnqn, sqe)
+                } else {
+                    Admin::Complete {
+                        dw0: 0,
+                        status: Status::specific(pollux_spec::status::specific::INVALID_LOG_PAGE),
+                    }
+                }
+            } else {
+                c.exec_admin(sqe, io_exist)
+            };
+        match outcome {
+            Admin::Complete { dw0, status } => {
+                // Set Features may have changed the Keep Alive Timeout.
+                self.kato = Duration::from_millis(c.kato_ms() as u64);
+                drop(c);
+                self.finish(i, status, dw0, 0);
+            }
+            Admin::Data { data, then } => {
+                let len = data.len() as u32;
+                let sgl = match Self::data_sgl(sqe, len, true, 0) {
+                    Ok(s) => s,
+                    Err(st) => {
+                        drop(c);
+                        return self.finish(i, st, 0, 0);
+                    }
+                };
+                let _ = sgl;
+                if let Some(t) = then {
+                    c.data_sent(t);
+                }
+                drop(c);
+                if len == 0 {
+                    return self.finish(i, Status::SUCCESS, 0, 0);
+                }
+                let s = &mut self.slots[i as usize];
+                if !s.ensure_buf(data.len()) {
+                    return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+                }
+                if let Some(b) = s.buf.as_mut() {
+                    b.as_mut_slice().copy_from_slice(&data);
+                }
+                self.send_data(i, len);
+            }
+            Admin::Held => {
+                drop(c);
+                self.slots[i as usize].st = St::Held;
+            }
+            Admin::NotAborted => {
+                drop(c);
+                self.finish(i, Status::SUCCESS, 1, 0);
+            }
+            Admin::Unsupported => {
+                drop(c);
+                self.finish(i, gen(generic::INVALID_OPCODE), 0, 0);
+            }
+        }
+        // Events the command may have released (e.g. a log page read).
+        while let Some((cid, dw0)) = lock(&ctrl).next_event() {
+            if let Some(k) = self
+                .slots
+                .iter()
+                .position(|s| s.st == St::Held && s.cid == cid)
+            {
+                self.finish(k as u16, Status::SUCCESS, dw0, 0);
+            }
+        }
+        let _ = ctx;
+    }
+
+    fn nvm(&mut self, i: u16, sqe: &Sqe, icd: u32) {
+        let Some(q) = self.io.as_ref() else {
+            return self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+        };
+        let cmd = match q.check(sqe) {
+            Ok(c) => c,
+            Err(st) => return self.finish(i, st, 0, 0),
+        };
+        let xfer = model::io_xfer_len(&cmd) as u32;
+        let to_host = model::io_to_host(&cmd);
+        let s = &mut self.slots[i as usize];
+        s.io = Some(cmd);
+        s.xfer = xfer;
+        if xfer == 0 {
+            return self.submit(i, None);
+        }
+        let sgl = match Self::data_sgl(sqe, xfer, to_host, self.icd_max.min(icd)) {
+            Ok(s) => s,
+            Err(st) => return self.finish(i, st, 0, 0),
+        };
+        match sgl {
+            Sgl::InCapsule { .. } => {
+                // The data is in the slot's buffer already.
+                if let Some(b) = s.buf.as_mut() {
+                    b.set_len(xfer as usize);
+                }
+                self.submit(i, Some(xfer));
+            }
+            Sgl::Transport { .. } => {
+                if !s.ensure_buf(xfer as usize) {
+                    return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+                }
+                if to_host {
+                    self.submit(i, Some(xfer));
+                } else {
+                    s.st = St::AwaitH2C;
+                    s.got = 0;
+                    let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
+                    let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
+                    if let Some(l) = l {
+                        self.tx.push_header(r.as_bytes(), &l);
+                    }
+                }
+            }
+            Sgl::Address { .. } => self.finish(i, gen(generic::SGL_TYPE_INVALID), 0, 0),
+        }
+    }
+
+    /// All H2C data of slot `i` is in.
+    fn write_data_in(&mut self, i: u16) {
+        let s = &self.slots[i as usize];
+        if let Some(st) = s.err {
+            return self.finish(i, st, 0, 0);
+        }
+        let xfer = s.xfer;
+        self.submit(i, Some(xfer));
+    }
+
+    /// Hands slot `i`'s command (with its first `len` buffer bytes as
+    /// data) to the I/O queue.
+    fn submit(&mut self, i: u16, len: Option<u32>) {
+        let (Some(q), Some(s)) = (self.io.as_mut(), self.slots.get_mut(i as usize)) else {
+            return;
+        };
+        let Some(cmd) = s.io else {
+            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+        };
+        let seg = match len {
+            Some(n) => match s.buf.take() {
+                Some(b) => {
+                    let (lent, seg) = b.lend(n as usize);
+                    s.lent = Some(lent);
+                    Some(seg)
+                }
+                None => return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0),
+            },
+            None => None,
+        };
+        s.st = St::Bdev;
+        // SAFETY: the segment is the slot's buffer, now `Lent`: nothing
+        // touches it until `poll` delivers tag `i` (then it is reclaimed)
+        // or the queue is dropped (first, in `Drop for Conn`).
+        let r = unsafe { q.submit(i as u32, &cmd, seg) };
+        if r.is_err() {
+            // Refused before it started: the buffer is ours again.
+            if let Some(l) = s.lent.take() {
+                // SAFETY: the queue refused the command: it never saw the
+                // segment.
+                s.buf = Some(unsafe { l.reclaim() });
+            }
+            self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+        }
+    }
+
+    fn poll_io(&mut self) -> bool {
+        let Some(q) = self.io.as_mut() else {
+            return false;
+        };
+        let mut done = std::mem::take(&mut self.done);
+        let n = q.poll(&mut |tag, st| done.push((tag, st)));
+        if n > 0 {
+            q.publish();
+        }
+        for &(tag, st) in &done {
+            let i = tag as u16;
+            let Some(s) = self.slots.get_mut(i as usize) else {
+                continue;
+            };
+            if let Some(l) = s.lent.take() {
+                // SAFETY: the I/O queue delivered this tag: the bdev is
+                // done with the buffer.
+                s.buf = Some(unsafe { l.reclaim() });
+            }
+            let read = s.io.is_some_and(|c| model::io_to_host(&c));
+            if st.is_success() && read && s.xfer > 0 {
+                let len = s.xfer;
+                self.send_data(i, len);
+            } else {
+                self.finish(i, st, 0, 0);
+            }
+        }
+        done.clear();
+        self.done = done;
+        n > 0
+    }
+
+    // ------------------------------------------------------------------
+    // Responses
+    // ------------------------------------------------------------------
+
+    fn cqe(&self, cid: u16, status: Status, dw0: u32, dw1: u32) -> Cqe {
+        Cqe {
+            dw0,
+            dw1,
+            sqhd: self.sqhd,
+            sqid: self.qid,
+            cid,
+            status: status.0 << 1,
+        }
+    }
+
+    /// Queues a response capsule; frees slot `slot` (if any) once sent.
+    fn respond(&mut self, slot: Option<u16>, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        let r = CapsuleResp::new(self.cqe(cid, status, dw0, dw1), self.digests.header);
+        if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+        if let Some(i) = slot {
+            self.slots[i as usize].st = St::Tx;
+            self.tx.segs.push_back(Seg::Release { slot: i });
+        }
+    }
+
+    /// Completes slot `i`'s command with `status`.
+    fn finish(&mut self, i: u16, status: Status, dw0: u32, dw1: u32) {
+        let cid = self.slots[i as usize].cid;
+        self.respond(Some(i), cid, status, dw0, dw1);
+    }
+
+    /// Sends the first `len` bytes of slot `i`'s buffer as the command's
+    /// data, then its successful completion (SUCCESS flag without SQ
+    /// flow control, else a response capsule).
+    fn send_data(&mut self, i: u16, len: u32) {
+        let success = self.flow_off;
+        let cid = self.slots[i as usize].cid;
+        let Some((h, l)) = C2HData::new(cid, 0, len, true, success, self.digests, self.hpda) else {
+            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+        };
+        let s = &mut self.slots[i as usize];
+        let Some(b) = s.buf.take() else {
+            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+        };
+        let dd = l.ddgst.then(|| {
+            let mut d = DataDigest::new();
+            d.update(&b.as_slice()[..len as usize]);
+            d.value()
+        });
+        let (lent, seg) = b.lend(len as usize);
+        s.lent = Some(lent);
+        s.st = St::Tx;
+        s.zc_seq = None;
+        self.tx.push_header(h.as_bytes(), &l);
+        self.tx.segs.push_back(Seg::Data {
+            slot: i,
+            ptr: seg.ptr,
+            len: seg.len,
+        });
+        if let Some(d) = dd {
+            self.tx.push_bytes(&d.to_le_bytes());
+        }
+        if !success {
+            let r = CapsuleResp::new(self.cqe(cid, Status::SUCCESS, 0, 0), self.digests.header);
+            if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
+                self.tx.push_header(r.as_bytes(), &l);
+            }
+        }
+        self.tx.segs.push_back(Seg::Release { slot: i });
+        debug_assert!(h.ch.flags & flags::LAST_PDU != 0);
+    }
+
+    /// Queues a C2HTermReq for a protocol error and closes.
+    fn fatal(&mut self, ctx: &mut ThreadCtx, f: Fatal, header: &[u8]) {
+        tracing::warn!(peer = %self.peer, fes = %f.fes, fei = f.fei, "protocol error: {}; terminating the connection", f.why);
+        let n = header.len().min(TERM_REQ_MAX_DATA as usize);
+        let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
+        self.tx.push_bytes(t.as_bytes());
+        self.tx.push_bytes(&header[..n]);
+        self.begin_close(ctx, "protocol error");
+    }
+
+    // ------------------------------------------------------------------
+    // Send
+    // ------------------------------------------------------------------
+
+    fn release(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        if let Some(seq) = s.zc_seq {
+            if seq >= self.zc_done {
+                s.st = St::ZcWait;
+                return;
+            }
+        }
+        if let Some(l) = s.lent.take() {
+            // SAFETY: every byte of the buffer queued for the socket was
+            // handed to the kernel by a copying send (or a zero-copy one
+            // already notified complete, checked above).
+            s.buf = Some(unsafe { l.reclaim() });
+        }
+        s.st = St::Free;
+        s.io = None;
+        s.zc_seq = None;
+        self.free.push(i);
+    }
+
+    fn flush(&mut self, ctx: &mut ThreadCtx) -> bool {
+        let mut busy = false;
+        let mut iov: [libc::iovec; sock::MAX_IOV] = [libc::iovec {
+            iov_base: std::ptr::null_mut(),
+            iov_len: 0,
+        }; sock::MAX_IOV];
+        loop {
+            while let Some(Seg::Release { slot }) = self.tx.segs.front().copied() {
+                self.tx.segs.pop_front();
+                self.release(slot);
+            }
+            if self.tx.segs.is_empty() {
+                self.tx.bytes.clear();
+                self.tx.front = 0;
+                break;
+            }
+            // Gather: a large data segment alone with MSG_ZEROCOPY, else
+            // everything up to the next such segment.
+            let zc_min = self.zc_threshold.map(|t| t as usize);
+            let mut n = 0;
+            let mut zerocopy = false;
+            let mut zc_slot = None;
+            for (k, seg) in self.tx.segs.iter().enumerate() {
+                let skip = if k == 0 { self.tx.front } else { 0 };
+                match *seg {
+                    Seg::Bytes { start, len } => {
+                        iov[n] = libc::iovec {
+                            iov_base: self.tx.bytes[start + skip..].as_ptr() as *mut _,
+                            iov_len: len - skip,
+                        };
+                        n += 1;
+                    }
+                    Seg::Data { slot, ptr, len } => {
+                        let big = zc_min.is_some_and(|m| len >= m);
+                        if big && n > 0 {
+                            break;
+                        }
+                        // SAFETY: `ptr` starts slot `slot`'s lent buffer
+                        // of at least `len` bytes, and `skip <= len`.
+                        let base = unsafe { ptr.add(skip) };
+                        iov[n] = libc::iovec {
+                            iov_base: base as *mut _,
+                            iov_len: len - skip,
+                        };
+                        n += 1;
+                        if big {
+                            zerocopy = true;
+                            zc_slot = Some(slot);
+                            break;
+                        }
+                    }
+                    Seg::Release { .. } => {}
+                }
+                if n == sock::MAX_IOV {
+                    break;
+                }
+            }
+            // SAFETY: the iovecs point into `tx.bytes` (not modified until
+            // the call returns) and into lent slot buffers (released only
+            // once sent; zero-copy ones only once notified).
+            let r = unsafe { sock::send_iov(self.fd, &iov[..n], zerocopy) };
+            let sent = match r {
+                Ok(0) => break,
+                Ok(k) => k,
+                Err(e) if zerocopy && e.raw_os_error() == Some(libc::ENOBUFS) => {
+                    tracing::warn!(peer = %self.peer, "MSG_ZEROCOPY refused (ENOBUFS): copying from now on");
+                    self.zc_threshold = None;
+                    continue;
+                }
+                Err(e) => {
+                    self.close_now(ctx, &format!("send failed: {e}"));
+                    return true;
+                }
+            };
+            busy = true;
+            if zerocopy {
+                if let Some(s) = zc_slot {
+                    self.slots[s as usize].zc_seq = Some(self.zc_sent);
+                }
+                self.zc_sent += 1;
+            }
+            self.advance(sent);
+        }
+        busy
+    }
+
+    /// `sent` bytes of the queue went out.
+    fn advance(&mut self, mut sent: usize) {
+        while sent > 0 {
+            let Some(seg) = self.tx.segs.front().copied() else {
+                break;
+            };
+            let len = match seg {
+                Seg::Bytes { len, .. } | Seg::Data { len, .. } => len,
+                Seg::Release { slot } => {
+                    self.tx.segs.pop_front();
+                    self.release(slot);
+                    continue;
+                }
+            };
+            let left = len - self.tx.front;
+            if sent >= left {
+                sent -= left;
+                self.tx.front = 0;
+                self.tx.segs.pop_front();
+            } else {
+                self.tx.front += sent;
+                sent = 0;
+            }
+        }
+    }
+
+    /// Zero-copy completions: slots whose data the kernel is done with.
+    fn reap_zerocopy(&mut self) {
+        let mut any = false;
+        while let Ok(Some((_lo, hi))) = sock::zerocopy_notification(self.fd) {
+            if self.zc_sent == 0 {
+                break;
+            }
+            // Kernel sequence numbers are the low 32 bits of ours.
+            let last = self.zc_sent - 1;
+            let back = (last as u32).wrapping_sub(hi) as u64;
+            if back <= last {
+                self.zc_done = self.zc_done.max(last - back + 1);
+                any = true;
+            }
+        }
+        if any {
+            for i in 0..self.slots.len() {
+                if self.slots[i].st == St::ZcWait {
+                    self.release(i as u16);
+                }
+            }
+        }
+    }
+}
+
+fn internal(what: &str) -> Fatal {
+    Fatal {
+        fes: Fes::INVALID_HEADER_FIELD,
+        fei: 0,
+        why: format!("internal: {what}"),
+    }
+}
+
+/// Removes controller `cntlid` and closes its I/O queues' connections
+/// (on their threads).
+pub(crate) fn teardown(ctx: &mut ThreadCtx, shared: &Shared, cntlid: u16) {
+    let entry = shared.table().map.remove(&cntlid);
+    let Some(e) = entry else {
+        return;
+    };
+    tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
+    for (_, r) in e.io {
+        let conn = r.conn;
+        if let Err(err) = ctx.send(r.thread, move |ctx| crate::server::close_conn(ctx, conn)) {
+            tracing::warn!(
+                thread = r.thread,
+                "closing an I/O queue of controller {cntlid}: {err}"
+            );
+        }
+    }
+}

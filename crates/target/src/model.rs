@@ -1,0 +1,334 @@
+//! Every call into the controller model (`pollux-controller`) goes
+//! through here, so its API changes stay in this file.
+//!
+//! The target adds nothing to the command set: Identify, log pages,
+//! features, Keep Alive, asynchronous events, the CC/CSTS state machine
+//! and NVM I/O are the model's. What a fabrics transport owns stays
+//! outside: Connect, Property Get/Set framing, Disconnect, and the
+//! Discovery Log Page (the target's configuration is what it lists).
+//!
+//! The model has no discovery personality yet; a discovery controller is
+//! an I/O-personality controller without namespaces whose Identify
+//! Controller data this adapter marks as a discovery controller
+//! (CNTRLTYPE 2, no namespaces, no NVM command support).
+use std::sync::Arc;
+
+use pollux_bdev::{Bdev, RawSeg};
+use pollux_controller::{
+    AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoQueue,
+    IoQueueOptions, Limits, Namespace, Personality, Subsystem,
+};
+use pollux_spec::cmd::cns;
+use pollux_spec::fabrics::PropertySize;
+use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
+use pollux_spec::regs::off;
+use pollux_spec::status::generic;
+use pollux_spec::{AdminOpcode, Sqe, Status};
+use zerocopy::IntoBytes;
+
+pub(crate) use pollux_controller::IoCmd;
+
+/// Errors building a subsystem.
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct ModelError(#[from] pollux_controller::ControllerError);
+
+/// What the target configures of a subsystem's controllers.
+#[derive(Clone, Debug)]
+pub(crate) struct SubsysParams {
+    pub nqn: String,
+    pub serial: String,
+    pub model: String,
+    /// I/O queue entries at most (CAP.MQES + 1).
+    pub queue_entries: u16,
+    pub max_io_queues: u16,
+    /// Largest transfer (a power of two times 4 KiB; MDTS).
+    pub max_io_size: u32,
+    /// In-capsule data of I/O queues (IOCCSZ).
+    pub in_capsule_data: u32,
+    /// Keep Alive granularity in 100 ms units (KAS).
+    pub kas: u16,
+}
+
+/// MDTS for a transfer size: `4 KiB << mdts >= size`, at most 16.
+fn mdts_for(max_io_size: u32) -> u8 {
+    let pages = (max_io_size.max(4096) / 4096).next_power_of_two();
+    pages.trailing_zeros().min(16) as u8
+}
+
+/// A subsystem of the model: NVM (with namespaces on bdevs) or discovery.
+#[derive(Clone, Debug)]
+pub(crate) struct Subsys {
+    inner: Arc<Subsystem>,
+    discovery: bool,
+}
+
+impl Subsys {
+    pub fn new(p: &SubsysParams, bdevs: Vec<Bdev>, discovery: bool) -> Result<Subsys, ModelError> {
+        let namespaces = bdevs
+            .into_iter()
+            .map(|b| Namespace::new(b, 0))
+            .collect::<Result<Vec<_>, _>>()?;
+        let inner = Subsystem::new(
+            Identity {
+                serial: p.serial.clone(),
+                model: p.model.clone(),
+                firmware: env!("CARGO_PKG_VERSION").chars().take(8).collect(),
+                vid: 0,
+                ssvid: 0,
+                ieee: [0; 3],
+                subnqn: p.nqn.clone(),
+            },
+            Limits {
+                mqes: p.queue_entries.saturating_sub(1).max(1),
+                max_io_queues: p.max_io_queues.max(1),
+                mdts: mdts_for(p.max_io_size),
+                abort_limit: 3,
+                aer_limit: 3,
+                cap_to: 15,
+            },
+            Personality::Fabrics(FabricsTraits {
+                in_capsule_data: p.in_capsule_data,
+                kas: p.kas,
+            }),
+            namespaces,
+        )?;
+        Ok(Subsys { inner, discovery })
+    }
+
+    pub fn nqn(&self) -> &str {
+        &self.inner.identity().subnqn
+    }
+
+    /// CAP.MQES (0's based).
+    pub fn mqes(&self) -> u16 {
+        self.inner.limits().mqes
+    }
+}
+
+/// What an admin command comes to.
+pub(crate) enum Admin {
+    Complete {
+        dw0: u32,
+        status: Status,
+    },
+    /// Data for the host (then a success completion).
+    Data {
+        data: Vec<u8>,
+        then: Option<AfterSend>,
+    },
+    /// An Asynchronous Event Request held for later.
+    Held,
+    /// Abort: never aborts anything (DW0 bit 0 set: not aborted).
+    NotAborted,
+    /// A command the fabrics transport does not support (queue creation,
+    /// deletion): Invalid Opcode.
+    Unsupported,
+}
+
+/// One controller (one host association).
+pub(crate) struct Ctrl {
+    inner: Controller,
+    discovery: bool,
+}
+
+impl std::fmt::Debug for Ctrl {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        self.inner.fmt(f)
+    }
+}
+
+impl Ctrl {
+    pub fn new(s: &Subsys, cntlid: u16) -> Ctrl {
+        Ctrl {
+            inner: Controller::new(s.inner.clone(), cntlid),
+            discovery: s.discovery,
+        }
+    }
+
+    pub fn set_kato(&mut self, ms: u32) {
+        self.inner.set_kato(ms);
+    }
+
+    pub fn kato_ms(&self) -> u32 {
+        self.inner.kato_ms()
+    }
+
+    pub fn is_running(&self) -> bool {
+        self.inner.is_running()
+    }
+
+    /// I/O queues granted (Number of Queues, the smaller of NSQ and NCQ).
+    pub fn io_queues_granted(&self) -> u16 {
+        let q = self.inner.queues_granted();
+        q.nsq.min(q.ncq)
+    }
+
+    /// Property Get: CAP (8 bytes), VS, CC, CSTS (4 bytes).
+    pub fn property_get(&self, ofst: u32, size: PropertySize) -> Result<u64, Status> {
+        let r = self.inner.registers();
+        let bad = Err(Status::generic(generic::INVALID_FIELD));
+        match (ofst as usize, size) {
+            (off::CAP, PropertySize::Eight) => Ok(r.cap().0),
+            (off::VS, PropertySize::Four) => Ok(r.vs().0 as u64),
+            (off::CC, PropertySize::Four) => Ok(r.cc() as u64),
+            (off::CSTS, PropertySize::Four) => Ok(r.csts() as u64),
+            _ => bad,
+        }
+    }
+
+    /// Property Set: CC only (4 bytes). Runs the state machine's
+    /// reactions: reset, enable (checks; RDY or CFS), shutdown (flushes
+    /// every namespace through a temporary queue, then SHST complete).
+    pub fn property_set(
+        &mut self,
+        ofst: u32,
+        size: PropertySize,
+        value: u64,
+    ) -> Result<(), Status> {
+        if ofst as usize != off::CC || size != PropertySize::Four {
+            return Err(Status::generic(generic::INVALID_FIELD));
+        }
+        let ch = self.inner.write_cc(value as u32);
+        if ch.reset {
+            self.inner.reset();
+        }
+        if ch.enable {
+            let r = self.inner.registers().check_enable().map(drop);
+            self.inner.enable_done(r);
+        }
+        if ch.shutdown.is_some() {
+            match IoQueue::for_controller(&self.inner, IoQueueOptions { depth: 0 }) {
+                Ok(mut q) => q.flush_all(),
+                Err(e) => tracing::error!(error = %e, "flush at shutdown: no queue"),
+            }
+            self.inner.shutdown_complete();
+        }
+        Ok(())
+    }
+
+    /// Executes an admin command (not a Fabrics one, not Get Log Page of
+    /// the discovery log: the caller owns those).
+    pub fn exec_admin(&mut self, sqe: &Sqe, io_queues_exist: bool) -> Admin {
+        if self.discovery {
+            // Only what a discovery controller supports (NVMe 2.0 §3.1.3.3).
+            use AdminOpcode::*;
+            match AdminOpcode::from_u8(sqe.opc) {
+                Some(Identify) if sqe.cdw10 as u8 == cns::CONTROLLER => {
+                    let id = self.discovery_identify();
+                    return Admin::Data {
+                        data: id.as_bytes().to_vec(),
+                        then: None,
+                    };
+                }
+                Some(GetLogPage | SetFeatures | GetFeatures | AsyncEventRequest | KeepAlive) => {}
+                _ => {
+                    return Admin::Complete {
+                        dw0: 0,
+                        status: Status::generic(generic::INVALID_OPCODE),
+                    }
+                }
+            }
+        }
+        let env = AdminEnv { io_queues_exist };
+        match self.inner.exec_admin(sqe, env) {
+            AdminOutcome::Complete { dw0, status } => Admin::Complete { dw0, status },
+            AdminOutcome::Data { data, then, .. } => Admin::Data {
+                data,
+                then: Some(then),
+            },
+            AdminOutcome::Held => Admin::Held,
+            AdminOutcome::NotMine => {
+                if sqe.opc == AdminOpcode::Abort as u8 {
+                    Admin::NotAborted
+                } else {
+                    Admin::Unsupported
+                }
+            }
+        }
+    }
+
+    /// The data of a command was handed to the socket.
+    pub fn data_sent(&mut self, then: AfterSend) {
+        self.inner.data_sent(then);
+    }
+
+    /// A held Asynchronous Event Request to complete now: (CID, DW0).
+    pub fn next_event(&mut self) -> Option<(u16, u32)> {
+        self.inner.next_event()
+    }
+
+    fn discovery_identify(&self) -> IdentifyController {
+        let mut id = self.inner.identify_controller();
+        id.cntrltype = CNTRLTYPE_DISCOVERY;
+        id.nn = 0;
+        id.oncs = 0;
+        id.vwc = 0;
+        id.ioccsz = 0;
+        id.iorcsz = 0;
+        id.sqes = 0;
+        id.cqes = 0;
+        id.mdts = 0;
+        id
+    }
+
+    /// A new I/O queue of this controller, `depth` commands deep. Call
+    /// it on the thread that will use the queue (its bdev channels).
+    pub fn new_io_queue(&self, depth: u32) -> Result<IoQ, ModelError> {
+        Ok(IoQ(IoQueue::for_controller(
+            &self.inner,
+            IoQueueOptions { depth },
+        )?))
+    }
+}
+
+/// One I/O queue's execution context.
+pub(crate) struct IoQ(IoQueue);
+
+impl IoQ {
+    #[inline]
+    pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
+        self.0.check(sqe)
+    }
+
+    /// Submits a checked command on its data (`seg`, none for commands
+    /// without data); its status comes out of [`IoQ::poll`] with `tag`.
+    ///
+    /// # Safety
+    /// The segment is valid (writable for a read) and untouched by
+    /// anything else until `poll` delivered `tag` or the queue is dropped.
+    #[inline]
+    pub unsafe fn submit(&mut self, tag: u32, cmd: &IoCmd, seg: Option<RawSeg>) -> Result<(), ()> {
+        let segs = match &seg {
+            Some(s) => std::slice::from_ref(s),
+            None => &[],
+        };
+        // SAFETY: forwarded contract.
+        unsafe { self.0.submit(tag, cmd, segs) }.map_err(|e| {
+            tracing::error!(error = %e, "I/O queue refused a command");
+        })
+    }
+
+    #[inline]
+    pub fn outstanding(&self) -> u32 {
+        self.0.outstanding()
+    }
+
+    #[inline]
+    pub fn poll(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        self.0.poll(f)
+    }
+
+    #[inline]
+    pub fn publish(&self) {
+        self.0.publish();
+    }
+}
+
+pub(crate) fn io_to_host(cmd: &IoCmd) -> bool {
+    cmd.to_host()
+}
+
+pub(crate) fn io_xfer_len(cmd: &IoCmd) -> usize {
+    cmd.xfer_len
+}

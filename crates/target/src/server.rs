@@ -1,0 +1,386 @@
+//! The target on the runtime: listeners, placement of connections on
+//! threads, each thread's connection table and poller, idle sleep in
+//! epoll on the sockets, Keep Alive expiry and shutdown.
+//!
+//! Each runtime thread keeps its connections in a thread-local table
+//! (its poller, timers and the messages sent to it are the only code
+//! touching it). Thread 0 also accepts: a new connection is sent to the
+//! thread whose core receives its packets (`SO_INCOMING_CPU`, when on)
+//! or to the next thread round robin.
+use std::cell::RefCell;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher, ThreadCtx};
+use pollux_spec::fabrics::DISCOVERY_NQN;
+
+use crate::config::{ConfigError, TargetConfig};
+use crate::conn::Conn;
+use crate::model::{ModelError, Subsys, SubsysParams};
+use crate::shared::{Shared, SubsysEntry};
+use crate::sock;
+
+/// Why a target did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("subsystem '{nqn}': {source}")]
+    Model {
+        nqn: String,
+        #[source]
+        source: ModelError,
+    },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Runtime(#[from] pollux_runtime::Error),
+}
+
+struct Table {
+    shared: Arc<Shared>,
+    conns: Vec<Conn>,
+    next_id: u64,
+    rr: usize,
+    listeners: Vec<TcpListener>,
+}
+
+thread_local! {
+    static TABLE: RefCell<Option<Table>> = const { RefCell::new(None) };
+}
+
+fn with<R>(f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+    TABLE.with(|t| t.try_borrow_mut().ok()?.as_mut().map(f))
+}
+
+/// Closes connection `id` of this thread (its controller went away).
+pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
+    with(|t| {
+        if let Some(c) = t.conns.iter_mut().find(|c| c.id == id) {
+            c.close_now(ctx, "controller torn down");
+        }
+    });
+}
+
+/// A serial number made from the NQN (at most 20 characters).
+fn default_serial(nqn: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in nqn.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("PLX{:016X}", h)[..19].to_string()
+}
+
+/// A running NVMe/TCP target.
+pub struct Target {
+    rt: RuntimeHandle,
+    shared: Arc<Shared>,
+}
+
+impl Target {
+    /// Binds the listeners, builds the subsystems and starts one runtime
+    /// thread per core of `cores` serving connections.
+    pub fn start(
+        cfg: TargetConfig,
+        cores: &[usize],
+        rt_opts: RuntimeOptions,
+    ) -> Result<Target, TargetError> {
+        cfg.validate()?;
+        let o = cfg.transport.clone();
+        // Bind each distinct address once; port 0 becomes a real port.
+        let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
+        for s in &cfg.subsystems {
+            for &addr in &s.listeners {
+                if bound.iter().any(|(a, _, _)| *a == addr) {
+                    continue;
+                }
+                let l = TcpListener::bind(addr)
+                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                    .map_err(|source| TargetError::Listen { addr, source })?;
+                let real = l
+                    .local_addr()
+                    .map_err(|source| TargetError::Listen { addr, source })?;
+                bound.push((addr, real, l));
+            }
+        }
+        let real = |a: &SocketAddr| {
+            bound
+                .iter()
+                .find(|(c, _, _)| c == a)
+                .map_or(*a, |(_, r, _)| *r)
+        };
+        let mut subsystems = Vec::new();
+        for s in &cfg.subsystems {
+            let p = SubsysParams {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone().unwrap_or_else(|| default_serial(&s.nqn)),
+                model: s.model.clone().unwrap_or_else(|| "pollux".into()),
+                queue_entries: o.max_queue_depth,
+                max_io_queues: o.max_io_qpairs_per_ctrlr,
+                max_io_size: o.max_io_size,
+                in_capsule_data: o.in_capsule_data_size,
+                kas: o.kas,
+            };
+            let model =
+                Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
+                    nqn: s.nqn.clone(),
+                    source,
+                })?;
+            subsystems.push(SubsysEntry {
+                model,
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                listeners: s.listeners.iter().map(real).collect(),
+            });
+        }
+        let dp = SubsysParams {
+            nqn: DISCOVERY_NQN.into(),
+            serial: "pollux-discovery".into(),
+            model: "pollux discovery".into(),
+            queue_entries: o.max_aq_depth,
+            max_io_queues: 1,
+            max_io_size: o.max_io_size,
+            in_capsule_data: 0,
+            kas: o.kas,
+        };
+        let discovery =
+            Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
+                nqn: DISCOVERY_NQN.into(),
+                source,
+            })?;
+        let shared = Arc::new(Shared {
+            opts: o,
+            subsystems,
+            discovery,
+            listeners: bound.iter().map(|(_, r, _)| *r).collect(),
+            ctrls: Mutex::default(),
+            conns: Default::default(),
+            cores: cores.to_vec(),
+        });
+        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
+            bound.into_iter().map(|(_, _, l)| l).collect(),
+        )));
+        let sh = shared.clone();
+        let rt = Runtime::start_with(cores, rt_opts, move |ctx| {
+            let ls = if ctx.index() == 0 {
+                listeners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            init(ctx, sh.clone(), ls);
+        })?;
+        for a in &shared.listeners {
+            tracing::info!(listen = %a, "NVMe/TCP target listening");
+        }
+        Ok(Target { rt, shared })
+    }
+
+    /// The addresses listened on (configured port 0 resolved).
+    pub fn listen_addrs(&self) -> &[SocketAddr] {
+        &self.shared.listeners
+    }
+
+    /// Controllers (host associations) alive.
+    pub fn controllers(&self) -> usize {
+        self.shared.table().map.len()
+    }
+
+    /// Connections open.
+    pub fn connections(&self) -> usize {
+        self.shared.conns.load(Relaxed)
+    }
+
+    /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).
+    pub fn stop_on_signals(&self) -> Result<SignalWatcher, TargetError> {
+        Ok(self.rt.stop_on_signals()?)
+    }
+
+    /// Waits until the target has shut down.
+    pub fn wait(&self) -> Result<(), TargetError> {
+        Ok(self.rt.wait()?)
+    }
+
+    /// Stops accepting, lets commands in flight finish and their
+    /// responses go out, closes every connection and joins the threads.
+    pub fn shutdown(&self) -> Result<(), TargetError> {
+        Ok(self.rt.shutdown()?)
+    }
+}
+
+fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
+    for l in &listeners {
+        if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
+            tracing::error!("listener wake-up: {e}");
+        }
+    }
+    let epoll_idle = shared.opts.epoll_idle;
+    let accepting = !listeners.is_empty();
+    TABLE.with(|t| {
+        *t.borrow_mut() = Some(Table {
+            shared,
+            conns: Vec::new(),
+            next_id: 0,
+            rr: 0,
+            listeners,
+        })
+    });
+    ctx.register_poller("nvmf-tcp", poll);
+    if accepting {
+        ctx.register_poller("nvmf-tcp-accept", accept);
+    }
+    ctx.on_sleep(move || {
+        epoll_idle
+            && TABLE.with(|t| {
+                t.try_borrow()
+                    .ok()
+                    .and_then(|t| t.as_ref().map(|t| !t.conns.iter().any(Conn::needs_poll)))
+                    .unwrap_or(false)
+            })
+    });
+    ctx.add_periodic(Duration::from_millis(100), |ctx| {
+        let now = ctx.now();
+        with(|t| {
+            for c in t.conns.iter_mut() {
+                if c.kato_expired(now) {
+                    tracing::warn!(conn = c.id, "keep alive timeout expired");
+                    c.close_now(ctx, "keep alive timeout");
+                } else if c.linger_over(now) {
+                    c.close_now(ctx, "linger time over");
+                }
+            }
+        });
+    });
+    ctx.register_drain("nvmf-tcp", |ctx| {
+        with(|t| {
+            for l in t.listeners.drain(..) {
+                let _ = ctx.unregister_wake_fd(l.as_fd());
+            }
+            for c in t.conns.iter_mut() {
+                c.drain();
+            }
+            t.conns.is_empty()
+        })
+        .unwrap_or(true)
+    });
+}
+
+fn poll(ctx: &mut ThreadCtx) -> Poll {
+    let busy = with(|t| {
+        let mut busy = false;
+        for c in t.conns.iter_mut() {
+            busy |= c.poll(ctx);
+        }
+        let mut k = 0;
+        while k < t.conns.len() {
+            if t.conns[k].is_closed() {
+                let c = t.conns.swap_remove(k);
+                let _ = ctx.unregister_wake_fd(c.as_fd());
+                t.shared.conns.fetch_sub(1, Relaxed);
+                drop(c);
+            } else {
+                k += 1;
+            }
+        }
+        busy
+    })
+    .unwrap_or(false);
+    if busy {
+        Poll::Busy
+    } else {
+        Poll::Idle
+    }
+}
+
+fn accept(ctx: &mut ThreadCtx) -> Poll {
+    let mut got: Vec<TcpStream> = Vec::new();
+    let shared = with(|t| {
+        for l in &t.listeners {
+            for _ in 0..16 {
+                match l.accept() {
+                    Ok((s, _)) => got.push(s),
+                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) => {
+                        tracing::warn!("accept: {e}");
+                        break;
+                    }
+                }
+            }
+        }
+        t.shared.clone()
+    });
+    let Some(shared) = shared else {
+        return Poll::Idle;
+    };
+    if got.is_empty() {
+        return Poll::Idle;
+    }
+    for s in got {
+        let peer = s.peer_addr().ok();
+        if shared.conns.load(Relaxed) >= shared.opts.max_connections {
+            tracing::warn!(
+                ?peer,
+                max = shared.opts.max_connections,
+                "connection refused: too many connections"
+            );
+            continue;
+        }
+        shared.conns.fetch_add(1, Relaxed);
+        let n = ctx.thread_count();
+        let by_cpu = if shared.opts.incoming_cpu {
+            sock::incoming_cpu(s.as_raw_fd())
+                .and_then(|cpu| shared.cores.iter().position(|&c| c == cpu))
+        } else {
+            None
+        };
+        let thread = by_cpu.unwrap_or_else(|| {
+            with(|t| {
+                t.rr = (t.rr + 1) % n;
+                t.rr
+            })
+            .unwrap_or(0)
+        });
+        tracing::debug!(?peer, thread, "connection accepted");
+        if let Err(e) = ctx.send(thread, move |ctx| adopt(ctx, s)) {
+            tracing::warn!(thread, "connection dropped: {e}");
+            shared.conns.fetch_sub(1, Relaxed);
+        }
+    }
+    Poll::Busy
+}
+
+fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
+    let now = ctx.now();
+    let thread = ctx.index();
+    with(|t| {
+        if ctx.is_shutting_down() {
+            t.shared.conns.fetch_sub(1, Relaxed);
+            return;
+        }
+        t.next_id += 1;
+        let id = (thread as u64) << 48 | t.next_id;
+        match Conn::new(id, s, t.shared.clone(), thread, now) {
+            Ok(c) => {
+                if let Err(e) = ctx.register_wake_fd(c.as_fd()) {
+                    tracing::warn!("connection wake-up: {e}");
+                }
+                t.conns.push(c);
+            }
+            Err(e) => {
+                tracing::warn!("connection set-up: {e}");
+                t.shared.conns.fetch_sub(1, Relaxed);
+            }
+        }
+    });
+}

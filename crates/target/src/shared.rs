@@ -1,0 +1,121 @@
+//! What every runtime thread of a target shares: the configuration, the
+//! subsystems and the table of live controllers (associations). The
+//! table is behind a mutex, taken only at Connect, Disconnect, close and
+//! Keep Alive expiry — never on the I/O path.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use crate::config::TransportOptions;
+use crate::model::{Ctrl, Subsys};
+
+/// Which subsystem a controller belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SubsysId {
+    Discovery,
+    Nvm(usize),
+}
+
+pub(crate) struct SubsysEntry {
+    pub model: Subsys,
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    /// Bound addresses (a configured port 0 resolved).
+    pub listeners: Vec<SocketAddr>,
+}
+
+impl SubsysEntry {
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+}
+
+/// Where a queue's connection lives: runtime thread and connection id.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConnRef {
+    pub thread: usize,
+    pub conn: u64,
+}
+
+pub(crate) struct CtrlEntry {
+    pub subsys: SubsysId,
+    pub hostnqn: String,
+    pub ctrl: Arc<Mutex<Ctrl>>,
+    /// Connected I/O queues: (QID, connection).
+    pub io: Vec<(u16, ConnRef)>,
+}
+
+#[derive(Default)]
+pub(crate) struct CtrlTable {
+    next: u16,
+    pub map: HashMap<u16, CtrlEntry>,
+}
+
+/// Highest dynamic controller ID (FFF0h and above are reserved).
+const MAX_CNTLID: u16 = 0xFFEF;
+
+impl CtrlTable {
+    /// Registers a controller under a fresh ID (1..=FFEFh), `None` when
+    /// every ID is taken.
+    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry) -> Option<u16> {
+        if self.map.len() >= MAX_CNTLID as usize {
+            return None;
+        }
+        loop {
+            self.next = if self.next >= MAX_CNTLID {
+                1
+            } else {
+                self.next + 1
+            };
+            if !self.map.contains_key(&self.next) {
+                let id = self.next;
+                self.map.insert(id, make(id));
+                return Some(id);
+            }
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub opts: TransportOptions,
+    pub subsystems: Vec<SubsysEntry>,
+    pub discovery: Subsys,
+    /// Every bound listener.
+    pub listeners: Vec<SocketAddr>,
+    pub ctrls: Mutex<CtrlTable>,
+    /// Open connections (accept refuses beyond `opts.max_connections`).
+    pub conns: AtomicUsize,
+    /// Core of each runtime thread.
+    pub cores: Vec<usize>,
+}
+
+impl Shared {
+    pub fn find(&self, nqn: &str) -> Option<SubsysId> {
+        if nqn == self.discovery.nqn() {
+            return Some(SubsysId::Discovery);
+        }
+        self.subsystems
+            .iter()
+            .position(|s| s.model.nqn() == nqn)
+            .map(SubsysId::Nvm)
+    }
+
+    pub fn subsys(&self, id: SubsysId) -> &Subsys {
+        match id {
+            SubsysId::Discovery => &self.discovery,
+            SubsysId::Nvm(i) => &self.subsystems[i].model,
+        }
+    }
+
+    /// The controller table (a poisoned lock is taken over: the table
+    /// stays consistent, each change is a single insert or remove).
+    pub fn table(&self) -> MutexGuard<'_, CtrlTable> {
+        self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Locks a controller (poison taken over, as the table).
+pub(crate) fn lock(c: &Mutex<Ctrl>) -> MutexGuard<'_, Ctrl> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,167 @@
+//! The socket system calls the connections use beyond `std::net`: a
+//! vectored send (optionally `MSG_ZEROCOPY`), a receive into two pieces
+//! (a command's buffer, then the connection's receive buffer), the
+//! zero-copy completion notifications, and `SO_INCOMING_CPU`.
+use std::io;
+use std::os::fd::RawFd;
+
+/// Most iovecs handed to one `sendmsg`.
+pub(crate) const MAX_IOV: usize = 64;
+/// `SO_EE_ORIGIN_ZEROCOPY` (linux/errqueue.h; not in the libc crate).
+const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
+
+/// `sendmsg(fd, iov, MSG_DONTWAIT | MSG_NOSIGNAL [| MSG_ZEROCOPY])`:
+/// bytes sent, `Ok(0)` when the socket cannot take more now.
+///
+/// # Safety
+/// Each iovec describes readable memory that stays valid for the call
+/// (and, with `zerocopy`, until the kernel's notification for it).
+pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+    if iov.is_empty() {
+        return Ok(0);
+    }
+    // SAFETY: a zeroed msghdr is valid (no name, no control).
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
+    msg.msg_iovlen = iov.len().min(MAX_IOV) as _;
+    let mut flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
+    if zerocopy {
+        flags |= libc::MSG_ZEROCOPY;
+    }
+    loop {
+        // SAFETY: `msg` points at `iov`, valid per the caller's contract.
+        let r = unsafe { libc::sendmsg(fd, &msg, flags) };
+        if r >= 0 {
+            return Ok(r as usize);
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(0),
+            // The kernel could not pin the pages (e.g. optmem limit):
+            // the caller retries without zero-copy.
+            Some(libc::ENOBUFS) if zerocopy => return Err(e),
+            _ => return Err(e),
+        }
+    }
+}
+
+/// `readv` into `first` then `second`: bytes read, `Ok(None)` when
+/// nothing is there now, `Ok(Some(0))` at end of stream.
+pub(crate) fn recv2(fd: RawFd, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>> {
+    let iov = [
+        libc::iovec {
+            iov_base: first.as_mut_ptr().cast(),
+            iov_len: first.len(),
+        },
+        libc::iovec {
+            iov_base: second.as_mut_ptr().cast(),
+            iov_len: second.len(),
+        },
+    ];
+    let n = if second.is_empty() { 1 } else { 2 };
+    loop {
+        // SAFETY: both iovecs describe writable memory borrowed mutably
+        // for the duration of the call.
+        let r = unsafe { libc::readv(fd, iov.as_ptr(), n) };
+        if r >= 0 {
+            return Ok(Some(r as usize));
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+}
+
+fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
+    // SAFETY: `v` is a valid int for the call's duration.
+    let r = unsafe {
+        libc::setsockopt(
+            fd,
+            level,
+            name,
+            (&v as *const i32).cast(),
+            std::mem::size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    if r == 0 {
+        Ok(())
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
+    let mut v: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes for the call's duration.
+    let r = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut i32).cast(), &mut len) };
+    if r == 0 {
+        Ok(v)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
+/// The CPU whose receive processing last handled this socket's packets
+/// (`SO_INCOMING_CPU`), if the kernel knows one.
+pub(crate) fn incoming_cpu(fd: RawFd) -> Option<usize> {
+    match getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_INCOMING_CPU) {
+        Ok(c) if c >= 0 => Some(c as usize),
+        _ => None,
+    }
+}
+
+/// Allows `MSG_ZEROCOPY` sends on the socket (`SO_ZEROCOPY`).
+pub(crate) fn enable_zerocopy(fd: RawFd) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1)
+}
+
+/// Reads one zero-copy completion notification from the socket's error
+/// queue: the inclusive range of send sequence numbers it completes, or
+/// `None` when there is none.
+pub(crate) fn zerocopy_notification(fd: RawFd) -> io::Result<Option<(u32, u32)>> {
+    // Room for one cmsg carrying a sock_extended_err (and an address).
+    let mut control = [0u64; 16];
+    // SAFETY: a zeroed msghdr is valid.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = std::mem::size_of_val(&control) as _;
+    loop {
+        // SAFETY: `msg` describes `control`, writable, and no data iovec.
+        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
+        if r >= 0 {
+            break;
+        }
+        let e = io::Error::last_os_error();
+        match e.raw_os_error() {
+            Some(libc::EINTR) => continue,
+            Some(libc::EAGAIN) => return Ok(None),
+            _ => return Err(e),
+        }
+    }
+    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk the
+    // control buffer within `msg_controllen`.
+    let mut cm = unsafe { libc::CMSG_FIRSTHDR(&msg) };
+    while !cm.is_null() {
+        // SAFETY: `cm` points at a complete cmsghdr inside `control`.
+        let (level, ty) = unsafe { ((*cm).cmsg_level, (*cm).cmsg_type) };
+        let ip = (level == libc::SOL_IP && ty == libc::IP_RECVERR)
+            || (level == libc::SOL_IPV6 && ty == libc::IPV6_RECVERR);
+        if ip {
+            // SAFETY: an IP_RECVERR cmsg carries a sock_extended_err,
+            // read unaligned from its data.
+            let ee: libc::sock_extended_err =
+                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast()) };
+            if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY && ee.ee_errno == 0 {
+                return Ok(Some((ee.ee_info, ee.ee_data)));
+            }
+        }
+        // SAFETY: as above.
+        cm = unsafe { libc::CMSG_NXTHDR(&msg, cm) };
+    }
+    Ok(Some((1, 0))) // an unrelated error-queue message: an empty range
+}

@@ -1,0 +1,76 @@
+//! SPDK-shaped JSON configuration: what is read, what is refused (named).
+use pollux_target::{ConfigError, TargetConfig};
+
+const GOOD: &str = r#"{"subsystems": [
+  {"subsystem": "accel", "config": []},
+  {"subsystem": "bdev", "config": [
+    {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 2048, "block_size": 512}},
+    {"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 2048, "block_size": 4096}}]},
+  {"subsystem": "nvmf", "config": [
+    {"method": "nvmf_set_max_subsystems", "params": {"max_subsystems": 1024}},
+    {"method": "nvmf_create_transport", "params": {"trtype": "TCP", "max_queue_depth": 64, "in_capsule_data_size": 8192, "max_io_size": 65536, "io_unit_size": 8192, "zcopy": true}},
+    {"method": "nvmf_create_subsystem", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "serial_number": "SPDK001", "model_number": "pollux model", "allow_any_host": false}},
+    {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "Null0", "nsid": 2}}},
+    {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "Malloc0", "nsid": 1}}},
+    {"method": "nvmf_subsystem_add_host", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "host": "nqn.2014-08.org.nvmexpress:uuid:1"}},
+    {"method": "nvmf_subsystem_add_listener", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1",
+      "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}}]}
+]}"#;
+
+#[test]
+fn spdk_configuration_is_read() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.max_queue_depth, 64);
+    assert_eq!(c.transport.in_capsule_data_size, 8192);
+    assert_eq!(c.transport.max_io_size, 65536);
+    assert!(c.transport.zerocopy_threshold.is_some());
+    assert_eq!(c.bdevs.len(), 2);
+    let s = &c.subsystems[0];
+    assert_eq!(s.serial.as_deref(), Some("SPDK001"));
+    assert_eq!(s.model.as_deref(), Some("pollux model"));
+    assert!(!s.allow_any_host);
+    assert_eq!(s.hosts, ["nqn.2014-08.org.nvmexpress:uuid:1"]);
+    assert_eq!(s.listeners, ["127.0.0.1:0".parse().unwrap()]);
+    assert!(c.warnings.iter().any(|w| w.contains("io_unit_size")));
+    // It starts, listening on a real port.
+    let t = pollux_target::Target::start(c, &[0], Default::default()).unwrap();
+    assert_ne!(t.listen_addrs()[0].port(), 0);
+}
+
+fn refused(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "{from}");
+    match TargetConfig::from_json(&GOOD.replace(from, to)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted with {to}"),
+    }
+}
+
+#[test]
+fn bad_configurations_name_the_culprit() {
+    let e = refused("nvmf_subsystem_add_host", "nvmf_subsystem_add_hots");
+    assert!(e.contains("nvmf_subsystem_add_hots"), "{e}");
+    let e = refused("\"max_queue_depth\": 64", "\"max_queue_dept\": 64");
+    assert!(
+        e.contains("max_queue_dept") && e.contains("nvmf_create_transport"),
+        "{e}"
+    );
+    let e = refused("\"max_queue_depth\": 64", "\"max_queue_depth\": 1");
+    assert!(e.contains("max_queue_depth"), "{e}");
+    let e = refused("\"trtype\": \"TCP\", \"max", "\"trtype\": \"RDMA\", \"max");
+    assert!(e.contains("trtype") && e.contains("RDMA"), "{e}");
+    let e = refused("\"bdev_name\": \"Null0\"", "\"bdev_name\": \"Nope\"");
+    assert!(e.contains("Nope"), "{e}");
+    let e = refused("\"nsid\": 2", "\"nsid\": 3");
+    assert!(e.contains("NSID 3"), "{e}");
+    let e = refused("\"traddr\": \"127.0.0.1\"", "\"traddr\": \"localhost\"");
+    assert!(e.contains("traddr") && e.contains("localhost"), "{e}");
+    let e = refused("\"host\": \"nqn.2014", "\"host\": \"\\u0001nqn.2014");
+    assert!(e.contains("host NQN"), "{e}");
+    assert!(matches!(
+        TargetConfig::from_json(&GOOD.replace(
+            "Malloc0\", \"num_blocks\": 2048, \"block_size\": 512",
+            "Malloc0\", \"num_blocks\": 2048, \"block_size\": 513"
+        )),
+        Err(ConfigError::Bdev(_))
+    ));
+}
