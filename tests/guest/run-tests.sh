@@ -11,7 +11,7 @@
 #
 # Env: CARGO_TARGET_DIR (default: <repo>/target), PERF_T (seconds per perf
 # and fio run, default 4), PERF_DB_T (seconds per doorbell-variant run,
-# 4 rounds, default 2), GUEST_TIMEOUT (default 280 s), and run.sh's
+# 4 rounds, default 2), GUEST_TIMEOUT (default 480 s), and run.sh's
 # GUEST_CACHE / GUEST_CPUS / GUEST_MEM.
 set -euo pipefail
 
@@ -39,8 +39,9 @@ trap 'rm -f "$LOG"' EXIT
 rc=0
 # iommu=pt: uio_pci_generic needs untranslated DMA (physical addresses);
 # vfio-pci still gets its own translated IOMMU domain.
-GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-280}" \
+GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-480}" \
     --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
+    --extra-file "$HERE/target.sh:/opt/target.sh" \
     -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -259,3 +259,5 @@ for i in 1 2 3; do
 done
 check setup-reset-all $P setup reset
 check setup-list-final listed "$BDF.* nvme "
+# --- NVMe/TCP: Linux's host (nvme-tcp) against pollux target ------------
+. /opt/target.sh
