@@ -416,3 +416,16 @@ fn foreign(len: usize) -> pollux_nvme::DmaBuffer {
         )
     }
 }
+
+#[test]
+fn discovery_log_is_read() {
+    let fake = Fake::start(Script::default());
+    let mut o = opts(&fake, Digests::NONE);
+    o.subnqn = String::new();
+    let entries = pollux_tcp::discover(o).unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].subnqn().unwrap(), SUBNQN);
+    assert_eq!(entries[0].trsvcid_str(), fake.addr.port().to_string());
+    let s = fake.seen.lock().unwrap();
+    assert_eq!(s.connects[0].2, pollux_spec::fabrics::DISCOVERY_NQN);
+}

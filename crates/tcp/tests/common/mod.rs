@@ -162,6 +162,10 @@ struct FakeConn {
     held: Vec<(u16, u64, u32)>,
     /// Close the connection after this command, without answering.
     drop_now: bool,
+    /// Connected to the discovery subsystem.
+    discovery: bool,
+    /// Capsules that arrived while a write waited for its data.
+    pending: std::collections::VecDeque<(Sqe, Vec<u8>)>,
 }
 
 fn read_pdu(s: &mut TcpStream, cfg: &RxConfig) -> Result<(PduHeader, PduLayout, Vec<u8>), String> {
@@ -195,6 +199,8 @@ impl FakeConn {
             cntlid: 0,
             held: Vec::new(),
             drop_now: false,
+            discovery: false,
+            pending: std::collections::VecDeque::new(),
         }
     }
 
@@ -271,6 +277,9 @@ impl FakeConn {
             maxh2cdata: self.sh.script.maxh2cdata,
         };
         loop {
+            while let Some((sqe, icd)) = self.pending.pop_front() {
+                self.command(sqe, icd)?;
+            }
             let (h, _layout, data) = match read_pdu(&mut self.s, &self.cfg) {
                 Ok(x) => x,
                 Err(e) if e.starts_with("eof") => return Ok(()),
@@ -322,7 +331,8 @@ impl FakeConn {
                         host,
                         c.kato,
                     ));
-                    if sub != SUBNQN {
+                    self.discovery = sub == pollux_spec::fabrics::DISCOVERY_NQN;
+                    if sub != SUBNQN && !self.discovery {
                         self.resp(cid, 0x184, 0, 0);
                         return Ok(());
                     }
@@ -435,6 +445,29 @@ impl FakeConn {
                 // Set Features: Number of Queues: grant 4.
                 self.resp(cid, 0, 3 | 3 << 16, 0);
             }
+            0x02 if self.discovery && sqe.cdw10 & 0xFF == 0x70 => {
+                let len = ((sqe.cdw10 >> 16) + 1) as usize * 4;
+                let mut log = pollux_spec::fabrics::DiscoveryLogHeader::new(1, 1)
+                    .as_bytes()
+                    .to_vec();
+                let port = self.s.local_addr().unwrap().port().to_string();
+                let e = pollux_spec::fabrics::DiscoveryLogEntry::tcp(
+                    pollux_spec::fabrics::subtype::NVM,
+                    1,
+                    pollux_spec::fabrics::TcpEndpoint {
+                        adrfam: pollux_spec::fabrics::adrfam::IPV4,
+                        traddr: "127.0.0.1",
+                        trsvcid: &port,
+                    },
+                    SUBNQN,
+                    32,
+                )
+                .unwrap();
+                log.extend_from_slice(e.as_bytes());
+                log.resize(len, 0);
+                self.c2h(cid, &log, false, false, 0);
+                self.resp(cid, 0, 0, 0);
+            }
             0x18 => {
                 self.sh.seen.lock().unwrap().keep_alives += 1;
                 self.resp(cid, 0, 0, 0);
@@ -472,6 +505,10 @@ impl FakeConn {
                         self.sh.seen.lock().unwrap().r2ts += 1;
                         while (d.len() as u32) < o + l {
                             let (h, _, data) = read_pdu(&mut self.s, &self.cfg)?;
+                            if let PduHeader::CapsuleCmd(c) = h {
+                                self.pending.push_back((c.sqe(), data));
+                                continue;
+                            }
                             let PduHeader::H2CData(hd) = h else {
                                 return Err(format!("expected H2CData, got {h:?}"));
                             };
