@@ -26,7 +26,7 @@ OUT_INITRD=$CACHE/initramfs.cpio
 PACKAGES=(busybox-static fio nvme-cli)
 # Kernel modules wanted in the guest (their dependencies and softdeps are added).
 MODULES=(nvme nvme-tcp nvmet nvmet-tcp vfio-pci vfio_iommu_type1 uio_pci_generic
-         null_blk loop brd configfs crc64_rocksoft_generic crct10dif_generic crct10dif_pclmul ext4)
+         null_blk loop brd configfs crc64_rocksoft_generic crct10dif_generic crct10dif_pclmul ext4 crc32c_generic crc32c-intel)
 
 log() { echo "build.sh: $*" >&2; }
 

@@ -259,3 +259,4 @@ for i in 1 2 3; do
 done
 check setup-reset-all $P setup reset
 check setup-list-final listed "$BDF.* nvme "
+if [ -f /opt/tcp.sh ]; then . /opt/tcp.sh; fi   # NVMe/TCP: pollux host -> Linux nvmet-tcp (tests/guest/tcp.sh)
