@@ -47,13 +47,15 @@ fn perf_verify_over_tcp() {
             "-o",
             io,
             "--io-count",
-            "1500",
+            "600",
+            "-t",
+            "50",
             "--verify",
             "--json",
         ];
         let (code, out, err) = run(&args);
         assert_eq!(code, 0, "{args:?}\n{err}");
-        assert_eq!(total(&out, "ios"), 1500, "{out}");
+        assert_eq!(total(&out, "ios"), 600, "{out}");
         assert_eq!(total(&out, "errors"), 0, "{out}");
         let s = f.seen.lock().unwrap();
         assert!(s.errors.is_empty(), "{:?}", s.errors);
@@ -81,6 +83,8 @@ fn bdevperf_verify_over_tcp() {
         "8k",
         "--io-count",
         "800",
+        "-t",
+        "50",
         "--json",
     ];
     let (code, out, err) = run(&args);
