@@ -25,7 +25,7 @@ OUT_INITRD=$CACHE/initramfs.cpio
 # Userland packages wanted in the guest (their lib* dependencies are added).
 PACKAGES=(busybox-static fio nvme-cli)
 # Kernel modules wanted in the guest (their dependencies and softdeps are added).
-MODULES=(nvme nvme-tcp nvmet nvmet-tcp crc32c_generic vfio-pci vfio_iommu_type1 uio_pci_generic
+MODULES=(nvme nvme-tcp nvmet nvmet-tcp crc32c_generic crc32c-intel vfio-pci vfio_iommu_type1 uio_pci_generic
          null_blk loop brd configfs crc64_rocksoft_generic crct10dif_generic crct10dif_pclmul ext4)
 
 log() { echo "build.sh: $*" >&2; }

@@ -259,5 +259,6 @@ for i in 1 2 3; do
 done
 check setup-reset-all $P setup reset
 check setup-list-final listed "$BDF.* nvme "
-# --- NVMe/TCP: Linux's host (nvme-tcp) against pollux target ------------
-. /opt/target.sh
+# --- NVMe/TCP ------------------------------------------------------------
+. /opt/tcp.sh      # pollux host -> Linux nvmet-tcp
+. /opt/target.sh   # Linux's host (nvme-tcp) -> pollux target

@@ -9,7 +9,7 @@
 # still be running (and stop cleanly on SIGTERM).
 TNQN=nqn.2026-11.dev.pollux:guest-target
 TADDR=127.0.0.1
-TPORT=4420
+TPORT=4430   # tcp.sh's nvmet keeps 4420
 
 # Digests need crc32c, which busybox modprobe does not pull in as a
 # softdep of nvme-tcp: without it `nvme connect --hdr-digest` fails with a
@@ -68,6 +68,11 @@ for digests in "" "--hdr-digest --data-digest"; do
         check target-disconnect-$tag nvme disconnect -n $TNQN
     fi
 done
+
+# pollux's own host against it too (perf --verify, digests on).
+TTRID="trtype:tcp adrfam:ipv4 traddr:$TADDR trsvcid:$TPORT subnqn:$TNQN"
+check target-pollux-host-verify $P perf -r "$TTRID" -w randrw -M 50 -q 16 -o 4096 -t 2 --verify -c 1
+check target-pollux-host-verify-128k-digests $P perf -r "$TTRID hdgst:1 ddgst:1" -w randrw -M 50 -q 8 -o 128k -t 2 --verify -c 1
 
 check target-alive kill -0 $TPID
 kill -TERM $TPID

@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bdevperf;
+mod discover;
 mod perf;
 mod pingpong;
 mod setup;
@@ -24,6 +25,8 @@ enum Command {
     Perf(perf::PerfArgs),
     /// Benchmark block devices (modelled on SPDK's bdevperf).
     Bdevperf(bdevperf::BdevperfArgs),
+    /// Read the Discovery Log Page of an NVMe/TCP discovery controller.
+    Discover(discover::DiscoverArgs),
     /// Hand NVMe controllers to user space (vfio-pci / uio_pci_generic) and back.
     Setup {
         #[command(subcommand)]
@@ -66,6 +69,7 @@ fn main() {
                 2
             }
         },
+        Command::Discover(args) => discover::main(args),
         Command::Setup { cmd } => match setup::run(cmd) {
             Ok(()) => 0,
             Err(e) => {

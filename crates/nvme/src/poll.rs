@@ -89,6 +89,28 @@ impl<T: Transport> QueuePair<T> {
         if self.timeout.is_some() && self.core.stats.polls & 4095 == 0 {
             self.tick();
         }
+        if n == 0 && self.cq.broken() {
+            self.transport_broken();
+        }
+    }
+
+    /// The transport says this queue's connection is gone: reset the
+    /// controller (the recovery on the next poll fails what was
+    /// outstanding and re-creates the queues). Not once the queue pair has
+    /// failed for good: there is nothing left to recover.
+    #[cold]
+    fn transport_broken(&mut self) {
+        if self.core.state == QpState::Failed {
+            return;
+        }
+        tracing::warn!(
+            qid = self.qid,
+            transport = %self.shared.transport.describe(),
+            "queue's connection is broken; resetting the controller"
+        );
+        if let Err(e) = self.shared.reset(self.generation) {
+            tracing::error!(qid = self.qid, "controller reset failed: {e}");
+        }
     }
 
     /// The controller was reset (by this or another queue pair). In order:
@@ -173,6 +195,11 @@ impl<T: Transport> QueuePair<T> {
     #[cold]
     fn fail_for_good<F: Handler<T>>(&mut self, f: &mut F) {
         self.core.set_state(QpState::Failed);
+        // The transport forgets every command before their buffers are
+        // handed back: a fabrics transport would otherwise still copy late
+        // data into them (the reset path restarts the halves too).
+        self.sq.restart();
+        self.cq.restart();
         let mut sub = self.submitter();
         fail_outstanding(&mut sub, IoError::ControllerFailed, f);
         while let Some(p) = sub.core.queue.pop_front() {

@@ -140,6 +140,17 @@ pub trait CompletionQueue: Send {
     fn ack_interrupt(&mut self) -> Result<()> {
         Ok(())
     }
+    /// True when the queue can never complete its outstanding commands by
+    /// itself: over fabrics, its connection dropped or was terminated
+    /// (PCIe queues never are). Asked only after a poll that found
+    /// nothing; the core then resets the controller, which fails what was
+    /// outstanding (`ControllerReset`) and re-creates the queues
+    /// (`recreate_io_queues`: a reconnect), or fails the queue pair for
+    /// good (`ControllerFailed`) if that is impossible.
+    #[inline(always)]
+    fn broken(&self) -> bool {
+        false
+    }
 }
 
 /// A way to reach one controller: the control path.

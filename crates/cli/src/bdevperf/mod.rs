@@ -373,26 +373,18 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
         ));
     }
     if has_nvme {
-        let mut opener = NvmeOpener::new(&a, &cores, &online)?;
-        let bdevs = {
-            let op = std::cell::RefCell::new(&mut opener);
-            make_bdevs(
-                &a,
-                cfg.as_ref(),
-                &mut |name: &str, trid: &str| op.borrow_mut().open_trid(name, trid),
-                &mut |att: &NvmeAttach| op.borrow_mut().attach(att),
-            )?
-        };
-        let inline = if a.inline {
-            opener.soft_devices()
+        // One transport per run: TCP if any --nvme names it.
+        let tcp = a.nvme.iter().any(|t| {
+            matches!(
+                crate::perf::parse_with_limits(t),
+                Ok((crate::perf::Trid::Tcp(_), _))
+            )
+        });
+        if tcp {
+            run_nvme::<pollux_tcp::TcpTransport>(&a, cfg.as_ref(), &cores, &online)
         } else {
-            Vec::new()
-        };
-        let r = execute(&a, &cores, bdevs, inline);
-        // Controllers close after every bdev and channel, the device
-        // thread last (the opener's field order).
-        drop(opener);
-        r
+            run_nvme::<pollux_pcie::Pcie>(&a, cfg.as_ref(), &cores, &online)
+        }
     } else {
         let none = |_: &str| BdevperfError::Args("no NVMe controller here".into());
         let bdevs: Vec<Bdev<NoNvme>> = make_bdevs(
@@ -403,6 +395,35 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
         )?;
         execute(&a, &cores, bdevs, Vec::new())
     }
+}
+
+/// A run whose NVMe bdevs use transport `T`.
+fn run_nvme<T: nvme::NvmeTransport>(
+    a: &BdevperfArgs,
+    cfg: Option<&Config>,
+    cores: &[usize],
+    online: &[usize],
+) -> Result<Summary, BdevperfError> {
+    let mut opener = NvmeOpener::<T>::new(a, cores, online)?;
+    let bdevs = {
+        let op = std::cell::RefCell::new(&mut opener);
+        make_bdevs(
+            a,
+            cfg,
+            &mut |name: &str, trid: &str| op.borrow_mut().open_trid(name, trid),
+            &mut |att: &NvmeAttach| op.borrow_mut().attach(att),
+        )?
+    };
+    let inline = if a.inline {
+        opener.soft_devices()
+    } else {
+        Vec::new()
+    };
+    let r = execute(a, cores, bdevs, inline);
+    // Controllers close after every bdev and channel, the device
+    // thread last (the opener's field order).
+    drop(opener);
+    r
 }
 
 /// One job's place: its bdev and core, for the report.

@@ -20,7 +20,7 @@ use pollux_softnvme::{DeviceThread, SoftDevice};
 use serde_json::Value;
 
 use super::{bad, BdevperfArgs, BdevperfError};
-use crate::perf::{open_device, parse_with_limits, SoftLimits, Trid};
+use crate::perf::{open_device, parse_with_limits, Ctrl, SoftLimits, Trid};
 
 /// SPDK's optional `bdev_nvme_attach_controller` parameters that do not
 /// apply to a local PCIe controller here.
@@ -48,8 +48,8 @@ const SPDK_IGNORED: &[&str] = &[
 /// Opens controllers and keeps them (and the device thread) alive for the
 /// run. Fields drop in order: controllers, then emulated devices, then the
 /// device thread their orderly shutdown needs.
-pub struct NvmeOpener {
-    ctrls: Vec<Arc<Controller>>,
+pub struct NvmeOpener<T: NvmeTransport> {
+    ctrls: Vec<Arc<pollux_nvme::Controller<T>>>,
     softs: Vec<Arc<SoftDevice>>,
     dev_thread: Option<DeviceThread>,
     inline: bool,
@@ -60,12 +60,41 @@ pub struct NvmeOpener {
     qopts: QpairOptions,
 }
 
-impl NvmeOpener {
+/// The transports a bdevperf run's NVMe bdevs may use: one per run (a
+/// job's bdevs share one type), PCIe and the emulated controller, or TCP.
+pub trait NvmeTransport: pollux_nvme::Transport {
+    /// The controller if it is of this transport, else an error naming it.
+    fn take(c: Ctrl, what: &str) -> Result<pollux_nvme::Controller<Self>, BdevperfError>;
+}
+
+impl NvmeTransport for Pcie {
+    fn take(c: Ctrl, what: &str) -> Result<Controller, BdevperfError> {
+        match c {
+            Ctrl::Pcie(c) => Ok(c),
+            Ctrl::Tcp(_) => Err(BdevperfError::Args(format!(
+                "{what}: trtype:tcp cannot be mixed with trtype:soft/pcie controllers in one run"
+            ))),
+        }
+    }
+}
+
+impl NvmeTransport for pollux_tcp::TcpTransport {
+    fn take(c: Ctrl, what: &str) -> Result<pollux_tcp::Controller, BdevperfError> {
+        match c {
+            Ctrl::Tcp(c) => Ok(c),
+            Ctrl::Pcie(_) => Err(BdevperfError::Args(format!(
+                "{what}: trtype:soft/pcie cannot be mixed with trtype:tcp controllers in one run"
+            ))),
+        }
+    }
+}
+
+impl<T: NvmeTransport> NvmeOpener<T> {
     pub fn new(
         a: &BdevperfArgs,
         cores: &[usize],
         online: &[usize],
-    ) -> Result<NvmeOpener, BdevperfError> {
+    ) -> Result<NvmeOpener<T>, BdevperfError> {
         let per_ns = if a.every_core { cores.len() } else { 1 };
         Ok(NvmeOpener {
             ctrls: Vec::new(),
@@ -91,14 +120,14 @@ impl NvmeOpener {
     }
 
     /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
-    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<Pcie>>, BdevperfError> {
+    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<T>>, BdevperfError> {
         let (t, limits) =
             parse_with_limits(trid).map_err(|e| bad("--nvme", trid, e.to_string()))?;
         self.open(name, &t, limits, || format!("--nvme '{trid}'"))
     }
 
     /// `bdev_nvme_attach_controller` from `-c`.
-    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<Pcie>>, BdevperfError> {
+    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<T>>, BdevperfError> {
         let (t, limits) = attach_trid(att)?;
         self.open(&att.name, &t, limits, || {
             format!("bdev_nvme_attach_controller '{}'", att.name)
@@ -111,7 +140,7 @@ impl NvmeOpener {
         t: &Trid,
         limits: SoftLimits,
         what: impl Fn() -> String,
-    ) -> Result<Vec<Bdev<Pcie>>, BdevperfError> {
+    ) -> Result<Vec<Bdev<T>>, BdevperfError> {
         let soft = matches!(t, Trid::Soft { .. });
         if self.inline && !soft {
             return Err(bad(
@@ -135,7 +164,7 @@ impl NvmeOpener {
         // front (the controller may grant fewer: channels then fail, named).
         let nns = match t {
             Trid::Soft { namespaces, .. } => *namespaces as usize,
-            Trid::Pcie { .. } => 1,
+            Trid::Pcie { .. } | Trid::Tcp(_) => 1,
         };
         let mut copts = self.copts.clone();
         copts.io_queues =
@@ -148,7 +177,7 @@ impl NvmeOpener {
             self.dev_thread.as_ref(),
             &copts,
         )?;
-        let ctrl = Arc::new(d.ctrl);
+        let ctrl = Arc::new(T::take(d.ctrl, &what())?);
         if let Some(s) = d.soft {
             self.softs.push(s);
         }
@@ -232,7 +261,7 @@ fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), BdevperfError> {
             parse_with_limits(&s).map_err(|e| err(e.to_string()))
         }
         o => Err(err(format!(
-            "trtype '{o}' is not supported here (PCIe, or soft for the emulated controller)"
+            "trtype '{o}' is not supported here (PCIe, or soft for the emulated controller; TCP through --nvme)"
         ))),
     }
 }

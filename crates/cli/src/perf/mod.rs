@@ -22,9 +22,9 @@ use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, 
 use serde_json::json;
 
 use pattern::{Mix, Pattern};
-pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid};
+pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
 pub use worker::{pin_to, thread_cpu_time};
-use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
+use worker::{AnyJob, AnyQp, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -292,9 +292,48 @@ pub(crate) fn online_cpus() -> Vec<usize> {
     }
 }
 
+/// A controller on any transport (the control path: a match per call).
+pub(crate) enum Ctrl {
+    Pcie(Controller),
+    Tcp(pollux_tcp::Controller),
+}
+
+macro_rules! with_ctrl {
+    ($c:expr, $x:ident => $e:expr) => {
+        match $c {
+            Ctrl::Pcie($x) => $e,
+            Ctrl::Tcp($x) => $e,
+        }
+    };
+}
+
+impl Ctrl {
+    pub fn cap(&self) -> pollux_spec::regs::Cap {
+        with_ctrl!(self, c => c.cap())
+    }
+    pub fn namespaces(&self) -> &[pollux_nvme::Namespace] {
+        with_ctrl!(self, c => c.namespaces())
+    }
+    pub fn io_queues(&self) -> u16 {
+        with_ctrl!(self, c => c.io_queues())
+    }
+    pub fn max_transfer(&self) -> u32 {
+        with_ctrl!(self, c => c.max_transfer())
+    }
+    pub fn alloc_dma(&self, len: usize) -> pollux_nvme::error::Result<pollux_nvme::DmaBuffer> {
+        with_ctrl!(self, c => c.alloc_dma(len))
+    }
+    fn alloc_qpair(&self, o: QpairOptions) -> pollux_nvme::error::Result<AnyQp> {
+        Ok(match self {
+            Ctrl::Pcie(c) => AnyQp::Pcie(c.alloc_qpair(o)?),
+            Ctrl::Tcp(c) => AnyQp::Tcp(c.alloc_qpair(o)?),
+        })
+    }
+}
+
 pub(crate) struct Device {
     pub name: String,
-    pub ctrl: Controller,
+    pub ctrl: Ctrl,
     pub soft: Option<Arc<SoftDevice>>,
     mem: MemSource,
 }
@@ -351,7 +390,7 @@ pub(crate) fn open_device(
             };
             Ok(Device {
                 name: format!("soft{idx} ({b})"),
-                ctrl,
+                ctrl: Ctrl::Pcie(ctrl),
                 soft: Some(dev),
                 mem: MemSource::Anon,
             })
@@ -365,13 +404,23 @@ pub(crate) fn open_device(
                 .is_ok_and(|d| d.as_deref() == Some("uio_pci_generic"));
             Ok(Device {
                 name: format!("pcie {}", ctrl.describe()),
-                ctrl,
+                ctrl: Ctrl::Pcie(ctrl),
                 soft: None,
                 mem: if uio {
                     MemSource::Huge
                 } else {
                     MemSource::HugeThenAnon
                 },
+            })
+        }
+        Trid::Tcp(t) => {
+            let o = t.options(None)?;
+            let ctrl = pollux_tcp::open(o, opts.clone())?;
+            Ok(Device {
+                name: ctrl.describe(),
+                ctrl: Ctrl::Tcp(ctrl),
+                soft: None,
+                mem: MemSource::Anon,
             })
         }
     }
@@ -690,7 +739,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .iter()
             .map(|t| match t {
                 Trid::Soft { namespaces, .. } => *namespaces as u64,
-                Trid::Pcie { .. } => 1,
+                Trid::Pcie { .. } | Trid::Tcp(_) => 1,
             })
             .max()
             .unwrap_or(1)
@@ -741,7 +790,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
 
     let lat_clock = clock::LatClock::new();
     // Jobs: every (device, namespace, qpair) round-robin over the workers.
-    let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
+    let mut per_worker: Vec<Vec<AnyJob>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
     for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
@@ -810,7 +859,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
                     retry: Vec::new(),
                 };
-                per_worker[w].push(Job { qp, ctx });
+                per_worker[w].push(qp.into_job(ctx));
                 njobs += 1;
             }
         }

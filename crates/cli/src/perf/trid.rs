@@ -1,6 +1,7 @@
 //! Transport IDs in SPDK's `key:value` syntax, e.g.
 //! `trtype:soft backend:ram size:1GiB lbads:4096 ns:2 mdts:1 mqes:3` or
-//! `trtype:pcie traddr:0000:00:01.0`.
+//! `trtype:pcie traddr:0000:00:01.0` or `trtype:tcp adrfam:ipv4
+//! traddr:127.0.0.1 trsvcid:4420 subnqn:nqn... hostnqn:... hdgst:1 ddgst:1`.
 //!
 //! The controller limits of an emulated controller (`mdts:`, `mqes:`) are
 //! parsed into [`SoftLimits`] by [`parse_with_limits`]; plain
@@ -15,7 +16,7 @@ use pollux_softnvme::{SoftConfig, MAX_MDTS};
 pub enum TridError {
     #[error("transport ID '{0}': expected space-separated key:value pairs")]
     Syntax(String),
-    #[error("transport ID: unknown trtype '{0}' (known: soft, pcie)")]
+    #[error("transport ID: unknown trtype '{0}' (known: soft, pcie, tcp)")]
     UnknownType(String),
     #[error("transport ID: key '{key}' is not valid for trtype:{trtype}")]
     UnknownKey { key: String, trtype: &'static str },
@@ -106,6 +107,146 @@ pub enum Trid {
     Pcie {
         traddr: String,
     },
+    Tcp(TcpTrid),
+}
+
+/// An NVMe/TCP transport ID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TcpTrid {
+    /// `adrfam:ipv4|ipv6` (default ipv4); checked against `traddr`.
+    pub ipv6: bool,
+    pub traddr: String,
+    /// `trsvcid:` (default 4420).
+    pub trsvcid: u16,
+    /// `subnqn:`; None: not given (perf needs it; discover defaults to the
+    /// discovery NQN).
+    pub subnqn: Option<String>,
+    /// `hostnqn:`; None: this machine's (`/etc/nvme/hostnqn` or derived).
+    pub hostnqn: Option<String>,
+    /// `hdgst:0|1`, `ddgst:0|1`.
+    pub hdgst: bool,
+    pub ddgst: bool,
+}
+
+impl TcpTrid {
+    /// The transport's options (`subnqn` given or `default_subnqn`).
+    pub fn options(
+        &self,
+        default_subnqn: Option<&str>,
+    ) -> Result<pollux_tcp::TcpOptions, TridError> {
+        let ip: std::net::IpAddr = self.traddr.parse().map_err(|_| TridError::BadValue {
+            key: "traddr",
+            value: self.traddr.clone(),
+            why: "expected an IP address".into(),
+        })?;
+        let subnqn = match (&self.subnqn, default_subnqn) {
+            (Some(s), _) => s.clone(),
+            (None, Some(d)) => d.to_string(),
+            (None, None) => return Err(TridError::Missing("tcp", "subnqn:")),
+        };
+        let mut o =
+            pollux_tcp::TcpOptions::new(std::net::SocketAddr::new(ip, self.trsvcid), &subnqn);
+        if let Some(h) = &self.hostnqn {
+            o.hostnqn = h.clone();
+        }
+        o.digests = pollux_spec::tcp::Digests {
+            header: self.hdgst,
+            data: self.ddgst,
+        };
+        Ok(o)
+    }
+}
+
+fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
+    let flag = |kv: &mut BTreeMap<String, String>, key: &'static str| -> Result<bool, TridError> {
+        match kv.remove(key).as_deref() {
+            None | Some("0") => Ok(false),
+            Some("1") => Ok(true),
+            Some(o) => Err(TridError::BadValue {
+                key,
+                value: o.into(),
+                why: "expected 0 or 1".into(),
+            }),
+        }
+    };
+    let traddr = kv
+        .remove("traddr")
+        .ok_or(TridError::Missing("tcp", "traddr:"))?;
+    let ipv6 = match kv
+        .remove("adrfam")
+        .map(|v| v.to_ascii_lowercase())
+        .as_deref()
+    {
+        None | Some("ipv4") => false,
+        Some("ipv6") => true,
+        Some(o) => {
+            return Err(TridError::BadValue {
+                key: "adrfam",
+                value: o.into(),
+                why: "expected ipv4 or ipv6".into(),
+            })
+        }
+    };
+    let ip: std::net::IpAddr = traddr.parse().map_err(|_| TridError::BadValue {
+        key: "traddr",
+        value: traddr.clone(),
+        why: format!("expected an IPv{} address", if ipv6 { 6 } else { 4 }),
+    })?;
+    if ip.is_ipv6() != ipv6 {
+        return Err(TridError::BadValue {
+            key: "traddr",
+            value: traddr,
+            why: format!(
+                "is not an IPv{} address (adrfam:{})",
+                if ipv6 { 6 } else { 4 },
+                if ipv6 { "ipv6" } else { "ipv4" }
+            ),
+        });
+    }
+    let trsvcid = match kv.remove("trsvcid") {
+        None => pollux_spec::tcp::DEFAULT_PORT,
+        Some(v) => match v.parse::<u16>() {
+            Ok(p) if p > 0 => p,
+            _ => {
+                return Err(TridError::BadValue {
+                    key: "trsvcid",
+                    value: v,
+                    why: "expected a TCP port 1..=65535".into(),
+                })
+            }
+        },
+    };
+    let mut nqn = |key: &'static str| -> Result<Option<String>, TridError> {
+        kv.remove(key)
+            .map(|v| match pollux_spec::fabrics::validate_nqn(&v) {
+                Ok(()) => Ok(v),
+                Err(e) => Err(TridError::BadValue {
+                    key,
+                    value: v,
+                    why: e.to_string(),
+                }),
+            })
+            .transpose()
+    };
+    let subnqn = nqn("subnqn")?;
+    let hostnqn = nqn("hostnqn")?;
+    let hdgst = flag(kv, "hdgst")?;
+    let ddgst = flag(kv, "ddgst")?;
+    if let Some(k) = kv.keys().next() {
+        return Err(TridError::UnknownKey {
+            key: k.clone(),
+            trtype: "tcp",
+        });
+    }
+    Ok(TcpTrid {
+        ipv6,
+        traddr,
+        trsvcid,
+        subnqn,
+        hostnqn,
+        hdgst,
+        ddgst,
+    })
 }
 
 /// Parses sizes like `4096`, `4k`, `4KiB`, `1GiB`, `512M` (binary units).
@@ -249,6 +390,7 @@ pub fn parse_with_limits(s: &str) -> Result<(Trid, SoftLimits), TridError> {
             }
             Ok((Trid::Pcie { traddr }, SoftLimits::default()))
         }
+        "tcp" => Ok((Trid::Tcp(parse_tcp(&mut kv)?), SoftLimits::default())),
         o => Err(TridError::UnknownType(o.into())),
     }
 }
@@ -299,7 +441,7 @@ mod tests {
     #[test]
     fn errors_are_clear() {
         assert!(matches!(
-            "trtype:tcp".parse::<Trid>(),
+            "trtype:rdma".parse::<Trid>(),
             Err(TridError::UnknownType(_))
         ));
         assert!(matches!(
@@ -412,6 +554,72 @@ mod tests {
                 }
                 other => panic!("{s}: {other:?}"),
             }
+        }
+    }
+
+    #[test]
+    fn tcp_keys() {
+        let t: Trid = "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4421 subnqn:nqn.2026-01.io.pollux:a hostnqn:nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555 hdgst:1 ddgst:0"
+            .parse()
+            .unwrap();
+        let Trid::Tcp(t) = t else { panic!("{t:?}") };
+        assert_eq!(t.traddr, "127.0.0.1");
+        assert_eq!(t.trsvcid, 4421);
+        assert_eq!(t.subnqn.as_deref(), Some("nqn.2026-01.io.pollux:a"));
+        assert!(t.hostnqn.as_deref().unwrap().ends_with("555555555555"));
+        assert!(t.hdgst && !t.ddgst);
+        let o = t.options(None).unwrap();
+        assert_eq!(o.addr.to_string(), "127.0.0.1:4421");
+        assert!(o.digests.header && !o.digests.data);
+        // Defaults: port 4420, no digests, this machine's host NQN.
+        let Trid::Tcp(t) = "trtype:TCP traddr:::1 adrfam:IPv6".parse().unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            (t.trsvcid, t.hdgst, t.ddgst, t.ipv6),
+            (4420, false, false, true)
+        );
+        assert!(matches!(
+            t.options(None),
+            Err(TridError::Missing("tcp", "subnqn:"))
+        ));
+        assert_eq!(
+            t.options(Some(pollux_spec::fabrics::DISCOVERY_NQN))
+                .unwrap()
+                .subnqn,
+            pollux_spec::fabrics::DISCOVERY_NQN
+        );
+    }
+
+    #[test]
+    fn tcp_errors_name_the_key() {
+        for (s, key) in [
+            ("trtype:tcp traddr:127.0.0.1 hdgst:yes", "hdgst"),
+            ("trtype:tcp traddr:127.0.0.1 ddgst:2", "ddgst"),
+            ("trtype:tcp traddr:127.0.0.1 trsvcid:0", "trsvcid"),
+            ("trtype:tcp traddr:127.0.0.1 trsvcid:http", "trsvcid"),
+            ("trtype:tcp traddr:localhost", "traddr"),
+            ("trtype:tcp traddr:::1", "traddr"),
+            ("trtype:tcp traddr:127.0.0.1 adrfam:ib", "adrfam"),
+            ("trtype:tcp traddr:127.0.0.1 subnqn:a\u{7}b", "subnqn"),
+        ] {
+            match s.parse::<Trid>() {
+                Err(e @ TridError::BadValue { key: k, .. }) => {
+                    assert_eq!(k, key, "{s}");
+                    assert!(e.to_string().contains(key), "{e}");
+                }
+                other => panic!("{s}: {other:?}"),
+            }
+        }
+        assert!(matches!(
+            "trtype:tcp trsvcid:4420".parse::<Trid>(),
+            Err(TridError::Missing("tcp", "traddr:"))
+        ));
+        match "trtype:tcp traddr:127.0.0.1 colour:blue".parse::<Trid>() {
+            Err(TridError::UnknownKey { key, trtype }) => {
+                assert_eq!((key.as_str(), trtype), ("colour", "tcp"))
+            }
+            other => panic!("{other:?}"),
         }
     }
 

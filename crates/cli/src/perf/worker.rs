@@ -10,11 +10,13 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pollux_pcie::{
-    Completion, Handler, IoBuf, Namespace, Pcie, QpairStats, QueuePair, Refused, SubmitError,
-    Submitter,
+use pollux_nvme::{
+    Completion, Handler, IoBuf, Namespace, QpairStats, QueuePair, Refused, SubmitError, Submitter,
+    Transport,
 };
+use pollux_pcie::Pcie;
 use pollux_softnvme::SoftDevice;
+use pollux_tcp::TcpTransport;
 
 use super::pattern::Pattern;
 use super::verify::Verify;
@@ -61,14 +63,107 @@ pub struct JobCtx {
     pub retry: Vec<usize>,
 }
 
-pub struct Job {
-    pub qp: QueuePair,
+pub struct Job<T: Transport> {
+    pub qp: QueuePair<T>,
     pub ctx: JobCtx,
 }
 
-impl Handler<Pcie> for JobCtx {
+/// A job on any transport: one match per poll (not per I/O); each arm's
+/// poll is monomorphised for its transport. Not boxed: jobs sit in a
+/// worker's vector and never move while it runs, and a box would add a
+/// pointer chase to every poll of the PCIe hot loop.
+#[allow(clippy::large_enum_variant)]
+pub enum AnyJob {
+    Pcie(Job<Pcie>),
+    Tcp(Job<TcpTransport>),
+}
+
+/// A queue pair on any transport, before it becomes a job (moved once).
+#[allow(clippy::large_enum_variant)]
+pub enum AnyQp {
+    Pcie(QueuePair<Pcie>),
+    Tcp(QueuePair<TcpTransport>),
+}
+
+impl AnyQp {
+    pub fn depth(&self) -> u32 {
+        match self {
+            AnyQp::Pcie(q) => q.depth(),
+            AnyQp::Tcp(q) => q.depth(),
+        }
+    }
+
+    pub fn into_job(self, ctx: JobCtx) -> AnyJob {
+        match self {
+            AnyQp::Pcie(qp) => AnyJob::Pcie(Job { qp, ctx }),
+            AnyQp::Tcp(qp) => AnyJob::Tcp(Job { qp, ctx }),
+        }
+    }
+}
+
+/// `$e` with `$j` bound to the job, whatever its transport.
+macro_rules! with_job {
+    ($job:expr, $j:ident => $e:expr) => {
+        match $job {
+            AnyJob::Pcie($j) => $e,
+            AnyJob::Tcp($j) => $e,
+        }
+    };
+}
+
+impl AnyJob {
+    fn ctx(&self) -> &JobCtx {
+        with_job!(self, j => &j.ctx)
+    }
+    fn ctx_mut(&mut self) -> &mut JobCtx {
+        with_job!(self, j => &mut j.ctx)
+    }
+    fn in_flight(&self) -> usize {
+        with_job!(self, j => j.qp.in_flight())
+    }
     #[inline(always)]
-    fn complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
+    fn poll(&mut self) -> u32 {
+        with_job!(self, j => j.qp.poll_with(u32::MAX, &mut j.ctx))
+    }
+    fn start(&mut self) {
+        with_job!(self, j => {
+            let Job { qp, ctx } = j;
+            let fill = (qp.depth() as u64).min(ctx.total);
+            // Completion k resubmits while fill + k - 1 < total. Set before
+            // the first submission: a refused one decides by it too.
+            ctx.stop_at = ctx.total - fill;
+            for slot in 0..fill as usize {
+                ctx.submit_waiting(&mut qp.submitter(), slot);
+            }
+            qp.flush();
+        })
+    }
+    fn retry_failed(&mut self) {
+        with_job!(self, j => j.ctx.retry_failed(&mut j.qp))
+    }
+    fn arm(&mut self) -> pollux_nvme::error::Result<bool> {
+        with_job!(self, j => j.qp.arm())
+    }
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        with_job!(self, j => j.qp.interrupt_fd())
+    }
+    fn into_result(self) -> JobResult {
+        let (ctx, qp) = with_job!(self, j => (j.ctx, j.qp.stats()));
+        JobResult {
+            label: ctx.label,
+            ios: ctx.ios,
+            errors: ctx.errors,
+            first_errors: ctx.first_errors,
+            io_size: ctx.io_size,
+            hist: ctx.latency.map(|l| l.hist),
+            qp,
+        }
+    }
+}
+
+impl<T: Transport> Handler<T> for JobCtx {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
         self.on_complete(sub, c)
     }
 }
@@ -79,7 +174,7 @@ impl JobCtx {
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
     /// waits (the first submission of a slot, and retries).
     #[cold]
-    pub fn submit_waiting(&mut self, sub: &mut Submitter<'_>, slot: usize) {
+    pub fn submit_waiting<T: Transport>(&mut self, sub: &mut Submitter<'_, T>, slot: usize) {
         match self.bufs[slot].take() {
             Some(buf) => self.submit(sub, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
@@ -87,7 +182,12 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize, mut buf: IoBuf) {
+    pub fn submit<T: Transport>(
+        &mut self,
+        sub: &mut Submitter<'_, T>,
+        slot: usize,
+        mut buf: IoBuf,
+    ) {
         let (unit, is_read) = self.pat.next();
         let lba = unit * self.nlb as u64;
         if self.slow {
@@ -123,7 +223,7 @@ impl JobCtx {
     /// completion can ever come to change that: the job gives up (its I/O
     /// count stops) instead of spinning or waiting forever.
     #[cold]
-    fn retry_failed(&mut self, qp: &mut QueuePair) {
+    fn retry_failed<T: Transport>(&mut self, qp: &mut QueuePair<T>) {
         let slots = std::mem::take(&mut self.retry);
         if self.stop_at == 0 {
             return; // stopped: nothing more is submitted
@@ -179,7 +279,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
+    pub fn on_complete<T: Transport>(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -286,13 +386,13 @@ pub fn thread_cpu_time() -> Duration {
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
 #[cold]
-fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
+fn sleep_on_interrupts(jobs: &mut [AnyJob], nap: Duration) {
     let mut ready = false;
     for j in jobs.iter_mut() {
-        match j.qp.arm() {
+        match j.arm() {
             Ok(armed) => ready |= !armed,
             Err(e) => {
-                j.ctx.error(format!("interrupt: {e}"));
+                j.ctx_mut().error(format!("interrupt: {e}"));
                 return;
             }
         }
@@ -300,7 +400,7 @@ fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
     if ready {
         return;
     }
-    let fds: Vec<_> = jobs.iter().filter_map(|j| j.qp.interrupt_fd()).collect();
+    let fds: Vec<_> = jobs.iter().filter_map(|j| j.interrupt_fd()).collect();
     if let Err(e) = pollux_nvme::wait_readable(&fds, Some(nap)) {
         tracing::error!("waiting for interrupts: {e}");
     }
@@ -311,7 +411,7 @@ fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
 /// finds nothing, instead of spinning.
 pub fn run(
     core: Option<usize>,
-    mut jobs: Vec<Job>,
+    mut jobs: Vec<AnyJob>,
     inline: Vec<Arc<SoftDevice>>,
     ctl: &WorkerCtl,
     drain_timeout: Duration,
@@ -323,15 +423,7 @@ pub fn run(
     let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
     for job in &mut jobs {
-        let Job { qp, ctx } = job;
-        let fill = (qp.depth() as u64).min(ctx.total);
-        // Completion k resubmits while fill + k - 1 < total. Set before
-        // the first submission: a refused one decides by it too.
-        ctx.stop_at = ctx.total - fill;
-        for slot in 0..fill as usize {
-            ctx.submit_waiting(&mut qp.submitter(), slot);
-        }
-        qp.flush();
+        job.start();
     }
     let mut iter: u64 = 0;
     let mut stopped_at: Option<(Instant, u64)> = None;
@@ -340,8 +432,7 @@ pub fn run(
     loop {
         let mut n = 0;
         for job in jobs.iter_mut() {
-            let Job { qp, ctx } = job;
-            n += qp.poll_with(u32::MAX, ctx);
+            n += job.poll();
         }
         for d in &inline {
             d.step();
@@ -355,33 +446,33 @@ pub fn run(
             continue;
         }
         for job in jobs.iter_mut() {
-            if !job.ctx.retry.is_empty() {
-                job.ctx.retry_failed(&mut job.qp);
+            if !job.ctx().retry.is_empty() {
+                job.retry_failed();
             }
         }
-        let ios: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+        let ios: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
         ctl.progress.store(ios, Ordering::Relaxed);
         match stopped_at {
             None => {
                 // A slot owed a retry still has a submission to make.
                 let all_submitted = jobs
                     .iter()
-                    .all(|j| j.ctx.ios >= j.ctx.stop_at && j.ctx.retry.is_empty());
+                    .all(|j| j.ctx().ios >= j.ctx().stop_at && j.ctx().retry.is_empty());
                 let stop = ctl.stop.load(Ordering::Relaxed);
                 if stop || all_submitted {
                     by_count = !stop;
                     for j in jobs.iter_mut() {
-                        j.ctx.stop_at = 0;
+                        j.ctx_mut().stop_at = 0;
                     }
                     stopped_at = Some((Instant::now(), ios));
                 }
             }
             Some((at, _)) => {
-                if jobs.iter().all(|j| j.qp.in_flight() == 0) {
+                if jobs.iter().all(|j| j.in_flight() == 0) {
                     break;
                 }
                 if at.elapsed() > drain_timeout {
-                    let n: usize = jobs.iter().map(|j| j.qp.in_flight()).sum();
+                    let n: usize = jobs.iter().map(|j| j.in_flight()).sum();
                     drain_error = Some(format!(
                         "{n} I/Os still outstanding {drain_timeout:?} after the stop"
                     ));
@@ -398,7 +489,7 @@ pub fn run(
     } else {
         stop_time
     };
-    let total: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+    let total: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
     let cpu = thread_cpu_time().saturating_sub(cpu0);
     WorkerResult {
         core,
@@ -406,18 +497,7 @@ pub fn run(
         wall: t0.elapsed(),
         elapsed: end.duration_since(t0),
         ios_in_window: if count_mode { total } else { stop_ios },
-        jobs: jobs
-            .into_iter()
-            .map(|j| JobResult {
-                label: j.ctx.label,
-                ios: j.ctx.ios,
-                errors: j.ctx.errors,
-                first_errors: j.ctx.first_errors,
-                io_size: j.ctx.io_size,
-                hist: j.ctx.latency.map(|l| l.hist),
-                qp: j.qp.stats(),
-            })
-            .collect(),
+        jobs: jobs.into_iter().map(AnyJob::into_result).collect(),
         drain_error,
     }
 }
@@ -499,7 +579,7 @@ mod tests {
             };
             let r = run(
                 None,
-                vec![Job { qp, ctx }],
+                vec![AnyJob::Pcie(Job { qp, ctx })],
                 vec![dev],
                 &ctl,
                 Duration::from_secs(10),

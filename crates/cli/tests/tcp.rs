@@ -1,0 +1,139 @@
+//! `pollux perf`, `bdevperf` and `discover` over NVMe/TCP, against the
+//! scripted loopback controller of pollux-tcp's tests.
+mod common;
+#[path = "../../tcp/tests/common/mod.rs"]
+mod fake;
+
+use fake::{Fake, Script, SUBNQN};
+
+fn trid(f: &Fake, extra: &str) -> String {
+    format!(
+        "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{} subnqn:{SUBNQN} {extra}",
+        f.addr.port()
+    )
+}
+
+fn run(args: &[&str]) -> (i32, String, String) {
+    common::finish(common::spawn(args), args, None)
+}
+
+fn total(json: &str, key: &str) -> u64 {
+    let v: serde_json::Value = serde_json::from_str(json).expect("perf --json output");
+    v["total"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("total.{key} in {json}"))
+}
+
+#[test]
+fn perf_verify_over_tcp() {
+    for (io, extra) in [
+        ("4096", ""),
+        ("64k", ""),
+        ("4096", "hdgst:1 ddgst:1"),
+        ("64k", "hdgst:1 ddgst:1"),
+    ] {
+        let f = Fake::start(Script::default());
+        let t = trid(&f, extra);
+        let args = [
+            "perf",
+            "-r",
+            &t,
+            "-w",
+            "randrw",
+            "-M",
+            "50",
+            "-q",
+            "8",
+            "-o",
+            io,
+            "--io-count",
+            "600",
+            "-t",
+            "50",
+            "--verify",
+            "--json",
+        ];
+        let (code, out, err) = run(&args);
+        assert_eq!(code, 0, "{args:?}\n{err}");
+        assert_eq!(total(&out, "ios"), 600, "{out}");
+        assert_eq!(total(&out, "errors"), 0, "{out}");
+        let s = f.seen.lock().unwrap();
+        assert!(s.errors.is_empty(), "{:?}", s.errors);
+        if io == "64k" {
+            assert!(s.r2ts > 0, "64 KiB writes go through R2T");
+        } else {
+            assert!(s.in_capsule_writes > 0, "4 KiB writes go in the capsule");
+        }
+    }
+}
+
+#[test]
+fn bdevperf_verify_over_tcp() {
+    let f = Fake::start(Script::default());
+    let t = trid(&f, "");
+    let args = [
+        "bdevperf",
+        "--nvme",
+        &t,
+        "-w",
+        "verify",
+        "-q",
+        "4",
+        "-o",
+        "8k",
+        "--io-count",
+        "800",
+        "-t",
+        "50",
+        "--json",
+    ];
+    let (code, out, err) = run(&args);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(total(&out, "errors"), 0, "{out}");
+    assert!(total(&out, "ios") >= 800, "{out}");
+}
+
+#[test]
+fn discover_prints_the_log() {
+    let f = Fake::start(Script::default());
+    let port = f.addr.port().to_string();
+    let t = format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port}");
+    let (code, out, err) = run(&["discover", &t]);
+    assert_eq!(code, 0, "{err}");
+    assert!(out.contains("Discovery Log Number of Records 1"), "{out}");
+    assert!(out.contains(SUBNQN) && out.contains(&port), "{out}");
+    let (code, out, _) = run(&["discover", "--json", &t]);
+    assert_eq!(code, 0);
+    let v: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(v["entries"][0]["subnqn"], SUBNQN);
+}
+
+#[test]
+fn tcp_errors_name_the_culprit() {
+    for (t, want) in [
+        (
+            "trtype:tcp traddr:127.0.0.1 subnqn:nqn.2026-01.io.pollux:x hdgst:2",
+            "hdgst",
+        ),
+        (
+            "trtype:tcp traddr:127.0.0.1 subnqn:nqn.2026-01.io.pollux:x flavour:1",
+            "flavour",
+        ),
+        ("trtype:tcp traddr:127.0.0.1", "subnqn"),
+    ] {
+        let (code, _, err) = run(&["perf", "-r", t, "-t", "1"]);
+        assert_eq!(code, 2, "{t}: {err}");
+        assert!(err.contains(want), "{t}: {err}");
+    }
+    // Nobody listens: the error names the address.
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let t = format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:nqn.2026-01.io.pollux:x");
+    let (code, _, err) = run(&["perf", "-r", &t, "-t", "1"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(err.contains(&format!("127.0.0.1:{port}")), "{err}");
+    let (code, _, err) = run(&["discover", "trtype:pcie", "traddr:0000:00:01.0"]);
+    assert_eq!(code, 2);
+    assert!(err.contains("trtype:tcp"), "{err}");
+}

@@ -1,0 +1,389 @@
+//! pollux-tcp — NVMe over TCP as a `pollux_nvme::Transport`, the host side
+//! (NVMe/TCP Transport Specification 1.0 and the fabrics parts of NVMe
+//! 2.0), on the same host core as PCIe.
+//!
+//! - **Admin queue**: one TCP connection (ICReq/ICResp, then fabrics
+//!   Connect on QID 0 with CNTLID 0xFFFF, host NQN, Host ID and subsystem
+//!   NQN in the 1024-byte Connect data). Registers (CAP, VS, CC, CSTS)
+//!   travel as Property Get/Set on it (`link`).
+//! - **I/O queues**: one connection each (Connect with QID n and the
+//!   controller ID the admin Connect returned). Commands go out as command
+//!   capsules with an SGL: in-capsule data (descriptor 0x01) for writes up
+//!   to the controller's IOCCSZ, else a transport data block (0x5A): the
+//!   controller asks for write data with R2T (answered with H2CData PDUs of
+//!   at most MAXH2CDATA) and sends read data in C2HData PDUs, whose offset
+//!   and length are checked against the command before a byte is copied.
+//!   A C2HData with SUCCESS completes its command; so does a CapsuleResp.
+//!   Header and data digests (CRC32C) when asked for (`hdgst`/`ddgst`),
+//!   negotiated in ICReq. Sends are batched per poll (one writev), receives
+//!   read what the socket has and parse PDUs from a per-connection buffer
+//!   (`conn`). How the SQ and CQ halves share a connection: `queue`.
+//! - **Buffers** (`alloc_dma`) are ordinary page-aligned memory; their
+//!   "bus address" is their virtual address (tagged; see `mem`).
+//! - **Failure**: a connection that closes, a Termination Request, a PDU
+//!   that fails the checks (answered with a Termination Request), or an
+//!   unanswered Keep Alive breaks the queue; the core then resets the
+//!   controller — over fabrics a new association: the admin queue and
+//!   every I/O queue reconnect — and the commands that were outstanding
+//!   fail with `ControllerReset` (or `ControllerFailed` if reconnecting
+//!   does not succeed within `reconnect_timeout`). See `link`.
+//! - **Keep-alive**: a thread per controller sends Keep Alive every
+//!   KATO/2 on the admin connection (the admin path is a mutex-protected
+//!   control path, so the thread needs no cooperation from the I/O
+//!   threads, and a controller whose I/O threads are idle stays alive).
+//! - **Discovery**: [`discover`] reads the Discovery Log Page (0x70) from a
+//!   discovery controller.
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use pollux_nvme::dma::DmaBuffer;
+use pollux_nvme::error::{Error, Result};
+use pollux_nvme::{AdminExec, QueueSpec, Registers, Transport};
+use pollux_spec::fabrics::{
+    DiscoveryLogEntry, DiscoveryLogHeader, PropertySize, DISCOVERY_NQN, LID_DISCOVERY,
+};
+use pollux_spec::identify::IdentifyController;
+use pollux_spec::regs::{self, Cc, Csts};
+use pollux_spec::tcp::Digests;
+use pollux_spec::Sqe;
+
+mod conn;
+pub mod hostnqn;
+mod link;
+mod mem;
+mod queue;
+
+pub use conn::{ConnError, ConnErrorKind};
+pub use pollux_spec::tcp::Digests as TcpDigests;
+pub use queue::{TcpCq, TcpSq};
+
+use link::{AdminLink, Target};
+
+/// The controller handle over TCP.
+pub type Controller = pollux_nvme::Controller<TcpTransport>;
+/// An I/O queue pair over TCP.
+pub type QueuePair = pollux_nvme::QueuePair<TcpTransport>;
+
+/// Where and how to reach an NVMe/TCP controller.
+#[derive(Clone, Debug)]
+pub struct TcpOptions {
+    /// Address and port (`traddr`, `trsvcid`).
+    pub addr: SocketAddr,
+    /// Subsystem NQN (`subnqn`).
+    pub subnqn: String,
+    /// Host NQN (`hostnqn`; default [`hostnqn::default_host`]).
+    pub hostnqn: String,
+    /// Host Identifier.
+    pub hostid: [u8; 16],
+    /// Header and data digests (`hdgst`, `ddgst`).
+    pub digests: Digests,
+    /// Keep Alive Timeout in ms (0: none); Keep Alive goes out every KATO/2.
+    pub kato_ms: u32,
+    /// Bound on a TCP connect and on connection setup.
+    pub connect_timeout: Duration,
+    /// How long a reset keeps trying to reconnect.
+    pub reconnect_timeout: Duration,
+    /// Bound on Connect and on Property Get/Set.
+    pub admin_timeout: Duration,
+}
+
+impl TcpOptions {
+    /// Options for `addr` and `subnqn` with this machine's host NQN/ID, no
+    /// digests, KATO 5 s (Linux's default), 10 s to reconnect.
+    pub fn new(addr: SocketAddr, subnqn: &str) -> TcpOptions {
+        let (hostnqn, hostid) = hostnqn::default_host();
+        TcpOptions {
+            addr,
+            subnqn: subnqn.to_string(),
+            hostnqn,
+            hostid,
+            digests: Digests::NONE,
+            kato_ms: 5000,
+            connect_timeout: Duration::from_secs(5),
+            reconnect_timeout: Duration::from_secs(10),
+            admin_timeout: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Resolves `traddr`/`trsvcid` into a socket address, naming them on error.
+pub fn resolve(traddr: &str, trsvcid: &str) -> Result<SocketAddr> {
+    let port: u16 = trsvcid
+        .parse()
+        .map_err(|_| Error::InvalidArgument(format!("trsvcid '{trsvcid}' is not a TCP port")))?;
+    (traddr, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::InvalidArgument(format!("traddr '{traddr}': {e}")))?
+        .next()
+        .ok_or_else(|| Error::InvalidArgument(format!("traddr '{traddr}' has no address")))
+}
+
+/// A controller reached over NVMe/TCP: the control path. See the crate docs.
+pub struct TcpTransport {
+    link: Arc<AdminLink>,
+    /// In-capsule data bytes for I/O writes (from Identify IOCCSZ).
+    icd_max: AtomicU32,
+    keepalive: Option<KeepAlive>,
+}
+
+struct KeepAlive {
+    stop: Arc<AtomicBool>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for KeepAlive {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(t) = self.thread.take() {
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+impl TcpTransport {
+    /// Connects the admin queue (ICReq/ICResp, Connect) and starts
+    /// keep-alive. `Controller::new` (or [`open`]) does the rest.
+    pub fn connect(opts: TcpOptions) -> Result<TcpTransport> {
+        pollux_spec::fabrics::validate_nqn(&opts.subnqn)
+            .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
+        pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
+            .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
+        let target = Target {
+            addr: opts.addr,
+            subnqn: opts.subnqn,
+            hostnqn: opts.hostnqn,
+            hostid: opts.hostid,
+            digests: opts.digests,
+            kato_ms: opts.kato_ms,
+            connect_timeout: opts.connect_timeout,
+            reconnect_timeout: opts.reconnect_timeout,
+            admin_timeout: opts.admin_timeout,
+        };
+        let link = Arc::new(AdminLink::connect(target)?);
+        let keepalive = (opts.kato_ms > 0).then(|| {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (l, s) = (link.clone(), stop.clone());
+            let period = Duration::from_millis((opts.kato_ms / 2).max(1) as u64);
+            let thread = std::thread::Builder::new()
+                .name("nvme-tcp-ka".into())
+                .spawn(move || {
+                    while !s.load(Ordering::Acquire) {
+                        std::thread::park_timeout(period);
+                        if s.load(Ordering::Acquire) {
+                            break;
+                        }
+                        l.keep_alive();
+                    }
+                })
+                .ok();
+            KeepAlive { stop, thread }
+        });
+        Ok(TcpTransport {
+            link,
+            icd_max: AtomicU32::new(0),
+            keepalive,
+        })
+    }
+
+    /// The controller ID of the current association.
+    pub fn cntlid(&self) -> u16 {
+        self.link.cntlid()
+    }
+
+    /// True while the association is lost and not yet re-established.
+    pub fn is_lost(&self) -> bool {
+        self.link.lost.load(Ordering::Acquire)
+    }
+
+    /// In-capsule data bytes I/O writes may carry.
+    pub fn in_capsule_limit(&self) -> u32 {
+        self.icd_max.load(Ordering::Relaxed)
+    }
+}
+
+impl Drop for TcpTransport {
+    fn drop(&mut self) {
+        self.keepalive.take();
+    }
+}
+
+/// Connects and brings up the controller at `opts`.
+pub fn open(opts: TcpOptions, copts: pollux_nvme::ControllerOptions) -> Result<Controller> {
+    Controller::new(TcpTransport::connect(opts)?, copts)
+}
+
+impl Registers for TcpTransport {
+    fn read32(&self, off: usize) -> Result<u32> {
+        Ok(self.link.read(off, PropertySize::Four)? as u32)
+    }
+    fn write32(&self, off: usize, v: u32) -> Result<()> {
+        self.link.write(off, PropertySize::Four, v as u64)
+    }
+    fn read64(&self, off: usize) -> Result<u64> {
+        self.link.read(off, PropertySize::Eight)
+    }
+    fn write64(&self, off: usize, v: u64) -> Result<()> {
+        self.link.write(off, PropertySize::Eight, v)
+    }
+}
+
+impl Transport for TcpTransport {
+    type Sq = TcpSq;
+    type Cq = TcpCq;
+    type Regs = TcpTransport;
+
+    fn describe(&self) -> String {
+        let t = &self.link.target;
+        format!("tcp {} {}", t.addr, t.subnqn)
+    }
+
+    fn regs(&self) -> &TcpTransport {
+        self
+    }
+
+    fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
+        mem::alloc(len)
+    }
+
+    fn relax(&self) {
+        std::thread::sleep(Duration::from_micros(20));
+    }
+
+    fn max_queue_entries(&self) -> u32 {
+        regs::Cap(self.link.cap).mqes() as u32 + 1
+    }
+
+    fn admin_queues(&self, _entries: u16) -> Result<(TcpSq, TcpCq)> {
+        Ok(queue::admin_pair(self.link.clone()))
+    }
+
+    fn attach_admin(&self, _sq: &TcpSq, _cq: &TcpCq) -> Result<()> {
+        self.link.ensure()
+    }
+
+    fn configure(&self, _admin: &mut AdminExec<'_>, ident: &IdentifyController) -> Result<()> {
+        // IOCCSZ: capsule size in 16-byte units, the 64-byte SQE included.
+        let icd = (ident.ioccsz as u64 * 16).saturating_sub(64).min(1 << 20) as u32;
+        self.icd_max.store(icd, Ordering::Relaxed);
+        tracing::debug!(
+            ioccsz = ident.ioccsz,
+            icd,
+            cntlid = self.cntlid(),
+            "NVMe/TCP controller configured"
+        );
+        Ok(())
+    }
+
+    fn create_io_queues(
+        &self,
+        _admin: &mut AdminExec<'_>,
+        spec: &QueueSpec,
+    ) -> Result<(TcpSq, TcpCq)> {
+        let (mut conn, _) = self.link.target.connect_queue(
+            spec.qid,
+            spec.sq_entries,
+            self.cntlid(),
+            spec.depth as usize,
+        )?;
+        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        Ok(queue::io_pair(
+            conn,
+            spec.depth,
+            spec.sq_entries,
+            spec.cq_entries,
+            spec.max_transfer as usize,
+            self.link.lost.clone(),
+            spec.interrupts,
+        ))
+    }
+
+    fn recreate_io_queues(
+        &self,
+        _admin: &mut AdminExec<'_>,
+        qid: u16,
+        _sq: &mut TcpSq,
+        cq: &mut TcpCq,
+    ) -> Result<()> {
+        let Some(q) = cq.io() else {
+            return Err(Error::InvalidArgument(format!(
+                "queue {qid} is not an I/O queue"
+            )));
+        };
+        let (depth, entries) = (q.depth(), q.sq_entries());
+        let (mut conn, _) = self
+            .link
+            .target
+            .connect_queue(qid, entries, self.cntlid(), depth)?;
+        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        q.attach(conn);
+        Ok(())
+    }
+
+    fn delete_io_queues(&self, _admin: &mut AdminExec<'_>, _qid: u16) -> Result<()> {
+        // The queue's connection closes when the queue pair drops it.
+        Ok(())
+    }
+}
+
+/// Reads the Discovery Log Page of the discovery controller at `opts.addr`
+/// (`opts.subnqn` is replaced by the discovery NQN unless it names another
+/// discovery subsystem): connect, enable, Get Log Page 0x70 (header, then
+/// every entry), disable.
+pub fn discover(mut opts: TcpOptions) -> Result<Vec<DiscoveryLogEntry>> {
+    if opts.subnqn.is_empty() {
+        opts.subnqn = DISCOVERY_NQN.to_string();
+    }
+    opts.kato_ms = 0;
+    let t = TcpTransport::connect(opts)?;
+    let l = &t.link;
+    l.write(regs::off::CC, PropertySize::Four, Cc::standard(0).0 as u64)?;
+    l.write(
+        regs::off::CC,
+        PropertySize::Four,
+        Cc::standard(0).with_en(true).0 as u64,
+    )?;
+    let to = regs::Cap(l.cap).timeout_ms().max(500);
+    let start = std::time::Instant::now();
+    loop {
+        let csts = Csts(l.read(regs::off::CSTS, PropertySize::Four)? as u32);
+        if csts.rdy() {
+            break;
+        }
+        if csts.cfs() {
+            return Err(Error::ControllerFatal);
+        }
+        if start.elapsed().as_millis() as u64 > to {
+            return Err(Error::Timeout {
+                what: "discovery controller CSTS.RDY=1",
+                ms: to,
+            });
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    let hdr_len = std::mem::size_of::<DiscoveryLogHeader>() as u32;
+    let get = |len: u32| {
+        l.exec_in(
+            Sqe::get_log_page(LID_DISCOVERY, 0, len, 0, 0, 0),
+            len,
+            "Get Log Page (Discovery)",
+        )
+    };
+    let head = get(hdr_len)?;
+    let h: DiscoveryLogHeader =
+        conn::read_as(&head).ok_or_else(|| Error::Platform("short discovery log header".into()))?;
+    let n = h.numrec.min(1024) as u32;
+    let entry = std::mem::size_of::<DiscoveryLogEntry>() as u32;
+    let all = get(hdr_len + n * entry)?;
+    let mut out = Vec::new();
+    for i in 0..n as usize {
+        let at = hdr_len as usize + i * entry as usize;
+        if let Some(e) = conn::read_as::<DiscoveryLogEntry>(&all[at..]) {
+            out.push(e);
+        }
+    }
+    l.shutdown();
+    Ok(out)
+}

@@ -1,0 +1,615 @@
+//! The admin connection ("link") of an association: fabrics Connect on
+//! QID 0, the controller's registers through Property Get/Set, the core's
+//! admin commands, and Keep Alive. The control path: one mutex around it
+//! all (the core's admin queue, `Registers` calls from any thread and the
+//! keep-alive thread share the connection).
+//!
+//! # Associations, resets and lost connections
+//!
+//! A controller reset over fabrics is a new association (as Linux does it):
+//! when the core clears CC.EN the link sends that Property Set and closes
+//! the connection; until the core enables the controller again, CC and
+//! CSTS read as 0 (disabled, not ready). `attach_admin` (before CC.EN=1)
+//! connects again, with CNTLID 0xFFFF, getting a new controller; the core
+//! then re-creates the I/O queues, each a new connection naming that
+//! controller ID.
+//!
+//! A link lost without the host asking (closed, terminated, keep-alive
+//! unanswered) makes CSTS read as fatal (CFS) and sets the association's
+//! `lost` flag, which every I/O queue reports as `broken`: the core
+//! resets, and the reset reconnects (retrying for
+//! `TcpOptions::reconnect_timeout`) or fails the controller for good.
+//! Admin commands outstanding on a lost link complete with Host Pathing
+//! Error.
+use std::collections::VecDeque;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use pollux_nvme::error::{Error, Result};
+use pollux_spec::fabrics::{
+    property_value, ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd, PropertySize,
+    CNTLID_DYNAMIC,
+};
+use pollux_spec::regs::{self, Cc, Csts};
+use pollux_spec::status::{sct, Status};
+use pollux_spec::tcp::Digests;
+use pollux_spec::{Cqe, Sqe};
+use zerocopy::IntoBytes;
+
+use crate::conn::{Conn, ConnError, Data, Slot};
+use crate::mem;
+
+/// Command slots of the admin connection (the core's admin commands, and
+/// the link's own: properties, keep-alive).
+pub(crate) const ADMIN_SLOTS: usize = 128;
+/// Admin SQ size asked for in Connect (Linux's NVME_AQ_DEPTH).
+pub(crate) const ADMIN_SQ_ENTRIES: u16 = 32;
+/// In-capsule data allowed on the admin queue (Linux: NVME_TCP_ADMIN_CCSZ).
+pub(crate) const ADMIN_ICD: u32 = 8192;
+/// Most data bytes of one admin command.
+pub(crate) const ADMIN_MAX_DATA: usize = 64 << 10;
+const KEEP_ALIVE_OPCODE: u8 = 0x18;
+
+/// Where and how to connect: what every connection of the controller needs.
+#[derive(Clone, Debug)]
+pub(crate) struct Target {
+    pub addr: SocketAddr,
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub digests: Digests,
+    pub kato_ms: u32,
+    pub connect_timeout: Duration,
+    pub reconnect_timeout: Duration,
+    pub admin_timeout: Duration,
+}
+
+impl Target {
+    /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
+    /// 0xFFFF for the admin queue), returning it and the controller ID.
+    pub fn connect_queue(
+        &self,
+        qid: u16,
+        sq_entries: u16,
+        cntlid: u16,
+        slots: usize,
+    ) -> Result<(Conn, u16)> {
+        let mut conn = Conn::connect(self.addr, qid, self.digests, slots, self.connect_timeout)
+            .map_err(conn_error)?;
+        conn.icd_max = ADMIN_ICD;
+        let kato = if qid == 0 { self.kato_ms } else { 0 };
+        let cmd = ConnectCmd::new(qid, sq_entries - 1, 0, kato);
+        let data = ConnectData::new(self.hostid, cntlid, &self.subnqn, &self.hostnqn)
+            .map_err(|e| Error::InvalidArgument(format!("NQN: {e}")))?;
+        let (cqe, _) = conn
+            .exec_sync(
+                0,
+                cmd.to_sqe(),
+                Data::Bytes(data.as_bytes()),
+                self.admin_timeout,
+                "Connect",
+            )
+            .map_err(conn_error)?;
+        let st = cqe.status();
+        if !st.is_success() {
+            tracing::error!(
+                addr = %self.addr,
+                qid,
+                subnqn = %self.subnqn,
+                hostnqn = %self.hostnqn,
+                dw0 = format_args!("{:#x}", cqe.dw0),
+                "Connect refused: {st}"
+            );
+            return Err(Error::Nvme {
+                cmd: "Connect",
+                status: st,
+            });
+        }
+        let got = cqe.dw0 as u16;
+        tracing::debug!(addr = %self.addr, qid, cntlid = got, "connected");
+        Ok((conn, got))
+    }
+}
+
+pub(crate) fn conn_error(e: ConnError) -> Error {
+    Error::Io(std::io::Error::other(e))
+}
+
+/// Host Pathing Error: what a command gets when its connection is lost.
+pub(crate) fn path_error() -> u16 {
+    Status::new(sct::PATH, 0x70, false).0
+}
+
+pub(crate) struct LinkState {
+    pub conn: Option<Conn>,
+    pub cntlid: u16,
+    /// The host disabled the controller and closed the link: CC/CSTS read 0.
+    torn_down: bool,
+    /// Completions of the core's commands received by someone else.
+    stash: VecDeque<(u16, u16, u32)>,
+    /// Completions of the link's own commands, by wire CID.
+    internal: Vec<Option<Cqe>>,
+    /// Where a core command's data goes (bounce copied at completion).
+    dest: Vec<(u64, u32)>,
+    /// The core's admin queue waits only for the command it pushed last;
+    /// only that one's data is copied into the caller's buffer.
+    last_pushed: Option<u16>,
+    /// Keep Alive outstanding: wire CID and when it was sent.
+    ka: Option<(u16, Instant)>,
+}
+
+/// The admin link. See the module docs.
+pub(crate) struct AdminLink {
+    pub target: Target,
+    st: Mutex<LinkState>,
+    /// The association was lost (set here, read by every I/O queue).
+    pub lost: Arc<AtomicBool>,
+    /// CAP, read once at the first connection.
+    pub cap: u64,
+}
+
+impl AdminLink {
+    pub fn connect(target: Target) -> Result<AdminLink> {
+        let (conn, cntlid) =
+            target.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)?;
+        let mut link = AdminLink {
+            target,
+            st: Mutex::new(LinkState {
+                conn: Some(conn),
+                cntlid,
+                torn_down: false,
+                stash: VecDeque::new(),
+                internal: vec![None; ADMIN_SLOTS],
+                dest: vec![(0, 0); ADMIN_SLOTS],
+                last_pushed: None,
+                ka: None,
+            }),
+            lost: Arc::new(AtomicBool::new(false)),
+            cap: 0,
+        };
+        link.cap = link.property_get(regs::off::CAP, PropertySize::Eight)?;
+        Ok(link)
+    }
+
+    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
+        self.st.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub fn cntlid(&self) -> u16 {
+        self.lock().cntlid
+    }
+
+    /// Connects a new association unless the link is alive.
+    pub fn ensure(&self) -> Result<()> {
+        let mut st = self.lock();
+        if matches!(&st.conn, Some(c) if c.dead.is_none()) {
+            return Ok(());
+        }
+        let start = Instant::now();
+        let mut attempt = 0u32;
+        loop {
+            attempt += 1;
+            match self
+                .target
+                .connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)
+            {
+                Ok((conn, cntlid)) => {
+                    self.fail_outstanding(&mut st);
+                    st.conn = Some(conn);
+                    st.cntlid = cntlid;
+                    st.torn_down = false;
+                    st.ka = None;
+                    self.lost.store(false, Ordering::Release);
+                    tracing::info!(addr = %self.target.addr, cntlid, attempt, "reconnected (new association)");
+                    return Ok(());
+                }
+                Err(e) => {
+                    if start.elapsed() >= self.target.reconnect_timeout {
+                        tracing::error!(addr = %self.target.addr, attempt, "reconnecting failed: {e}");
+                        return Err(e);
+                    }
+                    tracing::warn!(addr = %self.target.addr, attempt, "reconnecting: {e}; retrying");
+                    std::thread::sleep(Duration::from_millis(200));
+                }
+            }
+        }
+    }
+
+    /// Every core command outstanding on the link completes with Host
+    /// Pathing Error; the link's own are forgotten.
+    fn fail_outstanding(&self, st: &mut LinkState) {
+        let Some(c) = st.conn.as_mut() else { return };
+        let mut failed = Vec::new();
+        for s in c.slots.iter_mut().filter(|s| s.active) {
+            s.active = false;
+            if !s.internal {
+                failed.push(s.tag);
+            }
+        }
+        c.forget_all();
+        for tag in failed {
+            st.stash.push_back((tag, path_error(), 0));
+        }
+        st.ka = None;
+    }
+
+    /// The link is dead: mark the association lost and fail its commands.
+    fn lose(&self, st: &mut LinkState) {
+        self.lost.store(true, Ordering::Release);
+        self.fail_outstanding(st);
+    }
+
+    fn alive(st: &LinkState) -> bool {
+        matches!(&st.conn, Some(c) if c.dead.is_none())
+    }
+
+    /// Receives on the link: the link's own completions into `internal`,
+    /// the core's through `deliver` (up to `budget`).
+    fn poll(
+        &self,
+        st: &mut LinkState,
+        budget: u32,
+        deliver: &mut impl FnMut(u16, u16, u32),
+    ) -> u32 {
+        let LinkState {
+            conn,
+            internal,
+            dest,
+            last_pushed,
+            ..
+        } = st;
+        let Some(c) = conn.as_mut() else { return 0 };
+        let (n, r) = c.poll(budget, &mut |wcid, s: &mut Slot, cqe: Cqe| {
+            if s.internal {
+                internal[wcid as usize] = Some(cqe);
+                return;
+            }
+            let (addr, len) = dest[wcid as usize];
+            if len > 0 && *last_pushed == Some(s.tag) && cqe.status().is_success() {
+                let l = (len as usize).min(s.bounce.len());
+                // SAFETY: the core's admin queue is waiting for this command
+                // (the last it pushed), so the buffer it gave is still
+                // borrowed by that wait and nothing else touches it.
+                unsafe { std::ptr::copy_nonoverlapping(s.bounce.as_ptr(), mem::ptr(addr), l) };
+            }
+            deliver(s.tag, cqe.status >> 1, cqe.dw0);
+        });
+        if r.is_err() {
+            self.lose(st);
+        }
+        n
+    }
+
+    /// Runs one of the link's own commands and waits for its completion.
+    fn internal(&self, st: &mut LinkState, sqe: Sqe, what: &str) -> Result<Cqe> {
+        let timeout = self.target.admin_timeout;
+        let wcid = {
+            let Some(c) = st.conn.as_mut().filter(|c| c.dead.is_none()) else {
+                return Err(Error::Platform(format!(
+                    "{what}: no connection to {}",
+                    self.target.addr
+                )));
+            };
+            let Some(w) = c.slots.iter().position(|s| !s.active) else {
+                return Err(Error::Platform(format!("{what}: all admin slots busy")));
+            };
+            let w = w as u16;
+            if let Err(e) = c
+                .submit(w, sqe, Data::None, w, true)
+                .and_then(|_| c.flush_tx())
+            {
+                self.lose(st);
+                return Err(conn_error(e));
+            }
+            w
+        };
+        st.internal[wcid as usize] = None;
+        let start = Instant::now();
+        loop {
+            let mut stash = Vec::new();
+            self.poll(st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
+            st.stash.extend(stash);
+            if let Some(c) = st.internal[wcid as usize].take() {
+                return Ok(c);
+            }
+            if !Self::alive(st) {
+                return Err(Error::Platform(format!(
+                    "{what}: connection to {} lost",
+                    self.target.addr
+                )));
+            }
+            let el = start.elapsed();
+            if el >= timeout {
+                if let Some(c) = st.conn.as_mut() {
+                    c.slots[wcid as usize].active = false;
+                }
+                return Err(Error::Timeout {
+                    what: "Property Get/Set or Keep Alive",
+                    ms: timeout.as_millis() as u64,
+                });
+            }
+            if let Some(c) = st.conn.as_ref() {
+                let _ = pollux_nvme::wait_readable(
+                    &[c.fd()],
+                    Some((timeout - el).min(Duration::from_millis(10))),
+                );
+            }
+        }
+    }
+
+    fn property_get(&self, off: usize, size: PropertySize) -> Result<u64> {
+        let mut st = self.lock();
+        self.property_get_locked(&mut st, off, size)
+    }
+
+    fn property_get_locked(
+        &self,
+        st: &mut LinkState,
+        off: usize,
+        size: PropertySize,
+    ) -> Result<u64> {
+        let cqe = self.internal(
+            st,
+            PropertyGetCmd::new(off as u32, size).to_sqe(),
+            "Property Get",
+        )?;
+        let s = cqe.status();
+        if !s.is_success() {
+            return Err(Error::Nvme {
+                cmd: "Property Get",
+                status: s,
+            });
+        }
+        Ok(property_value(&cqe, size))
+    }
+
+    fn property_set_locked(
+        &self,
+        st: &mut LinkState,
+        off: usize,
+        size: PropertySize,
+        v: u64,
+    ) -> Result<()> {
+        let cqe = self.internal(
+            st,
+            PropertySetCmd::new(off as u32, size, v).to_sqe(),
+            "Property Set",
+        )?;
+        let s = cqe.status();
+        if !s.is_success() {
+            return Err(Error::Nvme {
+                cmd: "Property Set",
+                status: s,
+            });
+        }
+        Ok(())
+    }
+
+    /// A register read (see the module docs for a link that is down).
+    pub fn read(&self, off: usize, size: PropertySize) -> Result<u64> {
+        if off == regs::off::CAP {
+            return Ok(self.cap);
+        }
+        let mut st = self.lock();
+        if !Self::alive(&st) {
+            return Ok(match off {
+                regs::off::CSTS if !st.torn_down => Csts::CFS as u64,
+                _ => 0,
+            });
+        }
+        self.property_get_locked(&mut st, off, size)
+    }
+
+    /// A register write (see the module docs).
+    pub fn write(&self, off: usize, size: PropertySize, v: u64) -> Result<()> {
+        let mut st = self.lock();
+        if !Self::alive(&st) {
+            if off == regs::off::CC && !Cc(v as u32).en() {
+                return Ok(()); // no association: the controller is disabled
+            }
+            return Err(Error::Platform(format!(
+                "register {off:#x}: no connection to {}",
+                self.target.addr
+            )));
+        }
+        let disabling = off == regs::off::CC && !Cc(v as u32).en() && {
+            let cc = self.property_get_locked(&mut st, regs::off::CC, PropertySize::Four)?;
+            Cc(cc as u32).en()
+        };
+        let r = self.property_set_locked(&mut st, off, size, v);
+        if disabling {
+            // End of this association: the next enable connects anew.
+            self.fail_outstanding(&mut st);
+            st.conn = None;
+            st.torn_down = true;
+            tracing::debug!(addr = %self.target.addr, "controller disabled: association closed");
+            return Ok(());
+        }
+        r
+    }
+
+    /// Sends a core admin command (`tag`: the core's CID). Data: `dir`
+    /// from the opcode's transfer bits.
+    pub fn push(&self, tag: u16, sqe: Sqe, addr: u64, len: u32) -> Result<(), SubmitProblem> {
+        let mut st = self.lock();
+        st.last_pushed = Some(tag);
+        if !Self::alive(&st) {
+            st.stash.push_back((tag, path_error(), 0));
+            return Ok(());
+        }
+        let xfer = sqe.opc & 3;
+        if len > 0 && xfer != 1 && xfer != 2 {
+            return Err(SubmitProblem::Direction);
+        }
+        let Some(c) = st.conn.as_mut() else {
+            return Ok(());
+        };
+        let Some(w) = c.slots.iter().position(|s| !s.active) else {
+            return Err(SubmitProblem::Full);
+        };
+        let w = w as u16;
+        let r = if len == 0 {
+            c.submit(w, sqe, Data::None, tag, false)
+        } else if xfer == 1 {
+            if len > ADMIN_ICD {
+                return Err(SubmitProblem::TooLarge);
+            }
+            // SAFETY: the core hands a buffer it keeps for this command;
+            // the bytes are copied into the capsule now.
+            let b = unsafe { mem::slice(addr, len as usize) };
+            c.submit(w, sqe, Data::Bytes(b), tag, false)
+        } else {
+            c.submit(w, sqe, Data::InBounce { len }, tag, false)
+        };
+        let r = r.and_then(|_| c.flush_tx());
+        st.dest[w as usize] = if xfer == 2 { (addr, len) } else { (0, 0) };
+        if r.is_err() {
+            self.lose(&mut st);
+        }
+        Ok(())
+    }
+
+    /// The core's admin completions: stashed first, then received.
+    pub fn reap(&self, max: u32, deliver: &mut impl FnMut(u16, u16, u32)) -> u32 {
+        let mut st = self.lock();
+        let mut n = 0;
+        while n < max {
+            let Some((t, s, d)) = st.stash.pop_front() else {
+                break;
+            };
+            deliver(t, s, d);
+            n += 1;
+        }
+        if n < max && Self::alive(&st) {
+            n += self.poll(&mut st, max - n, deliver);
+            // Commands the link failed while receiving.
+            while n < max {
+                let Some((t, s, d)) = st.stash.pop_front() else {
+                    break;
+                };
+                deliver(t, s, d);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    pub fn ready(&self) -> bool {
+        let st = self.lock();
+        !st.stash.is_empty() || st.conn.as_ref().is_some_and(|c| c.has_rx())
+    }
+
+    /// The admin queue restarts empty: forget the core's commands.
+    pub fn restart(&self) {
+        let mut st = self.lock();
+        st.stash.clear();
+        st.last_pushed = None;
+        if let Some(c) = st.conn.as_mut() {
+            for s in c.slots.iter_mut() {
+                if s.active && !s.internal {
+                    s.active = false;
+                }
+            }
+        }
+    }
+
+    /// One keep-alive round (see `crate::keepalive`): checks the answer to
+    /// the last Keep Alive and sends the next.
+    pub fn keep_alive(&self) {
+        let mut st = self.lock();
+        if !Self::alive(&st) || st.torn_down {
+            return;
+        }
+        let mut stash = Vec::new();
+        self.poll(&mut st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
+        st.stash.extend(stash);
+        if let Some((w, since)) = st.ka {
+            match st.internal[w as usize].take() {
+                Some(c) if !c.status().is_success() => {
+                    tracing::warn!(addr = %self.target.addr, "Keep Alive failed: {}", c.status());
+                    st.ka = None;
+                }
+                Some(_) => st.ka = None,
+                None => {
+                    if since.elapsed() >= Duration::from_millis(self.target.kato_ms as u64) {
+                        tracing::error!(
+                            addr = %self.target.addr,
+                            kato_ms = self.target.kato_ms,
+                            "Keep Alive unanswered within KATO: association lost"
+                        );
+                        if let Some(c) = st.conn.as_mut() {
+                            c.dead.get_or_insert(ConnError {
+                                addr: c.addr,
+                                qid: 0,
+                                kind: crate::conn::ConnErrorKind::Timeout,
+                                what: "Keep Alive unanswered".into(),
+                            });
+                        }
+                        self.lose(&mut st);
+                    }
+                    return;
+                }
+            }
+        }
+        let LinkState { conn, internal, .. } = &mut *st;
+        let Some(c) = conn.as_mut() else { return };
+        let Some(w) = c.slots.iter().position(|s| !s.active) else {
+            return;
+        };
+        let w = w as u16;
+        internal[w as usize] = None;
+        let r = c
+            .submit(w, Sqe::new(KEEP_ALIVE_OPCODE, 0), Data::None, w, true)
+            .and_then(|_| c.flush_tx());
+        if r.is_err() {
+            self.lose(&mut st);
+        } else {
+            st.ka = Some((w, Instant::now()));
+        }
+    }
+
+    /// Runs an admin command of the link's own whose data comes back in a
+    /// bounce buffer (discovery: Identify, Get Log Page).
+    pub fn exec_in(&self, sqe: Sqe, len: u32, what: &str) -> Result<Vec<u8>> {
+        let mut st = self.lock();
+        let timeout = self.target.admin_timeout;
+        let Some(c) = st.conn.as_mut().filter(|c| c.dead.is_none()) else {
+            return Err(Error::Platform(format!("{what}: no connection")));
+        };
+        let (cqe, data) = c
+            .exec_sync(
+                ADMIN_SLOTS as u16 - 1,
+                sqe,
+                Data::InBounce { len },
+                timeout,
+                what,
+            )
+            .map_err(conn_error)?;
+        let s = cqe.status();
+        if !s.is_success() {
+            return Err(Error::Nvme {
+                cmd: "Get Log Page",
+                status: s,
+            });
+        }
+        Ok(data)
+    }
+
+    /// Disables the controller (CC.EN=0) and closes the link.
+    pub fn shutdown(&self) {
+        let _ = self.write(regs::off::CC, PropertySize::Four, 0);
+        let mut st = self.lock();
+        st.conn = None;
+        st.torn_down = true;
+    }
+}
+
+/// Why the link refused an admin command.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum SubmitProblem {
+    Full,
+    TooLarge,
+    Direction,
+}

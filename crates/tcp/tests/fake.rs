@@ -1,0 +1,431 @@
+//! The host transport against the scripted controller in `common`.
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::{Fake, Script, HOSTNQN, NSZE, SUBNQN};
+use pollux_nvme::{Completion, ControllerOptions, IoBuf, IoError, QpairOptions};
+use pollux_spec::tcp::Digests;
+use pollux_tcp::{Controller, QueuePair, TcpOptions};
+
+fn opts(fake: &Fake, digests: Digests) -> TcpOptions {
+    let mut o = TcpOptions::new(fake.addr, SUBNQN);
+    o.hostnqn = HOSTNQN.into();
+    o.digests = digests;
+    o.kato_ms = 0;
+    o.reconnect_timeout = Duration::from_millis(500);
+    o
+}
+
+fn open(fake: &Fake, digests: Digests) -> Controller {
+    pollux_tcp::open(opts(fake, digests), ControllerOptions::default()).expect("bring-up")
+}
+
+fn qpair(c: &Controller, depth: u16) -> QueuePair {
+    c.alloc_qpair(QpairOptions {
+        depth,
+        timeout: None,
+        ..QpairOptions::default()
+    })
+    .expect("queue pair")
+}
+
+/// Polls until `n` completions arrived (hang guard: 20 s, not a timing
+/// assertion).
+fn wait(qp: &mut QueuePair, n: usize) -> Vec<Completion> {
+    let mut got = Vec::new();
+    let start = Instant::now();
+    while got.len() < n {
+        qp.poll(u32::MAX, |_, c| got.push(c));
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "only {} of {n} completions",
+            got.len()
+        );
+        std::thread::yield_now();
+    }
+    got
+}
+
+fn fill(bytes: &mut [u8], seed: u8) {
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = seed.wrapping_add((i * 7 % 251) as u8);
+    }
+}
+
+fn pattern(buf: &mut IoBuf, seed: u8) {
+    fill(buf.as_mut_slice(), seed)
+}
+
+fn expected(len: usize, seed: u8) -> Vec<u8> {
+    let mut v = vec![0; len];
+    fill(&mut v, seed);
+    v
+}
+
+fn write(qp: &mut QueuePair, c: &Controller, lba: u64, len: usize, seed: u8) {
+    let ns = c.namespaces()[0];
+    let mut b = IoBuf::new(c.alloc_dma(len).unwrap());
+    pattern(&mut b, seed);
+    qp.write(&ns, lba, (len / 512) as u32, b, 1).unwrap();
+    let r = wait(qp, 1);
+    assert_eq!(r[0].result, Ok(0), "write at {lba}");
+}
+
+fn read(qp: &mut QueuePair, c: &Controller, lba: u64, len: usize) -> Completion {
+    let ns = c.namespaces()[0];
+    let b = IoBuf::new(c.alloc_dma(len).unwrap());
+    qp.read(&ns, lba, (len / 512) as u32, b, 2).unwrap();
+    wait(qp, 1).pop().unwrap()
+}
+
+fn expect_pattern(c: &Completion, len: usize, seed: u8) {
+    assert_eq!(c.result, Ok(0));
+    let b = c.buf.as_ref().unwrap();
+    assert_eq!(b.len(), len);
+    assert!(
+        b.as_slice() == expected(len, seed),
+        "data read back differs"
+    );
+}
+
+#[test]
+fn bring_up_connects_identifies_and_reads_registers() {
+    let fake = Fake::start(Script::default());
+    let c = open(&fake, Digests::NONE);
+    assert_eq!(c.namespaces().len(), 1);
+    assert_eq!(c.namespaces()[0].nsze, NSZE);
+    assert_eq!(c.identify().ioccsz, (64 + 8192) / 16);
+    assert_eq!(c.cap().mqes(), 127);
+    assert_eq!(c.transport().in_capsule_limit(), 8192);
+    let seen = fake.seen.lock().unwrap();
+    let (qid, cntlid, sub, host, _) = &seen.connects[0];
+    assert_eq!((*qid, *cntlid), (0, 0xFFFF));
+    assert_eq!((sub.as_str(), host.as_str()), (SUBNQN, HOSTNQN));
+    assert!(seen.errors.is_empty(), "{:?}", seen.errors);
+}
+
+#[test]
+fn wrong_subsystem_is_refused_by_connect_naming_it() {
+    let fake = Fake::start(Script::default());
+    let mut o = opts(&fake, Digests::NONE);
+    o.subnqn = "nqn.2026-01.io.pollux:other".into();
+    let Err(e) = pollux_tcp::open(o, ControllerOptions::default()) else {
+        panic!("Connect to the wrong subsystem succeeded");
+    };
+    assert!(e.to_string().contains("Connect"), "{e}");
+}
+
+#[test]
+fn io_queue_connects_with_the_admin_cntlid() {
+    let fake = Fake::start(Script::default());
+    let c = open(&fake, Digests::NONE);
+    let _qp = qpair(&c, 8);
+    let seen = fake.seen.lock().unwrap();
+    let (qid, cntlid, _, _, kato) = seen.connects[1].clone();
+    assert_eq!(qid, 1);
+    assert_eq!(cntlid, seen.cntlids[0]);
+    assert_eq!(kato, 0);
+}
+
+fn round_trip(digests: Digests, c2h_success: bool) {
+    let fake = Fake::start(Script {
+        c2h_success,
+        ..Script::default()
+    });
+    let c = open(&fake, digests);
+    let mut qp = qpair(&c, 8);
+    // 4 KiB: in capsule.
+    write(&mut qp, &c, 8, 4096, 3);
+    {
+        let s = fake.seen.lock().unwrap();
+        assert_eq!((s.in_capsule_writes, s.r2ts), (1, 0));
+    }
+    expect_pattern(&read(&mut qp, &c, 8, 4096), 4096, 3);
+    // 128 KiB: R2T (32 KiB each), H2CData (16 KiB each); read back in
+    // 16 KiB C2HData PDUs.
+    write(&mut qp, &c, 256, 128 << 10, 9);
+    {
+        let s = fake.seen.lock().unwrap();
+        assert_eq!((s.in_capsule_writes, s.r2ts, s.h2c_pdus), (1, 4, 8));
+    }
+    expect_pattern(&read(&mut qp, &c, 256, 128 << 10), 128 << 10, 9);
+    let s = fake.seen.lock().unwrap();
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert!(s.digests.iter().all(|d| *d == digests));
+}
+
+#[test]
+fn in_capsule_and_r2t_writes_read_back() {
+    round_trip(Digests::NONE, false);
+}
+
+#[test]
+fn c2h_success_flag_completes_reads() {
+    round_trip(Digests::NONE, true);
+}
+
+#[test]
+fn header_and_data_digests() {
+    round_trip(Digests::BOTH, false);
+    round_trip(
+        Digests {
+            header: true,
+            data: false,
+        },
+        true,
+    );
+}
+
+#[test]
+fn many_outstanding_reads_complete() {
+    let fake = Fake::start(Script {
+        batch_reads: 16,
+        c2h_chunk: 1000,
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::BOTH);
+    let mut qp = qpair(&c, 32);
+    write(&mut qp, &c, 0, 64 << 10, 5);
+    let ns = c.namespaces()[0];
+    for i in 0..16u64 {
+        let b = IoBuf::new(c.alloc_dma(4096).unwrap());
+        qp.read(&ns, i * 8, 8, b, i).unwrap();
+    }
+    let got = wait(&mut qp, 16);
+    let want = expected(64 << 10, 5);
+    for c in got {
+        assert_eq!(c.result, Ok(0));
+        let i = c.user_data as usize;
+        assert!(c.buf.unwrap().as_slice() == &want[i * 4096..(i + 1) * 4096]);
+    }
+}
+
+#[test]
+fn bad_data_digest_fails_the_command_not_the_queue() {
+    let fake = Fake::start(Script {
+        bad_ddgst_read: Some(1),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::BOTH);
+    let mut qp = qpair(&c, 4);
+    let r = read(&mut qp, &c, 0, 4096);
+    match r.result {
+        Err(IoError::Nvme(s)) => assert_eq!((s.sct(), s.sc()), (0, 0x22), "{s}"),
+        other => panic!("{other:?}"),
+    }
+    // The queue goes on.
+    write(&mut qp, &c, 0, 4096, 1);
+    expect_pattern(&read(&mut qp, &c, 0, 4096), 4096, 1);
+}
+
+#[test]
+fn c2h_data_beyond_the_buffer_fails_without_overflow() {
+    let fake = Fake::start(Script {
+        overflow_read: Some(1),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 4);
+    let ns = c.namespaces()[0];
+    // Two neighbouring pieces of one allocation: the read goes into the
+    // first; the second must keep its bytes.
+    let (a, mut b) = IoBuf::new(c.alloc_dma(8192).unwrap()).split_at(4096);
+    b.as_mut_slice().fill(0x5A);
+    qp.read(&ns, 0, 8, a, 7).unwrap();
+    let got = wait(&mut qp, 1);
+    assert!(
+        matches!(
+            got[0].result,
+            Err(IoError::ControllerReset) | Err(IoError::ControllerFailed)
+        ),
+        "{:?}",
+        got[0].result
+    );
+    assert!(
+        b.as_slice().iter().all(|&x| x == 0x5A),
+        "neighbour overwritten"
+    );
+    // The host told the controller why: FES 04h (data transfer out of range).
+    let start = Instant::now();
+    while fake.seen.lock().unwrap().term_reqs.is_empty() {
+        assert!(start.elapsed() < Duration::from_secs(20));
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(fake.seen.lock().unwrap().term_reqs[0].0, 0x04);
+}
+
+#[test]
+fn dropped_connection_fails_outstanding_and_reconnects() {
+    let fake = Fake::start(Script {
+        drop_on_read: Some(4),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 8);
+    write(&mut qp, &c, 0, 4096, 2);
+    let ns = c.namespaces()[0];
+    // Reads 1-3 complete; read 4 makes the controller drop the connection;
+    // 5-8 are outstanding behind it.
+    for i in 0..8u64 {
+        let b = IoBuf::new(c.alloc_dma(512).unwrap());
+        qp.read(&ns, i, 1, b, i).unwrap();
+    }
+    let got = wait(&mut qp, 8);
+    let ok = got.iter().filter(|c| c.result.is_ok()).count();
+    let reset = got
+        .iter()
+        .filter(|c| c.result == Err(IoError::ControllerReset))
+        .count();
+    assert_eq!(
+        (ok, reset),
+        (3, 5),
+        "{:?}",
+        got.iter().map(|c| c.result).collect::<Vec<_>>()
+    );
+    assert!(
+        got.iter().all(|c| c.buf.is_some()),
+        "every buffer comes back"
+    );
+    assert_eq!(c.resets(), 1);
+    assert!(!c.is_failed());
+    // A new association (a second controller ID), and the queue works on it.
+    expect_pattern(&read(&mut qp, &c, 0, 4096), 4096, 2);
+    let s = fake.seen.lock().unwrap();
+    assert_eq!(s.cntlids.len(), 2, "{:?}", s.cntlids);
+    let io_connects: Vec<_> = s.connects.iter().filter(|c| c.0 == 1).collect();
+    assert_eq!(io_connects.len(), 2);
+    assert_eq!(io_connects[1].1, s.cntlids[1]);
+}
+
+#[test]
+fn dropped_connection_without_reconnect_fails_the_controller() {
+    let fake = Fake::start(Script {
+        drop_on_read: Some(1),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 8);
+    fake.refuse_connections();
+    let ns = c.namespaces()[0];
+    for i in 0..4u64 {
+        let b = IoBuf::new(c.alloc_dma(512).unwrap());
+        qp.read(&ns, i, 1, b, i).unwrap();
+    }
+    let got = wait(&mut qp, 4);
+    assert!(
+        got.iter()
+            .all(|c| c.result == Err(IoError::ControllerFailed)),
+        "{:?}",
+        got.iter().map(|c| c.result).collect::<Vec<_>>()
+    );
+    assert!(c.is_failed());
+    // Later submissions are refused at once, naming the cause.
+    let b = IoBuf::new(c.alloc_dma(512).unwrap());
+    let e = qp.read(&ns, 0, 1, b, 0).unwrap_err();
+    assert_eq!(e.error, pollux_nvme::SubmitError::ControllerFailed);
+}
+
+#[test]
+fn termination_request_fails_outstanding() {
+    let fake = Fake::start(Script {
+        term_on_read: Some(2),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 8);
+    let ns = c.namespaces()[0];
+    for i in 0..4u64 {
+        let b = IoBuf::new(c.alloc_dma(512).unwrap());
+        qp.read(&ns, i, 1, b, i).unwrap();
+    }
+    let got = wait(&mut qp, 4);
+    let ok = got.iter().filter(|c| c.result.is_ok()).count();
+    assert_eq!(
+        ok,
+        1,
+        "{:?}",
+        got.iter().map(|c| c.result).collect::<Vec<_>>()
+    );
+    assert!(got
+        .iter()
+        .filter(|c| c.result.is_err())
+        .all(|c| c.result == Err(IoError::ControllerReset)));
+    assert_eq!(c.resets(), 1);
+}
+
+#[test]
+fn keep_alive_is_sent() {
+    let fake = Fake::start(Script::default());
+    let mut o = opts(&fake, Digests::NONE);
+    o.kato_ms = 100;
+    let c = pollux_tcp::open(o, ControllerOptions::default()).unwrap();
+    let start = Instant::now();
+    while fake.seen.lock().unwrap().keep_alives < 3 {
+        assert!(start.elapsed() < Duration::from_secs(20), "no keep-alives");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    assert_eq!(
+        fake.seen.lock().unwrap().connects[0].4,
+        100,
+        "KATO in Connect"
+    );
+    drop(c);
+}
+
+#[test]
+fn foreign_buffers_are_refused() {
+    let fake = Fake::start(Script::default());
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 4);
+    let ns = c.namespaces()[0];
+    // A buffer whose bus addresses are not this transport's.
+    let b = IoBuf::new(foreign(4096));
+    let e = qp.read(&ns, 0, 8, b, 0).unwrap_err();
+    assert_eq!(e.error, pollux_nvme::SubmitError::BadBuffer);
+}
+
+struct Leak;
+impl pollux_nvme::dma::DmaRelease for Leak {
+    fn release(&self, ptr: std::ptr::NonNull<u8>, len: usize, _iova: u64) {
+        // SAFETY: allocated by `foreign` with this layout.
+        unsafe {
+            std::alloc::dealloc(
+                ptr.as_ptr(),
+                std::alloc::Layout::from_size_align(len, 4096).unwrap(),
+            )
+        }
+    }
+}
+
+/// A buffer as another transport would make it: its bus address is not
+/// its virtual address.
+fn foreign(len: usize) -> pollux_nvme::DmaBuffer {
+    let l = std::alloc::Layout::from_size_align(len, 4096).unwrap();
+    // SAFETY: non-zero size.
+    let p = std::ptr::NonNull::new(unsafe { std::alloc::alloc_zeroed(l) }).unwrap();
+    // SAFETY: `p` is a fresh allocation of `len` bytes, released by `Leak`
+    // with the same layout; the bus address is one a PCIe platform could
+    // hand out.
+    unsafe {
+        pollux_nvme::DmaBuffer::from_raw(
+            p,
+            len,
+            pollux_nvme::dma::Iova::Contiguous(0x10_0000),
+            std::sync::Arc::new(Leak),
+        )
+    }
+}
+
+#[test]
+fn discovery_log_is_read() {
+    let fake = Fake::start(Script::default());
+    let mut o = opts(&fake, Digests::NONE);
+    o.subnqn = String::new();
+    let entries = pollux_tcp::discover(o).unwrap();
+    assert_eq!(entries.len(), 1);
+    assert_eq!(entries[0].subnqn().unwrap(), SUBNQN);
+    assert_eq!(entries[0].trsvcid_str(), fake.addr.port().to_string());
+    let s = fake.seen.lock().unwrap();
+    assert_eq!(s.connects[0].2, pollux_spec::fabrics::DISCOVERY_NQN);
+}
