@@ -1,0 +1,189 @@
+#!/usr/bin/env python3
+"""NVMe/TCP figures of the issue, in one run, on loopback:
+
+  1. `pollux target` pinned to one core (null bdev) and `pollux perf` over
+     trtype:tcp on the other: 4 KiB randread QD 128, IOPS per target core,
+     and how the target's time splits between the kernel (TCP) and user
+     space (its utime/stime from /proc over the run).
+  2. QD 1 4 KiB randread p50 latency (perf -L).
+  3. The on/off ratio of each technique of the target, interleaved:
+     direct receive (128 KiB randwrite), MSG_ZEROCOPY from 64 KiB (128 KiB
+     randread), epoll idle sleep (QD 1 latency) and SO_INCOMING_CPU (two
+     target threads, four client queue pairs).
+
+Figures come from a shared 2-vCPU VM over loopback, where the client and
+the target share the machine: they are ratios of this machine, not
+network speeds. The cross-core round trip of the same run is printed.
+
+Usage: bench/tcp.sh [--quick] [--runs N] [--json FILE]
+"""
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BIN = os.path.join(ROOT, "target", "release", "pollux")
+NQN = "nqn.2016-06.io.pollux:bench"
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def med_range(v):
+    return statistics.median(v), min(v), max(v)
+
+
+def fmt(x):
+    return f"{x / 1e6:.3f} M" if x >= 1e6 else f"{x / 1e3:.1f} K"
+
+
+def round_trip():
+    p = subprocess.run([BIN, "pingpong", "--json"], capture_output=True, text=True, timeout=60)
+    try:
+        return round(json.loads(p.stdout)["round_trip_ns"])
+    except (ValueError, KeyError):
+        return None
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Target:
+    """`pollux target` with a null namespace, for one measurement."""
+
+    def __init__(self, mask="0x1", extra=()):
+        self.port = free_port()
+        self.p = subprocess.Popen(
+            [BIN, "target", "--listen", f"127.0.0.1:{self.port}", "--null", "64GiB", "--block-size", "4096",
+             "--nqn", NQN, "-m", mask, "--max-queue-depth", "256"] + list(extra),
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.time() + 20
+        while time.time() < deadline:
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    return
+            if self.p.poll() is not None:
+                sys.exit(f"pollux target exited: {self.p.stdout.read()}")
+            time.sleep(0.05)
+        sys.exit("pollux target did not listen within 20 s")
+
+    def trid(self):
+        return f"trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{self.port} subnqn:{NQN}"
+
+    def cpu(self):
+        """(user, system) seconds of the target process so far."""
+        with open(f"/proc/{self.p.pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        return int(fields[11]) / TICK, int(fields[12]) / TICK
+
+    def stop(self):
+        self.p.send_signal(signal.SIGTERM)
+        try:
+            self.p.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            self.p.kill()
+            self.p.wait()
+
+
+def perf(trid, args, secs):
+    cmd = [BIN, "perf", "-r", trid, "--json", "-t", str(secs)] + args
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=secs + 120)
+    if p.returncode != 0:
+        sys.exit(f"failed: {' '.join(cmd)}\n{p.stderr[-2000:]}")
+    out = json.loads(p.stdout)
+    if out["total"].get("errors", 0):
+        sys.exit(f"I/O errors: {' '.join(cmd)}\n{out}")
+    return out["total"]
+
+
+def run(target_args, perf_args, secs, mask="0x1"):
+    t = Target(mask, target_args)
+    try:
+        u0, s0 = t.cpu()
+        tot = perf(t.trid(), perf_args, secs)
+        u1, s1 = t.cpu()
+    finally:
+        t.stop()
+    return tot, u1 - u0, s1 - s0
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--quick", action="store_true")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--json", help="also write the results here")
+    a = ap.parse_args()
+    secs = 1 if a.quick else 3
+    runs = 2 if a.quick else a.runs
+    res = {"machine": {"cpus": os.cpu_count(), "load_before": os.getloadavg()}}
+    rt0 = round_trip()
+    print(f"cross-core round trip (pollux pingpong): {rt0} ns; load average {os.getloadavg()[0]:.2f}")
+
+    print(f"== 1. target on core 0 (null bdev), perf on core 1 over TCP: 4 KiB randread QD 128, {runs} runs x {secs} s")
+    iops, kern, user = [], [], []
+    for _ in range(runs):
+        tot, u, s = run([], ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread"], secs)
+        busy = u + s
+        iops.append(tot["iops"])
+        kern.append(s / busy if busy else 0.0)
+        user.append(u / busy if busy else 0.0)
+        print(f"   {fmt(tot['iops'])} IOPS; target CPU {busy / secs:.2f} cores: kernel {s:.2f} s, user {u:.2f} s")
+    m, lo, hi = med_range(iops)
+    km = statistics.median(kern)
+    print(f"   IOPS per target core: median {fmt(m)} (range {fmt(lo)} .. {fmt(hi)})   "
+          f"(target >= 1.5 x SPDK's 684 K = 1.026 M); target time in the kernel {km * 100:.0f}%, user {100 - km * 100:.0f}%")
+    res["qd128"] = {"median": m, "min": lo, "max": hi, "kernel_share": km, "runs": iops}
+
+    print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s")
+    p50 = []
+    for _ in range(runs):
+        tot, _, _ = run([], ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], secs)
+        p50.append(tot["p50_lat_us"])
+        print(f"   p50 {tot['p50_lat_us']:.1f} us, p99 {tot.get('p99_lat_us', float('nan')):.1f} us, {fmt(tot['iops'])} IOPS")
+    m, lo, hi = med_range(p50)
+    print(f"   p50 median {m:.1f} us (range {lo:.1f} .. {hi:.1f})   (target <= SPDK's 12.2 us)")
+    res["qd1_p50_us"] = {"median": m, "min": lo, "max": hi}
+
+    print(f"== 3. techniques, on/off interleaved, {runs} pairs x {secs} s")
+    techniques = [
+        ("direct receive", [], ["--no-direct-receive"],
+         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randwrite"], "iops", "0x1"),
+        ("MSG_ZEROCOPY >= 64 KiB", ["--zcopy-threshold", "65536"], [],
+         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randread"], "iops", "0x1"),
+        ("epoll idle sleep (QD 1 p50, lower is better)", [], ["--no-epoll-idle"],
+         ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], "p50_lat_us", "0x1"),
+        ("SO_INCOMING_CPU (2 target threads)", ["--incoming-cpu"], [],
+         ["-c", "0,1", "-P", "2", "-q", "64", "-o", "4096", "-w", "randread"], "iops", "0x3"),
+    ]
+    res["techniques"] = {}
+    for name, on, off, pargs, key, mask in techniques:
+        ratios = []
+        for i in range(runs):
+            order = [(True, on), (False, off)] if i % 2 == 0 else [(False, off), (True, on)]
+            got = {}
+            for is_on, targs in order:
+                tot, _, _ = run(targs, pargs, secs, mask)
+                got[is_on] = tot[key]
+            ratios.append(got[True] / got[False] if got[False] else float("nan"))
+            print(f"   {name}: on {got[True]:.1f}  off {got[False]:.1f}  on/off {ratios[-1]:.3f}")
+        m, lo, hi = med_range(ratios)
+        print(f"   {name}: on/off median {m:.3f} (range {lo:.3f} .. {hi:.3f}) [{key}]")
+        res["techniques"][name] = {"median": m, "min": lo, "max": hi, "metric": key}
+
+    rt1 = round_trip()
+    print(f"cross-core round trip after: {rt1} ns; load average {os.getloadavg()[0]:.2f}")
+    res["round_trip_ns"] = [rt0, rt1]
+    if a.json:
+        with open(a.json, "w") as f:
+            json.dump(res, f, indent=2)
+
+
+if __name__ == "__main__":
+    main()
