@@ -87,6 +87,10 @@ pub struct TcpOptions {
     pub reconnect_timeout: Duration,
     /// Bound on Connect and on Property Get/Set.
     pub admin_timeout: Duration,
+    /// Keep SQ flow control on the I/O queues (`sqflow:1`). Off (the
+    /// default), Connect asks the controller to disable it, so a read ends
+    /// with C2HData's SUCCESS flag rather than a response capsule too.
+    pub sq_flow: bool,
 }
 
 impl TcpOptions {
@@ -104,6 +108,7 @@ impl TcpOptions {
             connect_timeout: Duration::from_secs(5),
             reconnect_timeout: Duration::from_secs(10),
             admin_timeout: Duration::from_secs(5),
+            sq_flow: false,
         }
     }
 }
@@ -161,6 +166,7 @@ impl TcpTransport {
             connect_timeout: opts.connect_timeout,
             reconnect_timeout: opts.reconnect_timeout,
             admin_timeout: opts.admin_timeout,
+            sq_flow: opts.sq_flow,
         };
         let link = Arc::new(AdminLink::connect(target)?);
         let keepalive = (opts.kato_ms > 0).then(|| {

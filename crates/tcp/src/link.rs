@@ -29,8 +29,8 @@ use std::time::{Duration, Instant};
 
 use pollux_nvme::error::{Error, Result};
 use pollux_spec::fabrics::{
-    property_value, ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd, PropertySize,
-    CNTLID_DYNAMIC,
+    fabrics_sc, property_value, ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd,
+    PropertySize, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
 };
 use pollux_spec::regs::{self, Cc, Csts};
 use pollux_spec::status::{sct, Status};
@@ -64,11 +64,18 @@ pub(crate) struct Target {
     pub connect_timeout: Duration,
     pub reconnect_timeout: Duration,
     pub admin_timeout: Duration,
+    pub sq_flow: bool,
 }
 
 impl Target {
     /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
     /// 0xFFFF for the admin queue), returning it and the controller ID.
+    ///
+    /// I/O queues ask the controller to disable SQ flow control (it then
+    /// ends a read with C2HData's SUCCESS flag instead of a response
+    /// capsule; the host never needs SQHD: its trackers keep it within
+    /// the queue); a controller that refuses that CATTR bit is asked again
+    /// without it.
     pub fn connect_queue(
         &self,
         qid: u16,
@@ -76,11 +83,36 @@ impl Target {
         cntlid: u16,
         slots: usize,
     ) -> Result<(Conn, u16)> {
+        if qid == 0 || self.sq_flow {
+            return self.connect_once(qid, sq_entries, cntlid, slots, 0);
+        }
+        match self.connect_once(qid, sq_entries, cntlid, slots, CATTR_DISABLE_SQ_FLOW) {
+            Err(Error::Nvme {
+                cmd: "Connect",
+                status,
+            }) if status.sct() == sct::COMMAND_SPECIFIC
+                && status.sc() == fabrics_sc::CONNECT_INVALID_PARAMETERS =>
+            {
+                tracing::debug!(addr = %self.addr, qid, "SQ flow control disable refused; connecting with it");
+                self.connect_once(qid, sq_entries, cntlid, slots, 0)
+            }
+            r => r,
+        }
+    }
+
+    fn connect_once(
+        &self,
+        qid: u16,
+        sq_entries: u16,
+        cntlid: u16,
+        slots: usize,
+        cattr: u8,
+    ) -> Result<(Conn, u16)> {
         let mut conn = Conn::connect(self.addr, qid, self.digests, slots, self.connect_timeout)
             .map_err(conn_error)?;
         conn.icd_max = ADMIN_ICD;
         let kato = if qid == 0 { self.kato_ms } else { 0 };
-        let cmd = ConnectCmd::new(qid, sq_entries - 1, 0, kato);
+        let cmd = ConnectCmd::new(qid, sq_entries - 1, cattr, kato);
         let data = ConnectData::new(self.hostid, cntlid, &self.subnqn, &self.hostnqn)
             .map_err(|e| Error::InvalidArgument(format!("NQN: {e}")))?;
         let (cqe, _) = conn

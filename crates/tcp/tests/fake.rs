@@ -128,6 +128,36 @@ fn io_queue_connects_with_the_admin_cntlid() {
     assert_eq!(kato, 0);
 }
 
+/// I/O queues ask to disable SQ flow control (the admin queue never
+/// does); `sqflow` keeps it on; a controller refusing the bit is asked
+/// again without it, and the queue works.
+#[test]
+fn io_queues_ask_to_disable_sq_flow_control() {
+    let flow = pollux_spec::fabrics::CATTR_DISABLE_SQ_FLOW;
+    let fake = Fake::start(Script::default());
+    let c = open(&fake, Digests::NONE);
+    let _qp = qpair(&c, 8);
+    assert_eq!(fake.seen.lock().unwrap().cattrs, [0, flow]);
+
+    let fake = Fake::start(Script::default());
+    let mut o = opts(&fake, Digests::NONE);
+    o.sq_flow = true;
+    let c = pollux_tcp::open(o, ControllerOptions::default()).expect("bring-up");
+    let _qp = qpair(&c, 8);
+    assert_eq!(fake.seen.lock().unwrap().cattrs, [0, 0]);
+
+    let fake = Fake::start(Script {
+        refuse_sqflow_disable: true,
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    let mut qp = qpair(&c, 8);
+    assert_eq!(fake.seen.lock().unwrap().cattrs, [0, flow, 0]);
+    write(&mut qp, &c, 8, 4096, 7);
+    let r = read(&mut qp, &c, 8, 4096);
+    expect_pattern(&r, 4096, 7);
+}
+
 fn round_trip(digests: Digests, c2h_success: bool) {
     let fake = Fake::start(Script {
         c2h_success,

@@ -126,6 +126,8 @@ pub struct TcpTrid {
     /// `hdgst:0|1`, `ddgst:0|1`.
     pub hdgst: bool,
     pub ddgst: bool,
+    /// `sqflow:1`: keep SQ flow control on the I/O queues.
+    pub sqflow: bool,
 }
 
 impl TcpTrid {
@@ -153,6 +155,7 @@ impl TcpTrid {
             header: self.hdgst,
             data: self.ddgst,
         };
+        o.sq_flow = self.sqflow;
         Ok(o)
     }
 }
@@ -232,6 +235,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
     let hostnqn = nqn("hostnqn")?;
     let hdgst = flag(kv, "hdgst")?;
     let ddgst = flag(kv, "ddgst")?;
+    let sqflow = flag(kv, "sqflow")?;
     if let Some(k) = kv.keys().next() {
         return Err(TridError::UnknownKey {
             key: k.clone(),
@@ -246,6 +250,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         hostnqn,
         hdgst,
         ddgst,
+        sqflow,
     })
 }
 
@@ -559,7 +564,7 @@ mod tests {
 
     #[test]
     fn tcp_keys() {
-        let t: Trid = "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4421 subnqn:nqn.2026-01.io.pollux:a hostnqn:nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555 hdgst:1 ddgst:0"
+        let t: Trid = "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4421 subnqn:nqn.2026-01.io.pollux:a hostnqn:nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555 hdgst:1 ddgst:0 sqflow:1"
             .parse()
             .unwrap();
         let Trid::Tcp(t) = t else { panic!("{t:?}") };
@@ -567,7 +572,7 @@ mod tests {
         assert_eq!(t.trsvcid, 4421);
         assert_eq!(t.subnqn.as_deref(), Some("nqn.2026-01.io.pollux:a"));
         assert!(t.hostnqn.as_deref().unwrap().ends_with("555555555555"));
-        assert!(t.hdgst && !t.ddgst);
+        assert!(t.hdgst && !t.ddgst && t.sqflow);
         let o = t.options(None).unwrap();
         assert_eq!(o.addr.to_string(), "127.0.0.1:4421");
         assert!(o.digests.header && !o.digests.data);

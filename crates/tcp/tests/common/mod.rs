@@ -37,6 +37,9 @@ pub struct Script {
     pub c2h_chunk: u32,
     /// Complete reads with the SUCCESS flag instead of a CapsuleResp.
     pub c2h_success: bool,
+    /// Refuse an I/O Connect asking to disable SQ flow control (Connect
+    /// Invalid Parameters at CATTR), as a controller without it would.
+    pub refuse_sqflow_disable: bool,
     /// The n-th I/O read (1-based, counted over the fake's life) gets a
     /// C2HData whose DATAL exceeds the command's buffer by 512 bytes.
     pub overflow_read: Option<u32>,
@@ -58,6 +61,7 @@ impl Default for Script {
             r2t_chunk: 32768,
             c2h_chunk: 16384,
             c2h_success: false,
+            refuse_sqflow_disable: false,
             overflow_read: None,
             bad_ddgst_read: None,
             drop_on_read: None,
@@ -71,6 +75,8 @@ impl Default for Script {
 #[derive(Default, Debug)]
 pub struct Seen {
     pub connects: Vec<(u16, u16, String, String, u32)>, // qid, cntlid asked, subnqn, hostnqn, kato
+    /// CATTR of each Connect, in order.
+    pub cattrs: Vec<u8>,
     pub cntlids: Vec<u16>,
     pub in_capsule_writes: u32,
     pub r2ts: u32,
@@ -331,7 +337,16 @@ impl FakeConn {
                         host,
                         c.kato,
                     ));
+                    self.sh.seen.lock().unwrap().cattrs.push(c.cattr);
                     self.discovery = sub == pollux_spec::fabrics::DISCOVERY_NQN;
+                    if c.qid > 0
+                        && self.sh.script.refuse_sqflow_disable
+                        && c.cattr & pollux_spec::fabrics::CATTR_DISABLE_SQ_FLOW != 0
+                    {
+                        // Connect Invalid Parameters, IATTR 0 (command), IPO 46.
+                        self.resp(cid, 0x182, 46, 0);
+                        return Ok(());
+                    }
                     if sub != SUBNQN && !self.discovery {
                         self.resp(cid, 0x184, 0, 0);
                         return Ok(());
