@@ -27,7 +27,7 @@
 //! error completes its command with Transient Transport Error.
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,7 +49,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::buf::{AlignedBuf, Lent};
 use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
 use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
-use crate::sock;
+use crate::sock::{self, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 const LINGER: Duration = Duration::from_secs(2);
@@ -240,13 +240,12 @@ enum Bound {
     },
 }
 
-/// One connection.
-pub(crate) struct Conn {
+/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
+pub(crate) struct Conn<W: Wire = TcpStream> {
     pub id: u64,
     /// Dropped first (a bdev may still hold slot buffers).
     io: Option<IoQ>,
-    sock: TcpStream,
-    fd: RawFd,
+    sock: W,
     local: SocketAddr,
     peer: SocketAddr,
     shared: Arc<Shared>,
@@ -281,7 +280,7 @@ pub(crate) struct Conn {
     draining: bool,
 }
 
-impl Drop for Conn {
+impl<W: Wire> Drop for Conn<W> {
     fn drop(&mut self) {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
@@ -306,7 +305,7 @@ impl From<PduError> for Fatal {
     }
 }
 
-impl Conn {
+impl Conn<TcpStream> {
     pub fn new(
         id: u64,
         sock: TcpStream,
@@ -326,13 +325,42 @@ impl Conn {
                 zc_threshold = None;
             }
         }
+        Ok(Conn::with_wire(
+            id,
+            sock,
+            (local, peer),
+            zc_threshold,
+            shared,
+            thread,
+            now,
+        ))
+    }
+
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+}
+
+impl<W: Wire> Conn<W> {
+    /// A connection over `sock` (non-blocking, set up), between the
+    /// addresses `(local, peer)`; `zc_threshold`: the zero-copy size, if
+    /// the socket takes `MSG_ZEROCOPY`.
+    pub(crate) fn with_wire(
+        id: u64,
+        sock: W,
+        (local, peer): (SocketAddr, SocketAddr),
+        zc_threshold: Option<u32>,
+        shared: Arc<Shared>,
+        thread: usize,
+        now: Instant,
+    ) -> Conn<W> {
         let rx = vec![0u8; shared.opts.rx_buffer];
         let icd_max = shared.opts.admin_in_capsule_data_size;
         let mut c = Conn {
             id,
             io: None,
             sock,
-            fd,
             local,
             peer,
             thread,
@@ -367,12 +395,7 @@ impl Conn {
             shared,
         };
         c.rxcfg.max_plen = 128;
-        Ok(c)
-    }
-
-    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.sock.as_fd()
+        c
     }
 
     pub fn is_closed(&self) -> bool {
@@ -480,7 +503,7 @@ impl Conn {
         // lost to a reset.
         let mut busy = false;
         loop {
-            match sock::recv2(self.fd, &mut self.rx[..], &mut []) {
+            match self.sock.recv2(&mut self.rx[..], &mut []) {
                 Ok(Some(0)) | Err(_) => {
                     self.close_now(ctx, "closed");
                     return true;
@@ -517,7 +540,7 @@ impl Conn {
                 break;
             } else {
                 let (_, tail) = self.rx.split_at_mut(self.re);
-                sock::recv2(self.fd, tail, &mut []).map(|o| o.map(|n| (n, n)))
+                self.sock.recv2(tail, &mut []).map(|o| o.map(|n| (n, n)))
             };
             match r {
                 Ok(Some((0, _))) => {
@@ -568,7 +591,7 @@ impl Conn {
         let dst = buf
             .as_mut_slice()
             .get_mut(b.off as usize..(b.off + b.left) as usize)?;
-        let r = sock::recv2(self.fd, dst, &mut self.rx[..]);
+        let r = self.sock.recv2(dst, &mut self.rx[..]);
         Some(r.map(|o| {
             o.map(|n| {
                 let n1 = n.min(b.left as usize);
@@ -1523,7 +1546,7 @@ impl Conn {
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
             // the call returns) and into lent slot buffers (released only
             // once sent; zero-copy ones only once notified).
-            let r = unsafe { sock::send_iov(self.fd, &iov[..n], zerocopy) };
+            let r = unsafe { self.sock.send_iov(&iov[..n], zerocopy) };
             let sent = match r {
                 Ok(0) => break,
                 Ok(k) => k,
@@ -1578,7 +1601,7 @@ impl Conn {
     /// Zero-copy completions: slots whose data the kernel is done with.
     fn reap_zerocopy(&mut self) {
         let mut any = false;
-        while let Ok(Some((_lo, hi))) = sock::zerocopy_notification(self.fd) {
+        while let Ok(Some((_lo, hi))) = self.sock.zerocopy_notification() {
             if self.zc_sent == 0 {
                 break;
             }
