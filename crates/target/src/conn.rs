@@ -278,6 +278,9 @@ pub(crate) struct Conn<W: Wire = TcpStream> {
     linger_until: Option<Instant>,
     fin_sent: bool,
     draining: bool,
+    /// A C2HTermReq is queued: nothing more is sent after it (commands
+    /// still completing are dropped).
+    terminated: bool,
 }
 
 impl<W: Wire> Drop for Conn<W> {
@@ -392,6 +395,7 @@ impl<W: Wire> Conn<W> {
             linger_until: None,
             fin_sent: false,
             draining: false,
+            terminated: false,
             shared,
         };
         c.rxcfg.max_plen = 128;
@@ -400,6 +404,26 @@ impl<W: Wire> Conn<W> {
 
     pub fn is_closed(&self) -> bool {
         self.phase == Phase::Closed
+    }
+
+    /// The socket (tests drive the machine over memory through it).
+    #[cfg(test)]
+    pub(crate) fn wire(&mut self) -> &mut W {
+        &mut self.sock
+    }
+
+    /// What the connection holds that a peer's bytes could grow: bytes
+    /// queued to send, send segments, the Connect data buffer, command
+    /// slots, the receive buffer.
+    #[cfg(test)]
+    pub(crate) fn footprint(&self) -> [usize; 5] {
+        [
+            self.tx.bytes.len(),
+            self.tx.segs.len(),
+            self.scratch.capacity(),
+            self.slots.len(),
+            self.rx.len(),
+        ]
     }
 
     /// Work is pending that no socket readiness will announce: the
@@ -1395,6 +1419,12 @@ impl<W: Wire> Conn<W> {
 
     /// Queues a response capsule; frees slot `slot` (if any) once sent.
     fn respond(&mut self, slot: Option<u16>, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        if self.terminated {
+            if let Some(i) = slot {
+                self.release(i);
+            }
+            return;
+        }
         let r = CapsuleResp::new(self.cqe(cid, status, dw0, dw1), self.digests.header);
         if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
             self.tx.push_header(r.as_bytes(), &l);
@@ -1415,6 +1445,9 @@ impl<W: Wire> Conn<W> {
     /// data, then its successful completion (SUCCESS flag without SQ
     /// flow control, else a response capsule).
     fn send_data(&mut self, i: u16, len: u32) {
+        if self.terminated {
+            return self.release(i);
+        }
         let success = self.flow_off;
         let cid = self.slots[i as usize].cid;
         let Some((h, l)) = C2HData::new(cid, 0, len, true, success, self.digests, self.hpda) else {
@@ -1459,6 +1492,7 @@ impl<W: Wire> Conn<W> {
         let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
         self.tx.push_bytes(t.as_bytes());
         self.tx.push_bytes(&header[..n]);
+        self.terminated = true;
         self.begin_close(ctx, "protocol error");
     }
 
