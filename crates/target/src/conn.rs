@@ -57,6 +57,11 @@ const LINGER: Duration = Duration::from_secs(2);
 const DIRECT_MIN: u32 = 8 << 10;
 /// Reads per poll at most (then other connections get their turn).
 const READS_PER_POLL: usize = 4;
+/// Bytes queued to send (PDU headers, responses) beyond which nothing
+/// more is read until the host has taken them: a host that does not read
+/// cannot make the queue grow (commands on a bound queue are limited by
+/// its slots, but a queue not yet connected answers without a slot).
+const TX_BACKLOG_MAX: usize = 64 << 10;
 
 #[inline(always)]
 fn gen(sc: u8) -> Status {
@@ -549,6 +554,9 @@ impl<W: Wire> Conn<W> {
     fn receive(&mut self, ctx: &mut ThreadCtx) -> bool {
         let mut busy = false;
         for _ in 0..READS_PER_POLL {
+            if self.tx.bytes.len() >= TX_BACKLOG_MAX {
+                break;
+            }
             if self.rs == self.re {
                 self.rs = 0;
                 self.re = 0;

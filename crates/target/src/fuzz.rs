@@ -1303,7 +1303,7 @@ fn case(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) -> Stats {
                 h.reading = false;
                 h.c.wire().room = h.r(2048) as usize;
                 h.strict = false;
-                for _ in 0..1 + h.r(60) {
+                for _ in 0..1 + h.r(150) {
                     if h.c.is_closed() {
                         break;
                     }
@@ -1508,5 +1508,41 @@ fn nothing_follows_a_termreq() {
             "the last PDU is not the C2HTermReq: {:02x?}",
             &out
         );
+    });
+}
+
+/// A host that sends capsules on a queue it never connected and never
+/// reads: each gets a response capsule (Command Sequence Error) that
+/// cannot be sent. The target must stop reading rather than queue
+/// responses without bound (it queued all of them before).
+#[test]
+fn a_host_that_never_reads_cannot_grow_the_send_queue() {
+    on_target(|ctx, env, rng| {
+        let mut h = Host::new(env, rng, ctx, usize::MAX);
+        h.icreq(ctx, Digests::NONE, false);
+        h.reading = false;
+        h.strict = false;
+        h.c.wire().room = 0;
+        let mut sqe = Sqe::new(AdminOpcode::KeepAlive as u8, 0);
+        let one = h.capsule_bytes(&sqe, &[], false).expect("capsule");
+        for _ in 0..400 {
+            let mut all = Vec::with_capacity(50 * one.len());
+            for _ in 0..50 {
+                sqe.cid = h.next_cid();
+                all.extend(h.capsule_bytes(&sqe, &[], false).expect("capsule"));
+            }
+            h.c.wire().push(&all);
+            // (`poll` fails the test when the send queue passes its bound.)
+            h.poll(ctx);
+        }
+        // It stopped taking bytes; once the host reads, it goes on.
+        let w = h.c.wire();
+        assert!(w.inp.len() - w.pos > 0, "the target read everything");
+        h.reading = true;
+        h.c.wire().room = usize::MAX;
+        h.settle(ctx);
+        let w = h.c.wire();
+        assert_eq!(w.inp.len() - w.pos, 0, "the target did not resume reading");
+        assert_eq!(h.stats.pdus_out, 20_000 + 1, "responses (and ICResp)");
     });
 }
