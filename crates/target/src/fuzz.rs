@@ -1233,6 +1233,19 @@ impl<'a> Host<'a> {
         if !self.c.is_closed() {
             fail("connection not closed after the host closed".into());
         }
+        // Commands whose outcome the host never learnt (their response
+        // dropped after a TermReq, or never sent): what they may have
+        // written is unknown.
+        for k in self.pending.values() {
+            match k {
+                Kind::Write { slba, data, .. } => {
+                    let a = *slba as usize;
+                    self.env.known[a..a + data.len() / 512].fill(false);
+                }
+                Kind::Unknown if self.io => self.env.known.fill(false),
+                _ => {}
+            }
+        }
         self.stats.cases = 1;
         if self.term.is_some() {
             self.stats.terminated = 1;
@@ -1300,6 +1313,7 @@ fn case(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) -> Stats {
                 // A flood of commands on a queue never connected (or
                 // connected), the host not reading meanwhile.
                 let was = h.reading;
+                let room = h.c.wire().room;
                 h.reading = false;
                 h.c.wire().room = h.r(2048) as usize;
                 h.strict = false;
@@ -1319,7 +1333,9 @@ fn case(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) -> Stats {
                     h.c.wire().push(&all);
                     h.poll(ctx);
                 }
+                // Then it reads again (or goes on not reading).
                 h.reading = was;
+                h.c.wire().room = room;
             }
             _ if h.io => {
                 let icd = h.chance(50);
