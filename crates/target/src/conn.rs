@@ -22,9 +22,16 @@
 //!
 //! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
 //! Fatal Error Status and Information of the spec and the connection
-//! closes (after our FIN, reading what the host still sends); a command
-//! that is merely wrong completes with an NVMe status. A data digest
-//! error completes its command with Transient Transport Error.
+//! closes (after our FIN, reading what the host still sends); nothing is
+//! sent after the TermReq (commands still at the bdev complete silently).
+//! A command that is merely wrong completes with an NVMe status. A data
+//! digest error completes its command with Transient Transport Error.
+//!
+//! Backpressure: nothing more is read while 64 KiB are queued to send, so
+//! a host that does not read cannot grow the connection's memory.
+//!
+//! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
+//! the same machine over memory.
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::fd::AsRawFd;
