@@ -22,12 +22,19 @@
 //!
 //! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
 //! Fatal Error Status and Information of the spec and the connection
-//! closes (after our FIN, reading what the host still sends); a command
-//! that is merely wrong completes with an NVMe status. A data digest
-//! error completes its command with Transient Transport Error.
+//! closes (after our FIN, reading what the host still sends); nothing is
+//! sent after the TermReq (commands still at the bdev complete silently).
+//! A command that is merely wrong completes with an NVMe status. A data
+//! digest error completes its command with Transient Transport Error.
+//!
+//! Backpressure: nothing more is read while 64 KiB are queued to send, so
+//! a host that does not read cannot grow the connection's memory.
+//!
+//! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
+//! the same machine over memory.
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -49,7 +56,7 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::buf::{AlignedBuf, Lent};
 use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
 use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
-use crate::sock;
+use crate::sock::{self, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 const LINGER: Duration = Duration::from_secs(2);
@@ -57,6 +64,11 @@ const LINGER: Duration = Duration::from_secs(2);
 const DIRECT_MIN: u32 = 8 << 10;
 /// Reads per poll at most (then other connections get their turn).
 const READS_PER_POLL: usize = 4;
+/// Bytes queued to send (PDU headers, responses) beyond which nothing
+/// more is read until the host has taken them: a host that does not read
+/// cannot make the queue grow (commands on a bound queue are limited by
+/// its slots, but a queue not yet connected answers without a slot).
+const TX_BACKLOG_MAX: usize = 64 << 10;
 
 #[inline(always)]
 fn gen(sc: u8) -> Status {
@@ -240,13 +252,12 @@ enum Bound {
     },
 }
 
-/// One connection.
-pub(crate) struct Conn {
+/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
+pub(crate) struct Conn<W: Wire = TcpStream> {
     pub id: u64,
     /// Dropped first (a bdev may still hold slot buffers).
     io: Option<IoQ>,
-    sock: TcpStream,
-    fd: RawFd,
+    sock: W,
     local: SocketAddr,
     peer: SocketAddr,
     shared: Arc<Shared>,
@@ -279,9 +290,12 @@ pub(crate) struct Conn {
     linger_until: Option<Instant>,
     fin_sent: bool,
     draining: bool,
+    /// A C2HTermReq is queued: nothing more is sent after it (commands
+    /// still completing are dropped).
+    terminated: bool,
 }
 
-impl Drop for Conn {
+impl<W: Wire> Drop for Conn<W> {
     fn drop(&mut self) {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
@@ -306,7 +320,7 @@ impl From<PduError> for Fatal {
     }
 }
 
-impl Conn {
+impl Conn<TcpStream> {
     pub fn new(
         id: u64,
         sock: TcpStream,
@@ -326,13 +340,42 @@ impl Conn {
                 zc_threshold = None;
             }
         }
+        Ok(Conn::with_wire(
+            id,
+            sock,
+            (local, peer),
+            zc_threshold,
+            shared,
+            thread,
+            now,
+        ))
+    }
+
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.sock.as_fd()
+    }
+}
+
+impl<W: Wire> Conn<W> {
+    /// A connection over `sock` (non-blocking, set up), between the
+    /// addresses `(local, peer)`; `zc_threshold`: the zero-copy size, if
+    /// the socket takes `MSG_ZEROCOPY`.
+    pub(crate) fn with_wire(
+        id: u64,
+        sock: W,
+        (local, peer): (SocketAddr, SocketAddr),
+        zc_threshold: Option<u32>,
+        shared: Arc<Shared>,
+        thread: usize,
+        now: Instant,
+    ) -> Conn<W> {
         let rx = vec![0u8; shared.opts.rx_buffer];
         let icd_max = shared.opts.admin_in_capsule_data_size;
         let mut c = Conn {
             id,
             io: None,
             sock,
-            fd,
             local,
             peer,
             thread,
@@ -364,19 +407,35 @@ impl Conn {
             linger_until: None,
             fin_sent: false,
             draining: false,
+            terminated: false,
             shared,
         };
         c.rxcfg.max_plen = 128;
-        Ok(c)
-    }
-
-    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        use std::os::fd::AsFd;
-        self.sock.as_fd()
+        c
     }
 
     pub fn is_closed(&self) -> bool {
         self.phase == Phase::Closed
+    }
+
+    /// The socket (tests drive the machine over memory through it).
+    #[cfg(test)]
+    pub(crate) fn wire(&mut self) -> &mut W {
+        &mut self.sock
+    }
+
+    /// What the connection holds that a peer's bytes could grow: bytes
+    /// queued to send, send segments, the Connect data buffer, command
+    /// slots, the receive buffer.
+    #[cfg(test)]
+    pub(crate) fn footprint(&self) -> [usize; 5] {
+        [
+            self.tx.bytes.len(),
+            self.tx.segs.len(),
+            self.scratch.capacity(),
+            self.slots.len(),
+            self.rx.len(),
+        ]
     }
 
     /// Work is pending that no socket readiness will announce: the
@@ -480,7 +539,7 @@ impl Conn {
         // lost to a reset.
         let mut busy = false;
         loop {
-            match sock::recv2(self.fd, &mut self.rx[..], &mut []) {
+            match self.sock.recv2(&mut self.rx[..], &mut []) {
                 Ok(Some(0)) | Err(_) => {
                     self.close_now(ctx, "closed");
                     return true;
@@ -502,6 +561,9 @@ impl Conn {
     fn receive(&mut self, ctx: &mut ThreadCtx) -> bool {
         let mut busy = false;
         for _ in 0..READS_PER_POLL {
+            if self.tx.bytes.len() >= TX_BACKLOG_MAX {
+                break;
+            }
             if self.rs == self.re {
                 self.rs = 0;
                 self.re = 0;
@@ -517,7 +579,7 @@ impl Conn {
                 break;
             } else {
                 let (_, tail) = self.rx.split_at_mut(self.re);
-                sock::recv2(self.fd, tail, &mut []).map(|o| o.map(|n| (n, n)))
+                self.sock.recv2(tail, &mut []).map(|o| o.map(|n| (n, n)))
             };
             match r {
                 Ok(Some((0, _))) => {
@@ -568,7 +630,7 @@ impl Conn {
         let dst = buf
             .as_mut_slice()
             .get_mut(b.off as usize..(b.off + b.left) as usize)?;
-        let r = sock::recv2(self.fd, dst, &mut self.rx[..]);
+        let r = self.sock.recv2(dst, &mut self.rx[..]);
         Some(r.map(|o| {
             o.map(|n| {
                 let n1 = n.min(b.left as usize);
@@ -1372,6 +1434,12 @@ impl Conn {
 
     /// Queues a response capsule; frees slot `slot` (if any) once sent.
     fn respond(&mut self, slot: Option<u16>, cid: u16, status: Status, dw0: u32, dw1: u32) {
+        if self.terminated {
+            if let Some(i) = slot {
+                self.release(i);
+            }
+            return;
+        }
         let r = CapsuleResp::new(self.cqe(cid, status, dw0, dw1), self.digests.header);
         if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
             self.tx.push_header(r.as_bytes(), &l);
@@ -1392,6 +1460,9 @@ impl Conn {
     /// data, then its successful completion (SUCCESS flag without SQ
     /// flow control, else a response capsule).
     fn send_data(&mut self, i: u16, len: u32) {
+        if self.terminated {
+            return self.release(i);
+        }
         let success = self.flow_off;
         let cid = self.slots[i as usize].cid;
         let Some((h, l)) = C2HData::new(cid, 0, len, true, success, self.digests, self.hpda) else {
@@ -1436,6 +1507,7 @@ impl Conn {
         let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
         self.tx.push_bytes(t.as_bytes());
         self.tx.push_bytes(&header[..n]);
+        self.terminated = true;
         self.begin_close(ctx, "protocol error");
     }
 
@@ -1523,7 +1595,7 @@ impl Conn {
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
             // the call returns) and into lent slot buffers (released only
             // once sent; zero-copy ones only once notified).
-            let r = unsafe { sock::send_iov(self.fd, &iov[..n], zerocopy) };
+            let r = unsafe { self.sock.send_iov(&iov[..n], zerocopy) };
             let sent = match r {
                 Ok(0) => break,
                 Ok(k) => k,
@@ -1578,7 +1650,7 @@ impl Conn {
     /// Zero-copy completions: slots whose data the kernel is done with.
     fn reap_zerocopy(&mut self) {
         let mut any = false;
-        while let Ok(Some((_lo, hi))) = sock::zerocopy_notification(self.fd) {
+        while let Ok(Some((_lo, hi))) = self.sock.zerocopy_notification() {
             if self.zc_sent == 0 {
                 break;
             }

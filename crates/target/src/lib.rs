@@ -28,6 +28,8 @@ mod buf;
 pub mod config;
 mod conn;
 mod discovery;
+#[cfg(test)]
+mod fuzz;
 mod model;
 mod server;
 mod shared;

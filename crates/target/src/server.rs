@@ -197,6 +197,19 @@ impl Target {
         self.shared.table().map.len()
     }
 
+    /// What the target's threads share (tests drive connections over
+    /// memory with it).
+    #[cfg(test)]
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// The runtime (tests run connections on its threads).
+    #[cfg(test)]
+    pub(crate) fn runtime(&self) -> &RuntimeHandle {
+        &self.rt
+    }
+
     /// Connections open.
     pub fn connections(&self) -> usize {
         self.shared.conns.load(Relaxed)

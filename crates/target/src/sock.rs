@@ -3,7 +3,48 @@
 //! (a command's buffer, then the connection's receive buffer), the
 //! zero-copy completion notifications, and `SO_INCOMING_CPU`.
 use std::io;
-use std::os::fd::RawFd;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsRawFd, RawFd};
+
+/// What a connection needs of its socket. The target's sockets are
+/// `TcpStream`s; the connection tests drive the same machine over
+/// memory.
+pub(crate) trait Wire {
+    /// As [`recv2`].
+    fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>>;
+
+    /// As [`send_iov`].
+    ///
+    /// # Safety
+    /// As [`send_iov`]: each iovec describes readable memory that stays
+    /// valid for the call (and, with `zerocopy`, until the notification).
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize>;
+
+    /// `shutdown(2)`.
+    fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+
+    /// As [`zerocopy_notification`].
+    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>>;
+}
+
+impl Wire for TcpStream {
+    fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>> {
+        recv2(self.as_raw_fd(), first, second)
+    }
+
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+        // SAFETY: the caller's contract is `send_iov`'s.
+        unsafe { send_iov(self.as_raw_fd(), iov, zerocopy) }
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        TcpStream::shutdown(self, how)
+    }
+
+    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>> {
+        zerocopy_notification(self.as_raw_fd())
+    }
+}
 
 /// Most iovecs handed to one `sendmsg`.
 pub(crate) const MAX_IOV: usize = 64;
