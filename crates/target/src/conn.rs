@@ -131,8 +131,6 @@ enum St {
     Bdev,
     /// Data (and response) queued for the socket.
     Tx,
-    /// Sent with MSG_ZEROCOPY, waiting for the kernel's notification.
-    ZcWait,
     /// An Asynchronous Event Request held by the controller.
     Held,
 }
@@ -287,6 +285,11 @@ pub(crate) struct Conn<W: Wire = TcpStream> {
     zc_threshold: Option<u32>,
     zc_sent: u64,
     zc_done: u64,
+    /// Buffers of finished commands whose data went out with MSG_ZEROCOPY
+    /// and the kernel has not yet notified (the send's sequence number):
+    /// their slots are free again at once, so the host's queue never
+    /// counts a command the kernel still reads from.
+    zc_hold: VecDeque<(u64, Lent)>,
     linger_until: Option<Instant>,
     fin_sent: bool,
     draining: bool,
@@ -404,6 +407,7 @@ impl<W: Wire> Conn<W> {
             zc_threshold,
             zc_sent: 0,
             zc_done: 0,
+            zc_hold: VecDeque::new(),
             linger_until: None,
             fin_sent: false,
             draining: false,
@@ -1517,13 +1521,13 @@ impl<W: Wire> Conn<W> {
 
     fn release(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
-        if let Some(seq) = s.zc_seq {
-            if seq >= self.zc_done {
-                s.st = St::ZcWait;
-                return;
+        if let Some(seq) = s.zc_seq.filter(|&q| q >= self.zc_done) {
+            // The kernel still reads the buffer: hold it apart; the slot
+            // gets another when it needs one.
+            if let Some(l) = s.lent.take() {
+                self.zc_hold.push_back((seq, l));
             }
-        }
-        if let Some(l) = s.lent.take() {
+        } else if let Some(l) = s.lent.take() {
             // SAFETY: every byte of the buffer queued for the socket was
             // handed to the kernel by a copying send (or a zero-copy one
             // already notified complete, checked above).
@@ -1553,7 +1557,12 @@ impl<W: Wire> Conn<W> {
             }
             // Gather: a large data segment alone with MSG_ZEROCOPY, else
             // everything up to the next such segment.
-            let zc_min = self.zc_threshold.map(|t| t as usize);
+            // Zero-copy only while the held buffers stay within the
+            // queue's size; beyond that, copy.
+            let zc_min = self
+                .zc_threshold
+                .filter(|_| self.zc_hold.len() < self.entries as usize)
+                .map(|t| t as usize);
             let mut n = 0;
             let mut zerocopy = false;
             let mut zc_slot = None;
@@ -1662,11 +1671,23 @@ impl<W: Wire> Conn<W> {
                 any = true;
             }
         }
-        if any {
-            for i in 0..self.slots.len() {
-                if self.slots[i].st == St::ZcWait {
-                    self.release(i as u16);
-                }
+        if !any {
+            return;
+        }
+        while self.zc_hold.front().is_some_and(|&(q, _)| q < self.zc_done) {
+            let Some((_, l)) = self.zc_hold.pop_front() else {
+                break;
+            };
+            // SAFETY: the kernel notified every zero-copy send up to
+            // `zc_done`, this buffer's last one included.
+            let b = unsafe { l.reclaim() };
+            // Back to a free slot that lost its buffer to the hold.
+            if let Some(&k) = self
+                .free
+                .iter()
+                .find(|&&k| self.slots[k as usize].buf.is_none())
+            {
+                self.slots[k as usize].buf = Some(b);
             }
         }
     }
