@@ -6,10 +6,11 @@
      and how the target's time splits between the kernel (TCP) and user
      space (its utime/stime from /proc over the run).
   2. QD 1 4 KiB randread p50 latency (perf -L).
-  3. The on/off ratio of each technique of the target, interleaved:
-     direct receive (128 KiB randwrite), MSG_ZEROCOPY from 64 KiB (128 KiB
-     randread), epoll idle sleep (QD 1 latency) and SO_INCOMING_CPU (two
-     target threads, four client queue pairs).
+  3. The on/off ratio of each technique, interleaved: the host disabling
+     SQ flow control (QD 128), the target's direct receive (128 KiB
+     randwrite), MSG_ZEROCOPY from 64 KiB (128 KiB randread), epoll idle
+     sleep (QD 1 latency) and SO_INCOMING_CPU (two target threads, two
+     client threads).
 
 Figures come from a shared 2-vCPU VM over loopback, where the client and
 the target share the machine: they are ratios of this machine, not
@@ -103,11 +104,11 @@ def perf(trid, args, secs):
     return out["total"]
 
 
-def run(target_args, perf_args, secs, mask="0x1"):
+def run(target_args, perf_args, secs, mask="0x1", host=""):
     t = Target(mask, target_args)
     try:
         u0, s0 = t.cpu()
-        tot = perf(t.trid(), perf_args, secs)
+        tot = perf((t.trid() + " " + host).strip(), perf_args, secs)
         u1, s1 = t.cpu()
     finally:
         t.stop()
@@ -153,23 +154,27 @@ def main():
 
     print(f"== 3. techniques, on/off interleaved, {runs} pairs x {secs} s")
     techniques = [
+        ("host disables SQ flow control (QD 128 IOPS; off: sqflow:1)", [], [],
+         ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread"], "iops", "0x1", "", "sqflow:1"),
         ("direct receive", [], ["--no-direct-receive"],
-         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randwrite"], "iops", "0x1"),
+         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randwrite"], "iops", "0x1", "", ""),
         ("MSG_ZEROCOPY >= 64 KiB", ["--zcopy-threshold", "65536"], [],
-         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randread"], "iops", "0x1"),
+         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randread"], "iops", "0x1", "", ""),
         ("epoll idle sleep (QD 1 p50, lower is better)", [], ["--no-epoll-idle"],
-         ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], "p50_lat_us", "0x1"),
+         ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], "p50_lat_us", "0x1", "", ""),
         ("SO_INCOMING_CPU (2 target threads)", ["--incoming-cpu"], [],
-         ["-c", "0,1", "-P", "2", "-q", "64", "-o", "4096", "-w", "randread"], "iops", "0x3"),
+         ["-c", "0,1", "-P", "2", "-q", "64", "-o", "4096", "-w", "randread"], "iops", "0x3", "", ""),
     ]
     res["techniques"] = {}
-    for name, on, off, pargs, key, mask in techniques:
+    for name, on, off, pargs, key, mask, on_host, off_host in techniques:
         ratios = []
         for i in range(runs):
-            order = [(True, on), (False, off)] if i % 2 == 0 else [(False, off), (True, on)]
+            order = [(True, on, on_host), (False, off, off_host)]
+            if i % 2:
+                order.reverse()
             got = {}
-            for is_on, targs in order:
-                tot, _, _ = run(targs, pargs, secs, mask)
+            for is_on, targs, host in order:
+                tot, _, _ = run(targs, pargs, secs, mask, host)
                 got[is_on] = tot[key]
             ratios.append(got[True] / got[False] if got[False] else float("nan"))
             print(f"   {name}: on {got[True]:.1f}  off {got[False]:.1f}  on/off {ratios[-1]:.3f}")
