@@ -64,6 +64,12 @@ const LINGER: Duration = Duration::from_secs(2);
 const DIRECT_MIN: u32 = 8 << 10;
 /// Reads per poll at most (then other connections get their turn).
 const READS_PER_POLL: usize = 4;
+/// Empty receives in a row after which a connection is read only every
+/// [`QUIET_STRIDE`]-th poll: an idle admin queue would otherwise cost a
+/// failed `readv` on every pass of its thread (an active I/O queue, even
+/// at queue depth 1, never goes this long without data).
+const QUIET_AFTER: u32 = 1024;
+const QUIET_STRIDE: u32 = 16;
 /// Bytes queued to send (PDU headers, responses) beyond which nothing
 /// more is read until the host has taken them: a host that does not read
 /// cannot make the queue grow (commands on a bound queue are limited by
@@ -262,6 +268,8 @@ pub(crate) struct Conn<W: Wire = TcpStream> {
     thread: usize,
     phase: Phase,
     now: Instant,
+    /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
+    quiet: u32,
     rxcfg: RxConfig,
     digests: Digests,
     hpda: u8,
@@ -384,6 +392,7 @@ impl<W: Wire> Conn<W> {
             thread,
             phase: Phase::Init,
             now,
+            quiet: 0,
             rxcfg: RxConfig::initial(Role::Controller),
             digests: Digests::NONE,
             hpda: 0,
@@ -458,7 +467,15 @@ impl<W: Wire> Conn<W> {
             busy |= self.poll_io();
         }
         if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
-            busy |= self.receive(ctx);
+            if self.quiet <= QUIET_AFTER {
+                let got = self.receive(ctx);
+                busy |= got;
+                self.quiet = if got { 0 } else { self.quiet + 1 };
+            } else if self.quiet == QUIET_AFTER + QUIET_STRIDE {
+                self.quiet = QUIET_AFTER;
+            } else {
+                self.quiet += 1;
+            }
         }
         if !self.tx.is_empty() {
             busy |= self.flush(ctx);

@@ -12,7 +12,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher, ThreadCtx};
 use pollux_spec::fabrics::DISCOVERY_NQN;
@@ -50,6 +50,8 @@ struct Table {
     next_id: u64,
     rr: usize,
     listeners: Vec<TcpListener>,
+    /// When the listeners were last asked for connections.
+    last_accept: Option<Instant>,
 }
 
 thread_local! {
@@ -247,6 +249,7 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
             next_id: 0,
             rr: 0,
             listeners,
+            last_accept: None,
         })
     });
     ctx.register_poller("nvmf-tcp", poll);
@@ -316,9 +319,21 @@ fn poll(ctx: &mut ThreadCtx) -> Poll {
     }
 }
 
+/// How often a polling thread asks its listeners for new connections
+/// (an `accept4` that fails on every pass would cost the I/O path; a
+/// thread asleep in epoll is woken by a listener and asks at once).
+const ACCEPT_EVERY: Duration = Duration::from_micros(200);
+
 fn accept(ctx: &mut ThreadCtx) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
+    let now = ctx.now();
     let shared = with(|t| {
+        if t.last_accept
+            .is_some_and(|a| now.saturating_duration_since(a) < ACCEPT_EVERY)
+        {
+            return None;
+        }
+        t.last_accept = Some(now);
         for l in &t.listeners {
             for _ in 0..16 {
                 match l.accept() {
@@ -331,8 +346,9 @@ fn accept(ctx: &mut ThreadCtx) -> Poll {
                 }
             }
         }
-        t.shared.clone()
-    });
+        Some(t.shared.clone())
+    })
+    .flatten();
     let Some(shared) = shared else {
         return Poll::Idle;
     };
