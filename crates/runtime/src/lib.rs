@@ -373,6 +373,9 @@ impl RuntimeHandle {
     }
 
     /// The counters of every thread, read on each thread by a message.
+    ///
+    /// Each thread reports in turn, not at one instant: a poller that
+    /// moves between two threads' reports shows on both, or on neither.
     pub fn stats(&self) -> Result<Vec<ThreadStats>> {
         (0..self.thread_count())
             .map(|i| self.call(i, |ctx| ctx.stats()))

@@ -153,9 +153,12 @@ fn heavy_load_spreads_pollers_out_and_light_load_gathers_them_again() {
 
     // High load: thread 0 is saturated and hands pollers out.
     high.store(true, Ordering::Relaxed);
+    // Per-thread stats are snapshots taken one thread after the other: a
+    // poller moving between the two reads shows on both (or neither), so
+    // wait for a snapshot that saw each poller once.
     let spread = wait_for(&rt, "spreading at high load", |s| {
         let n = movable_per_thread(s);
-        n[0] >= 1 && n[1] >= 1
+        n[0] >= 1 && n[1] >= 1 && n.iter().sum::<usize>() == 4
     });
     assert_eq!(movable_per_thread(&spread).iter().sum::<usize>(), 4);
     assert!(spread[0].pollers_moved_out > low[0].pollers_moved_out);
