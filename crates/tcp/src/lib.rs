@@ -59,7 +59,7 @@ pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
 pub use queue::{TcpCq, TcpSq};
 
-use link::{AdminLink, Target};
+use link::AdminLink;
 
 /// The controller handle over TCP.
 pub type Controller = pollux_nvme::Controller<TcpTransport>;
@@ -156,19 +156,7 @@ impl TcpTransport {
             .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
         pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
             .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
-        let target = Target {
-            addr: opts.addr,
-            subnqn: opts.subnqn,
-            hostnqn: opts.hostnqn,
-            hostid: opts.hostid,
-            digests: opts.digests,
-            kato_ms: opts.kato_ms,
-            connect_timeout: opts.connect_timeout,
-            reconnect_timeout: opts.reconnect_timeout,
-            admin_timeout: opts.admin_timeout,
-            sq_flow: opts.sq_flow,
-        };
-        let link = Arc::new(AdminLink::connect(target)?);
+        let link = Arc::new(AdminLink::connect(opts.clone())?);
         let keepalive = (opts.kato_ms > 0).then(|| {
             let stop = Arc::new(AtomicBool::new(false));
             let (l, s) = (link.clone(), stop.clone());

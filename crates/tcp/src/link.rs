@@ -22,7 +22,6 @@
 //! Admin commands outstanding on a lost link complete with Host Pathing
 //! Error.
 use std::collections::VecDeque;
-use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
@@ -34,7 +33,6 @@ use pollux_spec::fabrics::{
 };
 use pollux_spec::regs::{self, Cc, Csts};
 use pollux_spec::status::{sct, Status};
-use pollux_spec::tcp::Digests;
 use pollux_spec::{Cqe, Sqe};
 use zerocopy::IntoBytes;
 
@@ -53,19 +51,7 @@ pub(crate) const ADMIN_MAX_DATA: usize = 64 << 10;
 const KEEP_ALIVE_OPCODE: u8 = 0x18;
 
 /// Where and how to connect: what every connection of the controller needs.
-#[derive(Clone, Debug)]
-pub(crate) struct Target {
-    pub addr: SocketAddr,
-    pub subnqn: String,
-    pub hostnqn: String,
-    pub hostid: [u8; 16],
-    pub digests: Digests,
-    pub kato_ms: u32,
-    pub connect_timeout: Duration,
-    pub reconnect_timeout: Duration,
-    pub admin_timeout: Duration,
-    pub sq_flow: bool,
-}
+pub(crate) type Target = crate::TcpOptions;
 
 impl Target {
     /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
@@ -76,7 +62,7 @@ impl Target {
     /// capsule; the host never needs SQHD: its trackers keep it within
     /// the queue); a controller that refuses that CATTR bit is asked again
     /// without it.
-    pub fn connect_queue(
+    pub(crate) fn connect_queue(
         &self,
         qid: u16,
         sq_entries: u16,
