@@ -18,10 +18,13 @@ use crate::errlog::ErrorLog;
 use crate::regs::{CcChange, Registers};
 use crate::stats::{IoStats, Registry, StatsHandle};
 use crate::subsystem::{Personality, Subsystem};
+use pollux_bdev::NoNvme;
+use pollux_nvme::Transport;
 
 /// The controller state shared by the admin commands and the registers.
-pub struct Controller {
-    pub(crate) subsys: Arc<Subsystem>,
+/// `T`: the NVMe transport of the namespaces' bdevs (see [`Subsystem`]).
+pub struct Controller<T: Transport = NoNvme> {
+    pub(crate) subsys: Arc<Subsystem<T>>,
     pub(crate) cntlid: u16,
     pub(crate) regs: Registers,
     /// A shutdown was notified (processing stops until a reset).
@@ -37,7 +40,7 @@ pub struct Controller {
     pub(crate) max_xfer: usize,
 }
 
-impl std::fmt::Debug for Controller {
+impl<T: Transport> std::fmt::Debug for Controller<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
             .field("cntlid", &self.cntlid)
@@ -47,9 +50,9 @@ impl std::fmt::Debug for Controller {
     }
 }
 
-impl Controller {
+impl<T: Transport> Controller<T> {
     /// A disabled controller (CC = 0, CSTS = 0) with ID `cntlid`.
-    pub fn new(subsys: Arc<Subsystem>, cntlid: u16) -> Controller {
+    pub fn new(subsys: Arc<Subsystem<T>>, cntlid: u16) -> Controller<T> {
         let l = *subsys.limits();
         let dstrd = match subsys.personality() {
             Personality::Pcie(p) => p.dstrd,
@@ -73,7 +76,7 @@ impl Controller {
         }
     }
 
-    pub fn subsystem(&self) -> &Arc<Subsystem> {
+    pub fn subsystem(&self) -> &Arc<Subsystem<T>> {
         &self.subsys
     }
 

@@ -21,13 +21,15 @@
 //! write zeroes) or Internal Error (deallocate).
 //!
 //! The Read/Write path allocates nothing and takes no lock: the segments
-//! are lent to the namespace's bdev as they are (see `store`), and the
+//! are lent to the namespace's bdev as they are (see `store`; an NVMe
+//! bdev's data is copied through its DMA bounce pieces instead), and the
 //! SMART counts go into plain integers published by
 //! [`IoQueue::publish`].
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use pollux_bdev::{Completion, Io, IoError, RawSeg as Seg};
+use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
+use pollux_nvme::Transport;
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
@@ -116,9 +118,10 @@ fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
 }
 
 /// One I/O queue's execution context (see the module doc). Used from one
-/// thread at a time.
-pub struct IoQueue {
-    ns: Vec<NsChan>,
+/// thread at a time. `T`: the NVMe transport of the namespaces' bdevs
+/// (the subsystem's).
+pub struct IoQueue<T: Transport = NoNvme> {
+    ns: Vec<NsChan<T>>,
     scratch: Vec<u8>,
     max_xfer: usize,
     /// SQE flags that must be 0: FUSE, and on PCIe PSDT.
@@ -133,7 +136,7 @@ pub struct IoQueue {
     done: VecDeque<(u32, Status)>,
 }
 
-impl std::fmt::Debug for IoQueue {
+impl<T: Transport> std::fmt::Debug for IoQueue<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoQueue")
             .field("namespaces", &self.ns.len())
@@ -144,21 +147,21 @@ impl std::fmt::Debug for IoQueue {
     }
 }
 
-impl Drop for IoQueue {
+impl<T: Transport> Drop for IoQueue<T> {
     fn drop(&mut self) {
         self.publish();
         self.handle.registry.retire(&self.handle.published);
     }
 }
 
-impl IoQueue {
+impl<T: Transport> IoQueue<T> {
     /// A queue of a controller of `subsys` counting through `handle`
     /// (`Controller::io_stats_handle`): one channel per namespace.
     pub fn new(
-        subsys: &Arc<Subsystem>,
+        subsys: &Arc<Subsystem<T>>,
         handle: StatsHandle,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue, ControllerError> {
+    ) -> Result<IoQueue<T>, ControllerError> {
         let mut ns = Vec::with_capacity(subsys.namespaces().len());
         for (i, n) in subsys.namespaces().iter().enumerate() {
             let nsid = i as u32 + 1;
@@ -186,9 +189,9 @@ impl IoQueue {
     /// A queue for `ctrl` (`IoQueue::new` with its subsystem and a new
     /// stats handle).
     pub fn for_controller(
-        ctrl: &Controller,
+        ctrl: &Controller<T>,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue, ControllerError> {
+    ) -> Result<IoQueue<T>, ControllerError> {
         IoQueue::new(ctrl.subsystem(), ctrl.io_stats_handle(), opts)
     }
 
@@ -206,7 +209,7 @@ impl IoQueue {
 
     /// The namespace channel for `nsid` (1-based), if it exists.
     #[inline(always)]
-    fn ns_of(&self, nsid: u32) -> Option<&NsChan> {
+    fn ns_of(&self, nsid: u32) -> Option<&NsChan<T>> {
         self.ns.get((nsid as usize).wrapping_sub(1))
     }
 
@@ -519,13 +522,14 @@ impl IoQueue {
             if ch.ch.outstanding() == 0 {
                 continue;
             }
-            ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-                f(
-                    c.user_data as u32,
-                    finish(stats, nsid, shift, c.user_data, c.result),
-                );
-                n += 1;
-            });
+            ch.ch
+                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                    f(
+                        c.user_data as u32,
+                        finish(stats, nsid, shift, c.user_data, c.result),
+                    );
+                    n += 1;
+                });
         }
         self.inflight -= n as u32;
         n

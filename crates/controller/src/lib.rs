@@ -21,6 +21,13 @@
 //!   [`IoQueue::publish`] (plain stores; no lock, no atomic
 //!   read-modify-write on the I/O path).
 //!
+//! The three are generic over `T`, the NVMe transport of the namespaces'
+//! bdevs (`pollux_bdev::Bdev<T>`), `NoNvme` by default: a subsystem whose
+//! namespaces are NVMe namespaces (PCIe, TCP) is `Subsystem<Pcie>` etc.,
+//! monomorphised (no `dyn` call per I/O). Such namespaces take only their
+//! controller's DMA memory: their reads and writes are staged through DMA
+//! bounce buffers, synchronously (see `store`).
+//!
 //! Every field of a command comes from the untrusted host: every path
 //! ends in an NVMe status, never a panic.
 //!

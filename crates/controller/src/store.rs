@@ -12,11 +12,21 @@
 //! data starts at an offset that is not a multiple of the LBA size has
 //! such segments, and only such a command goes through a block-aligned
 //! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
+//!
+//! An NVMe bdev (`Bdev<T>` with a real transport `T`) takes no lent host
+//! memory, only its controller's DMA buffers (`IoBuf`s): every read and
+//! write of such a namespace goes through DMA bounce pieces, synchronously
+//! (its segments count as misaligned: the I/O path of the other backends
+//! is unchanged). The pieces are `block << k` bytes for every `k` up to
+//! [`BOUNCE`], cut once from one allocation; a transfer is moved in the
+//! largest pieces that fit (a power-of-two number of blocks per command).
 use std::collections::VecDeque;
 
 use pollux_bdev::{
-    Bdev, Channel, ChannelOptions, Completion, Io, IoBuf, IoError, RawSeg as Seg, SubmitError,
+    Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, IoError, NoNvme, RawSeg as Seg,
+    SubmitError,
 };
+use pollux_nvme::Transport;
 
 /// Bytes of the bounce buffer of a namespace channel (a multiple of every
 /// LBA size offered).
@@ -41,35 +51,56 @@ pub(crate) enum StoreError {
     Refused(#[from] SubmitError),
     #[error("bdev request failed: {0}")]
     Failed(#[from] IoError),
+    #[error("{0}")]
+    Bounce(&'static str),
+}
+
+/// Where commands with segments the bdev cannot take are staged.
+enum Bounce {
+    /// [`BOUNCE`] bytes lent to the bdev (host-memory backends).
+    Host(IoBuf),
+    /// An NVMe bdev's DMA pieces: `pieces[k]` is `block << k` bytes (the
+    /// `Option` is empty while the piece is in a request).
+    Pieces(Vec<Option<IoBuf>>),
 }
 
 /// One queue's channel to a namespace's bdev.
-pub(crate) struct NsChan {
-    pub ch: Channel,
+pub(crate) struct NsChan<T: Transport = NoNvme> {
+    pub ch: Channel<T>,
     pub shift: u32,
     /// Size in blocks.
     pub nsze: u64,
     /// A segment is usable in place iff `len & len_mask` and
     /// `ptr & addr_mask` are zero (whole blocks, the bdev's alignment).
+    /// An NVMe bdev's `addr_mask` is all ones: no segment is usable.
     len_mask: usize,
     addr_mask: usize,
     /// For commands whose segments are not (see the module doc).
-    bounce: IoBuf,
+    bounce: Bounce,
     /// Completions of asynchronous requests met while waiting for a
     /// synchronous one (delivered by the next `IoQueue::poll`).
     pub stash: VecDeque<(u64, Result<u32, IoError>)>,
 }
 
-impl NsChan {
+impl<T: Transport> NsChan<T> {
     /// `depth`: asynchronous requests at most (0: synchronous use only).
-    pub fn new(bdev: &Bdev, nsze: u64, depth: u32) -> Result<NsChan, pollux_bdev::Error> {
+    pub fn new(bdev: &Bdev<T>, nsze: u64, depth: u32) -> Result<NsChan<T>, pollux_bdev::Error> {
         let info = bdev.info();
+        let nvme = info.backend == "nvme";
         let (shift, len_mask, addr_mask) = (
             info.block_shift(),
             info.block_size as usize - 1,
-            info.buf_align.max(1) as usize - 1,
+            if nvme {
+                usize::MAX
+            } else {
+                info.buf_align.max(1) as usize - 1
+            },
         );
-        let bounce = bdev.alloc_buf(BOUNCE)?;
+        let bounce = if nvme {
+            Bounce::Pieces(dma_pieces(bdev)?)
+        } else {
+            Bounce::Host(bdev.alloc_buf(BOUNCE)?)
+        };
         // The asynchronous requests plus one synchronous one, which is
         // polled to completion.
         let ch = bdev.open(true).channel(&ChannelOptions {
@@ -96,7 +127,7 @@ impl NsChan {
         let stash = &mut self.stash;
         loop {
             self.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
+                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
                     if c.user_data == SYNC_UD {
                         res = Some(c.result);
                     } else {
@@ -163,7 +194,8 @@ impl NsChan {
         Ok(self.wait()?)
     }
 
-    /// `rw` through the bounce buffer, `BOUNCE` bytes per request.
+    /// `rw` through the bounce buffer, `BOUNCE` bytes per request (an
+    /// NVMe bdev: through its DMA pieces, `rw_pieces`).
     ///
     /// # Safety
     /// As `rw`.
@@ -177,11 +209,18 @@ impl NsChan {
     ) -> Result<(), StoreError> {
         let total: usize = segs.iter().map(|s| s.len).sum();
         let mut cur = Cursor { segs, i: 0, off: 0 };
+        if matches!(self.bounce, Bounce::Pieces(_)) {
+            // SAFETY: forwarded contract.
+            return unsafe { self.rw_pieces(write, lba, total, cur) };
+        }
         let mut done = 0;
         while done < total {
             let n = (total - done).min(BOUNCE);
             let at = lba + (done >> self.shift) as u64;
-            let buf = &mut self.bounce.as_mut_slice()[..n];
+            let Bounce::Host(bounce) = &mut self.bounce else {
+                return Err(StoreError::Bounce("bounce buffer changed kind"));
+            };
+            let buf = &mut bounce.as_mut_slice()[..n];
             if write {
                 // SAFETY: forwarded contract.
                 unsafe { cur.gather(buf) };
@@ -203,12 +242,108 @@ impl NsChan {
             }
             self.wait()?;
             if !write {
+                let Bounce::Host(b) = &self.bounce else {
+                    return Err(StoreError::Bounce("bounce buffer changed kind"));
+                };
                 // SAFETY: forwarded contract.
-                unsafe { cur.scatter(&self.bounce.as_slice()[..n]) };
+                unsafe { cur.scatter(&b.as_slice()[..n]) };
             }
             done += n;
         }
         Ok(())
+    }
+
+    /// `rw` of `total` bytes (whole blocks) at `lba` through an NVMe
+    /// bdev's DMA pieces: each command moves the largest piece that fits,
+    /// synchronously.
+    ///
+    /// # Safety
+    /// As `rw`; `cur` is at the start of the command's segments.
+    #[cold]
+    #[inline(never)]
+    unsafe fn rw_pieces(
+        &mut self,
+        write: bool,
+        lba: u64,
+        total: usize,
+        mut cur: Cursor<'_>,
+    ) -> Result<(), StoreError> {
+        let mut done = 0;
+        while done < total {
+            let blocks = (total - done) >> self.shift;
+            if blocks == 0 {
+                return Err(StoreError::Bounce(
+                    "transfer is not a whole number of blocks",
+                ));
+            }
+            let Bounce::Pieces(pieces) = &mut self.bounce else {
+                return Err(StoreError::Bounce("bounce buffer changed kind"));
+            };
+            let k = (blocks.ilog2() as usize).min(pieces.len() - 1);
+            let Some(mut buf) = pieces[k].take() else {
+                return Err(StoreError::Bounce("DMA bounce piece lost"));
+            };
+            let n = buf.len();
+            let at = lba + (done >> self.shift) as u64;
+            if write {
+                // SAFETY: forwarded contract.
+                unsafe { cur.gather(buf.as_mut_slice()) };
+            }
+            let mut io = self.ch.io();
+            let r = if write {
+                io.write(at, buf, SYNC_UD)
+            } else {
+                io.read(at, buf, SYNC_UD)
+            };
+            if let Err(refused) = r {
+                self.put_piece(k, refused.data);
+                return Err(StoreError::Refused(refused.error));
+            }
+            let (r, data) = self.wait_owned();
+            self.put_piece(k, data);
+            r?;
+            if !write {
+                let Bounce::Pieces(pieces) = &self.bounce else {
+                    return Err(StoreError::Bounce("bounce buffer changed kind"));
+                };
+                let Some(buf) = &pieces[k] else {
+                    return Err(StoreError::Bounce("DMA bounce piece lost"));
+                };
+                // SAFETY: forwarded contract.
+                unsafe { cur.scatter(buf.as_slice()) };
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Puts DMA piece `k` back from a request's data.
+    fn put_piece(&mut self, k: usize, data: Data) {
+        if let (Bounce::Pieces(p), Data::One(b)) = (&mut self.bounce, data) {
+            p[k] = Some(b);
+        }
+    }
+
+    /// `wait` for a request of owned buffers: also hands them back.
+    fn wait_owned(&mut self) -> (Result<(), IoError>, Data) {
+        let mut res = None;
+        let mut data = Data::None;
+        let stash = &mut self.stash;
+        loop {
+            self.ch
+                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                    if c.user_data == SYNC_UD {
+                        res = Some(c.result);
+                        data = c.data;
+                    } else {
+                        stash.push_back((c.user_data, c.result));
+                    }
+                });
+            if let Some(r) = res {
+                return (r.map(drop), data);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// Makes written data durable (synchronously).
@@ -227,6 +362,21 @@ impl NsChan {
         }
         Ok(self.wait()?)
     }
+}
+
+/// An NVMe bdev's DMA bounce pieces (see the module doc): `block << k`
+/// bytes for `k` in `0..=log2(BOUNCE / block)`, cut from one allocation.
+fn dma_pieces<T: Transport>(bdev: &Bdev<T>) -> Result<Vec<Option<IoBuf>>, pollux_bdev::Error> {
+    let block = bdev.info().block_size as usize;
+    let top = (BOUNCE / block.max(1)).max(1).ilog2() as usize;
+    let mut rest = bdev.alloc_buf((block << (top + 1)) - block)?;
+    let mut pieces: Vec<Option<IoBuf>> = (0..=top).map(|_| None).collect();
+    for k in (0..=top).rev() {
+        let (p, r) = rest.split_at(block << k);
+        pieces[k] = Some(p);
+        rest = r;
+    }
+    Ok(pieces)
 }
 
 /// A position in a segment list, for copies in pieces.

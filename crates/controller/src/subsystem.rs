@@ -2,9 +2,16 @@
 //! built (an `Arc<Subsystem>` is cheap to hand to every thread): the
 //! identity, the limits, the personality (PCIe or Fabrics) and the
 //! namespaces (NSID → bdev, LBA size, size in blocks).
+//!
+//! Generic over `T`, the NVMe transport of the namespaces' bdevs
+//! (`pollux_bdev::Bdev<T>`): [`NoNvme`] (the default) when they are null,
+//! RAM or io_uring bdevs, a host transport (PCIe, TCP) when some are NVMe
+//! namespaces. One `T` per subsystem, monomorphised: the I/O path makes no
+//! `dyn` call.
 use std::sync::Arc;
 
-use pollux_bdev::Bdev;
+use pollux_bdev::{Bdev, NoNvme};
+use pollux_nvme::Transport;
 
 use crate::ControllerError;
 
@@ -103,14 +110,23 @@ impl Personality {
 }
 
 /// One namespace: its bdev and geometry.
-#[derive(Clone)]
-pub struct Namespace {
-    bdev: Bdev,
+pub struct Namespace<T: Transport = NoNvme> {
+    bdev: Bdev<T>,
     lba_shift: u8,
     nsze: u64,
 }
 
-impl std::fmt::Debug for Namespace {
+impl<T: Transport> Clone for Namespace<T> {
+    fn clone(&self) -> Self {
+        Namespace {
+            bdev: self.bdev.clone(),
+            lba_shift: self.lba_shift,
+            nsze: self.nsze,
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for Namespace<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Namespace")
             .field("bdev", &self.bdev.name())
@@ -120,10 +136,10 @@ impl std::fmt::Debug for Namespace {
     }
 }
 
-impl Namespace {
+impl<T: Transport> Namespace<T> {
     /// The first `nsze` blocks of `bdev` (0: all of it), whose block size
     /// must be 512 or 4096 bytes (the LBA formats Identify reports).
-    pub fn new(bdev: Bdev, nsze: u64) -> Result<Namespace, ControllerError> {
+    pub fn new(bdev: Bdev<T>, nsze: u64) -> Result<Namespace<T>, ControllerError> {
         let info = bdev.info();
         let bad = |why: String| {
             Err(ControllerError::InvalidNamespace {
@@ -152,7 +168,7 @@ impl Namespace {
         })
     }
 
-    pub fn bdev(&self) -> &Bdev {
+    pub fn bdev(&self) -> &Bdev<T> {
         &self.bdev
     }
 
@@ -167,28 +183,39 @@ impl Namespace {
     }
 }
 
-/// What every controller of the subsystem shares.
-#[derive(Debug)]
-pub struct Subsystem {
+/// What every controller of the subsystem shares. `T`: the NVMe
+/// transport of the namespaces' bdevs (see the module doc).
+pub struct Subsystem<T: Transport = NoNvme> {
     identity: Identity,
     limits: Limits,
     personality: Personality,
-    namespaces: Vec<Namespace>,
+    namespaces: Vec<Namespace<T>>,
+}
+
+impl<T: Transport> std::fmt::Debug for Subsystem<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subsystem")
+            .field("identity", &self.identity)
+            .field("limits", &self.limits)
+            .field("personality", &self.personality)
+            .field("namespaces", &self.namespaces)
+            .finish()
+    }
 }
 
 fn ascii_ok(s: &str, max: usize) -> bool {
     s.len() <= max && s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-impl Subsystem {
+impl<T: Transport> Subsystem<T> {
     /// Checks every bound the controller relies on. NSIDs are `1..=n` in
     /// the order given.
     pub fn new(
         identity: Identity,
         limits: Limits,
         personality: Personality,
-        namespaces: Vec<Namespace>,
-    ) -> Result<Arc<Subsystem>, ControllerError> {
+        namespaces: Vec<Namespace<T>>,
+    ) -> Result<Arc<Subsystem<T>>, ControllerError> {
         let bad = |m: String| Err(ControllerError::InvalidConfig(m));
         if identity.serial.is_empty() || !ascii_ok(&identity.serial, 20) {
             return bad("serial must be 1..=20 printable ASCII characters".into());
@@ -262,12 +289,12 @@ impl Subsystem {
     }
 
     /// The namespaces, NSID 1 first.
-    pub fn namespaces(&self) -> &[Namespace] {
+    pub fn namespaces(&self) -> &[Namespace<T>] {
         &self.namespaces
     }
 
     /// Namespace `nsid` (1-based), if it exists.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace<T>> {
         self.namespaces.get((nsid as usize).wrapping_sub(1))
     }
 }

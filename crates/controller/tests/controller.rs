@@ -5,7 +5,7 @@
 //! failing under outstanding commands.
 use std::sync::Arc;
 
-use pollux_bdev::{Bdev, RawSeg};
+use pollux_bdev::{Bdev, NoNvme, RawSeg};
 use pollux_controller::{
     AdminEnv, AdminOutcome, Controller, ControllerError, FabricsTraits, Identity, IoQueue,
     IoQueueOptions, Limits, Namespace, PcieTraits, Personality, Subsystem, FABRICS_SGLS,
@@ -227,18 +227,18 @@ fn subsystem_refuses_what_identify_cannot_report() {
         in_capsule_data: 100,
         kas: 0,
     });
-    let e = Subsystem::new(identity(), limits(5), odd, Vec::new()).unwrap_err();
+    let e = Subsystem::new(identity(), limits(5), odd, Vec::<Namespace>::new()).unwrap_err();
     assert!(e.to_string().contains("in-capsule data size 100"), "{e}");
     let mut id = identity();
     id.serial = String::new();
-    let e = Subsystem::new(id, limits(5), pcie(), Vec::new()).unwrap_err();
+    let e = Subsystem::new(id, limits(5), pcie(), Vec::<Namespace>::new()).unwrap_err();
     assert!(e.to_string().contains("serial"), "{e}");
-    let e = Namespace::new(Bdev::ram("r2", 1024, 8).unwrap(), 0).unwrap_err();
+    let e = Namespace::<NoNvme>::new(Bdev::ram("r2", 1024, 8).unwrap(), 0).unwrap_err();
     assert!(
         e.to_string().contains("r2") && e.to_string().contains("1024"),
         "{e}"
     );
-    let e = Namespace::new(Bdev::ram("r3", 512, 8).unwrap(), 9).unwrap_err();
+    let e = Namespace::<NoNvme>::new(Bdev::ram("r3", 512, 8).unwrap(), 9).unwrap_err();
     assert!(e.to_string().contains("r3"), "{e}");
 }
 

@@ -17,7 +17,10 @@
 //! ```
 //!
 //! The `bdev` subsystem is read by `pollux_bdev::config` (its methods and
-//! rules). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
+//! rules); its `bdev_nvme_attach_controller` entries are opened by the
+//! caller's function ([`TargetConfig::from_json_with`], a configuration
+//! of `TargetConfig<T>` for the controllers' transport `T`;
+//! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
 //! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
 //! buffer tuning parameters are accepted and ignored), `nvmf_create_subsystem`
@@ -30,7 +33,9 @@
 //! warning. Anything else is refused naming the method and parameter.
 use std::net::{IpAddr, SocketAddr};
 
-use pollux_bdev::Bdev;
+use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::{Bdev, NoNvme};
+use pollux_nvme::Transport;
 use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
 use serde_json::{Map, Value};
 
@@ -226,18 +231,40 @@ impl SubsystemConfig {
     }
 }
 
-/// The whole target.
-#[derive(Clone, Default)]
-pub struct TargetConfig {
+/// The whole target. `T`: the NVMe transport of its NVMe bdevs (one per
+/// target; [`NoNvme`] when it has none).
+pub struct TargetConfig<T: Transport = NoNvme> {
     pub transport: TransportOptions,
     pub subsystems: Vec<SubsystemConfig>,
     /// The bdevs namespaces name.
-    pub bdevs: Vec<Bdev>,
+    pub bdevs: Vec<Bdev<T>>,
     /// Warnings met while reading (also logged).
     pub warnings: Vec<String>,
 }
 
-impl std::fmt::Debug for TargetConfig {
+impl<T: Transport> Clone for TargetConfig<T> {
+    fn clone(&self) -> Self {
+        TargetConfig {
+            transport: self.transport.clone(),
+            subsystems: self.subsystems.clone(),
+            bdevs: self.bdevs.clone(),
+            warnings: self.warnings.clone(),
+        }
+    }
+}
+
+impl<T: Transport> Default for TargetConfig<T> {
+    fn default() -> Self {
+        TargetConfig {
+            transport: TransportOptions::default(),
+            subsystems: Vec::new(),
+            bdevs: Vec::new(),
+            warnings: Vec::new(),
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for TargetConfig<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TargetConfig")
             .field("transport", &self.transport)
@@ -250,7 +277,21 @@ impl std::fmt::Debug for TargetConfig {
     }
 }
 
-impl TargetConfig {
+impl TargetConfig<NoNvme> {
+    /// Reads SPDK's JSON configuration (see the module docs) and creates
+    /// its bdevs; `bdev_nvme_attach_controller` is refused (see
+    /// [`TargetConfig::from_json_with`]).
+    pub fn from_json(json: &str) -> Result<TargetConfig, ConfigError> {
+        TargetConfig::from_json_with(json, &mut |a: &NvmeAttach| {
+            Err::<Vec<Bdev>, String>(format!(
+                "controller '{}': this configuration is read without an NVMe transport (TargetConfig::from_json_with opens NVMe controllers)",
+                a.name
+            ))
+        })
+    }
+}
+
+impl<T: Transport> TargetConfig<T> {
     /// Checks names, NQNs, namespaces and listeners against each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.transport.validate()?;
@@ -300,8 +341,8 @@ impl TargetConfig {
     }
 
     /// The namespaces' bdevs of subsystem `s` in NSID order.
-    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev> {
-        let mut v: Vec<(u32, Bdev)> = s
+    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev<T>> {
+        let mut v: Vec<(u32, Bdev<T>)> = s
             .namespaces
             .iter()
             .enumerate()
@@ -315,8 +356,16 @@ impl TargetConfig {
     }
 
     /// Reads SPDK's JSON configuration (see the module docs) and creates
-    /// its bdevs.
-    pub fn from_json(json: &str) -> Result<TargetConfig, ConfigError> {
+    /// its bdevs; `attach` opens the controller of each
+    /// `bdev_nvme_attach_controller` and returns its namespaces' bdevs
+    /// (named `<name>n<nsid>`).
+    pub fn from_json_with<E>(
+        json: &str,
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
+    ) -> Result<TargetConfig<T>, ConfigError>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
         let doc: Value = serde_json::from_str(json)?;
         let shape = |m: &str| ConfigError::Shape(m.to_string());
         let subsystems = doc
@@ -347,12 +396,7 @@ impl TargetConfig {
             let only = serde_json::json!({ "subsystems": [b] }).to_string();
             let bc = pollux_bdev::config::Config::parse(&only)?;
             cfg.warnings.extend(bc.warnings.iter().cloned());
-            cfg.bdevs = bc.create(&mut |a: &pollux_bdev::config::NvmeAttach| {
-                Err::<Vec<Bdev>, String>(format!(
-                    "NVMe bdevs cannot back target namespaces yet (the controller model takes bdevs without an NVMe transport); controller '{}'",
-                    a.name
-                ))
-            })?;
+            cfg.bdevs = bc.create(attach)?;
         }
         for e in nvmf {
             cfg.apply(e)?;

@@ -38,6 +38,8 @@ use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pollux_bdev::NoNvme;
+use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
     fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
@@ -243,11 +245,11 @@ impl Tx {
     }
 }
 
-enum Bound {
+enum Bound<T: Transport> {
     None,
     Admin {
         cntlid: u16,
-        ctrl: Arc<Mutex<Ctrl>>,
+        ctrl: Arc<Mutex<Ctrl<T>>>,
         subsys: SubsysId,
     },
     Io {
@@ -256,15 +258,16 @@ enum Bound {
     },
 }
 
-/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
-pub(crate) struct Conn<W: Wire = TcpStream> {
+/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]);
+/// `T`: the NVMe transport of the namespaces' bdevs (the target's).
+pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     pub id: u64,
     /// Dropped first (a bdev may still hold slot buffers).
-    io: Option<IoQ>,
+    io: Option<IoQ<T>>,
     sock: W,
     local: SocketAddr,
     peer: SocketAddr,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<T>>,
     thread: usize,
     phase: Phase,
     now: Instant,
@@ -278,7 +281,7 @@ pub(crate) struct Conn<W: Wire = TcpStream> {
     re: usize,
     rxst: RxState,
     tx: Tx,
-    bound: Bound,
+    bound: Bound<T>,
     slots: Vec<Slot>,
     free: Vec<u16>,
     done: Vec<(u32, Status)>,
@@ -306,7 +309,7 @@ pub(crate) struct Conn<W: Wire = TcpStream> {
     terminated: bool,
 }
 
-impl<W: Wire> Drop for Conn<W> {
+impl<W: Wire, T: Transport> Drop for Conn<W, T> {
     fn drop(&mut self) {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
@@ -331,14 +334,14 @@ impl From<PduError> for Fatal {
     }
 }
 
-impl Conn<TcpStream> {
+impl<T: Transport> Conn<TcpStream, T> {
     pub fn new(
         id: u64,
         sock: TcpStream,
-        shared: Arc<Shared>,
+        shared: Arc<Shared<T>>,
         thread: usize,
         now: Instant,
-    ) -> std::io::Result<Conn> {
+    ) -> std::io::Result<Conn<TcpStream, T>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let local = sock.local_addr()?;
@@ -368,7 +371,7 @@ impl Conn<TcpStream> {
     }
 }
 
-impl<W: Wire> Conn<W> {
+impl<W: Wire, T: Transport> Conn<W, T> {
     /// A connection over `sock` (non-blocking, set up), between the
     /// addresses `(local, peer)`; `zc_threshold`: the zero-copy size, if
     /// the socket takes `MSG_ZEROCOPY`.
@@ -377,10 +380,10 @@ impl<W: Wire> Conn<W> {
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
         zc_threshold: Option<u32>,
-        shared: Arc<Shared>,
+        shared: Arc<Shared<T>>,
         thread: usize,
         now: Instant,
-    ) -> Conn<W> {
+    ) -> Conn<W, T> {
         let rx = vec![0u8; shared.opts.rx_buffer];
         let icd_max = shared.opts.admin_in_capsule_data_size;
         let mut c = Conn {
@@ -1720,7 +1723,7 @@ fn internal(what: &str) -> Fatal {
 
 /// Removes controller `cntlid` and closes its I/O queues' connections
 /// (on their threads).
-pub(crate) fn teardown(ctx: &mut ThreadCtx, shared: &Shared, cntlid: u16) {
+pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
     let entry = shared.table().map.remove(&cntlid);
     let Some(e) = entry else {
         return;
@@ -1728,7 +1731,9 @@ pub(crate) fn teardown(ctx: &mut ThreadCtx, shared: &Shared, cntlid: u16) {
     tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
     for (_, r) in e.io {
         let conn = r.conn;
-        if let Err(err) = ctx.send(r.thread, move |ctx| crate::server::close_conn(ctx, conn)) {
+        if let Err(err) = ctx.send(r.thread, move |ctx| {
+            crate::server::close_conn::<T>(ctx, conn)
+        }) {
             tracing::warn!(
                 thread = r.thread,
                 "closing an I/O queue of controller {cntlid}: {err}"

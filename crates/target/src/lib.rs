@@ -17,6 +17,11 @@
 //! - **Command set**: `pollux-controller`, through `model` only.
 //! - **Configuration** ([`TargetConfig`]): SPDK's JSON shape, or built in
 //!   code.
+//! - **NVMe namespaces**: the target is generic over the NVMe transport
+//!   `T` of its bdevs (`Target<T>`, `TargetConfig<T>`; `NoNvme` when none
+//!   is an NVMe namespace), one per target, monomorphised; an NVMe
+//!   namespace's data is staged through its controller's DMA memory
+//!   (`pollux-controller`'s `store`), synchronously.
 //!
 //! Each connection is owned by one runtime thread; nothing is locked on
 //! the I/O path (the controller table's mutex is taken at Connect,

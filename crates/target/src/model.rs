@@ -13,11 +13,12 @@
 //! (CNTRLTYPE 2, no namespaces, no NVM command support).
 use std::sync::Arc;
 
-use pollux_bdev::{Bdev, RawSeg};
+use pollux_bdev::{Bdev, NoNvme, RawSeg};
 use pollux_controller::{
     AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoQueue,
     IoQueueOptions, Limits, Namespace, Personality, Subsystem,
 };
+use pollux_nvme::Transport;
 use pollux_spec::cmd::cns;
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
@@ -57,14 +58,36 @@ fn mdts_for(max_io_size: u32) -> u8 {
 }
 
 /// A subsystem of the model: NVM (with namespaces on bdevs) or discovery.
-#[derive(Clone, Debug)]
-pub(crate) struct Subsys {
-    inner: Arc<Subsystem>,
+/// `T`: the NVMe transport of its bdevs (the target's).
+pub(crate) struct Subsys<T: Transport = NoNvme> {
+    inner: Arc<Subsystem<T>>,
     discovery: bool,
 }
 
-impl Subsys {
-    pub fn new(p: &SubsysParams, bdevs: Vec<Bdev>, discovery: bool) -> Result<Subsys, ModelError> {
+impl<T: Transport> Clone for Subsys<T> {
+    fn clone(&self) -> Self {
+        Subsys {
+            inner: self.inner.clone(),
+            discovery: self.discovery,
+        }
+    }
+}
+
+impl<T: Transport> std::fmt::Debug for Subsys<T> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Subsys")
+            .field("inner", &self.inner)
+            .field("discovery", &self.discovery)
+            .finish()
+    }
+}
+
+impl<T: Transport> Subsys<T> {
+    pub fn new(
+        p: &SubsysParams,
+        bdevs: Vec<Bdev<T>>,
+        discovery: bool,
+    ) -> Result<Subsys<T>, ModelError> {
         let namespaces = bdevs
             .into_iter()
             .map(|b| Namespace::new(b, 0))
@@ -127,19 +150,19 @@ pub(crate) enum Admin {
 }
 
 /// One controller (one host association).
-pub(crate) struct Ctrl {
-    inner: Controller,
+pub(crate) struct Ctrl<T: Transport = NoNvme> {
+    inner: Controller<T>,
     discovery: bool,
 }
 
-impl std::fmt::Debug for Ctrl {
+impl<T: Transport> std::fmt::Debug for Ctrl<T> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.inner.fmt(f)
     }
 }
 
-impl Ctrl {
-    pub fn new(s: &Subsys, cntlid: u16) -> Ctrl {
+impl<T: Transport> Ctrl<T> {
+    pub fn new(s: &Subsys<T>, cntlid: u16) -> Ctrl<T> {
         Ctrl {
             inner: Controller::new(s.inner.clone(), cntlid),
             discovery: s.discovery,
@@ -274,7 +297,7 @@ impl Ctrl {
 
     /// A new I/O queue of this controller, `depth` commands deep. Call
     /// it on the thread that will use the queue (its bdev channels).
-    pub fn new_io_queue(&self, depth: u32) -> Result<IoQ, ModelError> {
+    pub fn new_io_queue(&self, depth: u32) -> Result<IoQ<T>, ModelError> {
         Ok(IoQ(IoQueue::for_controller(
             &self.inner,
             IoQueueOptions { depth },
@@ -283,9 +306,9 @@ impl Ctrl {
 }
 
 /// One I/O queue's execution context.
-pub(crate) struct IoQ(IoQueue);
+pub(crate) struct IoQ<T: Transport = NoNvme>(IoQueue<T>);
 
-impl IoQ {
+impl<T: Transport> IoQ<T> {
     #[inline]
     pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
         self.0.check(sqe)

@@ -2,18 +2,24 @@
 //! threads, each thread's connection table and poller, idle sleep in
 //! epoll on the sockets, Keep Alive expiry and shutdown.
 //!
-//! Each runtime thread keeps its connections in a thread-local table
-//! (its poller, timers and the messages sent to it are the only code
-//! touching it). Thread 0 also accepts: a new connection is sent to the
+//! Each runtime thread keeps its connections in its own table (its
+//! poller, timers and the messages sent to it are the only code touching
+//! it): the pollers and timers hold it, messages find it in a
+//! thread-local slot (typed by the target's transport `T`: one downcast
+//! per message, none per poll). Thread 0 also accepts: a new connection is sent to the
 //! thread whose core receives its packets (`SO_INCOMING_CPU`, when on)
 //! or to the next thread round robin.
+use std::any::Any;
 use std::cell::RefCell;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
+use std::rc::Rc;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use pollux_bdev::NoNvme;
+use pollux_nvme::Transport;
 use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher, ThreadCtx};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
@@ -44,9 +50,9 @@ pub enum TargetError {
     Runtime(#[from] pollux_runtime::Error),
 }
 
-struct Table {
-    shared: Arc<Shared>,
-    conns: Vec<Conn>,
+struct Table<T: Transport> {
+    shared: Arc<Shared<T>>,
+    conns: Vec<Conn<TcpStream, T>>,
     next_id: u64,
     rr: usize,
     listeners: Vec<TcpListener>,
@@ -54,17 +60,35 @@ struct Table {
     last_accept: Option<Instant>,
 }
 
+type TableRef<T> = Rc<RefCell<Table<T>>>;
+
 thread_local! {
-    static TABLE: RefCell<Option<Table>> = const { RefCell::new(None) };
+    /// This thread's `TableRef<T>`, for messages.
+    static TABLE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
 }
 
-fn with<R>(f: impl FnOnce(&mut Table) -> R) -> Option<R> {
-    TABLE.with(|t| t.try_borrow_mut().ok()?.as_mut().map(f))
+/// `f` on the table, unless it is in use (a re-entrant call).
+fn with<T: Transport, R>(t: &TableRef<T>, f: impl FnOnce(&mut Table<T>) -> R) -> Option<R> {
+    t.try_borrow_mut().ok().map(|mut g| f(&mut g))
+}
+
+/// This thread's table (messages; pollers and timers hold theirs).
+fn this_table<T: Transport>() -> Option<TableRef<T>> {
+    TABLE.with(|t| {
+        t.try_borrow()
+            .ok()?
+            .as_ref()?
+            .downcast_ref::<TableRef<T>>()
+            .cloned()
+    })
 }
 
 /// Closes connection `id` of this thread (its controller went away).
-pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
-    with(|t| {
+pub(crate) fn close_conn<T: Transport>(ctx: &mut ThreadCtx, id: u64) {
+    let Some(tab) = this_table::<T>() else {
+        return;
+    };
+    with(&tab, |t| {
         if let Some(c) = t.conns.iter_mut().find(|c| c.id == id) {
             c.close_now(ctx, "controller torn down");
         }
@@ -81,20 +105,21 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
-/// A running NVMe/TCP target.
-pub struct Target {
+/// A running NVMe/TCP target. `T`: the NVMe transport of its bdevs
+/// ([`NoNvme`] when none is an NVMe namespace).
+pub struct Target<T: Transport = NoNvme> {
     rt: RuntimeHandle,
-    shared: Arc<Shared>,
+    shared: Arc<Shared<T>>,
 }
 
-impl Target {
+impl<T: Transport> Target<T> {
     /// Binds the listeners, builds the subsystems and starts one runtime
     /// thread per core of `cores` serving connections.
     pub fn start(
-        cfg: TargetConfig,
+        cfg: TargetConfig<T>,
         cores: &[usize],
         rt_opts: RuntimeOptions,
-    ) -> Result<Target, TargetError> {
+    ) -> Result<Target<T>, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
         // Bind each distinct address once; port 0 becomes a real port.
@@ -202,7 +227,7 @@ impl Target {
     /// What the target's threads share (tests drive connections over
     /// memory with it).
     #[cfg(test)]
-    pub(crate) fn shared(&self) -> Arc<Shared> {
+    pub(crate) fn shared(&self) -> Arc<Shared<T>> {
         self.shared.clone()
     }
 
@@ -234,7 +259,7 @@ impl Target {
     }
 }
 
-fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
+fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Vec<TcpListener>) {
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
             tracing::error!("listener wake-up: {e}");
@@ -242,32 +267,32 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
     }
     let epoll_idle = shared.opts.epoll_idle;
     let accepting = !listeners.is_empty();
-    TABLE.with(|t| {
-        *t.borrow_mut() = Some(Table {
-            shared,
-            conns: Vec::new(),
-            next_id: 0,
-            rr: 0,
-            listeners,
-            last_accept: None,
-        })
-    });
-    ctx.register_poller("nvmf-tcp", poll);
+    let tab: TableRef<T> = Rc::new(RefCell::new(Table {
+        shared,
+        conns: Vec::new(),
+        next_id: 0,
+        rr: 0,
+        listeners,
+        last_accept: None,
+    }));
+    TABLE.with(|t| *t.borrow_mut() = Some(Box::new(tab.clone())));
+    let t = tab.clone();
+    ctx.register_poller("nvmf-tcp", move |ctx| poll(ctx, &t));
     if accepting {
-        ctx.register_poller("nvmf-tcp-accept", accept);
+        let t = tab.clone();
+        ctx.register_poller("nvmf-tcp-accept", move |ctx| accept(ctx, &t));
     }
+    let t = tab.clone();
     ctx.on_sleep(move || {
         epoll_idle
-            && TABLE.with(|t| {
-                t.try_borrow()
-                    .ok()
-                    .and_then(|t| t.as_ref().map(|t| !t.conns.iter().any(Conn::needs_poll)))
-                    .unwrap_or(false)
-            })
+            && t.try_borrow()
+                .map(|t| !t.conns.iter().any(Conn::needs_poll))
+                .unwrap_or(false)
     });
-    ctx.add_periodic(Duration::from_millis(100), |ctx| {
+    let t = tab.clone();
+    ctx.add_periodic(Duration::from_millis(100), move |ctx| {
         let now = ctx.now();
-        with(|t| {
+        with(&t, |t| {
             for c in t.conns.iter_mut() {
                 if c.kato_expired(now) {
                     tracing::warn!(conn = c.id, "keep alive timeout expired");
@@ -278,8 +303,8 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
             }
         });
     });
-    ctx.register_drain("nvmf-tcp", |ctx| {
-        with(|t| {
+    ctx.register_drain("nvmf-tcp", move |ctx| {
+        with(&tab, |t| {
             for l in t.listeners.drain(..) {
                 let _ = ctx.unregister_wake_fd(l.as_fd());
             }
@@ -292,8 +317,8 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
     });
 }
 
-fn poll(ctx: &mut ThreadCtx) -> Poll {
-    let busy = with(|t| {
+fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
+    let busy = with(tab, |t| {
         let mut busy = false;
         for c in t.conns.iter_mut() {
             busy |= c.poll(ctx);
@@ -324,10 +349,10 @@ fn poll(ctx: &mut ThreadCtx) -> Poll {
 /// thread asleep in epoll is woken by a listener and asks at once).
 const ACCEPT_EVERY: Duration = Duration::from_micros(200);
 
-fn accept(ctx: &mut ThreadCtx) -> Poll {
+fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
     let now = ctx.now();
-    let shared = with(|t| {
+    let shared = with(tab, |t| {
         if t.last_accept
             .is_some_and(|a| now.saturating_duration_since(a) < ACCEPT_EVERY)
         {
@@ -374,14 +399,14 @@ fn accept(ctx: &mut ThreadCtx) -> Poll {
             None
         };
         let thread = by_cpu.unwrap_or_else(|| {
-            with(|t| {
+            with(tab, |t| {
                 t.rr = (t.rr + 1) % n;
                 t.rr
             })
             .unwrap_or(0)
         });
         tracing::debug!(?peer, thread, "connection accepted");
-        if let Err(e) = ctx.send(thread, move |ctx| adopt(ctx, s)) {
+        if let Err(e) = ctx.send(thread, move |ctx| adopt::<T>(ctx, s)) {
             tracing::warn!(thread, "connection dropped: {e}");
             shared.conns.fetch_sub(1, Relaxed);
         }
@@ -389,10 +414,14 @@ fn accept(ctx: &mut ThreadCtx) -> Poll {
     Poll::Busy
 }
 
-fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
+fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
     let now = ctx.now();
     let thread = ctx.index();
-    with(|t| {
+    let Some(tab) = this_table::<T>() else {
+        tracing::warn!("connection dropped: this thread serves no target");
+        return;
+    };
+    with(&tab, |t| {
         if ctx.is_shutting_down() {
             t.shared.conns.fetch_sub(1, Relaxed);
             return;

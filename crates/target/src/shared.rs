@@ -7,6 +7,9 @@ use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use pollux_bdev::NoNvme;
+use pollux_nvme::Transport;
+
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
 
@@ -17,15 +20,15 @@ pub(crate) enum SubsysId {
     Nvm(usize),
 }
 
-pub(crate) struct SubsysEntry {
-    pub model: Subsys,
+pub(crate) struct SubsysEntry<T: Transport = NoNvme> {
+    pub model: Subsys<T>,
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
     /// Bound addresses (a configured port 0 resolved).
     pub listeners: Vec<SocketAddr>,
 }
 
-impl SubsysEntry {
+impl<T: Transport> SubsysEntry<T> {
     pub fn allows(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }
@@ -38,27 +41,35 @@ pub(crate) struct ConnRef {
     pub conn: u64,
 }
 
-pub(crate) struct CtrlEntry {
+pub(crate) struct CtrlEntry<T: Transport = NoNvme> {
     pub subsys: SubsysId,
     pub hostnqn: String,
-    pub ctrl: Arc<Mutex<Ctrl>>,
+    pub ctrl: Arc<Mutex<Ctrl<T>>>,
     /// Connected I/O queues: (QID, connection).
     pub io: Vec<(u16, ConnRef)>,
 }
 
-#[derive(Default)]
-pub(crate) struct CtrlTable {
+pub(crate) struct CtrlTable<T: Transport = NoNvme> {
     next: u16,
-    pub map: HashMap<u16, CtrlEntry>,
+    pub map: HashMap<u16, CtrlEntry<T>>,
+}
+
+impl<T: Transport> Default for CtrlTable<T> {
+    fn default() -> Self {
+        CtrlTable {
+            next: 0,
+            map: HashMap::new(),
+        }
+    }
 }
 
 /// Highest dynamic controller ID (FFF0h and above are reserved).
 const MAX_CNTLID: u16 = 0xFFEF;
 
-impl CtrlTable {
+impl<T: Transport> CtrlTable<T> {
     /// Registers a controller under a fresh ID (1..=FFEFh), `None` when
     /// every ID is taken.
-    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry) -> Option<u16> {
+    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry<T>) -> Option<u16> {
         if self.map.len() >= MAX_CNTLID as usize {
             return None;
         }
@@ -77,20 +88,21 @@ impl CtrlTable {
     }
 }
 
-pub(crate) struct Shared {
+/// `T`: the NVMe transport of the namespaces' bdevs (one per target).
+pub(crate) struct Shared<T: Transport = NoNvme> {
     pub opts: TransportOptions,
-    pub subsystems: Vec<SubsysEntry>,
-    pub discovery: Subsys,
+    pub subsystems: Vec<SubsysEntry<T>>,
+    pub discovery: Subsys<T>,
     /// Every bound listener.
     pub listeners: Vec<SocketAddr>,
-    pub ctrls: Mutex<CtrlTable>,
+    pub ctrls: Mutex<CtrlTable<T>>,
     /// Open connections (accept refuses beyond `opts.max_connections`).
     pub conns: AtomicUsize,
     /// Core of each runtime thread.
     pub cores: Vec<usize>,
 }
 
-impl Shared {
+impl<T: Transport> Shared<T> {
     pub fn find(&self, nqn: &str) -> Option<SubsysId> {
         if nqn == self.discovery.nqn() {
             return Some(SubsysId::Discovery);
@@ -101,7 +113,7 @@ impl Shared {
             .map(SubsysId::Nvm)
     }
 
-    pub fn subsys(&self, id: SubsysId) -> &Subsys {
+    pub fn subsys(&self, id: SubsysId) -> &Subsys<T> {
         match id {
             SubsysId::Discovery => &self.discovery,
             SubsysId::Nvm(i) => &self.subsystems[i].model,
@@ -110,12 +122,12 @@ impl Shared {
 
     /// The controller table (a poisoned lock is taken over: the table
     /// stays consistent, each change is a single insert or remove).
-    pub fn table(&self) -> MutexGuard<'_, CtrlTable> {
+    pub fn table(&self) -> MutexGuard<'_, CtrlTable<T>> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 /// Locks a controller (poison taken over, as the table).
-pub(crate) fn lock(c: &Mutex<Ctrl>) -> MutexGuard<'_, Ctrl> {
+pub(crate) fn lock<T: Transport>(c: &Mutex<Ctrl<T>>) -> MutexGuard<'_, Ctrl<T>> {
     c.lock().unwrap_or_else(|p| p.into_inner())
 }

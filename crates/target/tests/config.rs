@@ -74,3 +74,39 @@ fn bad_configurations_name_the_culprit() {
         Err(ConfigError::Bdev(_))
     ));
 }
+
+/// `bdev_nvme_attach_controller`: `from_json` (no NVMe transport) refuses
+/// it naming the controller; `from_json_with` hands each entry to the
+/// caller's function and serves the bdevs it returns (`<name>n<nsid>`).
+#[test]
+fn nvme_attach_goes_to_the_callers_function() {
+    let with_attach = GOOD.replace(
+        r#"{"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 2048, "block_size": 4096}}"#,
+        r#"{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme7", "trtype": "soft", "backend": "ram"}}"#,
+    )
+    .replace("\"bdev_name\": \"Null0\"", "\"bdev_name\": \"Nvme7n1\"");
+    assert_ne!(with_attach, GOOD);
+    let e = TargetConfig::from_json(&with_attach)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Nvme7"), "{e}");
+    let mut seen = Vec::new();
+    let c: TargetConfig =
+        TargetConfig::from_json_with(&with_attach, &mut |a: &pollux_bdev::config::NvmeAttach| {
+            seen.push((a.name.clone(), a.trtype.clone(), a.params.len()));
+            pollux_bdev::Bdev::ram(&a.bdev_name(1), 512, 64)
+                .map(|b| vec![b])
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+    assert_eq!(seen, [("Nvme7".to_string(), "soft".to_string(), 1)]);
+    assert!(c.bdevs.iter().any(|b| b.name() == "Nvme7n1"));
+    // A failing attach function is named with the controller.
+    let e = TargetConfig::<pollux_bdev::NoNvme>::from_json_with(
+        &with_attach,
+        &mut |_: &pollux_bdev::config::NvmeAttach| Err::<Vec<_>, _>("no such device".to_string()),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(e.contains("Nvme7") && e.contains("no such device"), "{e}");
+}

@@ -1,17 +1,27 @@
 //! `pollux target`: an NVMe/TCP target (pollux-target) from quick flags
-//! (one subsystem, one namespace) or SPDK's JSON configuration (`-c`).
+//! (one subsystem, one namespace — or every namespace of the `--nvme`
+//! controller) or SPDK's JSON configuration (`-c`).
+//!
+//! The target is monomorphised over the transport of its NVMe bdevs,
+//! chosen from `--nvme` and `-c`'s `bdev_nvme_attach_controller` entries
+//! (see `nvme`): none, PCIe (with the emulated controller) or TCP.
+mod nvme;
+
 use std::io::Write;
 use std::net::SocketAddr;
 
 use clap::Args;
-use pollux_bdev::{Bdev, UringOptions};
+use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::{Bdev, NoNvme, UringOptions};
+use pollux_nvme::Transport;
 use pollux_target::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
 use crate::bdevperf::parse_mask;
-use crate::perf::parse_size;
 use crate::perf::{check_cores, online_cpus};
+use crate::perf::{parse_size, parse_with_limits};
+use nvme::{Kind, Opener, TargetTransport};
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -28,9 +38,15 @@ pub struct TargetArgs {
     /// A namespace on a file or block device through io_uring.
     #[arg(long = "uring")]
     pub uring: Option<String>,
-    /// A namespace on an NVMe controller (perf's transport ID).
+    /// Namespaces on an NVMe controller (perf's transport ID: trtype:soft
+    /// an emulated controller, trtype:pcie, trtype:tcp): all of its
+    /// namespaces.
     #[arg(long = "nvme")]
     pub nvme: Option<String>,
+    /// Core of the emulated controllers' thread (trtype:soft; default: an
+    /// online core the target does not use, if any).
+    #[arg(long = "device-core")]
+    pub device_core: Option<usize>,
     /// Block size of --null and --ram.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,
@@ -89,6 +105,12 @@ pub enum TargetCliError {
     Target(#[from] pollux_target::TargetError),
     #[error(transparent)]
     Config(#[from] pollux_target::ConfigError),
+    /// NVMe controllers of two transport types.
+    #[error("{0}")]
+    Mixed(String),
+    /// An NVMe controller could not be opened.
+    #[error("{what}: {why}")]
+    Nvme { what: String, why: String },
 }
 
 fn bad(
@@ -109,8 +131,13 @@ fn size_opt(option: &'static str, v: &Option<String>) -> Result<Option<u64>, Tar
         .transpose()
 }
 
-/// The configuration the options describe (creates the bdevs).
-pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
+/// The configuration the options describe (creates the bdevs): `nvme`
+/// opens `--nvme`'s controller, `attach` those of `-c`.
+pub fn config<T: Transport>(
+    a: &TargetArgs,
+    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev<T>>, TargetCliError>,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, String>,
+) -> Result<TargetConfig<T>, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
         if quick || !a.listen.is_empty() || !a.host.is_empty() {
@@ -121,7 +148,7 @@ pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
             ));
         }
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
-        TargetConfig::from_json(&json).map_err(|e| bad("-c", path, e.to_string()))?
+        TargetConfig::from_json_with(&json, attach).map_err(|e| bad("-c", path, e.to_string()))?
     } else {
         let mut cfg = TargetConfig::default();
         let given = [&a.null, &a.ram, &a.uring, &a.nvme]
@@ -142,43 +169,39 @@ pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
                 "quick mode serves one namespace: give only one of them (or -c FILE)",
             ));
         }
-        if let Some(t) = &a.nvme {
-            return Err(bad(
-                "--nvme",
-                t,
-                "NVMe bdevs cannot back target namespaces yet (pollux-controller's namespaces take bdevs without an NVMe transport)",
-            ));
-        }
         let bs = a.block_size;
-        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
-            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            if bs == 0 || size % bs as u64 != 0 || size == 0 {
-                return Err(bad(
-                    option,
-                    v,
-                    format!("not a non-zero multiple of the block size {bs}"),
-                ));
-            }
-            let r = if ram {
-                Bdev::ram("Malloc0", bs, size / bs as u64)
-            } else {
-                Bdev::null("Null0", bs, size / bs as u64)
+        let local =
+            |option: &'static str, v: &String, ram: bool| -> Result<Bdev<T>, TargetCliError> {
+                let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+                if bs == 0 || size % bs as u64 != 0 || size == 0 {
+                    return Err(bad(
+                        option,
+                        v,
+                        format!("not a non-zero multiple of the block size {bs}"),
+                    ));
+                }
+                let r = if ram {
+                    Bdev::ram("Malloc0", bs, size / bs as u64)
+                } else {
+                    Bdev::null("Null0", bs, size / bs as u64)
+                };
+                r.map_err(|e| bad(option, v, e.to_string()))
             };
-            r.map_err(|e| bad(option, v, e.to_string()))
-        };
-        let bdev = if let Some(v) = &a.null {
-            local("--null", v, false)?
+        let bdevs = if let Some(v) = &a.null {
+            vec![local("--null", v, false)?]
         } else if let Some(v) = &a.ram {
-            local("--ram", v, true)?
+            vec![local("--ram", v, true)?]
+        } else if let Some(t) = &a.nvme {
+            nvme(t)?
         } else if let Some(p) = &a.uring {
             let o = UringOptions {
                 direct: true,
                 wake_fd: true,
                 ..Default::default()
             };
-            Bdev::uring("Uring0", p, o.clone())
+            vec![Bdev::uring("Uring0", p, o.clone())
                 .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
-                .map_err(|e| bad("--uring", p, e.to_string()))?
+                .map_err(|e| bad("--uring", p, e.to_string()))?]
         } else {
             return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
         };
@@ -187,10 +210,10 @@ pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
         s.model = a.model.clone();
         s.allow_any_host = a.host.is_empty();
         s.hosts = a.host.clone();
-        s.namespaces.push(NamespaceConfig {
-            bdev: bdev.name().to_string(),
+        s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
+            bdev: b.name().to_string(),
             nsid: None,
-        });
+        }));
         let listen = if a.listen.is_empty() {
             vec!["127.0.0.1:4420".to_string()]
         } else {
@@ -202,7 +225,7 @@ pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
                 .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
             s.listeners.push(addr);
         }
-        cfg.bdevs.push(bdev);
+        cfg.bdevs.extend(bdevs);
         cfg.subsystems.push(s);
         cfg
     };
@@ -246,14 +269,68 @@ pub fn config(a: &TargetArgs) -> Result<TargetConfig, TargetCliError> {
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
-    check_cores(&cores, &online_cpus()).map_err(|e| bad("-m", &a.cpumask, e))?;
-    let cfg = config(&a)?;
+    let online = online_cpus();
+    check_cores(&cores, &online).map_err(|e| bad("-m", &a.cpumask, e))?;
+    if let Some(c) = a.device_core {
+        check_cores(&[c], &online).map_err(|e| bad("--device-core", c, e))?;
+    }
+    // The transport type of the NVMe bdevs, from every source.
+    let mut kinds = Vec::new();
+    if let Some(t) = &a.nvme {
+        let (trid, _) = parse_with_limits(t).map_err(|e| bad("--nvme", t, e.to_string()))?;
+        kinds.push((Kind::of(&trid), format!("--nvme '{t}'")));
+    }
+    if let Some(path) = &a.config {
+        // Unreadable: `config` names the file.
+        if let Ok(json) = std::fs::read_to_string(path) {
+            kinds.extend(nvme::config_kinds(&json).map_err(|e| bad("-c", path, e))?);
+        }
+    }
+    let device_core = a
+        .device_core
+        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
+    match nvme::one_kind(&kinds)? {
+        None => {
+            let none = |what: &str| format!("{what}: no NVMe transport in this target");
+            let cfg = config::<NoNvme>(
+                &a,
+                &mut |t: &str| Err(bad("--nvme", t, none("--nvme"))),
+                &mut |att: &NvmeAttach| Err(none(&att.name)),
+            )?;
+            serve(cfg, &cores)
+        }
+        Some(Kind::Pcie) => serve_nvme::<pollux_pcie::Pcie>(&a, &cores, device_core),
+        Some(Kind::Tcp) => serve_nvme::<pollux_tcp::TcpTransport>(&a, &cores, device_core),
+    }
+}
+
+/// A target whose NVMe bdevs use transport `T`.
+fn serve_nvme<T: TargetTransport>(
+    a: &TargetArgs,
+    cores: &[usize],
+    device_core: Option<usize>,
+) -> Result<(), TargetCliError> {
+    let opener = std::cell::RefCell::new(Opener::<T>::new(device_core));
+    let cfg = config::<T>(
+        a,
+        &mut |t: &str| opener.borrow_mut().open_trid("Nvme0", t),
+        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att),
+    );
+    let r = cfg.and_then(|cfg| serve(cfg, cores));
+    // The controllers close after the target's bdevs and channels, the
+    // device thread last (the opener's field order).
+    drop(opener);
+    r
+}
+
+/// Starts the target, prints its addresses and runs until a signal.
+fn serve<T: Transport>(cfg: TargetConfig<T>, cores: &[usize]) -> Result<(), TargetCliError> {
     let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
-    let target = Target::start(cfg, &cores, rt)?;
+    let target = Target::start(cfg, cores, rt)?;
     let _signals = target.stop_on_signals()?;
     {
         let mut out = std::io::stdout().lock();
