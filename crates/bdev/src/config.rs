@@ -57,6 +57,20 @@ pub const SUPPORTED_METHODS: &str =
     "bdev_null_create, bdev_malloc_create, bdev_uring_create, bdev_nvme_attach_controller";
 
 /// Why a configuration was refused.
+
+/// The `"subsystems"` array of an SPDK JSON configuration document (the
+/// shape every reader of one checks first).
+pub fn subsystems(doc: &Value) -> Result<&[Value]> {
+    let shape = |m: &str| ConfigError::Shape(m.to_string());
+    Ok(doc
+        .as_object()
+        .ok_or_else(|| shape("the document is not a JSON object"))?
+        .get("subsystems")
+        .ok_or_else(|| shape("no \"subsystems\" array at the top level"))?
+        .as_array()
+        .ok_or_else(|| shape("\"subsystems\" is not an array"))?)
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("JSON configuration: {0}")]
@@ -384,14 +398,7 @@ impl Config {
     /// accepted). Creates nothing.
     pub fn parse(json: &str) -> Result<Config> {
         let doc: Value = serde_json::from_str(json)?;
-        let shape = |m: &str| ConfigError::Shape(m.to_string());
-        let subsystems = doc
-            .as_object()
-            .ok_or_else(|| shape("the document is not a JSON object"))?
-            .get("subsystems")
-            .ok_or_else(|| shape("no \"subsystems\" array at the top level"))?
-            .as_array()
-            .ok_or_else(|| shape("\"subsystems\" is not an array"))?;
+        let subsystems = subsystems(&doc)?;
         let mut cfg = Config::default();
         let mut found = false;
         for (i, s) in subsystems.iter().enumerate() {

@@ -367,14 +367,7 @@ impl<T: Transport> TargetConfig<T> {
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let doc: Value = serde_json::from_str(json)?;
-        let shape = |m: &str| ConfigError::Shape(m.to_string());
-        let subsystems = doc
-            .as_object()
-            .ok_or_else(|| shape("the document is not a JSON object"))?
-            .get("subsystems")
-            .ok_or_else(|| shape("no \"subsystems\" array at the top level"))?
-            .as_array()
-            .ok_or_else(|| shape("\"subsystems\" is not an array"))?;
+        let subsystems = pollux_bdev::config::subsystems(&doc)?;
         let mut cfg = TargetConfig::default();
         let mut bdev_doc = None;
         let mut nvmf: &[Value] = &[];
@@ -389,7 +382,11 @@ impl<T: Transport> TargetConfig<T> {
                         .unwrap_or(&[])
                 }
                 Some(other) => cfg.warn(format!("subsystem '{other}' ignored")),
-                None => return Err(shape("a subsystem entry has no \"subsystem\" name")),
+                None => {
+                    return Err(ConfigError::Shape(
+                        "a subsystem entry has no \"subsystem\" name".into(),
+                    ))
+                }
             }
         }
         if let Some(b) = bdev_doc {
