@@ -56,8 +56,6 @@ use crate::UringOptions;
 pub const SUPPORTED_METHODS: &str =
     "bdev_null_create, bdev_malloc_create, bdev_uring_create, bdev_nvme_attach_controller";
 
-/// Why a configuration was refused.
-
 /// The `"subsystems"` array of an SPDK JSON configuration document (the
 /// shape every reader of one checks first).
 pub fn subsystems(doc: &Value) -> Result<&[Value]> {
@@ -71,6 +69,7 @@ pub fn subsystems(doc: &Value) -> Result<&[Value]> {
         .ok_or_else(|| shape("\"subsystems\" is not an array"))?)
 }
 
+/// Why a configuration was refused.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("JSON configuration: {0}")]
