@@ -35,7 +35,6 @@ use crate::perf::{
     parse_size, PerfError,
 };
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
-use nvme::NvmeOpener;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -404,14 +403,14 @@ fn run_nvme<T: nvme::NvmeTransport>(
     cores: &[usize],
     online: &[usize],
 ) -> Result<Summary, BdevperfError> {
-    let mut opener = NvmeOpener::<T>::new(a, cores, online)?;
+    let mut opener = nvme::opener::<T>(a, cores, online);
     let bdevs = {
         let op = std::cell::RefCell::new(&mut opener);
         make_bdevs(
             a,
             cfg,
-            &mut |name: &str, trid: &str| op.borrow_mut().open_trid(name, trid),
-            &mut |att: &NvmeAttach| op.borrow_mut().attach(att),
+            &mut |name: &str, trid: &str| Ok(op.borrow_mut().open_trid(name, trid)?),
+            &mut |att: &NvmeAttach| Ok(op.borrow_mut().attach(att)?),
         )?
     };
     let inline = if a.inline {

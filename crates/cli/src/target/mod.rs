@@ -19,9 +19,10 @@ use pollux_target::{
 };
 
 use crate::bdevperf::parse_mask;
+use crate::nvme_open::{NvmeOpener, NvmeTransport};
 use crate::perf::{check_cores, online_cpus};
 use crate::perf::{parse_size, parse_with_limits};
-use nvme::{Kind, Opener, TargetTransport};
+use nvme::Kind;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -305,16 +306,29 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
 }
 
 /// A target whose NVMe bdevs use transport `T`.
-fn serve_nvme<T: TargetTransport>(
+fn serve_nvme<T: NvmeTransport>(
     a: &TargetArgs,
     cores: &[usize],
     device_core: Option<usize>,
 ) -> Result<(), TargetCliError> {
-    let opener = std::cell::RefCell::new(Opener::<T>::new(device_core));
+    let opener = std::cell::RefCell::new(NvmeOpener::<T>::new(
+        pollux_pcie::platform::soft::SoftMode::Threaded,
+        device_core,
+        1,
+        pollux_pcie::QpairOptions::default(),
+    ));
     let cfg = config::<T>(
         a,
-        &mut |t: &str| opener.borrow_mut().open_trid("Nvme0", t),
-        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att),
+        &mut |t: &str| {
+            opener
+                .borrow_mut()
+                .open_trid("Nvme0", t)
+                .map_err(|e| TargetCliError::Nvme {
+                    what: e.what,
+                    why: e.why,
+                })
+        },
+        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
     );
     let r = cfg.and_then(|cfg| serve(cfg, cores));
     // The controllers close after the target's bdevs and channels, the

@@ -1,0 +1,346 @@
+//! NVMe controllers behind bdevs, for `pollux bdevperf` and `pollux
+//! target`: `--nvme TRID` (perf's transport ID syntax) and
+//! `bdev_nvme_attach_controller` in `-c`, over perf's device opening
+//! (emulated controllers on a device thread or stepped inline, devices
+//! bound to vfio-pci / uio_pci_generic, NVMe/TCP controllers).
+//!
+//! A run's NVMe bdevs share one transport type (what uses them is
+//! monomorphised over it): PCIe and the emulated controller, or TCP.
+//!
+//! In `-c`, `trtype`, `traddr` and the other parameters are the TRID's
+//! keys (strings, numbers, booleans as 0/1); SPDK's parameters that mean
+//! nothing to this transport ID (multipath, reconnect, protection checks,
+//! and the fabrics ones for a local controller) are ignored with a warning.
+use std::sync::Arc;
+
+use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::Bdev;
+use pollux_pcie::platform::soft::SoftMode;
+use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_softnvme::{DeviceThread, SoftDevice};
+use serde_json::Value;
+
+use crate::perf::{open_device, parse_with_limits, Ctrl, SoftLimits, Trid};
+
+/// SPDK's optional `bdev_nvme_attach_controller` parameters that are not
+/// transport ID keys here (ignored with a warning).
+const SPDK_IGNORED: &[&str] = &[
+    "adrfam",
+    "trsvcid",
+    "subnqn",
+    "hostnqn",
+    "hostaddr",
+    "hostsvcid",
+    "prchk_reftag",
+    "prchk_guard",
+    "hdgst",
+    "ddgst",
+    "fabrics_connect_timeout_us",
+    "multipath",
+    "num_io_queues",
+    "ctrlr_loss_timeout_sec",
+    "reconnect_delay_sec",
+    "fast_io_fail_timeout_sec",
+    "psk",
+    "max_bdevs",
+];
+
+/// The keys of a `trtype:tcp` transport ID among [`SPDK_IGNORED`].
+const TCP_KEYS: &[&str] = &["adrfam", "trsvcid", "subnqn", "hostnqn", "hdgst", "ddgst"];
+
+/// A controller could not be opened: what was asked (`--nvme '...'`,
+/// `bdev_nvme_attach_controller 'name'`) and why.
+#[derive(Debug, thiserror::Error)]
+#[error("{what}: {why}")]
+pub struct OpenError {
+    pub what: String,
+    pub why: String,
+}
+
+/// The transports NVMe bdevs of one run may use.
+pub trait NvmeTransport: pollux_nvme::Transport {
+    /// Its trtypes, for messages.
+    const TRTYPES: &'static str;
+    /// The controller if it is of this transport, else handed back.
+    fn take(c: Ctrl) -> Result<pollux_nvme::Controller<Self>, Ctrl>;
+}
+
+impl NvmeTransport for Pcie {
+    const TRTYPES: &'static str = "trtype:soft/pcie";
+    fn take(c: Ctrl) -> Result<pollux_pcie::Controller, Ctrl> {
+        match c {
+            Ctrl::Pcie(c) => Ok(c),
+            other => Err(other),
+        }
+    }
+}
+
+impl NvmeTransport for pollux_tcp::TcpTransport {
+    const TRTYPES: &'static str = "trtype:tcp";
+    fn take(c: Ctrl) -> Result<pollux_tcp::Controller, Ctrl> {
+        match c {
+            Ctrl::Tcp(c) => Ok(c),
+            other => Err(other),
+        }
+    }
+}
+
+/// Opens controllers and keeps them (and the device thread) alive for the
+/// run. Fields drop in order: controllers, then emulated devices, then the
+/// device thread their orderly shutdown needs. Drop it after whatever
+/// holds its bdevs.
+pub struct NvmeOpener<T: NvmeTransport> {
+    ctrls: Vec<Arc<pollux_nvme::Controller<T>>>,
+    softs: Vec<Arc<SoftDevice>>,
+    dev_thread: Option<DeviceThread>,
+    mode: SoftMode,
+    device_core: Option<usize>,
+    /// Queue pairs each namespace needs (one per job on it).
+    per_ns: usize,
+    qopts: QpairOptions,
+}
+
+impl<T: NvmeTransport> NvmeOpener<T> {
+    /// `mode`: emulated controllers stepped inline or on a device thread
+    /// pinned to `device_core` (None: not pinned).
+    pub fn new(
+        mode: SoftMode,
+        device_core: Option<usize>,
+        per_ns: usize,
+        qopts: QpairOptions,
+    ) -> NvmeOpener<T> {
+        NvmeOpener {
+            ctrls: Vec::new(),
+            softs: Vec::new(),
+            dev_thread: None,
+            mode,
+            device_core,
+            per_ns,
+            qopts,
+        }
+    }
+
+    /// The emulated controllers (stepped by the caller in inline mode).
+    pub fn soft_devices(&self) -> Vec<Arc<SoftDevice>> {
+        self.softs.clone()
+    }
+
+    /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
+    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<T>>, OpenError> {
+        let what = format!("--nvme '{trid}'");
+        let (t, limits) = parse_with_limits(trid).map_err(|e| OpenError {
+            what: what.clone(),
+            why: e.to_string(),
+        })?;
+        self.open(name, &t, limits, what)
+    }
+
+    /// `bdev_nvme_attach_controller` from `-c`.
+    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<T>>, OpenError> {
+        let (t, limits) = attach_trid(att)?;
+        self.open(&att.name, &t, limits, attach_what(att))
+    }
+
+    fn open(
+        &mut self,
+        name: &str,
+        t: &Trid,
+        limits: SoftLimits,
+        what: String,
+    ) -> Result<Vec<Bdev<T>>, OpenError> {
+        let fail = |why: String| OpenError {
+            what: what.clone(),
+            why,
+        };
+        if matches!(self.mode, SoftMode::Inline) && !matches!(t, Trid::Soft { .. }) {
+            return Err(fail(
+                "only an emulated controller (trtype:soft) can be stepped inline (--inline)".into(),
+            ));
+        }
+        if matches!(t, Trid::Soft { .. })
+            && matches!(self.mode, SoftMode::Threaded)
+            && self.dev_thread.is_none()
+        {
+            self.dev_thread = Some(
+                DeviceThread::spawn(self.device_core)
+                    .map_err(|e| fail(format!("emulated controller thread: {e}")))?,
+            );
+        }
+        // Enough queue pairs for every job on the namespaces known up
+        // front (the controller may grant fewer: channels then fail, named).
+        let nns = match t {
+            Trid::Soft { namespaces, .. } => *namespaces as usize,
+            Trid::Pcie { .. } | Trid::Tcp(_) => 1,
+        };
+        let mut copts = ControllerOptions::default();
+        copts.io_queues =
+            (nns * self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
+        let d = open_device(
+            t,
+            limits,
+            self.ctrls.len(),
+            self.mode,
+            self.dev_thread.as_ref(),
+            &copts,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        let ctrl = Arc::new(T::take(d.ctrl).map_err(|other| {
+            let theirs = match other {
+                Ctrl::Pcie(_) => "trtype:soft/pcie",
+                Ctrl::Tcp(_) => "trtype:tcp",
+            };
+            fail(format!(
+                "{theirs} cannot be mixed with {} controllers in one run",
+                T::TRTYPES
+            ))
+        })?);
+        if let Some(s) = d.soft {
+            self.softs.push(s);
+        }
+        self.ctrls.push(ctrl.clone());
+        let mut bdevs = Vec::new();
+        for ns in ctrl.namespaces() {
+            let b = Bdev::nvme(
+                &format!("{name}n{}", ns.nsid),
+                ctrl.clone(),
+                ns.nsid,
+                self.qopts.clone(),
+            )
+            .map_err(|e| fail(e.to_string()))?;
+            bdevs.push(b);
+        }
+        if bdevs.is_empty() {
+            return Err(fail(format!(
+                "controller {} has no active namespace",
+                d.name
+            )));
+        }
+        Ok(bdevs)
+    }
+}
+
+fn attach_what(att: &NvmeAttach) -> String {
+    format!("bdev_nvme_attach_controller '{}'", att.name)
+}
+
+/// The transport ID of a `bdev_nvme_attach_controller` entry (see the
+/// module docs); the TRID parser refuses keys it does not know.
+pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
+    let fail = |why: String| OpenError {
+        what: attach_what(att),
+        why,
+    };
+    let trtype = att.trtype.to_ascii_lowercase();
+    let mut s = format!("trtype:{trtype}");
+    if let Some(a) = &att.traddr {
+        s.push_str(&format!(" traddr:{a}"));
+    }
+    for (k, v) in &att.params {
+        let tcp_key = trtype == "tcp" && TCP_KEYS.contains(&k.as_str());
+        if SPDK_IGNORED.contains(&k.as_str()) && !tcp_key {
+            tracing::warn!(
+                "{}: parameter '{k}' ignored (not used for a trtype:{trtype} controller here)",
+                attach_what(att)
+            );
+            continue;
+        }
+        let v = match v {
+            Value::String(x) => x.clone(),
+            Value::Number(n) => n.to_string(),
+            Value::Bool(b) => u8::from(*b).to_string(),
+            v => {
+                return Err(fail(format!(
+                    "parameter '{k}': expected a string, a number or a boolean, got {v}"
+                )))
+            }
+        };
+        if v.is_empty() || v.contains(char::is_whitespace) || k.contains(char::is_whitespace) {
+            return Err(fail(format!(
+                "parameter '{k}': '{v}' is empty or contains white space"
+            )));
+        }
+        s.push_str(&format!(" {k}:{v}"));
+    }
+    parse_with_limits(&s).map_err(|e| fail(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeMap;
+
+    fn att(trtype: &str, traddr: Option<&str>, params: &[(&str, Value)]) -> NvmeAttach {
+        NvmeAttach {
+            name: "Nvme0".into(),
+            trtype: trtype.into(),
+            traddr: traddr.map(str::to_string),
+            params: params
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.clone()))
+                .collect::<BTreeMap<_, _>>(),
+        }
+    }
+
+    #[test]
+    fn attach_parameters_become_a_trid() {
+        let (t, l) = attach_trid(&att(
+            "soft",
+            None,
+            &[
+                ("backend", "ram".into()),
+                ("size", "1MiB".into()),
+                ("ns", 2.into()),
+                ("mdts", 1.into()),
+            ],
+        ))
+        .unwrap();
+        assert!(matches!(
+            t,
+            Trid::Soft {
+                size: 1048576,
+                namespaces: 2,
+                ..
+            }
+        ));
+        assert_eq!(l.mdts, Some(1));
+        // SPDK's fabrics and protection parameters mean nothing to a
+        // local controller: ignored.
+        let (t, _) = attach_trid(&att(
+            "PCIe",
+            Some("0000:0a:00.0"),
+            &[("prchk_reftag", false.into()), ("subnqn", "x".into())],
+        ))
+        .unwrap();
+        assert_eq!(
+            t,
+            Trid::Pcie {
+                traddr: "0000:0a:00.0".into()
+            }
+        );
+        // For TCP they are the transport ID's keys.
+        let (t, _) = attach_trid(&att(
+            "TCP",
+            Some("127.0.0.1"),
+            &[
+                ("trsvcid", "4420".into()),
+                ("subnqn", "nqn.2024-01.io.pollux:x".into()),
+                ("ddgst", true.into()),
+                ("multipath", "disable".into()),
+            ],
+        ))
+        .unwrap();
+        let Trid::Tcp(t) = t else { panic!("{t:?}") };
+        assert!(t.ddgst && !t.hdgst && t.trsvcid == 4420);
+        for (a, want) in [
+            (att("rdma", Some("1.2.3.4"), &[]), "rdma"),
+            (att("pcie", None, &[]), "traddr"),
+            (att("pcie", Some("x"), &[("colour", 1.into())]), "colour"),
+            (att("soft", None, &[("colour", "blue".into())]), "colour"),
+            (att("soft", None, &[("path", "a b".into())]), "white space"),
+            (att("soft", Some("x"), &[]), "traddr"),
+        ] {
+            let msg = attach_trid(&a).unwrap_err().to_string();
+            assert!(msg.contains("'Nvme0'") && msg.contains(want), "{msg}");
+        }
+    }
+}
