@@ -21,15 +21,18 @@ Usage: bench/tcp.sh [--quick] [--runs N] [--json FILE]
 import argparse
 import json
 import os
+import shutil
 import signal
 import socket
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BIN = os.path.join(ROOT, "target", "release", "pollux")
+BOUND = os.path.join(ROOT, "target", "release", "examples", "loopback_bound")
 NQN = "nqn.2016-06.io.pollux:bench"
 TICK = os.sysconf("SC_CLK_TCK")
 
@@ -115,6 +118,80 @@ def run(target_args, perf_args, secs, mask="0x1", host=""):
     return tot, u1 - u0, s1 - s0
 
 
+# Where a sample's time goes, by the first of these found on its call path
+# (innermost first): the copy of payload bytes, the rest of a send, the
+# rest of a receive, other kernel work, user space.
+COPY = ("_copy_from_iter", "_copy_to_iter", "simple_copy_to_iter", "copy_user_generic", "rep_movs_alternative",
+        "copy_user_enhanced_fast_string", "__memcpy")
+SEND = ("__sys_sendmsg", "__sys_sendto", "do_writev")
+RECV = ("__sys_recvfrom", "__sys_recvmsg", "do_readv")
+
+
+def classify(stack):
+    """stack: [(symbol, is_kernel)] innermost first."""
+    if not stack:
+        return "other"
+    if not stack[0][1]:
+        return "user"
+    if any(sym in COPY for sym, _ in stack[:3]):
+        return "copy"
+    for sym, _ in stack:
+        if sym in SEND:
+            return "send"
+        if sym in RECV:
+            return "recv"
+    return "kernel other"
+
+
+def profile(pid_of, secs):
+    """Samples the machine with `perf record -e cpu-clock -g` for `secs`
+    (software clock: no hardware counters needed) and returns, for each
+    process name in `pid_of` (name -> pid), the share of its samples per
+    class of `classify`. None if perf is missing or refused."""
+    if not shutil.which("perf"):
+        return None
+    with tempfile.TemporaryDirectory() as d:
+        data = os.path.join(d, "perf.data")
+        p = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-F", "1999", "-g", "-a", "-o", data,
+                            "--", "sleep", str(secs)], capture_output=True, text=True, timeout=secs + 60)
+        if p.returncode != 0:
+            return None
+        out = subprocess.run(["perf", "script", "-i", data, "-F", "pid,ip,sym,dso"],
+                             capture_output=True, text=True, timeout=300).stdout
+    want = {pid: name for name, pid in pid_of.items()}
+    counts = {name: {} for name in pid_of}
+    cur, stack = None, []
+
+    def flush():
+        if cur in want:
+            c = counts[want[cur]]
+            k = classify(stack)
+            c[k] = c.get(k, 0) + 1
+
+    for line in out.splitlines():
+        if not line.strip():
+            flush()
+            cur, stack = None, []
+        elif not line.startswith("\t"):
+            flush()
+            stack = []
+            try:
+                cur = int(line.split()[0])
+            except ValueError:
+                cur = None
+        else:
+            f = line.split()
+            if len(f) >= 2:
+                sym = f[1].split("+")[0]
+                stack.append((sym, "kernel.kallsyms" in line))
+    flush()
+    res = {}
+    for name, c in counts.items():
+        n = sum(c.values())
+        res[name] = {"samples": n, **{k: v / n for k, v in c.items()}} if n else {"samples": 0}
+    return res
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -141,6 +218,52 @@ def main():
     print(f"   IOPS per target core: median {fmt(m)} (range {fmt(lo)} .. {fmt(hi)})   "
           f"(target >= 1.5 x SPDK's 684 K = 1.026 M); target time in the kernel {km * 100:.0f}%, user {100 - km * 100:.0f}%")
     res["qd128"] = {"median": m, "min": lo, "max": hi, "kernel_share": km, "runs": iops}
+
+    psecs = 2 if a.quick else 4
+    print(f"== 1b. where the time goes at QD 128 (perf record -e cpu-clock -g, {psecs} s inside one {psecs + 3} s run)")
+    t = Target()
+    try:
+        cmd = [BIN, "perf", "-r", t.trid(), "--json", "-t", str(psecs + 3), "-c", "1", "-q", "128", "-o", "4096",
+               "-w", "randread"]
+        cl = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        time.sleep(1.5)
+        prof = profile({"target": t.p.pid, "client": cl.pid}, psecs)
+        out, err = cl.communicate(timeout=psecs + 120)
+    finally:
+        t.stop()
+    if prof is None:
+        print("   skipped: perf missing or refused")
+    else:
+        try:
+            got = fmt(json.loads(out)["total"]["iops"]) + " IOPS"
+        except (ValueError, KeyError):
+            got = "perf failed: " + err[-300:]
+        print(f"   {got}")
+        for name in ("target", "client"):
+            r = prof[name]
+            parts = ", ".join(f"{k} {r.get(k, 0) * 100:.0f}%"
+                              for k in ("copy", "send", "recv", "kernel other", "user", "other"))
+            print(f"   {name} ({r['samples']} samples): {parts}")
+        print("   (copy: payload bytes copied by the kernel; send/recv: the rest of sendmsg/recv; a receive"
+              " that finds nothing counts under recv)")
+        res["profile_qd128"] = prof
+
+    if os.path.exists(BOUND):
+        print(f"== 1c. what the kernel alone moves: a bare polling sender (core 0) of 24 B + 4 KiB PDUs,"
+              f" 27 per writev, to a bare reader (core 1), {runs} runs x {secs} s (crates/target/examples/loopback_bound.rs)")
+        per_core, rate = [], []
+        for _ in range(runs):
+            p = subprocess.run([BOUND, "--secs", str(secs), "--json"], capture_output=True, text=True,
+                               timeout=secs + 60)
+            b = json.loads(p.stdout)
+            per_core.append(b["per_sender_core"])
+            rate.append(b["pdus_per_s"])
+            print(f"   {fmt(b['pdus_per_s'])} PDUs/s; sender {b['sender_cpu']:.2f} cores, receiver {b['receiver_cpu']:.2f} cores")
+        m, lo, hi = med_range(rate)
+        tm = res["qd128"]["median"]
+        print(f"   bare kernel: median {fmt(m)} PDUs/s (range {fmt(lo)} .. {fmt(hi)}); the target's QD 128 median is"
+              f" {tm / m:.2f} x of it; 1.5 x SPDK (1.026 M) is {1.026e6 / m:.2f} x of it")
+        res["loopback_bound"] = {"median": m, "min": lo, "max": hi, "per_sender_core": per_core}
 
     print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s")
     p50 = []
