@@ -2,8 +2,18 @@
 //! discovery controller (`trtype:tcp traddr:... trsvcid:...`; `subnqn:`
 //! defaults to the well-known discovery NQN) and prints its entries like
 //! `nvme discover`, or as JSON.
+//!
+//! Without `trsvcid:` it connects to port 8009, the IANA NVMe/TCP
+//! discovery port, as `nvme discover -t tcp` does (I/O controllers default
+//! to 4420 elsewhere). `pollux target` serves its discovery controller on
+//! every address it listens on (`--listen`, default 127.0.0.1:4420), so
+//! when nothing answers the error says which port was tried and suggests
+//! the target's.
+use std::net::SocketAddr;
+
 use clap::Args;
 use pollux_spec::fabrics::{adrfam, subtype, trtype, DiscoveryLogEntry, DISCOVERY_NQN};
+use pollux_spec::tcp::{DEFAULT_PORT, DISCOVERY_PORT};
 use serde_json::json;
 
 use crate::perf::{parse_with_limits, Trid};
@@ -11,7 +21,8 @@ use crate::perf::{parse_with_limits, Trid};
 #[derive(Args, Debug)]
 pub struct DiscoverArgs {
     /// Transport ID, e.g. `trtype:tcp traddr:127.0.0.1 trsvcid:4420`
-    /// (several words are joined).
+    /// (several words are joined; without trsvcid: port 8009, the
+    /// NVMe/TCP discovery port, as nvme discover).
     #[arg(required = true, num_args = 1..)]
     pub trid: Vec<String>,
     /// One JSON object on stdout.
@@ -27,6 +38,64 @@ pub enum DiscoverError {
     NotTcp(String),
     #[error("{0}")]
     Driver(#[from] pollux_nvme::Error),
+    /// The connection to the discovery controller could not be set up.
+    #[error("{source}; {}", unreachable_hint(addr.port(), *defaulted))]
+    Unreachable {
+        addr: SocketAddr,
+        /// No `trsvcid:` was given (the discovery port was tried).
+        defaulted: bool,
+        #[source]
+        source: pollux_nvme::Error,
+    },
+}
+
+/// What to try when nothing answered on `port`.
+fn unreachable_hint(port: u16, defaulted: bool) -> String {
+    let tried = if defaulted {
+        format!(
+            "no NVMe/TCP discovery controller answered on port {port} (the NVMe/TCP discovery port, tried when no trsvcid is given, as nvme discover does)"
+        )
+    } else {
+        format!("no NVMe/TCP discovery controller answered on port {port}")
+    };
+    let suggest = if port == DEFAULT_PORT {
+        String::new()
+    } else {
+        format!(", e.g. trsvcid:{DEFAULT_PORT}, its default")
+    };
+    format!(
+        "{tried}; `pollux target` serves discovery on each address it listens on (--listen, default 127.0.0.1:{DEFAULT_PORT}; printed at start){suggest}"
+    )
+}
+
+/// The discovery controller's connection options from the transport ID
+/// words given, and whether the port was defaulted (no `trsvcid:`): then
+/// it is [`DISCOVERY_PORT`], not the I/O controllers' 4420.
+fn discovery_options(words: &[String]) -> Result<(pollux_tcp::TcpOptions, bool), DiscoverError> {
+    let s = words.join(" ");
+    let (t, _) = parse_with_limits(&s)?;
+    let Trid::Tcp(mut t) = t else {
+        return Err(DiscoverError::NotTcp(s));
+    };
+    // (The transport ID parser's tokens: `key:value` or `key=value`.)
+    let given = s
+        .split_whitespace()
+        .filter_map(|w| w.split_once([':', '=']))
+        .any(|(k, _)| k.eq_ignore_ascii_case("trsvcid"));
+    if !given {
+        t.trsvcid = DISCOVERY_PORT;
+    }
+    Ok((t.options(Some(DISCOVERY_NQN))?, !given))
+}
+
+/// Whether `e` is a failure to set up the connection (TCP connect, ICReq).
+fn is_connect_failure(e: &pollux_nvme::Error) -> bool {
+    let pollux_nvme::Error::Io(io) = e else {
+        return false;
+    };
+    io.get_ref()
+        .and_then(|r| r.downcast_ref::<pollux_tcp::ConnError>())
+        .is_some_and(|c| c.kind == pollux_tcp::ConnErrorKind::Connect)
 }
 
 fn name(v: u8, table: &[(u8, &'static str)]) -> String {
@@ -77,13 +146,19 @@ fn fields(e: &DiscoveryLogEntry) -> [(&'static str, String); 8] {
 }
 
 pub fn run(a: DiscoverArgs) -> Result<Vec<DiscoveryLogEntry>, DiscoverError> {
-    let s = a.trid.join(" ");
-    let (t, _) = parse_with_limits(&s)?;
-    let Trid::Tcp(t) = t else {
-        return Err(DiscoverError::NotTcp(s));
-    };
-    let o = t.options(Some(DISCOVERY_NQN))?;
-    let entries = pollux_tcp::discover(o)?;
+    let (o, defaulted) = discovery_options(&a.trid)?;
+    let addr = o.addr;
+    let entries = pollux_tcp::discover(o).map_err(|source| {
+        if is_connect_failure(&source) {
+            DiscoverError::Unreachable {
+                addr,
+                defaulted,
+                source,
+            }
+        } else {
+            DiscoverError::Driver(source)
+        }
+    })?;
     if a.json {
         let list: Vec<_> = entries
             .iter()
@@ -116,5 +191,71 @@ pub fn main(a: DiscoverArgs) -> i32 {
             eprintln!("pollux discover: {e}");
             2
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn words(s: &str) -> Vec<String> {
+        s.split_whitespace().map(str::to_string).collect()
+    }
+
+    #[test]
+    fn the_port_defaults_to_the_discovery_port() {
+        let (o, defaulted) = discovery_options(&words("trtype:tcp traddr:127.0.0.1")).unwrap();
+        assert_eq!((o.addr.port(), defaulted), (8009, true));
+        assert_eq!(o.subnqn, DISCOVERY_NQN);
+        for (w, port) in [
+            ("trtype:tcp traddr:127.0.0.1 trsvcid:4420", 4420),
+            ("trtype:tcp traddr:127.0.0.1 trsvcid:8009", 8009),
+            ("trtype:tcp traddr:127.0.0.1 TRSVCID=4421", 4421),
+            ("trtype=tcp trsvcid=1234 traddr=::1 adrfam:ipv6", 1234),
+        ] {
+            let (o, defaulted) = discovery_options(&words(w)).unwrap();
+            assert_eq!((o.addr.port(), defaulted), (port, false), "{w}");
+        }
+        // A bad port is still refused, naming the key.
+        let e = discovery_options(&words("trtype:tcp traddr:127.0.0.1 trsvcid:0"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("trsvcid"), "{e}");
+    }
+
+    /// Nobody listens: the error names the address tried and where
+    /// `pollux target` listens.
+    #[test]
+    fn a_refused_connect_names_the_port_and_the_targets() {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let a = DiscoverArgs {
+            trid: words(&format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port}")),
+            json: false,
+        };
+        let e = run(a).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                DiscoverError::Unreachable {
+                    defaulted: false,
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+        let e = e.to_string();
+        assert!(e.contains(&format!("127.0.0.1:{port}")), "{e}");
+        assert!(e.contains(&format!("port {port}")), "{e}");
+        assert!(e.contains("--listen") && e.contains("trsvcid:4420"), "{e}");
+        // The defaulted port says so.
+        let h = unreachable_hint(8009, true);
+        assert!(
+            h.contains("8009") && h.contains("no trsvcid is given") && h.contains("trsvcid:4420"),
+            "{h}"
+        );
+        // Tried 4420 already: no suggestion of it.
+        assert!(!unreachable_hint(4420, false).contains("e.g. trsvcid:4420"));
     }
 }

@@ -23,7 +23,9 @@
 //! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
 //! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
-//! buffer tuning parameters are accepted and ignored), `nvmf_create_subsystem`
+//! buffer tuning parameters are accepted and ignored; pollux-specific,
+//! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
+//! the handshake timeouts of [`TransportOptions`]), `nvmf_create_subsystem`
 //! (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
@@ -32,6 +34,7 @@
 //! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
 //! warning. Anything else is refused naming the method and parameter.
 use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::{Bdev, NoNvme};
@@ -106,7 +109,17 @@ pub struct TransportOptions {
     /// Receive large data straight into the command's buffer (one
     /// `readv` into buffer and receive buffer) instead of copying it.
     pub direct_receive: bool,
+    /// A connection whose ICReq has not arrived this long after it was
+    /// accepted is closed (pollux-specific; JSON `icreq_timeout_ms`).
+    pub icreq_timeout: Duration,
+    /// A connection whose queue is not connected (Fabrics Connect
+    /// accepted) this long after its ICResp is closed (pollux-specific;
+    /// JSON `connect_timeout_ms`).
+    pub connect_timeout: Duration,
 }
+
+/// Longest handshake timeout accepted.
+pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3600);
 
 impl Default for TransportOptions {
     fn default() -> Self {
@@ -125,6 +138,8 @@ impl Default for TransportOptions {
             incoming_cpu: false,
             epoll_idle: true,
             direct_receive: true,
+            icreq_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
         }
     }
 }
@@ -182,6 +197,18 @@ impl TransportOptions {
         }
         if self.max_connections == 0 {
             return bad("max_connections", 0, "must be at least 1");
+        }
+        for (option, t) in [
+            ("icreq_timeout_ms", self.icreq_timeout),
+            ("connect_timeout_ms", self.connect_timeout),
+        ] {
+            if t < Duration::from_millis(1) || t > MAX_HANDSHAKE_TIMEOUT {
+                return bad(
+                    option,
+                    t.as_millis().min(u64::MAX as u128) as u64,
+                    "must be 1 ms..=1 hour",
+                );
+            }
         }
         if self.rx_buffer < 4096 {
             return bad(
@@ -451,6 +478,8 @@ impl<T: Transport> TargetConfig<T> {
                     "control_msg_num",
                     "disable_command_passthru",
                     "kas",
+                    "icreq_timeout_ms",
+                    "connect_timeout_ms",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -477,6 +506,13 @@ impl<T: Transport> TargetConfig<T> {
                 }
                 if let Some(v) = p.uint("kas", 0, 65535)? {
                     t.kas = v as u16;
+                }
+                let max_ms = MAX_HANDSHAKE_TIMEOUT.as_millis() as u64;
+                if let Some(v) = p.uint("icreq_timeout_ms", 1, max_ms)? {
+                    t.icreq_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("connect_timeout_ms", 1, max_ms)? {
+                    t.connect_timeout = Duration::from_millis(v);
                 }
                 if let Some(z) = p.bool("zcopy")? {
                     t.zerocopy_threshold = z.then_some(t.zerocopy_threshold.unwrap_or(16 << 10));

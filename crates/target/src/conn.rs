@@ -30,6 +30,13 @@
 //! Backpressure: nothing more is read while 64 KiB are queued to send, so
 //! a host that does not read cannot grow the connection's memory.
 //!
+//! Handshake: a connection must send its ICReq within `icreq_timeout` of
+//! being accepted, and get its queue connected (a Fabrics Connect
+//! accepted) within `connect_timeout` of ICResp, or it is closed
+//! ([`Conn::handshake_expired`], checked by the thread's periodic timer
+//! with Keep Alive expiry: no clock read on the I/O path), so a peer
+//! cannot hold a connection slot without becoming a queue.
+//!
 //! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
 //! the same machine over memory.
 use std::collections::VecDeque;
@@ -126,6 +133,25 @@ enum Phase {
     /// FIN, then reading to the host's FIN (or the linger deadline).
     Closing,
     Closed,
+}
+
+/// A handshake stage a connection can time out in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Stage {
+    /// Accepted, no ICReq yet (`icreq_timeout`).
+    IcReq,
+    /// ICResp sent, the queue not connected yet: no Connect, or only
+    /// refused ones, whatever else the host sends (`connect_timeout`).
+    Connect,
+}
+
+impl std::fmt::Display for Stage {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Stage::IcReq => "no ICReq since accept",
+            Stage::Connect => "queue not connected (no Fabrics Connect accepted) since ICResp",
+        })
+    }
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -271,6 +297,9 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     thread: usize,
     phase: Phase,
     now: Instant,
+    /// When the current handshake stage began: accepted (waiting for
+    /// ICReq), then ICResp queued (waiting for the queue's Connect).
+    stage_since: Instant,
     /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
     quiet: u32,
     rxcfg: RxConfig,
@@ -395,6 +424,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             thread,
             phase: Phase::Init,
             now,
+            stage_since: now,
             quiet: 0,
             rxcfg: RxConfig::initial(Role::Controller),
             digests: Digests::NONE,
@@ -508,6 +538,25 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             && self.phase == Phase::Ready
             && !self.kato.is_zero()
             && now.saturating_duration_since(self.last_admin) > self.kato
+    }
+
+    /// The handshake stage this connection has spent longer in than the
+    /// transport options allow, if any, and that limit.
+    pub fn handshake_expired(&self, now: Instant) -> Option<(Stage, Duration)> {
+        let o = &self.shared.opts;
+        let (stage, limit) = match self.phase {
+            Phase::Init => (Stage::IcReq, o.icreq_timeout),
+            Phase::Ready if matches!(self.bound, Bound::None) => {
+                (Stage::Connect, o.connect_timeout)
+            }
+            _ => return None,
+        };
+        (now.saturating_duration_since(self.stage_since) > limit).then_some((stage, limit))
+    }
+
+    /// The host's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.peer
     }
 
     /// Linger deadline passed.
@@ -816,6 +865,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     .plen_for(PduType::CapsuleCmd, icd)
                     .max(self.rxcfg.plen_for(PduType::H2CData, o.max_h2c_data));
                 self.phase = Phase::Ready;
+                self.stage_since = self.now;
                 tracing::debug!(peer = %self.peer, digests = ?self.digests, hpda = r.hpda, maxr2t = r.maxr2t, "connection initialized");
                 Ok(())
             }

@@ -1562,3 +1562,73 @@ fn a_host_that_never_reads_cannot_grow_the_send_queue() {
         assert_eq!(h.stats.pdus_out, 20_000 + 1, "responses (and ICResp)");
     });
 }
+
+/// The handshake deadlines over memory, at chosen instants (the clock is
+/// the thread's loop time, constant within this call): ICReq is due
+/// `icreq_timeout` after accept; after ICResp the queue's Connect is due
+/// `connect_timeout` later (the clock restarts at ICResp); Keep Alive or
+/// a refused Connect do not count; an accepted Connect ends the deadline.
+#[test]
+fn handshake_deadlines_follow_the_stages() {
+    use crate::conn::Stage;
+    use std::time::Duration;
+    let two = Duration::from_secs(2);
+    let t = target(crate::TransportOptions {
+        icreq_timeout: two,
+        connect_timeout: two,
+        ..Default::default()
+    });
+    let (sh, local) = (t.shared(), t.listen_addrs()[0]);
+    t.runtime()
+        .call(0, move |ctx| {
+            let mut env = env_for(sh, local, None);
+            let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
+            let t0 = ctx.now();
+            let accepted = t0.checked_sub(Duration::from_secs(3)).expect("instant");
+            let mut h = Host::new(&mut env, &mut rng, ctx, usize::MAX);
+            let peer: SocketAddr = "127.0.0.1:9".parse().expect("address");
+            h.c = Conn::with_wire(
+                1,
+                MemWire::new(usize::MAX),
+                (local, peer),
+                None,
+                h.env.shared.clone(),
+                ctx.index(),
+                accepted,
+            );
+            assert_eq!(h.c.handshake_expired(accepted + two), None, "not yet due");
+            assert_eq!(h.c.handshake_expired(t0), Some((Stage::IcReq, two)));
+            h.icreq(ctx, Digests::NONE, false);
+            let late = t0 + two + Duration::from_millis(1);
+            // ICResp went out at t0 (3 s after accept): Connect is due 2 s
+            // from then.
+            assert_eq!(h.c.handshake_expired(t0), None, "measured from accept");
+            assert_eq!(h.c.handshake_expired(t0 + two), None);
+            assert_eq!(h.c.handshake_expired(late), Some((Stage::Connect, two)));
+            // Commands on the unconnected queue (answered with an error)
+            // and a refused Connect do not connect it.
+            let ka = Sqe::new(AdminOpcode::KeepAlive as u8, 0);
+            h.command(ctx, ka, &[], Kind::Unknown, 0);
+            let c = ConnectCmd::new(0, 31, 0, 0);
+            let d = ConnectData::new(
+                [7; 16],
+                CNTLID_DYNAMIC,
+                "nqn.2024-01.io.pollux:nobody",
+                HOST,
+            )
+            .expect("connect data");
+            let k = || Kind::Connect {
+                admin: true,
+                entries: 32,
+            };
+            h.command(ctx, c.to_sqe(), d.as_bytes(), k(), 0);
+            assert!(!h.bound && !h.c.is_closed());
+            assert_eq!(h.c.handshake_expired(late), Some((Stage::Connect, two)));
+            // Connected: no handshake deadline any more.
+            let d = ConnectData::new([7; 16], CNTLID_DYNAMIC, SUB, HOST).expect("connect data");
+            h.command(ctx, c.to_sqe(), d.as_bytes(), k(), 0);
+            assert!(h.bound, "admin Connect");
+            assert_eq!(h.c.handshake_expired(t0 + Duration::from_secs(3600)), None);
+        })
+        .expect("runtime call");
+}

@@ -6,7 +6,9 @@
 //!   asks, CPDA 0, MAXH2CDATA), command capsules with in-capsule data,
 //!   R2T + H2CData for larger writes, C2HData (with SUCCESS and no
 //!   response capsule when the host disabled SQ flow control), header and
-//!   data digests (CRC32C), C2HTermReq on protocol errors then close.
+//!   data digests (CRC32C), C2HTermReq on protocol errors then close;
+//!   handshake timeouts (ICReq after accept, Connect after ICResp; 10 s
+//!   each by default) so an idle peer cannot hold a connection slot.
 //! - **Fabrics**: Connect (admin and I/O queues, dynamic controller IDs,
 //!   host allow lists, SQSIZE/QID checks), Property Get/Set (CAP, VS, CC,
 //!   CSTS), Disconnect, Keep Alive expiry (controller torn down, its

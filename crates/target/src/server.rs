@@ -1,6 +1,8 @@
 //! The target on the runtime: listeners, placement of connections on
 //! threads, each thread's connection table and poller, idle sleep in
-//! epoll on the sockets, Keep Alive expiry and shutdown.
+//! epoll on the sockets, Keep Alive expiry, handshake timeouts (a
+//! connection without ICReq, or whose queue is not connected, in time is
+//! closed, freeing its `max_connections` slot) and shutdown.
 //!
 //! Each runtime thread keeps its connections in its own table (its
 //! poller, timers and the messages sent to it are the only code touching
@@ -297,6 +299,15 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
                 if c.kato_expired(now) {
                     tracing::warn!(conn = c.id, "keep alive timeout expired");
                     c.close_now(ctx, "keep alive timeout");
+                } else if let Some((stage, limit)) = c.handshake_expired(now) {
+                    tracing::warn!(
+                        peer = %c.peer(),
+                        conn = c.id,
+                        stage = ?stage,
+                        timeout_ms = limit.as_millis() as u64,
+                        "handshake timeout: {stage}; closing the connection"
+                    );
+                    c.close_now(ctx, "handshake timeout");
                 } else if c.linger_over(now) {
                     c.close_now(ctx, "linger time over");
                 }

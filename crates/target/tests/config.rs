@@ -110,3 +110,42 @@ fn nvme_attach_goes_to_the_callers_function() {
     .to_string();
     assert!(e.contains("Nvme7") && e.contains("no such device"), "{e}");
 }
+
+/// The handshake timeouts (pollux-specific `nvmf_create_transport`
+/// parameters): 10 s each by default, read in milliseconds, 0 and more
+/// than an hour refused naming the parameter.
+#[test]
+fn handshake_timeouts_are_read_and_bounded() {
+    use std::time::Duration;
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.icreq_timeout, Duration::from_secs(10));
+    assert_eq!(c.transport.connect_timeout, Duration::from_secs(10));
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with(
+        "\"icreq_timeout_ms\": 250, \"connect_timeout_ms\": 3000",
+    ))
+    .unwrap();
+    assert_eq!(c.transport.icreq_timeout, Duration::from_millis(250));
+    assert_eq!(c.transport.connect_timeout, Duration::from_secs(3));
+    for (p, v) in [
+        ("icreq_timeout_ms", "0"),
+        ("connect_timeout_ms", "0"),
+        ("icreq_timeout_ms", "3600001"),
+        ("connect_timeout_ms", "\"10\""),
+    ] {
+        let e = TargetConfig::from_json(&with(&format!("\"{p}\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("{p} {v} accepted"))
+            .to_string();
+        assert!(e.contains(p) && e.contains("nvmf_create_transport"), "{e}");
+    }
+    // Built in code: validate() names the option.
+    let mut o = pollux_target::TransportOptions {
+        connect_timeout: Duration::ZERO,
+        ..Default::default()
+    };
+    let e = o.validate().unwrap_err().to_string();
+    assert!(e.contains("connect_timeout_ms"), "{e}");
+    o.connect_timeout = Duration::from_secs(3601);
+    assert!(o.validate().is_err());
+}

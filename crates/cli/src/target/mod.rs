@@ -9,6 +9,7 @@ mod nvme;
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::time::Duration;
 
 use clap::Args;
 use pollux_bdev::config::NvmeAttach;
@@ -92,6 +93,11 @@ pub struct TargetArgs {
     /// receiving it straight into the command's buffer.
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
+    /// Seconds a connection may take to send its ICReq, and then to get
+    /// its queue connected (Fabrics Connect), before it is closed
+    /// (default 10; decimals allowed, up to 3600).
+    #[arg(long = "handshake-timeout", value_name = "SECS")]
+    pub handshake_timeout: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -123,6 +129,23 @@ fn bad(
         option,
         value: value.to_string(),
         why: why.into(),
+    }
+}
+
+/// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
+fn handshake_timeout(v: &str) -> Result<Duration, TargetCliError> {
+    let max = pollux_target::config::MAX_HANDSHAKE_TIMEOUT;
+    let why = format!(
+        "expected seconds (decimals allowed) from 0.001 to {}",
+        max.as_secs()
+    );
+    let secs: f64 = v
+        .trim()
+        .parse()
+        .map_err(|_| bad("--handshake-timeout", v, why.clone()))?;
+    match Duration::try_from_secs_f64(secs) {
+        Ok(d) if d >= Duration::from_millis(1) && d <= max => Ok(d),
+        _ => Err(bad("--handshake-timeout", v, why)),
     }
 }
 
@@ -245,6 +268,11 @@ pub fn config<T: Transport>(
         t.zerocopy_threshold =
             Some(u32::try_from(v).map_err(|_| bad("--zcopy-threshold", v, "too large"))?);
     }
+    if let Some(v) = &a.handshake_timeout {
+        let d = handshake_timeout(v)?;
+        t.icreq_timeout = d;
+        t.connect_timeout = d;
+    }
     t.incoming_cpu = a.incoming_cpu;
     t.epoll_idle = !a.no_epoll_idle;
     t.direct_receive = !a.no_direct_receive;
@@ -360,4 +388,50 @@ fn serve<T: Transport>(cfg: TargetConfig<T>, cores: &[usize]) -> Result<(), Targ
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "pollux target: stopped");
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        a: TargetArgs,
+    }
+
+    fn cfg(extra: &[&str]) -> Result<TargetConfig, TargetCliError> {
+        let mut argv = vec!["target", "--ram", "1MiB", "--listen", "127.0.0.1:0"];
+        argv.extend_from_slice(extra);
+        let a = Cli::try_parse_from(argv).expect("arguments").a;
+        config::<NoNvme>(
+            &a,
+            &mut |t: &str| Err(bad("--nvme", t, "none")),
+            &mut |n: &NvmeAttach| Err(n.name.clone()),
+        )
+    }
+
+    #[test]
+    fn handshake_timeout_sets_both_stages() {
+        let d = cfg(&[]).expect("default").transport;
+        assert_eq!(
+            (d.icreq_timeout, d.connect_timeout),
+            (Duration::from_secs(10), Duration::from_secs(10))
+        );
+        let t = cfg(&["--handshake-timeout", "0.25"])
+            .expect("0.25")
+            .transport;
+        assert_eq!(t.icreq_timeout, Duration::from_millis(250));
+        assert_eq!(t.connect_timeout, Duration::from_millis(250));
+        let t = cfg(&["--handshake-timeout", "30"]).expect("30").transport;
+        assert_eq!(t.connect_timeout, Duration::from_secs(30));
+        for v in ["0", "0.0001", "-1", "3601", "inf", "NaN", "ten", ""] {
+            let e = cfg(&[&format!("--handshake-timeout={v}")])
+                .err()
+                .unwrap_or_else(|| panic!("{v:?} accepted"))
+                .to_string();
+            assert!(e.contains("--handshake-timeout"), "{v:?}: {e}");
+        }
+    }
 }
