@@ -192,6 +192,13 @@ def profile(pid_of, secs):
     return res
 
 
+def loopback_bound(secs):
+    p = subprocess.run([BOUND, "--secs", str(secs), "--json"], capture_output=True, text=True, timeout=secs + 60)
+    if p.returncode != 0:
+        sys.exit(f"loopback_bound failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
@@ -204,23 +211,41 @@ def main():
     rt0 = round_trip()
     print(f"cross-core round trip (pollux pingpong): {rt0} ns; load average {os.getloadavg()[0]:.2f}")
 
-    print(f"== 1. target on core 0 (null bdev), perf on core 1 over TCP: 4 KiB randread QD 128, {runs} runs x {secs} s")
-    iops, kern, user = [], [], []
+    have_bound = os.path.exists(BOUND)
+    print(f"== 1. target on core 0 (null bdev), perf on core 1 over TCP: 4 KiB randread QD 128, {runs} runs x {secs} s"
+          + (", each followed by the bare-kernel bound (1b)" if have_bound else ""))
+    iops, kern, user, bound, share = [], [], [], [], []
     for _ in range(runs):
         tot, u, s = run([], ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread"], secs)
         busy = u + s
         iops.append(tot["iops"])
         kern.append(s / busy if busy else 0.0)
         user.append(u / busy if busy else 0.0)
-        print(f"   {fmt(tot['iops'])} IOPS; target CPU {busy / secs:.2f} cores: kernel {s:.2f} s, user {u:.2f} s")
+        line = f"   {fmt(tot['iops'])} IOPS; target CPU {busy / secs:.2f} cores: kernel {s:.2f} s, user {u:.2f} s"
+        if have_bound:
+            b = loopback_bound(secs)
+            bound.append(b["pdus_per_s"])
+            share.append(tot["iops"] / b["pdus_per_s"])
+            line += f"; bare kernel {fmt(b['pdus_per_s'])} PDUs/s, target/bare {share[-1]:.2f}"
+        print(line)
     m, lo, hi = med_range(iops)
     km = statistics.median(kern)
     print(f"   IOPS per target core: median {fmt(m)} (range {fmt(lo)} .. {fmt(hi)})   "
           f"(target >= 1.5 x SPDK's 684 K = 1.026 M); target time in the kernel {km * 100:.0f}%, user {100 - km * 100:.0f}%")
     res["qd128"] = {"median": m, "min": lo, "max": hi, "kernel_share": km, "runs": iops}
+    if have_bound:
+        bm, blo, bhi = med_range(bound)
+        sm, slo, shi = med_range(share)
+        print(f"== 1b. what the kernel alone moves over loopback (crates/target/examples/loopback_bound.rs: a bare"
+              f" polling sender on core 0 of 24 B + 4 KiB PDUs, 27 per writev, to a bare reader on core 1, no requests"
+              f" the other way), interleaved with the runs above")
+        print(f"   bare kernel median {fmt(bm)} PDUs/s (range {fmt(blo)} .. {fmt(bhi)}); target/bare median {sm:.2f}"
+              f" (range {slo:.2f} .. {shi:.2f}); 1.026 M is {1.026e6 / bm:.2f} x the bare median")
+        res["loopback_bound"] = {"median": bm, "min": blo, "max": bhi, "runs": bound,
+                                 "target_share": {"median": sm, "min": slo, "max": shi}}
 
     psecs = 2 if a.quick else 4
-    print(f"== 1b. where the time goes at QD 128 (perf record -e cpu-clock -g, {psecs} s inside one {psecs + 3} s run)")
+    print(f"== 1c. where the time goes at QD 128 (perf record -e cpu-clock -g, {psecs} s inside one {psecs + 3} s run)")
     t = Target()
     try:
         cmd = [BIN, "perf", "-r", t.trid(), "--json", "-t", str(psecs + 3), "-c", "1", "-q", "128", "-o", "4096",
@@ -248,22 +273,6 @@ def main():
               " that finds nothing counts under recv)")
         res["profile_qd128"] = prof
 
-    if os.path.exists(BOUND):
-        print(f"== 1c. what the kernel alone moves: a bare polling sender (core 0) of 24 B + 4 KiB PDUs,"
-              f" 27 per writev, to a bare reader (core 1), {runs} runs x {secs} s (crates/target/examples/loopback_bound.rs)")
-        per_core, rate = [], []
-        for _ in range(runs):
-            p = subprocess.run([BOUND, "--secs", str(secs), "--json"], capture_output=True, text=True,
-                               timeout=secs + 60)
-            b = json.loads(p.stdout)
-            per_core.append(b["per_sender_core"])
-            rate.append(b["pdus_per_s"])
-            print(f"   {fmt(b['pdus_per_s'])} PDUs/s; sender {b['sender_cpu']:.2f} cores, receiver {b['receiver_cpu']:.2f} cores")
-        m, lo, hi = med_range(rate)
-        tm = res["qd128"]["median"]
-        print(f"   bare kernel: median {fmt(m)} PDUs/s (range {fmt(lo)} .. {fmt(hi)}); the target's QD 128 median is"
-              f" {tm / m:.2f} x of it; 1.5 x SPDK (1.026 M) is {1.026e6 / m:.2f} x of it")
-        res["loopback_bound"] = {"median": m, "min": lo, "max": hi, "per_sender_core": per_core}
 
     print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s")
     p50 = []
