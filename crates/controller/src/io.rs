@@ -22,9 +22,9 @@
 //!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
-//! bdev's data is copied through its DMA bounce pieces instead), and the
-//! SMART counts go into plain integers published by
-//! [`IoQueue::publish`].
+//! bdev's data is copied through DMA pieces instead: asynchronously
+//! through the queue's staging pool, `stage`), and the SMART counts go
+//! into plain integers published by [`IoQueue::publish`].
 use std::collections::VecDeque;
 use std::sync::Arc;
 
@@ -36,6 +36,7 @@ use pollux_spec::{NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
 use crate::ctrl::Controller;
+use crate::stage::{self, Staged};
 use crate::stats::{IoStats, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
@@ -108,12 +109,13 @@ pub struct IoQueueOptions {
 /// The `user_data` of an asynchronous request: the tag (bits 0..32), the
 /// kind (bits 32..34: [`K_READ`], [`K_WRITE`], [`K_OTHER`]) and, for
 /// reads and writes, the blocks (bits 34..52), for the counts.
-const K_READ: u64 = 0;
-const K_WRITE: u64 = 1;
+/// (Kind 3 is a staged piece's: `stage::K_PART`.)
+pub(crate) const K_READ: u64 = 0;
+pub(crate) const K_WRITE: u64 = 1;
 const K_OTHER: u64 = 2;
 
 #[inline(always)]
-fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
+pub(crate) fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
     tag as u64 | kind << 32 | nlb << 34
 }
 
@@ -162,17 +164,18 @@ impl<T: Transport> IoQueue<T> {
         handle: StatsHandle,
         opts: IoQueueOptions,
     ) -> Result<IoQueue<T>, ControllerError> {
+        let max_xfer = subsys.limits().max_transfer().unwrap_or(usize::MAX);
         let mut ns = Vec::with_capacity(subsys.namespaces().len());
         for (i, n) in subsys.namespaces().iter().enumerate() {
             let nsid = i as u32 + 1;
-            let ch = NsChan::new(n.bdev(), n.nsze(), opts.depth)
+            let ch = NsChan::new(n.bdev(), n.nsze(), opts.depth, max_xfer)
                 .map_err(|source| ControllerError::Bdev { nsid, source })?;
             ns.push(ch);
         }
         Ok(IoQueue {
             ns,
             scratch: Vec::with_capacity(4096),
-            max_xfer: subsys.limits().max_transfer().unwrap_or(usize::MAX),
+            max_xfer,
             flags_mask: if subsys.personality().is_fabrics() {
                 FLAGS_FUSE
             } else {
@@ -419,12 +422,15 @@ impl<T: Transport> IoQueue<T> {
 
     /// Submits a checked command; its status comes out of
     /// [`IoQueue::poll`] with `tag`. Reads, writes, flushes of one
-    /// namespace and write zeroes go to the bdev and return at once;
-    /// flushes of every namespace, Dataset Management and reads or writes
-    /// whose segments the bdev cannot take (see `store`) run to completion
-    /// within the call (their status is still delivered by `poll`). A
-    /// refusal by the bdev is delivered as the command's media error.
-    /// Fails only when `depth` commands are outstanding already.
+    /// namespace and write zeroes go to the bdev and return at once (an
+    /// NVMe namespace's reads and writes through the queue's DMA staging
+    /// pool, `stage`: they may wait there for pieces, and `poll` starts
+    /// them); flushes of every namespace, Dataset Management and reads or
+    /// writes whose segments the bdev cannot take (see `store`) and the
+    /// pool does not cover run to completion within the call (their
+    /// status is still delivered by `poll`). A refusal by the bdev is
+    /// delivered as the command's media error. Fails only when `depth`
+    /// commands are outstanding already.
     ///
     /// # Safety
     /// The segments are valid memory for their lengths (writable for a
@@ -461,8 +467,11 @@ impl<T: Transport> IoQueue<T> {
                             Err(e) => rw_failed(cmd, write, &StoreError::Refused(e)),
                         }
                     }
-                    // SAFETY: forwarded contract (within the call).
-                    _ => unsafe { self.exec(cmd, segs) },
+                    // SAFETY: forwarded contract.
+                    _ => match unsafe { self.submit_unlent(tag, cmd, segs) } {
+                        Some(st) => st,
+                        None => return Ok(()),
+                    },
                 }
             }
             IoOp::Flush => match self.ns.get_mut(idx) {
@@ -501,6 +510,51 @@ impl<T: Transport> IoQueue<T> {
         Ok(())
     }
 
+    /// `submit` of a read or write whose segments the bdev cannot take:
+    /// staged when the namespace is an NVMe one and its pool covers the
+    /// command (`stage`; `None`: the status comes from `poll`), else run
+    /// within the call (its status).
+    ///
+    /// # Safety
+    /// As `submit`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn submit_unlent(&mut self, tag: u32, cmd: &IoCmd, segs: &[Seg]) -> Option<Status> {
+        let write = cmd.op == IoOp::Write;
+        if let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) {
+            let NsChan { ch, staging, .. } = ns;
+            if let Some(st) = staging.as_mut().filter(|st| st.fits(cmd.nlb, segs.len())) {
+                let mut io = ch.io();
+                // SAFETY: forwarded contract (until delivered); the
+                // segments total `xfer_len`, `nlb` blocks.
+                let r = unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, segs) };
+                return match r {
+                    Staged::Queued => None,
+                    Staged::Failed(e) => Some(rw_failed(cmd, write, &StoreError::Refused(e))),
+                };
+            }
+        }
+        // SAFETY: forwarded contract (within the call).
+        Some(unsafe { self.exec(cmd, segs) })
+    }
+
+    /// Commands of NVMe namespaces that waited for DMA staging pieces
+    /// since the queue was made (see `stage`): a pool too small for the
+    /// load shows here.
+    pub fn staged_waits(&self) -> u64 {
+        self.ns
+            .iter()
+            .filter_map(|n| n.staging.as_ref())
+            .map(|s| s.waits())
+            .sum()
+    }
+
+    /// Requests of this queue the namespaces' bdevs hold (submitted, not
+    /// yet polled back), staged pieces included.
+    pub fn bdev_requests(&self) -> usize {
+        self.ns.iter().map(|n| n.ch.outstanding()).sum()
+    }
+
     /// Delivers the statuses of finished asynchronous commands to
     /// `f(tag, status)`; returns how many. Every submitted command is
     /// delivered exactly once (a failed bdev completes all of them with
@@ -519,6 +573,10 @@ impl<T: Transport> IoQueue<T> {
                 f(u as u32, finish(stats, nsid, shift, u, r));
                 n += 1;
             }
+            if ch.staging.is_some() {
+                n += poll_staged(ch, stats, nsid, f);
+                continue;
+            }
             if ch.ch.outstanding() == 0 {
                 continue;
             }
@@ -534,6 +592,51 @@ impl<T: Transport> IoQueue<T> {
         self.inflight -= n as u32;
         n
     }
+}
+
+/// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
+/// back (a command's status once its last piece is in), then waiting
+/// commands start if pieces allow.
+fn poll_staged<T: Transport>(
+    ns: &mut NsChan<T>,
+    stats: &mut IoStats,
+    nsid: u32,
+    f: &mut impl FnMut(u32, Status),
+) -> usize {
+    let shift = ns.shift;
+    let NsChan { ch, staging, .. } = ns;
+    let Some(st) = staging else {
+        return 0;
+    };
+    let mut n = 0;
+    if ch.outstanding() > 0 {
+        ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+            let (u, r) = if stage::is_part(c.user_data) {
+                // SAFETY: `IoQueue::submit`'s contract holds for the
+                // command until this delivers it.
+                match unsafe { st.complete(c) } {
+                    Some(done) => done,
+                    None => return,
+                }
+            } else {
+                (c.user_data, c.result)
+            };
+            f(u as u32, finish(stats, nsid, shift, u, r));
+            n += 1;
+        });
+    }
+    if st.waiting() > 0 {
+        let mut io = ch.io();
+        // SAFETY: as above, for the waiting commands.
+        unsafe {
+            st.resume(&mut io, &mut |(u, r)| {
+                f(u as u32, finish(stats, nsid, shift, u, r));
+                n += 1;
+            })
+        };
+        ch.flush();
+    }
+    n
 }
 
 /// The status of a finished asynchronous request, counted.

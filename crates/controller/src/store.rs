@@ -14,12 +14,16 @@
 //! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
 //!
 //! An NVMe bdev (`Bdev<T>` with a real transport `T`) takes no lent host
-//! memory, only its controller's DMA buffers (`IoBuf`s): every read and
-//! write of such a namespace goes through DMA bounce pieces, synchronously
-//! (its segments count as misaligned: the I/O path of the other backends
-//! is unchanged). The pieces are `block << k` bytes for every `k` up to
-//! [`BOUNCE`], cut once from one allocation; a transfer is moved in the
-//! largest pieces that fit (a power-of-two number of blocks per command).
+//! memory, only its controller's DMA buffers (`IoBuf`s): its segments
+//! always count as misaligned (the I/O path of the other backends is
+//! unchanged). Asynchronously (a queue with a depth), its reads and writes
+//! are staged through a pool of DMA pieces the channel owns, many commands
+//! at once (`stage`). Synchronously (and for the few commands the pool
+//! does not take: more than `stage::HOST_SEGS` segments, or larger than
+//! the pool covers), they go through DMA bounce pieces of their own, one
+//! request at a time: `block << k` bytes for every `k` up to [`BOUNCE`],
+//! cut once from one allocation; a transfer is moved in the largest
+//! pieces that fit (a power-of-two number of blocks per request).
 use std::collections::VecDeque;
 
 use pollux_bdev::{
@@ -27,6 +31,8 @@ use pollux_bdev::{
     SubmitError,
 };
 use pollux_nvme::Transport;
+
+use crate::stage::{self, Staging};
 
 /// Bytes of the bounce buffer of a namespace channel (a multiple of every
 /// LBA size offered).
@@ -80,11 +86,20 @@ pub(crate) struct NsChan<T: Transport = NoNvme> {
     /// Completions of asynchronous requests met while waiting for a
     /// synchronous one (delivered by the next `IoQueue::poll`).
     pub stash: VecDeque<(u64, Result<u32, IoError>)>,
+    /// An NVMe bdev's asynchronous reads and writes (a queue with a
+    /// depth).
+    pub staging: Option<Staging>,
 }
 
 impl<T: Transport> NsChan<T> {
-    /// `depth`: asynchronous requests at most (0: synchronous use only).
-    pub fn new(bdev: &Bdev<T>, nsze: u64, depth: u32) -> Result<NsChan<T>, pollux_bdev::Error> {
+    /// `depth`: asynchronous requests at most (0: synchronous use only);
+    /// `max_xfer`: the largest transfer of a command.
+    pub fn new(
+        bdev: &Bdev<T>,
+        nsze: u64,
+        depth: u32,
+        max_xfer: usize,
+    ) -> Result<NsChan<T>, pollux_bdev::Error> {
         let info = bdev.info();
         let nvme = info.backend == "nvme";
         let (shift, len_mask, addr_mask) = (
@@ -101,6 +116,11 @@ impl<T: Transport> NsChan<T> {
         } else {
             Bounce::Host(bdev.alloc_buf(BOUNCE)?)
         };
+        let staging = if nvme && depth > 0 {
+            Some(Staging::new(bdev, depth, max_xfer)?)
+        } else {
+            None
+        };
         // The asynchronous requests plus one synchronous one, which is
         // polled to completion.
         let ch = bdev.open(true).channel(&ChannelOptions {
@@ -116,6 +136,7 @@ impl<T: Transport> NsChan<T> {
             addr_mask,
             bounce,
             stash: VecDeque::with_capacity(depth as usize),
+            staging,
         })
     }
 
@@ -123,22 +144,7 @@ impl<T: Transport> NsChan<T> {
     /// asynchronous ones go to the stash).
     #[inline(always)]
     fn wait(&mut self) -> Result<(), IoError> {
-        let mut res = None;
-        let stash = &mut self.stash;
-        loop {
-            self.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    if c.user_data == SYNC_UD {
-                        res = Some(c.result);
-                    } else {
-                        stash.push_back((c.user_data, c.result));
-                    }
-                });
-            if let Some(r) = res {
-                return r.map(drop);
-            }
-            std::hint::spin_loop();
-        }
+        self.wait_owned().0
     }
 
     /// The segments cannot be lent to the bdev as they are.
@@ -208,7 +214,7 @@ impl<T: Transport> NsChan<T> {
         segs: &[Seg],
     ) -> Result<(), StoreError> {
         let total: usize = segs.iter().map(|s| s.len).sum();
-        let mut cur = Cursor { segs, i: 0, off: 0 };
+        let mut cur = Cursor::new(segs);
         if matches!(self.bounce, Bounce::Pieces(_)) {
             // SAFETY: forwarded contract.
             return unsafe { self.rw_pieces(write, lba, total, cur) };
@@ -325,20 +331,34 @@ impl<T: Transport> NsChan<T> {
     }
 
     /// `wait` for a request of owned buffers: also hands them back.
+    /// Staged pieces that finish meanwhile are taken back (a read's data
+    /// scattered), and their commands' results stashed.
+    #[inline(always)]
     fn wait_owned(&mut self) -> (Result<(), IoError>, Data) {
         let mut res = None;
         let mut data = Data::None;
-        let stash = &mut self.stash;
+        let NsChan {
+            ch, stash, staging, ..
+        } = self;
         loop {
-            self.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    if c.user_data == SYNC_UD {
-                        res = Some(c.result);
-                        data = c.data;
-                    } else {
-                        stash.push_back((c.user_data, c.result));
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                if c.user_data == SYNC_UD {
+                    res = Some(c.result);
+                    data = c.data;
+                } else {
+                    match staging {
+                        Some(st) if stage::is_part(c.user_data) => {
+                            // SAFETY: `IoQueue::submit`'s contract holds
+                            // for staged commands until delivered, which
+                            // the stash's next poll does.
+                            if let Some(done) = unsafe { st.complete(c) } {
+                                stash.push_back(done);
+                            }
+                        }
+                        _ => stash.push_back((c.user_data, c.result)),
                     }
-                });
+                }
+            });
             if let Some(r) = res {
                 return (r.map(drop), data);
             }
@@ -380,13 +400,32 @@ fn dma_pieces<T: Transport>(bdev: &Bdev<T>) -> Result<Vec<Option<IoBuf>>, pollux
 }
 
 /// A position in a segment list, for copies in pieces.
-struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     segs: &'a [Seg],
     i: usize,
     off: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
+    /// At the start of `segs`.
+    pub fn new(segs: &'a [Seg]) -> Cursor<'a> {
+        Cursor { segs, i: 0, off: 0 }
+    }
+
+    /// Moves `n` bytes on (touches no memory).
+    pub fn skip(&mut self, mut n: usize) {
+        while let Some(s) = self.segs.get(self.i) {
+            let here = s.len - self.off;
+            if n < here {
+                self.off += n;
+                return;
+            }
+            n -= here;
+            self.i += 1;
+            self.off = 0;
+        }
+    }
+
     /// Copies the next `len` bytes of the segments to `dev`, or
     /// (`to_host`) `len` bytes at `dev` into them.
     ///
@@ -424,14 +463,14 @@ impl Cursor<'_> {
 
     /// # Safety
     /// As `copy`.
-    unsafe fn gather(&mut self, dst: &mut [u8]) {
+    pub unsafe fn gather(&mut self, dst: &mut [u8]) {
         // SAFETY: forwarded contract; `dst` is writable for its length.
         unsafe { self.copy(dst.as_mut_ptr(), dst.len(), false) }
     }
 
     /// # Safety
     /// As `copy`.
-    unsafe fn scatter(&mut self, src: &[u8]) {
+    pub unsafe fn scatter(&mut self, src: &[u8]) {
         // SAFETY: forwarded contract; `src` is only read (`to_host`).
         unsafe { self.copy(src.as_ptr().cast_mut(), src.len(), true) }
     }
