@@ -144,7 +144,23 @@ impl<T: Transport> NsChan<T> {
     /// asynchronous ones go to the stash).
     #[inline(always)]
     fn wait(&mut self) -> Result<(), IoError> {
-        self.wait_owned().0
+        let mut res = None;
+        let NsChan {
+            ch, stash, staging, ..
+        } = self;
+        loop {
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                if c.user_data == SYNC_UD {
+                    res = Some(c.result);
+                } else {
+                    stash_async(stash, staging, c);
+                }
+            });
+            if let Some(r) = res {
+                return r.map(drop);
+            }
+            std::hint::spin_loop();
+        }
     }
 
     /// The segments cannot be lent to the bdev as they are.
@@ -331,9 +347,6 @@ impl<T: Transport> NsChan<T> {
     }
 
     /// `wait` for a request of owned buffers: also hands them back.
-    /// Staged pieces that finish meanwhile are taken back (a read's data
-    /// scattered), and their commands' results stashed.
-    #[inline(always)]
     fn wait_owned(&mut self) -> (Result<(), IoError>, Data) {
         let mut res = None;
         let mut data = Data::None;
@@ -346,17 +359,7 @@ impl<T: Transport> NsChan<T> {
                     res = Some(c.result);
                     data = c.data;
                 } else {
-                    match staging {
-                        Some(st) if stage::is_part(c.user_data) => {
-                            // SAFETY: `IoQueue::submit`'s contract holds
-                            // for staged commands until delivered, which
-                            // the stash's next poll does.
-                            if let Some(done) = unsafe { st.complete(c) } {
-                                stash.push_back(done);
-                            }
-                        }
-                        _ => stash.push_back((c.user_data, c.result)),
-                    }
+                    stash_async(stash, staging, c);
                 }
             });
             if let Some(r) = res {
@@ -381,6 +384,30 @@ impl<T: Transport> NsChan<T> {
             self.ch.write_zeroes(lba, nlb, SYNC_UD)?
         }
         Ok(self.wait()?)
+    }
+}
+
+/// The completion of an asynchronous request met by a synchronous wait:
+/// stashed for the next `IoQueue::poll` (a staged piece is taken back
+/// first, a read's data scattered, and its command's result stashed once
+/// its last piece is in).
+#[cold]
+#[inline(never)]
+fn stash_async(
+    stash: &mut VecDeque<(u64, Result<u32, IoError>)>,
+    staging: &mut Option<Staging>,
+    c: Completion,
+) {
+    match staging {
+        Some(st) if stage::is_part(c.user_data) => {
+            // SAFETY: `IoQueue::submit`'s contract holds for staged
+            // commands until they are delivered, which the stash's next
+            // poll does.
+            if let Some(done) = unsafe { st.complete(c) } {
+                stash.push_back(done);
+            }
+        }
+        _ => stash.push_back((c.user_data, c.result)),
     }
 }
 
