@@ -31,13 +31,14 @@ use std::sync::Arc;
 use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
 use pollux_nvme::Transport;
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
+use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
 use crate::ctrl::Controller;
 use crate::stage::{self, Staged};
-use crate::stats::{IoStats, StatsHandle};
+use crate::stats::{IoErrorRecord, IoStats, Registry, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
 use crate::ControllerError;
@@ -87,6 +88,8 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
+    /// The command identifier (for the Error Information log).
+    pub cid: u16,
 }
 
 impl IoCmd {
@@ -136,6 +139,12 @@ pub struct IoQueue<T: Transport = NoNvme> {
     /// Results of asynchronous commands known at submission (refused, or
     /// run synchronously), for the next `poll`. Capacity `depth`.
     done: VecDeque<(u32, Status)>,
+    /// The SQID failed commands are reported with (`report_errors`);
+    /// None: not reported.
+    report: Option<u16>,
+    /// When reporting: the CID and starting LBA of the asynchronous
+    /// command of each tag below `depth` (else empty).
+    info: Vec<(u16, u64)>,
 }
 
 impl<T: Transport> std::fmt::Debug for IoQueue<T> {
@@ -186,7 +195,38 @@ impl<T: Transport> IoQueue<T> {
             depth: opts.depth,
             inflight: 0,
             done: VecDeque::with_capacity(opts.depth as usize),
+            report: None,
+            info: Vec::new(),
         })
+    }
+
+    /// Reports the commands of this queue that fail to the controller's
+    /// Error Information log and SMART's media error count (see `stats`),
+    /// with `sqid` (FFFFh: not known): the statuses `check` returns and
+    /// those `submit`/`poll` deliver. For transports that do not account
+    /// failed completions themselves (the emulator does, and does not
+    /// call this). Costs the success path one store per asynchronous
+    /// command: its CID and LBA, by tag, for tags below `depth` (the
+    /// target's slot indices); a command of a larger tag that fails
+    /// after `submit` returned is reported with CID FFFFh and LBA 0.
+    pub fn report_errors(&mut self, sqid: u16) {
+        self.report = Some(sqid);
+        self.info = vec![(ERROR_LOG_NOT_SPECIFIC, 0); self.depth as usize];
+    }
+
+    /// Records a failed command for the controller, when reporting.
+    #[cold]
+    #[inline(never)]
+    fn report_failure(&self, cid: u16, status: Status, nsid: u32, lba: u64) {
+        if let Some(sqid) = self.report {
+            self.handle.registry.push_error(IoErrorRecord {
+                sqid,
+                cid,
+                status,
+                nsid,
+                lba,
+            });
+        }
     }
 
     /// A queue for `ctrl` (`IoQueue::new` with its subsystem and a new
@@ -220,6 +260,27 @@ impl<T: Transport> IoQueue<T> {
     /// module doc for the order).
     #[inline(always)]
     pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
+        let r = self.check_sqe(sqe);
+        if let Err(st) = r {
+            self.check_failed(sqe, st);
+        }
+        r
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn check_failed(&self, sqe: &Sqe, st: Status) {
+        let rw = [NvmOpcode::Read, NvmOpcode::Write, NvmOpcode::WriteZeroes];
+        let lba = if rw.iter().any(|&o| o as u8 == sqe.opc) {
+            sqe.slba()
+        } else {
+            0
+        };
+        self.report_failure(sqe.cid, st, sqe.nsid, lba);
+    }
+
+    #[inline(always)]
+    fn check_sqe(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
         if sqe.flags & self.flags_mask != 0 {
             return Err(gen(generic::INVALID_FIELD));
         }
@@ -230,6 +291,7 @@ impl<T: Transport> IoQueue<T> {
             slba: 0,
             nlb: 0,
             xfer_len: 0,
+            cid: sqe.cid,
         };
         match sqe.opc {
             x if x == NvmOpcode::Read as u8 || x == NvmOpcode::Write as u8 => {
@@ -446,6 +508,9 @@ impl<T: Transport> IoQueue<T> {
             return Err(ControllerError::QueueFull { depth: self.depth });
         }
         self.inflight += 1;
+        if let Some(i) = self.info.get_mut(tag as usize) {
+            *i = (cmd.cid, cmd.slba);
+        }
         let idx = (cmd.nsid as usize).wrapping_sub(1);
         let sync = match cmd.op {
             IoOp::Read | IoOp::Write => {
@@ -505,6 +570,9 @@ impl<T: Transport> IoQueue<T> {
             // SAFETY: forwarded contract (within the call).
             IoOp::FlushAll | IoOp::Dsm { .. } => unsafe { self.exec(cmd, segs) },
         };
+        if !sync.is_success() {
+            self.report_failure(cmd.cid, sync, cmd.nsid, cmd.slba);
+        }
         // At most `depth` are in flight, so this never grows the ring.
         self.done.push_back((tag, sync));
         Ok(())
@@ -565,16 +633,28 @@ impl<T: Transport> IoQueue<T> {
             f(tag, st);
             n += 1;
         }
-        let IoQueue { ns, stats, .. } = self;
+        let IoQueue {
+            ns,
+            stats,
+            handle,
+            report,
+            info,
+            ..
+        } = self;
+        let rep = Report {
+            registry: &handle.registry,
+            sqid: *report,
+            info,
+        };
         for (i, ch) in ns.iter_mut().enumerate() {
             let nsid = i as u32 + 1;
             let shift = ch.shift;
             while let Some((u, r)) = ch.stash.pop_front() {
-                f(u as u32, finish(stats, nsid, shift, u, r));
+                f(u as u32, finish(stats, &rep, nsid, shift, u, r));
                 n += 1;
             }
             if ch.staging.is_some() {
-                n += poll_staged(ch, stats, nsid, f);
+                n += poll_staged(ch, stats, &rep, nsid, f);
                 continue;
             }
             if ch.ch.outstanding() == 0 {
@@ -584,7 +664,7 @@ impl<T: Transport> IoQueue<T> {
                 .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
                     f(
                         c.user_data as u32,
-                        finish(stats, nsid, shift, c.user_data, c.result),
+                        finish(stats, &rep, nsid, shift, c.user_data, c.result),
                     );
                     n += 1;
                 });
@@ -600,6 +680,7 @@ impl<T: Transport> IoQueue<T> {
 fn poll_staged<T: Transport>(
     ns: &mut NsChan<T>,
     stats: &mut IoStats,
+    rep: &Report<'_>,
     nsid: u32,
     f: &mut impl FnMut(u32, Status),
 ) -> usize {
@@ -621,7 +702,7 @@ fn poll_staged<T: Transport>(
             } else {
                 (c.user_data, c.result)
             };
-            f(u as u32, finish(stats, nsid, shift, u, r));
+            f(u as u32, finish(stats, rep, nsid, shift, u, r));
             n += 1;
         });
     }
@@ -630,7 +711,7 @@ fn poll_staged<T: Transport>(
         // SAFETY: as above, for the waiting commands.
         unsafe {
             st.resume(&mut io, &mut |(u, r)| {
-                f(u as u32, finish(stats, nsid, shift, u, r));
+                f(u as u32, finish(stats, rep, nsid, shift, u, r));
                 n += 1;
             })
         };
@@ -639,9 +720,23 @@ fn poll_staged<T: Transport>(
     n
 }
 
+/// Where `poll` reports failed commands (see `IoQueue::report_errors`).
+struct Report<'a> {
+    registry: &'a Registry,
+    sqid: Option<u16>,
+    info: &'a [(u16, u64)],
+}
+
 /// The status of a finished asynchronous request, counted.
 #[inline]
-fn finish(stats: &mut IoStats, nsid: u32, shift: u32, u: u64, r: Result<u32, IoError>) -> Status {
+fn finish(
+    stats: &mut IoStats,
+    rep: &Report<'_>,
+    nsid: u32,
+    shift: u32,
+    u: u64,
+    r: Result<u32, IoError>,
+) -> Status {
     let kind = (u >> 32) & 3;
     let nlb = (u >> 34) & 0x3_FFFF;
     match r {
@@ -655,15 +750,36 @@ fn finish(stats: &mut IoStats, nsid: u32, shift: u32, u: u64, r: Result<u32, IoE
             }
             Status::SUCCESS
         }
-        Err(e) => {
-            tracing::error!(nsid, tag = u as u32, error = %e, "namespace I/O failed");
-            Status::media(if kind == K_READ {
-                media::UNRECOVERED_READ_ERROR
-            } else {
-                media::WRITE_FAULT
-            })
-        }
+        Err(e) => failed(rep, nsid, u, &e),
     }
+}
+
+/// The status of a failed asynchronous request, logged and reported.
+#[cold]
+#[inline(never)]
+fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
+    let tag = u as u32;
+    tracing::error!(nsid, tag, error = %e, "namespace I/O failed");
+    let st = Status::media(if (u >> 32) & 3 == K_READ {
+        media::UNRECOVERED_READ_ERROR
+    } else {
+        media::WRITE_FAULT
+    });
+    if let Some(sqid) = rep.sqid {
+        let (cid, lba) = rep
+            .info
+            .get(tag as usize)
+            .copied()
+            .unwrap_or((ERROR_LOG_NOT_SPECIFIC, 0));
+        rep.registry.push_error(IoErrorRecord {
+            sqid,
+            cid,
+            status: st,
+            nsid,
+            lba,
+        });
+    }
+    st
 }
 
 /// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.
@@ -672,10 +788,11 @@ fn lba_ok(slba: u64, nlb: u64, nsze: u64) -> bool {
     slba.checked_add(nlb).is_some_and(|end| end <= nsze)
 }
 
+/// The status of a failed read or write, logged. (Reported to the
+/// controller by `submit` when the queue reports errors; the emulator
+/// accounts it at completion: `Controller::note_error`.)
 #[cold]
 #[inline(never)]
-/// (SMART's media error count is the completion path's:
-/// `Controller::note_error`.)
 fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
     let (slba, nlb) = (cmd.slba, cmd.nlb);
     tracing::error!(nsid = cmd.nsid, slba, nlb, write, error = %e, "namespace I/O failed");

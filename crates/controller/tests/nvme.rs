@@ -10,8 +10,8 @@ use std::sync::Arc;
 
 use pollux_bdev::{Bdev, RawSeg};
 use pollux_controller::{
-    Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits, Namespace, Personality,
-    Subsystem,
+    AdminEnv, AdminOutcome, Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits,
+    Namespace, Personality, Subsystem,
 };
 use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
@@ -19,8 +19,10 @@ use pollux_softnvme::{
     BackendConfig, DeviceThread, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig,
     SoftDevice,
 };
+use pollux_spec::log::{lid, ErrorLogEntry, SmartLog};
 use pollux_spec::status::{media, sct};
 use pollux_spec::{NvmOpcode, Sqe, Status};
+use zerocopy::FromBytes;
 
 /// Namespace size.
 const NS_BYTES: u64 = 32 << 20;
@@ -103,9 +105,11 @@ struct Cmd {
 
 impl Cmd {
     fn new(tag: u32, opc: NvmOpcode, slba: u64, nlb: u32, buf: Vec<u8>) -> Cmd {
+        let mut sqe = Sqe::rw(opc, 1, slba, nlb);
+        sqe.cid = 0x1000 + tag as u16;
         Cmd {
             tag,
-            sqe: Sqe::rw(opc, 1, slba, nlb),
+            sqe,
             buf,
             cuts: Vec::new(),
         }
@@ -280,6 +284,7 @@ fn failing_backend_fails_each_command_once() {
     let lbads = 9;
     let r = rig(lbads, 8);
     let mut q = IoQueue::for_controller(&r.ctrl, IoQueueOptions { depth: 32 }).unwrap();
+    q.report_errors(5);
     // Reads of blocks 2000..2001 fail in the device: a command with a
     // piece there fails as a whole; the others succeed.
     r.dev.add_fault(fault(
@@ -317,7 +322,7 @@ fn failing_backend_fails_each_command_once() {
     let mut w: Vec<Cmd> = (0..32)
         .map(|i| {
             Cmd::new(
-                100 + i,
+                i,
                 NvmOpcode::Write,
                 (i * nlb) as u64,
                 nlb,
@@ -335,4 +340,44 @@ fn failing_backend_fails_each_command_once() {
     r.dev.clear_faults();
     write_read(&mut q, lbads, 140 << 10, 32, &[], 9);
     assert_eq!(q.stats().writes, before.writes + 32);
+    // The controller's logs show the 33 failed commands.
+    let mut ctrl = r.ctrl;
+    let d = log_page(&mut ctrl, lid::SMART, 512);
+    let smart = SmartLog::read_from_bytes(&d).unwrap();
+    assert_eq!(smart.media_errors(), 33);
+    assert_eq!(smart.num_err_log_entries(), 33);
+    let d = log_page(&mut ctrl, lid::ERROR, 64 * 64);
+    let log: Vec<ErrorLogEntry> = d
+        .chunks_exact(64)
+        .map(|e| ErrorLogEntry::read_from_bytes(e).unwrap())
+        .take_while(|e| e.error_count != 0)
+        .collect();
+    assert_eq!(log.len(), 33);
+    let read = &log[32];
+    assert_eq!(
+        (read.sqid, read.cid, read.nsid, read.lba),
+        (5, 0x1007, 1, 7 * 280)
+    );
+    assert!(read.status().is(sct::MEDIA, media::UNRECOVERED_READ_ERROR));
+    let mut writes: Vec<(u16, u64)> = log[..32].iter().map(|e| (e.cid, e.lba)).collect();
+    writes.sort();
+    let want: Vec<(u16, u64)> = (0..32).map(|i| (0x1000 + i, i as u64 * 280)).collect();
+    assert_eq!(writes, want);
+    assert!(log[..32]
+        .iter()
+        .all(|e| e.sqid == 5 && e.status().is(sct::MEDIA, media::WRITE_FAULT)));
+}
+
+/// Get Log Page `lid` of `len` bytes.
+fn log_page(c: &mut Controller<Pcie>, lid: u8, len: u32) -> Vec<u8> {
+    match c.exec_admin(
+        &Sqe::get_log_page(lid, 0, len, 0, 0, 0),
+        AdminEnv::default(),
+    ) {
+        AdminOutcome::Data { data, then, .. } => {
+            c.data_sent(then);
+            data
+        }
+        other => panic!("Get Log Page {lid}: {other:?}"),
+    }
 }
