@@ -88,7 +88,9 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
-    /// The command identifier (for the Error Information log).
+    /// The command identifier, for the Error Information log: the SQE's
+    /// from [`IoQueue::check_reported`], FFFFh ("not available") from
+    /// [`IoQueue::check`].
     pub cid: u16,
 }
 
@@ -202,8 +204,9 @@ impl<T: Transport> IoQueue<T> {
 
     /// Reports the commands of this queue that fail to the controller's
     /// Error Information log and SMART's media error count (see `stats`),
-    /// with `sqid` (FFFFh: not known): the statuses `check` returns and
-    /// those `submit`/`poll` deliver. For transports that do not account
+    /// with `sqid` (FFFFh: not known): the statuses `submit`/`poll`
+    /// deliver, and those [`IoQueue::check_reported`] returns (which also
+    /// gives commands their CID: `check` leaves it FFFFh). For transports that do not account
     /// failed completions themselves (the emulator does, and does not
     /// call this). Costs the success path one store per asynchronous
     /// command: its CID and LBA, by tag, for tags below `depth` (the
@@ -212,6 +215,36 @@ impl<T: Transport> IoQueue<T> {
     pub fn report_errors(&mut self, sqid: u16) {
         self.report = Some(sqid);
         self.info = vec![(ERROR_LOG_NOT_SPECIFIC, 0); self.depth as usize];
+    }
+
+    /// `check` for a queue that reports its failed commands (see
+    /// `report_errors`): the command keeps its CID, for the Error
+    /// Information log should it fail later, and a refusal is reported
+    /// now. (`check` does neither, so the emulator's path, which accounts
+    /// errors itself, carries none of it.)
+    #[inline(always)]
+    pub fn check_reported(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
+        match self.check(sqe) {
+            Ok(mut cmd) => {
+                cmd.cid = sqe.cid;
+                Ok(cmd)
+            }
+            Err(st) => Err(self.refused(sqe, st)),
+        }
+    }
+
+    /// Reports `check`'s refusal `st` of `sqe`; returns it.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, sqe: &Sqe, st: Status) -> Status {
+        let rw = [NvmOpcode::Read, NvmOpcode::Write, NvmOpcode::WriteZeroes];
+        let lba = if rw.iter().any(|&o| o as u8 == sqe.opc) {
+            sqe.slba()
+        } else {
+            0
+        };
+        self.report_failure(sqe.cid, st, sqe.nsid, lba);
+        st
     }
 
     /// Records a failed command for the controller, when reporting.
@@ -260,27 +293,6 @@ impl<T: Transport> IoQueue<T> {
     /// module doc for the order).
     #[inline(always)]
     pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
-        let r = self.check_sqe(sqe);
-        if let Err(st) = r {
-            self.check_failed(sqe, st);
-        }
-        r
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn check_failed(&self, sqe: &Sqe, st: Status) {
-        let rw = [NvmOpcode::Read, NvmOpcode::Write, NvmOpcode::WriteZeroes];
-        let lba = if rw.iter().any(|&o| o as u8 == sqe.opc) {
-            sqe.slba()
-        } else {
-            0
-        };
-        self.report_failure(sqe.cid, st, sqe.nsid, lba);
-    }
-
-    #[inline(always)]
-    fn check_sqe(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
         if sqe.flags & self.flags_mask != 0 {
             return Err(gen(generic::INVALID_FIELD));
         }
@@ -291,7 +303,7 @@ impl<T: Transport> IoQueue<T> {
             slba: 0,
             nlb: 0,
             xfer_len: 0,
-            cid: sqe.cid,
+            cid: ERROR_LOG_NOT_SPECIFIC,
         };
         match sqe.opc {
             x if x == NvmOpcode::Read as u8 || x == NvmOpcode::Write as u8 => {

@@ -695,8 +695,8 @@ fn io_queue_failures_reach_the_error_log_and_smart() {
     // A command the checks refuse: a generic error, with its CID and LBA.
     let mut bad = Sqe::rw(NvmOpcode::Read, 2, BLOCKS, 1);
     bad.cid = 0x42;
-    assert_eq!(q.check(&bad), Err(g(generic::LBA_OUT_OF_RANGE)));
-    assert!(quiet.check(&bad).is_err());
+    assert_eq!(q.check_reported(&bad), Err(g(generic::LBA_OUT_OF_RANGE)));
+    assert!(quiet.check_reported(&bad).is_err());
     // Reads and a write in flight when the namespace's bdev fails, and a
     // read submitted after (refused at submission).
     let mut bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; 4096]).collect();
@@ -708,7 +708,7 @@ fn io_queue_failures_reach_the_error_log_and_smart() {
         };
         let mut sqe = Sqe::rw(op, 2, 10 + i as u64, 1);
         sqe.cid = 0x100 + i as u16;
-        let cmd = q.check(&sqe).unwrap();
+        let cmd = q.check_reported(&sqe).unwrap();
         let s = seg(b);
         // SAFETY: the buffers outlive the polls below.
         unsafe { q.submit(i as u32, &cmd, &s) }.unwrap();
@@ -717,7 +717,7 @@ fn io_queue_failures_reach_the_error_log_and_smart() {
     let mut late = vec![0u8; 4096];
     let mut sqe = Sqe::rw(NvmOpcode::Read, 2, 30, 1);
     sqe.cid = 0x200;
-    let cmd = q.check(&sqe).unwrap();
+    let cmd = q.check_reported(&sqe).unwrap();
     let s = seg(&mut late);
     // SAFETY: as above.
     unsafe { q.submit(7, &cmd, &s) }.unwrap();
@@ -765,7 +765,7 @@ fn io_queue_failures_reach_the_error_log_and_smart() {
     for cid in 0..100u16 {
         let mut bad = Sqe::rw(NvmOpcode::Write, 1, BLOCKS + 5, 1);
         bad.cid = cid;
-        assert!(q.check(&bad).is_err());
+        assert!(q.check_reported(&bad).is_err());
     }
     let s = smart(&mut c);
     assert_eq!(s.num_err_log_entries(), 107);
@@ -778,7 +778,9 @@ fn io_queue_failures_reach_the_error_log_and_smart() {
     // Reported without a known SQID: FFFFh.
     let mut anon = IoQueue::for_controller(&c, IoQueueOptions { depth: 1 }).unwrap();
     anon.report_errors(ERROR_LOG_NOT_SPECIFIC);
-    assert!(anon.check(&Sqe::rw(NvmOpcode::Read, 9, 0, 1)).is_err());
+    assert!(anon
+        .check_reported(&Sqe::rw(NvmOpcode::Read, 9, 0, 1))
+        .is_err());
     let log = error_log(&mut c);
     assert_eq!(
         (log[0].sqid, log[0].nsid, log[0].error_count),

@@ -145,7 +145,7 @@ impl Cmd {
 /// (exactly once); returns the statuses by tag.
 fn run(q: &mut IoQueue<Pcie>, cmds: &mut [Cmd], concurrent: bool) -> BTreeMap<u32, Status> {
     for c in cmds.iter_mut() {
-        let cmd = q.check(&c.sqe).expect("valid command");
+        let cmd = q.check_reported(&c.sqe).expect("valid command");
         assert_eq!(cmd.xfer_len, c.buf.len());
         let segs = c.segs();
         // SAFETY: every buffer lives, untouched, until all are delivered

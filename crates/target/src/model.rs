@@ -313,9 +313,11 @@ impl<T: Transport> Ctrl<T> {
 pub(crate) struct IoQ<T: Transport = NoNvme>(IoQueue<T>);
 
 impl<T: Transport> IoQ<T> {
+    /// Checks a command (a refusal reaches the controller's Error
+    /// Information log; the command keeps its CID for it).
     #[inline]
     pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
-        self.0.check(sqe)
+        self.0.check_reported(sqe)
     }
 
     /// Submits a checked command on its data (`seg`, none for commands
