@@ -256,9 +256,18 @@ impl Staging {
         nlb: u64,
         segs: &[Seg],
     ) -> Staged {
-        let (Some(s), true) = (self.free_slots.pop(), segs.len() <= HOST_SEGS) else {
+        if segs.len() > HOST_SEGS {
+            // `fits` said no: the caller runs it synchronously.
+            return Staged::Failed(SubmitError::TooManySegments {
+                n: segs.len(),
+                max: HOST_SEGS,
+            });
+        }
+        let Some(s) = self.free_slots.pop() else {
             // `IoQueue` keeps at most `depth` commands outstanding.
-            return Staged::Failed(SubmitError::Failed);
+            return Staged::Failed(SubmitError::QueueFull {
+                depth: self.slots.len() as u32,
+            });
         };
         let slot = &mut self.slots[s as usize];
         slot.tag = tag;
