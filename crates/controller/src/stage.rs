@@ -530,4 +530,30 @@ mod tests {
             assert!(f.iter().all(|b| b.len() == 4096 << k));
         }
     }
+
+    #[test]
+    fn a_refused_command_keeps_no_record() {
+        let b: Bdev<NoNvme> = Bdev::ram("r", 512, 1 << 16).unwrap();
+        let mut p = Staging::new(&b, 2, 128 << 10).unwrap();
+        let mut ch = b.open(true).channel(&Default::default()).unwrap();
+        let mut buf = vec![0u8; 512 * 5];
+        let segs: Vec<Seg> = buf
+            .chunks_mut(512)
+            .map(|c| Seg {
+                ptr: c.as_mut_ptr(),
+                len: c.len(),
+            })
+            .collect();
+        assert!(!p.fits(5, segs.len()));
+        for _ in 0..3 {
+            // SAFETY: `buf` outlives the call; nothing is started.
+            let r = unsafe { p.submit(&mut ch.io(), 1, false, 0, 5, &segs) };
+            assert!(matches!(
+                r,
+                Staged::Failed(SubmitError::TooManySegments { n: 5, max: 4 })
+            ));
+        }
+        assert_eq!(p.free_slots.len(), 2);
+        assert_eq!(ch.outstanding(), 0);
+    }
 }
