@@ -201,6 +201,18 @@ impl<T: Transport> Controller<T> {
         self.errlog.record(sqid, cid, status, nsid, lba);
     }
 
+    /// Moves the failed commands the I/O queues reported (see `stats`)
+    /// into the Error Information log and SMART's media error count, in
+    /// the order they happened. Get Log Page of either log does it first.
+    pub fn drain_io_errors(&mut self) {
+        let p = self.io_stats.take_errors();
+        self.errlog.skip(p.older);
+        self.media_errors += p.older_media;
+        for e in p.recent {
+            self.note_error(e.sqid, e.cid, e.status, e.nsid, e.lba);
+        }
+    }
+
     /// Records an error tied to no command and raises an asynchronous
     /// error event of `info` (e.g. an invalid doorbell write).
     pub fn error_event(&mut self, info: u8) {

@@ -42,6 +42,12 @@ impl ErrorLog {
         debug_assert!(self.ring.len() <= ERROR_LOG_ENTRIES);
     }
 
+    /// Counts `n` errors whose entries are not kept (older than what the
+    /// ring holds).
+    pub fn skip(&mut self, n: u64) {
+        self.count += n;
+    }
+
     /// Total errors recorded since the device was created.
     pub fn total(&self) -> u64 {
         self.count

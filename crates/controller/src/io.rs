@@ -22,21 +22,23 @@
 //!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
-//! bdev's data is copied through its DMA bounce pieces instead), and the
-//! SMART counts go into plain integers published by
-//! [`IoQueue::publish`].
+//! bdev's data is copied through DMA pieces instead: asynchronously
+//! through the queue's staging pool, `stage`), and the SMART counts go
+//! into plain integers published by [`IoQueue::publish`].
 use std::collections::VecDeque;
 use std::sync::Arc;
 
 use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
 use pollux_nvme::Transport;
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
+use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
 use crate::ctrl::Controller;
-use crate::stats::{IoStats, StatsHandle};
+use crate::stage::{self, Staged};
+use crate::stats::{IoErrorRecord, IoStats, Registry, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
 use crate::ControllerError;
@@ -86,6 +88,10 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
+    /// The command identifier, for the Error Information log: the SQE's
+    /// from [`IoQueue::check_reported`], FFFFh ("not available") from
+    /// [`IoQueue::check`].
+    pub cid: u16,
 }
 
 impl IoCmd {
@@ -108,12 +114,13 @@ pub struct IoQueueOptions {
 /// The `user_data` of an asynchronous request: the tag (bits 0..32), the
 /// kind (bits 32..34: [`K_READ`], [`K_WRITE`], [`K_OTHER`]) and, for
 /// reads and writes, the blocks (bits 34..52), for the counts.
-const K_READ: u64 = 0;
-const K_WRITE: u64 = 1;
+/// (Kind 3 is a staged piece's: `stage::K_PART`.)
+pub(crate) const K_READ: u64 = 0;
+pub(crate) const K_WRITE: u64 = 1;
 const K_OTHER: u64 = 2;
 
 #[inline(always)]
-fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
+pub(crate) fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
     tag as u64 | kind << 32 | nlb << 34
 }
 
@@ -134,6 +141,12 @@ pub struct IoQueue<T: Transport = NoNvme> {
     /// Results of asynchronous commands known at submission (refused, or
     /// run synchronously), for the next `poll`. Capacity `depth`.
     done: VecDeque<(u32, Status)>,
+    /// The SQID failed commands are reported with (`report_errors`);
+    /// None: not reported.
+    report: Option<u16>,
+    /// When reporting: the CID and starting LBA of the asynchronous
+    /// command of each tag below `depth` (else empty).
+    info: Vec<(u16, u64)>,
 }
 
 impl<T: Transport> std::fmt::Debug for IoQueue<T> {
@@ -162,17 +175,18 @@ impl<T: Transport> IoQueue<T> {
         handle: StatsHandle,
         opts: IoQueueOptions,
     ) -> Result<IoQueue<T>, ControllerError> {
+        let max_xfer = subsys.limits().max_transfer().unwrap_or(usize::MAX);
         let mut ns = Vec::with_capacity(subsys.namespaces().len());
         for (i, n) in subsys.namespaces().iter().enumerate() {
             let nsid = i as u32 + 1;
-            let ch = NsChan::new(n.bdev(), n.nsze(), opts.depth)
+            let ch = NsChan::new(n.bdev(), n.nsze(), opts.depth, max_xfer)
                 .map_err(|source| ControllerError::Bdev { nsid, source })?;
             ns.push(ch);
         }
         Ok(IoQueue {
             ns,
             scratch: Vec::with_capacity(4096),
-            max_xfer: subsys.limits().max_transfer().unwrap_or(usize::MAX),
+            max_xfer,
             flags_mask: if subsys.personality().is_fabrics() {
                 FLAGS_FUSE
             } else {
@@ -183,7 +197,69 @@ impl<T: Transport> IoQueue<T> {
             depth: opts.depth,
             inflight: 0,
             done: VecDeque::with_capacity(opts.depth as usize),
+            report: None,
+            info: Vec::new(),
         })
+    }
+
+    /// Reports the commands of this queue that fail to the controller's
+    /// Error Information log and SMART's media error count (see `stats`),
+    /// with `sqid` (FFFFh: not known): the statuses `submit`/`poll`
+    /// deliver, and those [`IoQueue::check_reported`] returns (which also
+    /// gives commands their CID: `check` leaves it FFFFh). For transports that do not account
+    /// failed completions themselves (the emulator does, and does not
+    /// call this). Costs the success path one store per asynchronous
+    /// command: its CID and LBA, by tag, for tags below `depth` (the
+    /// target's slot indices); a command of a larger tag that fails
+    /// after `submit` returned is reported with CID FFFFh and LBA 0.
+    pub fn report_errors(&mut self, sqid: u16) {
+        self.report = Some(sqid);
+        self.info = vec![(ERROR_LOG_NOT_SPECIFIC, 0); self.depth as usize];
+    }
+
+    /// `check` for a queue that reports its failed commands (see
+    /// `report_errors`): the command keeps its CID, for the Error
+    /// Information log should it fail later, and a refusal is reported
+    /// now. (`check` does neither, so the emulator's path, which accounts
+    /// errors itself, carries none of it.)
+    #[inline(always)]
+    pub fn check_reported(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
+        match self.check(sqe) {
+            Ok(mut cmd) => {
+                cmd.cid = sqe.cid;
+                Ok(cmd)
+            }
+            Err(st) => Err(self.refused(sqe, st)),
+        }
+    }
+
+    /// Reports `check`'s refusal `st` of `sqe`; returns it.
+    #[cold]
+    #[inline(never)]
+    fn refused(&self, sqe: &Sqe, st: Status) -> Status {
+        let rw = [NvmOpcode::Read, NvmOpcode::Write, NvmOpcode::WriteZeroes];
+        let lba = if rw.iter().any(|&o| o as u8 == sqe.opc) {
+            sqe.slba()
+        } else {
+            0
+        };
+        self.report_failure(sqe.cid, st, sqe.nsid, lba);
+        st
+    }
+
+    /// Records a failed command for the controller, when reporting.
+    #[cold]
+    #[inline(never)]
+    fn report_failure(&self, cid: u16, status: Status, nsid: u32, lba: u64) {
+        if let Some(sqid) = self.report {
+            self.handle.registry.push_error(IoErrorRecord {
+                sqid,
+                cid,
+                status,
+                nsid,
+                lba,
+            });
+        }
     }
 
     /// A queue for `ctrl` (`IoQueue::new` with its subsystem and a new
@@ -227,6 +303,7 @@ impl<T: Transport> IoQueue<T> {
             slba: 0,
             nlb: 0,
             xfer_len: 0,
+            cid: ERROR_LOG_NOT_SPECIFIC,
         };
         match sqe.opc {
             x if x == NvmOpcode::Read as u8 || x == NvmOpcode::Write as u8 => {
@@ -419,12 +496,15 @@ impl<T: Transport> IoQueue<T> {
 
     /// Submits a checked command; its status comes out of
     /// [`IoQueue::poll`] with `tag`. Reads, writes, flushes of one
-    /// namespace and write zeroes go to the bdev and return at once;
-    /// flushes of every namespace, Dataset Management and reads or writes
-    /// whose segments the bdev cannot take (see `store`) run to completion
-    /// within the call (their status is still delivered by `poll`). A
-    /// refusal by the bdev is delivered as the command's media error.
-    /// Fails only when `depth` commands are outstanding already.
+    /// namespace and write zeroes go to the bdev and return at once (an
+    /// NVMe namespace's reads and writes through the queue's DMA staging
+    /// pool, `stage`: they may wait there for pieces, and `poll` starts
+    /// them); flushes of every namespace, Dataset Management and reads or
+    /// writes whose segments the bdev cannot take (see `store`) and the
+    /// pool does not cover run to completion within the call (their
+    /// status is still delivered by `poll`). A refusal by the bdev is
+    /// delivered as the command's media error. Fails only when `depth`
+    /// commands are outstanding already.
     ///
     /// # Safety
     /// The segments are valid memory for their lengths (writable for a
@@ -440,6 +520,9 @@ impl<T: Transport> IoQueue<T> {
             return Err(ControllerError::QueueFull { depth: self.depth });
         }
         self.inflight += 1;
+        if let Some(i) = self.info.get_mut(tag as usize) {
+            *i = (cmd.cid, cmd.slba);
+        }
         let idx = (cmd.nsid as usize).wrapping_sub(1);
         let sync = match cmd.op {
             IoOp::Read | IoOp::Write => {
@@ -461,8 +544,11 @@ impl<T: Transport> IoQueue<T> {
                             Err(e) => rw_failed(cmd, write, &StoreError::Refused(e)),
                         }
                     }
-                    // SAFETY: forwarded contract (within the call).
-                    _ => unsafe { self.exec(cmd, segs) },
+                    // SAFETY: forwarded contract.
+                    _ => match unsafe { self.submit_unlent(tag, cmd, segs) } {
+                        Some(st) => st,
+                        None => return Ok(()),
+                    },
                 }
             }
             IoOp::Flush => match self.ns.get_mut(idx) {
@@ -496,9 +582,57 @@ impl<T: Transport> IoQueue<T> {
             // SAFETY: forwarded contract (within the call).
             IoOp::FlushAll | IoOp::Dsm { .. } => unsafe { self.exec(cmd, segs) },
         };
+        if !sync.is_success() {
+            self.report_failure(cmd.cid, sync, cmd.nsid, cmd.slba);
+        }
         // At most `depth` are in flight, so this never grows the ring.
         self.done.push_back((tag, sync));
         Ok(())
+    }
+
+    /// `submit` of a read or write whose segments the bdev cannot take:
+    /// staged when the namespace is an NVMe one and its pool covers the
+    /// command (`stage`; `None`: the status comes from `poll`), else run
+    /// within the call (its status).
+    ///
+    /// # Safety
+    /// As `submit`.
+    #[cold]
+    #[inline(never)]
+    unsafe fn submit_unlent(&mut self, tag: u32, cmd: &IoCmd, segs: &[Seg]) -> Option<Status> {
+        let write = cmd.op == IoOp::Write;
+        if let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) {
+            let NsChan { ch, staging, .. } = ns;
+            if let Some(st) = staging.as_mut().filter(|st| st.fits(cmd.nlb, segs.len())) {
+                let mut io = ch.io();
+                // SAFETY: forwarded contract (until delivered); the
+                // segments total `xfer_len`, `nlb` blocks.
+                let r = unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, segs) };
+                return match r {
+                    Staged::Queued => None,
+                    Staged::Failed(e) => Some(rw_failed(cmd, write, &StoreError::Refused(e))),
+                };
+            }
+        }
+        // SAFETY: forwarded contract (within the call).
+        Some(unsafe { self.exec(cmd, segs) })
+    }
+
+    /// Commands of NVMe namespaces that waited for DMA staging pieces
+    /// since the queue was made (see `stage`): a pool too small for the
+    /// load shows here.
+    pub fn staged_waits(&self) -> u64 {
+        self.ns
+            .iter()
+            .filter_map(|n| n.staging.as_ref())
+            .map(|s| s.waits())
+            .sum()
+    }
+
+    /// Requests of this queue the namespaces' bdevs hold (submitted, not
+    /// yet polled back), staged pieces included.
+    pub fn bdev_requests(&self) -> usize {
+        self.ns.iter().map(|n| n.ch.outstanding()).sum()
     }
 
     /// Delivers the statuses of finished asynchronous commands to
@@ -511,13 +645,29 @@ impl<T: Transport> IoQueue<T> {
             f(tag, st);
             n += 1;
         }
-        let IoQueue { ns, stats, .. } = self;
+        let IoQueue {
+            ns,
+            stats,
+            handle,
+            report,
+            info,
+            ..
+        } = self;
+        let rep = Report {
+            registry: &handle.registry,
+            sqid: *report,
+            info,
+        };
         for (i, ch) in ns.iter_mut().enumerate() {
             let nsid = i as u32 + 1;
             let shift = ch.shift;
             while let Some((u, r)) = ch.stash.pop_front() {
-                f(u as u32, finish(stats, nsid, shift, u, r));
+                f(u as u32, finish(stats, &rep, nsid, shift, u, r));
                 n += 1;
+            }
+            if ch.staging.is_some() {
+                n += poll_staged(ch, stats, &rep, nsid, f);
+                continue;
             }
             if ch.ch.outstanding() == 0 {
                 continue;
@@ -526,7 +676,7 @@ impl<T: Transport> IoQueue<T> {
                 .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
                     f(
                         c.user_data as u32,
-                        finish(stats, nsid, shift, c.user_data, c.result),
+                        finish(stats, &rep, nsid, shift, c.user_data, c.result),
                     );
                     n += 1;
                 });
@@ -536,9 +686,69 @@ impl<T: Transport> IoQueue<T> {
     }
 }
 
+/// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
+/// back (a command's status once its last piece is in), then waiting
+/// commands start if pieces allow.
+fn poll_staged<T: Transport>(
+    ns: &mut NsChan<T>,
+    stats: &mut IoStats,
+    rep: &Report<'_>,
+    nsid: u32,
+    f: &mut impl FnMut(u32, Status),
+) -> usize {
+    let shift = ns.shift;
+    let NsChan { ch, staging, .. } = ns;
+    let Some(st) = staging else {
+        return 0;
+    };
+    let mut n = 0;
+    if ch.outstanding() > 0 {
+        ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+            let (u, r) = if stage::is_part(c.user_data) {
+                // SAFETY: `IoQueue::submit`'s contract holds for the
+                // command until this delivers it.
+                match unsafe { st.complete(c) } {
+                    Some(done) => done,
+                    None => return,
+                }
+            } else {
+                (c.user_data, c.result)
+            };
+            f(u as u32, finish(stats, rep, nsid, shift, u, r));
+            n += 1;
+        });
+    }
+    if st.waiting() > 0 {
+        let mut io = ch.io();
+        // SAFETY: as above, for the waiting commands.
+        unsafe {
+            st.resume(&mut io, &mut |(u, r)| {
+                f(u as u32, finish(stats, rep, nsid, shift, u, r));
+                n += 1;
+            })
+        };
+        ch.flush();
+    }
+    n
+}
+
+/// Where `poll` reports failed commands (see `IoQueue::report_errors`).
+struct Report<'a> {
+    registry: &'a Registry,
+    sqid: Option<u16>,
+    info: &'a [(u16, u64)],
+}
+
 /// The status of a finished asynchronous request, counted.
 #[inline]
-fn finish(stats: &mut IoStats, nsid: u32, shift: u32, u: u64, r: Result<u32, IoError>) -> Status {
+fn finish(
+    stats: &mut IoStats,
+    rep: &Report<'_>,
+    nsid: u32,
+    shift: u32,
+    u: u64,
+    r: Result<u32, IoError>,
+) -> Status {
     let kind = (u >> 32) & 3;
     let nlb = (u >> 34) & 0x3_FFFF;
     match r {
@@ -552,15 +762,36 @@ fn finish(stats: &mut IoStats, nsid: u32, shift: u32, u: u64, r: Result<u32, IoE
             }
             Status::SUCCESS
         }
-        Err(e) => {
-            tracing::error!(nsid, tag = u as u32, error = %e, "namespace I/O failed");
-            Status::media(if kind == K_READ {
-                media::UNRECOVERED_READ_ERROR
-            } else {
-                media::WRITE_FAULT
-            })
-        }
+        Err(e) => failed(rep, nsid, u, &e),
     }
+}
+
+/// The status of a failed asynchronous request, logged and reported.
+#[cold]
+#[inline(never)]
+fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
+    let tag = u as u32;
+    tracing::error!(nsid, tag, error = %e, "namespace I/O failed");
+    let st = Status::media(if (u >> 32) & 3 == K_READ {
+        media::UNRECOVERED_READ_ERROR
+    } else {
+        media::WRITE_FAULT
+    });
+    if let Some(sqid) = rep.sqid {
+        let (cid, lba) = rep
+            .info
+            .get(tag as usize)
+            .copied()
+            .unwrap_or((ERROR_LOG_NOT_SPECIFIC, 0));
+        rep.registry.push_error(IoErrorRecord {
+            sqid,
+            cid,
+            status: st,
+            nsid,
+            lba,
+        });
+    }
+    st
 }
 
 /// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.
@@ -569,10 +800,11 @@ fn lba_ok(slba: u64, nlb: u64, nsze: u64) -> bool {
     slba.checked_add(nlb).is_some_and(|end| end <= nsze)
 }
 
+/// The status of a failed read or write, logged. (Reported to the
+/// controller by `submit` when the queue reports errors; the emulator
+/// accounts it at completion: `Controller::note_error`.)
 #[cold]
 #[inline(never)]
-/// (SMART's media error count is the completion path's:
-/// `Controller::note_error`.)
 fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
     let (slba, nlb) = (cmd.slba, cmd.nlb);
     tracing::error!(nsid = cmd.nsid, slba, nlb, write, error = %e, "namespace I/O failed");

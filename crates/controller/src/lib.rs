@@ -26,7 +26,8 @@
 //! namespaces are NVMe namespaces (PCIe, TCP) is `Subsystem<Pcie>` etc.,
 //! monomorphised (no `dyn` call per I/O). Such namespaces take only their
 //! controller's DMA memory: their reads and writes are staged through DMA
-//! bounce buffers, synchronously (see `store`).
+//! pieces each queue owns, many commands at once on an asynchronous queue
+//! (see `stage`), one at a time on a synchronous one (see `store`).
 //!
 //! Every field of a command comes from the untrusted host: every path
 //! ends in an NVMe status, never a panic.
@@ -35,7 +36,7 @@
 //! reactions, errors and events), `regs` (CAP/VS/CC/CSTS), `admin` (+
 //! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
 //! `IoQueue`), `store` (a queue's channel to a namespace's bdev, bounce
-//! buffer), `stats` (per-queue counts published for SMART), `error`.
+//! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART), `error`.
 
 pub mod admin;
 mod aer;
@@ -44,6 +45,7 @@ mod errlog;
 mod error;
 mod io;
 mod regs;
+mod stage;
 mod stats;
 mod store;
 mod subsystem;

@@ -4,8 +4,23 @@
 //! no read-modify-write) when its owner asks (`IoQueue::publish`, e.g.
 //! once per batch). Get Log Page sums every queue the controller has
 //! registered, live and closed.
+//!
+//! Failed commands of I/O queues that report them (`IoQueue::report_errors`:
+//! the target's; the emulator accounts failed completions itself) are
+//! rare: such a queue, on another thread than the controller's admin
+//! queue, pushes each into the registry under a mutex taken only then;
+//! the controller moves them into its Error Information log and SMART's
+//! media error count when either log page is read
+//! (`Controller::drain_io_errors`). The pending ones are bounded: beyond
+//! the log's length only the newest are kept, the older ones counted.
+use std::collections::VecDeque;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_spec::status::sct;
+use pollux_spec::Status;
+
+use crate::errlog::ERROR_LOG_ENTRIES;
 
 /// A queue's I/O counts: successful reads and writes and their bytes.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -54,11 +69,33 @@ impl Published {
     }
 }
 
+/// A failed command of an I/O queue, for the Error Information log.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct IoErrorRecord {
+    pub sqid: u16,
+    pub cid: u16,
+    pub status: Status,
+    pub nsid: u32,
+    pub lba: u64,
+}
+
+/// Failed commands not yet in the controller's log.
+#[derive(Debug, Default)]
+pub(crate) struct PendingErrors {
+    /// The newest, oldest first (at most `ERROR_LOG_ENTRIES`).
+    pub recent: VecDeque<IoErrorRecord>,
+    /// Older ones that no longer fit: how many, and how many of them were
+    /// media errors.
+    pub older: u64,
+    pub older_media: u64,
+}
+
 /// Every queue of one controller.
 #[derive(Debug, Default)]
 pub(crate) struct Registry {
     live: Mutex<Vec<Arc<Published>>>,
     retired: Mutex<IoStats>,
+    errors: Mutex<PendingErrors>,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -76,6 +113,35 @@ impl Registry {
     pub fn retire(&self, p: &Arc<Published>) {
         lock(&self.live).retain(|x| !Arc::ptr_eq(x, p));
         lock(&self.retired).add(&p.load());
+    }
+
+    /// Records a failed command (any thread; the error path only).
+    #[cold]
+    pub fn push_error(&self, e: IoErrorRecord) {
+        let mut p = lock(&self.errors);
+        if p.recent.len() >= ERROR_LOG_ENTRIES {
+            if let Some(old) = p.recent.pop_front() {
+                p.older += 1;
+                p.older_media += u64::from(old.status.sct() == sct::MEDIA);
+            }
+        }
+        p.recent.push_back(e);
+    }
+
+    /// Takes the failed commands recorded so far.
+    pub fn take_errors(&self) -> PendingErrors {
+        std::mem::take(&mut *lock(&self.errors))
+    }
+
+    /// Failed commands recorded and not taken yet: (all, media errors).
+    pub fn pending_errors(&self) -> (u64, u64) {
+        let p = lock(&self.errors);
+        let media = p
+            .recent
+            .iter()
+            .filter(|e| e.status.sct() == sct::MEDIA)
+            .count() as u64;
+        (p.older + p.recent.len() as u64, p.older_media + media)
     }
 
     pub fn total(&self) -> IoStats {

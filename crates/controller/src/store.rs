@@ -14,12 +14,16 @@
 //! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
 //!
 //! An NVMe bdev (`Bdev<T>` with a real transport `T`) takes no lent host
-//! memory, only its controller's DMA buffers (`IoBuf`s): every read and
-//! write of such a namespace goes through DMA bounce pieces, synchronously
-//! (its segments count as misaligned: the I/O path of the other backends
-//! is unchanged). The pieces are `block << k` bytes for every `k` up to
-//! [`BOUNCE`], cut once from one allocation; a transfer is moved in the
-//! largest pieces that fit (a power-of-two number of blocks per command).
+//! memory, only its controller's DMA buffers (`IoBuf`s): its segments
+//! always count as misaligned (the I/O path of the other backends is
+//! unchanged). Asynchronously (a queue with a depth), its reads and writes
+//! are staged through a pool of DMA pieces the channel owns, many commands
+//! at once (`stage`). Synchronously (and for the few commands the pool
+//! does not take: more than `stage::HOST_SEGS` segments, or larger than
+//! the pool covers), they go through DMA bounce pieces of their own, one
+//! request at a time: `block << k` bytes for every `k` up to [`BOUNCE`],
+//! cut once from one allocation; a transfer is moved in the largest
+//! pieces that fit (a power-of-two number of blocks per request).
 use std::collections::VecDeque;
 
 use pollux_bdev::{
@@ -27,6 +31,8 @@ use pollux_bdev::{
     SubmitError,
 };
 use pollux_nvme::Transport;
+
+use crate::stage::{self, Staging};
 
 /// Bytes of the bounce buffer of a namespace channel (a multiple of every
 /// LBA size offered).
@@ -80,11 +86,20 @@ pub(crate) struct NsChan<T: Transport = NoNvme> {
     /// Completions of asynchronous requests met while waiting for a
     /// synchronous one (delivered by the next `IoQueue::poll`).
     pub stash: VecDeque<(u64, Result<u32, IoError>)>,
+    /// An NVMe bdev's asynchronous reads and writes (a queue with a
+    /// depth).
+    pub staging: Option<Staging>,
 }
 
 impl<T: Transport> NsChan<T> {
-    /// `depth`: asynchronous requests at most (0: synchronous use only).
-    pub fn new(bdev: &Bdev<T>, nsze: u64, depth: u32) -> Result<NsChan<T>, pollux_bdev::Error> {
+    /// `depth`: asynchronous requests at most (0: synchronous use only);
+    /// `max_xfer`: the largest transfer of a command.
+    pub fn new(
+        bdev: &Bdev<T>,
+        nsze: u64,
+        depth: u32,
+        max_xfer: usize,
+    ) -> Result<NsChan<T>, pollux_bdev::Error> {
         let info = bdev.info();
         let nvme = info.backend == "nvme";
         let (shift, len_mask, addr_mask) = (
@@ -101,6 +116,11 @@ impl<T: Transport> NsChan<T> {
         } else {
             Bounce::Host(bdev.alloc_buf(BOUNCE)?)
         };
+        let staging = if nvme && depth > 0 {
+            Some(Staging::new(bdev, depth, max_xfer)?)
+        } else {
+            None
+        };
         // The asynchronous requests plus one synchronous one, which is
         // polled to completion.
         let ch = bdev.open(true).channel(&ChannelOptions {
@@ -116,6 +136,7 @@ impl<T: Transport> NsChan<T> {
             addr_mask,
             bounce,
             stash: VecDeque::with_capacity(depth as usize),
+            staging,
         })
     }
 
@@ -124,16 +145,17 @@ impl<T: Transport> NsChan<T> {
     #[inline(always)]
     fn wait(&mut self) -> Result<(), IoError> {
         let mut res = None;
-        let stash = &mut self.stash;
+        let NsChan {
+            ch, stash, staging, ..
+        } = self;
         loop {
-            self.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    if c.user_data == SYNC_UD {
-                        res = Some(c.result);
-                    } else {
-                        stash.push_back((c.user_data, c.result));
-                    }
-                });
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                if c.user_data == SYNC_UD {
+                    res = Some(c.result);
+                } else {
+                    stash_async(stash, staging, c);
+                }
+            });
             if let Some(r) = res {
                 return r.map(drop);
             }
@@ -208,7 +230,7 @@ impl<T: Transport> NsChan<T> {
         segs: &[Seg],
     ) -> Result<(), StoreError> {
         let total: usize = segs.iter().map(|s| s.len).sum();
-        let mut cur = Cursor { segs, i: 0, off: 0 };
+        let mut cur = Cursor::new(segs);
         if matches!(self.bounce, Bounce::Pieces(_)) {
             // SAFETY: forwarded contract.
             return unsafe { self.rw_pieces(write, lba, total, cur) };
@@ -328,17 +350,18 @@ impl<T: Transport> NsChan<T> {
     fn wait_owned(&mut self) -> (Result<(), IoError>, Data) {
         let mut res = None;
         let mut data = Data::None;
-        let stash = &mut self.stash;
+        let NsChan {
+            ch, stash, staging, ..
+        } = self;
         loop {
-            self.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    if c.user_data == SYNC_UD {
-                        res = Some(c.result);
-                        data = c.data;
-                    } else {
-                        stash.push_back((c.user_data, c.result));
-                    }
-                });
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+                if c.user_data == SYNC_UD {
+                    res = Some(c.result);
+                    data = c.data;
+                } else {
+                    stash_async(stash, staging, c);
+                }
+            });
             if let Some(r) = res {
                 return (r.map(drop), data);
             }
@@ -364,6 +387,30 @@ impl<T: Transport> NsChan<T> {
     }
 }
 
+/// The completion of an asynchronous request met by a synchronous wait:
+/// stashed for the next `IoQueue::poll` (a staged piece is taken back
+/// first, a read's data scattered, and its command's result stashed once
+/// its last piece is in).
+#[cold]
+#[inline(never)]
+fn stash_async(
+    stash: &mut VecDeque<(u64, Result<u32, IoError>)>,
+    staging: &mut Option<Staging>,
+    c: Completion,
+) {
+    match staging {
+        Some(st) if stage::is_part(c.user_data) => {
+            // SAFETY: `IoQueue::submit`'s contract holds for staged
+            // commands until they are delivered, which the stash's next
+            // poll does.
+            if let Some(done) = unsafe { st.complete(c) } {
+                stash.push_back(done);
+            }
+        }
+        _ => stash.push_back((c.user_data, c.result)),
+    }
+}
+
 /// An NVMe bdev's DMA bounce pieces (see the module doc): `block << k`
 /// bytes for `k` in `0..=log2(BOUNCE / block)`, cut from one allocation.
 fn dma_pieces<T: Transport>(bdev: &Bdev<T>) -> Result<Vec<Option<IoBuf>>, pollux_bdev::Error> {
@@ -380,13 +427,32 @@ fn dma_pieces<T: Transport>(bdev: &Bdev<T>) -> Result<Vec<Option<IoBuf>>, pollux
 }
 
 /// A position in a segment list, for copies in pieces.
-struct Cursor<'a> {
+pub(crate) struct Cursor<'a> {
     segs: &'a [Seg],
     i: usize,
     off: usize,
 }
 
-impl Cursor<'_> {
+impl<'a> Cursor<'a> {
+    /// At the start of `segs`.
+    pub fn new(segs: &'a [Seg]) -> Cursor<'a> {
+        Cursor { segs, i: 0, off: 0 }
+    }
+
+    /// Moves `n` bytes on (touches no memory).
+    pub fn skip(&mut self, mut n: usize) {
+        while let Some(s) = self.segs.get(self.i) {
+            let here = s.len - self.off;
+            if n < here {
+                self.off += n;
+                return;
+            }
+            n -= here;
+            self.i += 1;
+            self.off = 0;
+        }
+    }
+
     /// Copies the next `len` bytes of the segments to `dev`, or
     /// (`to_host`) `len` bytes at `dev` into them.
     ///
@@ -424,14 +490,14 @@ impl Cursor<'_> {
 
     /// # Safety
     /// As `copy`.
-    unsafe fn gather(&mut self, dst: &mut [u8]) {
+    pub unsafe fn gather(&mut self, dst: &mut [u8]) {
         // SAFETY: forwarded contract; `dst` is writable for its length.
         unsafe { self.copy(dst.as_mut_ptr(), dst.len(), false) }
     }
 
     /// # Safety
     /// As `copy`.
-    unsafe fn scatter(&mut self, src: &[u8]) {
+    pub unsafe fn scatter(&mut self, src: &[u8]) {
         // SAFETY: forwarded contract; `src` is only read (`to_host`).
         unsafe { self.copy(src.as_ptr().cast_mut(), src.len(), true) }
     }

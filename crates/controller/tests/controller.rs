@@ -15,9 +15,9 @@ use pollux_spec::features::{aer, fid, NumberOfQueues};
 use pollux_spec::identify::{
     IdentifyController, IdentifyNamespace, CNTRLTYPE_IO, OACS_DBBUF_CONFIG,
 };
-use pollux_spec::log::{lid, SmartLog};
+use pollux_spec::log::{lid, ErrorLogEntry, SmartLog, ERROR_LOG_NOT_SPECIFIC};
 use pollux_spec::regs::{shst, Cc, Csts};
-use pollux_spec::status::{generic, media, specific};
+use pollux_spec::status::{generic, media, sct, specific};
 use pollux_spec::{AdminOpcode, NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
@@ -669,4 +669,121 @@ fn failing_bdev_completes_every_outstanding_command() {
     assert_eq!(got, want);
     // Nothing counted as read or written.
     assert_eq!(q.stats().reads + q.stats().writes, 0);
+}
+
+/// Get Log Page Error Information of `c`: its entries, newest first.
+fn error_log(c: &mut Controller) -> Vec<ErrorLogEntry> {
+    let d = admin_data(c, Sqe::get_log_page(lid::ERROR, 0, 64 * 64, 0, 0, 0)).unwrap();
+    d.chunks_exact(64)
+        .map(|e| ErrorLogEntry::read_from_bytes(e).unwrap())
+        .take_while(|e| e.error_count != 0)
+        .collect()
+}
+
+#[test]
+fn io_queue_failures_reach_the_error_log_and_smart() {
+    let sub = subsystem(fabrics(0), 5);
+    let mut c = Controller::new(sub.clone(), 1);
+    let mut q = IoQueue::for_controller(&c, IoQueueOptions { depth: 16 }).unwrap();
+    q.report_errors(3);
+    // A queue that does not report (the emulator's kind): its failures
+    // are its transport's to account.
+    let mut quiet = IoQueue::for_controller(&c, IoQueueOptions { depth: 4 }).unwrap();
+    assert_eq!(smart(&mut c).media_errors(), 0);
+    assert!(error_log(&mut c).is_empty());
+
+    // A command the checks refuse: a generic error, with its CID and LBA.
+    let mut bad = Sqe::rw(NvmOpcode::Read, 2, BLOCKS, 1);
+    bad.cid = 0x42;
+    assert_eq!(q.check_reported(&bad), Err(g(generic::LBA_OUT_OF_RANGE)));
+    assert!(quiet.check_reported(&bad).is_err());
+    // Reads and a write in flight when the namespace's bdev fails, and a
+    // read submitted after (refused at submission).
+    let mut bufs: Vec<Vec<u8>> = (0..5).map(|_| vec![0u8; 4096]).collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let op = if i == 4 {
+            NvmOpcode::Write
+        } else {
+            NvmOpcode::Read
+        };
+        let mut sqe = Sqe::rw(op, 2, 10 + i as u64, 1);
+        sqe.cid = 0x100 + i as u16;
+        let cmd = q.check_reported(&sqe).unwrap();
+        let s = seg(b);
+        // SAFETY: the buffers outlive the polls below.
+        unsafe { q.submit(i as u32, &cmd, &s) }.unwrap();
+    }
+    assert!(sub.namespace(2).unwrap().bdev().inject_failure());
+    let mut late = vec![0u8; 4096];
+    let mut sqe = Sqe::rw(NvmOpcode::Read, 2, 30, 1);
+    sqe.cid = 0x200;
+    let cmd = q.check_reported(&sqe).unwrap();
+    let s = seg(&mut late);
+    // SAFETY: as above.
+    unsafe { q.submit(7, &cmd, &s) }.unwrap();
+    let mut quiet_buf = vec![0u8; 4096];
+    assert!(!exec(
+        &mut quiet,
+        &Sqe::rw(NvmOpcode::Read, 2, 0, 1),
+        &mut quiet_buf
+    )
+    .is_success());
+    let mut got = Vec::new();
+    while q.outstanding() > 0 {
+        q.poll(&mut |t, st| got.push((t, st)));
+    }
+    assert_eq!(got.len(), 6);
+
+    // Newest first: the five in flight (failed at the poll, in completion
+    // order), the late read (refused at submission), the check failure.
+    let log = error_log(&mut c);
+    assert_eq!(log.len(), 7, "{log:?}");
+    let ure = Status::media(media::UNRECOVERED_READ_ERROR);
+    let wf = Status::media(media::WRITE_FAULT);
+    assert_eq!((log[5].cid, log[5].lba, log[5].status()), (0x200, 30, ure));
+    let mut inflight: Vec<(u16, u64, Status)> = log[..5]
+        .iter()
+        .map(|e| (e.cid, e.lba, e.status()))
+        .collect();
+    inflight.sort_by_key(|e| e.0);
+    let want: Vec<(u16, u64, Status)> = (0..5)
+        .map(|i| (0x100 + i, 10 + i as u64, if i == 4 { wf } else { ure }))
+        .collect();
+    assert_eq!(inflight, want);
+    assert_eq!((log[6].cid, log[6].lba), (0x42, BLOCKS));
+    assert!(log[6].status().is(sct::GENERIC, generic::LBA_OUT_OF_RANGE));
+    for (i, e) in log.iter().enumerate() {
+        assert_eq!((e.sqid, e.nsid), (3, 2), "entry {i}");
+        assert_eq!(e.error_count, 7 - i as u64, "entry {i}");
+    }
+    let s = smart(&mut c);
+    assert_eq!(s.media_errors(), 6, "the check failure is no media error");
+    assert_eq!(s.num_err_log_entries(), 7);
+
+    // More failures than the log holds between two reads: the newest are
+    // kept, every one is counted.
+    for cid in 0..100u16 {
+        let mut bad = Sqe::rw(NvmOpcode::Write, 1, BLOCKS + 5, 1);
+        bad.cid = cid;
+        assert!(q.check_reported(&bad).is_err());
+    }
+    let s = smart(&mut c);
+    assert_eq!(s.num_err_log_entries(), 107);
+    assert_eq!(s.media_errors(), 6);
+    let log = error_log(&mut c);
+    assert_eq!(log.len(), 64);
+    assert_eq!((log[0].error_count, log[0].cid), (107, 99));
+    assert_eq!((log[63].error_count, log[63].cid), (44, 36));
+    assert!(log.iter().all(|e| e.sqid == 3 && e.nsid == 1));
+    // Reported without a known SQID: FFFFh.
+    let mut anon = IoQueue::for_controller(&c, IoQueueOptions { depth: 1 }).unwrap();
+    anon.report_errors(ERROR_LOG_NOT_SPECIFIC);
+    assert!(anon
+        .check_reported(&Sqe::rw(NvmOpcode::Read, 9, 0, 1))
+        .is_err());
+    let log = error_log(&mut c);
+    assert_eq!(
+        (log[0].sqid, log[0].nsid, log[0].error_count),
+        (0xFFFF, 9, 108)
+    );
 }

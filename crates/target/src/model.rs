@@ -22,6 +22,7 @@ use pollux_nvme::Transport;
 use pollux_spec::cmd::cns;
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
+use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::regs::off;
 use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
@@ -297,11 +298,14 @@ impl<T: Transport> Ctrl<T> {
 
     /// A new I/O queue of this controller, `depth` commands deep. Call
     /// it on the thread that will use the queue (its bdev channels).
+    ///
+    /// Its failed commands reach the controller's Error Information log
+    /// and SMART's media error count, with their CID but SQID FFFFh ("not
+    /// specific"): the queue's QID is not passed in here.
     pub fn new_io_queue(&self, depth: u32) -> Result<IoQ<T>, ModelError> {
-        Ok(IoQ(IoQueue::for_controller(
-            &self.inner,
-            IoQueueOptions { depth },
-        )?))
+        let mut q = IoQueue::for_controller(&self.inner, IoQueueOptions { depth })?;
+        q.report_errors(ERROR_LOG_NOT_SPECIFIC);
+        Ok(IoQ(q))
     }
 }
 
@@ -309,9 +313,11 @@ impl<T: Transport> Ctrl<T> {
 pub(crate) struct IoQ<T: Transport = NoNvme>(IoQueue<T>);
 
 impl<T: Transport> IoQ<T> {
+    /// Checks a command (a refusal reaches the controller's Error
+    /// Information log; the command keeps its CID for it).
     #[inline]
     pub fn check(&self, sqe: &Sqe) -> Result<IoCmd, Status> {
-        self.0.check(sqe)
+        self.0.check_reported(sqe)
     }
 
     /// Submits a checked command on its data (`seg`, none for commands

@@ -65,9 +65,11 @@ impl<T: Transport> Controller<T> {
     }
 
     /// The SMART / Health log: I/O counts of every queue as published,
-    /// media errors and error log entries of this controller.
+    /// media errors and error log entries of this controller (with those
+    /// its I/O queues reported and Get Log Page has not collected yet).
     pub fn smart_log(&self) -> SmartLog {
         let s = self.io_stats();
+        let (errors, media) = self.io_stats.pending_errors();
         let mut log = SmartLog::default();
         log.set_temperature(COMPOSITE_TEMP);
         log.avail_spare = 100;
@@ -79,8 +81,8 @@ impl<T: Transport> Controller<T> {
         log.set_host_write_commands(s.writes as u128);
         log.set_power_cycles(1);
         log.set_power_on_hours((self.created.elapsed().as_secs() / 3600) as u128);
-        log.set_media_errors(self.media_errors as u128);
-        log.set_num_err_log_entries(self.errlog.total() as u128);
+        log.set_media_errors((self.media_errors + media) as u128);
+        log.set_num_err_log_entries((self.errlog.total() + errors) as u128);
         log
     }
 }

@@ -101,7 +101,10 @@ impl<T: Transport> Controller<T> {
         use AdminOpcode::*;
         match AdminOpcode::from_u8(sqe.opc) {
             Some(Identify) => self.identify(sqe),
-            Some(GetLogPage) => self.get_log_page(sqe),
+            Some(GetLogPage) => {
+                self.drain_io_errors();
+                self.get_log_page(sqe)
+            }
             Some(SetFeatures) => self.set_features(sqe, env),
             Some(GetFeatures) => self.get_features(sqe),
             Some(AsyncEventRequest) => self.async_event_request(sqe),
