@@ -1148,7 +1148,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             if entries > shared.subsys(sid).mqes() as u32 + 1 {
                 return Err(invalid(ParamIn::Command, ipo::SQSIZE));
             }
-            let q = match ctrl.new_io_queue(entries) {
+            let q = match ctrl.new_io_queue(cmd.qid, entries) {
                 Ok(q) => q,
                 Err(err) => {
                     tracing::error!(error = %err, "I/O queue not created");

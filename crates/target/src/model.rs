@@ -22,7 +22,6 @@ use pollux_nvme::Transport;
 use pollux_spec::cmd::cns;
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
-use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::regs::off;
 use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
@@ -296,15 +295,15 @@ impl<T: Transport> Ctrl<T> {
         id
     }
 
-    /// A new I/O queue of this controller, `depth` commands deep. Call
-    /// it on the thread that will use the queue (its bdev channels).
+    /// A new I/O queue of this controller, `depth` commands deep, with
+    /// QID `qid`. Call it on the thread that will use the queue (its bdev
+    /// channels).
     ///
     /// Its failed commands reach the controller's Error Information log
-    /// and SMART's media error count, with their CID but SQID FFFFh ("not
-    /// specific"): the queue's QID is not passed in here.
-    pub fn new_io_queue(&self, depth: u32) -> Result<IoQ<T>, ModelError> {
+    /// and SMART's media error count, with their SQID and CID.
+    pub fn new_io_queue(&self, qid: u16, depth: u32) -> Result<IoQ<T>, ModelError> {
         let mut q = IoQueue::for_controller(&self.inner, IoQueueOptions { depth })?;
-        q.report_errors(ERROR_LOG_NOT_SPECIFIC);
+        q.report_errors(qid);
         Ok(IoQ(q))
     }
 }

@@ -85,15 +85,15 @@ fn failed_io_commands_show_in_the_error_log_and_smart() {
         .iter()
         .map(|e| (e.error_count, e.sqid, e.cid, e.nsid, e.lba, e.status().0))
         .collect();
-    // Newest first; the I/O queue's QID is not known to the model here
-    // (SQID FFFFh, "not specific"), the command's CID and LBA are.
+    // Newest first, with the I/O queue's QID (1), the command's CID and
+    // LBA.
     assert_eq!(
         got,
         [
-            (3, 0xFFFF, rcid, 1, 24, r.status().0),
+            (3, 1, rcid, 1, 24, r.status().0),
             (
                 2,
-                0xFFFF,
+                1,
                 wcid,
                 1,
                 16,
@@ -101,7 +101,7 @@ fn failed_io_commands_show_in_the_error_log_and_smart() {
             ),
             (
                 1,
-                0xFFFF,
+                1,
                 0x77,
                 1,
                 4096,
