@@ -42,6 +42,7 @@ rc=0
 GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-480}" \
     --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
     --extra-file "$HERE/tcp.sh:/opt/tcp.sh" --extra-file "$HERE/target.sh:/opt/target.sh" \
+    --extra-file "$HERE/target-nvme.sh:/opt/target-nvme.sh" \
     -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -186,6 +186,7 @@ check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
 bdevperf vfio-bdevperf-verify --nvme "$TRID" -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+. /opt/target-nvme.sh   # pollux target serving this controller's namespace over TCP
 # Without root: an ordinary user (uid 1000, no capabilities) needs only
 # read/write access to /dev/vfio/vfio (0666) and the group node (root 0600
 # by default), and a locked-memory limit covering the pinned DMA memory.
