@@ -185,6 +185,13 @@ fn set(c: &std::sync::atomic::AtomicU64, v: u64) {
     c.store(v, std::sync::atomic::Ordering::Relaxed);
 }
 
+/// A request the driver refused, in the layer's terms, with its buffer.
+#[cold]
+#[inline(never)]
+fn nvme_refused(r: pollux_nvme::Refused, shift: u32) -> Refused {
+    Refused::new(from_nvme(r.error, 1 << shift), r.buf.into())
+}
+
 /// The same error in the layer's terms where one exists.
 #[cold]
 fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
@@ -458,7 +465,8 @@ impl<'a, T: Transport> Io<'a, T> {
                 } else {
                     sub.read(&side.ns, lba, nlb, buf, ud)
                 };
-                r.map_err(|r| Refused::new(from_nvme(r.error, 1 << self.c.shift), r.buf.into()))
+                let shift = self.c.shift;
+                r.map_err(|r| nvme_refused(r, shift))
             }
             IoBe::Local(l) => match self.c.blocks(len).and_then(|n| self.c.range(lba, n)) {
                 Ok(()) => {

@@ -307,3 +307,51 @@ fn a_vector_refused_at_its_first_buffer_comes_back_whole_and_leaves_nothing_open
     assert_eq!(drain(&mut ch).len(), 1);
     assert_eq!(ch.outstanding(), 0);
 }
+
+/// The NVMe completion has two routes: a one-buffer request with no split
+/// child or latency slot (built as `Data::One` in the hot path), and the
+/// rest (latency slots, split children, commands without a buffer). Both
+/// must hand back the caller's user data and buffers, and count errors.
+#[test]
+fn completions_keep_user_data_and_buffers_on_every_route() {
+    let (_dev, b) = open(BackendConfig::Ram, 4 << 20, 1, None);
+    for latency in [false, true] {
+        let opts = ChannelOptions {
+            latency,
+            ..Default::default()
+        };
+        let mut ch = b.open(true).channel(&opts).unwrap();
+        let base = if latency { 1000 } else { 0 };
+        ch.write(8, pattern(&b, 4096, 5), base + 1).unwrap();
+        // 32 KiB at MDTS 8 KiB: split by the queue pair into four commands.
+        ch.write(64, pattern(&b, 32768, 6), base + 2).unwrap();
+        // A vector: split by the layer (children carry the layer's tag).
+        let v = vec![pattern(&b, 4096, 7), pattern(&b, 4096, 8)];
+        ch.writev(200, v, base + 3).unwrap();
+        ch.flush_cache(base + 4).unwrap();
+        let c = drain(&mut ch);
+        let uds: Vec<u64> = c.iter().map(|c| c.user_data).collect();
+        assert_eq!(uds, (1..=4).map(|i| base + i).collect::<Vec<_>>());
+        assert!(c.iter().all(|c| c.result.is_ok()), "{c:?}");
+        assert!(matches!(c[0].data, Data::One(ref b) if b.len() == 4096));
+        assert!(matches!(c[1].data, Data::One(ref b) if b.len() == 32768));
+        assert!(matches!(c[2].data, Data::Vec(ref v) if v.len() == 2));
+        assert!(matches!(c[3].data, Data::None));
+
+        ch.read(8, b.alloc_buf(4096).unwrap(), base + 5).unwrap();
+        // Past the end of the namespace: refused at submission, buffer back.
+        let r = ch.read(8191, b.alloc_buf(4096).unwrap(), base + 6).unwrap_err();
+        assert!(matches!(r.data, Data::One(_)), "{r:?}");
+        let mut c = drain(&mut ch);
+        assert_eq!(c.len(), 1);
+        assert_eq!(c[0].user_data, base + 5);
+        assert_eq!(
+            bytes(std::mem::take(&mut c[0].data)),
+            pattern(&b, 4096, 5).as_slice()
+        );
+    }
+    let s = b.stats();
+    assert_eq!((s.writes, s.reads, s.others), (6, 2, 2));
+    let lat = s.latency.expect("the latency channel merged its histogram");
+    assert_eq!(lat.count, 5, "every request of the latency channel");
+}

@@ -462,7 +462,13 @@ impl<'a, T: Transport> Submitter<'a, T> {
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
-                return match self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i)) {
+                // `move`: the closure holds a copy of the slice, so the
+                // slice need not live in memory on the one-page path
+                // (by reference it was spilled to the stack every I/O).
+                return match self
+                    .sq
+                    .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
+                {
                     Ok(()) => {
                         self.core.claim_with_buf(cid, user_data, buf);
                         Ok(())
