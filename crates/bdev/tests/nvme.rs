@@ -340,7 +340,9 @@ fn completions_keep_user_data_and_buffers_on_every_route() {
 
         ch.read(8, b.alloc_buf(4096).unwrap(), base + 5).unwrap();
         // Past the end of the namespace: refused at submission, buffer back.
-        let r = ch.read(8191, b.alloc_buf(4096).unwrap(), base + 6).unwrap_err();
+        let r = ch
+            .read(8191, b.alloc_buf(4096).unwrap(), base + 6)
+            .unwrap_err();
         assert!(matches!(r.data, Data::One(_)), "{r:?}");
         let mut c = drain(&mut ch);
         assert_eq!(c.len(), 1);

@@ -104,6 +104,8 @@ fn bad_options_are_refused_naming_the_option() {
             "--max-io-size",
         ),
         (&["--ram", "1MiB", "--nqn", ""][..], "--nqn"),
+        (&["--ram", "1MiB", "--send-iov", "0"][..], "--send-iov"),
+        (&["--ram", "1MiB", "--send-iov", "513"][..], "--send-iov"),
         (&["-c", "/nonexistent/pollux.json"][..], "-c"),
     ] {
         let mut full = vec!["target", "--listen", "127.0.0.1:0"];

@@ -25,7 +25,7 @@
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
 //! buffer tuning parameters are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`]), `nvmf_create_subsystem`
+//! the handshake timeouts of [`TransportOptions`], and `send_iov`), `nvmf_create_subsystem`
 //! (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
@@ -109,6 +109,10 @@ pub struct TransportOptions {
     /// Receive large data straight into the command's buffer (one
     /// `readv` into buffer and receive buffer) instead of copying it.
     pub direct_receive: bool,
+    /// Most iovecs in one `sendmsg` (1..=[`MAX_SEND_IOV`]; JSON
+    /// `send_iov`, pollux-specific). Each response is one or two (header,
+    /// data): fewer, larger sends cost the kernel less per byte.
+    pub send_iov: usize,
     /// A connection whose ICReq has not arrived this long after it was
     /// accepted is closed (pollux-specific; JSON `icreq_timeout_ms`).
     pub icreq_timeout: Duration,
@@ -117,6 +121,11 @@ pub struct TransportOptions {
     /// JSON `connect_timeout_ms`).
     pub connect_timeout: Duration,
 }
+
+/// Most iovecs in one `sendmsg`: a header and a data segment for each
+/// command of a queue of depth 256, so a full queue's responses go out in
+/// one call.
+pub const MAX_SEND_IOV: usize = 512;
 
 /// Longest handshake timeout accepted.
 pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -138,6 +147,7 @@ impl Default for TransportOptions {
             incoming_cpu: false,
             epoll_idle: true,
             direct_receive: true,
+            send_iov: MAX_SEND_IOV,
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
         }
@@ -209,6 +219,9 @@ impl TransportOptions {
                     "must be 1 ms..=1 hour",
                 );
             }
+        }
+        if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {
+            return bad("send_iov", self.send_iov as u64, "must be 1..=512");
         }
         if self.rx_buffer < 4096 {
             return bad(
@@ -480,6 +493,7 @@ impl<T: Transport> TargetConfig<T> {
                     "kas",
                     "icreq_timeout_ms",
                     "connect_timeout_ms",
+                    "send_iov",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -513,6 +527,9 @@ impl<T: Transport> TargetConfig<T> {
                 }
                 if let Some(v) = p.uint("connect_timeout_ms", 1, max_ms)? {
                     t.connect_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
+                    t.send_iov = v as usize;
                 }
                 if let Some(z) = p.bool("zcopy")? {
                     t.zerocopy_threshold = z.then_some(t.zerocopy_threshold.unwrap_or(16 << 10));

@@ -1615,6 +1615,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             iov_base: std::ptr::null_mut(),
             iov_len: 0,
         }; sock::MAX_IOV];
+        let max_iov = self.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
             while let Some(Seg::Release { slot }) = self.tx.segs.front().copied() {
                 self.tx.segs.pop_front();
@@ -1667,7 +1668,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     }
                     Seg::Release { .. } => {}
                 }
-                if n == sock::MAX_IOV {
+                if n == max_iov {
                     break;
                 }
             }

@@ -42,7 +42,9 @@ mod server;
 mod shared;
 mod sock;
 
-pub use config::{ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions};
+pub use config::{
+    ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
+};
 pub use model::ModelError;
 pub use pollux_runtime::RuntimeOptions;
 pub use server::{Target, TargetError};

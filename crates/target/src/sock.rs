@@ -46,8 +46,9 @@ impl Wire for TcpStream {
     }
 }
 
-/// Most iovecs handed to one `sendmsg`.
-pub(crate) const MAX_IOV: usize = 64;
+/// Most iovecs handed to one `sendmsg` (`TransportOptions::send_iov` may
+/// lower it).
+pub(crate) const MAX_IOV: usize = crate::config::MAX_SEND_IOV;
 /// `SO_EE_ORIGIN_ZEROCOPY` (linux/errqueue.h; not in the libc crate).
 const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
 

@@ -149,3 +149,30 @@ fn handshake_timeouts_are_read_and_bounded() {
     o.connect_timeout = Duration::from_secs(3601);
     assert!(o.validate().is_err());
 }
+
+/// `send_iov` (pollux-specific `nvmf_create_transport` parameter): 512 by
+/// default, 1..=512 accepted, anything else refused naming it.
+#[test]
+fn send_iov_is_read_and_bounded() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.send_iov, pollux_target::MAX_SEND_IOV);
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with("\"send_iov\": 64")).unwrap();
+    assert_eq!(c.transport.send_iov, 64);
+    for v in ["0", "513", "\"64\""] {
+        let e = TargetConfig::from_json(&with(&format!("\"send_iov\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("send_iov {v} accepted"))
+            .to_string();
+        assert!(
+            e.contains("send_iov") && e.contains("nvmf_create_transport"),
+            "{e}"
+        );
+    }
+    let o = pollux_target::TransportOptions {
+        send_iov: 0,
+        ..Default::default()
+    };
+    let e = o.validate().unwrap_err().to_string();
+    assert!(e.contains("send_iov"), "{e}");
+}

@@ -552,6 +552,20 @@ fn every_technique_switch_moves_data_intact() {
                 ..base.clone()
             },
         ),
+        (
+            "one iovec per sendmsg",
+            TransportOptions {
+                send_iov: 1,
+                ..base.clone()
+            },
+        ),
+        (
+            "64 iovecs per sendmsg",
+            TransportOptions {
+                send_iov: 64,
+                ..base.clone()
+            },
+        ),
     ] {
         eprintln!("CASE {what}");
         io_round_trip_on(

@@ -93,6 +93,10 @@ pub struct TargetArgs {
     /// receiving it straight into the command's buffer.
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
+    /// Most iovecs in one sendmsg, 1..=512 (default 512: a full queue's
+    /// responses in one call).
+    #[arg(long = "send-iov", value_name = "N")]
+    pub send_iov: Option<usize>,
     /// Seconds a connection may take to send its ICReq, and then to get
     /// its queue connected (Fabrics Connect), before it is closed
     /// (default 10; decimals allowed, up to 3600).
@@ -276,12 +280,16 @@ pub fn config<T: Transport>(
     t.incoming_cpu = a.incoming_cpu;
     t.epoll_idle = !a.no_epoll_idle;
     t.direct_receive = !a.no_direct_receive;
+    if let Some(n) = a.send_iov {
+        t.send_iov = n;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_target::ConfigError::Transport { option, value, why } => bad(
             match option {
                 "in_capsule_data_size" => "--in-capsule-data-size",
                 "max_queue_depth" => "--max-queue-depth",
                 "max_io_size" => "--max-io-size",
+                "send_iov" => "--send-iov",
                 other => other,
             },
             value,
