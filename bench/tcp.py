@@ -5,7 +5,8 @@
      trtype:tcp on the other: 4 KiB randread QD 128, IOPS per target core,
      and how the target's time splits between the kernel (TCP) and user
      space (its utime/stime from /proc over the run).
-  2. QD 1 4 KiB randread p50 latency (perf -L).
+  2. QD 1 4 KiB randread p50 latency (perf -L), each run beside the
+     bare kernel's round trip of the same sizes (2b).
   3. The on/off ratio of each technique, interleaved: the host disabling
      SQ flow control (QD 128), the target's sendmsg batch (512 iovecs vs
      64, QD 128), the target's direct receive (128 KiB
@@ -196,6 +197,14 @@ def profile(pid_of, secs):
 BOUND_BATCH = 128
 
 
+def loopback_rtt(secs):
+    p = subprocess.run([BOUND, "--rtt", "--secs", str(secs), "--json"], capture_output=True, text=True,
+                       timeout=secs + 60)
+    if p.returncode != 0:
+        sys.exit(f"loopback_bound --rtt failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
 def loopback_bound(secs):
     # 128 PDUs per writev: what the target sends per call at QD 128.
     p = subprocess.run([BOUND, "--secs", str(secs), "--batch", str(BOUND_BATCH), "--json"], capture_output=True,
@@ -280,15 +289,31 @@ def main():
         res["profile_qd128"] = prof
 
 
-    print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s")
-    p50 = []
+    print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s"
+          + (", each followed by the bare-kernel floor (2b)" if have_bound else ""))
+    p50, floor, over = [], [], []
     for _ in range(runs):
         tot, _, _ = run([], ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], secs)
         p50.append(tot["p50_lat_us"])
-        print(f"   p50 {tot['p50_lat_us']:.1f} us, p99 {tot.get('p99_lat_us', float('nan')):.1f} us, {fmt(tot['iops'])} IOPS")
+        line = f"   p50 {tot['p50_lat_us']:.1f} us, p99 {tot.get('p99_lat_us', float('nan')):.1f} us, {fmt(tot['iops'])} IOPS"
+        if have_bound:
+            b = loopback_rtt(secs)
+            floor.append(b["p50_us"])
+            over.append(tot["p50_lat_us"] / b["p50_us"])
+            line += f"; bare round trip p50 {b['p50_us']:.1f} us, target/bare {over[-1]:.2f}"
+        print(line)
     m, lo, hi = med_range(p50)
     print(f"   p50 median {m:.1f} us (range {lo:.1f} .. {hi:.1f})   (target <= SPDK's 12.2 us)")
-    res["qd1_p50_us"] = {"median": m, "min": lo, "max": hi}
+    res["qd1_p50_us"] = {"median": m, "min": lo, "max": hi, "runs": p50}
+    if have_bound:
+        fm, flo, fhi = med_range(floor)
+        om, olo, ohi = med_range(over)
+        print(f"== 2b. the bare-kernel floor of a QD 1 read (loopback_bound --rtt: a 72 B request from core 1, a 24 B +"
+              f" 4 KiB answer from core 0, both polling, nothing else), interleaved with the runs above")
+        print(f"   bare p50 median {fm:.1f} us (range {flo:.1f} .. {fhi:.1f}); pollux/bare median {om:.2f}"
+              f" (range {olo:.2f} .. {ohi:.2f}); 12.2 us is {12.2 / fm:.2f} x the bare median")
+        res["qd1_floor_us"] = {"median": fm, "min": flo, "max": fhi, "runs": floor,
+                               "pollux_over_bare": {"median": om, "min": olo, "max": ohi}}
 
     print(f"== 3. techniques, on/off interleaved, {runs} pairs x {secs} s")
     techniques = [

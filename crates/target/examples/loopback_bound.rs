@@ -6,8 +6,13 @@
 //! target on one core of this machine with this kernel (its figure is
 //! what `bench/tcp.sh` compares the target with).
 //!
+//! With `--rtt`, the floor of a QD 1 read instead: the receiver on core 1
+//! sends a 72-byte command capsule, the sender on core 0 answers with a
+//! 24-byte header and 4 KiB, one at a time, both polling; it prints the
+//! round trip's p50 and p99.
+//!
 //! `cargo run --release -p pollux-target --example loopback_bound --
-//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--json]`
+//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt] [--json]`
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -56,6 +61,9 @@ fn main() -> std::io::Result<()> {
     let size = arg(&args, "--size", 4096) as usize;
     let secs = arg(&args, "--secs", 3);
     let json = args.iter().any(|a| a == "--json");
+    if args.iter().any(|a| a == "--rtt") {
+        return round_trips(size, secs, json);
+    }
 
     let l = TcpListener::bind("127.0.0.1:0")?;
     let mut tx = TcpStream::connect(l.local_addr()?)?;
@@ -132,6 +140,107 @@ fn main() -> std::io::Result<()> {
             per_tx_core / 1e3,
             rcpu.as_secs_f64() / el,
             per_rx_core / 1e3
+        );
+    }
+    Ok(())
+}
+
+/// Reads exactly `b.len()` bytes from a non-blocking stream, polling.
+fn read_all(s: &mut TcpStream, b: &mut [u8]) -> std::io::Result<()> {
+    let mut got = 0;
+    while got < b.len() {
+        match s.read(&mut b[got..]) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(k) => got += k,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `iov` to a non-blocking stream, polling.
+fn write_all(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> {
+    for b in bufs {
+        let mut off = 0;
+        while off < b.len() {
+            match s.write(&b[off..]) {
+                Ok(k) => off += k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(())
+}
+
+/// `--rtt`: one 72-byte request, one 24-byte + `size` response, in turn.
+fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let mut client = TcpStream::connect(l.local_addr()?)?;
+    let (mut server, _) = l.accept()?;
+    for s in [&client, &server] {
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+    }
+    let responder = std::thread::spawn(move || -> std::io::Result<()> {
+        pin(0);
+        let (mut req, hdr, data) = ([0u8; 72], [0u8; 24], vec![0x5au8; size]);
+        loop {
+            match read_all(&mut server, &mut req) {
+                Ok(()) => {}
+                Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(()),
+                Err(e) => return Err(e),
+            }
+            // One writev, as a target sends its C2HData.
+            let iov = [IoSlice::new(&hdr), IoSlice::new(&data)];
+            let mut sent = match server.write_vectored(&iov) {
+                Ok(k) => k,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => 0,
+                Err(e) => return Err(e),
+            };
+            if sent < hdr.len() {
+                write_all(&mut server, &[&hdr[sent..]])?;
+                sent = hdr.len();
+            }
+            write_all(&mut server, &[&data[sent - hdr.len()..]])?;
+        }
+    });
+    pin(1);
+    let (req, mut back) = ([0u8; 72], vec![0u8; 24 + size]);
+    let mut lat = Vec::new();
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        let t = Instant::now();
+        write_all(&mut client, &[&req])?;
+        read_all(&mut client, &mut back)?;
+        lat.push(t.elapsed().as_nanos() as u64);
+    }
+    drop(client);
+    match responder.join() {
+        Ok(r) => r?,
+        Err(_) => return Err(std::io::Error::other("responder panicked")),
+    }
+    lat.sort_unstable();
+    let at = |q: f64| {
+        lat.get(((lat.len() as f64 - 1.0) * q) as usize)
+            .copied()
+            .unwrap_or(0) as f64
+            / 1e3
+    };
+    if json {
+        println!(
+            "{{\"p50_us\": {:.2}, \"p99_us\": {:.2}, \"round_trips\": {}}}",
+            at(0.5),
+            at(0.99),
+            lat.len()
+        );
+    } else {
+        println!(
+            "72 B request, 24 B + {size} B response, both polling: p50 {:.1} us, p99 {:.1} us over {} round trips",
+            at(0.5),
+            at(0.99),
+            lat.len()
         );
     }
     Ok(())
