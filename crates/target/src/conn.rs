@@ -504,6 +504,12 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 let got = self.receive(ctx);
                 busy |= got;
                 self.quiet = if got { 0 } else { self.quiet + 1 };
+                // What the commands just received finished at once (null,
+                // RAM) goes out with this pass's send, not the next one's:
+                // at QD 1 that saves a pass and an empty receive per I/O.
+                if got && self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+                    self.poll_io();
+                }
             } else if self.quiet == QUIET_AFTER + QUIET_STRIDE {
                 self.quiet = QUIET_AFTER;
             } else {
