@@ -25,8 +25,8 @@
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
 //! buffer tuning parameters are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`], and `send_iov`), `nvmf_create_subsystem`
-//! (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
+//! the handshake timeouts of [`TransportOptions`], and `send_iov`),
+//! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
 //! `listen_address.{trtype,adrfam,traddr,trsvcid}`),

@@ -492,7 +492,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             || self.zc_done < self.zc_sent
     }
 
-    /// One pass: completions, receive, send.
+    /// One pass: completions, receive (then the completions of what it
+    /// received, if any finished at once), send.
     pub fn poll(&mut self, ctx: &mut ThreadCtx) -> bool {
         self.now = ctx.now();
         let mut busy = false;
