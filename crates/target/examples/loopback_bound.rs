@@ -159,16 +159,15 @@ fn read_all(s: &mut TcpStream, b: &mut [u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// Writes all of `iov` to a non-blocking stream, polling.
-fn write_all(s: &mut TcpStream, bufs: &[&[u8]]) -> std::io::Result<()> {
-    for b in bufs {
-        let mut off = 0;
-        while off < b.len() {
-            match s.write(&b[off..]) {
-                Ok(k) => off += k,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
-                Err(e) => return Err(e),
-            }
+/// Writes all of `b` to a non-blocking stream, polling (`Write::write_all`
+/// gives up on `WouldBlock`).
+fn write_all(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
+    let mut off = 0;
+    while off < b.len() {
+        match s.write(&b[off..]) {
+            Ok(k) => off += k,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => return Err(e),
         }
     }
     Ok(())
@@ -200,10 +199,10 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
                 Err(e) => return Err(e),
             };
             if sent < hdr.len() {
-                write_all(&mut server, &[&hdr[sent..]])?;
+                write_all(&mut server, &hdr[sent..])?;
                 sent = hdr.len();
             }
-            write_all(&mut server, &[&data[sent - hdr.len()..]])?;
+            write_all(&mut server, &data[sent - hdr.len()..])?;
         }
     });
     pin(1);
@@ -212,7 +211,7 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
     let end = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < end {
         let t = Instant::now();
-        write_all(&mut client, &[&req])?;
+        write_all(&mut client, &req)?;
         read_all(&mut client, &mut back)?;
         lat.push(t.elapsed().as_nanos() as u64);
     }
