@@ -11,8 +11,11 @@
 //! 24-byte header and 4 KiB, one at a time, both polling; it prints the
 //! round trip's p50 and p99.
 //!
+//! With `--empty-poll`, what one receive that finds nothing costs on this
+//! kernel, as `recv` and as `readv` (the target polls its sockets so).
+//!
 //! `cargo run --release -p pollux-target --example loopback_bound --
-//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt] [--json]`
+//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt] [--empty-poll] [--json]`
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -63,6 +66,9 @@ fn main() -> std::io::Result<()> {
     let json = args.iter().any(|a| a == "--json");
     if args.iter().any(|a| a == "--rtt") {
         return round_trips(size, secs, json);
+    }
+    if args.iter().any(|a| a == "--empty-poll") {
+        return empty_polls(json);
     }
 
     let l = TcpListener::bind("127.0.0.1:0")?;
@@ -241,6 +247,53 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
             at(0.99),
             lat.len()
         );
+    }
+    Ok(())
+}
+
+/// `--empty-poll`: ns per receive that finds nothing, `recv` against a
+/// one-iovec `readv`, interleaved in rounds of 500,000 on core 0; the
+/// median of 5 rounds each.
+fn empty_polls(json: bool) -> std::io::Result<()> {
+    use std::os::fd::AsRawFd;
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let _client = TcpStream::connect(l.local_addr()?)?;
+    let (server, _) = l.accept()?;
+    server.set_nonblocking(true)?;
+    pin(0);
+    let fd = server.as_raw_fd();
+    let mut b = vec![0u8; 64 << 10];
+    const N: u32 = 500_000;
+    let (mut recv, mut readv) = (Vec::new(), Vec::new());
+    for _ in 0..5 {
+        let t = Instant::now();
+        for _ in 0..N {
+            // SAFETY: `b` is writable for its length during the call.
+            let r = unsafe { libc::recv(fd, b.as_mut_ptr().cast(), b.len(), libc::MSG_DONTWAIT) };
+            assert!(r < 0, "nothing was sent");
+        }
+        recv.push(t.elapsed().as_nanos() as f64 / N as f64);
+        let t = Instant::now();
+        for _ in 0..N {
+            let iov = libc::iovec {
+                iov_base: b.as_mut_ptr().cast(),
+                iov_len: b.len(),
+            };
+            // SAFETY: the iovec describes `b`, writable during the call.
+            let r = unsafe { libc::readv(fd, &iov, 1) };
+            assert!(r < 0, "nothing was sent");
+        }
+        readv.push(t.elapsed().as_nanos() as f64 / N as f64);
+    }
+    let med = |v: &mut Vec<f64>| {
+        v.sort_by(f64::total_cmp);
+        v[v.len() / 2]
+    };
+    let (r, v) = (med(&mut recv), med(&mut readv));
+    if json {
+        println!("{{\"recv_ns\": {r:.1}, \"readv_ns\": {v:.1}}}");
+    } else {
+        println!("an empty receive: recv {r:.0} ns, readv {v:.0} ns (median of 5 rounds of {N})");
     }
     Ok(())
 }
