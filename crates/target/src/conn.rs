@@ -755,15 +755,22 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     if avail < hl {
                         return;
                     }
-                    let mut hb = [0u8; 136];
-                    hb[..hl].copy_from_slice(&self.rx[at..at + hl]);
-                    let pdu = match PduHeader::parse(&hb[..hl], &layout, &self.rxcfg) {
+                    // Parsed where it lies (the parsed header owns its
+                    // fields); the bytes are copied only for a TermReq.
+                    let pdu = match PduHeader::parse(&self.rx[at..at + hl], &layout, &self.rxcfg) {
                         Ok(p) => p,
-                        Err(e) => return self.fatal(ctx, e.into(), &hb[..hl]),
+                        Err(e) => {
+                            let hb = self.rx[at..at + hl].to_vec();
+                            return self.fatal(ctx, e.into(), &hb);
+                        }
                     };
                     self.rs += hl;
                     if let Err(f) = self.on_header(ctx, pdu, &layout) {
-                        return self.fatal(ctx, f, &hb[..layout.hlen as usize]);
+                        // Handling a header never writes the receive
+                        // buffer (only `receive` and `closing` do).
+                        let end = at + layout.hlen as usize;
+                        let hb = self.rx.get(at..end).map(<[u8]>::to_vec).unwrap_or_default();
+                        return self.fatal(ctx, f, &hb);
                     }
                 }
                 RxState::Body(mut b) => {

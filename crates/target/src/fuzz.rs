@@ -1524,6 +1524,8 @@ fn nothing_follows_a_termreq() {
             "the last PDU is not the C2HTermReq: {:02x?}",
             &out
         );
+        // Its data is the offending header as it was received.
+        assert_eq!(&last[24..], stray.as_bytes());
     });
 }
 
