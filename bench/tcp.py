@@ -6,7 +6,8 @@
      and how the target's time splits between the kernel (TCP) and user
      space (its utime/stime from /proc over the run).
   2. QD 1 4 KiB randread p50 latency (perf -L), each run beside the
-     bare kernel's round trip of the same sizes (2b).
+     bare kernel's round trip of the same sizes (2b). Section 1d counts
+     the target's user-space instructions per I/O with callgrind.
   3. The on/off ratio of each technique, interleaved: the host disabling
      SQ flow control (QD 128), the target's sendmsg batch (512 iovecs vs
      64, QD 128), the target's direct receive (128 KiB
@@ -64,13 +65,13 @@ def free_port():
 class Target:
     """`pollux target` with a null namespace, for one measurement."""
 
-    def __init__(self, mask="0x1", extra=()):
+    def __init__(self, mask="0x1", extra=(), prefix=()):
         self.port = free_port()
         self.p = subprocess.Popen(
-            [BIN, "target", "--listen", f"127.0.0.1:{self.port}", "--null", "64GiB", "--block-size", "4096",
-             "--nqn", NQN, "-m", mask, "--max-queue-depth", "256"] + list(extra),
+            list(prefix) + [BIN, "target", "--listen", f"127.0.0.1:{self.port}", "--null", "64GiB", "--block-size",
+                            "4096", "--nqn", NQN, "-m", mask, "--max-queue-depth", "256"] + list(extra),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        deadline = time.time() + 20
+        deadline = time.time() + (120 if prefix else 20)
         while time.time() < deadline:
             with socket.socket() as s:
                 if s.connect_ex(("127.0.0.1", self.port)) == 0:
@@ -78,7 +79,7 @@ class Target:
             if self.p.poll() is not None:
                 sys.exit(f"pollux target exited: {self.p.stdout.read()}")
             time.sleep(0.05)
-        sys.exit("pollux target did not listen within 20 s")
+        sys.exit("pollux target did not listen in time")
 
     def trid(self):
         return f"trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{self.port} subnqn:{NQN}"
@@ -92,7 +93,7 @@ class Target:
     def stop(self):
         self.p.send_signal(signal.SIGTERM)
         try:
-            self.p.wait(timeout=20)
+            self.p.wait(timeout=120)
         except subprocess.TimeoutExpired:
             self.p.kill()
             self.p.wait()
@@ -107,6 +108,24 @@ def perf(trid, args, secs):
     if out["total"].get("errors", 0):
         sys.exit(f"I/O errors: {' '.join(cmd)}\n{out}")
     return out["total"]
+
+
+def callgrind_target(ios):
+    """Instructions the target executes in user space (callgrind's program
+    total) while `pollux perf` on core 1 completes `ios` 4 KiB reads at
+    QD 128, from start to shutdown."""
+    with tempfile.TemporaryDirectory() as d:
+        out = os.path.join(d, "cg.out")
+        t = Target(prefix=["valgrind", "--tool=callgrind", f"--callgrind-out-file={out}"])
+        try:
+            perf(t.trid(), ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread", "--io-count", str(ios)], 0)
+        finally:
+            t.stop()
+        a = subprocess.run(["callgrind_annotate", "--threshold=100", out], capture_output=True, text=True).stdout
+    for line in a.splitlines():
+        if "PROGRAM TOTALS" in line:
+            return int(line.split()[0].replace(",", ""))
+    sys.exit("could not parse callgrind_annotate output")
 
 
 def run(target_args, perf_args, secs, mask="0x1", host=""):
@@ -287,6 +306,16 @@ def main():
         print("   (copy: payload bytes copied by the kernel; send/recv: the rest of sendmsg/recv; a receive"
               " that finds nothing counts under recv)")
         res["profile_qd128"] = prof
+
+    if shutil.which("valgrind") and shutil.which("callgrind_annotate"):
+        lo_n, hi_n = (5000, 15000) if a.quick else (20000, 60000)
+        print(f"== 1d. the target's user-space instructions per I/O (callgrind on the target, QD 128 4 KiB randread,"
+              f" {hi_n} - {lo_n} I/Os; deterministic but for the idle polls before the host connects, about 1%)")
+        per = (callgrind_target(hi_n) - callgrind_target(lo_n)) / (hi_n - lo_n)
+        print(f"   {per:.1f} instructions per I/O")
+        res["target_instr_per_io"] = per
+    else:
+        print("== 1d. skipped: valgrind missing")
 
 
     print(f"== 2. QD 1 4 KiB randread p50 latency, {runs} runs x {secs} s"
