@@ -310,6 +310,9 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     re: usize,
     rxst: RxState,
     tx: Tx,
+    /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
+    /// zeroed array of `MAX_IOV` on every flush).
+    iov: Vec<libc::iovec>,
     bound: Bound<T>,
     slots: Vec<Slot>,
     free: Vec<u16>,
@@ -434,6 +437,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             re: 0,
             rxst: RxState::Header,
             tx: Tx::default(),
+            iov: Vec::with_capacity(sock::MAX_IOV),
             bound: Bound::None,
             slots: Vec::new(),
             free: Vec::new(),
@@ -1625,10 +1629,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     fn flush(&mut self, ctx: &mut ThreadCtx) -> bool {
         let mut busy = false;
-        let mut iov: [libc::iovec; sock::MAX_IOV] = [libc::iovec {
-            iov_base: std::ptr::null_mut(),
-            iov_len: 0,
-        }; sock::MAX_IOV];
         let max_iov = self.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
             while let Some(Seg::Release { slot }) = self.tx.segs.front().copied() {
@@ -1648,32 +1648,30 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 .zc_threshold
                 .filter(|_| self.zc_hold.len() < self.entries as usize)
                 .map(|t| t as usize);
-            let mut n = 0;
+            self.iov.clear();
             let mut zerocopy = false;
             let mut zc_slot = None;
             for (k, seg) in self.tx.segs.iter().enumerate() {
                 let skip = if k == 0 { self.tx.front } else { 0 };
                 match *seg {
                     Seg::Bytes { start, len } => {
-                        iov[n] = libc::iovec {
+                        self.iov.push(libc::iovec {
                             iov_base: self.tx.bytes[start + skip..].as_ptr() as *mut _,
                             iov_len: len - skip,
-                        };
-                        n += 1;
+                        });
                     }
                     Seg::Data { slot, ptr, len } => {
                         let big = zc_min.is_some_and(|m| len >= m);
-                        if big && n > 0 {
+                        if big && !self.iov.is_empty() {
                             break;
                         }
                         // SAFETY: `ptr` starts slot `slot`'s lent buffer
                         // of at least `len` bytes, and `skip <= len`.
                         let base = unsafe { ptr.add(skip) };
-                        iov[n] = libc::iovec {
+                        self.iov.push(libc::iovec {
                             iov_base: base as *mut _,
                             iov_len: len - skip,
-                        };
-                        n += 1;
+                        });
                         if big {
                             zerocopy = true;
                             zc_slot = Some(slot);
@@ -1682,14 +1680,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     }
                     Seg::Release { .. } => {}
                 }
-                if n == max_iov {
+                if self.iov.len() == max_iov {
                     break;
                 }
             }
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
             // the call returns) and into lent slot buffers (released only
             // once sent; zero-copy ones only once notified).
-            let r = unsafe { self.sock.send_iov(&iov[..n], zerocopy) };
+            let r = unsafe { self.sock.send_iov(&self.iov, zerocopy) };
             let sent = match r {
                 Ok(0) => break,
                 Ok(k) => k,
