@@ -311,7 +311,7 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     rxst: RxState,
     tx: Tx,
     /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
-    /// zeroed array of `MAX_IOV` on every flush).
+    /// zeroed array of `MAX_IOV` on every flush; grows on first use).
     iov: Vec<libc::iovec>,
     bound: Bound<T>,
     slots: Vec<Slot>,
@@ -437,7 +437,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             re: 0,
             rxst: RxState::Header,
             tx: Tx::default(),
-            iov: Vec::with_capacity(sock::MAX_IOV),
+            iov: Vec::new(),
             bound: Bound::None,
             slots: Vec::new(),
             free: Vec::new(),

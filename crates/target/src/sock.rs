@@ -94,22 +94,29 @@ pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec], zerocopy: bool) ->
 /// through (`loopback_bound --empty-poll` measures both); with both
 /// pieces, one `readv`.
 pub(crate) fn recv2(fd: RawFd, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>> {
-    let iov = [
-        libc::iovec {
-            iov_base: first.as_mut_ptr().cast(),
-            iov_len: first.len(),
-        },
-        libc::iovec {
-            iov_base: second.as_mut_ptr().cast(),
-            iov_len: second.len(),
-        },
-    ];
     loop {
         let r = if second.is_empty() {
             // SAFETY: `first` is writable memory borrowed mutably for the
             // duration of the call.
-            unsafe { libc::recv(fd, iov[0].iov_base, iov[0].iov_len, libc::MSG_DONTWAIT) }
+            unsafe {
+                libc::recv(
+                    fd,
+                    first.as_mut_ptr().cast(),
+                    first.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            }
         } else {
+            let iov = [
+                libc::iovec {
+                    iov_base: first.as_mut_ptr().cast(),
+                    iov_len: first.len(),
+                },
+                libc::iovec {
+                    iov_base: second.as_mut_ptr().cast(),
+                    iov_len: second.len(),
+                },
+            ];
             // SAFETY: both iovecs describe writable memory borrowed
             // mutably for the duration of the call.
             unsafe { libc::readv(fd, iov.as_ptr(), 2) }
