@@ -1071,6 +1071,34 @@ impl CommonHeader {
     }
 }
 
+/// A one-entry memo of [`CommonHeader::check`]: the last header that
+/// passed, the configuration it passed under and its layout. A stream of
+/// like PDUs (command capsules without data, 4 KiB C2HData) is checked by
+/// one comparison each; any other header goes through the full check.
+///
+/// The check is a function of the header and the configuration alone, so
+/// a hit returns exactly what the check would.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct CheckMemo {
+    last: Option<(CommonHeader, RxConfig, PduLayout)>,
+}
+
+impl CheckMemo {
+    /// [`CommonHeader::check`] of `ch` under `cfg`, remembered when it
+    /// passes.
+    #[inline]
+    pub fn check(&mut self, ch: &CommonHeader, cfg: &RxConfig) -> Result<PduLayout, PduError> {
+        if let Some((h, c, l)) = &self.last {
+            if h == ch && c == cfg {
+                return Ok(*l);
+            }
+        }
+        let l = ch.check(cfg)?;
+        self.last = Some((*ch, *cfg, l));
+        Ok(l)
+    }
+}
+
 // ---------------------------------------------------------------------------
 // Digests
 // ---------------------------------------------------------------------------

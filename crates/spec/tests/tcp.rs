@@ -779,6 +779,59 @@ proptest! {
     }
 }
 
+/// The memo answers exactly as the check, for any order of headers and
+/// configurations: a header that passed under one configuration is
+/// checked again under another (here a smaller `max_plen`, or digests).
+#[test]
+fn check_memo_follows_the_configuration() {
+    let mut m = CheckMemo::default();
+    let c = RxConfig {
+        max_plen: 8192,
+        ..cfg(Role::Controller, Digests::NONE, 0)
+    };
+    let (h, l) = CapsuleCmd::new(&Sqe::flush(1), 4096, Digests::NONE, 0).unwrap();
+    assert_eq!(m.check(&h.ch, &c), Ok(l));
+    assert_eq!(m.check(&h.ch, &c), Ok(l));
+    let small = RxConfig {
+        max_plen: 1024,
+        ..c
+    };
+    assert!(matches!(
+        m.check(&h.ch, &small),
+        Err(PduError::InvalidField {
+            field: Field::Plen,
+            ..
+        })
+    ));
+    let digests = RxConfig {
+        digests: Digests::BOTH,
+        ..c
+    };
+    assert!(m.check(&h.ch, &digests).is_err());
+    assert_eq!(m.check(&h.ch, &c), Ok(l));
+}
+
+proptest! {
+    #[test]
+    fn prop_check_memo_equals_check(
+        picks in proptest::collection::vec((0usize..4, 0usize..3), 1..40),
+        junk in any::<[u8; 8]>(), c0 in arb_cfg(),
+    ) {
+        let ctrl = RxConfig { max_plen: 9000, ..cfg(Role::Controller, Digests::NONE, 0) };
+        let cfgs = [ctrl, RxConfig { max_plen: 100, ..ctrl }, c0];
+        let heads = [
+            CapsuleCmd::new(&Sqe::flush(1), 0, Digests::NONE, 0).unwrap().0.ch,
+            CapsuleCmd::new(&Sqe::flush(1), 4096, Digests::NONE, 0).unwrap().0.ch,
+            C2HData::new(1, 0, 4096, true, true, Digests::NONE, 0).unwrap().0.ch,
+            CommonHeader::read_from_bytes(&junk).unwrap(),
+        ];
+        let mut m = CheckMemo::default();
+        for (h, c) in picks {
+            prop_assert_eq!(m.check(&heads[h], &cfgs[c]), heads[h].check(&cfgs[c]));
+        }
+    }
+}
+
 /// xorshift64*: a fast deterministic generator for the fuzz loop.
 struct Rng(u64);
 impl Rng {

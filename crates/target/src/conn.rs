@@ -55,9 +55,9 @@ use pollux_spec::fabrics::{
 };
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
-    check_data_range, flags, write_header, C2HData, CapsuleResp, CommonHeader, DataDigest, Digests,
-    Fes, Field, IcResp, PduError, PduHeader, PduLayout, PduType, Role, RxConfig, TermReq, R2T,
-    TERM_REQ_MAX_DATA,
+    check_data_range, flags, write_header, C2HData, CapsuleResp, CheckMemo, CommonHeader,
+    DataDigest, Digests, Fes, Field, IcResp, PduError, PduHeader, PduLayout, PduType, Role,
+    RxConfig, TermReq, R2T, TERM_REQ_MAX_DATA,
 };
 use pollux_spec::{AdminOpcode, Cqe, Sqe, Status};
 use zerocopy::{FromBytes, IntoBytes};
@@ -303,6 +303,8 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
     quiet: u32,
     rxcfg: RxConfig,
+    /// The last header that passed its check (most PDUs are alike).
+    memo: CheckMemo,
     digests: Digests,
     hpda: u8,
     rx: Vec<u8>,
@@ -430,6 +432,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             stage_since: now,
             quiet: 0,
             rxcfg: RxConfig::initial(Role::Controller),
+            memo: CheckMemo::default(),
             digests: Digests::NONE,
             hpda: 0,
             rx,
@@ -743,7 +746,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     let Some(ch) = CommonHeader::read(&self.rx[at..self.re]) else {
                         return;
                     };
-                    let layout = match ch.check(&self.rxcfg) {
+                    let layout = match self.memo.check(&ch, &self.rxcfg) {
                         Ok(l) => l,
                         Err(PduError::TermReqLength { plen, .. }) => {
                             self.close_now(ctx, &format!("host TermReq with PLEN {plen}"));

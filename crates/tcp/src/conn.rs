@@ -25,7 +25,7 @@ use std::time::{Duration, Instant};
 use pollux_spec::fabrics::SglDescriptor;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
-    check_data_range, data_digest, digest_bytes, write_header, CapsuleCmd, CommonHeader,
+    check_data_range, data_digest, digest_bytes, write_header, CapsuleCmd, CheckMemo, CommonHeader,
     DataDigest, Digests, H2CData, IcReq, PduError, PduHeader, PduLayout, PduType, Role, RxConfig,
     TermReq,
 };
@@ -185,6 +185,8 @@ pub(crate) struct Conn {
     /// Most in-capsule data bytes for a write.
     pub icd_max: u32,
     rx_cfg: RxConfig,
+    /// The last header that passed its check (most PDUs are alike).
+    memo: CheckMemo,
     rx: Vec<u8>,
     rs: usize,
     re: usize,
@@ -295,6 +297,7 @@ impl Conn {
             params,
             icd_max: 0,
             rx_cfg,
+            memo: CheckMemo::default(),
             rx: vec![0; RX_BUF],
             rs: 0,
             re: 0,
@@ -698,7 +701,7 @@ impl Conn {
                 }
                 let ch = CommonHeader::read(&self.rx[self.rs..self.re])
                     .ok_or_else(|| self.err(ConnErrorKind::Protocol, "short header"))?;
-                let layout = match ch.check(&self.rx_cfg) {
+                let layout = match self.memo.check(&ch, &self.rx_cfg) {
                     Ok(l) => l,
                     Err(e) => return Err(self.bad_pdu(e, ch.hlen as usize)),
                 };
