@@ -1667,6 +1667,33 @@ pub fn write_header(header: &[u8], layout: &PduLayout, out: &mut [u8]) -> Option
         out[at..at + 4].copy_from_slice(&digest_bytes(header_digest(header)));
         at += 4;
     }
-    out[at..end].fill(0);
+    if at < end {
+        out[at..end].fill(0);
+    }
+    Some(end)
+}
+
+/// Appends what [`write_header`] writes (the header, its digest, the
+/// padding up to the data) to `out`, returning the bytes appended; `None`
+/// (nothing appended) if `header` is not `layout.hlen` bytes long.
+#[inline]
+pub fn append_header(header: &[u8], layout: &PduLayout, out: &mut Vec<u8>) -> Option<usize> {
+    let hlen = layout.hlen as usize;
+    if header.len() != hlen {
+        return None;
+    }
+    let end = if layout.data_len == 0 {
+        layout.header_len() as usize
+    } else {
+        layout.data_offset as usize
+    };
+    let start = out.len();
+    out.extend_from_slice(header);
+    if layout.hdgst {
+        out.extend_from_slice(&digest_bytes(header_digest(header)));
+    }
+    if out.len() - start < end {
+        out.resize(start + end, 0);
+    }
     Some(end)
 }

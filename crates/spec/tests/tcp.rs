@@ -779,6 +779,34 @@ proptest! {
     }
 }
 
+/// `append_header` appends exactly what `write_header` writes, for every
+/// digest and PDA combination, and nothing for a header of the wrong
+/// length.
+#[test]
+fn append_header_matches_write_header() {
+    for dgst in 0..4 {
+        let digests = Digests::from_dgst(dgst);
+        for pda in [0, 1, 3, 31] {
+            for len in [0u32, 1, 4096] {
+                let (c, lc) = CapsuleCmd::new(&Sqe::flush(1), len, digests, pda).unwrap();
+                let (d, ld) = C2HData::new(7, 0, len.max(1), true, true, digests, pda).unwrap();
+                for (h, l) in [(c.as_bytes(), lc), (d.as_bytes(), ld)] {
+                    let mut want = [0xAAu8; 256];
+                    let n = write_header(h, &l, &mut want).unwrap();
+                    let mut out = vec![9u8; 3];
+                    assert_eq!(append_header(h, &l, &mut out), Some(n));
+                    assert_eq!(&out[..3], &[9, 9, 9]);
+                    assert_eq!(&out[3..], &want[..n], "{l:?}");
+                }
+            }
+        }
+    }
+    let (c, l) = CapsuleCmd::new(&Sqe::flush(1), 0, Digests::NONE, 0).unwrap();
+    let mut out = Vec::new();
+    assert_eq!(append_header(&c.as_bytes()[..8], &l, &mut out), None);
+    assert!(out.is_empty());
+}
+
 /// The memo answers exactly as the check, for any order of headers and
 /// configurations: a header that passed under one configuration is
 /// checked again under another (here a smaller `max_plen`, or digests).

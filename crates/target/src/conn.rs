@@ -55,7 +55,7 @@ use pollux_spec::fabrics::{
 };
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
-    check_data_range, flags, write_header, C2HData, CapsuleResp, CheckMemo, CommonHeader,
+    append_header, check_data_range, flags, C2HData, CapsuleResp, CheckMemo, CommonHeader,
     DataDigest, Digests, Fes, Field, IcResp, PduError, PduHeader, PduLayout, PduType, Role,
     RxConfig, TermReq, R2T, TERM_REQ_MAX_DATA,
 };
@@ -246,31 +246,25 @@ impl Tx {
     fn push_bytes(&mut self, b: &[u8]) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(b);
-        if let Some(Seg::Bytes { start: s, len }) = self.segs.back_mut() {
-            if *s + *len == start {
-                *len += b.len();
+        self.push_range(start, b.len());
+    }
+
+    /// Queues `bytes[start..start + len]`, just appended.
+    fn push_range(&mut self, start: usize, len: usize) {
+        if let Some(Seg::Bytes { start: s, len: l }) = self.segs.back_mut() {
+            if *s + *l == start {
+                *l += len;
                 return;
             }
         }
-        self.segs.push_back(Seg::Bytes {
-            start,
-            len: b.len(),
-        });
+        self.segs.push_back(Seg::Bytes { start, len });
     }
 
     /// A PDU header with its digest and padding per `layout`.
     fn push_header(&mut self, header: &[u8], layout: &PduLayout) {
-        // Neither digest nor padding (the usual case): the header alone,
-        // without a zeroed scratch copy.
-        if header.len() == layout.hlen as usize
-            && !layout.hdgst
-            && (layout.data_len == 0 || layout.data_offset == layout.hlen)
-        {
-            return self.push_bytes(header);
-        }
-        let mut tmp = [0u8; 256];
-        if let Some(n) = write_header(header, layout, &mut tmp) {
-            self.push_bytes(&tmp[..n]);
+        let start = self.bytes.len();
+        if let Some(n) = append_header(header, layout, &mut self.bytes) {
+            self.push_range(start, n);
         }
     }
 
@@ -1819,9 +1813,10 @@ pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cn
 #[cfg(test)]
 mod tests {
     use super::*;
+    use pollux_spec::tcp::write_header;
 
     /// What `Tx` queues for a header is what `write_header` writes, with
-    /// and without digests and padding (the unpadded case skips it).
+    /// and without digests and padding.
     #[test]
     fn queued_header_bytes_match_write_header() {
         for dgst in 0..4 {

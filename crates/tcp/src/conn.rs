@@ -25,9 +25,9 @@ use std::time::{Duration, Instant};
 use pollux_spec::fabrics::SglDescriptor;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
-    check_data_range, data_digest, digest_bytes, write_header, CapsuleCmd, CheckMemo, CommonHeader,
-    DataDigest, Digests, H2CData, IcReq, PduError, PduHeader, PduLayout, PduType, Role, RxConfig,
-    TermReq,
+    append_header, check_data_range, data_digest, digest_bytes, CapsuleCmd, CheckMemo,
+    CommonHeader, DataDigest, Digests, H2CData, IcReq, PduError, PduHeader, PduLayout, PduType,
+    Role, RxConfig, TermReq,
 };
 use pollux_spec::{Cqe, Sqe, Status};
 use zerocopy::{FromBytes, IntoBytes};
@@ -368,15 +368,9 @@ impl Conn {
 
     fn push_header(&mut self, header: &[u8], layout: &PduLayout) {
         let start = self.tx.len();
-        let end = if layout.data_len == 0 {
-            layout.header_len() as usize
-        } else {
-            layout.data_offset as usize
-        };
-        self.tx.resize(start + end, 0);
-        // `out` is exactly as long as write_header needs.
-        let _ = write_header(header, layout, &mut self.tx[start..]);
-        self.push_own_range(start, end);
+        if let Some(n) = append_header(header, layout, &mut self.tx) {
+            self.push_own_range(start, n);
+        }
     }
 
     /// Queues a command capsule (and in-capsule data) for slot `wcid`.
