@@ -237,12 +237,37 @@ enum Seg {
 #[derive(Default)]
 struct Tx {
     bytes: Vec<u8>,
-    segs: VecDeque<Seg>,
+    /// Segments; those before `head` are sent. Emptied (and `head` reset)
+    /// when the last one is: a queue that drains, as this one does, needs
+    /// no ring.
+    segs: Vec<Seg>,
+    head: usize,
     /// Bytes of the front segment already sent.
     front: usize,
 }
 
 impl Tx {
+    fn push(&mut self, seg: Seg) {
+        self.segs.push(seg);
+    }
+
+    /// The segments not yet sent.
+    fn pending(&self) -> &[Seg] {
+        &self.segs[self.head..]
+    }
+
+    fn front(&self) -> Option<Seg> {
+        self.segs.get(self.head).copied()
+    }
+
+    fn pop_front(&mut self) {
+        self.head += 1;
+        if self.head >= self.segs.len() {
+            self.segs.clear();
+            self.head = 0;
+        }
+    }
+
     fn push_bytes(&mut self, b: &[u8]) {
         let start = self.bytes.len();
         self.bytes.extend_from_slice(b);
@@ -251,13 +276,15 @@ impl Tx {
 
     /// Queues `bytes[start..start + len]`, just appended.
     fn push_range(&mut self, start: usize, len: usize) {
-        if let Some(Seg::Bytes { start: s, len: l }) = self.segs.back_mut() {
+        // Only a pending segment is ever last (`pop_front` empties a
+        // drained queue).
+        if let Some(Seg::Bytes { start: s, len: l }) = self.segs.last_mut() {
             if *s + *l == start {
                 *l += len;
                 return;
             }
         }
-        self.segs.push_back(Seg::Bytes { start, len });
+        self.push(Seg::Bytes { start, len });
     }
 
     /// A PDU header with its digest and padding per `layout`.
@@ -269,7 +296,7 @@ impl Tx {
     }
 
     fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.head == self.segs.len()
     }
 }
 
@@ -486,7 +513,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     pub(crate) fn footprint(&self) -> [usize; 5] {
         [
             self.tx.bytes.len(),
-            self.tx.segs.len(),
+            self.tx.pending().len(),
             self.scratch.capacity(),
             self.slots.len(),
             self.rx.len(),
@@ -1543,7 +1570,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
         if let Some(i) = slot {
             self.slots[i as usize].st = St::Tx;
-            self.tx.segs.push_back(Seg::Release { slot: i });
+            self.tx.push(Seg::Release { slot: i });
         }
     }
 
@@ -1579,7 +1606,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         s.st = St::Tx;
         s.zc_seq = None;
         self.tx.push_header(h.as_bytes(), &l);
-        self.tx.segs.push_back(Seg::Data {
+        self.tx.push(Seg::Data {
             slot: i,
             ptr: seg.ptr,
             len: seg.len,
@@ -1593,7 +1620,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.tx.push_header(r.as_bytes(), &l);
             }
         }
-        self.tx.segs.push_back(Seg::Release { slot: i });
+        self.tx.push(Seg::Release { slot: i });
         debug_assert!(h.ch.flags & flags::LAST_PDU != 0);
     }
 
@@ -1636,11 +1663,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let mut busy = false;
         let max_iov = self.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
-            while let Some(Seg::Release { slot }) = self.tx.segs.front().copied() {
-                self.tx.segs.pop_front();
+            while let Some(Seg::Release { slot }) = self.tx.front() {
+                self.tx.pop_front();
                 self.release(slot);
             }
-            if self.tx.segs.is_empty() {
+            if self.tx.is_empty() {
                 self.tx.bytes.clear();
                 self.tx.front = 0;
                 break;
@@ -1656,7 +1683,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             self.iov.clear();
             let mut zerocopy = false;
             let mut zc_slot = None;
-            for (k, seg) in self.tx.segs.iter().enumerate() {
+            for (k, seg) in self.tx.pending().iter().enumerate() {
                 let skip = if k == 0 { self.tx.front } else { 0 };
                 match *seg {
                     Seg::Bytes { start, len } => {
@@ -1721,13 +1748,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// `sent` bytes of the queue went out.
     fn advance(&mut self, mut sent: usize) {
         while sent > 0 {
-            let Some(seg) = self.tx.segs.front().copied() else {
+            let Some(seg) = self.tx.front() else {
                 break;
             };
             let len = match seg {
                 Seg::Bytes { len, .. } | Seg::Data { len, .. } => len,
                 Seg::Release { slot } => {
-                    self.tx.segs.pop_front();
+                    self.tx.pop_front();
                     self.release(slot);
                     continue;
                 }
@@ -1736,7 +1763,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             if sent >= left {
                 sent -= left;
                 self.tx.front = 0;
-                self.tx.segs.pop_front();
+                self.tx.pop_front();
             } else {
                 self.tx.front += sent;
                 sent = 0;
@@ -1832,15 +1859,39 @@ mod tests {
                         let mut want = [0u8; 256];
                         let n = write_header(hdr, &lay, &mut want).unwrap();
                         assert_eq!(tx.bytes, &want[..n], "{lay:?}");
-                        assert_eq!(tx.segs.len(), 1);
+                        assert_eq!(tx.pending().len(), 1);
                     }
                 }
             }
         }
-        // A header of the wrong length is refused on both routes.
+        // A header of the wrong length is refused.
         let l = PduLayout::new(PduType::CapsuleResp, Digests::NONE, 0, 0).unwrap();
         let mut tx = Tx::default();
         tx.push_header(&[0u8; 8], &l);
         assert!(tx.is_empty() && tx.bytes.is_empty());
+    }
+
+    /// The segment queue: bytes merge only into a pending segment; a
+    /// drained queue starts over.
+    #[test]
+    fn tx_queue_merges_pending_bytes_and_restarts_when_drained() {
+        let mut tx = Tx::default();
+        tx.push_bytes(b"ab");
+        tx.push_bytes(b"cd");
+        assert_eq!(tx.pending().len(), 1);
+        tx.push(Seg::Release { slot: 3 });
+        tx.push_bytes(b"ef");
+        assert_eq!(tx.pending().len(), 3);
+        tx.pop_front();
+        assert!(matches!(tx.front(), Some(Seg::Release { slot: 3 })));
+        tx.pop_front();
+        assert!(matches!(tx.front(), Some(Seg::Bytes { start: 4, len: 2 })));
+        tx.pop_front();
+        assert!(tx.is_empty() && tx.front().is_none());
+        assert_eq!((tx.segs.len(), tx.head), (0, 0));
+        // The sent "ef" is not extended: the new bytes are a new segment.
+        tx.push_bytes(b"gh");
+        assert_eq!(tx.pending().len(), 1);
+        assert!(matches!(tx.front(), Some(Seg::Bytes { start: 6, len: 2 })));
     }
 }
