@@ -973,11 +973,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     Sink::Slot(i) => Some(i),
                     _ => None,
                 };
-                let b = Self::body(pdu, layout, sink, slot, 0);
                 if layout.data_len == 0 && layout.pad_len() == 0 {
-                    self.on_body(ctx, &b, true);
+                    // Nothing follows the header: the command is in.
+                    self.capsule_in(ctx, &sqe, sink, slot, 0, true);
                 } else {
-                    self.rxst = RxState::Body(b);
+                    self.rxst = RxState::Body(Self::body(pdu, layout, sink, slot, 0));
                 }
                 Ok(())
             }
@@ -1021,25 +1021,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     fn on_body(&mut self, ctx: &mut ThreadCtx, b: &Body, ok: bool) {
         match b.pdu {
             PduHeader::CapsuleCmd(c) => {
-                let sqe = c.sqe();
-                match b.sink {
-                    Sink::Slot(i) => {
-                        let s = &mut self.slots[i as usize];
-                        if !ok {
-                            s.err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
-                        }
-                        self.advance_sqhd();
-                        self.command(ctx, i, b.data_len);
-                    }
-                    Sink::Discard if b.slot.is_some() => {
-                        // A command whose data was refused (its slot
-                        // holds the status).
-                        let i = b.slot.unwrap_or_default();
-                        self.advance_sqhd();
-                        self.command(ctx, i, 0);
-                    }
-                    _ => self.unbound_command(ctx, &sqe, ok),
-                }
+                self.capsule_in(ctx, &c.sqe(), b.sink, b.slot, b.data_len, ok);
             }
             PduHeader::H2CData(h) => {
                 let i = h.ttag;
@@ -1056,8 +1038,39 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
     }
 
+    /// A command capsule is in, with its `data_len` bytes of in-capsule
+    /// data (`ok`: their digest matched, or there was none).
+    fn capsule_in(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        sqe: &Sqe,
+        sink: Sink,
+        slot: Option<u16>,
+        data_len: u32,
+        ok: bool,
+    ) {
+        match (sink, slot) {
+            (Sink::Slot(i), _) => {
+                if !ok {
+                    self.slots[i as usize].err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
+                }
+                self.advance_sqhd();
+                self.command(ctx, i, data_len);
+            }
+            (Sink::Discard, Some(i)) => {
+                // A command whose data was refused (its slot holds the
+                // status).
+                self.advance_sqhd();
+                self.command(ctx, i, 0);
+            }
+            _ => self.unbound_command(ctx, sqe, ok),
+        }
+    }
+
     fn advance_sqhd(&mut self) {
-        self.sqhd = (self.sqhd + 1) % self.entries.max(1);
+        // (No division per command.)
+        let next = self.sqhd.wrapping_add(1);
+        self.sqhd = if next >= self.entries { 0 } else { next };
     }
 
     // ------------------------------------------------------------------

@@ -266,6 +266,34 @@ fn io_connect_checks_controller_host_qid_and_sqsize() {
     bad(try_io(cntlid, 1, 31, HOST_A), 42);
 }
 
+/// Each response carries the SQ head: one past the command, wrapping at
+/// the queue's size (the Connect counts as the first command).
+#[test]
+fn responses_carry_the_sq_head_wrapping_at_the_queue_size() {
+    let t = ram_target(1024);
+    let addr = t.listen_addrs()[0];
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(SUB1, HOST_A, 0);
+    let mut q = Client::connect(addr);
+    q.ic(Digests::NONE);
+    // SQSIZE 3: four entries.
+    let r = q.connect_cmd(1, 3, 0, cntlid, SUB1, HOST_A, false);
+    assert!(r.status().is_success());
+    assert_eq!(r.sqhd, 1);
+    let mut heads = Vec::new();
+    for _ in 0..9 {
+        let mut sqe = Sqe::flush(1);
+        sqe.cid = q.next_cid();
+        q.capsule(&sqe, &[]);
+        let c = q.resp();
+        assert!(c.status().is_success());
+        assert_eq!(c.sqid, 1);
+        heads.push(c.sqhd);
+    }
+    assert_eq!(heads, [2, 3, 0, 1, 2, 3, 0, 1, 2]);
+}
+
 #[test]
 fn keep_alive_timeout_tears_the_controller_down() {
     let t = ram_target(1024);
