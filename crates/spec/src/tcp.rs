@@ -779,14 +779,21 @@ impl PduLayout {
         })
     }
 
+    /// Bytes before the data: header, header digest and padding (what
+    /// [`write_header`] writes).
+    #[inline]
+    pub const fn prefix_len(&self) -> u32 {
+        if self.data_len == 0 {
+            self.header_len()
+        } else {
+            self.data_offset
+        }
+    }
+
     /// Padding bytes between header (digest) and data.
     #[inline]
     pub const fn pad_len(&self) -> u32 {
-        if self.data_len == 0 {
-            0
-        } else {
-            self.data_offset - self.header_len()
-        }
+        self.prefix_len() - self.header_len()
     }
 
     /// The common header describing this layout, with `extra_flags`
@@ -1653,11 +1660,7 @@ impl PduHeader {
 /// `None` if `out` is shorter than that.
 pub fn write_header(header: &[u8], layout: &PduLayout, out: &mut [u8]) -> Option<usize> {
     let hlen = layout.hlen as usize;
-    let end = if layout.data_len == 0 {
-        layout.header_len() as usize
-    } else {
-        layout.data_offset as usize
-    };
+    let end = layout.prefix_len() as usize;
     if header.len() != hlen || out.len() < end {
         return None;
     }
@@ -1682,18 +1685,12 @@ pub fn append_header(header: &[u8], layout: &PduLayout, out: &mut Vec<u8>) -> Op
     if header.len() != hlen {
         return None;
     }
-    let end = if layout.data_len == 0 {
-        layout.header_len() as usize
-    } else {
-        layout.data_offset as usize
-    };
+    let end = layout.prefix_len() as usize;
     let start = out.len();
     out.extend_from_slice(header);
     if layout.hdgst {
         out.extend_from_slice(&digest_bytes(header_digest(header)));
     }
-    if out.len() - start < end {
-        out.resize(start + end, 0);
-    }
+    out.resize(start + end, 0);
     Some(end)
 }

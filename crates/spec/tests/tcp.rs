@@ -793,6 +793,8 @@ fn append_header_matches_write_header() {
                 for (h, l) in [(c.as_bytes(), lc), (d.as_bytes(), ld)] {
                     let mut want = [0xAAu8; 256];
                     let n = write_header(h, &l, &mut want).unwrap();
+                    assert_eq!(n, l.data_range().start, "the data follows the prefix");
+                    assert_eq!(n as u32, l.header_len() + l.pad_len());
                     let mut out = vec![9u8; 3];
                     assert_eq!(append_header(h, &l, &mut out), Some(n));
                     assert_eq!(&out[..3], &[9, 9, 9]);
