@@ -4,10 +4,10 @@
   1. `pollux target` pinned to one core (null bdev) and `pollux perf` over
      trtype:tcp on the other: 4 KiB randread QD 128, IOPS per target core,
      and how the target's time splits between the kernel (TCP) and user
-     space (its utime/stime from /proc over the run).
-  2. QD 1 4 KiB randread p50 latency (perf -L), each run beside the
-     bare kernel's round trip of the same sizes (2b). Section 1d counts
+     space (its utime/stime from /proc over the run); section 1d counts
      the target's user-space instructions per I/O with callgrind.
+  2. QD 1 4 KiB randread p50 latency (perf -L), each run beside the
+     bare kernel's round trip of the same sizes (2b).
   3. The on/off ratio of each technique, interleaved: the host disabling
      SQ flow control (QD 128), the target's sendmsg batch (512 iovecs vs
      64, QD 128), the target's direct receive (128 KiB
