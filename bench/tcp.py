@@ -5,7 +5,9 @@
      trtype:tcp on the other: 4 KiB randread QD 128, IOPS per target core,
      and how the target's time splits between the kernel (TCP) and user
      space (its utime/stime from /proc over the run); section 1d counts
-     the target's user-space instructions per I/O with callgrind.
+     the target's user-space instructions per I/O with callgrind. Each
+     run is followed by two bare-kernel bounds (1b): the same bytes one
+     way only, and the same exchange both ways at QD 128 without NVMe.
   2. QD 1 4 KiB randread p50 latency (perf -L), each run beside the
      bare kernel's round trip of the same sizes (2b).
   3. The on/off ratio of each technique, interleaved: the host disabling
@@ -224,6 +226,14 @@ def loopback_rtt(secs):
     return json.loads(p.stdout)
 
 
+def loopback_closed_loop(secs):
+    p = subprocess.run([BOUND, "--qd", "128", "--secs", str(secs), "--json"], capture_output=True, text=True,
+                       timeout=secs + 60)
+    if p.returncode != 0:
+        sys.exit(f"loopback_bound --qd failed: {p.stderr[-2000:]}")
+    return json.loads(p.stdout)
+
+
 def loopback_bound(secs):
     # 128 PDUs per writev: what the target sends per call at QD 128.
     p = subprocess.run([BOUND, "--secs", str(secs), "--batch", str(BOUND_BATCH), "--json"], capture_output=True,
@@ -247,8 +257,8 @@ def main():
 
     have_bound = os.path.exists(BOUND)
     print(f"== 1. target on core 0 (null bdev), perf on core 1 over TCP: 4 KiB randread QD 128, {runs} runs x {secs} s"
-          + (", each followed by the bare-kernel bound (1b)" if have_bound else ""))
-    iops, kern, user, bound, share = [], [], [], [], []
+          + (", each followed by the two bare-kernel bounds (1b)" if have_bound else ""))
+    iops, kern, user, bound, share, closed, cshare = [], [], [], [], [], [], []
     for _ in range(runs):
         tot, u, s = run([], ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread"], secs)
         busy = u + s
@@ -261,6 +271,10 @@ def main():
             bound.append(b["pdus_per_s"])
             share.append(tot["iops"] / b["pdus_per_s"])
             line += f"; bare kernel {fmt(b['pdus_per_s'])} PDUs/s, target/bare {share[-1]:.2f}"
+            c = loopback_closed_loop(secs)
+            closed.append(c["ios_per_s"])
+            cshare.append(tot["iops"] / c["ios_per_s"])
+            line += f"; bare QD 128 {fmt(c['ios_per_s'])}/s, target/that {cshare[-1]:.2f}"
         print(line)
     m, lo, hi = med_range(iops)
     km = statistics.median(kern)
@@ -277,6 +291,15 @@ def main():
               f" (range {slo:.2f} .. {shi:.2f}); 1.026 M is {1.026e6 / bm:.2f} x the bare median")
         res["loopback_bound"] = {"median": bm, "min": blo, "max": bhi, "runs": bound,
                                  "target_share": {"median": sm, "min": slo, "max": shi}}
+        cm, clo, chi = med_range(closed)
+        qm, qlo, qhi = med_range(cshare)
+        print(f"   the same exchange without NVMe (loopback_bound --qd 128: 72 B requests from a bare client on core 1,"
+              f" 24 B + 4 KiB answers from a bare responder on core 0, up to 256 per writev, both polling):")
+        print(f"   bare QD 128 median {fmt(cm)}/s (range {fmt(clo)} .. {fmt(chi)}); target/that median {qm:.2f}"
+              f" (range {qlo:.2f} .. {qhi:.2f}); 1.026 M is {1.026e6 / cm:.2f} x its median;"
+              f" {sum(x >= 1.026e6 for x in closed)} of {len(closed)} bare runs reached 1.026 M")
+        res["loopback_closed_loop"] = {"median": cm, "min": clo, "max": chi, "runs": closed,
+                                       "target_share": {"median": qm, "min": qlo, "max": qhi}}
 
     psecs = 2 if a.quick else 4
     print(f"== 1c. where the time goes at QD 128 (perf record -e cpu-clock -g, {psecs} s inside one {psecs + 3} s run)")

@@ -11,11 +11,18 @@
 //! 24-byte header and 4 KiB, one at a time, both polling; it prints the
 //! round trip's p50 and p99.
 //!
+//! With `--qd N`, the floor of a QD N read workload: the receiver on core 1
+//! keeps N 72-byte requests outstanding (writing a new one for each
+//! response it has read), the sender on core 0 reads them and answers each
+//! with a 24-byte header and 4 KiB (up to 256 answers per `writev`), both
+//! polling and doing nothing else: the same bytes both ways as `pollux
+//! perf` against `pollux target`, without NVMe.
+//!
 //! With `--empty-poll`, what one receive that finds nothing costs on this
 //! kernel, as `recv` and as `readv` (the target polls its sockets so).
 //!
 //! `cargo run --release -p pollux-target --example loopback_bound --
-//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt] [--empty-poll] [--json]`
+//! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt | --qd N | --empty-poll] [--json]`
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
@@ -66,6 +73,9 @@ fn main() -> std::io::Result<()> {
     let json = args.iter().any(|a| a == "--json");
     if args.iter().any(|a| a == "--rtt") {
         return round_trips(size, secs, json);
+    }
+    if args.iter().any(|a| a == "--qd") {
+        return closed_loop(arg(&args, "--qd", 128) as usize, bufs, size, secs, json);
     }
     if args.iter().any(|a| a == "--empty-poll") {
         return empty_polls(json);
@@ -246,6 +256,130 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
             at(0.5),
             at(0.99),
             lat.len()
+        );
+    }
+    Ok(())
+}
+
+/// `--qd`: `qd` requests outstanding, answered in batches.
+fn closed_loop(qd: usize, bufs: usize, size: usize, secs: u64, json: bool) -> std::io::Result<()> {
+    const REQ: usize = 72;
+    const HDR: usize = 24;
+    const MAX_BATCH: usize = 256;
+    let l = TcpListener::bind("127.0.0.1:0")?;
+    let mut client = TcpStream::connect(l.local_addr()?)?;
+    let (mut server, _) = l.accept()?;
+    for s in [&client, &server] {
+        s.set_nodelay(true)?;
+        s.set_nonblocking(true)?;
+    }
+    let responder = std::thread::spawn(move || -> std::io::Result<Duration> {
+        pin(0);
+        let c0 = thread_cpu();
+        let (mut rb, hdr, data) = (vec![0u8; 64 << 10], [0u8; HDR], vec![0x5au8; bufs * size]);
+        let resp = HDR + size;
+        // Requests read and not yet answered; bytes of a request read in
+        // part; bytes of the next answer already written.
+        let (mut owed, mut carry, mut partial, mut k) = (0usize, 0usize, 0usize, 0usize);
+        let mut iov: Vec<IoSlice<'_>> = Vec::with_capacity(2 * MAX_BATCH);
+        loop {
+            match server.read(&mut rb) {
+                Ok(0) => return Ok(thread_cpu() - c0),
+                Ok(n) => {
+                    owed += (carry + n) / REQ;
+                    carry = (carry + n) % REQ;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    return Ok(thread_cpu() - c0)
+                }
+                Err(e) => return Err(e),
+            }
+            if owed == 0 {
+                continue;
+            }
+            iov.clear();
+            for j in 0..owed.min(MAX_BATCH) {
+                let b = (k + j) % bufs;
+                let d = &data[b * size..(b + 1) * size];
+                let skip = if j == 0 { partial } else { 0 };
+                if skip < HDR {
+                    iov.push(IoSlice::new(&hdr[skip..]));
+                    iov.push(IoSlice::new(d));
+                } else {
+                    iov.push(IoSlice::new(&d[skip - HDR..]));
+                }
+            }
+            match server.write_vectored(&iov) {
+                Ok(n) => {
+                    let done = (partial + n) / resp;
+                    partial = (partial + n) % resp;
+                    owed -= done;
+                    k = (k + done) % bufs;
+                }
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+                    ) =>
+                {
+                    return Ok(thread_cpu() - c0)
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    });
+    pin(1);
+    let resp = HDR + size;
+    let req = vec![0u8; REQ * qd];
+    let mut rb = vec![0u8; 256 << 10];
+    // Request bytes owed to the socket; bytes of a response read in part.
+    let (mut unsent, mut carry, mut done) = (REQ * qd, 0usize, 0u64);
+    let t0 = Instant::now();
+    let end = t0 + Duration::from_secs(secs);
+    let mut spins = 0u32;
+    loop {
+        if unsent > 0 {
+            match client.write(&req[..unsent.min(req.len())]) {
+                Ok(n) => unsent -= n,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+                Err(e) => return Err(e),
+            }
+        }
+        match client.read(&mut rb) {
+            Ok(0) => return Err(std::io::ErrorKind::UnexpectedEof.into()),
+            Ok(n) => {
+                let c = (carry + n) / resp;
+                carry = (carry + n) % resp;
+                done += c as u64;
+                unsent += c * REQ;
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Err(e),
+        }
+        spins += 1;
+        if spins.is_multiple_of(64) && Instant::now() >= end {
+            break;
+        }
+    }
+    let el = t0.elapsed().as_secs_f64();
+    drop(client);
+    let cpu = match responder.join() {
+        Ok(r) => r?,
+        Err(_) => return Err(std::io::Error::other("responder panicked")),
+    };
+    let per_s = done as f64 / el;
+    if json {
+        println!(
+            "{{\"ios_per_s\": {per_s:.0}, \"responder_cpu\": {:.3}}}",
+            cpu.as_secs_f64() / el
+        );
+    } else {
+        println!(
+            "QD {qd}: 72 B requests, 24 B + {size} B responses, both polling: {:.1} K/s; responder {:.2} cores",
+            per_s / 1e3,
+            cpu.as_secs_f64() / el
         );
     }
     Ok(())
