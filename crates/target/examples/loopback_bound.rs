@@ -189,15 +189,22 @@ fn write_all(s: &mut TcpStream, b: &[u8]) -> std::io::Result<()> {
     Ok(())
 }
 
-/// `--rtt`: one 72-byte request, one 24-byte + `size` response, in turn.
-fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
+/// A connected (client, server) pair over loopback, both non-blocking
+/// with Nagle off.
+fn polling_pair() -> std::io::Result<(TcpStream, TcpStream)> {
     let l = TcpListener::bind("127.0.0.1:0")?;
-    let mut client = TcpStream::connect(l.local_addr()?)?;
-    let (mut server, _) = l.accept()?;
+    let client = TcpStream::connect(l.local_addr()?)?;
+    let (server, _) = l.accept()?;
     for s in [&client, &server] {
         s.set_nodelay(true)?;
         s.set_nonblocking(true)?;
     }
+    Ok((client, server))
+}
+
+/// `--rtt`: one 72-byte request, one 24-byte + `size` response, in turn.
+fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
+    let (mut client, mut server) = polling_pair()?;
     let responder = std::thread::spawn(move || -> std::io::Result<()> {
         pin(0);
         let (mut req, hdr, data) = ([0u8; 72], [0u8; 24], vec![0x5au8; size]);
@@ -266,13 +273,7 @@ fn closed_loop(qd: usize, bufs: usize, size: usize, secs: u64, json: bool) -> st
     const REQ: usize = 72;
     const HDR: usize = 24;
     const MAX_BATCH: usize = 256;
-    let l = TcpListener::bind("127.0.0.1:0")?;
-    let mut client = TcpStream::connect(l.local_addr()?)?;
-    let (mut server, _) = l.accept()?;
-    for s in [&client, &server] {
-        s.set_nodelay(true)?;
-        s.set_nonblocking(true)?;
-    }
+    let (mut client, mut server) = polling_pair()?;
     let responder = std::thread::spawn(move || -> std::io::Result<Duration> {
         pin(0);
         let c0 = thread_cpu();
