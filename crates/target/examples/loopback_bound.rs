@@ -339,7 +339,7 @@ fn closed_loop(qd: usize, bufs: usize, size: usize, secs: u64, json: bool) -> st
     let (mut unsent, mut carry, mut done) = (REQ * qd, 0usize, 0u64);
     let t0 = Instant::now();
     let end = t0 + Duration::from_secs(secs);
-    let mut spins = 0u32;
+    let mut spins = 0u64;
     loop {
         if unsent > 0 {
             match client.write(&req[..unsent.min(req.len())]) {
