@@ -1126,8 +1126,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let Ok(subnqn) = data.subnqn() else {
             return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
         };
-        let Ok(hostnqn) = data.hostnqn() else {
-            return Err(invalid(ParamIn::Data, ipo::DATA_HOSTNQN));
+        // An empty HOSTNQN (SPDK's host sends one unless told a host NQN)
+        // is a host without a name: accepted where any host may connect,
+        // as SPDK's nvmf_tgt and Linux's nvmet do, refused by allow lists.
+        let hostnqn = match data.hostnqn() {
+            Ok(h) => h,
+            Err(pollux_spec::fabrics::NqnError::Empty) => "",
+            Err(_) => return Err(invalid(ParamIn::Data, ipo::DATA_HOSTNQN)),
         };
         let shared = self.shared.clone();
         let Some(sid) = shared.find(subnqn) else {
@@ -1139,6 +1144,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             if !e.listeners.contains(&self.local) {
                 tracing::info!(peer = %self.peer, subnqn, local = %self.local, "Connect on a listener of another subsystem");
                 return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+            }
+            if hostnqn.is_empty() && !e.allow_any_host {
+                tracing::info!(peer = %self.peer, subnqn, "Connect with an empty host NQN refused: the subsystem allows only listed hosts");
+                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
             }
             if !e.allows(hostnqn) {
                 tracing::info!(peer = %self.peer, subnqn, hostnqn, "host not allowed");

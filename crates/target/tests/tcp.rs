@@ -238,6 +238,53 @@ fn a_host_not_on_the_list_is_refused_at_connect() {
     assert_eq!(r.dw0, 1 << 16 | 256);
 }
 
+/// SPDK's host sends an empty HOSTNQN unless given one: like SPDK's
+/// nvmf_tgt and Linux's nvmet, a subsystem open to any host takes it
+/// (admin and I/O queues, the discovery controller too); one with an
+/// allow list refuses it with Connect Invalid Host. Before, every empty
+/// HOSTNQN was Connect Invalid Parameters at byte 512 of the data.
+#[test]
+fn an_empty_host_nqn_connects_where_any_host_may() {
+    use pollux_spec::fabrics::{DiscoveryLogHeader, DISCOVERY_NQN};
+    let t = three_subsystems();
+    let addr = t.listen_addrs()[0];
+    // sub1 lists host A only.
+    let mut c = Client::connect(addr);
+    c.ic(Digests::NONE);
+    let r = c.admin_connect(SUB1, "", 0);
+    assert!(
+        r.status()
+            .is(sct::COMMAND_SPECIFIC, fabrics_sc::CONNECT_INVALID_HOST),
+        "empty HOSTNQN on an allow list: {:#x}",
+        r.status().0
+    );
+    assert_eq!(t.controllers(), 0);
+    // sub3 allows any host: admin queue, I/O queue, data.
+    let sub3 = "nqn.2024-01.io.pollux:sub3";
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(sub3, "", 0);
+    let mut q = Client::connect(addr);
+    q.ic(Digests::NONE);
+    let r = q.connect_cmd(1, 31, 0, cntlid, sub3, "", false);
+    assert!(r.status().is_success(), "I/O connect: {:#x}", r.status().0);
+    let d = pattern(4096, 9);
+    assert!(q.write(1, 8, &d, true).status().is_success());
+    assert_eq!(q.read(1, 8, 4096).0, d);
+    // An I/O queue must come from the same (empty) host NQN.
+    let mut other = Client::connect(addr);
+    other.ic(Digests::NONE);
+    let r = other.connect_cmd(2, 31, 0, cntlid, sub3, HOST_A, false);
+    assert!(!r.status().is_success(), "I/O queue of another host");
+    // Discovery: only the subsystems open to any host.
+    let mut disc = Client::connect(addr);
+    disc.ic(Digests::NONE);
+    disc.bring_up(DISCOVERY_NQN, "", 0);
+    let (h, _) = disc.data_cmd(Sqe::get_log_page(0x70, 0, 1024, 0, 0, 0), 1024);
+    let hdr = DiscoveryLogHeader::read_from_bytes(&h).unwrap();
+    assert_eq!(hdr.numrec, 1, "sub3 only");
+}
+
 #[test]
 fn io_connect_checks_controller_host_qid_and_sqsize() {
     let t = ram_target(1024);

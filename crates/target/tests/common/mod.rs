@@ -226,7 +226,18 @@ impl Client {
             kato,
         );
         c.cid = self.next_cid();
-        let d = ConnectData::new([7; 16], cntlid, sub, host).unwrap();
+        // An empty `host` sends an empty HOSTNQN (as SPDK's host does when
+        // given none), which ConnectData::new refuses to build.
+        let mut d = ConnectData::new(
+            [7; 16],
+            cntlid,
+            sub,
+            if host.is_empty() { "x" } else { host },
+        )
+        .unwrap();
+        if host.is_empty() {
+            d.hostnqn = [0; 256];
+        }
         self.capsule(&c.to_sqe(), d.as_bytes());
         self.resp()
     }
