@@ -32,7 +32,13 @@ pub(crate) struct NvmeChan<T: Transport> {
 impl<T: Transport> NvmeChan<T> {
     pub fn open(sh: &NvmeShared<T>, opts: &ChannelOptions) -> pollux_nvme::error::Result<Self> {
         let mut q = opts.nvme.clone().unwrap_or_else(|| sh.qopts.clone());
-        q.depth = u16::try_from(opts.depth).unwrap_or(u16::MAX);
+        // The queue pair holds what the controller's queues hold (CAP.MQES
+        // commands, one entry kept empty); a deeper channel keeps the rest
+        // in the queue pair's software backlog.
+        q.depth = u16::try_from(opts.depth)
+            .unwrap_or(u16::MAX)
+            .min(sh.ctrl.cap().mqes())
+            .max(1);
         let qp = sh.ctrl.alloc_qpair(q)?;
         Ok(NvmeChan {
             qp,

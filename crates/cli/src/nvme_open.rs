@@ -120,6 +120,11 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         }
     }
 
+    /// The controllers opened so far.
+    pub fn controllers(&self) -> &[Arc<pollux_nvme::Controller<T>>] {
+        &self.ctrls
+    }
+
     /// The emulated controllers (stepped by the caller in inline mode).
     pub fn soft_devices(&self) -> Vec<Arc<SoftDevice>> {
         self.softs.clone()

@@ -566,10 +566,6 @@ fn bad_options_are_refused_naming_them() {
             vec!["--null", "--block-size", "1000"],
             vec!["--block-size 1000"],
         ),
-        (
-            vec!["--nvme", "trtype:soft mqes:15", "-q", "128"],
-            vec!["-q 128", "Nvme0n1", "1..=15"],
-        ),
         (vec!["--null", "--iopoll"], vec!["--iopoll", "--uring PATH"]),
         (
             vec!["--uring", &f, "--iopoll"],

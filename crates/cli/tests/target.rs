@@ -356,3 +356,74 @@ fn bad_nvme_transport_ids_are_named() {
     assert_eq!(code, 2, "{err}");
     assert!(err.contains("'Soft0'") && err.contains("'Tcp0'"), "{err}");
 }
+
+/// `pollux perf` and `pollux bdevperf` with their default depth (-q 128)
+/// against `pollux target` with its defaults (128-entry queues: 127
+/// commands at once): the depth asked for runs, the command that does
+/// not fit waits in the queue pair's backlog, stderr says once what the
+/// queue holds, and verified data comes back intact. Before, perf exited
+/// 2 ("-q 128: ... allows queue depths up to 127") and bdevperf failed
+/// to open its channel.
+#[test]
+fn default_depth_runs_against_a_default_target() {
+    let t = Served::start(&[]);
+    let r = t.trid("");
+    let (code, out, err) = common::pollux(&[
+        "perf",
+        "-r",
+        &r,
+        "-w",
+        "randrw",
+        "-M",
+        "50",
+        "-o",
+        "4096",
+        "--verify",
+        "-t",
+        "0",
+        "--io-count",
+        "4000",
+        "--json",
+        "-c",
+        "0",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("perf --json");
+    assert_eq!(v["total"]["ios"], 4000, "{out}");
+    assert_eq!(v["total"]["errors"], 0, "{out}");
+    assert_eq!(v["config"]["queue_depth"], 128, "{out}");
+    assert!(
+        v["devices"][0]["queued"].as_u64() > Some(0),
+        "the 128th command waits in the backlog: {out}"
+    );
+    assert_eq!(
+        err.matches("hold 127 commands").count(),
+        1,
+        "said once: {err}"
+    );
+    let (code, out, err) = common::pollux(&[
+        "bdevperf",
+        "--nvme",
+        &r,
+        "-w",
+        "verify",
+        "-o",
+        "4096",
+        "-t",
+        "50",
+        "--io-count",
+        "3000",
+        "--json",
+        "-m",
+        "0x1",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    let v: serde_json::Value = serde_json::from_str(&out).expect("bdevperf --json");
+    assert_eq!(v["total"]["errors"], 0, "{out}");
+    assert!(v["total"]["ios"].as_u64() >= Some(3000), "{out}");
+    assert_eq!(
+        err.matches("hold 127 commands").count(),
+        1,
+        "said once: {err}"
+    );
+}

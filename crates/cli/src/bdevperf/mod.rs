@@ -413,6 +413,20 @@ fn run_nvme<T: nvme::NvmeTransport>(
             &mut |att: &NvmeAttach| Ok(op.borrow_mut().attach(att)?),
         )?
     };
+    for c in opener.controllers() {
+        // A queue holds CAP.MQES commands; the channel keeps the rest of
+        // -q in the queue pair's software backlog.
+        let held = c.cap().mqes() as u32;
+        if held < a.queue_depth {
+            eprintln!(
+                "pollux bdevperf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
+                c.describe(),
+                held + 1,
+                a.queue_depth,
+                a.queue_depth - held
+            );
+        }
+    }
     let inline = if a.inline {
         opener.soft_devices()
     } else {

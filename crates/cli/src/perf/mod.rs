@@ -495,18 +495,18 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
     let io = a.io_size;
     let mut plans = Vec::new();
     for d in devices {
-        // SQ entries = depth + 1 <= CAP.MQES + 1 (MQES is 0's based).
-        let max_depth = d.ctrl.cap().mqes();
-        if a.queue_depth > max_depth {
-            return Err(bad(
-                "-q",
+        // A queue holds CAP.MQES commands (MQES + 1 entries, one kept
+        // empty); a deeper -q keeps the rest in the queue pair's software
+        // backlog, as SPDK's perf does.
+        let held = qpair_depth(d, a.queue_depth);
+        if held < a.queue_depth {
+            eprintln!(
+                "pollux perf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
+                d.name,
+                held as u32 + 1,
                 a.queue_depth,
-                format!(
-                    "{} allows queue depths up to {max_depth} (CAP.MQES + 1 = {} queue entries, one kept empty)",
-                    d.name,
-                    max_depth as u32 + 1
-                ),
-            ));
+                a.queue_depth - held
+            );
         }
         let nns = d.ctrl.namespaces().len() as u64;
         let need = nns * a.qpairs as u64;
@@ -590,19 +590,26 @@ pub(crate) fn mem_available() -> Option<u64> {
     kib.checked_mul(1024)
 }
 
-/// DMA bytes one queue pair of `depth` with I/O buffers of `io` bytes
-/// takes on `d`: the buffers plus the SQ, CQ and PRP list pool the driver
+/// Commands a queue pair of `d` holds for a run at `depth` (-q): the
+/// depth, or what the controller's queues hold if that is less.
+fn qpair_depth(d: &Device, depth: u16) -> u16 {
+    depth.min(d.ctrl.cap().mqes()).max(1)
+}
+
+/// DMA bytes one queue pair holding `depth` commands (with I/O buffers
+/// for `slots`, -q, of `io` bytes) takes on `d`: the buffers plus the SQ,
+/// CQ and PRP list pool the driver
 /// allocates (the driver's sizing: CQ up to 4 x depth entries, a PRP list
 /// slice per tracker of `max_transfer / 4 KiB + 1` entries rounded up to a
 /// power of two, 2..=512). Each allocation is rounded up to 4 KiB.
-fn qpair_dma_bytes(d: &Device, depth: u64, io: u64) -> u64 {
+fn qpair_dma_bytes(d: &Device, depth: u64, slots: u64, io: u64) -> u64 {
     let page = |n: u64| n.div_ceil(4096).saturating_mul(4096);
     let entries = d.ctrl.cap().mqes() as u64 + 1;
     let cq = (4 * depth).clamp(depth + 1, entries.max(depth + 1));
     let list = ((d.ctrl.max_transfer() as u64).div_ceil(4096) + 1)
         .next_power_of_two()
         .clamp(2, 512);
-    page(depth.saturating_mul(io))
+    page(slots.saturating_mul(io))
         .saturating_add(page((depth + 1) * 64))
         .saturating_add(page(cq * 16))
         .saturating_add(page(depth * list * 8))
@@ -616,7 +623,8 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
     let depth = a.queue_depth as u64;
     let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
     for (d, ns_plans) in devices.iter().zip(plans) {
-        let per_qp = qpair_dma_bytes(d, depth, a.io_size);
+        let held = qpair_depth(d, a.queue_depth) as u64;
+        let per_qp = qpair_dma_bytes(d, held, depth, a.io_size);
         let n = ns_plans.len() as u64 * a.qpairs as u64;
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
@@ -799,8 +807,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             let (nlb, units) = (plan.nlb, plan.units);
             for p in 0..a.qpairs {
                 let w = njobs % cores.len();
-                let qp = d.ctrl.alloc_qpair(qopts.clone())?;
-                let depth = qp.depth() as usize;
+                let qp = d.ctrl.alloc_qpair(QpairOptions {
+                    depth: qpair_depth(d, a.queue_depth),
+                    ..qopts.clone()
+                })?;
+                // Slots (buffers) for -q I/Os; those beyond what the
+                // queue holds wait in the queue pair's backlog.
+                let depth = a.queue_depth as usize;
                 // One allocation, one owned piece per slot.
                 let bufs = pollux_pcie::IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
                     .chunks(io)

@@ -86,13 +86,6 @@ pub enum AnyQp {
 }
 
 impl AnyQp {
-    pub fn depth(&self) -> u32 {
-        match self {
-            AnyQp::Pcie(q) => q.depth(),
-            AnyQp::Tcp(q) => q.depth(),
-        }
-    }
-
     pub fn into_job(self, ctx: JobCtx) -> AnyJob {
         match self {
             AnyQp::Pcie(qp) => AnyJob::Pcie(Job { qp, ctx }),
@@ -128,7 +121,9 @@ impl AnyJob {
     fn start(&mut self) {
         with_job!(self, j => {
             let Job { qp, ctx } = j;
-            let fill = (qp.depth() as u64).min(ctx.total);
+            // One I/O per slot (-q of them): what the queue cannot hold
+            // waits in the queue pair's backlog.
+            let fill = (ctx.bufs.len() as u64).min(ctx.total);
             // Completion k resubmits while fill + k - 1 < total. Set before
             // the first submission: a refused one decides by it too.
             ctx.stop_at = ctx.total - fill;
