@@ -431,6 +431,130 @@ fn features_number_of_queues_and_kato() {
     assert_eq!(f.kato_ms(), 0);
 }
 
+/// The features an I/O controller must support (NVMe Base 1.3/1.4's
+/// Feature Identifiers figure, 2.0 with the NVM Command Set's: Arbitration,
+/// Power Management, Temperature Threshold, Error Recovery, Number of
+/// Queues, Write Atomicity Normal, Asynchronous Event Configuration;
+/// Volatile Write Cache because VWC is reported present; Interrupt
+/// Coalescing and Interrupt Vector Configuration on PCIe only; Keep Alive
+/// Timer over fabrics), read with Get Features in each personality, and
+/// the newly supported ones set and read back. Before, Power Management,
+/// Error Recovery and Write Atomicity Normal were Invalid Field (SPDK's
+/// spdk_nvme_identify printed "get_feature(0x02) failed").
+#[test]
+fn every_mandatory_feature_can_be_read() {
+    let env = AdminEnv::default();
+    let common = [
+        fid::ARBITRATION,
+        fid::POWER_MANAGEMENT,
+        fid::TEMPERATURE_THRESHOLD,
+        fid::ERROR_RECOVERY,
+        fid::VOLATILE_WRITE_CACHE,
+        fid::NUMBER_OF_QUEUES,
+        fid::WRITE_ATOMICITY,
+        fid::ASYNC_EVENT_CONFIG,
+    ];
+    let pcie_only = [fid::INTERRUPT_COALESCING, fid::INTERRUPT_VECTOR_CONFIG];
+    for (name, p, extra) in [
+        ("pcie", pcie(), &pcie_only[..]),
+        ("fabrics", fabrics(10), &[fid::KEEP_ALIVE][..]),
+    ] {
+        let mut c = Controller::new(subsystem(p, 5), 1);
+        for &f in common.iter().chain(extra) {
+            // Error Recovery is namespace specific: SPDK asks with NSID 1.
+            for nsid in [0, 1] {
+                let (_, st) = dw0(c.exec_admin(&Sqe::get_features(f, nsid), env));
+                assert!(
+                    st.is_success(),
+                    "{name}: Get Features {f:#04x} NSID {nsid}: {st:?}"
+                );
+            }
+        }
+    }
+    let mut c = Controller::new(subsystem(fabrics(10), 5), 1);
+    let set = |c: &mut Controller, f: u8, nsid: u32, v: u32| {
+        dw0(c.exec_admin(&Sqe::set_features(f, nsid, v), env)).1
+    };
+    let get =
+        |c: &mut Controller, f: u8, nsid: u32| dw0(c.exec_admin(&Sqe::get_features(f, nsid), env));
+    // Power Management: one power state; the workload hint is kept.
+    assert!(set(&mut c, fid::POWER_MANAGEMENT, 0, 2 << 5).is_success());
+    assert_eq!(
+        get(&mut c, fid::POWER_MANAGEMENT, 0),
+        (2 << 5, Status::SUCCESS)
+    );
+    assert_eq!(
+        set(&mut c, fid::POWER_MANAGEMENT, 0, 1),
+        g(generic::INVALID_FIELD)
+    );
+    // Error Recovery: TLER kept; DULBE unsupported; an unknown NSID.
+    assert!(set(&mut c, fid::ERROR_RECOVERY, 1, 30).is_success());
+    assert_eq!(get(&mut c, fid::ERROR_RECOVERY, 2), (30, Status::SUCCESS));
+    assert_eq!(
+        set(&mut c, fid::ERROR_RECOVERY, 1, 1 << 16),
+        g(generic::INVALID_FIELD)
+    );
+    assert_eq!(
+        get(&mut c, fid::ERROR_RECOVERY, 3).1,
+        g(generic::INVALID_NAMESPACE)
+    );
+    // Write Atomicity Normal: DN.
+    assert!(set(&mut c, fid::WRITE_ATOMICITY, 0, 1).is_success());
+    assert_eq!(get(&mut c, fid::WRITE_ATOMICITY, 0), (1, Status::SUCCESS));
+}
+
+/// Commands Supported and Effects (LID 05h), advertised in LPA bit 1:
+/// what each personality executes, with LBCC on the commands that change
+/// blocks. Before, Invalid Log Page (Linux's `nvme get-log --log-id=0x05`
+/// failed against pollux target).
+#[test]
+fn commands_supported_and_effects_log() {
+    use pollux_spec::identify::LPA_COMMANDS_EFFECTS;
+    use pollux_spec::log::{effects, CommandEffectsLog};
+    for (name, p, kas) in [("pcie", pcie(), false), ("fabrics", fabrics(10), true)] {
+        let mut c = Controller::new(subsystem(p, 5), 1);
+        assert_ne!(
+            identify_ctrl(&mut c).lpa & LPA_COMMANDS_EFFECTS,
+            0,
+            "{name}"
+        );
+        let d = admin_data(
+            &mut c,
+            Sqe::get_log_page(lid::COMMANDS_SUPPORTED, 0, 4096, 0, 0, 0),
+        )
+        .unwrap();
+        let l = CommandEffectsLog::read_from_bytes(&d).unwrap();
+        use AdminOpcode::*;
+        for op in [
+            GetLogPage,
+            Identify,
+            Abort,
+            SetFeatures,
+            GetFeatures,
+            AsyncEventRequest,
+        ] {
+            assert_eq!(l.acs[op as usize], effects::CSUPP, "{name} {op:?}");
+        }
+        assert_eq!(l.acs[KeepAlive as usize] != 0, kas, "{name}");
+        assert_eq!(l.acs[CreateIoSq as usize] != 0, !kas, "{name}");
+        assert_eq!(l.acs[FormatNvm as usize], 0, "{name}");
+        assert_eq!(l.iocs[NvmOpcode::Read as usize], effects::CSUPP);
+        assert_eq!(l.iocs[NvmOpcode::Flush as usize], effects::CSUPP);
+        for op in [
+            NvmOpcode::Write,
+            NvmOpcode::WriteZeroes,
+            NvmOpcode::DatasetManagement,
+        ] {
+            assert_eq!(
+                l.iocs[op as usize],
+                effects::CSUPP | effects::LBCC,
+                "{op:?}"
+            );
+        }
+        assert_eq!(l.iocs[NvmOpcode::Compare as usize], 0);
+    }
+}
+
 #[test]
 fn cc_enable_shutdown_reset() {
     let mut c = Controller::new(subsystem(fabrics(10), 5), 1);

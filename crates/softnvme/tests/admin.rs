@@ -412,7 +412,16 @@ fn other_features() {
         g(generic::INVALID_FIELD),
     );
     check(
+        h.admin_status(Sqe::set_features(fid::AUTONOMOUS_POWER_STATE, 0, 0)),
+        g(generic::INVALID_FIELD),
+    );
+    // Power Management: power state 0 only (NPSS 0).
+    check(
         h.admin_status(Sqe::set_features(fid::POWER_MANAGEMENT, 0, 0)),
+        g(generic::SUCCESS),
+    );
+    check(
+        h.admin_status(Sqe::set_features(fid::POWER_MANAGEMENT, 0, 1)),
         g(generic::INVALID_FIELD),
     );
     let mut save = Sqe::set_features(fid::ARBITRATION, 0, 0);

@@ -1,8 +1,15 @@
-//! Get Features / Set Features: Arbitration, Temperature Threshold,
-//! Volatile Write Cache, Number of Queues, Asynchronous Event
-//! Configuration; PCIe: Interrupt Coalescing and Interrupt Vector
-//! Configuration; Fabrics (with KAS): Keep Alive Timer (KATO in ms; the
-//! transport runs the timer). Every other feature is Invalid Field.
+//! Get Features / Set Features: the features an I/O controller must
+//! support — Arbitration, Power Management (power state 0 only: NPSS 0),
+//! Temperature Threshold, Error Recovery (TLER kept, DULBE unsupported),
+//! Volatile Write Cache (VWC is present), Number of Queues, Write
+//! Atomicity Normal, Asynchronous Event Configuration; PCIe: Interrupt
+//! Coalescing and Interrupt Vector Configuration; Fabrics (with KAS):
+//! Keep Alive Timer (KATO in ms; the transport runs the timer). Every
+//! other feature is Invalid Field.
+//!
+//! Error Recovery is namespace specific: NSID 0, FFFFFFFFh or an active
+//! namespace (one value for all of them); another NSID is Invalid
+//! Namespace.
 //!
 //! Interrupt Vector Configuration selects the vector with CDW11 IV (Get and
 //! Set; out of range: Invalid Field). Vector 0, the admin vector, is never
@@ -13,9 +20,9 @@
 //! controller reset. Number of Queues grants `min(request, max_io_queues)`
 //! and may only be set before any I/O queue exists (Command Sequence Error).
 use pollux_spec::features::{
-    cdw10_fid, cdw10_save, cdw10_sel, fid, sel, InterruptCoalescing, InterruptVectorConfig,
-    NumberOfQueues, TemperatureThreshold, VolatileWriteCache, CAP_CHANGEABLE, THSEL_OVER,
-    THSEL_UNDER,
+    cdw10_fid, cdw10_save, cdw10_sel, fid, sel, ErrorRecovery, InterruptCoalescing,
+    InterruptVectorConfig, NumberOfQueues, PowerManagement, TemperatureThreshold,
+    VolatileWriteCache, CAP_CHANGEABLE, CAP_NS_SPECIFIC, THSEL_OVER, THSEL_UNDER,
 };
 use pollux_spec::status::{generic, specific};
 use pollux_spec::Sqe;
@@ -48,6 +55,12 @@ pub(crate) struct Features {
     pub no_coalesce: Vec<bool>,
     /// Keep Alive Timeout, ms (fabrics).
     pub kato: u32,
+    /// Power Management (PS is always 0: one power state).
+    pub power: PowerManagement,
+    /// Error Recovery (TLER; DULBE is never set).
+    pub error_recovery: ErrorRecovery,
+    /// Write Atomicity Normal: Disable Normal (bit 0).
+    pub write_atomicity_dn: bool,
 }
 
 impl Features {
@@ -65,6 +78,9 @@ impl Features {
                 .map(|v| v == 0)
                 .collect(),
             kato: 0,
+            power: PowerManagement::default(),
+            error_recovery: ErrorRecovery::default(),
+            write_atomicity_dn: false,
         }
     }
 
@@ -90,6 +106,9 @@ impl Features {
                 InterruptVectorConfig { iv, cd }.to_cdw11()
             }
             fid::KEEP_ALIVE => self.kato,
+            fid::POWER_MANAGEMENT => self.power.to_dw0(),
+            fid::ERROR_RECOVERY => self.error_recovery.to_dw0(),
+            fid::WRITE_ATOMICITY => self.write_atomicity_dn as u32,
             _ => return None,
         })
     }
@@ -98,6 +117,9 @@ impl Features {
 fn supported(f: u8, p: &Personality) -> bool {
     match f {
         fid::ARBITRATION
+        | fid::POWER_MANAGEMENT
+        | fid::ERROR_RECOVERY
+        | fid::WRITE_ATOMICITY
         | fid::TEMPERATURE_THRESHOLD
         | fid::VOLATILE_WRITE_CACHE
         | fid::NUMBER_OF_QUEUES
@@ -122,9 +144,13 @@ impl<T: Transport> Controller<T> {
                 return gen(generic::INVALID_FIELD);
             }
         }
+        if f == fid::ERROR_RECOVERY && !self.feature_nsid_ok(sqe.nsid) {
+            return gen(generic::INVALID_NAMESPACE);
+        }
         let v = match cdw10_sel(sqe.cdw10) {
             sel::CURRENT => self.feat.value(f, sqe.cdw11),
             sel::DEFAULT | sel::SAVED => Features::defaults(&self.subsys).value(f, sqe.cdw11),
+            sel::SUPPORTED if f == fid::ERROR_RECOVERY => Some(CAP_CHANGEABLE | CAP_NS_SPECIFIC),
             sel::SUPPORTED => Some(CAP_CHANGEABLE),
             _ => None,
         };
@@ -202,7 +228,38 @@ impl<T: Transport> Controller<T> {
                 tracing::debug!(kato_ms = sqe.cdw11, "keep alive timeout");
                 ok(0)
             }
+            fid::POWER_MANAGEMENT => {
+                let pm = PowerManagement::from_cdw11(sqe.cdw11);
+                // One power state (NPSS 0).
+                if pm.ps != 0 {
+                    return gen(generic::INVALID_FIELD);
+                }
+                self.feat.power = pm;
+                ok(0)
+            }
+            fid::ERROR_RECOVERY => {
+                if !self.feature_nsid_ok(sqe.nsid) {
+                    return gen(generic::INVALID_NAMESPACE);
+                }
+                let er = ErrorRecovery::from_cdw11(sqe.cdw11);
+                // DULBE needs NSFEAT bit 2, which no namespace reports.
+                if er.dulbe {
+                    return gen(generic::INVALID_FIELD);
+                }
+                self.feat.error_recovery = er;
+                ok(0)
+            }
+            fid::WRITE_ATOMICITY => {
+                self.feat.write_atomicity_dn = sqe.cdw11 & 1 != 0;
+                ok(0)
+            }
             _ => gen(generic::INVALID_FIELD),
         }
+    }
+
+    /// The NSID of a namespace-specific feature: 0 or FFFFFFFFh (every
+    /// namespace), or an active namespace.
+    fn feature_nsid_ok(&self, nsid: u32) -> bool {
+        nsid == 0 || nsid == 0xFFFF_FFFF || self.subsys.namespace(nsid).is_some()
     }
 }

@@ -14,8 +14,8 @@ use pollux_spec::cmd::cns;
 use pollux_spec::identify::{
     write_ns_descriptors, IdentifyController, IdentifyNamespace, LbaFormat, NsDescriptor, NsIdList,
     CNTRLTYPE_IO, CSI_NVM, DLFEAT_READ_ZEROES, DLFEAT_WRITE_ZEROES_DEALLOC, IDENTIFY_DATA_SIZE,
-    LPA_EXTENDED_DATA, OACS_DBBUF_CONFIG, ONCS_DSM, ONCS_SAVE_SELECT, ONCS_WRITE_ZEROES,
-    VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
+    LPA_COMMANDS_EFFECTS, LPA_EXTENDED_DATA, OACS_DBBUF_CONFIG, ONCS_DSM, ONCS_SAVE_SELECT,
+    ONCS_WRITE_ZEROES, VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
 };
 use pollux_spec::regs::Vs;
 use pollux_spec::status::generic;
@@ -128,7 +128,7 @@ impl<T: Transport> Controller<T> {
         id.aerl = lim.aer_limit;
         // One firmware slot, slot 1 read-only.
         id.frmw = 1 | (1 << 1);
-        id.lpa = LPA_EXTENDED_DATA;
+        id.lpa = LPA_EXTENDED_DATA | LPA_COMMANDS_EFFECTS;
         id.elpe = (ERROR_LOG_ENTRIES - 1) as u8;
         id.npss = 0;
         id.wctemp = DEFAULT_TEMP_OVER;

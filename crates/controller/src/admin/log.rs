@@ -1,19 +1,23 @@
-//! Get Log Page: Error Information (01h), SMART / Health Information (02h)
-//! and Firmware Slot Information (03h); anything else is Invalid Log Page.
+//! Get Log Page: Error Information (01h), SMART / Health Information
+//! (02h), Firmware Slot Information (03h) and Commands Supported and
+//! Effects (05h); anything else is Invalid Log Page.
 //!
 //! NUMD (NUMDL/NUMDU), the byte offset (LPOL/LPOU, dword aligned, not past
 //! the end of the log) and RAE are honoured. Only the part of the log that
 //! exists past the offset is transferred; the rest of the host buffer is
 //! left untouched (the spec leaves it undefined). The index offset type
 //! (OT) is not supported (Invalid Field).
-use pollux_spec::log::{data_units, lid, FirmwareSlotLog, SmartLog};
+use pollux_spec::cmd::NvmOpcode;
+use pollux_spec::log::{data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, SmartLog};
 use pollux_spec::status::{generic, specific};
+use pollux_spec::AdminOpcode;
 use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
 use super::{gen, spec, AdminResult, AfterKind};
 use crate::admin::features::COMPOSITE_TEMP;
 use crate::ctrl::Controller;
+use crate::subsystem::Personality;
 use pollux_nvme::Transport;
 
 /// Get Log Page CDW10 bit 15: Retain Asynchronous Event.
@@ -46,6 +50,7 @@ impl<T: Transport> Controller<T> {
                 fw.set_revision(1, &self.subsys.identity().firmware);
                 fw.as_bytes().to_vec()
             }
+            lid::COMMANDS_SUPPORTED => self.command_effects().as_bytes().to_vec(),
             _ => return spec(specific::INVALID_LOG_PAGE),
         };
         if offset > page.len() as u64 {
@@ -62,6 +67,49 @@ impl<T: Transport> Controller<T> {
             AfterKind::LogRead(log_id)
         };
         self.send(page, len, then)
+    }
+
+    /// The Commands Supported and Effects log: the commands this
+    /// controller executes in its personality. Writes, Write Zeroes and
+    /// Dataset Management (deallocated blocks read as zeros) change
+    /// logical block content.
+    pub fn command_effects(&self) -> CommandEffectsLog {
+        let mut l = CommandEffectsLog::default();
+        use AdminOpcode::*;
+        let mut admin = vec![
+            GetLogPage,
+            Identify,
+            Abort,
+            SetFeatures,
+            GetFeatures,
+            AsyncEventRequest,
+        ];
+        match self.subsys.personality() {
+            Personality::Pcie(p) => {
+                admin.extend([DeleteIoSq, CreateIoSq, DeleteIoCq, CreateIoCq]);
+                if p.shadow_doorbells {
+                    admin.push(DoorbellBufferConfig);
+                }
+            }
+            Personality::Fabrics(f) => {
+                if f.kas != 0 {
+                    admin.push(KeepAlive);
+                }
+            }
+        }
+        for op in admin {
+            l.acs[op as usize] = effects::CSUPP;
+        }
+        l.iocs[NvmOpcode::Flush as usize] = effects::CSUPP;
+        l.iocs[NvmOpcode::Read as usize] = effects::CSUPP;
+        for op in [
+            NvmOpcode::Write,
+            NvmOpcode::WriteZeroes,
+            NvmOpcode::DatasetManagement,
+        ] {
+            l.iocs[op as usize] = effects::CSUPP | effects::LBCC;
+        }
+        l
     }
 
     /// The SMART / Health log: I/O counts of every queue as published,
