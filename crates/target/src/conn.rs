@@ -1385,8 +1385,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 drop(c);
                 self.finish(i, status, dw0, 0);
             }
-            Admin::Data { data, then } => {
-                let len = data.len() as u32;
+            Admin::Data {
+                data,
+                xfer_len,
+                then,
+            } => {
+                // The whole length the command asks for: what the log
+                // (or structure) has, then zeros. Sending less made a
+                // host see a short transfer (pollux's failed the command).
+                let len = xfer_len as u32;
                 let sgl = match Self::data_sgl(sqe, len, true, 0) {
                     Ok(s) => s,
                     Err(st) => {
@@ -1403,11 +1410,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     return self.finish(i, Status::SUCCESS, 0, 0);
                 }
                 let s = &mut self.slots[i as usize];
-                if !s.ensure_buf(data.len()) {
+                if !s.ensure_buf(xfer_len) {
                     return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
                 }
                 if let Some(b) = s.buf.as_mut() {
-                    b.as_mut_slice().copy_from_slice(&data);
+                    let n = data.len().min(xfer_len);
+                    let (head, tail) = b.as_mut_slice().split_at_mut(n);
+                    head.copy_from_slice(&data[..n]);
+                    tail.fill(0);
                 }
                 self.send_data(i, len);
             }

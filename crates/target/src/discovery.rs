@@ -78,6 +78,7 @@ pub(crate) fn log_page<T: Transport>(shared: &Shared<T>, hostnqn: &str, sqe: &Sq
     let end = (page.len() as u64).min(offset + len) as usize;
     Admin::Data {
         data: page[start..end].to_vec(),
+        xfer_len: len as usize,
         then: None,
     }
 }

@@ -135,9 +135,11 @@ pub(crate) enum Admin {
         dw0: u32,
         status: Status,
     },
-    /// Data for the host (then a success completion).
+    /// Data for the host (then a success completion): `xfer_len` bytes,
+    /// `data` then zeros.
     Data {
         data: Vec<u8>,
+        xfer_len: usize,
         then: Option<AfterSend>,
     },
     /// An Asynchronous Event Request held for later.
@@ -239,8 +241,10 @@ impl<T: Transport> Ctrl<T> {
             match AdminOpcode::from_u8(sqe.opc) {
                 Some(Identify) if sqe.cdw10 as u8 == cns::CONTROLLER => {
                     let id = self.discovery_identify();
+                    let data = id.as_bytes().to_vec();
                     return Admin::Data {
-                        data: id.as_bytes().to_vec(),
+                        xfer_len: data.len(),
+                        data,
                         then: None,
                     };
                 }
@@ -256,8 +260,13 @@ impl<T: Transport> Ctrl<T> {
         let env = AdminEnv { io_queues_exist };
         match self.inner.exec_admin(sqe, env) {
             AdminOutcome::Complete { dw0, status } => Admin::Complete { dw0, status },
-            AdminOutcome::Data { data, then, .. } => Admin::Data {
+            AdminOutcome::Data {
                 data,
+                xfer_len,
+                then,
+            } => Admin::Data {
+                data,
+                xfer_len,
                 then: Some(then),
             },
             AdminOutcome::Held => Admin::Held,

@@ -285,6 +285,47 @@ fn an_empty_host_nqn_connects_where_any_host_may() {
     assert_eq!(hdr.numrec, 1, "sub3 only");
 }
 
+/// Get Log Page asking for more than the log holds: the target sends the
+/// whole length asked for, the log then zeros (as Linux's nvmet does), for
+/// the NVM controller's logs (SMART 512 B, Commands Supported and Effects
+/// 4 KiB) and the discovery log. Before, it sent only the log's bytes and
+/// a host expecting NUMD's length saw a short transfer.
+#[test]
+fn get_log_page_sends_the_length_asked_for() {
+    use pollux_spec::fabrics::{DiscoveryLogHeader, DISCOVERY_NQN};
+    use pollux_spec::log::lid;
+    let t = ram_target(1024);
+    let addr = t.listen_addrs()[0];
+    let mut c = Client::connect(addr);
+    c.ic(Digests::NONE);
+    c.bring_up(SUB1, HOST_A, 0);
+    for (l, size, ask) in [
+        (lid::SMART, 512, 4096),
+        (lid::FIRMWARE_SLOT, 512, 1024),
+        (lid::COMMANDS_SUPPORTED, 4096, 8192),
+    ] {
+        let (data, cq) = c.data_cmd(Sqe::get_log_page(l, 0xFFFF_FFFF, ask, 0, 0, 0), ask);
+        if let Some(cq) = cq {
+            assert!(cq.status().is_success(), "LID {l:#x}: {:#x}", cq.status().0);
+        }
+        assert_eq!(data.len(), ask as usize, "LID {l:#x}: bytes sent");
+        assert!(
+            data[size..].iter().all(|&b| b == 0),
+            "LID {l:#x}: zeros past the log"
+        );
+    }
+    // The discovery log: one subsystem, one listener (2 KiB), 4 KiB asked.
+    let mut d = Client::connect(addr);
+    d.ic(Digests::NONE);
+    d.bring_up(DISCOVERY_NQN, HOST_A, 0);
+    let (data, cq) = d.data_cmd(Sqe::get_log_page(0x70, 0, 4096, 0, 0, 0), 4096);
+    assert!(cq.unwrap().status().is_success());
+    assert_eq!(data.len(), 4096);
+    let hdr = DiscoveryLogHeader::read_from_bytes(&data[..1024]).unwrap();
+    assert_eq!(hdr.numrec, 1);
+    assert!(data[2048..].iter().all(|&b| b == 0));
+}
+
 #[test]
 fn io_connect_checks_controller_host_qid_and_sqsize() {
     let t = ram_target(1024);

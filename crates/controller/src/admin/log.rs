@@ -3,10 +3,11 @@
 //! Effects (05h); anything else is Invalid Log Page.
 //!
 //! NUMD (NUMDL/NUMDU), the byte offset (LPOL/LPOU, dword aligned, not past
-//! the end of the log) and RAE are honoured. Only the part of the log that
-//! exists past the offset is transferred; the rest of the host buffer is
-//! left untouched (the spec leaves it undefined). The index offset type
-//! (OT) is not supported (Invalid Field).
+//! the end of the log) and RAE are honoured. The length NUMD asks for is
+//! always transferred: past the end of the log, zeros (the spec leaves
+//! those bytes undefined; Linux's nvmet sends zeros, and a transport that
+//! sent fewer bytes would make its host see a short transfer). The index
+//! offset type (OT) is not supported (Invalid Field).
 use pollux_spec::cmd::NvmOpcode;
 use pollux_spec::log::{data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, SmartLog};
 use pollux_spec::status::{generic, specific};

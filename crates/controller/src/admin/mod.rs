@@ -48,8 +48,9 @@ pub enum AdminOutcome {
     /// Complete now with this DW0 and status.
     Complete { dw0: u32, status: Status },
     /// Transfer `data` to the host buffer of `xfer_len` bytes the command
-    /// describes (`data.len() <= xfer_len`; the rest of the buffer is left
-    /// untouched), then complete with success, DW0 0, and hand `then` to
+    /// describes (`data.len() == xfer_len`: a log page shorter than the
+    /// length asked for is zero-filled, as Linux's nvmet does), then
+    /// complete with success, DW0 0, and hand `then` to
     /// [`Controller::data_sent`]. If the transfer fails, complete with
     /// the transfer's status instead.
     Data {
@@ -138,12 +139,13 @@ impl<T: Transport> Controller<T> {
     }
 
     /// Data for the host: checks the transfer length against MDTS (and
-    /// the admin limit) first.
-    pub(crate) fn send(&self, data: Vec<u8>, xfer_len: usize, then: After) -> AdminResult {
+    /// the admin limit) first, then zero-fills `data` to it.
+    pub(crate) fn send(&self, mut data: Vec<u8>, xfer_len: usize, then: After) -> AdminResult {
         debug_assert!(data.len() <= xfer_len);
         if xfer_len > self.max_xfer.min(ADMIN_XFER_LIMIT) {
             return gen(generic::INVALID_FIELD);
         }
+        data.resize(xfer_len, 0);
         AdminOutcome::Data {
             data,
             xfer_len,
