@@ -982,19 +982,52 @@ impl Conn {
             if s.ddgst_error {
                 cqe.status = Status::generic(generic::TRANSIENT_TRANSPORT_ERROR).0 << 1;
             } else if matches!(s.dir, Dir::In | Dir::InBounce) && s.done != s.len {
-                tracing::error!(
-                    addr = %self.addr,
-                    qid = self.qid,
-                    cid,
-                    got = s.done,
-                    expected = s.len,
-                    "controller reported success with data missing"
-                );
-                cqe.status = Status::generic(generic::DATA_TRANSFER_ERROR).0 << 1;
+                Self::short_transfer(self.addr, self.qid, cid, s, &mut cqe);
             }
         }
         f(cid, s, cqe);
         Ok(())
+    }
+
+    /// A command with data for the host completed with success before
+    /// all of it came. An admin structure (a log page) shorter than the
+    /// length asked for: the spec leaves the bytes past its end undefined,
+    /// so a controller that sends only what exists loses nothing; they
+    /// read as zeros here (what Linux's nvmet sends). Data of I/O
+    /// commands must be complete: Data Transfer Error.
+    #[cold]
+    fn short_transfer(addr: SocketAddr, qid: u16, cid: u16, s: &mut Slot, cqe: &mut Cqe) {
+        if qid == 0 && s.done < s.len {
+            tracing::debug!(
+                %addr,
+                cid,
+                got = s.done,
+                expected = s.len,
+                "admin data shorter than asked for: the rest reads as zeros"
+            );
+            if s.dir == Dir::In {
+                // SAFETY: `done..len` lies in the command's buffer, which
+                // stays valid while the command is outstanding (module
+                // docs); nothing else writes it meanwhile.
+                unsafe {
+                    std::ptr::write_bytes(
+                        mem::ptr(s.addr + s.done as u64),
+                        0,
+                        (s.len - s.done) as usize,
+                    )
+                }
+            }
+            return;
+        }
+        tracing::error!(
+            %addr,
+            qid,
+            cid,
+            got = s.done,
+            expected = s.len,
+            "controller reported success with data missing"
+        );
+        cqe.status = Status::generic(generic::DATA_TRANSFER_ERROR).0 << 1;
     }
 
     /// Runs one command on an otherwise idle connection and waits for it

@@ -483,6 +483,12 @@ impl FakeConn {
                 self.c2h(cid, &log, false, false, 0);
                 self.resp(cid, 0, 0, 0);
             }
+            0x02 if sqe.cdw10 & 0xFF == 0x03 => {
+                // A Firmware Slot log of 64 bytes whatever NUMD asks: a
+                // controller that sends only the bytes its log has.
+                self.c2h(cid, &[0xA5; 64], false, false, 0);
+                self.resp(cid, 0, 0, 0);
+            }
             0x18 => {
                 self.sh.seen.lock().unwrap().keep_alives += 1;
                 self.resp(cid, 0, 0, 0);
