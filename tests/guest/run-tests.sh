@@ -30,8 +30,11 @@ echo "run-tests.sh: building pollux and the PCIe test binary (static, $TRIPLE)" 
 TEST_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-pcie --test pcie \
     --target $TRIPLE --no-run --message-format=json 2>/dev/null |
     grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/pcie-' | tail -1)
+PEER_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-tcp --test peer \
+    --target $TRIPLE --no-run --message-format=json 2>/dev/null |
+    grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/peer-' | tail -1)
 POLLUX_BIN=$TARGET_DIR/$TRIPLE/release/pollux
-[[ -x $POLLUX_BIN && -x $TEST_BIN ]] || { echo "run-tests.sh: build did not produce the binaries" >&2; exit 2; }
+[[ -x $POLLUX_BIN && -x $TEST_BIN && -x $PEER_BIN ]] || { echo "run-tests.sh: build did not produce the binaries" >&2; exit 2; }
 build_s=$((SECONDS - start))
 
 LOG=$(mktemp /tmp/pollux-guest-tests.XXXXXX)
@@ -41,6 +44,7 @@ rc=0
 # vfio-pci still gets its own translated IOMMU domain.
 GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-480}" \
     --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
+    --extra-file "$PEER_BIN:/opt/tcp-peer-test" \
     --extra-file "$HERE/tcp.sh:/opt/tcp.sh" --extra-file "$HERE/target.sh:/opt/target.sh" \
     --extra-file "$HERE/target-nvme.sh:/opt/target-nvme.sh" \
     -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?

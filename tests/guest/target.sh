@@ -52,7 +52,38 @@ tdev() {
     return 1
 }
 
+# The kernel's controller for $TNQN: /dev/nvmeN.
+tctrl() {
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(cat $c/subsysnqn 2>/dev/null)" = "$TNQN" ] && { echo /dev/${c##*/}; return 0; }
+    done
+    return 1
+}
+
 check target-discover sh -c "nvme discover -t tcp -a $TADDR -s $TPORT | tee /dev/stderr | grep -q 'subnqn: *$TNQN'"
+
+# nvme-cli's admin commands through the kernel's controller $1 (/dev/nvmeN):
+# Commands Supported and Effects (05h, 4 KiB, as `nvme get-log` asks and
+# as `nvme effects-log` reads it), a log shorter than asked for (SMART,
+# 512 bytes, read as 4 KiB: zeros past it, as Linux's nvmet sends), and
+# Get Features of every feature an I/O controller must support.
+admin_cli() {
+    C=$1
+    nvme get-log $C --log-id=0x05 --log-len=4096 > /tmp/cel.out 2>&1 || { cat /tmp/cel.out; return 1; }
+    head -n 3 /tmp/cel.out
+    nvme effects-log $C > /tmp/cel.out 2>&1 || { cat /tmp/cel.out; return 1; }
+    grep -qi "read" /tmp/cel.out || { echo "effects-log lists no Read:"; cat /tmp/cel.out; return 1; }
+    nvme get-log $C --log-id=0x02 --log-len=4096 --raw-binary > /tmp/smart.bin || return 1
+    n=$(($(wc -c < /tmp/smart.bin)))
+    [ "$n" = 4096 ] || { echo "SMART read as 4 KiB: $n bytes"; return 1; }
+    z=$(($(dd if=/tmp/smart.bin bs=512 skip=1 2>/dev/null | tr -d '\000' | wc -c)))
+    [ "$z" = 0 ] || { echo "SMART read as 4 KiB: $z non-zero bytes past 512"; return 1; }
+    for f in 0x01 0x02 0x04 0x06 0x07 0x0a 0x0b 0x0f; do
+        nvme get-feature $C -f $f > /tmp/feat.out 2>&1 || { echo "get-feature $f:"; cat /tmp/feat.out; return 1; }
+    done
+    nvme get-feature $C -f 0x05 -n 1 > /tmp/feat.out 2>&1 || { echo "get-feature 0x05 -n 1:"; cat /tmp/feat.out; return 1; }
+    echo "log pages 05h, 02h (4 KiB) and features 01h 02h 04h 05h 06h 07h 0Ah 0Bh 0Fh: ok"
+}
 
 fio_verify() {  # fio_verify DEV BS: random writes of BS verified by crc32c
     fio --name=verify --filename=$1 --ioengine=libaio --direct=1 --rw=randwrite --bs=$2 \
@@ -66,6 +97,7 @@ for digests in "" "--hdr-digest --data-digest"; do
     if check target-connect-$tag nvme connect -t tcp -a $TADDR -s $TPORT -n $TNQN $digests; then
         if D=$(tdev); then
             echo "   block device $D"
+            [ $tag = plain ] && check target-nvme-cli-admin admin_cli "$(tctrl)"
             check target-fio-4k-$tag fio_verify $D 4k
             check target-fio-128k-$tag fio_verify $D 128k
             check target-read-$tag sh -c "dd if=$D of=/dev/null bs=1M count=64 2>&1"

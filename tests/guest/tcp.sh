@@ -77,6 +77,13 @@ if tcp_check tcp-nvmet-setup tcp_setup; then
     tcp_perf tcp-verify-2qp "$TCP_TRID" -w randrw -M 70 -q 8 -o 8k -P 2 -t 2 --verify
     tcp_perf tcp-randread-4k "$TCP_TRID" -w randread -q 32 -o 4096 -t 3
     tcp_check tcp-bdevperf-verify $P bdevperf --nvme "$TCP_TRID" -w verify -q 8 -o 16k -t 2
+    # perf's default depth (-q 128), whatever nvmet's queues hold.
+    tcp_perf tcp-default-depth "$TCP_TRID" -w randread -o 4096 -t 2
+    # Get Log Page at the lengths asked for, a log shorter than that
+    # included (crates/tcp/tests/peer.rs).
+    if [ -x /opt/tcp-peer-test ]; then
+        tcp_check tcp-log-pages env POLLUX_TCP_PEER=127.0.0.1:4420/$NQN /opt/tcp-peer-test --test-threads=1
+    fi
     tcp_expect_fail tcp-wrong-subnqn "Connect" $P perf -r "trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2026-01.io.pollux:nope" -t 1
     tcp_expect_fail tcp-no-listener "127.0.0.1:4421" $P perf -r "trtype:tcp traddr:127.0.0.1 trsvcid:4421 subnqn:$NQN" -t 1
     tcp_expect_fail tcp-bad-key "colour" $P perf -r "$TCP_TRID colour:blue" -t 1
