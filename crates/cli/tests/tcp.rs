@@ -137,3 +137,23 @@ fn tcp_errors_name_the_culprit() {
     assert_eq!(code, 2);
     assert!(err.contains("trtype:tcp"), "{err}");
 }
+
+/// `--help` of perf (-r) and bdevperf (--nvme) shows the TCP transport
+/// ID next to the local ones (before, only trtype:soft and trtype:pcie).
+#[test]
+fn help_shows_the_tcp_transport_id() {
+    for (cmd, opt) in [("perf", "-r"), ("bdevperf", "--nvme")] {
+        let (code, out, err) = run(&[cmd, "--help"]);
+        assert_eq!(code, 0, "{err}");
+        let at = out
+            .find(&format!("{opt} "))
+            .or_else(|| out.find(&format!("{opt},")))
+            .unwrap_or_else(|| panic!("{cmd} --help has no {opt}: {out}"));
+        let end = out[at..].find("\n  -").map_or(out.len(), |e| at + e);
+        let text = &out[at..end];
+        assert!(
+            text.contains("trtype:tcp") && text.contains("subnqn:"),
+            "{cmd} --help, {opt}: {text}"
+        );
+    }
+}

@@ -104,7 +104,8 @@ pub struct BdevperfArgs {
     #[arg(long, value_name = "POLLS", default_value_t = UringOptions::default().yield_after)]
     pub uring_yield: u32,
     /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
-    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N' or 'trtype:pcie traddr:0000:00:01.0'.
+    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0'
+    /// or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
     #[arg(long)]
     pub nvme: Vec<String>,
     /// Block size of the --null and --ram bdevs.

@@ -65,7 +65,7 @@ pub struct PerfArgs {
     /// Track latency (reads the clock twice per I/O).
     #[arg(short = 'L', long = "latency")]
     pub latency: bool,
-    /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N' or 'trtype:pcie traddr:0000:00:01.0'.
+    /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0' or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
     #[arg(short = 'r', long = "transport")]
     pub transport: Vec<String>,
     /// Step the emulated controller inline on the worker thread (deterministic; one worker).
