@@ -7,13 +7,20 @@
 //! - io_uring on a buffered file, whose page cache is observed with
 //!   `cachestat(2)` (Linux 6.5+; skipped with a message otherwise, and on
 //!   file systems without writeback such as tmpfs): a FUA request's pages
-//!   are neither dirty nor under writeback once it completes.
+//!   are neither dirty nor under writeback once it completes;
+//! - NVMe: the FUA bit goes through the driver to the emulated controller,
+//!   whose namespace is a RAM disk with a simulated cache.
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
 
 use pollux_bdev::{
     Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, RawSeg, RwFlags, UringOptions,
 };
+use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
+use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
 
 fn fill(b: &mut IoBuf, seed: u8) {
     for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
@@ -361,4 +368,116 @@ fn uring_fua_read_commits_cached_writes_first() {
     let c = drain(&mut ch);
     assert_eq!(undurable(&f, 64 * 512, 8192), 0);
     assert_eq!(bytes(c.into_iter().next().unwrap().data), expected(8192, 2));
+}
+
+// ---------------------------------------------------------------------
+// NVMe: the bit reaches the controller (emulated, inline), whose
+// namespace is a RAM disk with a simulated cache.
+
+fn nvme_over_cached_ram(mdts: u8) -> (Bdev, Arc<pollux_pcie::Controller>, Bdev<Pcie>) {
+    let ram = cached_ram(8192);
+    let dev = SoftDevice::new(SoftConfig {
+        namespaces: vec![NamespaceConfig {
+            backend: BackendConfig::Bdev(ram.clone()),
+            lba_shift: 9,
+            size_bytes: 8192 * 512,
+        }],
+        mdts,
+        ..SoftConfig::default()
+    })
+    .unwrap();
+    let ctrl = Arc::new(
+        pollux_pcie::open(
+            Box::new(SoftPlatform::new(dev, SoftMode::Inline)),
+            ControllerOptions {
+                admin_timeout: Duration::from_secs(5),
+                ..ControllerOptions::default()
+            },
+        )
+        .unwrap(),
+    );
+    let b = Bdev::nvme("nvme0n1", ctrl.clone(), 1, QpairOptions::default()).unwrap();
+    (ram, ctrl, b)
+}
+
+#[test]
+fn nvme_backend_passes_fua_through() {
+    // MDTS 1: 8 KiB per command, so a 24 KiB FUA write is three commands,
+    // each with FUA.
+    let (ram, _ctrl, b) = nvme_over_cached_ram(1);
+    let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
+    let mut w = b.alloc_buf(24 << 10).unwrap();
+    fill(&mut w, 1);
+    ch.write_with(0, w, RwFlags::FUA, 1).unwrap();
+    let mut w = b.alloc_buf(4096).unwrap();
+    fill(&mut w, 2);
+    ch.write(100, w, 2).unwrap();
+    let v: Vec<IoBuf> = (0..2)
+        .map(|k| {
+            let mut x = b.alloc_buf(4096).unwrap();
+            fill(&mut x, 3 + k);
+            x
+        })
+        .collect();
+    ch.writev_with(200, v, RwFlags::FUA, 3).unwrap();
+    drain(&mut ch);
+    assert_eq!(
+        ram.lose_volatile_cache(),
+        Some(8),
+        "only the plain write is lost"
+    );
+    assert_eq!(read_back(&b, &mut ch, 0, 24 << 10), expected(24 << 10, 1));
+    assert!(read_back(&b, &mut ch, 100, 4096).iter().all(|&x| x == 0));
+    assert_eq!(
+        read_back(&b, &mut ch, 200, 8192),
+        [expected(4096, 3), expected(4096, 4)].concat()
+    );
+    // A FUA read commits the cached writes of its blocks.
+    let mut w = b.alloc_buf(4096).unwrap();
+    fill(&mut w, 5);
+    ch.write(300, w, 4).unwrap();
+    drain(&mut ch);
+    ch.read_with(300, b.alloc_buf(4096).unwrap(), RwFlags::FUA, 5)
+        .unwrap();
+    assert_eq!(
+        bytes(std::mem::take(&mut drain(&mut ch)[0].data)),
+        expected(4096, 5)
+    );
+    assert_eq!(ram.lose_volatile_cache(), Some(0));
+}
+
+#[test]
+fn host_api_fua_reaches_the_controller() {
+    // The driver's own API, no bdev layer: owned and borrowed buffers.
+    let (ram, ctrl, _b) = nvme_over_cached_ram(5);
+    let ns = ctrl.namespace(1).unwrap();
+    let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut a = IoBuf::new(ctrl.alloc_dma(4096).unwrap()).truncate(4096);
+    fill(&mut a, 1);
+    let mut p = IoBuf::new(ctrl.alloc_dma(4096).unwrap()).truncate(4096);
+    fill(&mut p, 2);
+    let mut d = ctrl.alloc_dma(4096).unwrap();
+    d.as_mut_slice()[..4096].copy_from_slice(&expected(4096, 3));
+    {
+        let mut sub = qp.submitter();
+        sub.write_with(&ns, 0, 8, a, RwFlags::FUA, 1).unwrap();
+        sub.write(&ns, 8, 8, p, 2).unwrap();
+        // SAFETY: `d` lives and is untouched until the completions are in.
+        unsafe { sub.write_dma_with(&ns, 16, 8, d.slice(0..4096), RwFlags::FUA, 3) }.unwrap();
+    }
+    let n = qp
+        .drain(Duration::from_secs(20), |_, c: pollux_nvme::Completion| {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+        })
+        .unwrap();
+    assert_eq!(n, 3);
+    assert_eq!(
+        ram.lose_volatile_cache(),
+        Some(8),
+        "only the plain write is lost"
+    );
+    let mut ch = ram.open(true).channel(&ChannelOptions::default()).unwrap();
+    assert_eq!(read_back(&ram, &mut ch, 0, 4096), expected(4096, 1));
+    assert!(read_back(&ram, &mut ch, 8, 4096).iter().all(|&x| x == 0));
+    assert_eq!(read_back(&ram, &mut ch, 16, 4096), expected(4096, 3));
 }
