@@ -8,7 +8,7 @@ use pollux_nvme::{Controller, IoBuf, QpairOptions, Transport};
 use crate::channel::{ChanBe, Channel, Common};
 use crate::error::{Error, Result};
 use crate::info::{random_uuid, BdevInfo, Caps};
-use crate::local::{LocalChan, LocalShared, RamStore};
+use crate::local::{LocalChan, LocalShared, RamStore, VolatileCache};
 use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeShared};
 use crate::stats::{BdevStats, Registry};
@@ -88,7 +88,13 @@ pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Re
 }
 
 impl<T: Transport> Bdev<T> {
-    fn local(name: &str, block_size: u32, num_blocks: u64, ram: Option<RamStore>) -> Bdev<T> {
+    fn local(
+        name: &str,
+        block_size: u32,
+        num_blocks: u64,
+        ram: Option<RamStore>,
+        cache: Option<VolatileCache>,
+    ) -> Bdev<T> {
         let is_ram = ram.is_some();
         Bdev(Arc::new(Inner {
             info: BdevInfo {
@@ -110,6 +116,7 @@ impl<T: Transport> Bdev<T> {
             backend: Shared::Local(Arc::new(LocalShared {
                 failed: Default::default(),
                 ram,
+                cache,
             })),
             stats: Default::default(),
         }))
@@ -119,7 +126,7 @@ impl<T: Transport> Bdev<T> {
     /// buffer untouched (SPDK's `bdev_null_create`).
     pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
         check_geometry(name, block_size, num_blocks)?;
-        Ok(Bdev::local(name, block_size, num_blocks, None))
+        Ok(Bdev::local(name, block_size, num_blocks, None, None))
     }
 
     /// A RAM disk, zeroed (SPDK's `bdev_malloc_create`).
@@ -129,7 +136,35 @@ impl<T: Transport> Bdev<T> {
             name: name.to_string(),
             source,
         })?;
-        Ok(Bdev::local(name, block_size, num_blocks, Some(store)))
+        Ok(Bdev::local(name, block_size, num_blocks, Some(store), None))
+    }
+
+    /// A RAM disk with a simulated volatile write cache, a testing aid
+    /// for durability: a write stays in the cache until a flush, a write
+    /// with Force Unit Access, or a FUA read of its blocks commits it to
+    /// the simulated media, and [`Bdev::lose_volatile_cache`] drops what
+    /// was not committed, as a power loss would. Costs a bit per block
+    /// and a second copy of what is written.
+    pub fn ram_with_volatile_cache(
+        name: &str,
+        block_size: u32,
+        num_blocks: u64,
+    ) -> Result<Bdev<T>> {
+        check_geometry(name, block_size, num_blocks)?;
+        let os = |source| Error::Os {
+            name: name.to_string(),
+            source,
+        };
+        let len = num_blocks * block_size as u64;
+        let store = RamStore::new(len).map_err(os)?;
+        let cache = VolatileCache::new(len, block_size).map_err(os)?;
+        Ok(Bdev::local(
+            name,
+            block_size,
+            num_blocks,
+            Some(store),
+            Some(cache),
+        ))
     }
 
     /// Namespace `nsid` of an NVMe controller; each channel gets its own
@@ -264,6 +299,22 @@ impl<T: Transport> Bdev<T> {
                 name: self.name().to_string(),
                 source,
             }),
+        }
+    }
+
+    /// Testing aid: a power loss of a RAM disk made by
+    /// [`Bdev::ram_with_volatile_cache`]: every block written and not yet
+    /// committed (by a flush or Force Unit Access) reads back as it was
+    /// when last committed. Returns how many blocks lost their writes;
+    /// None for any other bdev. Requests in flight meanwhile race with it
+    /// as with a real power loss: call it with none.
+    pub fn lose_volatile_cache(&self) -> Option<u64> {
+        match &self.0.backend {
+            Shared::Local(l) => match (&l.ram, &l.cache) {
+                (Some(ram), Some(c)) => Some(c.lose(ram)),
+                _ => None,
+            },
+            Shared::Uring(_) | Shared::Nvme(_) => None,
         }
     }
 

@@ -9,6 +9,7 @@
 use std::sync::Arc;
 
 use pollux_nvme::{IoBuf, Transport};
+use pollux_spec::cmd::RwFlags;
 use pollux_spec::Sqe;
 
 use crate::bdev::Bdev;
@@ -301,12 +302,56 @@ impl<T: Transport> Channel<T> {
         self.io().write(lba, buf, user_data)
     }
 
+    /// `Io::read_with`.
+    pub fn read_with(
+        &mut self,
+        lba: u64,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.io().read_with(lba, buf, flags, user_data)
+    }
+
+    /// `Io::write_with`.
+    pub fn write_with(
+        &mut self,
+        lba: u64,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.io().write_with(lba, buf, flags, user_data)
+    }
+
     pub fn readv(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
         self.io().readv(lba, bufs, user_data)
     }
 
     pub fn writev(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
         self.io().writev(lba, bufs, user_data)
+    }
+
+    /// `Io::readv_with`.
+    pub fn readv_with(
+        &mut self,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.io().readv_with(lba, bufs, flags, user_data)
+    }
+
+    /// `Io::writev_with`.
+    pub fn writev_with(
+        &mut self,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.io().writev_with(lba, bufs, flags, user_data)
     }
 
     pub fn flush_cache(&mut self, user_data: u64) -> Result<(), SubmitError> {
@@ -352,7 +397,7 @@ impl<T: Transport> Channel<T> {
         segs: &[RawSeg],
     ) -> Option<Result<(), SubmitError>> {
         // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw_now(false, lba, segs) }
+        unsafe { self.rwv_raw_now(false, lba, segs, RwFlags::NONE) }
     }
 
     /// `writev_raw` finished within the call where the backend can.
@@ -367,7 +412,37 @@ impl<T: Transport> Channel<T> {
         segs: &[RawSeg],
     ) -> Option<Result<(), SubmitError>> {
         // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw_now(true, lba, segs) }
+        unsafe { self.rwv_raw_now(true, lba, segs, RwFlags::NONE) }
+    }
+
+    /// `readv_raw_now` with read flags (see `Io::read_with`).
+    ///
+    /// # Safety
+    /// As `readv_raw_now`.
+    #[inline(always)]
+    pub unsafe fn readv_raw_now_with(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        flags: RwFlags,
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(false, lba, segs, flags) }
+    }
+
+    /// `writev_raw_now` with write flags (see `Io::write_with`).
+    ///
+    /// # Safety
+    /// As `writev_raw_now`.
+    #[inline(always)]
+    pub unsafe fn writev_raw_now_with(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        flags: RwFlags,
+    ) -> Option<Result<(), SubmitError>> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw_now(true, lba, segs, flags) }
     }
 
     /// # Safety
@@ -378,6 +453,7 @@ impl<T: Transport> Channel<T> {
         write: bool,
         lba: u64,
         segs: &[RawSeg],
+        flags: RwFlags,
     ) -> Option<Result<(), SubmitError>> {
         let ChanBe::Local(l) = &mut self.be else {
             return None;
@@ -395,9 +471,8 @@ impl<T: Transport> Channel<T> {
         if let Err(e) = self.c.range(lba, nlb) {
             return Some(Err(e));
         }
-        let op = if write { LocalOp::Write } else { LocalOp::Read };
         // SAFETY: the caller's contract covers the call.
-        let r = unsafe { l.run_raw(op, lba << self.c.shift, segs) };
+        let r = unsafe { l.run_raw(write, flags, lba << self.c.shift, segs) };
         // No poll follows to publish the counts: publish the ones touched.
         match r {
             Ok(()) => {
@@ -441,17 +516,55 @@ impl<'a, T: Transport> Io<'a, T> {
     /// which comes back in the completion.
     #[inline(always)]
     pub fn read(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
-        self.rw(false, lba, buf, user_data)
+        self.rw(false, lba, buf, RwFlags::NONE, user_data)
     }
 
     /// Writes `buf` (whole blocks) at block `lba`.
     #[inline(always)]
     pub fn write(&mut self, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
-        self.rw(true, lba, buf, user_data)
+        self.rw(true, lba, buf, RwFlags::NONE, user_data)
+    }
+
+    /// `read` with flags: [`RwFlags::FUA`] returns data committed to
+    /// non-volatile media (cached writes of its blocks are committed
+    /// first: io_uring makes an `fdatasync` before the read; NVMe sets
+    /// FUA in each command; RAM with a simulated cache commits its blocks;
+    /// null ignores it).
+    #[inline(always)]
+    pub fn read_with(
+        &mut self,
+        lba: u64,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rw(false, lba, buf, flags, user_data)
+    }
+
+    /// `write` with flags: with [`RwFlags::FUA`] the request completes only
+    /// once its data is durable (io_uring writes with `RWF_DSYNC`; NVMe
+    /// sets FUA in each command; RAM with a simulated cache commits it;
+    /// null and plain RAM, which have no cache, ignore it).
+    #[inline(always)]
+    pub fn write_with(
+        &mut self,
+        lba: u64,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rw(true, lba, buf, flags, user_data)
     }
 
     #[inline(always)]
-    fn rw(&mut self, write: bool, lba: u64, buf: IoBuf, user_data: u64) -> Result<(), Refused> {
+    fn rw(
+        &mut self,
+        write: bool,
+        lba: u64,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
         let ud = match self.c.admit(user_data, write) {
             Ok(ud) => ud,
             Err(e) => return Err(Refused::new(e, Data::One(buf))),
@@ -461,22 +574,22 @@ impl<'a, T: Transport> Io<'a, T> {
             IoBe::Nvme(sub, side) => {
                 let nlb = (len >> self.c.shift) as u32;
                 let r = if write {
-                    sub.write(&side.ns, lba, nlb, buf, ud)
+                    sub.write_with(&side.ns, lba, nlb, buf, flags, ud)
                 } else {
-                    sub.read(&side.ns, lba, nlb, buf, ud)
+                    sub.read_with(&side.ns, lba, nlb, buf, flags, ud)
                 };
                 let shift = self.c.shift;
                 r.map_err(|r| nvme_refused(r, shift))
             }
             IoBe::Local(l) => match self.c.blocks(len).and_then(|n| self.c.range(lba, n)) {
                 Ok(()) => {
-                    let op = if write { LocalOp::Write } else { LocalOp::Read };
+                    let op = LocalOp::rw(write, flags);
                     l.submit(op, lba << self.c.shift, len as u64, Data::One(buf), ud)
                 }
                 Err(e) => Err(Refused::new(e, Data::One(buf))),
             },
             IoBe::Uring(u) => match self.c.blocks(len).and_then(|n| self.c.range(lba, n)) {
-                Ok(()) => u.rw(write, lba << self.c.shift, buf, ud),
+                Ok(()) => u.rw(write, lba << self.c.shift, buf, flags, ud),
                 Err(e) => Err(Refused::new(e, Data::One(buf))),
             },
         };
@@ -495,12 +608,35 @@ impl<'a, T: Transport> Io<'a, T> {
     /// Reads into a vector of buffers (each whole blocks), in order, from
     /// block `lba`; they come back in the completion as `Data::Vec`.
     pub fn readv(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
-        self.rwv(false, lba, bufs, user_data)
+        self.rwv(false, lba, bufs, RwFlags::NONE, user_data)
     }
 
     /// Writes a vector of buffers (each whole blocks), in order, at `lba`.
     pub fn writev(&mut self, lba: u64, bufs: Vec<IoBuf>, user_data: u64) -> Result<(), Refused> {
-        self.rwv(true, lba, bufs, user_data)
+        self.rwv(true, lba, bufs, RwFlags::NONE, user_data)
+    }
+
+    /// `readv` with flags (see `read_with`).
+    pub fn readv_with(
+        &mut self,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rwv(false, lba, bufs, flags, user_data)
+    }
+
+    /// `writev` with flags (see `write_with`): with FUA the request
+    /// completes once every buffer of it is durable.
+    pub fn writev_with(
+        &mut self,
+        lba: u64,
+        bufs: Vec<IoBuf>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rwv(true, lba, bufs, flags, user_data)
     }
 
     fn rwv(
@@ -508,6 +644,7 @@ impl<'a, T: Transport> Io<'a, T> {
         write: bool,
         lba: u64,
         bufs: Vec<IoBuf>,
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<(), Refused> {
         let checked = self.c.admit(user_data, write).and_then(|ud| {
@@ -541,7 +678,7 @@ impl<'a, T: Transport> Io<'a, T> {
             Err(e) => return Err(Refused::new(e, Data::Vec(Box::new(bufs)))),
         };
         let len = (nlb << self.c.shift) as usize;
-        let op = if write { LocalOp::Write } else { LocalOp::Read };
+        let op = LocalOp::rw(write, flags);
         let r = match &mut self.be {
             IoBe::Local(l) => l.submit(
                 op,
@@ -550,8 +687,8 @@ impl<'a, T: Transport> Io<'a, T> {
                 Data::Vec(Box::new(bufs)),
                 ud,
             ),
-            IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, ud),
-            IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, ud),
+            IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, flags, ud),
+            IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, flags, ud),
         };
         match r {
             Ok(()) => {
@@ -573,6 +710,7 @@ impl<'a, T: Transport> Io<'a, T> {
         write: bool,
         lba: u64,
         bufs: Vec<IoBuf>,
+        flags: RwFlags,
         ud: u64,
     ) -> Result<(), Refused> {
         let IoBe::Nvme(sub, side) = &mut self.be else {
@@ -587,9 +725,9 @@ impl<'a, T: Transport> Io<'a, T> {
             let nlb = (b.len() >> shift) as u32;
             let cud = Parents::child_data(parent, i);
             let r = if write {
-                sub.write(&side.ns, at, nlb, b, cud)
+                sub.write_with(&side.ns, at, nlb, b, flags, cud)
             } else {
-                sub.read(&side.ns, at, nlb, b, cud)
+                sub.read_with(&side.ns, at, nlb, b, flags, cud)
             };
             at += nlb as u64;
             if let Err(r) = r {
@@ -630,7 +768,7 @@ impl<'a, T: Transport> Io<'a, T> {
         user_data: u64,
     ) -> Result<(), SubmitError> {
         // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw(false, lba, segs, user_data) }
+        unsafe { self.rwv_raw(false, lba, segs, RwFlags::NONE, user_data) }
     }
 
     /// `writev` from memory the caller lends.
@@ -646,7 +784,37 @@ impl<'a, T: Transport> Io<'a, T> {
         user_data: u64,
     ) -> Result<(), SubmitError> {
         // SAFETY: forwarded contract.
-        unsafe { self.rwv_raw(true, lba, segs, user_data) }
+        unsafe { self.rwv_raw(true, lba, segs, RwFlags::NONE, user_data) }
+    }
+
+    /// `readv_raw` with flags (see `read_with`).
+    ///
+    /// # Safety
+    /// As `readv_raw`.
+    pub unsafe fn readv_raw_with(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw(false, lba, segs, flags, user_data) }
+    }
+
+    /// `writev_raw` with flags (see `write_with`).
+    ///
+    /// # Safety
+    /// As `writev_raw`.
+    pub unsafe fn writev_raw_with(
+        &mut self,
+        lba: u64,
+        segs: &[RawSeg],
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        // SAFETY: forwarded contract.
+        unsafe { self.rwv_raw(true, lba, segs, flags, user_data) }
     }
 
     /// # Safety
@@ -657,6 +825,7 @@ impl<'a, T: Transport> Io<'a, T> {
         write: bool,
         lba: u64,
         segs: &[RawSeg],
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<(), SubmitError> {
         let ud = self.c.admit(user_data, write)?;
@@ -672,13 +841,14 @@ impl<'a, T: Transport> Io<'a, T> {
             return Err(e);
         }
         let len = nlb << self.c.shift;
-        let op = if write { LocalOp::Write } else { LocalOp::Read };
         let r = match &mut self.be {
             // SAFETY: the caller's contract covers the call.
-            IoBe::Local(l) => unsafe { l.submit_raw(op, lba << self.c.shift, segs, ud) },
+            IoBe::Local(l) => unsafe { l.submit_raw(write, flags, lba << self.c.shift, segs, ud) },
             // SAFETY: the caller's contract covers the request's lifetime
             // (the channel's drop waits for the kernel).
-            IoBe::Uring(u) => unsafe { u.rwv_raw(write, lba << self.c.shift, len, segs, ud) },
+            IoBe::Uring(u) => unsafe {
+                u.rwv_raw(write, lba << self.c.shift, len, segs, flags, ud)
+            },
             IoBe::Nvme(..) => Err(SubmitError::Unsupported {
                 op: "borrowed host memory",
                 backend: self.c.backend,
@@ -701,7 +871,7 @@ impl<'a, T: Transport> Io<'a, T> {
         let ud = self.c.admit(user_data, false)?;
         let r = match &mut self.be {
             IoBe::Local(l) => l
-                .submit(LocalOp::None, 0, 0, Data::None, ud)
+                .submit(LocalOp::Flush, 0, 0, Data::None, ud)
                 .map_err(|r| r.error),
             IoBe::Nvme(sub, side) => sub
                 .flush_cache(&side.ns, ud)

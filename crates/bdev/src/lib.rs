@@ -6,7 +6,7 @@
 //! it ([`Bdev::open`] → [`Desc`]) and takes its own [`Channel`]. All I/O
 //! on a channel is lock-free and atomic-free (its statistics are a cache
 //! line of counters only it writes): read and write of one buffer or a
-//! vector, flush, write zeroes, unmap, reset, and NVMe passthrough where
+//! vector (with Force Unit Access: [`RwFlags`]), flush, write zeroes, unmap, reset, and NVMe passthrough where
 //! the backend is NVMe.
 //!
 //! # Buffers
@@ -64,5 +64,6 @@ pub use info::{BdevInfo, Caps};
 pub use never::NoNvme;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
+pub use pollux_spec::cmd::RwFlags;
 pub use stats::{BdevStats, LatencySummary};
 pub use uring::UringOptions;

@@ -6,12 +6,16 @@
 //! lock: it is an array of `AtomicU64` copied word by word with relaxed
 //! loads and stores, so two channels writing the same block at once race
 //! only as the hardware does (a torn block), never as undefined behaviour.
+//!
+//! A RAM disk may simulate a volatile write cache (a testing aid for
+//! durability: [`VolatileCache`]).
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 
 use pollux_nvme::IoBuf;
+use pollux_spec::cmd::RwFlags;
 
 use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
@@ -125,6 +129,121 @@ impl RamStore {
             w.store(0, Relaxed);
         }
     }
+
+    /// Copies `[off, off + len)` of this store into the same range of
+    /// `dst` (of the same size).
+    fn copy_to(&self, dst: &RamStore, off: u64, len: usize) {
+        for (s, d) in self.range(off, len).iter().zip(dst.range(off, len)) {
+            d.store(s.load(Relaxed), Relaxed);
+        }
+    }
+}
+
+/// A simulated volatile write cache over a RAM disk (a testing aid:
+/// `Bdev::ram_with_volatile_cache`). The RAM disk's store is what reads
+/// see, cache and media together; `media` is what survives a power loss
+/// (`Bdev::lose_volatile_cache`); `dirty` has a bit per block written
+/// since it was last committed to `media`. A write (or write zeroes,
+/// unmap) stores its data, then marks its blocks; a commit clears a
+/// block's bit, then copies it: a write racing with the commit leaves its
+/// bit set, so nothing written is ever marked clean uncommitted. Commits:
+/// a flush (every dirty block), a FUA write (its blocks, before it
+/// completes), a FUA read (its blocks).
+pub(crate) struct VolatileCache {
+    media: RamStore,
+    dirty: Box<[AtomicU64]>,
+    shift: u32,
+}
+
+impl VolatileCache {
+    pub fn new(len: u64, block_size: u32) -> std::io::Result<VolatileCache> {
+        let shift = block_size.trailing_zeros();
+        let blocks = len >> shift;
+        Ok(VolatileCache {
+            media: RamStore::new(len)?,
+            dirty: (0..blocks.div_ceil(64))
+                .map(|_| AtomicU64::new(0))
+                .collect(),
+            shift,
+        })
+    }
+
+    /// The blocks of `[off, off + len)` (bytes, whole blocks).
+    fn blocks(&self, off: u64, len: u64) -> std::ops::Range<u64> {
+        (off >> self.shift)..((off + len) >> self.shift)
+    }
+
+    /// After the data of `[off, off + len)` was stored in the cache.
+    fn wrote(&self, off: u64, len: u64) {
+        for b in self.blocks(off, len) {
+            self.dirty[(b / 64) as usize].fetch_or(1 << (b % 64), Relaxed);
+        }
+    }
+
+    /// Commits the dirty blocks of `[off, off + len)`; returns how many.
+    fn commit(&self, ram: &RamStore, off: u64, len: u64) -> u64 {
+        let bs = 1usize << self.shift;
+        let mut n = 0;
+        for b in self.blocks(off, len) {
+            let bit = 1 << (b % 64);
+            if self.dirty[(b / 64) as usize].fetch_and(!bit, Relaxed) & bit != 0 {
+                ram.copy_to(&self.media, b << self.shift, bs);
+                n += 1;
+            }
+        }
+        n
+    }
+
+    /// Commits every dirty block (a flush).
+    fn commit_all(&self, ram: &RamStore) {
+        self.each_dirty(|b| ram.copy_to(&self.media, b << self.shift, 1 << self.shift));
+    }
+
+    /// A power loss: every block not committed gets its media content
+    /// back. Returns how many.
+    pub fn lose(&self, ram: &RamStore) -> u64 {
+        let mut n = 0;
+        self.each_dirty(|b| {
+            self.media.copy_to(ram, b << self.shift, 1 << self.shift);
+            n += 1;
+        });
+        n
+    }
+
+    /// Clears every dirty bit, calling `f` with each block that had one.
+    fn each_dirty(&self, mut f: impl FnMut(u64)) {
+        for (i, w) in self.dirty.iter().enumerate() {
+            if w.load(Relaxed) == 0 {
+                continue;
+            }
+            let mut bits = w.swap(0, Relaxed);
+            while bits != 0 {
+                let k = bits.trailing_zeros() as u64;
+                bits &= bits - 1;
+                f(i as u64 * 64 + k);
+            }
+        }
+    }
+
+    /// After a request on `[off, off + len)` moved its data.
+    #[cold]
+    #[inline(never)]
+    fn after(&self, ram: &RamStore, op: LocalOp, off: u64, len: u64) {
+        match op {
+            LocalOp::Write | LocalOp::Zero => self.wrote(off, len),
+            LocalOp::WriteFua => {
+                // Every block of it, dirty or not: its data is what was
+                // just stored.
+                self.wrote(off, len);
+                self.commit(ram, off, len);
+            }
+            LocalOp::ReadFua => {
+                self.commit(ram, off, len);
+            }
+            LocalOp::Flush => self.commit_all(ram),
+            LocalOp::Read | LocalOp::None => {}
+        }
+    }
 }
 
 impl Drop for RamStore {
@@ -146,6 +265,8 @@ pub(crate) struct LocalShared {
     pub failed: AtomicBool,
     /// None: null (moves no data).
     pub ram: Option<RamStore>,
+    /// A RAM disk's simulated volatile write cache, if it has one.
+    pub cache: Option<VolatileCache>,
 }
 
 pub(crate) struct LocalChan {
@@ -159,10 +280,28 @@ pub(crate) struct LocalChan {
 pub(crate) enum LocalOp {
     Read,
     Write,
+    /// With Force Unit Access: a difference only with a simulated cache.
+    ReadFua,
+    WriteFua,
     /// Zero the range (write zeroes, unmap).
     Zero,
-    /// Nothing to move (flush, reset).
+    /// Make written data durable.
+    Flush,
+    /// Nothing to move (reset).
     None,
+}
+
+impl LocalOp {
+    /// The op of a read (`write` false) or write with `flags`.
+    #[inline(always)]
+    pub fn rw(write: bool, flags: RwFlags) -> LocalOp {
+        match (write, flags.fua()) {
+            (false, false) => LocalOp::Read,
+            (true, false) => LocalOp::Write,
+            (false, true) => LocalOp::ReadFua,
+            (true, true) => LocalOp::WriteFua,
+        }
+    }
 }
 
 impl LocalChan {
@@ -202,6 +341,9 @@ impl LocalChan {
         }
         if let Some(ram) = &sh.ram {
             move_data(ram, op, off, len, &mut data);
+            if let Some(c) = &sh.cache {
+                c.after(ram, op, off, len);
+            }
         }
         self.done.push_back(Completion {
             user_data,
@@ -220,7 +362,8 @@ impl LocalChan {
     #[inline(always)]
     pub unsafe fn submit_raw(
         &mut self,
-        op: LocalOp,
+        write: bool,
+        flags: RwFlags,
         off: u64,
         segs: &[RawSeg],
         user_data: u64,
@@ -229,7 +372,7 @@ impl LocalChan {
             return Err(SubmitError::QueueFull { depth: self.depth });
         }
         // SAFETY: forwarded contract.
-        unsafe { self.run_raw(op, off, segs)? };
+        unsafe { self.run_raw(write, flags, off, segs)? };
         self.done.push_back(Completion {
             user_data,
             result: Ok(0),
@@ -246,7 +389,8 @@ impl LocalChan {
     #[inline(always)]
     pub unsafe fn run_raw(
         &mut self,
-        op: LocalOp,
+        write: bool,
+        flags: RwFlags,
         off: u64,
         segs: &[RawSeg],
     ) -> Result<(), SubmitError> {
@@ -257,21 +401,20 @@ impl LocalChan {
         if let Some(ram) = &sh.ram {
             let mut at = off;
             for s in segs {
-                match op {
-                    LocalOp::Read => {
-                        // SAFETY: the caller's contract: valid, writable,
-                        // exclusive for the call.
-                        let d = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
-                        ram.read(at, d)
-                    }
-                    LocalOp::Write => {
-                        // SAFETY: valid for reads for the call.
-                        let d = unsafe { std::slice::from_raw_parts(s.ptr, s.len) };
-                        ram.write(at, d)
-                    }
-                    LocalOp::Zero | LocalOp::None => {}
+                if write {
+                    // SAFETY: valid for reads for the call.
+                    let d = unsafe { std::slice::from_raw_parts(s.ptr, s.len) };
+                    ram.write(at, d)
+                } else {
+                    // SAFETY: the caller's contract: valid, writable,
+                    // exclusive for the call.
+                    let d = unsafe { std::slice::from_raw_parts_mut(s.ptr, s.len) };
+                    ram.read(at, d)
                 }
                 at += s.len as u64;
+            }
+            if let Some(c) = &sh.cache {
+                c.after(ram, LocalOp::rw(write, flags), off, at - off);
             }
         }
         Ok(())
@@ -292,16 +435,16 @@ fn move_data(ram: &RamStore, op: LocalOp, off: u64, len: u64, data: &mut Data) {
     let mut at = off;
     let mut each = |b: &mut IoBuf| {
         match op {
-            LocalOp::Read => ram.read(at, b.as_mut_slice()),
-            LocalOp::Write => ram.write(at, b.as_slice()),
-            LocalOp::Zero | LocalOp::None => {}
+            LocalOp::Read | LocalOp::ReadFua => ram.read(at, b.as_mut_slice()),
+            LocalOp::Write | LocalOp::WriteFua => ram.write(at, b.as_slice()),
+            LocalOp::Zero | LocalOp::Flush | LocalOp::None => {}
         }
         at += b.len() as u64;
     };
     match op {
         LocalOp::Zero => ram.zero(off, len),
-        LocalOp::None => {}
-        LocalOp::Read | LocalOp::Write => match data {
+        LocalOp::Flush | LocalOp::None => {}
+        LocalOp::Read | LocalOp::Write | LocalOp::ReadFua | LocalOp::WriteFua => match data {
             Data::None => {}
             Data::One(b) => each(b),
             Data::Vec(v) => v.iter_mut().for_each(each),

@@ -27,7 +27,12 @@
 //!
 //! # Other operations
 //!
-//! Flush is `fdatasync` (IORING_OP_FSYNC with DATASYNC). Write zeroes is
+//! Flush is `fdatasync` (IORING_OP_FSYNC with DATASYNC). A write with
+//! Force Unit Access carries `RWF_DSYNC` (the kernel completes it once
+//! the data is durable: a buffered write is written back and synced; a
+//! direct one goes down with REQ_FUA where the device has it, else is
+//! followed by a cache flush); a read with FUA is an `fdatasync`, then
+//! the read (the slot's two steps, one SQE at a time). Write zeroes is
 //! `fallocate(ZERO_RANGE | KEEP_SIZE)`; where the file system refuses it
 //! (EOPNOTSUPP: tmpfs) the channel switches to writes of a shared zero
 //! buffer (1 MiB at a time). Unmap is `fallocate(PUNCH_HOLE | KEEP_SIZE)`
@@ -78,6 +83,7 @@ use std::time::{Duration, Instant};
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use pollux_nvme::dma::{DmaRelease, Iova};
 use pollux_nvme::{DmaBuffer, IoBuf};
+use pollux_spec::cmd::RwFlags;
 
 use crate::bdev::ChannelOptions;
 use crate::data::{Completion, Data, RawSeg};
@@ -626,6 +632,10 @@ struct Slot {
     buf_index: u16,
     /// The transfer is the iovec array (else `addr`, `left`).
     vec: bool,
+    /// A write with RWF_DSYNC (Force Unit Access).
+    dsync: bool,
+    /// A FUA read's first step: `fdatasync` before the read.
+    sync_first: bool,
     ud: u64,
     /// File offset of the next SQE.
     off: u64,
@@ -648,6 +658,8 @@ impl Slot {
             op: Op::Drain,
             buf_index: NO_BUF,
             vec: false,
+            dsync: false,
+            sync_first: false,
             ud: 0,
             off: 0,
             left: 0,
@@ -657,6 +669,14 @@ impl Slot {
             iov: Vec::new(),
             data: Data::None,
         }
+    }
+
+    /// Force Unit Access as `flags` say, for a read or a write.
+    #[inline(always)]
+    fn set_fua(&mut self, write: bool, flags: RwFlags) {
+        let fua = flags.fua();
+        self.dsync = fua && write;
+        self.sync_first = fua && !write;
     }
 
     /// `n` more bytes went through.
@@ -950,7 +970,14 @@ impl UringChan {
 
     /// Reads or writes one buffer at byte `off` (checked by the layer).
     #[inline(always)]
-    pub fn rw(&mut self, write: bool, off: u64, mut buf: IoBuf, ud: u64) -> Result<(), Refused> {
+    pub fn rw(
+        &mut self,
+        write: bool,
+        off: u64,
+        mut buf: IoBuf,
+        flags: RwFlags,
+        ud: u64,
+    ) -> Result<(), Refused> {
         let len = buf.len() as u64;
         let addr = buf.as_mut_slice().as_mut_ptr() as u64;
         let i = match self.admit_rw(addr, len) {
@@ -962,6 +989,7 @@ impl UringChan {
         s.op = if write { Op::Write } else { Op::Read };
         s.buf_index = bi;
         s.vec = false;
+        s.set_fua(write, flags);
         s.ud = ud;
         s.off = off;
         s.left = len;
@@ -987,6 +1015,7 @@ impl UringChan {
         off: u64,
         len: u64,
         mut bufs: Vec<IoBuf>,
+        flags: RwFlags,
         ud: u64,
     ) -> Result<(), Refused> {
         let mut check = || {
@@ -1018,7 +1047,7 @@ impl UringChan {
             });
         }
         s.data = Data::Vec(Box::new(bufs));
-        self.start_vec(i, write, off, len, ud)
+        self.start_vec(i, write, off, len, flags, ud)
             .map_err(|(e, d)| Refused::new(e, d))
     }
 
@@ -1034,6 +1063,7 @@ impl UringChan {
         off: u64,
         len: u64,
         segs: &[RawSeg],
+        flags: RwFlags,
         ud: u64,
     ) -> Result<(), SubmitError> {
         if segs.len() > IOV_MAX {
@@ -1056,7 +1086,8 @@ impl UringChan {
             len: g.len,
         }));
         s.data = Data::None;
-        self.start_vec(i, write, off, len, ud).map_err(|(e, _)| e)
+        self.start_vec(i, write, off, len, flags, ud)
+            .map_err(|(e, _)| e)
     }
 
     fn start_vec(
@@ -1065,12 +1096,14 @@ impl UringChan {
         write: bool,
         off: u64,
         len: u64,
+        flags: RwFlags,
         ud: u64,
     ) -> Result<(), (SubmitError, Data)> {
         let s = &mut self.slots[i];
         s.op = if write { Op::Write } else { Op::Read };
         s.buf_index = NO_BUF;
         s.vec = true;
+        s.set_fua(write, flags);
         s.iov_at = 0;
         s.ud = ud;
         s.off = off;
@@ -1092,6 +1125,8 @@ impl UringChan {
         s.op = op;
         s.buf_index = NO_BUF;
         s.vec = false;
+        s.dsync = false;
+        s.sync_first = false;
         s.ud = ud;
         s.off = off;
         s.left = len;
@@ -1130,14 +1165,20 @@ impl UringChan {
     fn issue(&mut self, i: usize) -> bool {
         let s = &self.slots[i];
         let mut side = false;
+        // RWF_DSYNC for a write with FUA.
+        let wf = if s.dsync { libc::RWF_DSYNC } else { 0 };
         let e = match s.op {
+            _ if s.sync_first => {
+                side = true;
+                with_fd!(self, f => opcode::Fsync::new(f).flags(types::FsyncFlags::DATASYNC).build())
+            }
             Op::Read | Op::Write if s.vec => {
                 let iov = s.iov[s.iov_at..].as_ptr().cast::<libc::iovec>();
                 let n = (s.iov.len() - s.iov_at) as u32;
                 if s.op == Op::Read {
                     with_fd!(self, f => opcode::Readv::new(f, iov, n).offset(s.off).build())
                 } else {
-                    with_fd!(self, f => opcode::Writev::new(f, iov, n).offset(s.off).build())
+                    with_fd!(self, f => opcode::Writev::new(f, iov, n).offset(s.off).rw_flags(wf).build())
                 }
             }
             Op::Read => {
@@ -1151,9 +1192,9 @@ impl UringChan {
             Op::Write => {
                 let (p, n) = (s.addr as usize as *const u8, s.left as u32);
                 if s.buf_index != NO_BUF {
-                    with_fd!(self, f => opcode::WriteFixed::new(f, p, n, s.buf_index).offset(s.off).build())
+                    with_fd!(self, f => opcode::WriteFixed::new(f, p, n, s.buf_index).offset(s.off).rw_flags(wf).build())
                 } else {
-                    with_fd!(self, f => opcode::Write::new(f, p, n).offset(s.off).build())
+                    with_fd!(self, f => opcode::Write::new(f, p, n).offset(s.off).rw_flags(wf).build())
                 }
             }
             Op::ZeroWrite => {
@@ -1296,6 +1337,14 @@ impl UringChan {
     #[inline(never)]
     fn step(&mut self, i: usize, res: i32) -> Option<Result<u32, IoError>> {
         let s = &mut self.slots[i];
+        if s.sync_first {
+            // A FUA read's fdatasync is done: now the read.
+            if res < 0 {
+                return Some(Err(IoError::os(-res)));
+            }
+            s.sync_first = false;
+            return self.reissue(i);
+        }
         let short = |s: &Slot| {
             tracing::warn!(
                 expected = s.total,

@@ -20,6 +20,13 @@
 //! (Unrecovered Read Error for reads, Write Fault for writes, flushes and
 //! write zeroes) or Internal Error (deallocate).
 //!
+//! Force Unit Access (Read/Write CDW12 bit 30) goes with the request to
+//! the namespace's bdev ([`IoCmd::flags`]), which completes a FUA write
+//! only once its data is durable (io_uring: `RWF_DSYNC`; NVMe: the bit;
+//! RAM with a simulated cache: committed) and commits cached writes of a
+//! FUA read's blocks before reading them; so a FUA write's completion
+//! never precedes its durability, on every path (lent, bounced, staged).
+//!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
 //! bdev's data is copied through DMA pieces instead: asynchronously
@@ -30,7 +37,7 @@ use std::sync::Arc;
 
 use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
 use pollux_nvme::Transport;
-use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
+use pollux_spec::cmd::{DsmRange, RwFlags, DSM_ATTR_DEALLOCATE};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
@@ -88,6 +95,8 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
+    /// A Read's or Write's flags (Force Unit Access); none for the others.
+    pub flags: RwFlags,
     /// The command identifier, for the Error Information log: the SQE's
     /// from [`IoQueue::check_reported`], FFFFh ("not available") from
     /// [`IoQueue::check`].
@@ -303,6 +312,7 @@ impl<T: Transport> IoQueue<T> {
             slba: 0,
             nlb: 0,
             xfer_len: 0,
+            flags: RwFlags::NONE,
             cid: ERROR_LOG_NOT_SPECIFIC,
         };
         match sqe.opc {
@@ -317,6 +327,7 @@ impl<T: Transport> IoQueue<T> {
                 };
                 cmd.slba = sqe.slba();
                 cmd.nlb = sqe.nlb() as u64;
+                cmd.flags = RwFlags::from_cdw12(sqe.cdw12);
                 cmd.xfer_len = (cmd.nlb << ns.shift) as usize;
                 if cmd.xfer_len > self.max_xfer {
                     return Err(gen(generic::INVALID_FIELD));
@@ -394,7 +405,7 @@ impl<T: Transport> IoQueue<T> {
             return gen(generic::INVALID_NAMESPACE);
         };
         // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { ns.rw(write, cmd.slba, segs) } {
+        if let Err(e) = unsafe { ns.rw(write, cmd.slba, segs, cmd.flags) } {
             return rw_failed(cmd, write, &e);
         }
         let s = &mut self.stats;
@@ -534,9 +545,9 @@ impl<T: Transport> IoQueue<T> {
                         // SAFETY: forwarded contract (until delivered).
                         let r = unsafe {
                             if write {
-                                io.writev_raw(cmd.slba, segs, u)
+                                io.writev_raw_with(cmd.slba, segs, cmd.flags, u)
                             } else {
-                                io.readv_raw(cmd.slba, segs, u)
+                                io.readv_raw_with(cmd.slba, segs, cmd.flags, u)
                             }
                         };
                         match r {
@@ -607,7 +618,8 @@ impl<T: Transport> IoQueue<T> {
                 let mut io = ch.io();
                 // SAFETY: forwarded contract (until delivered); the
                 // segments total `xfer_len`, `nlb` blocks.
-                let r = unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, segs) };
+                let r =
+                    unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, cmd.flags, segs) };
                 return match r {
                     Staged::Queued => None,
                     Staged::Failed(e) => Some(rw_failed(cmd, write, &StoreError::Refused(e))),

@@ -18,7 +18,9 @@
 //! [`HOST_SEGS`] of them, copied: the caller's segment list itself need
 //! not outlive the call). The command's status is delivered once every
 //! piece has finished: success, or the first error (any failed piece
-//! fails the command).
+//! fails the command). Each piece carries the command's flags: a FUA
+//! write's pieces are each durable before they complete, so the command
+//! is once its status is delivered.
 //!
 //! When the pool cannot cover a command it waits, in order, for pieces to
 //! come back (commands behind it wait too); it is started by the next
@@ -37,6 +39,7 @@ use std::collections::VecDeque;
 
 use pollux_bdev::{Bdev, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, SubmitError};
 use pollux_nvme::Transport;
+use pollux_spec::cmd::RwFlags;
 
 use crate::store::Cursor;
 
@@ -98,6 +101,8 @@ impl HostSegs {
 struct Slot {
     tag: u32,
     write: bool,
+    /// Force Unit Access, for every piece.
+    flags: RwFlags,
     slba: u64,
     nlb: u64,
     segs: HostSegs,
@@ -183,6 +188,7 @@ impl Staging {
             .map(|_| Slot {
                 tag: 0,
                 write: false,
+                flags: RwFlags::NONE,
                 slba: 0,
                 nlb: 0,
                 segs: HostSegs::EMPTY,
@@ -237,7 +243,7 @@ impl Staging {
     }
 
     /// Stages a command that [`fits`](Staging::fits): `nlb` blocks at
-    /// `slba`, its data in `segs`.
+    /// `slba` with `flags`, its data in `segs`.
     ///
     /// # Safety
     /// The segments are valid memory for their lengths (writable for a
@@ -247,6 +253,7 @@ impl Staging {
     ///
     /// [`complete`]: Staging::complete
     /// [`resume`]: Staging::resume
+    #[allow(clippy::too_many_arguments)]
     pub unsafe fn submit<T: Transport>(
         &mut self,
         io: &mut Io<'_, T>,
@@ -254,6 +261,7 @@ impl Staging {
         write: bool,
         slba: u64,
         nlb: u64,
+        flags: RwFlags,
         segs: &[Seg],
     ) -> Staged {
         if segs.len() > HOST_SEGS {
@@ -272,6 +280,7 @@ impl Staging {
         let slot = &mut self.slots[s as usize];
         slot.tag = tag;
         slot.write = write;
+        slot.flags = flags;
         slot.slba = slba;
         slot.nlb = nlb;
         slot.segs.n = segs.len();
@@ -306,7 +315,7 @@ impl Staging {
         let shift = self.shift;
         let top = self.top();
         let slot = &self.slots[s as usize];
-        let (write, slba, nlb) = (slot.write, slot.slba, slot.nlb);
+        let (write, flags, slba, nlb) = (slot.write, slot.flags, slot.slba, slot.nlb);
         let mut parts: [Option<IoBuf>; MAX_PARTS] = [const { None }; MAX_PARTS];
         let mut np = 0;
         let mut left = nlb;
@@ -357,9 +366,9 @@ impl Staging {
             }
             let u = part_ud(s as usize, off);
             let r = if write {
-                io.write(slba + off, b, u)
+                io.write_with(slba + off, b, flags, u)
             } else {
-                io.read(slba + off, b, u)
+                io.read_with(slba + off, b, flags, u)
             };
             match r {
                 Ok(()) => sent += 1,
@@ -547,7 +556,7 @@ mod tests {
         assert!(!p.fits(5, segs.len()));
         for _ in 0..3 {
             // SAFETY: `buf` outlives the call; nothing is started.
-            let r = unsafe { p.submit(&mut ch.io(), 1, false, 0, 5, &segs) };
+            let r = unsafe { p.submit(&mut ch.io(), 1, false, 0, 5, RwFlags::NONE, &segs) };
             assert!(matches!(
                 r,
                 Staged::Failed(SubmitError::TooManySegments { n: 5, max: 4 })

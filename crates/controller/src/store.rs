@@ -31,6 +31,7 @@ use pollux_bdev::{
     SubmitError,
 };
 use pollux_nvme::Transport;
+use pollux_spec::cmd::RwFlags;
 
 use crate::stage::{self, Staging};
 
@@ -177,25 +178,32 @@ impl<T: Transport> NsChan<T> {
     }
 
     /// Reads (`write` false) or writes whole blocks at `lba` from or to
-    /// the segments, which total a whole number of blocks, synchronously.
+    /// the segments, which total a whole number of blocks, synchronously,
+    /// with `flags` (a FUA write returns once durable).
     ///
     /// # Safety
     /// The segments are valid memory (writable for reads), untouched by
     /// anything else until this returns.
     #[inline(always)]
-    pub unsafe fn rw(&mut self, write: bool, lba: u64, segs: &[Seg]) -> Result<(), StoreError> {
+    pub unsafe fn rw(
+        &mut self,
+        write: bool,
+        lba: u64,
+        segs: &[Seg],
+        flags: RwFlags,
+    ) -> Result<(), StoreError> {
         if self.misaligned(segs) {
             // SAFETY: forwarded contract.
-            return unsafe { self.rw_bounce(write, lba, segs) };
+            return unsafe { self.rw_bounce(write, lba, segs, flags) };
         }
         // Null and RAM finish within the call (no queued completion).
         // SAFETY: the segments are mapped host memory for the call (the
         // caller's contract).
         let now = unsafe {
             if write {
-                self.ch.writev_raw_now(lba, segs)
+                self.ch.writev_raw_now_with(lba, segs, flags)
             } else {
-                self.ch.readv_raw_now(lba, segs)
+                self.ch.readv_raw_now_with(lba, segs, flags)
             }
         };
         if let Some(r) = now {
@@ -208,9 +216,9 @@ impl<T: Transport> NsChan<T> {
         // emulator touches them meanwhile.
         unsafe {
             if write {
-                io.writev_raw(lba, segs, SYNC_UD)?
+                io.writev_raw_with(lba, segs, flags, SYNC_UD)?
             } else {
-                io.readv_raw(lba, segs, SYNC_UD)?
+                io.readv_raw_with(lba, segs, flags, SYNC_UD)?
             }
         }
         Ok(self.wait()?)
@@ -228,12 +236,13 @@ impl<T: Transport> NsChan<T> {
         write: bool,
         lba: u64,
         segs: &[Seg],
+        flags: RwFlags,
     ) -> Result<(), StoreError> {
         let total: usize = segs.iter().map(|s| s.len).sum();
         let mut cur = Cursor::new(segs);
         if matches!(self.bounce, Bounce::Pieces(_)) {
             // SAFETY: forwarded contract.
-            return unsafe { self.rw_pieces(write, lba, total, cur) };
+            return unsafe { self.rw_pieces(write, lba, total, cur, flags) };
         }
         let mut done = 0;
         while done < total {
@@ -257,9 +266,9 @@ impl<T: Transport> NsChan<T> {
             // again: it is re-borrowed below).
             unsafe {
                 if write {
-                    io.writev_raw(at, &seg, SYNC_UD)?
+                    io.writev_raw_with(at, &seg, flags, SYNC_UD)?
                 } else {
-                    io.readv_raw(at, &seg, SYNC_UD)?
+                    io.readv_raw_with(at, &seg, flags, SYNC_UD)?
                 }
             }
             self.wait()?;
@@ -289,6 +298,7 @@ impl<T: Transport> NsChan<T> {
         lba: u64,
         total: usize,
         mut cur: Cursor<'_>,
+        flags: RwFlags,
     ) -> Result<(), StoreError> {
         let mut done = 0;
         while done < total {
@@ -313,9 +323,9 @@ impl<T: Transport> NsChan<T> {
             }
             let mut io = self.ch.io();
             let r = if write {
-                io.write(at, buf, SYNC_UD)
+                io.write_with(at, buf, flags, SYNC_UD)
             } else {
-                io.read(at, buf, SYNC_UD)
+                io.read_with(at, buf, flags, SYNC_UD)
             };
             if let Err(refused) = r {
                 self.put_piece(k, refused.data);

@@ -41,6 +41,7 @@ pub use completion::{Completion, QpairStats};
 pub use ctrl::{Controller, ControllerOptions, Namespace, MAX_TRANSFER_CAP};
 pub use dma::{DmaBuffer, DmaSlice, IoBuf};
 pub use error::{Error, IoError, SubmitError};
+pub use pollux_spec::cmd::RwFlags;
 pub use qpair::{wait_readable, QpairOptions, QueuePair};
 pub use submit::{Handler, Refused, Submitter};
 pub use transport::{

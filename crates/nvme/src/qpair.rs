@@ -10,6 +10,8 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use pollux_spec::cmd::RwFlags;
+
 use crate::completion::Completion;
 use crate::completion::QpairStats;
 use crate::ctrl::{Controller, Namespace, Shared};
@@ -248,6 +250,36 @@ impl<T: Transport> QueuePair<T> {
     ) -> Result<(), SubmitError> {
         // SAFETY: the caller's contract is the same.
         unsafe { self.submitter().write_dma(ns, lba, nlb, buf, user_data) }
+    }
+
+    /// See `Submitter::read_with` (command flags: Force Unit Access).
+    #[inline]
+    pub fn read_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.submitter()
+            .read_with(ns, lba, nlb, buf, flags, user_data)
+    }
+
+    /// See `Submitter::write_with` (command flags: Force Unit Access).
+    #[inline]
+    pub fn write_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.submitter()
+            .write_with(ns, lba, nlb, buf, flags, user_data)
     }
 
     /// See `Submitter::flush_cache`.

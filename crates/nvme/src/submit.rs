@@ -20,7 +20,7 @@
 //!   callers that manage buffers themselves (a C API, an fio engine).
 use std::collections::VecDeque;
 
-use pollux_spec::cmd::NvmOpcode;
+use pollux_spec::cmd::{NvmOpcode, RwFlags};
 use pollux_spec::{Sqe, Status};
 
 use crate::completion::{Completion, QpairStats};
@@ -63,6 +63,8 @@ pub(crate) struct Split {
 /// A read or write that waits in the backlog, perhaps partly issued.
 pub(crate) struct PendingRw {
     opc: NvmOpcode,
+    /// CDW12 flags of every piece (FUA).
+    flags: RwFlags,
     ns: Namespace,
     lba: u64,
     nlb: u32,
@@ -385,7 +387,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: IoBuf,
         user_data: u64,
     ) -> Result<(), Refused> {
-        self.rw_owned(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
+        self.rw_owned(NvmOpcode::Read, ns, lba, nlb, buf, RwFlags::NONE, user_data)
     }
 
     /// Writes `buf` (exactly `nlb` blocks long) to `nlb` blocks at `lba`.
@@ -399,7 +401,47 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: IoBuf,
         user_data: u64,
     ) -> Result<(), Refused> {
-        self.rw_owned(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
+        self.rw_owned(
+            NvmOpcode::Write,
+            ns,
+            lba,
+            nlb,
+            buf,
+            RwFlags::NONE,
+            user_data,
+        )
+    }
+
+    /// `read` with command flags: [`RwFlags::FUA`] reads data committed to
+    /// non-volatile media. A request split into several commands sets
+    /// them on each.
+    #[inline(always)]
+    pub fn read_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rw_owned(NvmOpcode::Read, ns, lba, nlb, buf, flags, user_data)
+    }
+
+    /// `write` with command flags: with [`RwFlags::FUA`] the controller
+    /// completes it only once the data is on non-volatile media (each
+    /// command of a split request: the request completes after all).
+    #[inline(always)]
+    pub fn write_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        self.rw_owned(NvmOpcode::Write, ns, lba, nlb, buf, flags, user_data)
     }
 
     /// `read` with a borrowed buffer.
@@ -418,7 +460,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.rw_borrowed(NvmOpcode::Read, ns, lba, nlb, buf, user_data)
+        self.rw_borrowed(NvmOpcode::Read, ns, lba, nlb, buf, RwFlags::NONE, user_data)
     }
 
     /// `write` with a borrowed buffer.
@@ -437,9 +479,52 @@ impl<'a, T: Transport> Submitter<'a, T> {
         buf: DmaSlice<'_>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        self.rw_borrowed(NvmOpcode::Write, ns, lba, nlb, buf, user_data)
+        self.rw_borrowed(
+            NvmOpcode::Write,
+            ns,
+            lba,
+            nlb,
+            buf,
+            RwFlags::NONE,
+            user_data,
+        )
     }
 
+    /// `read_dma` with command flags (see `read_with`).
+    ///
+    /// # Safety
+    /// As `read_dma`.
+    #[inline(always)]
+    pub unsafe fn read_dma_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw_borrowed(NvmOpcode::Read, ns, lba, nlb, buf, flags, user_data)
+    }
+
+    /// `write_dma` with command flags (see `write_with`).
+    ///
+    /// # Safety
+    /// As `write_dma`.
+    #[inline(always)]
+    pub unsafe fn write_dma_with(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: DmaSlice<'_>,
+        flags: RwFlags,
+        user_data: u64,
+    ) -> Result<(), SubmitError> {
+        self.rw_borrowed(NvmOpcode::Write, ns, lba, nlb, buf, flags, user_data)
+    }
+
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn rw_owned(
         &mut self,
@@ -448,6 +533,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         lba: u64,
         nlb: u32,
         buf: IoBuf,
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<(), Refused> {
         let d = buf.dma_slice();
@@ -461,7 +547,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         // tracker in the same store sequence as its other fields.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
-                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
+                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags);
                 // `move`: the closure holds a copy of the slice, so the
                 // slice need not live in memory on the one-page path
                 // (by reference it was spilled to the stack every I/O).
@@ -481,9 +567,11 @@ impl<'a, T: Transport> Submitter<'a, T> {
             }
         }
         let data = d.to_owned_ref();
-        refused_owned(self.rw_slow(opc, ns, lba, nlb, data, Some(buf), user_data))
+        let r = self.rw_slow(opc, ns, lba, nlb, data, Some(buf), flags, user_data);
+        refused_owned(r)
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn rw_borrowed(
         &mut self,
@@ -492,14 +580,18 @@ impl<'a, T: Transport> Submitter<'a, T> {
         lba: u64,
         nlb: u32,
         buf: DmaSlice<'_>,
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        match self.rw_fast(opc, ns, lba, nlb, buf, user_data)? {
+        match self.rw_fast(opc, ns, lba, nlb, buf, flags, user_data)? {
             Fast::Issued => Ok(()),
-            Fast::Slow(data) => refused(self.rw_slow(opc, ns, lba, nlb, data, None, user_data)),
+            Fast::Slow(data) => {
+                refused(self.rw_slow(opc, ns, lba, nlb, data, None, flags, user_data))
+            }
         }
     }
 
+    #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn rw_fast(
         &mut self,
@@ -508,13 +600,14 @@ impl<'a, T: Transport> Submitter<'a, T> {
         lba: u64,
         nlb: u32,
         buf: DmaSlice<'_>,
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<Fast, SubmitError> {
         check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
-                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb);
+                let sqe = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags);
                 self.issue(
                     cid,
                     sqe,
@@ -542,6 +635,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         nlb: u32,
         data: SliceRef,
         mut buf: Option<IoBuf>,
+        flags: RwFlags,
         user_data: u64,
     ) -> Result<(), (SubmitError, Option<IoBuf>)> {
         if let Err(e) = self.core.check_open() {
@@ -552,6 +646,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         }
         let mut p = PendingRw {
             opc,
+            flags,
             ns: *ns,
             lba,
             nlb,
@@ -601,7 +696,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             let Some(cid) = self.core.free.pop() else {
                 return Ok(false);
             };
-            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba, p.nlb);
+            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba, p.nlb).with_rw_flags(p.flags);
             let d = &p.data;
             self.issue(
                 cid,
@@ -630,7 +725,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             };
             let n = (p.nlb - p.done).min(max);
             let off = (p.done as usize) << p.ns.lba_shift;
-            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba + p.done as u64, n);
+            let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba + p.done as u64, n).with_rw_flags(p.flags);
             let d = &p.data;
             if let Err(e) = self.issue(
                 cid,

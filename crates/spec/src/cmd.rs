@@ -226,6 +226,68 @@ pub const DSM_ATTR_DEALLOCATE: u32 = 1 << 2;
 /// Maximum number of ranges in one Dataset Management command.
 pub const DSM_MAX_RANGES: usize = 256;
 
+/// Read/Write CDW12 bit 30: Force Unit Access.
+pub const RW_FUA: u32 = 1 << 30;
+
+/// Flags of a Read or Write command: bits of its CDW12 (the positions are
+/// the wire's, as SPDK's `io_flags`). Only the flags pollux implements can
+/// be made, so every value is a valid command.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub struct RwFlags(u32);
+
+impl RwFlags {
+    /// No flag: a plain read or write.
+    pub const NONE: RwFlags = RwFlags(0);
+    /// Force Unit Access (FUA): a write completes only once its data is
+    /// on non-volatile media; a read returns data committed to
+    /// non-volatile media (committing cached writes of its blocks first).
+    pub const FUA: RwFlags = RwFlags(RW_FUA);
+    /// Every flag this type can hold.
+    const KNOWN: u32 = RW_FUA;
+
+    /// The CDW12 bits.
+    #[inline(always)]
+    pub const fn bits(self) -> u32 {
+        self.0
+    }
+
+    /// The flags of CDW12 bits `bits`; None if it has any bit that is not
+    /// a flag pollux implements (a C caller's bad value).
+    pub const fn from_bits(bits: u32) -> Option<RwFlags> {
+        if bits & !Self::KNOWN != 0 {
+            None
+        } else {
+            Some(RwFlags(bits))
+        }
+    }
+
+    /// The flags a received command's CDW12 carries (other bits ignored).
+    #[inline(always)]
+    pub const fn from_cdw12(cdw12: u32) -> RwFlags {
+        RwFlags(cdw12 & Self::KNOWN)
+    }
+
+    /// Force Unit Access is set.
+    #[inline(always)]
+    pub const fn fua(self) -> bool {
+        self.0 & RW_FUA != 0
+    }
+
+    /// Both sets of flags.
+    #[inline(always)]
+    pub const fn union(self, other: RwFlags) -> RwFlags {
+        RwFlags(self.0 | other.0)
+    }
+}
+
+impl core::ops::BitOr for RwFlags {
+    type Output = RwFlags;
+    #[inline(always)]
+    fn bitor(self, other: RwFlags) -> RwFlags {
+        self.union(other)
+    }
+}
+
 /// Create I/O CQ CDW11 flag: physically contiguous.
 pub const QUEUE_PC: u32 = 1 << 0;
 /// Create I/O CQ CDW11 flag: interrupts enabled.
@@ -286,6 +348,13 @@ impl Sqe {
         s.cdw11 = (slba >> 32) as u32;
         s.cdw12 = (nlb - 1) & 0xFFFF;
         s
+    }
+
+    /// This Read or Write with `flags` set in CDW12 as well.
+    #[inline(always)]
+    pub const fn with_rw_flags(mut self, flags: RwFlags) -> Self {
+        self.cdw12 |= flags.bits();
+        self
     }
 
     /// Starting LBA of an NVM read/write/write-zeroes command.
@@ -436,6 +505,27 @@ mod tests {
         assert_eq!(&b[48..52], &7u32.to_le_bytes());
         assert_eq!(s.slba(), 0x1_2345_6789);
         assert_eq!(s.nlb(), 8);
+    }
+
+    #[test]
+    fn fua_is_cdw12_bit_30() {
+        let s = Sqe::rw(NvmOpcode::Write, 1, 8, 16).with_rw_flags(RwFlags::FUA);
+        assert_eq!(s.cdw12, 15 | 1 << 30);
+        assert_eq!(&s.as_bytes()[48..52], &(15u32 | 1 << 30).to_le_bytes());
+        assert_eq!(s.nlb(), 16, "NLB untouched");
+        assert!(RwFlags::from_cdw12(s.cdw12).fua());
+        assert_eq!(
+            Sqe::rw(NvmOpcode::Read, 1, 8, 16)
+                .with_rw_flags(RwFlags::NONE)
+                .cdw12,
+            15
+        );
+        // Limited Retry (bit 31) and PRINFO are not flags pollux makes.
+        assert!(!RwFlags::from_cdw12(1 << 31 | 0xF << 26 | 0xFFFF).fua());
+        assert_eq!(RwFlags::from_bits(1 << 30), Some(RwFlags::FUA));
+        assert_eq!(RwFlags::from_bits(1 << 31), None);
+        assert_eq!(RwFlags::from_bits(0), Some(RwFlags::NONE));
+        assert_eq!(RwFlags::NONE | RwFlags::FUA, RwFlags::FUA);
     }
 
     #[test]

@@ -18,7 +18,7 @@ pub mod regs;
 pub mod status;
 pub mod tcp;
 
-pub use cmd::{AdminOpcode, Cqe, NvmOpcode, Sqe};
+pub use cmd::{AdminOpcode, Cqe, NvmOpcode, RwFlags, Sqe};
 pub use status::Status;
 
 /// Compile-time assertion that field `$f` of `$t` sits at byte `$off`.
