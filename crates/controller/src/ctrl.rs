@@ -101,7 +101,8 @@ impl<T: Transport> Controller<T> {
     /// `reset` → [`Controller::reset`] (after dropping its queues),
     /// `enable` → [`Registers::check_enable`], the transport's set-up, then
     /// [`Controller::enable_done`], `shutdown` → flush, then
-    /// [`Controller::shutdown_complete`].
+    /// [`Controller::shutdown_complete`] (a transport whose queues stop or
+    /// flushes finish later first calls [`Controller::shutdown_started`]).
     pub fn write_cc(&mut self, cc: u32) -> CcChange {
         self.regs.write_cc(cc)
     }
@@ -134,6 +135,14 @@ impl<T: Transport> Controller<T> {
         self.feat = Features::defaults(&self.subsys);
         self.shut = false;
         self.regs.set_csts(0);
+    }
+
+    /// A shutdown notified by CC.SHN begins, for a transport that
+    /// completes it later ([`Controller::shutdown_complete`]): CSTS.SHST
+    /// "occurring", processing stops until a reset.
+    pub fn shutdown_started(&mut self) {
+        self.shut = true;
+        self.regs.set_shutdown_occurring();
     }
 
     /// The shutdown notified by CC.SHN is done (the caller flushed):

@@ -50,6 +50,8 @@ use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
 use crate::ControllerError;
 
+mod multi;
+
 const NSID_ALL: u32 = 0xFFFF_FFFF;
 /// SQE flags bits 1:0, FUSE.
 const FLAGS_FUSE: u8 = 0x03;
@@ -156,6 +158,8 @@ pub struct IoQueue<T: Transport = NoNvme> {
     /// When reporting: the CID and starting LBA of the asynchronous
     /// command of each tag below `depth` (else empty).
     info: Vec<(u16, u64)>,
+    /// Asynchronous commands made of several bdev requests (`multi`).
+    multi: multi::Multis,
 }
 
 impl<T: Transport> std::fmt::Debug for IoQueue<T> {
@@ -208,6 +212,7 @@ impl<T: Transport> IoQueue<T> {
             done: VecDeque::with_capacity(opts.depth as usize),
             report: None,
             info: Vec::new(),
+            multi: multi::Multis::default(),
         })
     }
 
@@ -506,16 +511,18 @@ impl<T: Transport> IoQueue<T> {
     }
 
     /// Submits a checked command; its status comes out of
-    /// [`IoQueue::poll`] with `tag`. Reads, writes, flushes of one
-    /// namespace and write zeroes go to the bdev and return at once (an
-    /// NVMe namespace's reads and writes through the queue's DMA staging
-    /// pool, `stage`: they may wait there for pieces, and `poll` starts
-    /// them); flushes of every namespace, Dataset Management and reads or
-    /// writes whose segments the bdev cannot take (see `store`) and the
-    /// pool does not cover run to completion within the call (their
-    /// status is still delivered by `poll`). A refusal by the bdev is
-    /// delivered as the command's media error. Fails only when `depth`
-    /// commands are outstanding already.
+    /// [`IoQueue::poll`] with `tag` (below 2^31). Reads, writes, flushes
+    /// of one namespace and write zeroes go to the bdev and return at once
+    /// (an NVMe namespace's reads and writes through the queue's DMA
+    /// staging pool, `stage`: they may wait there for pieces, and `poll`
+    /// starts them); flushes of every namespace, Dataset Management and
+    /// write zeroes larger than one bdev request of their namespace go
+    /// out a piece at a time, each piece when `poll` has the previous one
+    /// back (`multi`); reads or writes whose segments the bdev cannot take
+    /// (see `store`) and the pool does not cover run to completion within
+    /// the call (their status is still delivered by `poll`). A refusal by
+    /// the bdev is delivered as the command's media error. Fails only
+    /// when `depth` commands are outstanding already.
     ///
     /// # Safety
     /// The segments are valid memory for their lengths (writable for a
@@ -572,6 +579,15 @@ impl<T: Transport> IoQueue<T> {
                 },
                 None => gen(generic::INVALID_NAMESPACE),
             },
+            IoOp::WriteZeroes { .. }
+                if self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
+            {
+                // SAFETY: forwarded contract.
+                match unsafe { self.submit_multi(tag, cmd, segs) } {
+                    Some(st) => st,
+                    None => return Ok(()),
+                }
+            }
             IoOp::WriteZeroes { dealloc } => match self.ns.get_mut(idx) {
                 Some(ns) => {
                     let u = ud(tag, K_OTHER, 0);
@@ -590,8 +606,14 @@ impl<T: Transport> IoQueue<T> {
                 }
                 None => gen(generic::INVALID_NAMESPACE),
             },
-            // SAFETY: forwarded contract (within the call).
-            IoOp::FlushAll | IoOp::Dsm { .. } => unsafe { self.exec(cmd, segs) },
+            IoOp::FlushAll | IoOp::Dsm { .. } => {
+                // SAFETY: forwarded contract (the ranges are read within
+                // the call).
+                match unsafe { self.submit_multi(tag, cmd, segs) } {
+                    Some(st) => st,
+                    None => return Ok(()),
+                }
+            }
         };
         if !sync.is_success() {
             self.report_failure(cmd.cid, sync, cmd.nsid, cmd.slba);
@@ -652,6 +674,19 @@ impl<T: Transport> IoQueue<T> {
     /// delivered exactly once (a failed bdev completes all of them with
     /// media errors).
     pub fn poll(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        let n = if self.multi.idle() {
+            self.poll_requests(f)
+        } else {
+            self.poll_multi(f)
+        };
+        self.inflight -= n as u32;
+        n
+    }
+
+    /// `poll` of the bdev requests: their statuses (and the results known
+    /// at submission) to `f`; returns how many.
+    #[inline(always)]
+    fn poll_requests(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
         let mut n = 0;
         while let Some((tag, st)) = self.done.pop_front() {
             f(tag, st);
@@ -693,7 +728,6 @@ impl<T: Transport> IoQueue<T> {
                     n += 1;
                 });
         }
-        self.inflight -= n as u32;
         n
     }
 }
@@ -789,7 +823,9 @@ fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
     } else {
         media::WRITE_FAULT
     });
-    if let Some(sqid) = rep.sqid {
+    // A piece of a multi-request command: the command is reported once
+    // it is over (`multi`).
+    if let Some(sqid) = rep.sqid.filter(|_| tag & multi::KID == 0) {
         let (cid, lba) = rep
             .info
             .get(tag as usize)

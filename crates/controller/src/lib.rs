@@ -35,7 +35,8 @@
 //! Module map: `subsystem`, `ctrl` (the controller state, register
 //! reactions, errors and events), `regs` (CAP/VS/CC/CSTS), `admin` (+
 //! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
-//! `IoQueue`), `store` (a queue's channel to a namespace's bdev, bounce
+//! `IoQueue`; `io::multi`: commands run as several bdev requests, a
+//! piece per poll), `store` (a queue's channel to a namespace's bdev, bounce
 //! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART), `error`.
 
 pub mod admin;

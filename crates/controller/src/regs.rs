@@ -105,6 +105,10 @@ impl Registers {
         self.csts |= Csts::CFS;
     }
 
+    pub(crate) fn set_shutdown_occurring(&mut self) {
+        self.csts = Csts(self.csts).with_shst(shst::OCCURRING).0;
+    }
+
     pub(crate) fn set_shutdown_complete(&mut self) {
         self.csts = Csts(self.csts).with_shst(shst::COMPLETE).0;
     }

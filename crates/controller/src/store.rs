@@ -39,6 +39,14 @@ use crate::stage::{self, Staging};
 /// LBA size offered).
 pub(crate) const BOUNCE: usize = 64 << 10;
 
+/// Bytes of a RAM namespace an asynchronous queue zeroes or deallocates
+/// per bdev request (a RAM bdev does it within the call: handing back
+/// 16 MiB of written pages took 0.7 ms here, 1 GiB 48 ms).
+pub(crate) const RAM_ZERO_PIECE: u64 = 16 << 20;
+/// Blocks of an NVMe namespace per such request: 16 commands of the bdev
+/// layer's 65536 blocks (it submits a request's commands at once).
+pub(crate) const NVME_ZERO_PIECE: u64 = 16 << 16;
+
 /// The `user_data` of synchronous requests (bit 62: no asynchronous
 /// request's `user_data` has it; bit 63 is the bdev layer's).
 pub(crate) const SYNC_UD: u64 = 1 << 62;
@@ -90,6 +98,13 @@ pub(crate) struct NsChan<T: Transport = NoNvme> {
     /// An NVMe bdev's asynchronous reads and writes (a queue with a
     /// depth).
     pub staging: Option<Staging>,
+    /// Most blocks one asynchronous write zeroes or deallocate request
+    /// covers (larger ones go piece by piece, `io::multi`): bounds what
+    /// one request costs the queue's thread (RAM: pages handed back within
+    /// the call) and how many commands it makes at once (NVMe). Unbounded
+    /// where the backend's work is asynchronous already (io_uring) or
+    /// nothing (null).
+    pub zero_piece: u64,
 }
 
 impl<T: Transport> NsChan<T> {
@@ -129,6 +144,11 @@ impl<T: Transport> NsChan<T> {
             latency: false,
             nvme: None,
         })?;
+        let zero_piece = match info.backend {
+            "ram" => (RAM_ZERO_PIECE >> shift).max(1),
+            "nvme" => NVME_ZERO_PIECE,
+            _ => u64::MAX,
+        };
         Ok(NsChan {
             ch,
             shift,
@@ -138,6 +158,7 @@ impl<T: Transport> NsChan<T> {
             bounce,
             stash: VecDeque::with_capacity(depth as usize),
             staging,
+            zero_piece,
         })
     }
 

@@ -1283,11 +1283,22 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         };
         let ctrl = ctrl.clone();
         self.last_admin = self.now;
+        // The controller's I/O queues still connected (a reset or shutdown
+        // waits for them to close).
+        let io_queues = |c: &Self| match c.bound {
+            Bound::Admin { cntlid, .. } => {
+                c.shared.table().map.get(&cntlid).map_or(0, |e| e.io.len())
+            }
+            _ => 0,
+        };
         match FcType::of(sqe) {
             Some(FcType::PropertyGet) => {
                 let c = PropertyGetCmd::from_sqe(sqe);
                 let r = match c.size() {
-                    Some(sz) => lock(&ctrl).property_get(c.ofst, sz),
+                    Some(sz) => {
+                        let n = io_queues(self);
+                        lock(&ctrl).property_get(c.ofst, sz, n)
+                    }
                     None => Err(gen(generic::INVALID_FIELD)),
                 };
                 match r {
@@ -1298,9 +1309,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             Some(FcType::PropertySet) => {
                 let c = PropertySetCmd::from_sqe(sqe);
                 let r = match c.size() {
-                    Some(sz) => lock(&ctrl).property_set(c.ofst, sz, c.value),
+                    Some(sz) => {
+                        let n = io_queues(self);
+                        lock(&ctrl).property_set(c.ofst, sz, c.value, n)
+                    }
                     None => Err(gen(generic::INVALID_FIELD)),
                 };
+                if let (Ok(true), Bound::Admin { cntlid, .. }) = (r, &self.bound) {
+                    stop_io_queues(ctx, &self.shared, *cntlid);
+                }
                 self.finish(i, r.err().unwrap_or(Status::SUCCESS), 0, 0);
             }
             Some(FcType::Disconnect) => {
@@ -1865,6 +1882,38 @@ pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cn
                 thread = r.thread,
                 "closing an I/O queue of controller {cntlid}: {err}"
             );
+        }
+    }
+}
+
+/// Closes the I/O queues' connections of controller `cntlid` (on their
+/// threads), which a reset or shutdown stops: each leaves the controller's
+/// entry as it closes (`Conn::detach`), and the controller completes the
+/// reset or shutdown once none is left (see `model::Ctrl`).
+pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
+    let queues = match shared.table().map.get(&cntlid) {
+        Some(e) => e.io.clone(),
+        None => return,
+    };
+    tracing::info!(
+        cntlid,
+        io_queues = queues.len(),
+        "controller reset or shut down: closing its I/O queues"
+    );
+    for (qid, r) in queues {
+        let conn = r.conn;
+        if let Err(err) = ctx.send(r.thread, move |ctx| {
+            crate::server::close_conn::<T>(ctx, conn)
+        }) {
+            tracing::warn!(
+                cntlid,
+                qid,
+                thread = r.thread,
+                "closing an I/O queue: {err}"
+            );
+            if let Some(e) = shared.table().map.get_mut(&cntlid) {
+                e.io.retain(|(q, _)| *q != qid);
+            }
         }
     }
 }

@@ -15,14 +15,14 @@ use std::sync::Arc;
 
 use pollux_bdev::{Bdev, NoNvme, RawSeg};
 use pollux_controller::{
-    AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoQueue,
+    AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoOp, IoQueue,
     IoQueueOptions, Limits, Namespace, Personality, Subsystem,
 };
 use pollux_nvme::Transport;
 use pollux_spec::cmd::cns;
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
-use pollux_spec::regs::off;
+use pollux_spec::regs::{off, shst, Csts};
 use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
 use zerocopy::IntoBytes;
@@ -151,10 +151,42 @@ pub(crate) enum Admin {
     Unsupported,
 }
 
+/// A CC change waiting for the controller's I/O queues to close.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Pending {
+    None,
+    /// CC.EN 1 → 0: CSTS.RDY clears once no I/O queue is left.
+    Reset,
+    /// CC.SHN: once no I/O queue is left, every namespace is flushed
+    /// (`flushing`: the flush is out), then CSTS.SHST is complete.
+    Shutdown {
+        flushing: bool,
+    },
+}
+
 /// One controller (one host association).
+///
+/// A reset (CC.EN 1 → 0) or shutdown (CC.SHN) stops the controller's I/O
+/// queues, as SPDK's target does: the transport closes their connections
+/// (`Ctrl::property_set` says when), and the reset completes (CSTS 0) or
+/// the shutdown flushes and completes (CSTS.SHST 10b, 01b meanwhile) only
+/// once none is left, so a host that waits for CSTS as the spec says
+/// finds them gone. Until then commands and I/O queue Connects are
+/// refused (Command Sequence Error, as Linux's nvmet does while CC.EN is
+/// 0). Neither waits on the thread: the transport reports how many I/O
+/// queues are left at each Property Get of CSTS and Property Set, which
+/// move the change on; the shutdown's flush is asynchronous (one queue
+/// per controller, kept once made, polled there too). A shutdown
+/// notified while one is under way or done is ignored until a reset.
 pub(crate) struct Ctrl<T: Transport = NoNvme> {
     inner: Controller<T>,
     discovery: bool,
+    pending: Pending,
+    /// The queue shutdown flushes go through (made at the first; kept,
+    /// since dropping it waits for a flush in flight).
+    flushq: Option<IoQueue<T>>,
+    /// The tag of the latest shutdown's flush.
+    flush_tag: u32,
 }
 
 impl<T: Transport> std::fmt::Debug for Ctrl<T> {
@@ -168,6 +200,9 @@ impl<T: Transport> Ctrl<T> {
         Ctrl {
             inner: Controller::new(s.inner.clone(), cntlid),
             discovery: s.discovery,
+            pending: Pending::None,
+            flushq: None,
+            flush_tag: 0,
         }
     }
 
@@ -179,8 +214,9 @@ impl<T: Transport> Ctrl<T> {
         self.inner.kato_ms()
     }
 
+    /// Enabled and ready, and no reset or shutdown under way.
     pub fn is_running(&self) -> bool {
-        self.inner.is_running()
+        self.inner.is_running() && self.pending == Pending::None
     }
 
     /// I/O queues granted (Number of Queues, the smaller of NSQ and NCQ).
@@ -189,8 +225,18 @@ impl<T: Transport> Ctrl<T> {
         q.nsq.min(q.ncq)
     }
 
-    /// Property Get: CAP (8 bytes), VS, CC, CSTS (4 bytes).
-    pub fn property_get(&self, ofst: u32, size: PropertySize) -> Result<u64, Status> {
+    /// Property Get: CAP (8 bytes), VS, CC, CSTS (4 bytes). A read of
+    /// CSTS first moves a reset or shutdown on (`io_queues`: this
+    /// controller's I/O queues still connected).
+    pub fn property_get(
+        &mut self,
+        ofst: u32,
+        size: PropertySize,
+        io_queues: usize,
+    ) -> Result<u64, Status> {
+        if ofst as usize == off::CSTS {
+            self.advance(io_queues);
+        }
         let r = self.inner.registers();
         let bad = Err(Status::generic(generic::INVALID_FIELD));
         match (ofst as usize, size) {
@@ -203,33 +249,120 @@ impl<T: Transport> Ctrl<T> {
     }
 
     /// Property Set: CC only (4 bytes). Runs the state machine's
-    /// reactions: reset, enable (checks; RDY or CFS), shutdown (flushes
-    /// every namespace through a temporary queue, then SHST complete).
+    /// reactions: reset, enable (checks; RDY or CFS), shutdown (see
+    /// [`Ctrl`]). `io_queues`: this controller's I/O queues connected.
+    /// Ok(true): the transport must now close them.
     pub fn property_set(
         &mut self,
         ofst: u32,
         size: PropertySize,
         value: u64,
-    ) -> Result<(), Status> {
+        io_queues: usize,
+    ) -> Result<bool, Status> {
         if ofst as usize != off::CC || size != PropertySize::Four {
             return Err(Status::generic(generic::INVALID_FIELD));
         }
         let ch = self.inner.write_cc(value as u32);
+        let mut stop = false;
         if ch.reset {
-            self.inner.reset();
+            // A shutdown under way is abandoned (its flush, if out, is
+            // still polled back).
+            self.pending = Pending::Reset;
+            stop = true;
         }
         if ch.enable {
+            if self.pending == Pending::Reset {
+                // Enabled again before CSTS.RDY cleared: the reset is over.
+                self.inner.reset();
+                self.pending = Pending::None;
+            }
             let r = self.inner.registers().check_enable().map(drop);
             self.inner.enable_done(r);
         }
-        if ch.shutdown.is_some() {
-            match IoQueue::for_controller(&self.inner, IoQueueOptions { depth: 0 }) {
-                Ok(mut q) => q.flush_all(),
-                Err(e) => tracing::error!(error = %e, "flush at shutdown: no queue"),
+        if let Some(shn) = ch.shutdown {
+            let shst = Csts(self.inner.registers().csts()).shst();
+            if self.pending == Pending::None && shst == shst::NORMAL {
+                tracing::debug!(
+                    cntlid = self.inner.cntlid(),
+                    shn,
+                    io_queues,
+                    "shutdown notified"
+                );
+                self.inner.shutdown_started();
+                self.pending = Pending::Shutdown { flushing: false };
+                stop = true;
+            } else {
+                tracing::debug!(cntlid = self.inner.cntlid(), shn, pending = ?self.pending, shst, "shutdown notification ignored: one is under way or done, or a reset is");
             }
-            self.inner.shutdown_complete();
         }
-        Ok(())
+        self.advance(io_queues);
+        Ok(stop && io_queues > 0)
+    }
+
+    /// Moves a pending reset or shutdown on, `io_queues` of the
+    /// controller's I/O queues being still connected; polls the shutdown
+    /// flush queue.
+    fn advance(&mut self, io_queues: usize) {
+        match self.pending {
+            Pending::Reset if io_queues == 0 => {
+                self.inner.reset();
+                self.pending = Pending::None;
+            }
+            Pending::Shutdown { flushing: false } if io_queues == 0 => self.start_flush(),
+            _ => {}
+        }
+        let Some(q) = self.flushq.as_mut().filter(|q| q.outstanding() > 0) else {
+            return;
+        };
+        let (tag, mut flushed) = (self.flush_tag, None);
+        q.poll(&mut |t, st| {
+            if t == tag {
+                flushed = Some(st);
+            }
+        });
+        if let (Some(st), Pending::Shutdown { flushing: true }) = (flushed, self.pending) {
+            tracing::debug!(cntlid = self.inner.cntlid(), status = ?st, "shutdown flush done");
+            self.inner.shutdown_complete();
+            self.pending = Pending::None;
+        }
+    }
+
+    /// Sends the shutdown's flush of every namespace (once an earlier
+    /// one, from a shutdown a reset abandoned, is back).
+    fn start_flush(&mut self) {
+        if self.flushq.as_ref().is_some_and(|q| q.outstanding() > 0) {
+            return;
+        }
+        let q = match &mut self.flushq {
+            Some(q) => q,
+            None => match IoQueue::for_controller(&self.inner, IoQueueOptions { depth: 1 }) {
+                Ok(q) => self.flushq.insert(q),
+                Err(e) => {
+                    tracing::error!(error = %e, "flush at shutdown: no queue; shutdown completes unflushed");
+                    self.inner.shutdown_complete();
+                    self.pending = Pending::None;
+                    return;
+                }
+            },
+        };
+        let cmd = IoCmd {
+            op: IoOp::FlushAll,
+            nsid: u32::MAX,
+            slba: 0,
+            nlb: 0,
+            xfer_len: 0,
+            cid: u16::MAX,
+        };
+        self.flush_tag = (self.flush_tag + 1) & 0xFFFF;
+        // SAFETY: the command has no data segment.
+        match unsafe { q.submit(self.flush_tag, &cmd, &[]) } {
+            Ok(()) => self.pending = Pending::Shutdown { flushing: true },
+            Err(e) => {
+                tracing::error!(error = %e, "flush at shutdown refused; shutdown completes unflushed");
+                self.inner.shutdown_complete();
+                self.pending = Pending::None;
+            }
+        }
     }
 
     /// Executes an admin command (not a Fabrics one, not Get Log Page of

@@ -1,0 +1,296 @@
+//! Commands an asynchronous I/O queue runs as several bdev requests, a
+//! bounded amount at a time: Dataset Management (a deallocate per range),
+//! Write Zeroes over more blocks than one request of its namespace covers
+//! (`NsChan::zero_piece`), and Flush of every namespace (NSID
+//! FFFFFFFFh).
+//!
+//! None of them runs to completion within `IoQueue::submit` or
+//! `IoQueue::poll`: a command has at most one request in flight per
+//! namespace (a flush of every namespace one on each, the others one in
+//! all), and its next piece goes out when the previous one is polled
+//! back. So a whole-namespace deallocate on a slow backend holds the
+//! queue's thread no longer than a read does, each poll does at most one
+//! piece of each such command, and the namespaces' channels never hold
+//! more requests than the queue has commands (their depth).
+//!
+//! Their requests carry tags with [`KID`] set and the command's slot here
+//! below it; `IoQueue::poll` hands them here (only while some such
+//! command is outstanding: the read/write path pays one test per poll).
+//! A command completes once its last request is back: with success, or,
+//! if a request failed or was refused (the rest are then not sent), with
+//! its kind's failure: Internal Error for Dataset Management (as the
+//! synchronous path), Write Fault for the others.
+use pollux_nvme::Transport;
+use pollux_spec::cmd::DsmRange;
+use pollux_spec::status::{generic, media};
+use pollux_spec::Status;
+use zerocopy::FromBytes;
+
+use super::{copy_from_segs, gen, lba_ok, ud, IoCmd, IoOp, IoQueue, Seg, K_OTHER};
+
+/// The tag bit of these commands' bdev requests (tags of `submit` are
+/// below it).
+pub(crate) const KID: u32 = 1 << 31;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Work {
+    /// Flush each namespace of `todo`.
+    Flush,
+    /// Zero (`dealloc`: deallocate) each range of `todo`.
+    Zero { dealloc: bool },
+}
+
+/// One command.
+struct Multi {
+    tag: u32,
+    cid: u16,
+    nsid: u32,
+    slba: u64,
+    work: Work,
+    /// What is left to send: (namespace index, first block, blocks), the
+    /// next one last.
+    todo: Vec<(usize, u64, u64)>,
+    /// Requests in flight.
+    out: u32,
+    /// A request failed or was refused: nothing more is sent.
+    failed: bool,
+    /// The status it then completes with.
+    fail: Status,
+}
+
+impl Multi {
+    fn status(&self) -> Status {
+        if self.failed {
+            self.fail
+        } else {
+            Status::SUCCESS
+        }
+    }
+}
+
+/// The commands of one queue, by slot (no more than the queue's depth:
+/// each is one of its outstanding commands).
+#[derive(Default)]
+pub(crate) struct Multis {
+    slots: Vec<Option<Multi>>,
+    free: Vec<u32>,
+    live: usize,
+    /// Completions of their requests met by a poll (kept for reuse).
+    kids: Vec<(u32, Status)>,
+}
+
+impl Multis {
+    /// No such command is outstanding.
+    #[inline(always)]
+    pub fn idle(&self) -> bool {
+        self.live == 0
+    }
+
+    fn insert(&mut self, m: Multi) -> usize {
+        self.live += 1;
+        match self.free.pop() {
+            Some(i) => {
+                self.slots[i as usize] = Some(m);
+                i as usize
+            }
+            None => {
+                self.slots.push(Some(m));
+                self.slots.len() - 1
+            }
+        }
+    }
+
+    fn remove(&mut self, i: usize) -> Option<Multi> {
+        let m = self.slots.get_mut(i)?.take()?;
+        self.live -= 1;
+        self.free.push(i as u32);
+        Some(m)
+    }
+}
+
+impl<T: Transport> IoQueue<T> {
+    /// `submit` of a Dataset Management, a Flush of every namespace or a
+    /// Write Zeroes larger than one piece: its status if it ends within
+    /// the call (nothing to do, refused), else None (`poll` delivers it).
+    ///
+    /// # Safety
+    /// As `submit` (a Dataset Management's ranges are read within the
+    /// call).
+    pub(super) unsafe fn submit_multi(
+        &mut self,
+        tag: u32,
+        cmd: &IoCmd,
+        segs: &[Seg],
+    ) -> Option<Status> {
+        debug_assert!(tag & KID == 0, "tag {tag:#x} has the multi-request bit");
+        let idx = (cmd.nsid as usize).wrapping_sub(1);
+        let (work, fail, todo) = match cmd.op {
+            IoOp::FlushAll => (
+                Work::Flush,
+                Status::media(media::WRITE_FAULT),
+                (0..self.ns.len()).rev().map(|i| (i, 0, 0)).collect(),
+            ),
+            IoOp::WriteZeroes { dealloc } if idx < self.ns.len() => (
+                Work::Zero { dealloc },
+                Status::media(media::WRITE_FAULT),
+                vec![(idx, cmd.slba, cmd.nlb)],
+            ),
+            IoOp::Dsm { nr, deallocate } => {
+                // SAFETY: forwarded contract.
+                match unsafe { self.dsm_ranges(cmd.nsid, nr, deallocate, segs) } {
+                    Ok(todo) => (
+                        Work::Zero { dealloc: true },
+                        gen(generic::INTERNAL_ERROR),
+                        todo,
+                    ),
+                    Err(st) => return Some(st),
+                }
+            }
+            _ => return Some(gen(generic::INVALID_NAMESPACE)),
+        };
+        if todo.is_empty() {
+            return Some(Status::SUCCESS);
+        }
+        let slot = self.multi.insert(Multi {
+            tag,
+            cid: cmd.cid,
+            nsid: cmd.nsid,
+            slba: cmd.slba,
+            work,
+            todo,
+            out: 0,
+            failed: false,
+            fail,
+        });
+        self.pump(slot).map(|m| m.status())
+    }
+
+    /// A Dataset Management's ranges to deallocate, as `todo` (none for
+    /// hints only); LBA Out of Range if any range is outside the
+    /// namespace (then nothing is touched).
+    ///
+    /// # Safety
+    /// As `exec`.
+    unsafe fn dsm_ranges(
+        &mut self,
+        nsid: u32,
+        nr: usize,
+        deallocate: bool,
+        segs: &[Seg],
+    ) -> Result<Vec<(usize, u64, u64)>, Status> {
+        let idx = (nsid as usize).wrapping_sub(1);
+        let Some(ns) = self.ns.get(idx) else {
+            return Err(gen(generic::INVALID_NAMESPACE));
+        };
+        let nsze = ns.nsze;
+        let len = nr * core::mem::size_of::<DsmRange>();
+        self.scratch.clear();
+        self.scratch.resize(len, 0);
+        // SAFETY: forwarded contract.
+        unsafe { copy_from_segs(segs, &mut self.scratch) };
+        let ranges = self
+            .scratch
+            .chunks_exact(16)
+            .filter_map(|b| DsmRange::read_from_bytes(b).ok());
+        if ranges.clone().any(|r| !lba_ok(r.slba, r.nlb as u64, nsze)) {
+            return Err(gen(generic::LBA_OUT_OF_RANGE));
+        }
+        if !deallocate {
+            return Ok(Vec::new()); // hints only
+        }
+        // Sent in the host's order: the last range first in the list.
+        let mut todo: Vec<_> = ranges
+            .filter(|r| r.nlb > 0)
+            .map(|r| (idx, r.slba, r.nlb as u64))
+            .collect();
+        todo.reverse();
+        Ok(todo)
+    }
+
+    /// Sends what command `slot` may have in flight now; returns it once
+    /// it is over (and forgets it).
+    fn pump(&mut self, slot: usize) -> Option<Multi> {
+        let IoQueue { ns, multi, .. } = self;
+        let m = multi.slots.get_mut(slot)?.as_mut()?;
+        let kid = ud(KID | slot as u32, K_OTHER, 0);
+        while !m.failed && (m.out == 0 || m.work == Work::Flush) {
+            let Some(&(i, slba, nlb)) = m.todo.last() else {
+                break;
+            };
+            let Some(n) = ns.get_mut(i) else {
+                m.failed = true;
+                break;
+            };
+            let r = match m.work {
+                Work::Flush => {
+                    m.todo.pop();
+                    n.ch.flush_cache(kid)
+                }
+                Work::Zero { dealloc } => {
+                    let piece = nlb.min(n.zero_piece);
+                    if piece == nlb {
+                        m.todo.pop();
+                    } else if let Some(last) = m.todo.last_mut() {
+                        *last = (i, slba + piece, nlb - piece);
+                    }
+                    if dealloc {
+                        n.ch.unmap(slba, piece, kid)
+                    } else {
+                        n.ch.write_zeroes(slba, piece, kid)
+                    }
+                }
+            };
+            match r {
+                Ok(()) => m.out += 1,
+                Err(e) => {
+                    tracing::error!(nsid = i + 1, slba, nlb, work = ?m.work, error = %e, "namespace request refused");
+                    m.failed = true;
+                }
+            }
+        }
+        if m.out > 0 || (!m.failed && !m.todo.is_empty()) {
+            return None;
+        }
+        multi.remove(slot)
+    }
+
+    /// `poll` while such commands are outstanding: their requests'
+    /// completions go to them (the next pieces out), the others to `f`,
+    /// and so do the commands that are over.
+    #[cold]
+    #[inline(never)]
+    pub(super) fn poll_multi(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        let mut kids = std::mem::take(&mut self.multi.kids);
+        let mut n = self.poll_requests(&mut |tag, st| {
+            if tag & KID != 0 {
+                kids.push((tag, st));
+            } else {
+                f(tag, st);
+            }
+        });
+        n -= kids.len();
+        for (tag, st) in kids.drain(..) {
+            let slot = (tag & !KID) as usize;
+            match self.multi.slots.get_mut(slot).and_then(Option::as_mut) {
+                Some(m) => {
+                    m.out -= 1;
+                    m.failed |= !st.is_success();
+                }
+                None => {
+                    tracing::error!(tag, "completion of an unknown multi-request command");
+                    continue;
+                }
+            }
+            if let Some(m) = self.pump(slot) {
+                let st = m.status();
+                if !st.is_success() {
+                    self.report_failure(m.cid, st, m.nsid, m.slba);
+                }
+                f(m.tag, st);
+                n += 1;
+            }
+        }
+        self.multi.kids = kids;
+        n
+    }
+}
