@@ -19,7 +19,7 @@ use pollux_controller::{
     IoQueueOptions, Limits, Namespace, Personality, Subsystem,
 };
 use pollux_nvme::Transport;
-use pollux_spec::cmd::cns;
+use pollux_spec::cmd::{cns, RwFlags};
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
 use pollux_spec::regs::{off, shst, Csts};
@@ -351,6 +351,7 @@ impl<T: Transport> Ctrl<T> {
             slba: 0,
             nlb: 0,
             xfer_len: 0,
+            flags: RwFlags::NONE,
             cid: u16::MAX,
         };
         self.flush_tag = (self.flush_tag + 1) & 0xFFFF;
