@@ -118,6 +118,11 @@ pub(crate) struct Slot {
 }
 
 impl Slot {
+    /// The command's data comes back in `bounce`.
+    pub fn has_bounce(&self) -> bool {
+        self.dir == Dir::InBounce
+    }
+
     fn empty() -> Slot {
         Slot {
             active: false,

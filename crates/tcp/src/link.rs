@@ -140,20 +140,35 @@ pub(crate) fn path_error() -> u16 {
     Status::new(sct::PATH, 0x70, false).0
 }
 
+/// A completion of one of the core's admin commands, received and not yet
+/// handed to the core.
+struct Done {
+    tag: u16,
+    status: u16,
+    dw0: u32,
+    /// The data a controller-to-host command received (its bounce buffer).
+    data: Option<Vec<u8>>,
+}
+
 pub(crate) struct LinkState {
     pub conn: Option<Conn>,
     pub cntlid: u16,
     /// The host disabled the controller and closed the link: CC/CSTS read 0.
     torn_down: bool,
-    /// Completions of the core's commands received by someone else.
-    stash: VecDeque<(u16, u16, u32)>,
+    /// Completions of the core's commands, received (by whoever polled the
+    /// link: the core's `reap`, a register access, the keep-alive thread)
+    /// and handed to the core by `reap`.
+    stash: VecDeque<Done>,
     /// Completions of the link's own commands, by wire CID.
     internal: Vec<Option<Cqe>>,
-    /// Where a core command's data goes (bounce copied at completion).
-    dest: Vec<(u64, u32)>,
-    /// The core's admin queue waits only for the command it pushed last;
-    /// only that one's data is copied into the caller's buffer.
-    last_pushed: Option<u16>,
+    /// The buffer of the command the core pushed last: its tag, address
+    /// and length. The core's admin queue waits only for that command, and
+    /// only while it waits (inside `reap`) is the buffer lent to us; so
+    /// data is copied only there, only for that command, and a push
+    /// replaces it. A completion that comes after its wait ended (the
+    /// command timed out and its buffer went back to the caller, or was
+    /// freed) is delivered without its data.
+    dest: Option<(u16, u64, u32)>,
     /// Keep Alive outstanding: wire CID and when it was sent.
     ka: Option<(u16, Instant)>,
 }
@@ -180,8 +195,7 @@ impl AdminLink {
                 torn_down: false,
                 stash: VecDeque::new(),
                 internal: vec![None; ADMIN_SLOTS],
-                dest: vec![(0, 0); ADMIN_SLOTS],
-                last_pushed: None,
+                dest: None,
                 ka: None,
             }),
             lost: Arc::new(AtomicBool::new(false)),
@@ -248,7 +262,12 @@ impl AdminLink {
         }
         c.forget_all();
         for tag in failed {
-            st.stash.push_back((tag, path_error(), 0));
+            st.stash.push_back(Done {
+                tag,
+                status: path_error(),
+                dw0: 0,
+                data: None,
+            });
         }
         st.ka = None;
     }
@@ -264,35 +283,28 @@ impl AdminLink {
     }
 
     /// Receives on the link: the link's own completions into `internal`,
-    /// the core's through `deliver` (up to `budget`).
-    fn poll(
-        &self,
-        st: &mut LinkState,
-        budget: u32,
-        deliver: &mut impl FnMut(u16, u16, u32),
-    ) -> u32 {
+    /// the core's into `stash` (with their data; see `dest`).
+    fn poll(&self, st: &mut LinkState) -> u32 {
         let LinkState {
             conn,
             internal,
-            dest,
-            last_pushed,
+            stash,
             ..
         } = st;
         let Some(c) = conn.as_mut() else { return 0 };
-        let (n, r) = c.poll(budget, &mut |wcid, s: &mut Slot, cqe: Cqe| {
+        let (n, r) = c.poll(u32::MAX, &mut |wcid, s: &mut Slot, cqe: Cqe| {
             if s.internal {
                 internal[wcid as usize] = Some(cqe);
                 return;
             }
-            let (addr, len) = dest[wcid as usize];
-            if len > 0 && *last_pushed == Some(s.tag) && cqe.status().is_success() {
-                let l = (len as usize).min(s.bounce.len());
-                // SAFETY: the core's admin queue is waiting for this command
-                // (the last it pushed), so the buffer it gave is still
-                // borrowed by that wait and nothing else touches it.
-                unsafe { std::ptr::copy_nonoverlapping(s.bounce.as_ptr(), mem::ptr(addr), l) };
-            }
-            deliver(s.tag, cqe.status >> 1, cqe.dw0);
+            let data = (s.has_bounce() && cqe.status().is_success())
+                .then(|| std::mem::take(&mut s.bounce));
+            stash.push_back(Done {
+                tag: s.tag,
+                status: cqe.status >> 1,
+                dw0: cqe.dw0,
+                data,
+            });
         });
         if r.is_err() {
             self.lose(st);
@@ -326,9 +338,7 @@ impl AdminLink {
         st.internal[wcid as usize] = None;
         let start = Instant::now();
         loop {
-            let mut stash = Vec::new();
-            self.poll(st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
-            st.stash.extend(stash);
+            self.poll(st);
             if let Some(c) = st.internal[wcid as usize].take() {
                 return Ok(c);
             }
@@ -452,9 +462,15 @@ impl AdminLink {
     /// from the opcode's transfer bits.
     pub fn push(&self, tag: u16, sqe: Sqe, addr: u64, len: u32) -> Result<(), SubmitProblem> {
         let mut st = self.lock();
-        st.last_pushed = Some(tag);
+        // The command pushed before is no longer waited for.
+        st.dest = None;
         if !Self::alive(&st) {
-            st.stash.push_back((tag, path_error(), 0));
+            st.stash.push_back(Done {
+                tag,
+                status: path_error(),
+                dw0: 0,
+                data: None,
+            });
             return Ok(());
         }
         let xfer = sqe.opc & 3;
@@ -482,34 +498,44 @@ impl AdminLink {
             c.submit(w, sqe, Data::InBounce { len }, tag, false)
         };
         let r = r.and_then(|_| c.flush_tx());
-        st.dest[w as usize] = if xfer == 2 { (addr, len) } else { (0, 0) };
+        if xfer == 2 && len > 0 {
+            st.dest = Some((tag, addr, len));
+        }
         if r.is_err() {
             self.lose(&mut st);
         }
         Ok(())
     }
 
-    /// The core's admin completions: stashed first, then received.
+    /// The core's admin completions: what was received (by anyone) since
+    /// the last call, then what the link has now. Called only by the core's
+    /// admin queue while it waits for the command it pushed last, so that
+    /// command's buffer (`dest`) is lent to us here and nowhere else.
     pub fn reap(&self, max: u32, deliver: &mut impl FnMut(u16, u16, u32)) -> u32 {
         let mut st = self.lock();
+        if (st.stash.len() as u64) < max as u64 && Self::alive(&st) {
+            self.poll(&mut st);
+        }
         let mut n = 0;
         while n < max {
-            let Some((t, s, d)) = st.stash.pop_front() else {
+            let Some(d) = st.stash.pop_front() else {
                 break;
             };
-            deliver(t, s, d);
-            n += 1;
-        }
-        if n < max && Self::alive(&st) {
-            n += self.poll(&mut st, max - n, deliver);
-            // Commands the link failed while receiving.
-            while n < max {
-                let Some((t, s, d)) = st.stash.pop_front() else {
-                    break;
-                };
-                deliver(t, s, d);
-                n += 1;
+            if let (Some(data), Some((tag, addr, len))) = (&d.data, st.dest) {
+                if tag == d.tag {
+                    let l = (len as usize).min(data.len());
+                    // SAFETY: `dest` names the buffer of the command the
+                    // core pushed last, and the core is waiting for that
+                    // command's completion (this call is that wait), so the
+                    // buffer is allocated and lent to this transport until
+                    // the completion delivered just below; `l` is within
+                    // it and within `data`.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem::ptr(addr), l) };
+                    st.dest = None;
+                }
             }
+            deliver(d.tag, d.status, d.dw0);
+            n += 1;
         }
         n
     }
@@ -523,7 +549,7 @@ impl AdminLink {
     pub fn restart(&self) {
         let mut st = self.lock();
         st.stash.clear();
-        st.last_pushed = None;
+        st.dest = None;
         if let Some(c) = st.conn.as_mut() {
             for s in c.slots.iter_mut() {
                 if s.active && !s.internal {
@@ -540,9 +566,7 @@ impl AdminLink {
         if !Self::alive(&st) || st.torn_down {
             return;
         }
-        let mut stash = Vec::new();
-        self.poll(&mut st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
-        st.stash.extend(stash);
+        self.poll(&mut st);
         if let Some((w, since)) = st.ka {
             match st.internal[w as usize].take() {
                 Some(c) if !c.status().is_success() => {

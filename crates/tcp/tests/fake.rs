@@ -459,3 +459,44 @@ fn discovery_log_is_read() {
     let s = fake.seen.lock().unwrap();
     assert_eq!(s.connects[0].2, pollux_spec::fabrics::DISCOVERY_NQN);
 }
+
+/// A Get Log Page that times out gives its buffer back to the caller; its
+/// answer, arriving later (received by the next register access), must not
+/// be copied into that buffer (or, had the caller freed it, into freed
+/// memory).
+#[test]
+fn late_admin_data_is_not_copied_into_a_buffer_after_its_timeout() {
+    let fake = Fake::start(Script {
+        hold_log_page: true,
+        ..Script::default()
+    });
+    let c = pollux_tcp::open(
+        opts(&fake, Digests::NONE),
+        ControllerOptions {
+            admin_timeout: Duration::from_millis(300),
+            ..ControllerOptions::default()
+        },
+    )
+    .expect("bring-up");
+    let mut buf = c.alloc_dma(4096).unwrap();
+    buf.as_mut_slice().fill(0x5A);
+    // SMART / Health Information, 4 KiB.
+    let sqe = pollux_spec::Sqe::get_log_page(0x02, 0xFFFF_FFFF, 4096, 0, 0, 0);
+    match c.admin(sqe, Some(&buf)) {
+        Err(pollux_nvme::Error::Timeout { .. }) => {}
+        other => panic!("expected a timeout, got {other:?}"),
+    }
+    // The controller answers now, ahead of the answer to the next command:
+    // a Property Get (CSTS) receives both.
+    fake.release_log
+        .store(true, std::sync::atomic::Ordering::Release);
+    c.csts().expect("CSTS");
+    assert_eq!(fake.seen.lock().unwrap().late_logs, 1, "late answer sent");
+    assert!(
+        buf.as_slice().iter().all(|&b| b == 0x5A),
+        "the late log data was copied into the buffer after the command timed out"
+    );
+    // The admin queue goes on: the late completion is skipped.
+    let got = c.admin(pollux_spec::Sqe::get_features(0x07, 0), None);
+    assert!(got.is_ok(), "{got:?}");
+}

@@ -51,6 +51,10 @@ pub struct Script {
     pub term_on_read: Option<u32>,
     /// Hold back answers to reads until this many are outstanding.
     pub batch_reads: u32,
+    /// Answer a Get Log Page (of an NVM controller) late: its data (0xC3
+    /// bytes) and completion go out just before the answer to the first
+    /// command received after `Fake::release_log` is set.
+    pub hold_log_page: bool,
 }
 
 impl Default for Script {
@@ -67,6 +71,7 @@ impl Default for Script {
             drop_on_read: None,
             term_on_read: None,
             batch_reads: 1,
+            hold_log_page: false,
         }
     }
 }
@@ -85,6 +90,8 @@ pub struct Seen {
     pub term_reqs: Vec<(u16, u32)>,
     pub digests: Vec<Digests>,
     pub errors: Vec<String>,
+    /// Get Log Page answers sent late (`Script::hold_log_page`).
+    pub late_logs: u32,
 }
 
 pub struct Fake {
@@ -93,6 +100,8 @@ pub struct Fake {
     pub store: Arc<Mutex<Vec<u8>>>,
     /// Stop accepting connections (new ones are refused).
     pub refuse: Arc<AtomicBool>,
+    /// Lets a held Get Log Page answer go (`Script::hold_log_page`).
+    pub release_log: Arc<AtomicBool>,
 }
 
 struct Ctrl {
@@ -102,6 +111,7 @@ struct Ctrl {
 
 struct Shared {
     script: Script,
+    release_log: Arc<AtomicBool>,
     seen: Arc<Mutex<Seen>>,
     store: Arc<Mutex<Vec<u8>>>,
     reads: AtomicU32,
@@ -116,8 +126,10 @@ impl Fake {
         let seen = Arc::new(Mutex::new(Seen::default()));
         let store = Arc::new(Mutex::new(vec![0u8; (NSZE * 512) as usize]));
         let refuse = Arc::new(AtomicBool::new(false));
+        let release_log = Arc::new(AtomicBool::new(false));
         let sh = Arc::new(Shared {
             script,
+            release_log: release_log.clone(),
             seen: seen.clone(),
             store: store.clone(),
             reads: AtomicU32::new(0),
@@ -146,6 +158,7 @@ impl Fake {
             seen,
             store,
             refuse,
+            release_log,
         }
     }
 
@@ -172,6 +185,8 @@ struct FakeConn {
     discovery: bool,
     /// Capsules that arrived while a write waited for its data.
     pending: std::collections::VecDeque<(Sqe, Vec<u8>)>,
+    /// A Get Log Page not answered yet: CID, bytes.
+    held_log: Option<(u16, usize)>,
 }
 
 fn read_pdu(s: &mut TcpStream, cfg: &RxConfig) -> Result<(PduHeader, PduLayout, Vec<u8>), String> {
@@ -207,6 +222,7 @@ impl FakeConn {
             drop_now: false,
             discovery: false,
             pending: std::collections::VecDeque::new(),
+            held_log: None,
         }
     }
 
@@ -319,6 +335,13 @@ impl FakeConn {
 
 impl FakeConn {
     fn command(&mut self, sqe: Sqe, icd: Vec<u8>) -> Result<(), String> {
+        if self.held_log.is_some() && self.sh.release_log.load(Ordering::Acquire) {
+            if let Some((cid, len)) = self.held_log.take() {
+                self.c2h(cid, &vec![0xC3; len], false, false, 0);
+                self.resp(cid, 0, 0, 0);
+                self.sh.seen.lock().unwrap().late_logs += 1;
+            }
+        }
         let cid = sqe.cid;
         if sqe.opc == 0x7F {
             let f = FabricsCmd::from_sqe(&sqe);
@@ -482,6 +505,10 @@ impl FakeConn {
                 log.resize(len, 0);
                 self.c2h(cid, &log, false, false, 0);
                 self.resp(cid, 0, 0, 0);
+            }
+            0x02 if !self.discovery && self.sh.script.hold_log_page => {
+                let len = ((sqe.cdw10 >> 16) + 1) as usize * 4;
+                self.held_log = Some((cid, len));
             }
             0x18 => {
                 self.sh.seen.lock().unwrap().keep_alives += 1;
