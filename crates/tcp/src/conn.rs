@@ -13,8 +13,9 @@
 //! delivered (or until the queue is restarted); this connection only reads
 //! or writes it inside that window: a slot is active from `submit` until
 //! its completion is handed out, queued send segments pointing at a buffer
-//! are copied out before its completion is delivered
-//! (`detach_segments`), and dropping or restarting the connection drops
+//! (in-capsule data or H2CData) are copied out before its completion is
+//! delivered (`detach_segments`: a controller may answer before it has
+//! read the data), and dropping or restarting the connection drops
 //! everything that points at buffers.
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
@@ -978,7 +979,11 @@ impl Conn {
                 )))
             }
         }
-        if self.slots[cid as usize].dir == Dir::Out {
+        let s = &self.slots[cid as usize];
+        // Data sent from the command's buffer (after R2T, or in the
+        // capsule: `addr` is set) may not all have left yet when a
+        // controller answers early.
+        if s.dir == Dir::Out || (s.dir == Dir::None && s.addr != 0) {
             self.detach_segments(cid);
         }
         let s = &mut self.slots[cid as usize];

@@ -500,3 +500,60 @@ fn late_admin_data_is_not_copied_into_a_buffer_after_its_timeout() {
     let got = c.admin(pollux_spec::Sqe::get_features(0x07, 0), None);
     assert!(got.is_ok(), "{got:?}");
 }
+
+/// A controller that answers an in-capsule write before it has read the
+/// data: the write completes and its buffer comes back while its bytes are
+/// still queued to be sent. They must leave as they were when the command
+/// was submitted, whatever the caller does with the buffer afterwards.
+#[test]
+fn early_answer_to_an_in_capsule_write_leaves_its_data_intact() {
+    const LEN: usize = 128 << 10;
+    const N: u16 = 127;
+    let fake = Fake::start(Script {
+        icd: LEN as u32,
+        answer_early: Some(N - 1),
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    assert_eq!(c.transport().in_capsule_limit(), LEN as u32);
+    let mut qp = qpair(&c, N);
+    let ns = c.namespaces()[0];
+    // 127 writes of 128 KiB (16 MiB in all, far more than the socket
+    // buffers hold): the last is still queued in the host when the
+    // controller answers it (CIDs are handed out from 0 up).
+    for i in 0..N {
+        let mut b = IoBuf::new(c.alloc_dma(LEN).unwrap());
+        pattern(&mut b, i as u8);
+        qp.write(&ns, 0, (LEN / 512) as u32, b, i as u64).unwrap();
+    }
+    let mut early = wait(&mut qp, 1);
+    let mut e = early.pop().unwrap();
+    assert_eq!((e.user_data, e.result), ((N - 1) as u64, Ok(0)));
+    // The buffer is the caller's again.
+    e.buf.as_mut().unwrap().as_mut_slice().fill(0xEE);
+    fake.release_reads
+        .store(true, std::sync::atomic::Ordering::Release);
+    let rest = wait(&mut qp, N as usize - 1);
+    assert!(rest.iter().all(|c| c.result == Ok(0)));
+    // The controller reads the last command after those it answered;
+    // the host sends its bytes as it polls.
+    let start = Instant::now();
+    while fake.seen.lock().unwrap().early_data.is_empty() {
+        qp.poll(u32::MAX, |_, c| {
+            panic!("unexpected completion {:?}", c.result)
+        });
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "data never arrived"
+        );
+        std::thread::yield_now();
+    }
+    drop(e);
+    let s = fake.seen.lock().unwrap();
+    assert!(s.errors.is_empty(), "{:?}", s.errors);
+    assert_eq!(s.early_data.len(), LEN);
+    assert!(
+        s.early_data == expected(LEN, (N - 1) as u8),
+        "the controller received the buffer's later contents, not the write's data"
+    );
+}

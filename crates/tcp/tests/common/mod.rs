@@ -55,6 +55,13 @@ pub struct Script {
     /// bytes) and completion go out just before the answer to the first
     /// command received after `Fake::release_log` is set.
     pub hold_log_page: bool,
+    /// On an I/O queue, once the first command capsule is in: answer
+    /// command CID N (success) at once, before reading anything more, then
+    /// read nothing until `Fake::release_reads` is set; afterwards serve as
+    /// usual, without a second answer for N, keeping N's in-capsule data
+    /// in `Seen::early_data`. The listener's receive buffer is kept small,
+    /// so what the host sends backs up in its own send queue.
+    pub answer_early: Option<u16>,
 }
 
 impl Default for Script {
@@ -72,6 +79,7 @@ impl Default for Script {
             term_on_read: None,
             batch_reads: 1,
             hold_log_page: false,
+            answer_early: None,
         }
     }
 }
@@ -92,6 +100,8 @@ pub struct Seen {
     pub errors: Vec<String>,
     /// Get Log Page answers sent late (`Script::hold_log_page`).
     pub late_logs: u32,
+    /// In-capsule data of the command answered early (`Script::answer_early`).
+    pub early_data: Vec<u8>,
 }
 
 pub struct Fake {
@@ -102,6 +112,8 @@ pub struct Fake {
     pub refuse: Arc<AtomicBool>,
     /// Lets a held Get Log Page answer go (`Script::hold_log_page`).
     pub release_log: Arc<AtomicBool>,
+    /// Lets the fake read again after an early answer (`Script::answer_early`).
+    pub release_reads: Arc<AtomicBool>,
 }
 
 struct Ctrl {
@@ -112,6 +124,7 @@ struct Ctrl {
 struct Shared {
     script: Script,
     release_log: Arc<AtomicBool>,
+    release_reads: Arc<AtomicBool>,
     seen: Arc<Mutex<Seen>>,
     store: Arc<Mutex<Vec<u8>>>,
     reads: AtomicU32,
@@ -123,13 +136,18 @@ impl Fake {
     pub fn start(script: Script) -> Fake {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        if script.answer_early.is_some() {
+            small_receive_buffer(&l);
+        }
         let seen = Arc::new(Mutex::new(Seen::default()));
         let store = Arc::new(Mutex::new(vec![0u8; (NSZE * 512) as usize]));
         let refuse = Arc::new(AtomicBool::new(false));
         let release_log = Arc::new(AtomicBool::new(false));
+        let release_reads = Arc::new(AtomicBool::new(false));
         let sh = Arc::new(Shared {
             script,
             release_log: release_log.clone(),
+            release_reads: release_reads.clone(),
             seen: seen.clone(),
             store: store.clone(),
             reads: AtomicU32::new(0),
@@ -159,6 +177,7 @@ impl Fake {
             store,
             refuse,
             release_log,
+            release_reads,
         }
     }
 
@@ -187,6 +206,27 @@ struct FakeConn {
     pending: std::collections::VecDeque<(Sqe, Vec<u8>)>,
     /// A Get Log Page not answered yet: CID, bytes.
     held_log: Option<(u16, usize)>,
+    /// `Script::answer_early` has been done on this connection.
+    answered_early: bool,
+}
+
+/// A receive buffer of 64 KiB for the listener's connections (fixed:
+/// no autotuning), so a host sending more backs up on its side.
+fn small_receive_buffer(l: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = 64 << 10;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a c_int and
+    // its size.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
 }
 
 fn read_pdu(s: &mut TcpStream, cfg: &RxConfig) -> Result<(PduHeader, PduLayout, Vec<u8>), String> {
@@ -223,6 +263,7 @@ impl FakeConn {
             discovery: false,
             pending: std::collections::VecDeque::new(),
             held_log: None,
+            answered_early: false,
         }
     }
 
@@ -308,6 +349,16 @@ impl FakeConn {
                 Err(e) => return Err(e),
             };
             match h {
+                PduHeader::CapsuleCmd(c) if self.qid > 0 && !self.answered_early => {
+                    if let Some(early) = self.sh.script.answer_early {
+                        self.answered_early = true;
+                        self.resp(early, 0, 0, 0);
+                        while !self.sh.release_reads.load(Ordering::Acquire) {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
+                    self.command(c.sqe(), data)?
+                }
                 PduHeader::CapsuleCmd(c) => self.command(c.sqe(), data)?,
                 PduHeader::TermReq(t) => {
                     self.sh
@@ -566,6 +617,11 @@ impl FakeConn {
                 };
                 let off = (slba * 512) as usize;
                 self.sh.store.lock().unwrap()[off..off + data.len()].copy_from_slice(&data);
+                if self.sh.script.answer_early == Some(cid) {
+                    // Answered already.
+                    self.sh.seen.lock().unwrap().early_data = data;
+                    return Ok(());
+                }
                 self.resp(cid, 0, 0, 0);
             }
             0x02 => {
