@@ -116,12 +116,21 @@ pub(crate) struct Slot {
     /// Received data of an `InBounce` command.
     pub bounce: Vec<u8>,
     ddgst_error: bool,
+    /// The command as sent (to send it again on a new connection).
+    sqe: Sqe,
 }
 
 impl Slot {
     /// The command's data comes back in `bounce`.
     pub fn has_bounce(&self) -> bool {
         self.dir == Dir::InBounce
+    }
+
+    /// The command and its data's address and length, to send it again on
+    /// another connection (`addr` 0 with a length: data that was copied
+    /// into the capsule, which the caller keeps).
+    pub fn resend(&self) -> (Sqe, u64, u32) {
+        (self.sqe, self.addr, self.len)
     }
 
     fn empty() -> Slot {
@@ -135,6 +144,7 @@ impl Slot {
             done: 0,
             bounce: Vec::new(),
             ddgst_error: false,
+            sqe: Sqe::new(0, 0),
         }
     }
 }
@@ -472,6 +482,7 @@ impl Conn {
         }
         let s = &mut self.slots[wcid as usize];
         s.active = true;
+        s.sqe = sqe;
         s.tag = tag;
         s.internal = internal;
         s.dir = dir;

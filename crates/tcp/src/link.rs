@@ -17,12 +17,18 @@
 //! A link lost without the host asking (closed, terminated, keep-alive
 //! unanswered) makes CSTS read as fatal (CFS) and sets the association's
 //! `lost` flag, which every I/O queue reports as `broken`: the core
-//! resets, and the reset reconnects (retrying for
-//! `TcpOptions::reconnect_timeout`) or fails the controller for good.
-//! Admin commands outstanding on a lost link complete with Host Pathing
-//! Error.
+//! resets (on a thread of its own), and the reset reconnects or fails the
+//! controller for good. Reconnecting follows Linux's host: an attempt at
+//! once, then one every `reconnect_delay`, until `ctrl_loss_tmo` has passed
+//! (`ensure`); `fast_io_fail_tmo` after the start, `fail_fast` tells the
+//! queue pairs to fail the I/O they hold. Admin commands outstanding on a
+//! lost link complete with Host Pathing Error.
+//!
+//! Nothing waits for a reconnect on the mutex: the attempts and the waits
+//! between them run without it, and while the link is lost a register read
+//! answers from the `lost` flag without taking it.
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -179,6 +185,12 @@ pub(crate) struct AdminLink {
     st: Mutex<LinkState>,
     /// The association was lost (set here, read by every I/O queue).
     pub lost: Arc<AtomicBool>,
+    /// A reset is reconnecting (`ensure`).
+    pub reconnecting: AtomicBool,
+    /// A reconnect has run longer than `fast_io_fail_tmo`.
+    pub fail_fast: AtomicBool,
+    /// Reconnect attempts made.
+    pub attempts: AtomicU64,
     /// CAP, read once at the first connection.
     pub cap: u64,
 }
@@ -199,6 +211,9 @@ impl AdminLink {
                 ka: None,
             }),
             lost: Arc::new(AtomicBool::new(false)),
+            reconnecting: AtomicBool::new(false),
+            fail_fast: AtomicBool::new(false),
+            attempts: AtomicU64::new(0),
             cap: 0,
         };
         link.cap = link.property_get(regs::off::CAP, PropertySize::Eight)?;
@@ -213,39 +228,88 @@ impl AdminLink {
         self.lock().cntlid
     }
 
-    /// Connects a new association unless the link is alive.
+    /// Connects a new association unless the link is alive: an attempt at
+    /// once, then one every `reconnect_delay` while that is within
+    /// `ctrl_loss_tmo` of the start (Linux's policy). Runs without the
+    /// mutex (only a reset calls it, under the core's admin lock).
     pub fn ensure(&self) -> Result<()> {
-        let mut st = self.lock();
-        if matches!(&st.conn, Some(c) if c.dead.is_none()) {
+        if Self::alive(&self.lock()) {
             return Ok(());
         }
+        let t = &self.target;
         let start = Instant::now();
         let mut attempt = 0u32;
-        loop {
+        self.reconnecting.store(true, Ordering::Release);
+        let r = loop {
             attempt += 1;
-            match self
-                .target
-                .connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)
-            {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let e = match t.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS) {
                 Ok((conn, cntlid)) => {
+                    let mut st = self.lock();
                     self.fail_outstanding(&mut st);
                     st.conn = Some(conn);
                     st.cntlid = cntlid;
                     st.torn_down = false;
                     st.ka = None;
                     self.lost.store(false, Ordering::Release);
-                    tracing::info!(addr = %self.target.addr, cntlid, attempt, "reconnected (new association)");
-                    return Ok(());
+                    tracing::info!(addr = %t.addr, cntlid, attempt, "reconnected (new association)");
+                    break Ok(());
                 }
-                Err(e) => {
-                    if start.elapsed() >= self.target.reconnect_timeout {
-                        tracing::error!(addr = %self.target.addr, attempt, "reconnecting failed: {e}");
-                        return Err(e);
+                Err(e) => e,
+            };
+            // The next attempt on the schedule (none missed if one took long).
+            let next = (t.reconnect_delay * attempt).max(start.elapsed());
+            if t.ctrl_loss_tmo.is_some_and(|tmo| next > tmo) {
+                let tmo = t.ctrl_loss_tmo.unwrap_or_default();
+                tracing::error!(
+                    addr = %t.addr,
+                    attempt,
+                    "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
+                    tmo.as_secs_f64()
+                );
+                break Err(Error::Platform(format!(
+                    "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
+                    t.addr,
+                    tmo.as_secs_f64()
+                )));
+            }
+            tracing::warn!(
+                addr = %t.addr,
+                attempt,
+                "reconnecting: {e}; next attempt in {:.1} s",
+                (next - start.elapsed()).as_secs_f64()
+            );
+            self.wait_until(start, start + next);
+        };
+        self.fail_fast.store(false, Ordering::Release);
+        self.reconnecting.store(false, Ordering::Release);
+        r
+    }
+
+    /// Sleeps until `at`, raising `fail_fast` when `fast_io_fail_tmo` after
+    /// `start` comes first.
+    fn wait_until(&self, start: Instant, at: Instant) {
+        loop {
+            let now = Instant::now();
+            let mut wake = at;
+            if let Some(ff) = self.target.fast_io_fail_tmo {
+                if !self.fail_fast.load(Ordering::Acquire) {
+                    if now >= start + ff {
+                        tracing::warn!(
+                            addr = %self.target.addr,
+                            "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
+                            ff.as_secs_f64()
+                        );
+                        self.fail_fast.store(true, Ordering::Release);
+                    } else {
+                        wake = wake.min(start + ff);
                     }
-                    tracing::warn!(addr = %self.target.addr, attempt, "reconnecting: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(200));
                 }
             }
+            if now >= at {
+                return;
+            }
+            std::thread::sleep(wake.saturating_duration_since(now));
         }
     }
 
@@ -420,14 +484,31 @@ impl AdminLink {
         if off == regs::off::CAP {
             return Ok(self.cap);
         }
+        if self.lost.load(Ordering::Acquire) {
+            // Without the mutex: a reset may be reconnecting.
+            return Ok(Self::down_value(off, false));
+        }
         let mut st = self.lock();
         if !Self::alive(&st) {
-            return Ok(match off {
-                regs::off::CSTS if !st.torn_down => Csts::CFS as u64,
-                _ => 0,
-            });
+            return Ok(Self::down_value(off, st.torn_down));
         }
-        self.property_get_locked(&mut st, off, size)
+        match self.property_get_locked(&mut st, off, size) {
+            // The link died under the read: it reads as any lost link.
+            Err(e) if !Self::alive(&st) => {
+                tracing::debug!(addr = %self.target.addr, off, "register read: {e}");
+                Ok(Self::down_value(off, st.torn_down))
+            }
+            r => r,
+        }
+    }
+
+    /// A register of a link that is down: CSTS fatal if it was lost (0 if
+    /// the host closed it), all else 0.
+    fn down_value(off: usize, torn_down: bool) -> u64 {
+        match off {
+            regs::off::CSTS if !torn_down => Csts::CFS as u64,
+            _ => 0,
+        }
     }
 
     /// A register write (see the module docs).
@@ -442,11 +523,19 @@ impl AdminLink {
                 self.target.addr
             )));
         }
-        let disabling = off == regs::off::CC && !Cc(v as u32).en() && {
-            let cc = self.property_get_locked(&mut st, regs::off::CC, PropertySize::Four)?;
-            Cc(cc as u32).en()
+        let clearing_en = off == regs::off::CC && !Cc(v as u32).en();
+        let disabling = clearing_en && {
+            match self.property_get_locked(&mut st, regs::off::CC, PropertySize::Four) {
+                Ok(cc) => Cc(cc as u32).en(),
+                // Lost under the read: no association, nothing to disable.
+                Err(_) if !Self::alive(&st) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         };
         let r = self.property_set_locked(&mut st, off, size, v);
+        if clearing_en && !Self::alive(&st) {
+            return Ok(()); // as above
+        }
         if disabling {
             // End of this association: the next enable connects anew.
             self.fail_outstanding(&mut st);

@@ -75,6 +75,12 @@ pub(crate) struct IoCq {
     /// Sends of connections closed since (the counters survive a reconnect).
     sends_before: u64,
     recv_base: u64,
+    /// Commands taken from the ring that the connection refused (it had
+    /// died): sent on the next one (`attach`).
+    held: Vec<Cmd>,
+    /// The Dataset Management range of each CID's last deallocate (the
+    /// connection copied it into the capsule; kept to send it again).
+    ranges: Vec<[u8; 16]>,
 }
 
 /// A new I/O queue pair's halves around `conn`.
@@ -110,6 +116,8 @@ pub(crate) fn io_pair(
             interrupts,
             sends_before: 0,
             recv_base: 0,
+            held: Vec::new(),
+            ranges: vec![[0; 16]; depth as usize],
         }))),
     )
 }
@@ -256,24 +264,16 @@ impl IoCq {
             return;
         }
         while let Ok(c) = self.ring.pop() {
-            let data = if let Some(r) = &c.range {
-                Data::Bytes(r)
-            } else if c.len == 0 {
-                Data::None
-            } else if c.sqe.opc & 3 == 1 {
-                Data::Out {
-                    addr: c.addr,
-                    len: c.len,
+            if let Some(r) = &c.range {
+                if let Some(k) = self.ranges.get_mut(c.cid as usize) {
+                    *k = *r;
                 }
-            } else {
-                Data::In {
-                    addr: c.addr,
-                    len: c.len,
-                }
-            };
-            if conn.submit(c.cid, c.sqe, data, c.cid, false).is_err() {
-                // The connection is dead: what remains is dropped with it
-                // (`broken` makes the core reset and re-create the queue).
+            }
+            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+                // The connection is dead (`broken` makes the core reset):
+                // this command goes on the next one, and what remains in
+                // the ring after it.
+                self.held.push(c);
                 break;
             }
         }
@@ -290,12 +290,65 @@ impl IoCq {
         self.sq_entries
     }
 
-    /// The queue was re-created on a new connection.
-    pub(crate) fn attach(&mut self, conn: Conn) {
-        if let Some(old) = &self.conn {
+    /// The queue was re-created on a new connection. The commands
+    /// outstanding on the old one (the core keeps them and their buffers
+    /// across the reset: `reconnects`) go again, with those the old one
+    /// refused; what they had transferred is done again from the start.
+    pub(crate) fn attach(&mut self, mut conn: Conn) {
+        let mut again = Vec::new();
+        if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
+            for s in old.slots.iter().filter(|s| s.active && !s.internal) {
+                let (sqe, addr, len) = s.resend();
+                let range = (addr == 0 && len > 0)
+                    .then(|| self.ranges.get(s.tag as usize).copied())
+                    .flatten();
+                again.push(Cmd {
+                    sqe,
+                    addr,
+                    len,
+                    cid: s.tag,
+                    range,
+                });
+            }
+        }
+        again.append(&mut self.held);
+        if !again.is_empty() {
+            tracing::info!(
+                addr = %conn.addr,
+                qid = conn.qid,
+                commands = again.len(),
+                "sending the commands outstanding at the reset again"
+            );
+        }
+        for c in again {
+            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+                self.held.push(c);
+            }
         }
         self.conn = Some(conn);
+    }
+}
+
+impl Cmd {
+    /// Its data as the connection takes it.
+    #[inline(always)]
+    fn data(&self) -> Data<'_> {
+        if let Some(r) = &self.range {
+            Data::Bytes(r)
+        } else if self.len == 0 {
+            Data::None
+        } else if self.sqe.opc & 3 == 1 {
+            Data::Out {
+                addr: self.addr,
+                len: self.len,
+            }
+        } else {
+            Data::In {
+                addr: self.addr,
+                len: self.len,
+            }
+        }
     }
 }
 
@@ -334,6 +387,7 @@ impl CompletionQueue for TcpCq {
                     q.sends_before += old.sends;
                 }
                 while q.ring.pop().is_ok() {}
+                q.held.clear();
             }
             CqKind::Admin(link) => link.restart(),
         }

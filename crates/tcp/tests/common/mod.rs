@@ -187,6 +187,11 @@ impl Fake {
     pub fn refuse_connections(&self) {
         self.refuse.store(true, Ordering::Release);
     }
+
+    /// Accepts connections again (after `refuse_connections`).
+    pub fn accept_connections(&self) {
+        self.refuse.store(false, Ordering::Release);
+    }
 }
 
 struct FakeConn {
