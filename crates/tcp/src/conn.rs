@@ -118,6 +118,8 @@ pub(crate) struct Slot {
     ddgst_error: bool,
     /// The command as sent (to send it again on a new connection).
     sqe: Sqe,
+    /// Times it was sent again on a new connection.
+    pub tries: u8,
 }
 
 impl Slot {
@@ -145,6 +147,7 @@ impl Slot {
             bounce: Vec::new(),
             ddgst_error: false,
             sqe: Sqe::new(0, 0),
+            tries: 0,
         }
     }
 }
@@ -490,6 +493,7 @@ impl Conn {
         s.len = len;
         s.done = 0;
         s.ddgst_error = false;
+        s.tries = 0;
         if dir == Dir::InBounce {
             s.bounce.clear();
             s.bounce.resize(len as usize, 0);

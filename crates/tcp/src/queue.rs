@@ -28,6 +28,8 @@ use pollux_spec::Sqe;
 use crate::conn::{Conn, Data};
 use crate::link::{AdminLink, SubmitProblem, ADMIN_MAX_DATA};
 use crate::mem;
+use pollux_spec::status::{path, sct};
+use pollux_spec::Status;
 
 /// A command on its way from the SQ half to the CQ half.
 pub(crate) struct Cmd {
@@ -81,7 +83,15 @@ pub(crate) struct IoCq {
     /// The Dataset Management range of each CID's last deallocate (the
     /// connection copied it into the capsule; kept to send it again).
     ranges: Vec<[u8; 16]>,
+    /// Commands sent again `MAX_RETRIES` times already when yet another
+    /// reset came: they complete with Command Aborted By Host instead.
+    aborted: Vec<u16>,
 }
+
+/// Most times a command is sent again after resets (Linux's
+/// nvme_max_retries): a command that brings the connection down each
+/// time it is sent (a controller bug) fails instead of looping forever.
+pub(crate) const MAX_RETRIES: u8 = 5;
 
 /// A new I/O queue pair's halves around `conn`.
 #[allow(clippy::too_many_arguments)]
@@ -118,6 +128,7 @@ pub(crate) fn io_pair(
             recv_base: 0,
             held: Vec::new(),
             ranges: vec![[0; 16]; depth as usize],
+            aborted: Vec::new(),
         }))),
     )
 }
@@ -296,9 +307,24 @@ impl IoCq {
     /// refused; what they had transferred is done again from the start.
     pub(crate) fn attach(&mut self, mut conn: Conn) {
         let mut again = Vec::new();
+        let mut tries = vec![0u8; self.depth as usize];
         if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
             for s in old.slots.iter().filter(|s| s.active && !s.internal) {
+                if s.tries >= MAX_RETRIES {
+                    tracing::error!(
+                        addr = %old.addr,
+                        qid = old.qid,
+                        cid = s.tag,
+                        "command outstanding at {} resets in a row: aborted",
+                        MAX_RETRIES + 1
+                    );
+                    self.aborted.push(s.tag);
+                    continue;
+                }
+                if let Some(t) = tries.get_mut(s.tag as usize) {
+                    *t = s.tries + 1;
+                }
                 let (sqe, addr, len) = s.resend();
                 let range = (addr == 0 && len > 0)
                     .then(|| self.ranges.get(s.tag as usize).copied())
@@ -324,9 +350,22 @@ impl IoCq {
         for c in again {
             if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
                 self.held.push(c);
+            } else if let Some(s) = conn.slots.get_mut(c.cid as usize) {
+                s.tries = tries.get(c.cid as usize).copied().unwrap_or(0);
             }
         }
         self.conn = Some(conn);
+    }
+
+    /// Completes the commands `attach` gave up on.
+    #[cold]
+    fn deliver_aborted<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+        let st = Status::new(sct::PATH, path::ABORTED_BY_HOST, false).0;
+        let n = (max as usize).min(self.aborted.len());
+        for cid in self.aborted.drain(..n) {
+            sink.cqe(cid, st, 0);
+        }
+        n as u32
     }
 }
 
@@ -357,6 +396,9 @@ impl CompletionQueue for TcpCq {
     fn reap<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
         match &mut self.0 {
             CqKind::Io(q) => {
+                if !q.aborted.is_empty() {
+                    return q.deliver_aborted(max, sink);
+                }
                 q.send_pushed();
                 let Some(conn) = q.conn.as_mut() else {
                     return 0;
@@ -388,6 +430,7 @@ impl CompletionQueue for TcpCq {
                 }
                 while q.ring.pop().is_ok() {}
                 q.held.clear();
+                q.aborted.clear();
             }
             CqKind::Admin(link) => link.restart(),
         }

@@ -665,3 +665,30 @@ fn held_io_fails_after_fast_io_fail_tmo() {
     until("no reconnect", || !c.transport().is_reconnecting());
     expect_pattern(&read(&mut qp, &c, 0, 4096), 4096, 6);
 }
+
+/// A command that brings the connection down every time it is sent is
+/// sent again after each reset at most 5 times (Linux's nvme_max_retries),
+/// then fails with Command Aborted By Host; the queue goes on.
+#[test]
+fn a_command_that_kills_every_connection_is_retried_five_times() {
+    let fake = Fake::start(Script {
+        drop_on_lba: Some(7),
+        ..Script::default()
+    });
+    let c = pollux_tcp::open(reconnecting(&fake), ControllerOptions::default()).unwrap();
+    let mut qp = qpair(&c, 8);
+    write(&mut qp, &c, 0, 4096, 8);
+    let r = read(&mut qp, &c, 7, 512);
+    match r.result {
+        Err(IoError::Nvme(s)) => assert_eq!((s.sct(), s.sc()), (3, 0x71), "{s}"),
+        other => panic!("{other:?}"),
+    }
+    assert!(r.buf.is_some());
+    assert_eq!(
+        fake.seen.lock().unwrap().poison_reads,
+        6,
+        "sent 1 + 5 times"
+    );
+    assert_eq!(c.resets(), 6);
+    expect_pattern(&read(&mut qp, &c, 0, 4096), 4096, 8);
+}

@@ -49,6 +49,8 @@ pub struct Script {
     pub drop_on_read: Option<u32>,
     /// On the n-th I/O read, send a C2HTermReq.
     pub term_on_read: Option<u32>,
+    /// Every read of this LBA closes the connection without an answer.
+    pub drop_on_lba: Option<u64>,
     /// Hold back answers to reads until this many are outstanding.
     pub batch_reads: u32,
     /// Answer a Get Log Page (of an NVM controller) late: its data (0xC3
@@ -77,6 +79,7 @@ impl Default for Script {
             bad_ddgst_read: None,
             drop_on_read: None,
             term_on_read: None,
+            drop_on_lba: None,
             batch_reads: 1,
             hold_log_page: false,
             answer_early: None,
@@ -102,6 +105,8 @@ pub struct Seen {
     pub late_logs: u32,
     /// In-capsule data of the command answered early (`Script::answer_early`).
     pub early_data: Vec<u8>,
+    /// Reads of `Script::drop_on_lba`.
+    pub poison_reads: u32,
 }
 
 pub struct Fake {
@@ -633,6 +638,11 @@ impl FakeConn {
                 let n = self.sh.reads.fetch_add(1, Ordering::AcqRel) + 1;
                 let s = &self.sh.script;
                 if s.drop_on_read == Some(n) {
+                    self.drop_now = true;
+                    return Ok(());
+                }
+                if s.drop_on_lba == Some(slba) {
+                    self.sh.seen.lock().unwrap().poison_reads += 1;
                     self.drop_now = true;
                     return Ok(());
                 }
