@@ -89,7 +89,8 @@ pub struct TcpOptions {
     pub connect_timeout: Duration,
     /// How long a lost controller is reconnected before it is given up
     /// (`ctrl_loss_tmo`; None: forever, Linux's -1). Default 600 s, Linux's
-    /// NVMF_DEF_CTRL_LOSS_TMO.
+    /// NVMF_DEF_CTRL_LOSS_TMO. (The reset thread holds the controller: one
+    /// dropped while it reconnects is released when the reconnect ends.)
     pub ctrl_loss_tmo: Option<Duration>,
     /// Time between reconnect attempts (`reconnect_delay`; not zero; the
     /// first attempt is immediate). Default 10 s, Linux's
