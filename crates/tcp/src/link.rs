@@ -55,6 +55,8 @@ pub(crate) const ADMIN_ICD: u32 = 8192;
 /// Most data bytes of one admin command.
 pub(crate) const ADMIN_MAX_DATA: usize = 64 << 10;
 const KEEP_ALIVE_OPCODE: u8 = 0x18;
+/// Longer than any reconnect waits (a bound on durations from the options).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 86400);
 
 /// Where and how to connect: what every connection of the controller needs.
 pub(crate) type Target = crate::TcpOptions;
@@ -257,8 +259,13 @@ impl AdminLink {
                 }
                 Err(e) => e,
             };
-            // The next attempt on the schedule (none missed if one took long).
-            let next = (t.reconnect_delay * attempt).max(start.elapsed());
+            // The next attempt on the schedule (none missed if one took
+            // long), bounded so no sum below overflows.
+            let next = t
+                .reconnect_delay
+                .saturating_mul(attempt)
+                .max(start.elapsed())
+                .min(FOREVER);
             if t.ctrl_loss_tmo.is_some_and(|tmo| next > tmo) {
                 let tmo = t.ctrl_loss_tmo.unwrap_or_default();
                 tracing::error!(
@@ -292,7 +299,7 @@ impl AdminLink {
         loop {
             let now = Instant::now();
             let mut wake = at;
-            if let Some(ff) = self.target.fast_io_fail_tmo {
+            if let Some(ff) = self.target.fast_io_fail_tmo.map(|d| d.min(FOREVER)) {
                 if !self.fail_fast.load(Ordering::Acquire) {
                     if now >= start + ff {
                         tracing::warn!(
