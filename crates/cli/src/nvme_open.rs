@@ -8,9 +8,13 @@
 //! monomorphised over it): PCIe and the emulated controller, or TCP.
 //!
 //! In `-c`, `trtype`, `traddr` and the other parameters are the TRID's
-//! keys (strings, numbers, booleans as 0/1); SPDK's parameters that mean
-//! nothing to this transport ID (multipath, reconnect, protection checks,
-//! and the fabrics ones for a local controller) are ignored with a warning.
+//! keys (strings, numbers, booleans as 0/1); SPDK's reconnect parameters
+//! of a TCP controller become its TRID keys (`ctrlr_loss_timeout_sec` →
+//! `ctrl_loss_tmo`, `reconnect_delay_sec` → `reconnect_delay`,
+//! `fast_io_fail_timeout_sec` → `fast_io_fail_tmo`, SPDK's 0 = off being
+//! Linux's -1); SPDK's parameters that mean nothing to this transport ID
+//! (multipath, protection checks, and the fabrics ones for a local
+//! controller) are ignored with a warning.
 use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
@@ -240,7 +244,17 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
     if let Some(a) = &att.traddr {
         s.push_str(&format!(" traddr:{a}"));
     }
+    let loss_is_zero = att
+        .params
+        .get("ctrlr_loss_timeout_sec")
+        .is_some_and(|v| v.as_i64() == Some(0) || v.as_str() == Some("0"));
     for (k, v) in &att.params {
+        if trtype == "tcp" {
+            if let Some(kv) = spdk_reconnect_param(k, v, loss_is_zero).map_err(fail)? {
+                s.push_str(&format!(" {kv}"));
+                continue;
+            }
+        }
         let tcp_key = trtype == "tcp" && TCP_KEYS.contains(&k.as_str());
         if SPDK_IGNORED.contains(&k.as_str()) && !tcp_key {
             tracing::warn!(
@@ -267,6 +281,45 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
         s.push_str(&format!(" {k}:{v}"));
     }
     parse_with_limits(&s).map_err(|e| fail(e.to_string()))
+}
+
+/// SPDK's reconnect parameter `k` of a TCP controller as the TRID's
+/// `key:value` (None: `k` is not one of them, or SPDK's value means the
+/// TRID's default). `loss_is_zero`: `ctrlr_loss_timeout_sec` is 0 (no
+/// reconnecting, so SPDK lets `reconnect_delay_sec` be 0).
+fn spdk_reconnect_param(k: &str, v: &Value, loss_is_zero: bool) -> Result<Option<String>, String> {
+    let (key, min) = match k {
+        "ctrlr_loss_timeout_sec" => ("ctrl_loss_tmo", -1),
+        "reconnect_delay_sec" => ("reconnect_delay", 0),
+        "fast_io_fail_timeout_sec" => ("fast_io_fail_tmo", 0),
+        _ => return Ok(None),
+    };
+    let n = match v {
+        Value::Number(n) => n.as_i64(),
+        Value::String(x) => x.parse().ok(),
+        _ => None,
+    };
+    let n = match n {
+        Some(n) if n >= min && n <= 86400 * 365 => n,
+        _ => {
+            return Err(format!(
+                "parameter '{k}': expected a number of seconds{}, got {v}",
+                if min < 0 { " (-1: forever)" } else { "" }
+            ))
+        }
+    };
+    Ok(match (key, n) {
+        // SPDK: no reconnect, so no delay between attempts.
+        ("reconnect_delay", 0) if loss_is_zero => None,
+        ("reconnect_delay", 0) => {
+            return Err(format!(
+                "parameter '{k}': can't be 0 if ctrlr_loss_timeout_sec is not 0"
+            ))
+        }
+        // SPDK's 0 is off, Linux's -1.
+        ("fast_io_fail_tmo", 0) => Some(format!("{key}:-1")),
+        _ => Some(format!("{key}:{n}")),
+    })
 }
 
 #[cfg(test)]
@@ -336,6 +389,46 @@ mod tests {
         .unwrap();
         let Trid::Tcp(t) = t else { panic!("{t:?}") };
         assert!(t.ddgst && !t.hdgst && t.trsvcid == 4420);
+        // Linux's reconnect defaults unless SPDK's parameters say otherwise
+        // (SPDK's fast_io_fail_timeout_sec 0 is off: Linux's -1).
+        assert_eq!(
+            (t.ctrl_loss_tmo, t.reconnect_delay, t.fast_io_fail_tmo),
+            (600, 10, -1)
+        );
+        let tcp = |p: &[(&str, Value)]| attach_trid(&att("tcp", Some("127.0.0.1"), p));
+        let (t, _) = tcp(&[
+            ("ctrlr_loss_timeout_sec", (-1).into()),
+            ("reconnect_delay_sec", 2.into()),
+            ("fast_io_fail_timeout_sec", 5.into()),
+        ])
+        .unwrap();
+        let Trid::Tcp(t) = t else { panic!("{t:?}") };
+        assert_eq!(
+            (t.ctrl_loss_tmo, t.reconnect_delay, t.fast_io_fail_tmo),
+            (-1, 2, 5)
+        );
+        let (t, _) = tcp(&[
+            ("ctrlr_loss_timeout_sec", 0.into()),
+            ("reconnect_delay_sec", 0.into()),
+            ("fast_io_fail_timeout_sec", 0.into()),
+        ])
+        .unwrap();
+        let Trid::Tcp(t) = t else { panic!("{t:?}") };
+        assert_eq!((t.ctrl_loss_tmo, t.fast_io_fail_tmo), (0, -1));
+        for (p, want) in [
+            (
+                ("ctrlr_loss_timeout_sec", (-2).into()),
+                "ctrlr_loss_timeout_sec",
+            ),
+            (("reconnect_delay_sec", 0.into()), "reconnect_delay_sec"),
+            (
+                ("fast_io_fail_timeout_sec", "soon".into()),
+                "fast_io_fail_timeout_sec",
+            ),
+        ] {
+            let msg = tcp(&[p]).unwrap_err().to_string();
+            assert!(msg.contains("'Nvme0'") && msg.contains(want), "{msg}");
+        }
         for (a, want) in [
             (att("rdma", Some("1.2.3.4"), &[]), "rdma"),
             (att("pcie", None, &[]), "traddr"),

@@ -157,3 +157,78 @@ fn help_shows_the_tcp_transport_id() {
         );
     }
 }
+
+/// `pollux target` on `listen` serving `img` through io_uring; its port.
+fn start_target(listen: &str, img: &str) -> (std::process::Child, u16) {
+    use std::io::BufRead;
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args([
+            "target",
+            "--listen",
+            listen,
+            "--uring",
+            img,
+            "--nqn",
+            RESTART_NQN,
+            "-m",
+            "0x1",
+        ])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("run pollux target");
+    let mut line = String::new();
+    std::io::BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .trim()
+        .strip_prefix("pollux target: listening on ")
+        .and_then(|a| a.rsplit(':').next())
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("pollux target's first line: {line:?}"));
+    (child, port)
+}
+
+const RESTART_NQN: &str = "nqn.2016-06.io.pollux:restart";
+
+/// The target is killed (SIGKILL) during a verified run and started
+/// again on the same port a second later: the host holds the I/O,
+/// reconnects (every second here: `reconnect_delay:1`), sends what was
+/// outstanding again, and the run ends with every I/O verified and none
+/// failed.
+#[test]
+fn perf_survives_a_target_restart() {
+    let dir = std::env::temp_dir().join(format!("pollux-tcp-restart-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let img = dir.join("ns.img");
+    std::fs::File::create(&img)
+        .and_then(|f| f.set_len(64 << 20))
+        .unwrap();
+    let img = img.to_str().unwrap().to_string();
+    let (mut target, port) = start_target("127.0.0.1:0", &img);
+    let t = format!(
+        "trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{RESTART_NQN} reconnect_delay:1 ctrl_loss_tmo:30"
+    );
+    let args = [
+        "perf", "-r", &t, "-w", "randrw", "-M", "50", "-q", "16", "-o", "4096", "-t", "5",
+        "--verify", "--json",
+    ];
+    let perf = common::spawn(&args);
+    std::thread::sleep(std::time::Duration::from_millis(1500));
+    target.kill().unwrap(); // SIGKILL
+    target.wait().unwrap();
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let (mut target, again) = start_target(&format!("127.0.0.1:{port}"), &img);
+    assert_eq!(again, port);
+    let (code, out, err) = common::finish(perf, &args, None);
+    let _ = target.kill();
+    let _ = target.wait();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert_eq!(code, 0, "{err}");
+    assert_eq!(total(&out, "errors"), 0, "{out}\n{err}");
+    assert!(total(&out, "ios") > 0, "{out}");
+    // The restart did happen under the run: the host reset and reconnected.
+    assert!(err.contains("resetting controller"), "{err}");
+    assert!(err.contains("reconnecting"), "{err}");
+}

@@ -68,7 +68,6 @@ impl Namespace {
 
 pub(crate) struct AdminState<T: Transport> {
     pub(crate) q: AdminQueue<T>,
-    qid_used: Vec<bool>,
 }
 
 /// State shared by the controller handle and its queue pairs.
@@ -77,6 +76,11 @@ pub(crate) struct Shared<T: Transport> {
     pub(crate) cap: Cap,
     pub(crate) opts: ControllerOptions,
     admin: Mutex<AdminState<T>>,
+    /// I/O queue IDs in use (apart from the admin lock, which a reset
+    /// holds for as long as it runs: dropping a queue pair never waits).
+    qid_used: Mutex<Vec<bool>>,
+    /// A reset runs on a thread of its own (`reset_in_background`).
+    bg_reset: AtomicBool,
     /// Even: controller ready. Odd: a reset is in progress. Queue pairs
     /// compare it with the value they were created under once per poll.
     pub(crate) generation: AtomicU32,
@@ -143,6 +147,16 @@ impl<T: Transport> Shared<T> {
         // A panic while holding the admin lock leaves only indices behind,
         // which a reset rebuilds: recover the guard rather than propagate.
         self.admin.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The admin lock if nobody holds it (a queue pair's poll never waits
+    /// for it: a reset may hold it for as long as a reconnect takes).
+    pub(crate) fn try_lock_admin(&self) -> Option<MutexGuard<'_, AdminState<T>>> {
+        match self.admin.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
     }
 
     /// Runs `f` with an admin command executor, under the admin lock.
@@ -246,23 +260,50 @@ impl<T: Transport> Shared<T> {
         r
     }
 
+    /// Starts `reset(seen)` on a thread of its own, unless one is running
+    /// already (false then), for transports whose reset `reconnects`: the
+    /// caller, a queue pair's poll, goes on; its recovery waits for the
+    /// new generation.
+    pub(crate) fn reset_in_background(self: &Arc<Self>, seen: u32) -> bool {
+        if self.bg_reset.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        let s = Arc::clone(self);
+        let spawned = std::thread::Builder::new()
+            .name("nvme-reset".into())
+            .spawn(move || {
+                // A failure is logged by `reset` and seen by every queue
+                // pair as the `failed` flag.
+                let _ = s.reset(seen);
+                s.bg_reset.store(false, Ordering::Release);
+            });
+        if let Err(e) = spawned {
+            self.bg_reset.store(false, Ordering::Release);
+            tracing::error!("could not start a reset thread ({e}): resetting on this one");
+            let _ = self.reset(seen);
+        }
+        true
+    }
+
+    fn lock_qids(&self) -> MutexGuard<'_, Vec<bool>> {
+        self.qid_used.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
     /// Claims a free I/O queue ID.
     pub(crate) fn claim_qid(&self) -> Result<u16> {
-        let mut st = self.lock_admin();
-        let qid = st
-            .qid_used
+        let mut used = self.lock_qids();
+        let qid = used
             .iter()
             .skip(1)
             .position(|u| !u)
             .map(|i| i + 1)
             .ok_or(Error::NoQueues)?;
-        st.qid_used[qid] = true;
+        used[qid] = true;
         Ok(qid as u16)
     }
 
     pub(crate) fn release_qid(&self, qid: u16) {
-        let mut st = self.lock_admin();
-        if let Some(u) = st.qid_used.get_mut(qid as usize) {
+        if let Some(u) = self.lock_qids().get_mut(qid as usize) {
             *u = false;
         }
     }
@@ -422,10 +463,9 @@ impl<T: Transport> Controller<T> {
             transport,
             cap,
             opts,
-            admin: Mutex::new(AdminState {
-                q,
-                qid_used: vec![false; nr_io_queues as usize + 1],
-            }),
+            admin: Mutex::new(AdminState { q }),
+            qid_used: Mutex::new(vec![false; nr_io_queues as usize + 1]),
+            bg_reset: AtomicBool::new(false),
             generation: AtomicU32::new(0),
             failed: AtomicBool::new(false),
             nr_io_queues,

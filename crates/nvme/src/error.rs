@@ -67,6 +67,11 @@ pub enum IoError {
     ControllerReset,
     #[error("controller failed while the command was outstanding")]
     ControllerFailed,
+    /// The controller was unreachable for longer than the transport's
+    /// fast-fail time (NVMe/TCP: `fast_io_fail_tmo`): the request, held
+    /// while the transport reconnects, failed without waiting for it.
+    #[error("controller unreachable for longer than fast_io_fail_tmo: I/O failed without waiting for the reconnect")]
+    FastFail,
     /// A backend that is not NVMe (a file through io_uring) failed with
     /// this errno (every Linux errno fits in 16 bits; keeping the error
     /// four bytes keeps a completion three words).

@@ -103,11 +103,23 @@ impl<T: Transport> QueuePair<T> {
         if self.core.state == QpState::Failed {
             return;
         }
-        tracing::warn!(
-            qid = self.qid,
-            transport = %self.shared.transport.describe(),
-            "queue's connection is broken; resetting the controller"
-        );
+        if self.shared.generation.load(Ordering::Acquire) != self.generation {
+            return; // a reset is under way: `recover` waits for it
+        }
+        let warn = || {
+            tracing::warn!(
+                qid = self.qid,
+                transport = %self.shared.transport.describe(),
+                "queue's connection is broken; resetting the controller"
+            )
+        };
+        if self.shared.transport.reconnects() {
+            if self.shared.reset_in_background(self.generation) {
+                warn();
+            }
+            return;
+        }
+        warn();
         if let Err(e) = self.shared.reset(self.generation) {
             tracing::error!(qid = self.qid, "controller reset failed: {e}");
         }
@@ -118,9 +130,13 @@ impl<T: Transport> QueuePair<T> {
     /// resubmits cannot write into queues about to be re-created);
     /// completions the controller posted before the reset are delivered as
     /// they are; every command still outstanding fails with
-    /// `ControllerReset` exactly once; the queues are re-created under the
-    /// admin lock, only if no further reset began meanwhile (else this
-    /// repeats on the next poll); then the backlog is issued.
+    /// `ControllerReset` exactly once (unless the transport `reconnects`:
+    /// then it stays outstanding and the re-created queues carry it again,
+    /// or it fails with `FastFail` if the transport says so while the reset
+    /// runs); the queues are re-created under the admin lock, only if no
+    /// further reset began meanwhile and the lock is free (else this
+    /// repeats on the next poll: a poll never waits for a reset); then the
+    /// backlog is issued.
     #[cold]
     pub(crate) fn recover<F: Handler<T>>(&mut self, f: &mut F) {
         if self.core.state != QpState::Failed {
@@ -135,11 +151,17 @@ impl<T: Transport> QueuePair<T> {
         }
         let g = self.shared.generation.load(Ordering::Acquire);
         if g & 1 == 1 {
-            // Reset in progress elsewhere: wait until it ends.
+            // Reset in progress elsewhere: wait until it ends (or, if the
+            // transport says the I/O held meanwhile has waited too long,
+            // fail it now).
+            if self.shared.transport.fail_held_io() {
+                self.fail_held(f);
+            }
             return;
         }
         let failed = self.shared.failed.load(Ordering::Acquire);
-        if self.core.outstanding() > 0 {
+        let retry = !failed && self.shared.transport.reconnects();
+        if self.core.outstanding() > 0 && !retry {
             fail_outstanding(
                 &mut self.submitter(),
                 if failed {
@@ -156,12 +178,16 @@ impl<T: Transport> QueuePair<T> {
             self.fail_for_good(f);
             return;
         }
-        self.sq.restart();
-        self.cq.restart();
+        if !retry {
+            self.sq.restart();
+            self.cq.restart();
+        }
         let qid = self.qid;
         let (sq, cq) = (&mut self.sq, &mut self.cq);
         let r = {
-            let mut st = self.shared.lock_admin();
+            let Some(mut st) = self.shared.try_lock_admin() else {
+                return; // busy (perhaps a new reset): next poll
+            };
             if self.shared.generation.load(Ordering::Acquire) != g {
                 // Another reset began: try again once it is over.
                 return;
@@ -175,6 +201,13 @@ impl<T: Transport> QueuePair<T> {
                 tracing::info!(qid, "queue pair re-created after controller reset");
                 self.core.stats.resets_seen += 1;
                 self.generation = g;
+                if retry {
+                    // Sent again just now: their timeout starts over.
+                    let epoch = self.core.epoch;
+                    for t in self.core.trackers.iter_mut() {
+                        t.epoch = epoch;
+                    }
+                }
                 self.core.set_state(QpState::Ready);
                 if !self.core.queue.is_empty() {
                     self.submitter().drain_queue();
@@ -202,26 +235,58 @@ impl<T: Transport> QueuePair<T> {
         self.cq.restart();
         let mut sub = self.submitter();
         fail_outstanding(&mut sub, IoError::ControllerFailed, f);
-        while let Some(p) = sub.core.queue.pop_front() {
-            let split = match &p.op {
-                crate::submit::PendingOp::Rw(rw) => rw.split_slot(),
-                _ => None,
-            };
-            match split {
-                // Partly issued: its issued pieces were failed above; the
-                // rest never will be.
-                Some(idx) => finish_split_unissued(&mut sub, idx, IoError::ControllerFailed, f),
-                None => f.complete(
-                    &mut sub,
-                    Completion {
-                        user_data: p.user_data,
-                        result: Err(IoError::ControllerFailed),
-                        buf: p.buf,
-                    },
-                ),
-            }
-        }
+        fail_queued(&mut sub, IoError::ControllerFailed, f);
         sub.core.fast = false;
+    }
+
+    /// The transport's fast-fail time passed while a reset reconnects:
+    /// what is outstanding and what waits in the backlog fails with
+    /// `FastFail` (the transport forgets the commands first, as for a
+    /// failed controller). Requests submitted from now on wait in the
+    /// backlog and fail on the next poll, until the reset ends.
+    #[cold]
+    fn fail_held<F: Handler<T>>(&mut self, f: &mut F) {
+        if self.core.outstanding() == 0 && self.core.queue.is_empty() {
+            return;
+        }
+        // Logged once by the transport; here for every batch.
+        tracing::debug!(
+            qid = self.qid,
+            outstanding = self.core.outstanding(),
+            queued = self.core.queue.len(),
+            "fast-fail time passed while reconnecting: failing the I/O held"
+        );
+        self.sq.restart();
+        self.cq.restart();
+        let mut sub = self.submitter();
+        if sub.core.outstanding() > 0 {
+            fail_outstanding(&mut sub, IoError::FastFail, f);
+        }
+        fail_queued(&mut sub, IoError::FastFail, f);
+    }
+}
+
+/// Every request waiting in the backlog fails with `err` (a split request
+/// whose issued pieces were failed already completes with it).
+fn fail_queued<T: Transport, F: Handler<T>>(sub: &mut Submitter<'_, T>, err: IoError, f: &mut F) {
+    while let Some(p) = sub.core.queue.pop_front() {
+        let split = match &p.op {
+            crate::submit::PendingOp::Rw(rw) => rw.split_slot(),
+            _ => None,
+        };
+        match split {
+            // Partly issued: its issued pieces were failed above; the
+            // rest never will be.
+            Some(idx) => finish_split_unissued(sub, idx, err, f),
+            None => f.complete(
+                sub,
+                Completion {
+                    user_data: p.user_data,
+                    result: Err(err),
+                    buf: p.buf,
+                },
+            ),
+        }
     }
 }
 

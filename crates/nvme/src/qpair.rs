@@ -391,6 +391,12 @@ impl<T: Transport> QueuePair<T> {
     #[cold]
     pub(crate) fn tick(&mut self) {
         let Some(timeout) = self.timeout else { return };
+        if self.shared.generation.load(Ordering::Acquire) != self.generation {
+            // A reset is under way (or done, and `recover` not yet run):
+            // the registers belong to it, and this queue's commands are
+            // not at the controller meanwhile.
+            return;
+        }
         let now = Instant::now();
         if now < self.next_tick {
             return;
@@ -449,6 +455,10 @@ impl<T: Transport> QueuePair<T> {
 
     #[cold]
     fn reset_controller(&mut self) {
+        if self.shared.transport.reconnects() {
+            self.shared.reset_in_background(self.generation);
+            return;
+        }
         if let Err(e) = self.shared.reset(self.generation) {
             tracing::error!(qid = self.qid, "controller reset failed: {e}");
         }
@@ -550,8 +560,10 @@ pub fn wait_readable(
 impl<T: Transport> Drop for QueuePair<T> {
     fn drop(&mut self) {
         // Under the admin lock: a reset cannot start between the generation
-        // check and the deletion.
-        {
+        // check and the deletion. Not taken when a reset is under way (it
+        // holds the lock for as long as it runs; the queues belong to the
+        // association it ends).
+        if self.shared.generation.load(Ordering::Acquire) == self.generation {
             let mut st = self.shared.lock_admin();
             let g = self.shared.generation.load(Ordering::Acquire);
             if g == self.generation && !self.shared.failed.load(Ordering::Acquire) {

@@ -198,7 +198,9 @@ pub trait Transport: Send + Sync + Sized + 'static {
         spec: &QueueSpec,
     ) -> Result<(Self::Sq, Self::Cq)>;
     /// Re-creates an existing queue pair after a controller reset (the
-    /// queues were restarted empty).
+    /// queues were restarted empty; unless the transport `reconnects`: then
+    /// the halves still hold the commands outstanding at the reset, and
+    /// the transport sends them again on the new queues).
     fn recreate_io_queues(
         &self,
         admin: &mut AdminExec<'_>,
@@ -208,4 +210,23 @@ pub trait Transport: Send + Sync + Sized + 'static {
     ) -> Result<()>;
     /// Deletes I/O queue pair `qid` at the controller.
     fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()>;
+
+    /// A reset is a reconnect (fabrics: a new association, retried for as
+    /// long as the transport's policy says), which may take long. Queue
+    /// pairs then start resets on a thread of their own instead of in
+    /// their poll, so no I/O thread waits for one; and the commands
+    /// outstanding at the reset are not failed with `ControllerReset` but
+    /// kept (trackers and buffers) and sent again by `recreate_io_queues`,
+    /// as Linux's and SPDK's fabrics hosts retry them.
+    fn reconnects(&self) -> bool {
+        false
+    }
+
+    /// Asked by queue pairs while a reset is in progress: the I/O held
+    /// meanwhile (outstanding at the reset, or submitted since) should fail
+    /// now with `IoError::FastFail` instead of waiting for the reset to end
+    /// (NVMe/TCP: `fast_io_fail_tmo` has passed).
+    fn fail_held_io(&self) -> bool {
+        false
+    }
 }

@@ -13,8 +13,9 @@
 //! delivered (or until the queue is restarted); this connection only reads
 //! or writes it inside that window: a slot is active from `submit` until
 //! its completion is handed out, queued send segments pointing at a buffer
-//! are copied out before its completion is delivered
-//! (`detach_segments`), and dropping or restarting the connection drops
+//! (in-capsule data or H2CData) are copied out before its completion is
+//! delivered (`detach_segments`: a controller may answer before it has
+//! read the data), and dropping or restarting the connection drops
 //! everything that points at buffers.
 use std::collections::VecDeque;
 use std::io::{IoSlice, Read, Write};
@@ -115,9 +116,25 @@ pub(crate) struct Slot {
     /// Received data of an `InBounce` command.
     pub bounce: Vec<u8>,
     ddgst_error: bool,
+    /// The command as sent (to send it again on a new connection).
+    sqe: Sqe,
+    /// Times it was sent again on a new connection.
+    pub tries: u8,
 }
 
 impl Slot {
+    /// The command's data comes back in `bounce`.
+    pub fn has_bounce(&self) -> bool {
+        self.dir == Dir::InBounce
+    }
+
+    /// The command and its data's address and length, to send it again on
+    /// another connection (`addr` 0 with a length: data that was copied
+    /// into the capsule, which the caller keeps).
+    pub fn resend(&self) -> (Sqe, u64, u32) {
+        (self.sqe, self.addr, self.len)
+    }
+
     fn empty() -> Slot {
         Slot {
             active: false,
@@ -129,6 +146,8 @@ impl Slot {
             done: 0,
             bounce: Vec::new(),
             ddgst_error: false,
+            sqe: Sqe::new(0, 0),
+            tries: 0,
         }
     }
 }
@@ -466,6 +485,7 @@ impl Conn {
         }
         let s = &mut self.slots[wcid as usize];
         s.active = true;
+        s.sqe = sqe;
         s.tag = tag;
         s.internal = internal;
         s.dir = dir;
@@ -473,6 +493,7 @@ impl Conn {
         s.len = len;
         s.done = 0;
         s.ddgst_error = false;
+        s.tries = 0;
         if dir == Dir::InBounce {
             s.bounce.clear();
             s.bounce.resize(len as usize, 0);
@@ -973,7 +994,11 @@ impl Conn {
                 )))
             }
         }
-        if self.slots[cid as usize].dir == Dir::Out {
+        let s = &self.slots[cid as usize];
+        // Data sent from the command's buffer (after R2T, or in the
+        // capsule: `addr` is set) may not all have left yet when a
+        // controller answers early.
+        if s.dir == Dir::Out || (s.dir == Dir::None && s.addr != 0) {
             self.detach_segments(cid);
         }
         let s = &mut self.slots[cid as usize];

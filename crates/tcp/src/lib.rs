@@ -23,10 +23,14 @@
 //! - **Failure**: a connection that closes, a Termination Request, a PDU
 //!   that fails the checks (answered with a Termination Request), or an
 //!   unanswered Keep Alive breaks the queue; the core then resets the
-//!   controller — over fabrics a new association: the admin queue and
-//!   every I/O queue reconnect — and the commands that were outstanding
-//!   fail with `ControllerReset` (or `ControllerFailed` if reconnecting
-//!   does not succeed within `reconnect_timeout`). See `link`.
+//!   controller on a thread of its own — over fabrics a new association:
+//!   the admin queue and every I/O queue reconnect, at once and then every
+//!   `reconnect_delay` for up to `ctrl_loss_tmo` (Linux's policy and
+//!   defaults) — while I/O is held: the commands that were outstanding are
+//!   sent again on the new connections (their buffers stay with the queue
+//!   pair), new ones wait in the backlog. If `fast_io_fail_tmo` passes
+//!   first, what is held fails with `FastFail`; if `ctrl_loss_tmo` passes,
+//!   with `ControllerFailed`. See `link` and `queue`.
 //! - **Keep-alive**: a thread per controller sends Keep Alive every
 //!   KATO/2 on the admin connection (the admin path is a mutex-protected
 //!   control path, so the thread needs no cooperation from the I/O
@@ -83,8 +87,20 @@ pub struct TcpOptions {
     pub kato_ms: u32,
     /// Bound on a TCP connect and on connection setup.
     pub connect_timeout: Duration,
-    /// How long a reset keeps trying to reconnect.
-    pub reconnect_timeout: Duration,
+    /// How long a lost controller is reconnected before it is given up
+    /// (`ctrl_loss_tmo`; None: forever, Linux's -1). Default 600 s, Linux's
+    /// NVMF_DEF_CTRL_LOSS_TMO. (The reset thread holds the controller: one
+    /// dropped while it reconnects is released when the reconnect ends.)
+    pub ctrl_loss_tmo: Option<Duration>,
+    /// Time between reconnect attempts (`reconnect_delay`; not zero; the
+    /// first attempt is immediate). Default 10 s, Linux's
+    /// NVMF_DEF_RECONNECT_DELAY.
+    pub reconnect_delay: Duration,
+    /// I/O held while reconnecting fails (`IoError::FastFail`) once the
+    /// reconnect has taken this long (`fast_io_fail_tmo`). Default None
+    /// (Linux's -1, NVMF_DEF_FAIL_FAST_TMO): I/O is held until the
+    /// reconnect succeeds or `ctrl_loss_tmo` passes.
+    pub fast_io_fail_tmo: Option<Duration>,
     /// Bound on Connect and on Property Get/Set.
     pub admin_timeout: Duration,
     /// Keep SQ flow control on the I/O queues (`sqflow:1`). Off (the
@@ -95,7 +111,8 @@ pub struct TcpOptions {
 
 impl TcpOptions {
     /// Options for `addr` and `subnqn` with this machine's host NQN/ID, no
-    /// digests, KATO 5 s (Linux's default), 10 s to reconnect.
+    /// digests, KATO 5 s, and Linux's reconnect defaults (a new attempt
+    /// every 10 s for 600 s, I/O held meanwhile).
     pub fn new(addr: SocketAddr, subnqn: &str) -> TcpOptions {
         let (hostnqn, hostid) = hostnqn::default_host();
         TcpOptions {
@@ -106,7 +123,9 @@ impl TcpOptions {
             digests: Digests::NONE,
             kato_ms: 5000,
             connect_timeout: Duration::from_secs(5),
-            reconnect_timeout: Duration::from_secs(10),
+            ctrl_loss_tmo: Some(Duration::from_secs(600)),
+            reconnect_delay: Duration::from_secs(10),
+            fast_io_fail_tmo: None,
             admin_timeout: Duration::from_secs(5),
             sq_flow: false,
         }
@@ -156,6 +175,11 @@ impl TcpTransport {
             .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
         pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
             .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
+        if opts.reconnect_delay.is_zero() {
+            return Err(Error::InvalidArgument(
+                "reconnect_delay must not be zero".into(),
+            ));
+        }
         let link = Arc::new(AdminLink::connect(opts.clone())?);
         let keepalive = (opts.kato_ms > 0).then(|| {
             let stop = Arc::new(AtomicBool::new(false));
@@ -190,6 +214,17 @@ impl TcpTransport {
     /// True while the association is lost and not yet re-established.
     pub fn is_lost(&self) -> bool {
         self.link.lost.load(Ordering::Acquire)
+    }
+
+    /// True while a reset is connecting a new association (see
+    /// `TcpOptions::ctrl_loss_tmo`).
+    pub fn is_reconnecting(&self) -> bool {
+        self.link.reconnecting.load(Ordering::Acquire)
+    }
+
+    /// Reconnect attempts made since the controller was opened.
+    pub fn reconnect_attempts(&self) -> u64 {
+        self.link.attempts.load(Ordering::Relaxed)
     }
 
     /// In-capsule data bytes I/O writes may carry.
@@ -319,6 +354,14 @@ impl Transport for TcpTransport {
     fn delete_io_queues(&self, _admin: &mut AdminExec<'_>, _qid: u16) -> Result<()> {
         // The queue's connection closes when the queue pair drops it.
         Ok(())
+    }
+
+    fn reconnects(&self) -> bool {
+        true
+    }
+
+    fn fail_held_io(&self) -> bool {
+        self.link.fail_fast.load(Ordering::Acquire)
     }
 }
 

@@ -17,12 +17,18 @@
 //! A link lost without the host asking (closed, terminated, keep-alive
 //! unanswered) makes CSTS read as fatal (CFS) and sets the association's
 //! `lost` flag, which every I/O queue reports as `broken`: the core
-//! resets, and the reset reconnects (retrying for
-//! `TcpOptions::reconnect_timeout`) or fails the controller for good.
-//! Admin commands outstanding on a lost link complete with Host Pathing
-//! Error.
+//! resets (on a thread of its own), and the reset reconnects or fails the
+//! controller for good. Reconnecting follows Linux's host: an attempt at
+//! once, then one every `reconnect_delay`, until `ctrl_loss_tmo` has passed
+//! (`ensure`); `fast_io_fail_tmo` after the start, `fail_fast` tells the
+//! queue pairs to fail the I/O they hold. Admin commands outstanding on a
+//! lost link complete with Host Pathing Error.
+//!
+//! Nothing waits for a reconnect on the mutex: the attempts and the waits
+//! between them run without it, and while the link is lost a register read
+//! answers from the `lost` flag without taking it.
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -49,6 +55,8 @@ pub(crate) const ADMIN_ICD: u32 = 8192;
 /// Most data bytes of one admin command.
 pub(crate) const ADMIN_MAX_DATA: usize = 64 << 10;
 const KEEP_ALIVE_OPCODE: u8 = 0x18;
+/// Longer than any reconnect waits (a bound on durations from the options).
+const FOREVER: Duration = Duration::from_secs(100 * 365 * 86400);
 
 /// Where and how to connect: what every connection of the controller needs.
 pub(crate) type Target = crate::TcpOptions;
@@ -140,20 +148,35 @@ pub(crate) fn path_error() -> u16 {
     Status::new(sct::PATH, 0x70, false).0
 }
 
+/// A completion of one of the core's admin commands, received and not yet
+/// handed to the core.
+struct Done {
+    tag: u16,
+    status: u16,
+    dw0: u32,
+    /// The data a controller-to-host command received (its bounce buffer).
+    data: Option<Vec<u8>>,
+}
+
 pub(crate) struct LinkState {
     pub conn: Option<Conn>,
     pub cntlid: u16,
     /// The host disabled the controller and closed the link: CC/CSTS read 0.
     torn_down: bool,
-    /// Completions of the core's commands received by someone else.
-    stash: VecDeque<(u16, u16, u32)>,
+    /// Completions of the core's commands, received (by whoever polled the
+    /// link: the core's `reap`, a register access, the keep-alive thread)
+    /// and handed to the core by `reap`.
+    stash: VecDeque<Done>,
     /// Completions of the link's own commands, by wire CID.
     internal: Vec<Option<Cqe>>,
-    /// Where a core command's data goes (bounce copied at completion).
-    dest: Vec<(u64, u32)>,
-    /// The core's admin queue waits only for the command it pushed last;
-    /// only that one's data is copied into the caller's buffer.
-    last_pushed: Option<u16>,
+    /// The buffer of the command the core pushed last: its tag, address
+    /// and length. The core's admin queue waits only for that command, and
+    /// only while it waits (inside `reap`) is the buffer lent to us; so
+    /// data is copied only there, only for that command, and a push
+    /// replaces it. A completion that comes after its wait ended (the
+    /// command timed out and its buffer went back to the caller, or was
+    /// freed) is delivered without its data.
+    dest: Option<(u16, u64, u32)>,
     /// Keep Alive outstanding: wire CID and when it was sent.
     ka: Option<(u16, Instant)>,
 }
@@ -164,6 +187,12 @@ pub(crate) struct AdminLink {
     st: Mutex<LinkState>,
     /// The association was lost (set here, read by every I/O queue).
     pub lost: Arc<AtomicBool>,
+    /// A reset is reconnecting (`ensure`).
+    pub reconnecting: AtomicBool,
+    /// A reconnect has run longer than `fast_io_fail_tmo`.
+    pub fail_fast: AtomicBool,
+    /// Reconnect attempts made.
+    pub attempts: AtomicU64,
     /// CAP, read once at the first connection.
     pub cap: u64,
 }
@@ -180,11 +209,13 @@ impl AdminLink {
                 torn_down: false,
                 stash: VecDeque::new(),
                 internal: vec![None; ADMIN_SLOTS],
-                dest: vec![(0, 0); ADMIN_SLOTS],
-                last_pushed: None,
+                dest: None,
                 ka: None,
             }),
             lost: Arc::new(AtomicBool::new(false)),
+            reconnecting: AtomicBool::new(false),
+            fail_fast: AtomicBool::new(false),
+            attempts: AtomicU64::new(0),
             cap: 0,
         };
         link.cap = link.property_get(regs::off::CAP, PropertySize::Eight)?;
@@ -199,39 +230,93 @@ impl AdminLink {
         self.lock().cntlid
     }
 
-    /// Connects a new association unless the link is alive.
+    /// Connects a new association unless the link is alive: an attempt at
+    /// once, then one every `reconnect_delay` while that is within
+    /// `ctrl_loss_tmo` of the start (Linux's policy). Runs without the
+    /// mutex (only a reset calls it, under the core's admin lock).
     pub fn ensure(&self) -> Result<()> {
-        let mut st = self.lock();
-        if matches!(&st.conn, Some(c) if c.dead.is_none()) {
+        if Self::alive(&self.lock()) {
             return Ok(());
         }
+        let t = &self.target;
         let start = Instant::now();
         let mut attempt = 0u32;
-        loop {
+        self.reconnecting.store(true, Ordering::Release);
+        let r = loop {
             attempt += 1;
-            match self
-                .target
-                .connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)
-            {
+            self.attempts.fetch_add(1, Ordering::Relaxed);
+            let e = match t.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS) {
                 Ok((conn, cntlid)) => {
+                    let mut st = self.lock();
                     self.fail_outstanding(&mut st);
                     st.conn = Some(conn);
                     st.cntlid = cntlid;
                     st.torn_down = false;
                     st.ka = None;
                     self.lost.store(false, Ordering::Release);
-                    tracing::info!(addr = %self.target.addr, cntlid, attempt, "reconnected (new association)");
-                    return Ok(());
+                    tracing::info!(addr = %t.addr, cntlid, attempt, "reconnected (new association)");
+                    break Ok(());
                 }
-                Err(e) => {
-                    if start.elapsed() >= self.target.reconnect_timeout {
-                        tracing::error!(addr = %self.target.addr, attempt, "reconnecting failed: {e}");
-                        return Err(e);
+                Err(e) => e,
+            };
+            // The next attempt on the schedule (none missed if one took
+            // long), bounded so no sum below overflows.
+            let next = t
+                .reconnect_delay
+                .saturating_mul(attempt)
+                .max(start.elapsed())
+                .min(FOREVER);
+            if t.ctrl_loss_tmo.is_some_and(|tmo| next > tmo) {
+                let tmo = t.ctrl_loss_tmo.unwrap_or_default();
+                tracing::error!(
+                    addr = %t.addr,
+                    attempt,
+                    "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
+                    tmo.as_secs_f64()
+                );
+                break Err(Error::Platform(format!(
+                    "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
+                    t.addr,
+                    tmo.as_secs_f64()
+                )));
+            }
+            tracing::warn!(
+                addr = %t.addr,
+                attempt,
+                "reconnecting: {e}; next attempt in {:.1} s",
+                (next - start.elapsed()).as_secs_f64()
+            );
+            self.wait_until(start, start + next);
+        };
+        self.fail_fast.store(false, Ordering::Release);
+        self.reconnecting.store(false, Ordering::Release);
+        r
+    }
+
+    /// Sleeps until `at`, raising `fail_fast` when `fast_io_fail_tmo` after
+    /// `start` comes first.
+    fn wait_until(&self, start: Instant, at: Instant) {
+        loop {
+            let now = Instant::now();
+            let mut wake = at;
+            if let Some(ff) = self.target.fast_io_fail_tmo.map(|d| d.min(FOREVER)) {
+                if !self.fail_fast.load(Ordering::Acquire) {
+                    if now >= start + ff {
+                        tracing::warn!(
+                            addr = %self.target.addr,
+                            "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
+                            ff.as_secs_f64()
+                        );
+                        self.fail_fast.store(true, Ordering::Release);
+                    } else {
+                        wake = wake.min(start + ff);
                     }
-                    tracing::warn!(addr = %self.target.addr, attempt, "reconnecting: {e}; retrying");
-                    std::thread::sleep(Duration::from_millis(200));
                 }
             }
+            if now >= at {
+                return;
+            }
+            std::thread::sleep(wake.saturating_duration_since(now));
         }
     }
 
@@ -248,7 +333,12 @@ impl AdminLink {
         }
         c.forget_all();
         for tag in failed {
-            st.stash.push_back((tag, path_error(), 0));
+            st.stash.push_back(Done {
+                tag,
+                status: path_error(),
+                dw0: 0,
+                data: None,
+            });
         }
         st.ka = None;
     }
@@ -264,35 +354,28 @@ impl AdminLink {
     }
 
     /// Receives on the link: the link's own completions into `internal`,
-    /// the core's through `deliver` (up to `budget`).
-    fn poll(
-        &self,
-        st: &mut LinkState,
-        budget: u32,
-        deliver: &mut impl FnMut(u16, u16, u32),
-    ) -> u32 {
+    /// the core's into `stash` (with their data; see `dest`).
+    fn poll(&self, st: &mut LinkState) -> u32 {
         let LinkState {
             conn,
             internal,
-            dest,
-            last_pushed,
+            stash,
             ..
         } = st;
         let Some(c) = conn.as_mut() else { return 0 };
-        let (n, r) = c.poll(budget, &mut |wcid, s: &mut Slot, cqe: Cqe| {
+        let (n, r) = c.poll(u32::MAX, &mut |wcid, s: &mut Slot, cqe: Cqe| {
             if s.internal {
                 internal[wcid as usize] = Some(cqe);
                 return;
             }
-            let (addr, len) = dest[wcid as usize];
-            if len > 0 && *last_pushed == Some(s.tag) && cqe.status().is_success() {
-                let l = (len as usize).min(s.bounce.len());
-                // SAFETY: the core's admin queue is waiting for this command
-                // (the last it pushed), so the buffer it gave is still
-                // borrowed by that wait and nothing else touches it.
-                unsafe { std::ptr::copy_nonoverlapping(s.bounce.as_ptr(), mem::ptr(addr), l) };
-            }
-            deliver(s.tag, cqe.status >> 1, cqe.dw0);
+            let data = (s.has_bounce() && cqe.status().is_success())
+                .then(|| std::mem::take(&mut s.bounce));
+            stash.push_back(Done {
+                tag: s.tag,
+                status: cqe.status >> 1,
+                dw0: cqe.dw0,
+                data,
+            });
         });
         if r.is_err() {
             self.lose(st);
@@ -326,9 +409,7 @@ impl AdminLink {
         st.internal[wcid as usize] = None;
         let start = Instant::now();
         loop {
-            let mut stash = Vec::new();
-            self.poll(st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
-            st.stash.extend(stash);
+            self.poll(st);
             if let Some(c) = st.internal[wcid as usize].take() {
                 return Ok(c);
             }
@@ -410,14 +491,31 @@ impl AdminLink {
         if off == regs::off::CAP {
             return Ok(self.cap);
         }
+        if self.lost.load(Ordering::Acquire) {
+            // Without the mutex: a reset may be reconnecting.
+            return Ok(Self::down_value(off, false));
+        }
         let mut st = self.lock();
         if !Self::alive(&st) {
-            return Ok(match off {
-                regs::off::CSTS if !st.torn_down => Csts::CFS as u64,
-                _ => 0,
-            });
+            return Ok(Self::down_value(off, st.torn_down));
         }
-        self.property_get_locked(&mut st, off, size)
+        match self.property_get_locked(&mut st, off, size) {
+            // The link died under the read: it reads as any lost link.
+            Err(e) if !Self::alive(&st) => {
+                tracing::debug!(addr = %self.target.addr, off, "register read: {e}");
+                Ok(Self::down_value(off, st.torn_down))
+            }
+            r => r,
+        }
+    }
+
+    /// A register of a link that is down: CSTS fatal if it was lost (0 if
+    /// the host closed it), all else 0.
+    fn down_value(off: usize, torn_down: bool) -> u64 {
+        match off {
+            regs::off::CSTS if !torn_down => Csts::CFS as u64,
+            _ => 0,
+        }
     }
 
     /// A register write (see the module docs).
@@ -432,11 +530,19 @@ impl AdminLink {
                 self.target.addr
             )));
         }
-        let disabling = off == regs::off::CC && !Cc(v as u32).en() && {
-            let cc = self.property_get_locked(&mut st, regs::off::CC, PropertySize::Four)?;
-            Cc(cc as u32).en()
+        let clearing_en = off == regs::off::CC && !Cc(v as u32).en();
+        let disabling = clearing_en && {
+            match self.property_get_locked(&mut st, regs::off::CC, PropertySize::Four) {
+                Ok(cc) => Cc(cc as u32).en(),
+                // Lost under the read: no association, nothing to disable.
+                Err(_) if !Self::alive(&st) => return Ok(()),
+                Err(e) => return Err(e),
+            }
         };
         let r = self.property_set_locked(&mut st, off, size, v);
+        if clearing_en && !Self::alive(&st) {
+            return Ok(()); // as above
+        }
         if disabling {
             // End of this association: the next enable connects anew.
             self.fail_outstanding(&mut st);
@@ -452,9 +558,15 @@ impl AdminLink {
     /// from the opcode's transfer bits.
     pub fn push(&self, tag: u16, sqe: Sqe, addr: u64, len: u32) -> Result<(), SubmitProblem> {
         let mut st = self.lock();
-        st.last_pushed = Some(tag);
+        // The command pushed before is no longer waited for.
+        st.dest = None;
         if !Self::alive(&st) {
-            st.stash.push_back((tag, path_error(), 0));
+            st.stash.push_back(Done {
+                tag,
+                status: path_error(),
+                dw0: 0,
+                data: None,
+            });
             return Ok(());
         }
         let xfer = sqe.opc & 3;
@@ -482,34 +594,44 @@ impl AdminLink {
             c.submit(w, sqe, Data::InBounce { len }, tag, false)
         };
         let r = r.and_then(|_| c.flush_tx());
-        st.dest[w as usize] = if xfer == 2 { (addr, len) } else { (0, 0) };
+        if xfer == 2 && len > 0 {
+            st.dest = Some((tag, addr, len));
+        }
         if r.is_err() {
             self.lose(&mut st);
         }
         Ok(())
     }
 
-    /// The core's admin completions: stashed first, then received.
+    /// The core's admin completions: what was received (by anyone) since
+    /// the last call, then what the link has now. Called only by the core's
+    /// admin queue while it waits for the command it pushed last, so that
+    /// command's buffer (`dest`) is lent to us here and nowhere else.
     pub fn reap(&self, max: u32, deliver: &mut impl FnMut(u16, u16, u32)) -> u32 {
         let mut st = self.lock();
+        if (st.stash.len() as u64) < max as u64 && Self::alive(&st) {
+            self.poll(&mut st);
+        }
         let mut n = 0;
         while n < max {
-            let Some((t, s, d)) = st.stash.pop_front() else {
+            let Some(d) = st.stash.pop_front() else {
                 break;
             };
-            deliver(t, s, d);
-            n += 1;
-        }
-        if n < max && Self::alive(&st) {
-            n += self.poll(&mut st, max - n, deliver);
-            // Commands the link failed while receiving.
-            while n < max {
-                let Some((t, s, d)) = st.stash.pop_front() else {
-                    break;
-                };
-                deliver(t, s, d);
-                n += 1;
+            if let (Some(data), Some((tag, addr, len))) = (&d.data, st.dest) {
+                if tag == d.tag {
+                    let l = (len as usize).min(data.len());
+                    // SAFETY: `dest` names the buffer of the command the
+                    // core pushed last, and the core is waiting for that
+                    // command's completion (this call is that wait), so the
+                    // buffer is allocated and lent to this transport until
+                    // the completion delivered just below; `l` is within
+                    // it and within `data`.
+                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem::ptr(addr), l) };
+                    st.dest = None;
+                }
             }
+            deliver(d.tag, d.status, d.dw0);
+            n += 1;
         }
         n
     }
@@ -523,7 +645,7 @@ impl AdminLink {
     pub fn restart(&self) {
         let mut st = self.lock();
         st.stash.clear();
-        st.last_pushed = None;
+        st.dest = None;
         if let Some(c) = st.conn.as_mut() {
             for s in c.slots.iter_mut() {
                 if s.active && !s.internal {
@@ -540,9 +662,7 @@ impl AdminLink {
         if !Self::alive(&st) || st.torn_down {
             return;
         }
-        let mut stash = Vec::new();
-        self.poll(&mut st, u32::MAX, &mut |t, s, d| stash.push((t, s, d)));
-        st.stash.extend(stash);
+        self.poll(&mut st);
         if let Some((w, since)) = st.ka {
             match st.internal[w as usize].take() {
                 Some(c) if !c.status().is_success() => {

@@ -28,6 +28,8 @@ use pollux_spec::Sqe;
 use crate::conn::{Conn, Data};
 use crate::link::{AdminLink, SubmitProblem, ADMIN_MAX_DATA};
 use crate::mem;
+use pollux_spec::status::{path, sct};
+use pollux_spec::Status;
 
 /// A command on its way from the SQ half to the CQ half.
 pub(crate) struct Cmd {
@@ -75,7 +77,21 @@ pub(crate) struct IoCq {
     /// Sends of connections closed since (the counters survive a reconnect).
     sends_before: u64,
     recv_base: u64,
+    /// Commands taken from the ring that the connection refused (it had
+    /// died): sent on the next one (`attach`).
+    held: Vec<Cmd>,
+    /// The Dataset Management range of each CID's last deallocate (the
+    /// connection copied it into the capsule; kept to send it again).
+    ranges: Vec<[u8; 16]>,
+    /// Commands sent again `MAX_RETRIES` times already when yet another
+    /// reset came: they complete with Command Aborted By Host instead.
+    aborted: Vec<u16>,
 }
+
+/// Most times a command is sent again after resets (Linux's
+/// nvme_max_retries): a command that brings the connection down each
+/// time it is sent (a controller bug) fails instead of looping forever.
+pub(crate) const MAX_RETRIES: u8 = 5;
 
 /// A new I/O queue pair's halves around `conn`.
 #[allow(clippy::too_many_arguments)]
@@ -110,6 +126,9 @@ pub(crate) fn io_pair(
             interrupts,
             sends_before: 0,
             recv_base: 0,
+            held: Vec::new(),
+            ranges: vec![[0; 16]; depth as usize],
+            aborted: Vec::new(),
         }))),
     )
 }
@@ -256,24 +275,16 @@ impl IoCq {
             return;
         }
         while let Ok(c) = self.ring.pop() {
-            let data = if let Some(r) = &c.range {
-                Data::Bytes(r)
-            } else if c.len == 0 {
-                Data::None
-            } else if c.sqe.opc & 3 == 1 {
-                Data::Out {
-                    addr: c.addr,
-                    len: c.len,
+            if let Some(r) = &c.range {
+                if let Some(k) = self.ranges.get_mut(c.cid as usize) {
+                    *k = *r;
                 }
-            } else {
-                Data::In {
-                    addr: c.addr,
-                    len: c.len,
-                }
-            };
-            if conn.submit(c.cid, c.sqe, data, c.cid, false).is_err() {
-                // The connection is dead: what remains is dropped with it
-                // (`broken` makes the core reset and re-create the queue).
+            }
+            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+                // The connection is dead (`broken` makes the core reset):
+                // this command goes on the next one, and what remains in
+                // the ring after it.
+                self.held.push(c);
                 break;
             }
         }
@@ -290,12 +301,93 @@ impl IoCq {
         self.sq_entries
     }
 
-    /// The queue was re-created on a new connection.
-    pub(crate) fn attach(&mut self, conn: Conn) {
-        if let Some(old) = &self.conn {
+    /// The queue was re-created on a new connection. The commands
+    /// outstanding on the old one (the core keeps them and their buffers
+    /// across the reset: `reconnects`) go again, with those the old one
+    /// refused; what they had transferred is done again from the start.
+    pub(crate) fn attach(&mut self, mut conn: Conn) {
+        let mut again = Vec::new();
+        let mut tries = vec![0u8; self.depth as usize];
+        if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
+            for s in old.slots.iter().filter(|s| s.active && !s.internal) {
+                if s.tries >= MAX_RETRIES {
+                    tracing::error!(
+                        addr = %old.addr,
+                        qid = old.qid,
+                        cid = s.tag,
+                        "command outstanding at {} resets in a row: aborted",
+                        MAX_RETRIES + 1
+                    );
+                    self.aborted.push(s.tag);
+                    continue;
+                }
+                if let Some(t) = tries.get_mut(s.tag as usize) {
+                    *t = s.tries + 1;
+                }
+                let (sqe, addr, len) = s.resend();
+                let range = (addr == 0 && len > 0)
+                    .then(|| self.ranges.get(s.tag as usize).copied())
+                    .flatten();
+                again.push(Cmd {
+                    sqe,
+                    addr,
+                    len,
+                    cid: s.tag,
+                    range,
+                });
+            }
+        }
+        again.append(&mut self.held);
+        if !again.is_empty() {
+            tracing::info!(
+                addr = %conn.addr,
+                qid = conn.qid,
+                commands = again.len(),
+                "sending the commands outstanding at the reset again"
+            );
+        }
+        for c in again {
+            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+                self.held.push(c);
+            } else if let Some(s) = conn.slots.get_mut(c.cid as usize) {
+                s.tries = tries.get(c.cid as usize).copied().unwrap_or(0);
+            }
         }
         self.conn = Some(conn);
+    }
+
+    /// Completes the commands `attach` gave up on.
+    #[cold]
+    fn deliver_aborted<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+        let st = Status::new(sct::PATH, path::ABORTED_BY_HOST, false).0;
+        let n = (max as usize).min(self.aborted.len());
+        for cid in self.aborted.drain(..n) {
+            sink.cqe(cid, st, 0);
+        }
+        n as u32
+    }
+}
+
+impl Cmd {
+    /// Its data as the connection takes it.
+    #[inline(always)]
+    fn data(&self) -> Data<'_> {
+        if let Some(r) = &self.range {
+            Data::Bytes(r)
+        } else if self.len == 0 {
+            Data::None
+        } else if self.sqe.opc & 3 == 1 {
+            Data::Out {
+                addr: self.addr,
+                len: self.len,
+            }
+        } else {
+            Data::In {
+                addr: self.addr,
+                len: self.len,
+            }
+        }
     }
 }
 
@@ -304,6 +396,9 @@ impl CompletionQueue for TcpCq {
     fn reap<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
         match &mut self.0 {
             CqKind::Io(q) => {
+                if !q.aborted.is_empty() {
+                    return q.deliver_aborted(max, sink);
+                }
                 q.send_pushed();
                 let Some(conn) = q.conn.as_mut() else {
                     return 0;
@@ -334,6 +429,8 @@ impl CompletionQueue for TcpCq {
                     q.sends_before += old.sends;
                 }
                 while q.ring.pop().is_ok() {}
+                q.held.clear();
+                q.aborted.clear();
             }
             CqKind::Admin(link) => link.restart(),
         }

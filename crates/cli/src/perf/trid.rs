@@ -1,7 +1,8 @@
 //! Transport IDs in SPDK's `key:value` syntax, e.g.
 //! `trtype:soft backend:ram size:1GiB lbads:4096 ns:2 mdts:1 mqes:3` or
 //! `trtype:pcie traddr:0000:00:01.0` or `trtype:tcp adrfam:ipv4
-//! traddr:127.0.0.1 trsvcid:4420 subnqn:nqn... hostnqn:... hdgst:1 ddgst:1`.
+//! traddr:127.0.0.1 trsvcid:4420 subnqn:nqn... hostnqn:... hdgst:1 ddgst:1
+//! ctrl_loss_tmo:600 reconnect_delay:10 fast_io_fail_tmo:-1`.
 //!
 //! The controller limits of an emulated controller (`mdts:`, `mqes:`) are
 //! parsed into [`SoftLimits`] by [`parse_with_limits`]; plain
@@ -128,7 +129,19 @@ pub struct TcpTrid {
     pub ddgst: bool,
     /// `sqflow:1`: keep SQ flow control on the I/O queues.
     pub sqflow: bool,
+    /// Reconnecting, with Linux's option names, units (seconds) and
+    /// defaults: `ctrl_loss_tmo:` (600; -1: forever), `reconnect_delay:`
+    /// (10, at least 1), `fast_io_fail_tmo:` (-1: off).
+    pub ctrl_loss_tmo: i32,
+    pub reconnect_delay: u32,
+    pub fast_io_fail_tmo: i32,
 }
+
+/// Linux's defaults (drivers/nvme/host/fabrics.h: NVMF_DEF_CTRL_LOSS_TMO,
+/// NVMF_DEF_RECONNECT_DELAY, NVMF_DEF_FAIL_FAST_TMO).
+pub const DEF_CTRL_LOSS_TMO: i32 = 600;
+pub const DEF_RECONNECT_DELAY: u32 = 10;
+pub const DEF_FAST_IO_FAIL_TMO: i32 = -1;
 
 impl TcpTrid {
     /// The transport's options (`subnqn` given or `default_subnqn`).
@@ -156,7 +169,32 @@ impl TcpTrid {
             data: self.ddgst,
         };
         o.sq_flow = self.sqflow;
+        let secs = |s: i32| (s >= 0).then(|| std::time::Duration::from_secs(s as u64));
+        o.ctrl_loss_tmo = secs(self.ctrl_loss_tmo);
+        o.reconnect_delay = std::time::Duration::from_secs(self.reconnect_delay as u64);
+        o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         Ok(o)
+    }
+}
+
+/// A number of seconds of `key` in `min..=86400 * 365`.
+fn seconds(
+    kv: &mut BTreeMap<String, String>,
+    key: &'static str,
+    min: i64,
+    default: i64,
+    why: &str,
+) -> Result<i64, TridError> {
+    let Some(v) = kv.remove(key) else {
+        return Ok(default);
+    };
+    match v.parse::<i64>() {
+        Ok(n) if (min..=86400 * 365).contains(&n) => Ok(n),
+        _ => Err(TridError::BadValue {
+            key,
+            value: v,
+            why: why.into(),
+        }),
     }
 }
 
@@ -236,6 +274,33 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
     let hdgst = flag(kv, "hdgst")?;
     let ddgst = flag(kv, "ddgst")?;
     let sqflow = flag(kv, "sqflow")?;
+    let ctrl_loss_tmo = seconds(
+        kv,
+        "ctrl_loss_tmo",
+        -1,
+        DEF_CTRL_LOSS_TMO as i64,
+        "expected seconds (-1: reconnect forever)",
+    )? as i32;
+    let reconnect_delay = seconds(
+        kv,
+        "reconnect_delay",
+        1,
+        DEF_RECONNECT_DELAY as i64,
+        "expected seconds, at least 1",
+    )? as u32;
+    let fast_io_fail_tmo = seconds(
+        kv,
+        "fast_io_fail_tmo",
+        -1,
+        DEF_FAST_IO_FAIL_TMO as i64,
+        "expected seconds (-1: off, I/O held until reconnected)",
+    )? as i32;
+    if fast_io_fail_tmo >= 0 && ctrl_loss_tmo >= 0 && fast_io_fail_tmo > ctrl_loss_tmo {
+        // As Linux: allowed, but the controller is given up first.
+        tracing::warn!(
+            "fast_io_fail_tmo ({fast_io_fail_tmo} s) is larger than ctrl_loss_tmo ({ctrl_loss_tmo} s)"
+        );
+    }
     if let Some(k) = kv.keys().next() {
         return Err(TridError::UnknownKey {
             key: k.clone(),
@@ -251,6 +316,9 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         hdgst,
         ddgst,
         sqflow,
+        ctrl_loss_tmo,
+        reconnect_delay,
+        fast_io_fail_tmo,
     })
 }
 
@@ -576,6 +644,21 @@ mod tests {
         let o = t.options(None).unwrap();
         assert_eq!(o.addr.to_string(), "127.0.0.1:4421");
         assert!(o.digests.header && !o.digests.data);
+        // Reconnecting: Linux's defaults.
+        assert_eq!(o.ctrl_loss_tmo, Some(std::time::Duration::from_secs(600)));
+        assert_eq!(o.reconnect_delay, std::time::Duration::from_secs(10));
+        assert_eq!(o.fast_io_fail_tmo, None);
+        let Trid::Tcp(t) =
+            "trtype:tcp traddr:127.0.0.1 ctrl_loss_tmo:-1 reconnect_delay:2 fast_io_fail_tmo:5"
+                .parse()
+                .unwrap()
+        else {
+            panic!()
+        };
+        let o = t.options(Some("nqn.2026-01.io.pollux:a")).unwrap();
+        assert_eq!(o.ctrl_loss_tmo, None);
+        assert_eq!(o.reconnect_delay, std::time::Duration::from_secs(2));
+        assert_eq!(o.fast_io_fail_tmo, Some(std::time::Duration::from_secs(5)));
         // Defaults: port 4420, no digests, this machine's host NQN.
         let Trid::Tcp(t) = "trtype:TCP traddr:::1 adrfam:IPv6".parse().unwrap() else {
             panic!()
@@ -607,6 +690,22 @@ mod tests {
             ("trtype:tcp traddr:::1", "traddr"),
             ("trtype:tcp traddr:127.0.0.1 adrfam:ib", "adrfam"),
             ("trtype:tcp traddr:127.0.0.1 subnqn:a\u{7}b", "subnqn"),
+            (
+                "trtype:tcp traddr:127.0.0.1 reconnect_delay:0",
+                "reconnect_delay",
+            ),
+            (
+                "trtype:tcp traddr:127.0.0.1 ctrl_loss_tmo:-2",
+                "ctrl_loss_tmo",
+            ),
+            (
+                "trtype:tcp traddr:127.0.0.1 ctrl_loss_tmo:10m",
+                "ctrl_loss_tmo",
+            ),
+            (
+                "trtype:tcp traddr:127.0.0.1 fast_io_fail_tmo:-5",
+                "fast_io_fail_tmo",
+            ),
         ] {
             match s.parse::<Trid>() {
                 Err(e @ TridError::BadValue { key: k, .. }) => {

@@ -49,8 +49,21 @@ pub struct Script {
     pub drop_on_read: Option<u32>,
     /// On the n-th I/O read, send a C2HTermReq.
     pub term_on_read: Option<u32>,
+    /// Every read of this LBA closes the connection without an answer.
+    pub drop_on_lba: Option<u64>,
     /// Hold back answers to reads until this many are outstanding.
     pub batch_reads: u32,
+    /// Answer a Get Log Page (of an NVM controller) late: its data (0xC3
+    /// bytes) and completion go out just before the answer to the first
+    /// command received after `Fake::release_log` is set.
+    pub hold_log_page: bool,
+    /// On an I/O queue, once the first command capsule is in: answer
+    /// command CID N (success) at once, before reading anything more, then
+    /// read nothing until `Fake::release_reads` is set; afterwards serve as
+    /// usual, without a second answer for N, keeping N's in-capsule data
+    /// in `Seen::early_data`. The listener's receive buffer is kept small,
+    /// so what the host sends backs up in its own send queue.
+    pub answer_early: Option<u16>,
 }
 
 impl Default for Script {
@@ -66,7 +79,10 @@ impl Default for Script {
             bad_ddgst_read: None,
             drop_on_read: None,
             term_on_read: None,
+            drop_on_lba: None,
             batch_reads: 1,
+            hold_log_page: false,
+            answer_early: None,
         }
     }
 }
@@ -85,6 +101,12 @@ pub struct Seen {
     pub term_reqs: Vec<(u16, u32)>,
     pub digests: Vec<Digests>,
     pub errors: Vec<String>,
+    /// Get Log Page answers sent late (`Script::hold_log_page`).
+    pub late_logs: u32,
+    /// In-capsule data of the command answered early (`Script::answer_early`).
+    pub early_data: Vec<u8>,
+    /// Reads of `Script::drop_on_lba`.
+    pub poison_reads: u32,
 }
 
 pub struct Fake {
@@ -93,6 +115,10 @@ pub struct Fake {
     pub store: Arc<Mutex<Vec<u8>>>,
     /// Stop accepting connections (new ones are refused).
     pub refuse: Arc<AtomicBool>,
+    /// Lets a held Get Log Page answer go (`Script::hold_log_page`).
+    pub release_log: Arc<AtomicBool>,
+    /// Lets the fake read again after an early answer (`Script::answer_early`).
+    pub release_reads: Arc<AtomicBool>,
 }
 
 struct Ctrl {
@@ -102,6 +128,8 @@ struct Ctrl {
 
 struct Shared {
     script: Script,
+    release_log: Arc<AtomicBool>,
+    release_reads: Arc<AtomicBool>,
     seen: Arc<Mutex<Seen>>,
     store: Arc<Mutex<Vec<u8>>>,
     reads: AtomicU32,
@@ -113,11 +141,18 @@ impl Fake {
     pub fn start(script: Script) -> Fake {
         let l = TcpListener::bind("127.0.0.1:0").unwrap();
         let addr = l.local_addr().unwrap();
+        if script.answer_early.is_some() {
+            small_receive_buffer(&l);
+        }
         let seen = Arc::new(Mutex::new(Seen::default()));
         let store = Arc::new(Mutex::new(vec![0u8; (NSZE * 512) as usize]));
         let refuse = Arc::new(AtomicBool::new(false));
+        let release_log = Arc::new(AtomicBool::new(false));
+        let release_reads = Arc::new(AtomicBool::new(false));
         let sh = Arc::new(Shared {
             script,
+            release_log: release_log.clone(),
+            release_reads: release_reads.clone(),
             seen: seen.clone(),
             store: store.clone(),
             reads: AtomicU32::new(0),
@@ -146,6 +181,8 @@ impl Fake {
             seen,
             store,
             refuse,
+            release_log,
+            release_reads,
         }
     }
 
@@ -154,6 +191,11 @@ impl Fake {
     /// at once instead).
     pub fn refuse_connections(&self) {
         self.refuse.store(true, Ordering::Release);
+    }
+
+    /// Accepts connections again (after `refuse_connections`).
+    pub fn accept_connections(&self) {
+        self.refuse.store(false, Ordering::Release);
     }
 }
 
@@ -172,6 +214,29 @@ struct FakeConn {
     discovery: bool,
     /// Capsules that arrived while a write waited for its data.
     pending: std::collections::VecDeque<(Sqe, Vec<u8>)>,
+    /// A Get Log Page not answered yet: CID, bytes.
+    held_log: Option<(u16, usize)>,
+    /// `Script::answer_early` has been done on this connection.
+    answered_early: bool,
+}
+
+/// A receive buffer of 64 KiB for the listener's connections (fixed:
+/// no autotuning), so a host sending more backs up on its side.
+fn small_receive_buffer(l: &TcpListener) {
+    use std::os::fd::AsRawFd;
+    let v: libc::c_int = 64 << 10;
+    // SAFETY: setsockopt on a socket we own, with a pointer to a c_int and
+    // its size.
+    let r = unsafe {
+        libc::setsockopt(
+            l.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_RCVBUF,
+            (&v as *const libc::c_int).cast(),
+            std::mem::size_of::<libc::c_int>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0, "SO_RCVBUF: {}", std::io::Error::last_os_error());
 }
 
 fn read_pdu(s: &mut TcpStream, cfg: &RxConfig) -> Result<(PduHeader, PduLayout, Vec<u8>), String> {
@@ -207,6 +272,8 @@ impl FakeConn {
             drop_now: false,
             discovery: false,
             pending: std::collections::VecDeque::new(),
+            held_log: None,
+            answered_early: false,
         }
     }
 
@@ -292,6 +359,16 @@ impl FakeConn {
                 Err(e) => return Err(e),
             };
             match h {
+                PduHeader::CapsuleCmd(c) if self.qid > 0 && !self.answered_early => {
+                    if let Some(early) = self.sh.script.answer_early {
+                        self.answered_early = true;
+                        self.resp(early, 0, 0, 0);
+                        while !self.sh.release_reads.load(Ordering::Acquire) {
+                            std::thread::sleep(std::time::Duration::from_millis(1));
+                        }
+                    }
+                    self.command(c.sqe(), data)?
+                }
                 PduHeader::CapsuleCmd(c) => self.command(c.sqe(), data)?,
                 PduHeader::TermReq(t) => {
                     self.sh
@@ -319,6 +396,13 @@ impl FakeConn {
 
 impl FakeConn {
     fn command(&mut self, sqe: Sqe, icd: Vec<u8>) -> Result<(), String> {
+        if self.held_log.is_some() && self.sh.release_log.load(Ordering::Acquire) {
+            if let Some((cid, len)) = self.held_log.take() {
+                self.c2h(cid, &vec![0xC3; len], false, false, 0);
+                self.resp(cid, 0, 0, 0);
+                self.sh.seen.lock().unwrap().late_logs += 1;
+            }
+        }
         let cid = sqe.cid;
         if sqe.opc == 0x7F {
             let f = FabricsCmd::from_sqe(&sqe);
@@ -483,6 +567,10 @@ impl FakeConn {
                 self.c2h(cid, &log, false, false, 0);
                 self.resp(cid, 0, 0, 0);
             }
+            0x02 if !self.discovery && self.sh.script.hold_log_page => {
+                let len = ((sqe.cdw10 >> 16) + 1) as usize * 4;
+                self.held_log = Some((cid, len));
+            }
             0x02 if sqe.cdw10 & 0xFF == 0x03 => {
                 // A Firmware Slot log of 64 bytes whatever NUMD asks: a
                 // controller that sends only the bytes its log has.
@@ -545,12 +633,22 @@ impl FakeConn {
                 };
                 let off = (slba * 512) as usize;
                 self.sh.store.lock().unwrap()[off..off + data.len()].copy_from_slice(&data);
+                if self.sh.script.answer_early == Some(cid) {
+                    // Answered already.
+                    self.sh.seen.lock().unwrap().early_data = data;
+                    return Ok(());
+                }
                 self.resp(cid, 0, 0, 0);
             }
             0x02 => {
                 let n = self.sh.reads.fetch_add(1, Ordering::AcqRel) + 1;
                 let s = &self.sh.script;
                 if s.drop_on_read == Some(n) {
+                    self.drop_now = true;
+                    return Ok(());
+                }
+                if s.drop_on_lba == Some(slba) {
+                    self.sh.seen.lock().unwrap().poison_reads += 1;
                     self.drop_now = true;
                     return Ok(());
                 }
