@@ -67,6 +67,7 @@ impl<T: Transport> QueuePair<T> {
             sub: Submitter {
                 core: &mut self.core,
                 sq: &mut self.sq,
+                _invariant: std::marker::PhantomData,
             },
             f,
         };

@@ -187,6 +187,7 @@ impl<T: Transport> QueuePair<T> {
         Submitter {
             core: &mut self.core,
             sq: &mut self.sq,
+            _invariant: std::marker::PhantomData,
         }
     }
 

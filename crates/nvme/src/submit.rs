@@ -19,6 +19,7 @@
 //!   buffer stays allocated and untouched until the completion). For
 //!   callers that manage buffers themselves (a C API, an fio engine).
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 
 use pollux_spec::cmd::NvmOpcode;
 use pollux_spec::{Sqe, Status};
@@ -268,9 +269,27 @@ impl<T: Transport, F: FnMut(&mut Submitter<'_, T>, Completion)> Handler<T> for F
 /// and every completion handler get one. A view, not the queue pair's
 /// state: exchanging two of them (`mem::swap`) exchanges two borrows, each
 /// still valid, never the rings behind them.
+///
+/// Invariant in `'a`: a handler cannot put a longer-lived submitter (of
+/// another, leaked queue pair) in place of the one it was handed, so the
+/// completion loop keeps applying its CIDs to its own trackers:
+///
+/// ```compile_fail
+/// use pollux_nvme::{Completion, QueuePair, Submitter, Transport};
+///
+/// fn hijack<T: Transport>(qp: &mut QueuePair<T>, other: Submitter<'static, T>) {
+///     let mut other = Some(other);
+///     qp.poll(16, |sub: &mut Submitter<'_, T>, _c: Completion| {
+///         if let Some(mut o) = other.take() {
+///             std::mem::swap(sub, &mut o); // error[E0521]: borrowed data escapes the closure
+///         }
+///     });
+/// }
+/// ```
 pub struct Submitter<'a, T: Transport> {
     pub(crate) core: &'a mut Core,
     pub(crate) sq: &'a mut T::Sq,
+    pub(crate) _invariant: PhantomData<fn(&'a ()) -> &'a ()>,
 }
 
 /// `[lba, lba + nlb)` lies inside the namespace.
@@ -342,6 +361,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         Submitter {
             core: &mut *self.core,
             sq: &mut *self.sq,
+            _invariant: PhantomData,
         }
     }
 
