@@ -56,7 +56,7 @@ impl<T: Transport> QueuePair<T> {
         let d = std::mem::take(&mut self.core.deferred);
         let mut sub = self.submitter();
         for c in d {
-            f.complete(&mut sub, c);
+            f.complete(&mut sub.reborrow(), c);
         }
     }
 
@@ -213,7 +213,7 @@ impl<T: Transport> QueuePair<T> {
                 // rest never will be.
                 Some(idx) => finish_split_unissued(&mut sub, idx, IoError::ControllerFailed, f),
                 None => f.complete(
-                    &mut sub,
+                    &mut sub.reborrow(),
                     Completion {
                         user_data: p.user_data,
                         result: Err(IoError::ControllerFailed),
@@ -269,8 +269,11 @@ fn complete<T: Transport, F: Handler<T>>(
         } else {
             Err(IoError::Nvme(st))
         };
+        // A fresh view for the handler (here and wherever a handler is
+        // called): if it swaps that view for another queue pair's, `sub`
+        // still names this one's trackers for the next completion.
         f.complete(
-            sub,
+            &mut sub.reborrow(),
             Completion {
                 user_data,
                 result,
@@ -334,7 +337,7 @@ fn finish<T: Transport, F: Handler<T>>(
 ) {
     if flags & T_CHILD == 0 {
         f.complete(
-            sub,
+            &mut sub.reborrow(),
             Completion {
                 user_data,
                 result,
@@ -359,7 +362,7 @@ fn finish<T: Transport, F: Handler<T>>(
             buf: s.buf.take(),
         };
         sub.core.free_splits.push(idx as u32);
-        f.complete(sub, c);
+        f.complete(&mut sub.reborrow(), c);
     }
 }
 
@@ -382,7 +385,7 @@ fn finish_split_unissued<T: Transport, F: Handler<T>>(
         buf: s.buf.take(),
     };
     sub.core.free_splits.push(idx);
-    f.complete(sub, c);
+    f.complete(&mut sub.reborrow(), c);
 }
 
 /// Fails every outstanding command with `err` (a controller reset or

@@ -286,6 +286,11 @@ impl<T: Transport, F: FnMut(&mut Submitter<'_, T>, Completion)> Handler<T> for F
 ///     });
 /// }
 /// ```
+///
+/// Nor does the loop rely on it: each handler call gets a fresh view
+/// (`reborrow`), so a handler that swaps in a submitter of exactly its
+/// own lifetime (made from a queue pair leaked inside the call) only
+/// changes that view.
 pub struct Submitter<'a, T: Transport> {
     pub(crate) core: &'a mut Core,
     pub(crate) sq: &'a mut T::Sq,
