@@ -131,6 +131,9 @@ pub(crate) struct Core {
     pub(crate) max_queued: usize,
     /// Most data bytes one raw command may carry.
     pub(crate) max_raw: usize,
+    /// The controller's active namespaces: their block sizes give the
+    /// transfer length of a raw Read, Write or Compare.
+    pub(crate) namespaces: Box<[Namespace]>,
     /// Results decided on the submit side after a request was accepted,
     /// delivered by the next poll.
     pub(crate) deferred: Vec<Completion>,
@@ -142,7 +145,12 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(depth: u16, max_queued: usize, max_raw: usize) -> Core {
+    pub(crate) fn new(
+        depth: u16,
+        max_queued: usize,
+        max_raw: usize,
+        namespaces: Box<[Namespace]>,
+    ) -> Core {
         Core {
             epoch: 0,
             trackers: (0..depth).map(|_| Tracker::default()).collect(),
@@ -155,6 +163,7 @@ impl Core {
             queue: VecDeque::new(),
             max_queued,
             max_raw,
+            namespaces,
             deferred: Vec::new(),
             failed_outstanding: 0,
             outstanding_at_reset: 0,
@@ -774,11 +783,51 @@ impl<'a, T: Transport> Submitter<'a, T> {
         }))
     }
 
-    /// Raw command passthrough. The driver sets the CID and, if `data` is
-    /// given, the data pointer fields (data at most the transport's
-    /// per-command limit); without data the command goes as given. The
-    /// buffer comes back in the completion.
-    pub fn raw(&mut self, sqe: Sqe, data: Option<IoBuf>, user_data: u64) -> Result<(), Refused> {
+    /// Raw command passthrough, checked. The driver sets the CID and owns
+    /// the data pointer fields: the caller's PRP1/PRP2 (or SGL), MPTR and
+    /// PSDT are cleared and the transport describes `data` there (nothing
+    /// without data). The command must be one whose transfer length the
+    /// driver reads from the command (Read, Write and Compare from NLB and
+    /// the namespace's block size, Dataset Management from NR, Flush,
+    /// Write Zeroes, reservations, ...: see `passthru`), and `data` exactly
+    /// that long (none for a command that moves no data); anything else is
+    /// refused (`PassthroughLength`, `PassthroughUnchecked`) and needs
+    /// [`raw_unchecked`](Self::raw_unchecked). The buffer comes back in
+    /// the completion.
+    pub fn raw(
+        &mut self,
+        mut sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        crate::passthru::clear_pointers(&mut sqe);
+        let got = data.as_ref().map_or(0, |b| b.len());
+        if let Err(error) = crate::passthru::check_io(&sqe, got, &self.core.namespaces) {
+            return Err(Refused { error, buf: data });
+        }
+        self.raw_owned(sqe, data, user_data)
+    }
+
+    /// `raw` for any command: the transfer length is not checked. The
+    /// data pointer fields are still the transport's (cleared, then filled
+    /// from `data`).
+    ///
+    /// # Safety
+    /// The command must make the controller transfer no more than
+    /// `data.len()` bytes (nothing without data), and must not hand it any
+    /// other host memory (addresses in command dwords) or change what the
+    /// driver relies on: the namespaces' block size and size, the queues.
+    pub unsafe fn raw_unchecked(
+        &mut self,
+        mut sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        crate::passthru::clear_pointers(&mut sqe);
+        self.raw_owned(sqe, data, user_data)
+    }
+
+    fn raw_owned(&mut self, sqe: Sqe, data: Option<IoBuf>, user_data: u64) -> Result<(), Refused> {
         let Some(buf) = data else {
             return refused_owned(self.raw_inner(sqe, None, None, user_data));
         };
@@ -795,18 +844,23 @@ impl<'a, T: Transport> Submitter<'a, T> {
         }
     }
 
-    /// `raw` with a borrowed buffer.
+    /// `raw_unchecked` with a borrowed buffer (the data pointer fields
+    /// are the transport's, the length is not checked).
     ///
     /// # Safety
     /// As for `read_dma`: the memory `data` describes must stay allocated
     /// and untouched by the host until the completion for `user_data` has
-    /// been delivered (or the queue pair has been dropped).
+    /// been delivered (or the queue pair has been dropped). And as for
+    /// `raw_unchecked`: the command transfers at most `data.len()` bytes,
+    /// reaches no other host memory, and leaves the namespaces and queues
+    /// as they are.
     pub unsafe fn raw_dma(
         &mut self,
-        sqe: Sqe,
+        mut sqe: Sqe,
         data: Option<DmaSlice<'_>>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
+        crate::passthru::clear_pointers(&mut sqe);
         if let Some(d) = &data {
             self.raw_check(d)?;
         }
