@@ -337,6 +337,20 @@ fn identify_ns<T: Transport>(
         tracing::warn!(nsid, lbads, "namespace with unsupported LBA size skipped");
         return Ok(None);
     }
+    // With metadata, a command moves more than NLB << LBADS bytes (an
+    // extended LBA format interleaves it with the data) or writes it to
+    // MPTR (a separate buffer, which pollux never gives): the buffers the
+    // I/O path checks would be overrun.
+    let ms = id.lba_format().ms;
+    if ms != 0 {
+        tracing::warn!(
+            nsid,
+            ms,
+            "namespace formatted with {ms} bytes of metadata per block skipped (pollux supports \
+             none; reformat it with an LBA format without metadata)"
+        );
+        return Ok(None);
+    }
     let max_lbas = (max_transfer >> lbads).max(1);
     Ok(Some(Namespace {
         nsid,

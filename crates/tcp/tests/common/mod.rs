@@ -51,6 +51,8 @@ pub struct Script {
     pub term_on_read: Option<u32>,
     /// Hold back answers to reads until this many are outstanding.
     pub batch_reads: u32,
+    /// Metadata bytes per block of the namespace's LBA format.
+    pub ms: u16,
 }
 
 impl Default for Script {
@@ -67,6 +69,7 @@ impl Default for Script {
             drop_on_read: None,
             term_on_read: None,
             batch_reads: 1,
+            ms: 0,
         }
     }
 }
@@ -444,7 +447,7 @@ impl FakeConn {
                         ns.ncap = NSZE;
                         ns.nuse = NSZE;
                         ns.lbaf[0] = pollux_spec::identify::LbaFormat {
-                            ms: 0,
+                            ms: self.sh.script.ms,
                             lbads: 9,
                             rp: 0,
                         };
