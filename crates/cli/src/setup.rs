@@ -606,10 +606,27 @@ impl Host {
         }
         // /proc/mounts shows this mount namespace only: a device mounted
         // in another one (a container's) is found by the kernel's
-        // exclusive claim instead.
-        for dev in devs {
-            let named = format!("/dev/{dev} ");
-            if why.iter().any(|w| w.starts_with(&named)) {
+        // exclusive claim instead. Partitions first: a disk is busy too
+        // while one of its partitions is, and then only the partition is
+        // named.
+        let is_part = |d: &String| {
+            devs.iter().any(|disk| {
+                d.strip_prefix(disk.as_str())
+                    .is_some_and(|r| r.starts_with('p'))
+            })
+        };
+        let (parts, disks): (Vec<&String>, Vec<&String>) = devs.iter().partition(|d| is_part(d));
+        for dev in parts.into_iter().chain(disks) {
+            let named = |d: &str| {
+                let n = format!("/dev/{d} ");
+                why.iter().any(|w| w.starts_with(&n))
+            };
+            let part_named = devs.iter().any(|p| {
+                p.strip_prefix(dev.as_str())
+                    .is_some_and(|r| r.starts_with('p'))
+                    && named(p)
+            });
+            if named(dev) || part_named {
                 continue;
             }
             if exclusively_busy(&self.dev.join(dev)) {
@@ -1207,9 +1224,11 @@ mod tests {
     }
 
     /// A partition mounted in another mount namespace: /proc/mounts does
-    /// not show it, the kernel's exclusive claim does. Before, `bind` took
-    /// the controller (nothing in our /proc/mounts, no holder, no process
-    /// of ours holding it open).
+    /// not show it, the kernel's exclusive claim does. Its disk is busy too
+    /// (here: the same loop device behind both names, as partitioned loop
+    /// devices need a kernel with partition tables): only the partition is
+    /// named. Before, `bind` took the controller (nothing in our
+    /// /proc/mounts, no holder, no process of ours holding it open).
     #[test]
     fn mounted_in_another_mount_namespace_refuses_bind() {
         let m = match ForeignMount::new("mntns") {
@@ -1223,6 +1242,7 @@ mod tests {
         assert!(!mounts.contains(&m.loop_dev), "visible here: {mounts}");
         let f = Fake::new("foreignmnt");
         fs::create_dir_all(f.root.join("dev")).unwrap();
+        symlink(&m.loop_dev, f.root.join("dev/nvme0n1")).unwrap();
         symlink(&m.loop_dev, f.root.join("dev/nvme0n1p1")).unwrap();
         let h = f.host();
         let c = h.controller("0000:01:00.0").unwrap();
