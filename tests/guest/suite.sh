@@ -126,6 +126,18 @@ for i in $(seq 50); do [ -b /dev/nvme0n1p1 ] && break; sleep 0.1; done
 mke2fs /dev/nvme0n1p1 > /dev/null 2>&1 && mkdir -p /mnt/data && mount -t ext2 /dev/nvme0n1p1 /mnt/data
 expect_fail setup-refuses-mounted "nvme0n1p1 is mounted on /mnt/data" $P setup bind $BDF
 umount /mnt/data
+# Mounted in another mount namespace only (a container's): not in our
+# /proc/mounts; the kernel's exclusive claim (O_EXCL open: EBUSY) shows it.
+rm -f /tmp/nsmnt
+unshare -m sh -c 'mount -t ext2 /dev/nvme0n1p1 /mnt/data && echo ok > /tmp/nsmnt && exec sleep 600' &
+NSPID=$!
+for i in $(seq 50); do [ -s /tmp/nsmnt ] && break; sleep 0.1; done
+if [ -s /tmp/nsmnt ] && ! grep -q nvme0n1p1 /proc/mounts; then
+    expect_fail setup-refuses-mounted-elsewhere "/dev/nvme0n1p1 is busy" $P setup bind $BDF
+else
+    echo "   could not mount nvme0n1p1 in a mount namespace of its own"; result setup-refuses-mounted-elsewhere FAIL
+fi
+kill $NSPID; wait $NSPID 2>/dev/null
 mkswap /dev/nvme0n1p1 > /dev/null && swapon /dev/nvme0n1p1
 expect_fail setup-refuses-swap "nvme0n1p1 is in use as swap" $P setup bind $BDF
 swapoff /dev/nvme0n1p1

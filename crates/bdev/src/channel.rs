@@ -991,8 +991,9 @@ impl<'a, T: Transport> Io<'a, T> {
         self.other_done(r, ud)
     }
 
-    /// An NVMe command passed through unchanged (NVMe backend only); the
-    /// namespace ID is the caller's to set.
+    /// An NVMe command passed through (NVMe backend only), as the driver's
+    /// checked `Submitter::raw`: its data pointer is the transport's, its
+    /// transfer must match `data`. The namespace ID is the caller's to set.
     pub fn nvme_passthru(
         &mut self,
         sqe: Sqe,

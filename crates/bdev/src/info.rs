@@ -7,7 +7,7 @@ pub struct Caps {
     pub write_zeroes: bool,
     pub unmap: bool,
     pub reset: bool,
-    /// NVMe commands pass through unchanged (`Io::nvme_passthru`).
+    /// NVMe commands pass through (`Io::nvme_passthru`, checked).
     pub nvme_passthru: bool,
 }
 

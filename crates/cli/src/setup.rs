@@ -4,9 +4,10 @@
 //! IOMMU group and what uses its namespaces; `bind` moves controllers to
 //! vfio-pci (default) or uio_pci_generic with driver_override, refusing any
 //! whose namespaces are mounted, used as swap, held by device-mapper/md,
-//! open in a process (/proc/PID/fd, also the controller's and the generic
-//! char devices), ZFS vdevs, or btrfs members mounted or spanning other
-//! devices; `reset` gives them back to the kernel nvme driver; `hugepages N`
+//! claimed exclusively by the kernel (O_EXCL open fails with EBUSY: a mount
+//! in another mount namespace), open in a process (/proc/PID/fd, also the
+//! controller's and the generic char devices), ZFS vdevs, or btrfs members
+//! mounted or spanning other devices; `reset` gives them back to the kernel nvme driver; `hugepages N`
 //! reserves 2 MiB hugepages (needed for uio_pci_generic, optional for
 //! vfio-pci).
 use std::fmt::Write as _;
@@ -392,6 +393,37 @@ fn btrfs_member(f: &fs::File) -> std::io::Result<Option<BtrfsMember>> {
 }
 
 /// Drops repeated entries, keeping the first of each (`bind A A` moves A once).
+/// True if `path` is a block device the kernel will not open with
+/// O_EXCL (EBUSY): mounted in any mount namespace, a swap area, or held by
+/// md, device-mapper or another exclusive opener. Anything that cannot be
+/// checked (no node, not a block device, not root) is not busy.
+fn exclusively_busy(path: &Path) -> bool {
+    use std::os::unix::fs::OpenOptionsExt;
+    // O_EXCL without O_CREAT means "exclusive claim" for block devices
+    // only; on anything else it is undefined.
+    match fs::metadata(path) {
+        Ok(m) if m.file_type().is_block_device() => {}
+        _ => return false,
+    }
+    let r = fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_EXCL | libc::O_NONBLOCK)
+        .open(path);
+    match r {
+        Ok(_) => false,
+        Err(e) if e.raw_os_error() == Some(libc::EBUSY) => true,
+        Err(e) => {
+            use std::io::ErrorKind::{NotFound, PermissionDenied};
+            if matches!(e.kind(), NotFound | PermissionDenied) {
+                tracing::debug!("{}: not checked for an exclusive user: {e}", path.display());
+            } else {
+                tracing::warn!("{}: not checked for an exclusive user: {e}", path.display());
+            }
+            false
+        }
+    }
+}
+
 fn dedup_in_order(v: &mut Vec<String>) {
     let mut seen = std::collections::HashSet::new();
     v.retain(|x| seen.insert(x.clone()));
@@ -570,6 +602,39 @@ impl Host {
                     .map(|n| format!("device-mapper {n} ({h})"))
                     .unwrap_or(h);
                 why.push(format!("/dev/{dev} is held by {what}"));
+            }
+        }
+        // /proc/mounts shows this mount namespace only: a device mounted
+        // in another one (a container's) is found by the kernel's
+        // exclusive claim instead. Partitions first: a disk is busy too
+        // while one of its partitions is, and then only the partition is
+        // named.
+        let is_part = |d: &String| {
+            devs.iter().any(|disk| {
+                d.strip_prefix(disk.as_str())
+                    .is_some_and(|r| r.starts_with('p'))
+            })
+        };
+        let (parts, disks): (Vec<&String>, Vec<&String>) = devs.iter().partition(|d| is_part(d));
+        for dev in parts.into_iter().chain(disks) {
+            let named = |d: &str| {
+                let n = format!("/dev/{d} ");
+                why.iter().any(|w| w.starts_with(&n))
+            };
+            let part_named = devs.iter().any(|p| {
+                p.strip_prefix(dev.as_str())
+                    .is_some_and(|r| r.starts_with('p'))
+                    && named(p)
+            });
+            if named(dev) || part_named {
+                continue;
+            }
+            if exclusively_busy(&self.dev.join(dev)) {
+                why.push(format!(
+                    "/dev/{dev} is busy: the kernel refuses to open it exclusively (EBUSY), so \
+                     it is mounted (perhaps in another mount namespace, such as a container's) \
+                     or claimed by md, device-mapper or another exclusive user"
+                ));
             }
         }
         let mut nodes: Vec<Node> = devs
@@ -1076,6 +1141,127 @@ mod tests {
             h.controller("0000:01:00.0").unwrap().in_use,
             ["/dev/nvme0n1p1 is held by device-mapper vg-root (dm-0)"]
         );
+    }
+
+    /// A loop device with an ext4 file system mounted in a mount namespace
+    /// of its own (a child `unshare -m` process): invisible in our
+    /// /proc/mounts. Torn down on drop.
+    struct ForeignMount {
+        dir: PathBuf,
+        loop_dev: String,
+        child: std::process::Child,
+    }
+
+    impl ForeignMount {
+        /// Err (the reason) where the host cannot do it: not root,
+        /// no losetup/mkfs.ext4/unshare, no loop devices.
+        fn new(tag: &str) -> Result<ForeignMount, String> {
+            use std::io::BufRead;
+            use std::process::{Command, Stdio};
+            if fs::metadata("/proc/self").map(|m| m.uid()).ok() != Some(0) {
+                return Err("needs root".into());
+            }
+            let dir =
+                std::env::temp_dir().join(format!("pollux-setup-{tag}-{}", std::process::id()));
+            let _ = fs::remove_dir_all(&dir);
+            fs::create_dir_all(dir.join("mnt")).map_err(|e| e.to_string())?;
+            let img = dir.join("img");
+            fs::File::create(&img)
+                .and_then(|f| f.set_len(16 << 20))
+                .map_err(|e| e.to_string())?;
+            let run = |cmd: &mut Command| -> Result<String, String> {
+                let o = cmd.output().map_err(|e| format!("{cmd:?}: {e}"))?;
+                if !o.status.success() {
+                    return Err(format!("{cmd:?}: {}", String::from_utf8_lossy(&o.stderr)));
+                }
+                Ok(String::from_utf8_lossy(&o.stdout).trim().to_string())
+            };
+            run(Command::new("mkfs.ext4").args(["-q", "-F"]).arg(&img))?;
+            let loop_dev = run(Command::new("losetup").args(["--find", "--show"]).arg(&img))?;
+            let script = format!(
+                "mount {loop_dev} {} && echo mounted && exec sleep 600",
+                dir.join("mnt").display()
+            );
+            let child = Command::new("unshare")
+                .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+                .stdout(Stdio::piped())
+                .stderr(Stdio::inherit())
+                .spawn();
+            let mut child = match child {
+                Ok(c) => c,
+                Err(e) => {
+                    let _ = Command::new("losetup").arg("-d").arg(&loop_dev).status();
+                    return Err(format!("unshare: {e}"));
+                }
+            };
+            let mut line = String::new();
+            let out = child.stdout.take().expect("piped");
+            let _ = std::io::BufReader::new(out).read_line(&mut line);
+            let m = ForeignMount {
+                dir,
+                loop_dev,
+                child,
+            };
+            if line.trim() != "mounted" {
+                return Err(format!("mount in a new mount namespace failed ({line:?})"));
+            }
+            Ok(m)
+        }
+    }
+
+    impl Drop for ForeignMount {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            // Busy until the namespace's mount is gone: then the kernel
+            // detaches it by itself (autoclear).
+            let _ = std::process::Command::new("losetup")
+                .arg("-d")
+                .arg(&self.loop_dev)
+                .status();
+            let _ = fs::remove_dir_all(&self.dir);
+        }
+    }
+
+    /// A partition mounted in another mount namespace: /proc/mounts does
+    /// not show it, the kernel's exclusive claim does. Its disk is busy too
+    /// (here: the same loop device behind both names, as partitioned loop
+    /// devices need a kernel with partition tables): only the partition is
+    /// named. Before, `bind` took the controller (nothing in our
+    /// /proc/mounts, no holder, no process of ours holding it open).
+    #[test]
+    fn mounted_in_another_mount_namespace_refuses_bind() {
+        let m = match ForeignMount::new("mntns") {
+            Ok(m) => m,
+            Err(why) => {
+                eprintln!("skipped: cannot mount a loop device in a new mount namespace: {why}");
+                return;
+            }
+        };
+        let mounts = fs::read_to_string("/proc/self/mounts").unwrap();
+        assert!(!mounts.contains(&m.loop_dev), "visible here: {mounts}");
+        let f = Fake::new("foreignmnt");
+        fs::create_dir_all(f.root.join("dev")).unwrap();
+        symlink(&m.loop_dev, f.root.join("dev/nvme0n1")).unwrap();
+        symlink(&m.loop_dev, f.root.join("dev/nvme0n1p1")).unwrap();
+        let h = f.host();
+        let c = h.controller("0000:01:00.0").unwrap();
+        assert_eq!(c.in_use.len(), 1, "{:?}", c.in_use);
+        assert!(
+            c.in_use[0].starts_with("/dev/nvme0n1p1 is busy: the kernel refuses to open it"),
+            "{:?}",
+            c.in_use
+        );
+        let mut out = String::new();
+        let e = h
+            .bind(&["01:00.0".into()], "vfio-pci", &mut out)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refusing to take 0000:01:00.0"), "{e}");
+        assert!(e.contains("another mount namespace"), "{e}");
+        // Once it is unmounted, the controller is free again.
+        drop(m);
+        assert!(h.controller("0000:01:00.0").unwrap().in_use.is_empty());
     }
 
     #[test]

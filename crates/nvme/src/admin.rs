@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use pollux_spec::{regs, Cqe, Sqe};
 
-use crate::dma::DmaBuffer;
+use crate::dma::IoBuf;
 use crate::error::{Error, Result};
 use crate::transport::{CompletionQueue, CqeSink, Registers, SubmissionQueue, Transport};
 
@@ -19,6 +19,10 @@ pub(crate) struct AdminQueue<T: Transport> {
     /// the controller is reset), so the ring never overflows.
     pending: u32,
     entries: u16,
+    /// Buffers of commands that timed out, kept until their completion
+    /// arrives or the controller has been disabled: the controller may
+    /// still transfer into them.
+    parked: Vec<(u16, IoBuf)>,
 }
 
 impl<T: Transport> AdminQueue<T> {
@@ -30,25 +34,37 @@ impl<T: Transport> AdminQueue<T> {
             next_cid: 0,
             pending: 0,
             entries,
+            parked: Vec::new(),
         })
     }
 
-    /// Back to the state after CC.EN 0→1: empty queues.
+    /// Back to the state after CC.EN 0→1: empty queues. Only once the
+    /// controller has been disabled (CSTS.RDY=0): the buffers of commands
+    /// that timed out are freed here.
     pub(crate) fn restart(&mut self) {
         self.sq.restart();
         self.cq.restart();
         self.pending = 0;
+        self.parked.clear();
+    }
+
+    /// The controller has been disabled for good: nothing transfers into
+    /// the parked buffers any more.
+    pub(crate) fn release_parked(&mut self) {
+        self.parked.clear();
     }
 
     /// Executes one admin command and waits for its completion. `data`, if
-    /// given, is described by the transport (PRPs on PCIe).
+    /// given, is described by the transport (PRPs on PCIe) and comes back
+    /// with the completion; if the command times out, the queue keeps it
+    /// until the command completes or the controller is disabled.
     pub(crate) fn exec(
         &mut self,
         t: &T,
         sqe: Sqe,
-        data: Option<&DmaBuffer>,
+        data: Option<IoBuf>,
         timeout: Duration,
-    ) -> Result<Cqe> {
+    ) -> Result<(Cqe, Option<IoBuf>)> {
         if self.pending + 1 >= self.entries as u32 {
             return Err(Error::Platform(format!(
                 "admin queue holds {} commands that never completed; the controller needs a reset",
@@ -57,10 +73,11 @@ impl<T: Transport> AdminQueue<T> {
         }
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
-        let pushed = match data {
-            Some(d) => self
-                .sq
-                .push(cid, sqe, d.len(), d.iova_at(0), |i| d.iova_at(i)),
+        let pushed = match &data {
+            Some(b) => {
+                let d = b.dma_slice();
+                self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i))
+            }
             None => self.sq.push(cid, sqe, 0, 0, |_| 0),
         };
         pushed.map_err(|e| Error::InvalidArgument(format!("admin command data: {e}")))?;
@@ -79,23 +96,51 @@ impl<T: Transport> AdminQueue<T> {
             }
             if let Some(cqe) = got {
                 if cqe.cid == cid {
-                    return Ok(cqe);
+                    return Ok((cqe, data));
                 }
-                // A late completion of an earlier command that timed out.
+                // A late completion of an earlier command that timed out:
+                // its buffer is free now.
                 tracing::debug!(cid = cqe.cid, status = %cqe.status(), "admin completion for another command");
+                self.parked.retain(|(c, _)| *c != cqe.cid);
                 continue;
             }
             spins = spins.wrapping_add(1);
             if spins.is_multiple_of(1024) {
-                check_csts(t.regs())?;
-                if start.elapsed() >= timeout {
-                    return Err(Error::Timeout {
-                        what: "admin command",
-                        ms: timeout.as_millis() as u64,
-                    });
+                let r = check_csts(t.regs()).and_then(|()| {
+                    if start.elapsed() >= timeout {
+                        Err(Error::Timeout {
+                            what: "admin command",
+                            ms: timeout.as_millis() as u64,
+                        })
+                    } else {
+                        Ok(())
+                    }
+                });
+                if let Err(e) = r {
+                    if let Some(b) = data {
+                        self.parked.push((cid, b));
+                    }
+                    return Err(e);
                 }
             }
             t.relax();
+        }
+    }
+}
+
+impl<T: Transport> Drop for AdminQueue<T> {
+    /// Buffers still parked here may yet be written by a controller that
+    /// was never disabled (a failed bring-up or shutdown): leaked, never
+    /// freed.
+    fn drop(&mut self) {
+        if !self.parked.is_empty() {
+            tracing::warn!(
+                buffers = self.parked.len(),
+                "admin buffers of timed-out commands leaked: the controller may still write them"
+            );
+            for (_, b) in self.parked.drain(..) {
+                std::mem::forget(b);
+            }
         }
     }
 }

@@ -13,7 +13,7 @@ use pollux_spec::{cmd::cns, Cqe, Sqe};
 use zerocopy::FromBytes;
 
 use crate::admin::AdminQueue;
-use crate::dma::DmaBuffer;
+use crate::dma::{DmaBuffer, IoBuf};
 use crate::error::{Error, Result};
 use crate::transport::{Registers, SubmissionQueue, Transport};
 
@@ -88,7 +88,7 @@ pub(crate) struct Shared<T: Transport> {
     pub(crate) nr_io_queues: u16,
     pub(crate) max_transfer: u32,
     ident: Box<IdentifyController>,
-    namespaces: Vec<Namespace>,
+    pub(crate) namespaces: Vec<Namespace>,
 }
 
 /// An NVMe controller driven through a `Transport`.
@@ -143,6 +143,10 @@ impl<T: Transport> Shared<T> {
         self.cap.timeout_ms().max(500)
     }
 
+    fn admin_mut(&mut self) -> &mut AdminState<T> {
+        self.admin.get_mut().unwrap_or_else(|p| p.into_inner())
+    }
+
     pub(crate) fn lock_admin(&self) -> MutexGuard<'_, AdminState<T>> {
         // A panic while holding the admin lock leaves only indices behind,
         // which a reset rebuilds: recover the guard rather than propagate.
@@ -168,12 +172,12 @@ impl<T: Transport> Shared<T> {
         let t = &self.transport;
         let to = self.opts.admin_timeout;
         let q = &mut st.q;
-        let mut exec = |sqe: Sqe, what: &'static str| check(q.exec(t, sqe, None, to)?, what);
+        let mut exec = |sqe: Sqe, what: &'static str| check(q.exec(t, sqe, None, to)?.0, what);
         f(&mut exec)
     }
 
     pub(crate) fn exec(&self, st: &mut AdminState<T>, sqe: Sqe, cmd: &'static str) -> Result<Cqe> {
-        let cqe =
+        let (cqe, _) =
             st.q.exec(&self.transport, sqe, None, self.opts.admin_timeout)?;
         check(cqe, cmd)
     }
@@ -321,20 +325,50 @@ impl<T: Transport> Shared<T> {
     }
 }
 
+/// The 4 KiB buffer of the Identify commands at bring-up. Owned: if a
+/// command times out, the admin queue keeps it (the controller may still
+/// write it) and the next command fails.
+struct IdentBuf(Option<IoBuf>);
+
+impl IdentBuf {
+    fn exec<T: Transport>(
+        &mut self,
+        q: &mut AdminQueue<T>,
+        t: &T,
+        sqe: Sqe,
+        to: Duration,
+    ) -> Result<Cqe> {
+        let b = self.0.take().ok_or_else(|| {
+            Error::Platform("identify buffer held by a command that timed out".into())
+        })?;
+        let (cqe, b) = q.exec(t, sqe, Some(b), to)?;
+        self.0 = b;
+        Ok(cqe)
+    }
+
+    /// The 4 KiB an Identify command returned.
+    fn page(&self) -> Result<&[u8]> {
+        self.0
+            .as_ref()
+            .and_then(|b| b.as_slice().get(..4096))
+            .ok_or_else(|| Error::Platform("identify buffer too small".into()))
+    }
+}
+
 /// Identify Namespace for `nsid`, as the I/O path needs it.
 fn identify_ns<T: Transport>(
     q: &mut AdminQueue<T>,
     t: &T,
     to: Duration,
-    buf: &DmaBuffer,
+    buf: &mut IdentBuf,
     nsid: u32,
     max_transfer: u32,
 ) -> Result<Option<Namespace>> {
     check(
-        q.exec(t, Sqe::identify(cns::NAMESPACE, nsid, 0), Some(buf), to)?,
+        buf.exec(q, t, Sqe::identify(cns::NAMESPACE, nsid, 0), to)?,
         "Identify Namespace",
     )?;
-    let id = IdentifyNamespace::read_from_bytes(&buf.as_slice()[..4096])
+    let id = IdentifyNamespace::read_from_bytes(buf.page()?)
         .map_err(|_| Error::Platform("identify buffer too small".into()))?;
     if id.nsze == 0 {
         return Ok(None); // inactive
@@ -342,6 +376,20 @@ fn identify_ns<T: Transport>(
     let lbads = id.lba_format().lbads;
     if !(9..=16).contains(&lbads) {
         tracing::warn!(nsid, lbads, "namespace with unsupported LBA size skipped");
+        return Ok(None);
+    }
+    // With metadata, a command moves more than NLB << LBADS bytes (an
+    // extended LBA format interleaves it with the data) or writes it to
+    // MPTR (a separate buffer, which pollux never gives): the buffers the
+    // I/O path checks would be overrun.
+    let ms = id.lba_format().ms;
+    if ms != 0 {
+        tracing::warn!(
+            nsid,
+            ms,
+            "namespace formatted with {ms} bytes of metadata per block skipped (pollux supports \
+             none; reformat it with an LBA format without metadata)"
+        );
         return Ok(None);
     }
     let max_lbas = (max_transfer >> lbads).max(1);
@@ -401,13 +449,13 @@ impl<T: Transport> Controller<T> {
         Shared::enable(t, cap, &q)?;
         let to = opts.admin_timeout;
 
-        let buf = t.alloc_dma(4096)?;
+        let mut buf = IdentBuf(Some(IoBuf::new(t.alloc_dma(4096)?)));
         check(
-            q.exec(t, Sqe::identify(cns::CONTROLLER, 0, 0), Some(&buf), to)?,
+            buf.exec(&mut q, t, Sqe::identify(cns::CONTROLLER, 0, 0), to)?,
             "Identify Controller",
         )?;
         let ident = Box::new(
-            IdentifyController::read_from_bytes(&buf.as_slice()[..4096])
+            IdentifyController::read_from_bytes(buf.page()?)
                 .map_err(|_| Error::Platform("identify buffer too small".into()))?,
         );
         // SQES/CQES: bits 3:0 required (minimum) size, 7:4 maximum, log2.
@@ -435,7 +483,8 @@ impl<T: Transport> Controller<T> {
                 Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, nq.to_cdw11()),
                 None,
                 to,
-            )?,
+            )?
+            .0,
             "Set Features (Number of Queues)",
         )?;
         let got = NumberOfQueues::from_dw0(cqe.dw0);
@@ -444,16 +493,16 @@ impl<T: Transport> Controller<T> {
         // Namespaces: the active list (CNS 2); controllers before NVMe 1.1
         // lack it, then probe 1..=NN.
         let mut namespaces = Vec::new();
-        let list = q.exec(t, Sqe::identify(cns::ACTIVE_NS_LIST, 0, 0), Some(&buf), to)?;
+        let list = buf.exec(&mut q, t, Sqe::identify(cns::ACTIVE_NS_LIST, 0, 0), to)?;
         let ids: Vec<u32> = if list.status().is_success() {
-            let l = NsIdList::read_from_bytes(&buf.as_slice()[..4096])
+            let l = NsIdList::read_from_bytes(buf.page()?)
                 .map_err(|_| Error::Platform("identify buffer too small".into()))?;
             l.ids.iter().copied().take_while(|&id| id != 0).collect()
         } else {
             (1..=ident.nn.min(1024)).collect()
         };
         for nsid in ids {
-            if let Some(ns) = identify_ns(&mut q, t, to, &buf, nsid, max_transfer)? {
+            if let Some(ns) = identify_ns(&mut q, t, to, &mut buf, nsid, max_transfer)? {
                 namespaces.push(ns);
             }
         }
@@ -540,11 +589,57 @@ impl<T: Transport> Controller<T> {
         self.shared.transport.relax()
     }
 
-    /// Raw admin command. `data`, if given, is described by the transport
-    /// (PRP1/PRP2 on PCIe: the caller's fields are overwritten).
-    pub fn admin(&self, sqe: Sqe, data: Option<&DmaBuffer>) -> Result<Cqe> {
+    /// Raw admin command, checked. The controller never writes memory the
+    /// caller still reaches: `data` is owned, and comes back with the
+    /// completion entry (a command that times out keeps it until it
+    /// completes or the controller has been disabled). The data pointer
+    /// fields are the transport's: the caller's PRP1/PRP2 (or SGL), MPTR
+    /// and PSDT are cleared and the transport describes `data` there
+    /// (nothing without data). The command must be one whose transfer
+    /// length the driver reads from the command (Identify, Get Log Page,
+    /// Get/Set Features of the features it knows, ...: see `passthru`),
+    /// with `data` exactly that long (none for a command that moves no
+    /// data); anything else is refused (`Error::Passthrough`) and needs
+    /// [`admin_unchecked`](Self::admin_unchecked).
+    ///
+    /// ```compile_fail
+    /// # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+    /// let buf = ctrl.alloc_dma(4096).unwrap();
+    /// // A shared reference the device would write behind: refused.
+    /// ctrl.admin(pollux_spec::Sqe::identify(1, 0, 0), Some(&buf));
+    /// # }
+    /// ```
+    pub fn admin(&self, mut sqe: Sqe, data: Option<IoBuf>) -> Result<(Cqe, Option<IoBuf>)> {
+        crate::passthru::clear_pointers(&mut sqe);
+        let got = data.as_ref().map_or(0, |b| b.len());
+        crate::passthru::check_admin(&sqe, got).map_err(Error::Passthrough)?;
+        self.admin_owned(sqe, data)
+    }
+
+    /// `admin` for any command: the transfer length is not checked. The
+    /// data pointer fields are still the transport's (cleared, then
+    /// filled from `data`).
+    ///
+    /// # Safety
+    /// The command must make the controller transfer no more than
+    /// `data.len()` bytes (nothing without data), and must not hand it any
+    /// other host memory (addresses in command dwords, as Create I/O
+    /// Queue, Doorbell Buffer Config or Set Features Host Memory Buffer
+    /// carry) or change what the I/O path relies on: the namespaces'
+    /// block size and size (Format NVM, Namespace Management and
+    /// Attachment), the driver's queues.
+    pub unsafe fn admin_unchecked(
+        &self,
+        mut sqe: Sqe,
+        data: Option<IoBuf>,
+    ) -> Result<(Cqe, Option<IoBuf>)> {
+        crate::passthru::clear_pointers(&mut sqe);
+        self.admin_owned(sqe, data)
+    }
+
+    fn admin_owned(&self, sqe: Sqe, data: Option<IoBuf>) -> Result<(Cqe, Option<IoBuf>)> {
         let mut st = self.shared.lock_admin();
-        if let Some(d) = data {
+        if let Some(d) = &data {
             let max = st.q.sq.max_data();
             if d.len() > max {
                 return Err(Error::InvalidArgument(format!(
@@ -560,6 +655,7 @@ impl<T: Transport> Controller<T> {
             self.shared.opts.admin_timeout,
         )
     }
+
     /// Get Log Page into a new vector (`len` a multiple of 4, ≤ 8 KiB).
     pub fn get_log_page(&self, lid: u8, nsid: u32, len: usize) -> Result<Vec<u8>> {
         if len == 0 || !len.is_multiple_of(4) || len > 8192 {
@@ -567,16 +663,17 @@ impl<T: Transport> Controller<T> {
                 "log page length {len} must be a non-zero multiple of 4, at most 8192"
             )));
         }
-        let buf = self.alloc_dma(len)?;
+        let buf = IoBuf::new(self.alloc_dma(len)?).truncate(len);
         let sqe = Sqe::get_log_page(lid, nsid, len as u32, 0, 0, 0);
-        check(self.admin(sqe, Some(&buf))?, "Get Log Page")?;
-        Ok(buf.as_slice()[..len].to_vec())
+        let (cqe, buf) = self.admin(sqe, Some(buf))?;
+        check(cqe, "Get Log Page")?;
+        Ok(buf.map(|b| b.as_slice().to_vec()).unwrap_or_default())
     }
 
     /// Get Features (current value): returns completion dword 0.
     pub fn get_features(&self, fid: u8, nsid: u32) -> Result<u32> {
         Ok(check(
-            self.admin(Sqe::get_features(fid, nsid), None)?,
+            self.admin(Sqe::get_features(fid, nsid), None)?.0,
             "Get Features",
         )?
         .dw0)
@@ -585,7 +682,7 @@ impl<T: Transport> Controller<T> {
     /// Set Features: returns completion dword 0.
     pub fn set_features(&self, fid: u8, nsid: u32, cdw11: u32) -> Result<u32> {
         Ok(check(
-            self.admin(Sqe::set_features(fid, nsid, cdw11), None)?,
+            self.admin(Sqe::set_features(fid, nsid, cdw11), None)?.0,
             "Set Features",
         )?
         .dw0)
@@ -640,8 +737,11 @@ impl<T: Transport> Drop for Shared<T> {
         ) {
             tracing::warn!("orderly shutdown did not complete: {e}");
         }
-        if let Err(e) = Self::disable(t, self.cap) {
-            tracing::warn!("disable after shutdown failed: {e}");
+        match Self::disable(t, self.cap) {
+            // Disabled: nothing transfers into the buffers of admin
+            // commands that timed out any more.
+            Ok(()) => self.admin_mut().q.release_parked(),
+            Err(e) => tracing::warn!("disable after shutdown failed: {e}"),
         }
     }
 }

@@ -26,6 +26,8 @@ pub enum Error {
     Unsupported(String),
     #[error("controller is being reset")]
     Resetting,
+    #[error("admin passthrough: {0}")]
+    Passthrough(SubmitError),
     #[error(transparent)]
     Io(#[from] std::io::Error),
 }
@@ -53,6 +55,29 @@ pub enum SubmitError {
     Resetting,
     #[error("controller has failed and could not be reset")]
     ControllerFailed,
+    /// A passthrough command whose transfer length the driver reads from
+    /// the command, with a buffer of another length.
+    #[error(
+        "{} (opcode {opc:#04x}) transfers {expected} bytes but the buffer is {got} bytes",
+        crate::passthru::cmd_name(*.opc, *.admin)
+    )]
+    PassthroughLength {
+        opc: u8,
+        /// An admin command (else an I/O command).
+        admin: bool,
+        expected: u64,
+        got: usize,
+    },
+    /// A passthrough command the driver cannot check (see `passthru`).
+    #[error(
+        "{} (opcode {opc:#04x}) refused: {why}; only the unsafe unchecked passthrough sends it",
+        crate::passthru::cmd_name(*.opc, *.admin)
+    )]
+    PassthroughUnchecked {
+        opc: u8,
+        admin: bool,
+        why: &'static str,
+    },
 }
 
 /// Why an accepted request did not succeed. Delivered with its completion:

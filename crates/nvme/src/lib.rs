@@ -24,6 +24,11 @@
 //! caller gets soundness from the types at the cost of one pointer stored
 //! in the tracker and handed back per I/O, and the block-device layer and
 //! the C API can carry the same handle.
+//!
+//! Passthrough (`raw`, `Controller::admin`) is checked the same way: the
+//! transport owns the data pointer fields and the buffer must match the
+//! transfer the command states; what the driver cannot check is an
+//! `unsafe fn` (`raw_unchecked`, `admin_unchecked`). See `passthru`.
 #[cfg(target_endian = "big")]
 compile_error!("pollux assumes a little-endian host");
 
@@ -32,6 +37,7 @@ mod completion;
 pub mod ctrl;
 pub mod dma;
 pub mod error;
+mod passthru;
 mod poll;
 pub mod qpair;
 mod submit;

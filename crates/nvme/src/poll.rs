@@ -56,7 +56,7 @@ impl<T: Transport> QueuePair<T> {
         let d = std::mem::take(&mut self.core.deferred);
         let mut sub = self.submitter();
         for c in d {
-            f.complete(&mut sub, c);
+            f.complete(&mut sub.reborrow(), c);
         }
     }
 
@@ -67,6 +67,7 @@ impl<T: Transport> QueuePair<T> {
             sub: Submitter {
                 core: &mut self.core,
                 sq: &mut self.sq,
+                _invariant: std::marker::PhantomData,
             },
             f,
         };
@@ -279,7 +280,7 @@ fn fail_queued<T: Transport, F: Handler<T>>(sub: &mut Submitter<'_, T>, err: IoE
             // rest never will be.
             Some(idx) => finish_split_unissued(sub, idx, err, f),
             None => f.complete(
-                sub,
+                &mut sub.reborrow(),
                 Completion {
                     user_data: p.user_data,
                     result: Err(err),
@@ -333,8 +334,11 @@ fn complete<T: Transport, F: Handler<T>>(
         } else {
             Err(IoError::Nvme(st))
         };
+        // A fresh view for the handler (here and wherever a handler is
+        // called): if it swaps that view for another queue pair's, `sub`
+        // still names this one's trackers for the next completion.
         f.complete(
-            sub,
+            &mut sub.reborrow(),
             Completion {
                 user_data,
                 result,
@@ -398,7 +402,7 @@ fn finish<T: Transport, F: Handler<T>>(
 ) {
     if flags & T_CHILD == 0 {
         f.complete(
-            sub,
+            &mut sub.reborrow(),
             Completion {
                 user_data,
                 result,
@@ -423,7 +427,7 @@ fn finish<T: Transport, F: Handler<T>>(
             buf: s.buf.take(),
         };
         sub.core.free_splits.push(idx as u32);
-        f.complete(sub, c);
+        f.complete(&mut sub.reborrow(), c);
     }
 }
 
@@ -446,7 +450,7 @@ fn finish_split_unissued<T: Transport, F: Handler<T>>(
         buf: s.buf.take(),
     };
     sub.core.free_splits.push(idx);
-    f.complete(sub, c);
+    f.complete(&mut sub.reborrow(), c);
 }
 
 /// Fails every outstanding command with `err` (a controller reset or

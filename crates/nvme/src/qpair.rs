@@ -163,7 +163,12 @@ impl<T: Transport> QueuePair<T> {
         };
         let max_raw = sq.max_data();
         Ok(QueuePair {
-            core: Core::new(opts.depth, opts.max_queued, max_raw),
+            core: Core::new(
+                opts.depth,
+                opts.max_queued,
+                max_raw,
+                shared.namespaces.as_slice().into(),
+            ),
             sq,
             cq,
             generation,
@@ -189,6 +194,7 @@ impl<T: Transport> QueuePair<T> {
         Submitter {
             core: &mut self.core,
             sq: &mut self.sq,
+            _invariant: std::marker::PhantomData,
         }
     }
 
@@ -319,6 +325,20 @@ impl<T: Transport> QueuePair<T> {
         user_data: u64,
     ) -> Result<(), Refused> {
         self.submitter().raw(sqe, data, user_data)
+    }
+
+    /// See `Submitter::raw_unchecked`.
+    ///
+    /// # Safety
+    /// As for `Submitter::raw_unchecked`.
+    pub unsafe fn raw_unchecked(
+        &mut self,
+        sqe: pollux_spec::Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        // SAFETY: the caller's contract is the same.
+        unsafe { self.submitter().raw_unchecked(sqe, data, user_data) }
     }
 
     /// See `Submitter::raw_dma`.

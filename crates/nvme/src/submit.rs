@@ -19,6 +19,7 @@
 //!   buffer stays allocated and untouched until the completion). For
 //!   callers that manage buffers themselves (a C API, an fio engine).
 use std::collections::VecDeque;
+use std::marker::PhantomData;
 
 use pollux_spec::cmd::{NvmOpcode, RwFlags};
 use pollux_spec::{Sqe, Status};
@@ -132,6 +133,9 @@ pub(crate) struct Core {
     pub(crate) max_queued: usize,
     /// Most data bytes one raw command may carry.
     pub(crate) max_raw: usize,
+    /// The controller's active namespaces: their block sizes give the
+    /// transfer length of a raw Read, Write or Compare.
+    pub(crate) namespaces: Box<[Namespace]>,
     /// Results decided on the submit side after a request was accepted,
     /// delivered by the next poll.
     pub(crate) deferred: Vec<Completion>,
@@ -143,7 +147,12 @@ pub(crate) struct Core {
 }
 
 impl Core {
-    pub(crate) fn new(depth: u16, max_queued: usize, max_raw: usize) -> Core {
+    pub(crate) fn new(
+        depth: u16,
+        max_queued: usize,
+        max_raw: usize,
+        namespaces: Box<[Namespace]>,
+    ) -> Core {
         Core {
             epoch: 0,
             trackers: (0..depth).map(|_| Tracker::default()).collect(),
@@ -156,6 +165,7 @@ impl Core {
             queue: VecDeque::new(),
             max_queued,
             max_raw,
+            namespaces,
             deferred: Vec::new(),
             failed_outstanding: 0,
             outstanding_at_reset: 0,
@@ -270,9 +280,32 @@ impl<T: Transport, F: FnMut(&mut Submitter<'_, T>, Completion)> Handler<T> for F
 /// and every completion handler get one. A view, not the queue pair's
 /// state: exchanging two of them (`mem::swap`) exchanges two borrows, each
 /// still valid, never the rings behind them.
+///
+/// Invariant in `'a`: a handler cannot put a longer-lived submitter (of
+/// another, leaked queue pair) in place of the one it was handed, so the
+/// completion loop keeps applying its CIDs to its own trackers:
+///
+/// ```compile_fail
+/// use pollux_nvme::{Completion, QueuePair, Submitter, Transport};
+///
+/// fn hijack<T: Transport>(qp: &mut QueuePair<T>, other: Submitter<'static, T>) {
+///     let mut other = Some(other);
+///     qp.poll(16, |sub: &mut Submitter<'_, T>, _c: Completion| {
+///         if let Some(mut o) = other.take() {
+///             std::mem::swap(sub, &mut o); // error[E0521]: borrowed data escapes the closure
+///         }
+///     });
+/// }
+/// ```
+///
+/// Nor does the loop rely on it: each handler call gets a fresh view
+/// (`reborrow`), so a handler that swaps in a submitter of exactly its
+/// own lifetime (made from a queue pair leaked inside the call) only
+/// changes that view.
 pub struct Submitter<'a, T: Transport> {
     pub(crate) core: &'a mut Core,
     pub(crate) sq: &'a mut T::Sq,
+    pub(crate) _invariant: PhantomData<fn(&'a ()) -> &'a ()>,
 }
 
 /// `[lba, lba + nlb)` lies inside the namespace.
@@ -344,6 +377,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         Submitter {
             core: &mut *self.core,
             sq: &mut *self.sq,
+            _invariant: PhantomData,
         }
     }
 
@@ -844,11 +878,51 @@ impl<'a, T: Transport> Submitter<'a, T> {
         }))
     }
 
-    /// Raw command passthrough. The driver sets the CID and, if `data` is
-    /// given, the data pointer fields (data at most the transport's
-    /// per-command limit); without data the command goes as given. The
-    /// buffer comes back in the completion.
-    pub fn raw(&mut self, sqe: Sqe, data: Option<IoBuf>, user_data: u64) -> Result<(), Refused> {
+    /// Raw command passthrough, checked. The driver sets the CID and owns
+    /// the data pointer fields: the caller's PRP1/PRP2 (or SGL), MPTR and
+    /// PSDT are cleared and the transport describes `data` there (nothing
+    /// without data). The command must be one whose transfer length the
+    /// driver reads from the command (Read, Write and Compare from NLB and
+    /// the namespace's block size, Dataset Management from NR, Flush,
+    /// Write Zeroes, reservations, ...: see `passthru`), and `data` exactly
+    /// that long (none for a command that moves no data); anything else is
+    /// refused (`PassthroughLength`, `PassthroughUnchecked`) and needs
+    /// [`raw_unchecked`](Self::raw_unchecked). The buffer comes back in
+    /// the completion.
+    pub fn raw(
+        &mut self,
+        mut sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        crate::passthru::clear_pointers(&mut sqe);
+        let got = data.as_ref().map_or(0, |b| b.len());
+        if let Err(error) = crate::passthru::check_io(&sqe, got, &self.core.namespaces) {
+            return Err(Refused { error, buf: data });
+        }
+        self.raw_owned(sqe, data, user_data)
+    }
+
+    /// `raw` for any command: the transfer length is not checked. The
+    /// data pointer fields are still the transport's (cleared, then filled
+    /// from `data`).
+    ///
+    /// # Safety
+    /// The command must make the controller transfer no more than
+    /// `data.len()` bytes (nothing without data), and must not hand it any
+    /// other host memory (addresses in command dwords) or change what the
+    /// driver relies on: the namespaces' block size and size, the queues.
+    pub unsafe fn raw_unchecked(
+        &mut self,
+        mut sqe: Sqe,
+        data: Option<IoBuf>,
+        user_data: u64,
+    ) -> Result<(), Refused> {
+        crate::passthru::clear_pointers(&mut sqe);
+        self.raw_owned(sqe, data, user_data)
+    }
+
+    fn raw_owned(&mut self, sqe: Sqe, data: Option<IoBuf>, user_data: u64) -> Result<(), Refused> {
         let Some(buf) = data else {
             return refused_owned(self.raw_inner(sqe, None, None, user_data));
         };
@@ -865,18 +939,23 @@ impl<'a, T: Transport> Submitter<'a, T> {
         }
     }
 
-    /// `raw` with a borrowed buffer.
+    /// `raw_unchecked` with a borrowed buffer (the data pointer fields
+    /// are the transport's, the length is not checked).
     ///
     /// # Safety
     /// As for `read_dma`: the memory `data` describes must stay allocated
     /// and untouched by the host until the completion for `user_data` has
-    /// been delivered (or the queue pair has been dropped).
+    /// been delivered (or the queue pair has been dropped). And as for
+    /// `raw_unchecked`: the command transfers at most `data.len()` bytes,
+    /// reaches no other host memory, and leaves the namespaces and queues
+    /// as they are.
     pub unsafe fn raw_dma(
         &mut self,
-        sqe: Sqe,
+        mut sqe: Sqe,
         data: Option<DmaSlice<'_>>,
         user_data: u64,
     ) -> Result<(), SubmitError> {
+        crate::passthru::clear_pointers(&mut sqe);
         if let Some(d) = &data {
             self.raw_check(d)?;
         }

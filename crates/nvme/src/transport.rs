@@ -76,8 +76,12 @@ pub trait SubmissionQueue: Send {
     /// Writes one command for tracker `cid` with `len` bytes of data whose
     /// byte `i` is at bus address `addr_at(i)` (`addr0 == addr_at(0)`,
     /// passed so the one-page case needs no lookup; `len == 0`: no data).
-    /// The transport fills the data pointer fields and the CID. On error
-    /// nothing was written.
+    /// The transport fills the CID and, with data, the data pointer from
+    /// `addr_at` (PRP1, and PRP2 when the data crosses a page; the SGL over
+    /// fabrics); fields it does not fill go as given: zero in every
+    /// command the core builds, and in a passthrough command, whose
+    /// pointer fields the core clears (`passthru`); the driver's own queue
+    /// commands carry ring addresses there. On error nothing was written.
     fn push(
         &mut self,
         cid: u16,

@@ -205,6 +205,39 @@ fn swapping_submitters_is_harmless() {
     assert!(done.iter().all(|c| c.result == Ok(0)));
 }
 
+/// A handler that swaps the submitter it was handed for one of another
+/// queue pair (leaked inside the call, so of exactly the handler's
+/// lifetime: invariance cannot refuse it) changes only its own view: the
+/// completion loop still applies this queue's CIDs to this queue's
+/// trackers. Before, the rest of the poll completed the other queue
+/// pair's trackers (here: none busy, so bogus completions) and this queue
+/// pair's requests were never delivered.
+#[test]
+fn handler_swapping_its_submitter_keeps_cids_on_their_queue() {
+    let (_dev, ctrl) = open(cfg(5, 4 << 20));
+    let ns = ctrl.namespaces()[0];
+    let mut a = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut b = Some(ctrl.alloc_qpair(QpairOptions::default()).unwrap());
+    for i in 0..4u64 {
+        let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(512).unwrap()).truncate(512);
+        a.read(&ns, i, 1, buf, i).unwrap();
+    }
+    let mut got = Vec::new();
+    let r = a.drain(Duration::from_secs(2), |sub, c| {
+        if let Some(q) = b.take() {
+            let q: &'static mut QueuePair = Box::leak(Box::new(q));
+            let mut other = q.submitter();
+            std::mem::swap(sub, &mut other);
+        }
+        assert!(c.buf.is_some(), "a read's buffer comes back");
+        got.push((c.user_data, c.result));
+    });
+    got.sort_by_key(|g| g.0);
+    assert_eq!(got, (0..4).map(|i| (i, Ok(0))).collect::<Vec<_>>());
+    assert!(r.is_ok(), "{r:?}");
+    assert_eq!(a.stats().bogus_completions, 0);
+}
+
 /// A command whose abort loses the race and that then completes
 /// successfully did its work: it is reported as a success, not a timeout,
 /// even when the controller is reset afterwards (completions posted before

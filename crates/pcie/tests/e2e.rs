@@ -795,7 +795,15 @@ fn admin_passthrough_and_smart_log() {
         .get_features(pollux_spec::features::fid::NUMBER_OF_QUEUES, 0)
         .unwrap();
     assert_eq!((nq & 0xFFFF) + 1, ctrl.io_queues() as u32);
-    let bad = ctrl.admin(pollux_spec::Sqe::new(0xC5, 0), None).unwrap();
+    // A vendor-specific opcode: refused by the checked passthrough, and
+    // the emulated controller does not know it.
+    let e = ctrl
+        .admin(pollux_spec::Sqe::new(0xC5, 0), None)
+        .unwrap_err();
+    assert!(e.to_string().contains("vendor-specific"), "{e}");
+    // SAFETY: no data, and the emulated controller moves none for an
+    // opcode it does not know.
+    let (bad, _) = unsafe { ctrl.admin_unchecked(pollux_spec::Sqe::new(0xC5, 0), None) }.unwrap();
     assert!(bad.status().is(0, generic::INVALID_OPCODE));
 }
 

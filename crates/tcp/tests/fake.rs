@@ -106,6 +106,20 @@ fn bring_up_connects_identifies_and_reads_registers() {
     assert!(seen.errors.is_empty(), "{:?}", seen.errors);
 }
 
+/// A namespace formatted with metadata (8 bytes per 512-byte block) is
+/// skipped: its Reads would move 520 bytes per block into buffers of 512
+/// (extended LBA) or write the metadata to MPTR, which pollux never gives.
+/// Before, it was listed with 512-byte blocks.
+#[test]
+fn namespace_with_metadata_is_skipped() {
+    let fake = Fake::start(Script {
+        ms: 8,
+        ..Script::default()
+    });
+    let c = open(&fake, Digests::NONE);
+    assert_eq!(c.namespaces(), &[]);
+}
+
 #[test]
 fn wrong_subsystem_is_refused_by_connect_naming_it() {
     let fake = Fake::start(Script::default());
@@ -461,21 +475,25 @@ fn discovery_log_is_read() {
 fn a_short_admin_transfer_succeeds_zero_filled() {
     let f = Fake::start(Script::default());
     let c = open(&f, Digests::NONE);
-    let mut buf = c.alloc_dma(512).unwrap();
+    let mut buf = IoBuf::new(c.alloc_dma(512).unwrap());
     buf.as_mut_slice().fill(0xFF);
     let sqe = pollux_spec::Sqe::get_log_page(0x03, 0, 512, 0, 0, 0);
-    let cqe = c.admin(sqe, Some(&buf)).expect("Get Log Page");
+    let (cqe, buf) = c.admin(sqe, Some(buf)).expect("Get Log Page");
     assert!(cqe.status().is_success(), "{:#x}", cqe.status().0);
+    let buf = buf.expect("the buffer comes back");
     let d = buf.as_slice();
     assert!(d[..64].iter().all(|&b| b == 0xA5), "the 64 bytes sent");
     assert!(d[64..512].iter().all(|&b| b == 0), "zeros past them");
     assert!(f.seen.lock().unwrap().errors.is_empty());
 }
 
-/// A Get Log Page that times out gives its buffer back to the caller; its
-/// answer, arriving later (received by the next register access), must not
-/// be copied into that buffer (or, had the caller freed it, into freed
-/// memory).
+/// A Get Log Page that times out; its answer arrives later (received by
+/// the next register access). The link must not copy that data anywhere
+/// (before, it copied it into the timed-out command's buffer, which the
+/// caller had got back and could have freed); since `Controller::admin`
+/// takes the buffer by value, a timed-out command's buffer stays parked
+/// with the admin queue, so the caller never holds memory the late answer
+/// could reach. The admin queue goes on past the late completion.
 #[test]
 fn late_admin_data_is_not_copied_into_a_buffer_after_its_timeout() {
     let fake = Fake::start(Script {
@@ -490,11 +508,11 @@ fn late_admin_data_is_not_copied_into_a_buffer_after_its_timeout() {
         },
     )
     .expect("bring-up");
-    let mut buf = c.alloc_dma(4096).unwrap();
+    let mut buf = IoBuf::new(c.alloc_dma(4096).unwrap());
     buf.as_mut_slice().fill(0x5A);
     // SMART / Health Information, 4 KiB.
     let sqe = pollux_spec::Sqe::get_log_page(0x02, 0xFFFF_FFFF, 4096, 0, 0, 0);
-    match c.admin(sqe, Some(&buf)) {
+    match c.admin(sqe, Some(buf)) {
         Err(pollux_nvme::Error::Timeout { .. }) => {}
         other => panic!("expected a timeout, got {other:?}"),
     }
@@ -504,10 +522,6 @@ fn late_admin_data_is_not_copied_into_a_buffer_after_its_timeout() {
         .store(true, std::sync::atomic::Ordering::Release);
     c.csts().expect("CSTS");
     assert_eq!(fake.seen.lock().unwrap().late_logs, 1, "late answer sent");
-    assert!(
-        buf.as_slice().iter().all(|&b| b == 0x5A),
-        "the late log data was copied into the buffer after the command timed out"
-    );
     // The admin queue goes on: the late completion is skipped.
     let got = c.admin(pollux_spec::Sqe::get_features(0x07, 0), None);
     assert!(got.is_ok(), "{got:?}");

@@ -64,6 +64,8 @@ pub struct Script {
     /// in `Seen::early_data`. The listener's receive buffer is kept small,
     /// so what the host sends backs up in its own send queue.
     pub answer_early: Option<u16>,
+    /// Metadata bytes per block of the namespace's LBA format.
+    pub ms: u16,
 }
 
 impl Default for Script {
@@ -83,6 +85,7 @@ impl Default for Script {
             batch_reads: 1,
             hold_log_page: false,
             answer_early: None,
+            ms: 0,
         }
     }
 }
@@ -528,7 +531,7 @@ impl FakeConn {
                         ns.ncap = NSZE;
                         ns.nuse = NSZE;
                         ns.lbaf[0] = pollux_spec::identify::LbaFormat {
-                            ms: 0,
+                            ms: self.sh.script.ms,
                             lbads: 9,
                             rp: 0,
                         };
