@@ -22,8 +22,8 @@
 //! of `TargetConfig<T>` for the controllers' transport `T`;
 //! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
 //! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
-//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
-//! buffer tuning parameters are accepted and ignored; pollux-specific,
+//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`; SPDK's
+//! buffer tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
 //! the handshake timeouts of [`TransportOptions`], and `send_iov`),
 //! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
@@ -98,9 +98,6 @@ pub struct TransportOptions {
     pub kas: u16,
     /// Bytes of each connection's receive buffer.
     pub rx_buffer: usize,
-    /// `MSG_ZEROCOPY` for data of at least this many bytes (None: off;
-    /// smaller responses are always copied).
-    pub zerocopy_threshold: Option<u32>,
     /// Place each connection on the runtime thread whose core receives
     /// its packets (`SO_INCOMING_CPU`), else round robin.
     pub incoming_cpu: bool,
@@ -143,7 +140,6 @@ impl Default for TransportOptions {
             max_connections: 1024,
             kas: 1,
             rx_buffer: 64 << 10,
-            zerocopy_threshold: None,
             incoming_cpu: false,
             epoll_idle: true,
             direct_receive: true,
@@ -531,9 +527,7 @@ impl<T: Transport> TargetConfig<T> {
                 if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
                     t.send_iov = v as usize;
                 }
-                if let Some(z) = p.bool("zcopy")? {
-                    t.zerocopy_threshold = z.then_some(t.zerocopy_threshold.unwrap_or(16 << 10));
-                }
+                p.bool("zcopy")?;
                 for ignored in [
                     "io_unit_size",
                     "num_shared_buffers",
@@ -544,6 +538,7 @@ impl<T: Transport> TargetConfig<T> {
                     "data_wr_pool_size",
                     "control_msg_num",
                     "c2h_success",
+                    "zcopy",
                 ] {
                     if params.contains_key(ignored) {
                         self.warn(format!("{method}: parameter '{ignored}' ignored"));

@@ -17,8 +17,7 @@
 //!
 //! Send: PDU headers (and response capsules, digests, padding) are copied
 //! into one byte buffer, data is referenced in place, and everything
-//! queued goes out in one `sendmsg` per poll (`MSG_ZEROCOPY` for data of
-//! at least the configured size, sent in its own call).
+//! queued goes out in one `sendmsg` per poll.
 //!
 //! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
 //! Fatal Error Status and Information of the spec and the connection
@@ -39,9 +38,7 @@
 //!
 //! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
 //! the same machine over memory.
-use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -182,8 +179,6 @@ struct Slot {
     io: Option<IoCmd>,
     /// A transport error seen while receiving the data.
     err: Option<Status>,
-    /// Last zero-copy send carrying its data.
-    zc_seq: Option<u64>,
 }
 
 impl Slot {
@@ -198,7 +193,6 @@ impl Slot {
             got: 0,
             io: None,
             err: None,
-            zc_seq: None,
         }
     }
 
@@ -219,18 +213,9 @@ impl Slot {
 
 #[derive(Clone, Copy, Debug)]
 enum Seg {
-    Bytes {
-        start: usize,
-        len: usize,
-    },
-    Data {
-        slot: u16,
-        ptr: *const u8,
-        len: usize,
-    },
-    Release {
-        slot: u16,
-    },
+    Bytes { start: usize, len: usize },
+    Data { ptr: *const u8, len: usize },
+    Release { slot: u16 },
 }
 
 /// What is queued for the socket.
@@ -356,14 +341,6 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     scratch: Vec<u8>,
     kato: Duration,
     last_admin: Instant,
-    zc_threshold: Option<u32>,
-    zc_sent: u64,
-    zc_done: u64,
-    /// Buffers of finished commands whose data went out with MSG_ZEROCOPY
-    /// and the kernel has not yet notified (the send's sequence number):
-    /// their slots are free again at once, so the host's queue never
-    /// counts a command the kernel still reads from.
-    zc_hold: VecDeque<(u64, Lent)>,
     linger_until: Option<Instant>,
     fin_sent: bool,
     draining: bool,
@@ -409,19 +386,10 @@ impl<T: Transport> Conn<TcpStream, T> {
         sock.set_nodelay(true)?;
         let local = sock.local_addr()?;
         let peer = sock.peer_addr()?;
-        let fd = sock.as_raw_fd();
-        let mut zc_threshold = shared.opts.zerocopy_threshold;
-        if zc_threshold.is_some() {
-            if let Err(e) = sock::enable_zerocopy(fd) {
-                tracing::warn!(%peer, "SO_ZEROCOPY refused ({e}): copying sends");
-                zc_threshold = None;
-            }
-        }
         Ok(Conn::with_wire(
             id,
             sock,
             (local, peer),
-            zc_threshold,
             shared,
             thread,
             now,
@@ -436,13 +404,11 @@ impl<T: Transport> Conn<TcpStream, T> {
 
 impl<W: Wire, T: Transport> Conn<W, T> {
     /// A connection over `sock` (non-blocking, set up), between the
-    /// addresses `(local, peer)`; `zc_threshold`: the zero-copy size, if
-    /// the socket takes `MSG_ZEROCOPY`.
+    /// addresses `(local, peer)`.
     pub(crate) fn with_wire(
         id: u64,
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
-        zc_threshold: Option<u32>,
         shared: Arc<Shared<T>>,
         thread: usize,
         now: Instant,
@@ -482,10 +448,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             scratch: Vec::with_capacity(CONNECT_DATA_LEN as usize),
             kato: Duration::ZERO,
             last_admin: now,
-            zc_threshold,
-            zc_sent: 0,
-            zc_done: 0,
-            zc_hold: VecDeque::new(),
             linger_until: None,
             fin_sent: false,
             draining: false,
@@ -523,9 +485,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Work is pending that no socket readiness will announce: the
     /// thread must not sleep.
     pub fn needs_poll(&self) -> bool {
-        !self.tx.is_empty()
-            || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
-            || self.zc_done < self.zc_sent
+        !self.tx.is_empty() || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
     }
 
     /// One pass: completions, receive (then the completions of what it
@@ -555,9 +515,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
         if !self.tx.is_empty() {
             busy |= self.flush(ctx);
-        }
-        if self.zc_done < self.zc_sent {
-            self.reap_zerocopy();
         }
         match self.phase {
             Phase::Closing => busy |= self.closing(ctx),
@@ -1617,10 +1574,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let (lent, seg) = b.lend(len as usize);
         s.lent = Some(lent);
         s.st = St::Tx;
-        s.zc_seq = None;
         self.tx.push_header(h.as_bytes(), &l);
         self.tx.push(Seg::Data {
-            slot: i,
             ptr: seg.ptr,
             len: seg.len,
         });
@@ -1654,21 +1609,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     fn release(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
-        if let Some(seq) = s.zc_seq.filter(|&q| q >= self.zc_done) {
-            // The kernel still reads the buffer: hold it apart; the slot
-            // gets another when it needs one.
-            if let Some(l) = s.lent.take() {
-                self.zc_hold.push_back((seq, l));
-            }
-        } else if let Some(l) = s.lent.take() {
+        if let Some(l) = s.lent.take() {
             // SAFETY: every byte of the buffer queued for the socket was
-            // handed to the kernel by a copying send (or a zero-copy one
-            // already notified complete, checked above).
+            // handed to the kernel by a copying send, which has returned.
             s.buf = Some(unsafe { l.reclaim() });
         }
         s.st = St::Free;
         s.io = None;
-        s.zc_seq = None;
         self.free.push(i);
     }
 
@@ -1685,17 +1632,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.tx.front = 0;
                 break;
             }
-            // Gather: a large data segment alone with MSG_ZEROCOPY, else
-            // everything up to the next such segment.
-            // Zero-copy only while the held buffers stay within the
-            // queue's size; beyond that, copy.
-            let zc_min = self
-                .zc_threshold
-                .filter(|_| self.zc_hold.len() < self.entries as usize)
-                .map(|t| t as usize);
             self.iov.clear();
-            let mut zerocopy = false;
-            let mut zc_slot = None;
             for (k, seg) in self.tx.pending().iter().enumerate() {
                 let skip = if k == 0 { self.tx.front } else { 0 };
                 match *seg {
@@ -1705,23 +1642,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                             iov_len: len - skip,
                         });
                     }
-                    Seg::Data { slot, ptr, len } => {
-                        let big = zc_min.is_some_and(|m| len >= m);
-                        if big && !self.iov.is_empty() {
-                            break;
-                        }
-                        // SAFETY: `ptr` starts slot `slot`'s lent buffer
-                        // of at least `len` bytes, and `skip <= len`.
+                    Seg::Data { ptr, len, .. } => {
+                        // SAFETY: `ptr` starts a lent slot buffer of at
+                        // least `len` bytes, and `skip <= len`.
                         let base = unsafe { ptr.add(skip) };
                         self.iov.push(libc::iovec {
                             iov_base: base as *mut _,
                             iov_len: len - skip,
                         });
-                        if big {
-                            zerocopy = true;
-                            zc_slot = Some(slot);
-                            break;
-                        }
                     }
                     Seg::Release { .. } => {}
                 }
@@ -1731,28 +1659,17 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             }
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
             // the call returns) and into lent slot buffers (released only
-            // once sent; zero-copy ones only once notified).
-            let r = unsafe { self.sock.send_iov(&self.iov, zerocopy) };
+            // once sent).
+            let r = unsafe { self.sock.send_iov(&self.iov) };
             let sent = match r {
                 Ok(0) => break,
                 Ok(k) => k,
-                Err(e) if zerocopy && e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    tracing::warn!(peer = %self.peer, "MSG_ZEROCOPY refused (ENOBUFS): copying from now on");
-                    self.zc_threshold = None;
-                    continue;
-                }
                 Err(e) => {
                     self.close_now(ctx, &format!("send failed: {e}"));
                     return true;
                 }
             };
             busy = true;
-            if zerocopy {
-                if let Some(s) = zc_slot {
-                    self.slots[s as usize].zc_seq = Some(self.zc_sent);
-                }
-                self.zc_sent += 1;
-            }
             self.advance(sent);
         }
         busy
@@ -1780,42 +1697,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             } else {
                 self.tx.front += sent;
                 sent = 0;
-            }
-        }
-    }
-
-    /// Zero-copy completions: slots whose data the kernel is done with.
-    fn reap_zerocopy(&mut self) {
-        let mut any = false;
-        while let Ok(Some((_lo, hi))) = self.sock.zerocopy_notification() {
-            if self.zc_sent == 0 {
-                break;
-            }
-            // Kernel sequence numbers are the low 32 bits of ours.
-            let last = self.zc_sent - 1;
-            let back = (last as u32).wrapping_sub(hi) as u64;
-            if back <= last {
-                self.zc_done = self.zc_done.max(last - back + 1);
-                any = true;
-            }
-        }
-        if !any {
-            return;
-        }
-        while self.zc_hold.front().is_some_and(|&(q, _)| q < self.zc_done) {
-            let Some((_, l)) = self.zc_hold.pop_front() else {
-                break;
-            };
-            // SAFETY: the kernel notified every zero-copy send up to
-            // `zc_done`, this buffer's last one included.
-            let b = unsafe { l.reclaim() };
-            // Back to a free slot that lost its buffer to the hold.
-            if let Some(&k) = self
-                .free
-                .iter()
-                .find(|&&k| self.slots[k as usize].buf.is_none())
-            {
-                self.slots[k as usize].buf = Some(b);
             }
         }
     }

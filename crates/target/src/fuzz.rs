@@ -1,8 +1,8 @@
 //! Structured fuzzing of the connection machine (`conn`), over memory.
 //!
 //! Each case is one connection: a [`Conn`] over a [`MemWire`] (bytes in,
-//! bytes out, a send buffer of limited room, end of stream, reset, and
-//! zero-copy notifications) on a runtime thread of a real target with a
+//! bytes out, a send buffer of limited room, end of stream, reset) on a
+//! runtime thread of a real target with a
 //! RAM namespace. A host model ([`Host`]) drives it with a structured
 //! sequence: usually a valid ICReq and Connect (admin, or I/O queue 1 of a
 //! controller kept up for the whole run), then a mix of valid capsules
@@ -91,8 +91,6 @@ pub(crate) struct MemWire {
     shut_rd: Cell<bool>,
     /// Send calls after our FIN (must stay 0).
     after_fin: u32,
-    zc_next: u32,
-    zc_done: u32,
 }
 
 impl MemWire {
@@ -107,8 +105,6 @@ impl MemWire {
             shut_wr: Cell::new(false),
             shut_rd: Cell::new(false),
             after_fin: 0,
-            zc_next: 0,
-            zc_done: 0,
         }
     }
 
@@ -142,7 +138,7 @@ impl Wire for MemWire {
         Ok(Some(n1 + n2))
     }
 
-    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         if self.reset {
             return Err(io::ErrorKind::ConnectionReset.into());
         }
@@ -166,10 +162,6 @@ impl Wire for MemWire {
                 break;
             }
         }
-        if zerocopy && sent > 0 {
-            // The bytes were copied: the "kernel" is done with them at once.
-            self.zc_next = self.zc_next.wrapping_add(1);
-        }
         Ok(sent)
     }
 
@@ -179,15 +171,6 @@ impl Wire for MemWire {
             self.shut_rd.set(true);
         }
         Ok(())
-    }
-
-    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>> {
-        if self.zc_done == self.zc_next {
-            return Ok(None);
-        }
-        let r = (self.zc_done, self.zc_next.wrapping_sub(1));
-        self.zc_done = self.zc_next;
-        Ok(Some(r))
     }
 }
 
@@ -200,7 +183,6 @@ impl Wire for MemWire {
 struct Env {
     shared: Arc<Shared>,
     local: SocketAddr,
-    zc: Option<u32>,
     cntlid: u16,
     /// The admin connection of `cntlid` (kept open).
     admin: Option<Conn<MemWire>>,
@@ -375,7 +357,6 @@ impl<'a> Host<'a> {
             1,
             MemWire::new(room),
             (env.local, peer),
-            env.zc,
             env.shared.clone(),
             ctx.index(),
             ctx.now(),
@@ -1372,11 +1353,10 @@ fn bring_up(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) {
     env.admin = Some(conn);
 }
 
-fn env_for(shared: Arc<Shared>, local: SocketAddr, zc: Option<u32>) -> Env {
+fn env_for(shared: Arc<Shared>, local: SocketAddr) -> Env {
     Env {
         shared,
         local,
-        zc,
         cntlid: 0,
         admin: None,
         shadow: vec![0; BLOCKS as usize * 512],
@@ -1394,14 +1374,12 @@ fn fuzz_conn() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED_0F7A_76E7);
-    // Two variants: defaults (64 KiB receive buffer, direct receive, no
-    // zero-copy), and a 4 KiB receive buffer without direct receive,
-    // zero-copy sends from 4 KiB.
+    // Two variants: defaults (64 KiB receive buffer, direct receive), and
+    // a 4 KiB receive buffer without direct receive.
     let a = target(crate::TransportOptions::default());
     let b = target(crate::TransportOptions {
         rx_buffer: 4096,
         direct_receive: false,
-        zerocopy_threshold: Some(4096),
         ..Default::default()
     });
     let sa = (a.shared(), a.listen_addrs()[0]);
@@ -1411,7 +1389,7 @@ fn fuzz_conn() {
     let r = a
         .runtime()
         .call(0, move |ctx| {
-            let mut envs = [env_for(sa.0, sa.1, None), env_for(sb.0, sb.1, Some(4096))];
+            let mut envs = [env_for(sa.0, sa.1), env_for(sb.0, sb.1)];
             let mut st = Stats::default();
             for i in 0..cases {
                 let mut s = [0u8; 32];
@@ -1471,7 +1449,7 @@ fn on_target(f: impl FnOnce(&mut ThreadCtx, &mut Env, &mut TestRng) + Send + 'st
     let (sh, local) = (t.shared(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local, None);
+            let mut env = env_for(sh, local);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             bring_up(ctx, &mut env, &mut rng);
             f(ctx, &mut env, &mut rng);
@@ -1583,7 +1561,7 @@ fn handshake_deadlines_follow_the_stages() {
     let (sh, local) = (t.shared(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local, None);
+            let mut env = env_for(sh, local);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             let t0 = ctx.now();
             let accepted = t0.checked_sub(Duration::from_secs(3)).expect("instant");
@@ -1593,7 +1571,6 @@ fn handshake_deadlines_follow_the_stages() {
                 1,
                 MemWire::new(usize::MAX),
                 (local, peer),
-                None,
                 h.env.shared.clone(),
                 ctx.index(),
                 accepted,

@@ -29,8 +29,8 @@
 //! the I/O path (the controller table's mutex is taken at Connect,
 //! Disconnect and close). Techniques, each switchable in
 //! [`TransportOptions`]: batched sends (one `sendmsg` per poll), large
-//! receives straight into command buffers, `MSG_ZEROCOPY` above a size,
-//! `SO_INCOMING_CPU` placement, epoll idle sleep.
+//! receives straight into command buffers, `SO_INCOMING_CPU` placement,
+//! epoll idle sleep.
 mod buf;
 pub mod config;
 mod conn;

@@ -79,9 +79,6 @@ pub struct TargetArgs {
     /// Largest transfer of one command (a power of two).
     #[arg(long = "max-io-size")]
     pub max_io_size: Option<String>,
-    /// Send data of at least this size with MSG_ZEROCOPY (off by default).
-    #[arg(long = "zcopy-threshold")]
-    pub zcopy_threshold: Option<String>,
     /// Place each connection on the thread whose core receives its
     /// packets (SO_INCOMING_CPU).
     #[arg(long = "incoming-cpu")]
@@ -267,10 +264,6 @@ pub fn config<T: Transport>(
     }
     if let Some(v) = size_opt("--max-io-size", &a.max_io_size)? {
         t.max_io_size = u32::try_from(v).map_err(|_| bad("--max-io-size", v, "too large"))?;
-    }
-    if let Some(v) = size_opt("--zcopy-threshold", &a.zcopy_threshold)? {
-        t.zerocopy_threshold =
-            Some(u32::try_from(v).map_err(|_| bad("--zcopy-threshold", v, "too large"))?);
     }
     if let Some(v) = &a.handshake_timeout {
         let d = handshake_timeout(v)?;
