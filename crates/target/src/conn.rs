@@ -609,9 +609,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             self.fin_sent = true;
         }
         // Read (and drop) until the host's FIN, so our last bytes are not
-        // lost to a reset.
+        // lost to a reset; as many reads per poll as the receive path
+        // (a host that keeps sending does not hold the thread).
         let mut busy = false;
-        loop {
+        for _ in 0..READS_PER_POLL {
             match self.sock.recv2(&mut self.rx[..], &mut []) {
                 Ok(Some(0)) | Err(_) => {
                     self.close_now(ctx, "closed");

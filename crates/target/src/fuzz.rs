@@ -1611,3 +1611,41 @@ fn handshake_deadlines_follow_the_stages() {
         })
         .expect("runtime call");
 }
+
+/// A closing connection reads (and drops) what the host still sends until
+/// its FIN, but no more per poll than the receive path reads: a host
+/// that keeps sending after a Disconnect must not hold the thread (the
+/// loop read until EAGAIN: 2 MiB in one poll here).
+#[test]
+fn a_closing_connection_reads_a_bounded_amount_per_poll() {
+    on_target(|ctx, env, rng| {
+        let mut h = io_host(ctx, env, rng);
+        let mut d = DisconnectCmd::new().to_sqe();
+        d.cid = h.next_cid();
+        let mut b = h.capsule_bytes(&d, &[], false).expect("capsule");
+        let flood = 2 << 20;
+        b.extend(std::iter::repeat_n(0x5Au8, flood));
+        h.c.wire().push(&b);
+        // Receive (the Disconnect: closing), send its response, FIN, then
+        // the closing reads.
+        h.c.poll(ctx);
+        assert!(h.c.wire().shut_wr.get(), "FIN not sent");
+        let w = h.c.wire();
+        let left = w.inp.len() - w.pos;
+        assert!(
+            left > 0,
+            "one poll of a closing connection read all {flood} bytes the host sent after its Disconnect"
+        );
+        // It goes on reading on the next polls, and closes at the FIN.
+        h.c.wire().eof = true;
+        for _ in 0..CLOSE_POLLS {
+            h.c.poll(ctx);
+            if h.c.is_closed() {
+                break;
+            }
+        }
+        assert!(h.c.is_closed());
+        let w = h.c.wire();
+        assert_eq!(w.inp.len() - w.pos, 0);
+    });
+}

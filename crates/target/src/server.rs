@@ -60,6 +60,13 @@ struct Table<T: Transport> {
     listeners: Vec<TcpListener>,
     /// When the listeners were last asked for connections.
     last_accept: Option<Instant>,
+    /// Out of descriptors (or memory) at `accept`: the listeners are left
+    /// alone (and out of the epoll set) until then.
+    accept_resume: Option<Instant>,
+    /// The current back-off (doubling up to [`ACCEPT_BACKOFF_MAX`]).
+    accept_backoff: Duration,
+    /// The exhaustion was logged (once, until an accept succeeds).
+    accept_warned: bool,
 }
 
 type TableRef<T> = Rc<RefCell<Table<T>>>;
@@ -124,6 +131,22 @@ impl<T: Transport> Target<T> {
     ) -> Result<Target<T>, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
+        // Each connection is a descriptor: take what the hard limit allows.
+        match sock::raise_nofile() {
+            Ok((before, after)) => {
+                let want = (o.max_connections as u64).saturating_add(64);
+                if after < want {
+                    tracing::warn!(
+                        limit = after,
+                        max_connections = o.max_connections,
+                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
+                    );
+                } else if before != after {
+                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
+                }
+            }
+            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        }
         // Bind each distinct address once; port 0 becomes a real port.
         let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
         for s in &cfg.subsystems {
@@ -276,6 +299,9 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
         rr: 0,
         listeners,
         last_accept: None,
+        accept_resume: None,
+        accept_backoff: Duration::ZERO,
+        accept_warned: false,
     }));
     TABLE.with(|t| *t.borrow_mut() = Some(Box::new(tab.clone())));
     let t = tab.clone();
@@ -359,28 +385,73 @@ fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
 /// (an `accept4` that fails on every pass would cost the I/O path; a
 /// thread asleep in epoll is woken by a listener and asks at once).
 const ACCEPT_EVERY: Duration = Duration::from_micros(200);
+/// First and longest wait before asking the listeners again after
+/// `accept` ran out of descriptors (EMFILE, ENFILE) or memory.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
     let now = ctx.now();
     let shared = with(tab, |t| {
+        if let Some(at) = t.accept_resume {
+            if now < at {
+                return None;
+            }
+            t.accept_resume = None;
+            for l in &t.listeners {
+                if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
+                    tracing::error!("listener wake-up: {e}");
+                }
+            }
+        }
         if t.last_accept
             .is_some_and(|a| now.saturating_duration_since(a) < ACCEPT_EVERY)
         {
             return None;
         }
         t.last_accept = Some(now);
-        for l in &t.listeners {
+        let mut exhausted = None;
+        'listeners: for l in &t.listeners {
             for _ in 0..16 {
                 match l.accept() {
                     Ok((s, _)) => got.push(s),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if sock::is_resource_exhaustion(&e) => {
+                        exhausted = Some(e);
+                        break 'listeners;
+                    }
                     Err(e) => {
                         tracing::warn!("accept: {e}");
                         break;
                     }
                 }
             }
+        }
+        if let Some(e) = exhausted {
+            // The pending connections stay in the listen backlog; asking
+            // again at once would fail again (and a readable listener
+            // would keep the thread from sleeping).
+            t.accept_backoff = (t.accept_backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+            t.accept_resume = Some(now + t.accept_backoff);
+            for l in &t.listeners {
+                let _ = ctx.unregister_wake_fd(l.as_fd());
+            }
+            if !t.accept_warned {
+                t.accept_warned = true;
+                tracing::warn!(
+                    max_connections = t.shared.opts.max_connections,
+                    "accept: {e}: new connections wait in the listen backlog; retrying after {} ms, backing off to {} ms (raise the descriptor limit, ulimit -n, or lower max_connections)",
+                    t.accept_backoff.as_millis(),
+                    ACCEPT_BACKOFF_MAX.as_millis()
+                );
+            }
+        } else if !got.is_empty() {
+            if t.accept_warned {
+                tracing::info!("accept: taking connections again");
+            }
+            t.accept_warned = false;
+            t.accept_backoff = Duration::ZERO;
         }
         Some(t.shared.clone())
     })

@@ -127,6 +127,37 @@ fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     }
 }
 
+/// Raises the soft limit on open descriptors (`RLIMIT_NOFILE`) to the
+/// hard limit: returns the soft limit before and after.
+pub(crate) fn raise_nofile() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = r.rlim_cur;
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: `r` is a valid rlimit, read just above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((before, r.rlim_cur))
+}
+
+/// Whether an `accept` error means the process or the system is out of
+/// descriptors or memory (retrying at once would fail again).
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 /// The CPU whose receive processing last handled this socket's packets
 /// (`SO_INCOMING_CPU`), if the kernel knows one.
 pub(crate) fn incoming_cpu(fd: RawFd) -> Option<usize> {
