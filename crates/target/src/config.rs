@@ -25,7 +25,8 @@
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`; SPDK's
 //! buffer tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`], and `send_iov`),
+//! the handshake timeouts of [`TransportOptions`], `send_iov` and
+//! `max_unbound_connections`),
 //! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
@@ -92,8 +93,16 @@ pub struct TransportOptions {
     pub max_io_size: u32,
     /// MAXH2CDATA announced in ICResp.
     pub max_h2c_data: u32,
-    /// Connections at once at most (more are closed at accept).
+    /// Connections bound to an NVM subsystem (a Connect accepted) at
+    /// once at most; a Connect beyond is refused (Controller Busy).
     pub max_connections: usize,
+    /// Connections not bound to an NVM subsystem (handshake not done, or
+    /// a discovery controller's) at once at most, split evenly between
+    /// the threads; a new connection beyond a thread's share closes the
+    /// one of them that has received nothing for longest, so such
+    /// connections cannot take data hosts' places (pollux-specific; JSON
+    /// `max_unbound_connections`).
+    pub max_unbound_connections: usize,
     /// Keep Alive granularity, 100 ms units (KAS).
     pub kas: u16,
     /// Bytes of each connection's receive buffer.
@@ -138,6 +147,7 @@ impl Default for TransportOptions {
             max_io_size: 128 << 10,
             max_h2c_data: 128 << 10,
             max_connections: 1024,
+            max_unbound_connections: 256,
             kas: 1,
             rx_buffer: 64 << 10,
             incoming_cpu: false,
@@ -203,6 +213,9 @@ impl TransportOptions {
         }
         if self.max_connections == 0 {
             return bad("max_connections", 0, "must be at least 1");
+        }
+        if self.max_unbound_connections == 0 {
+            return bad("max_unbound_connections", 0, "must be at least 1");
         }
         for (option, t) in [
             ("icreq_timeout_ms", self.icreq_timeout),
@@ -490,6 +503,7 @@ impl<T: Transport> TargetConfig<T> {
                     "icreq_timeout_ms",
                     "connect_timeout_ms",
                     "send_iov",
+                    "max_unbound_connections",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -526,6 +540,9 @@ impl<T: Transport> TargetConfig<T> {
                 }
                 if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
                     t.send_iov = v as usize;
+                }
+                if let Some(v) = p.uint("max_unbound_connections", 1, 1 << 20)? {
+                    t.max_unbound_connections = v as usize;
                 }
                 p.bool("zcopy")?;
                 for ignored in [

@@ -66,6 +66,10 @@ use crate::sock::{self, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 const LINGER: Duration = Duration::from_secs(2);
+/// Keep Alive Timeout of a discovery controller whose host asked for none
+/// (KATO 0), so an idle one does not stay forever: Linux's nvmet's
+/// `NVMET_DISC_KATO_MS`.
+pub(crate) const DISCOVERY_KATO_MS: u32 = 120_000;
 /// Data at least this large is received straight into its buffer.
 const DIRECT_MIN: u32 = 8 << 10;
 /// Reads per poll at most (then other connections get their turn).
@@ -316,6 +320,12 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     stage_since: Instant,
     /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
     quiet: u32,
+    /// When data last arrived (or the connection was accepted): the
+    /// longest idle unbound connection is evicted first.
+    last_rx: Instant,
+    /// The connection holds a place among those bound to an NVM
+    /// subsystem (`Shared::data_conns`).
+    data_slot: bool,
     rxcfg: RxConfig,
     /// The last header that passed its check (most PDUs are alike).
     memo: CheckMemo,
@@ -354,6 +364,7 @@ impl<W: Wire, T: Transport> Drop for Conn<W, T> {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
         self.io.take();
+        self.give_back_data_slot();
     }
 }
 
@@ -426,6 +437,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             now,
             stage_since: now,
             quiet: 0,
+            last_rx: now,
+            data_slot: false,
             rxcfg: RxConfig::initial(Role::Controller),
             memo: CheckMemo::default(),
             digests: Digests::NONE,
@@ -559,6 +572,47 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         self.peer
     }
 
+    /// Open and not bound to an NVM subsystem: in its handshake, a
+    /// discovery controller's queue, or closing. These have their own
+    /// budget (`max_unbound_connections`).
+    pub fn is_unbound(&self) -> bool {
+        self.phase != Phase::Closed && !self.data_slot
+    }
+
+    /// Closing (its last bytes going out, or waiting for the host's FIN).
+    pub fn is_closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// When data last arrived (or the connection was accepted).
+    pub fn last_rx(&self) -> Instant {
+        self.last_rx
+    }
+
+    fn give_back_data_slot(&mut self) {
+        if std::mem::take(&mut self.data_slot) {
+            crate::shared::DataSlot::give_back(&self.shared.data_conns);
+        }
+    }
+
+    /// The Keep Alive Timeout of `kato_ms` on this queue's controller: a
+    /// discovery controller has one even when the host asks for none.
+    fn kato_for(&self, kato_ms: u32) -> Duration {
+        let discovery = matches!(
+            self.bound,
+            Bound::Admin {
+                subsys: SubsysId::Discovery,
+                ..
+            }
+        );
+        let ms = if discovery && kato_ms == 0 {
+            DISCOVERY_KATO_MS
+        } else {
+            kato_ms
+        };
+        Duration::from_millis(ms as u64)
+    }
+
     /// Linger deadline passed.
     pub fn linger_over(&self, now: Instant) -> bool {
         self.linger_until.is_some_and(|d| now >= d)
@@ -588,6 +642,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Leaves the controller table: an admin queue takes its controller
     /// (and that controller's I/O queues) down, an I/O queue leaves it.
     fn detach(&mut self, ctx: &mut ThreadCtx) {
+        self.give_back_data_slot();
         match std::mem::replace(&mut self.bound, Bound::None) {
             Bound::None => {}
             Bound::Admin { cntlid, .. } => teardown(ctx, &self.shared, cntlid),
@@ -662,6 +717,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
                 Ok(Some((_, n))) => {
                     self.re += n;
+                    self.last_rx = self.now;
                     busy = true;
                     self.process(ctx);
                     if self.phase != Phase::Ready && self.phase != Phase::Init {
@@ -1106,6 +1162,21 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         if cmd.sqsize == 0 {
             return Err(invalid(ParamIn::Command, ipo::SQSIZE));
         }
+        // A queue of an NVM subsystem takes a place among the data hosts'
+        // connections (discovery and handshakes have their own budget).
+        let data_slot = match sid {
+            SubsysId::Discovery => None,
+            SubsysId::Nvm(_) => {
+                let max = shared.opts.max_connections;
+                match crate::shared::DataSlot::take(&shared.data_conns, max) {
+                    Some(d) => Some(d),
+                    None => {
+                        tracing::warn!(peer = %self.peer, subnqn, hostnqn, max_connections = max, "Connect refused: max_connections queues of NVM subsystems are connected");
+                        return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+                    }
+                }
+            }
+        };
         let entries = cmd.queue_entries();
         let me = ConnRef {
             thread: self.thread,
@@ -1122,9 +1193,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             let model = shared.subsys(sid);
             let host = hostnqn.to_string();
             let mut slot_ctrl = None;
+            let kato = if sid == SubsysId::Discovery && cmd.kato == 0 {
+                DISCOVERY_KATO_MS
+            } else {
+                cmd.kato
+            };
             let id = shared.table().insert(|id| {
                 let mut c = Ctrl::new(model, id);
-                c.set_kato(cmd.kato);
+                c.set_kato(kato);
                 let c = Arc::new(Mutex::new(c));
                 slot_ctrl = Some(c.clone());
                 CtrlEntry {
@@ -1138,7 +1214,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
             };
             cntlid = id;
-            self.kato = Duration::from_millis(cmd.kato as u64);
+            self.kato = Duration::from_millis(kato as u64);
             self.last_admin = self.now;
             self.icd_max = shared.opts.admin_in_capsule_data_size;
             self.bound = Bound::Admin {
@@ -1146,7 +1222,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 ctrl,
                 subsys: sid,
             };
-            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = cmd.kato, "admin queue connected");
+            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = kato, "admin queue connected");
         } else {
             if sid == SubsysId::Discovery {
                 return Err((fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE), 0));
@@ -1188,6 +1264,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
         }
         let _ = ctx;
+        if let Some(d) = data_slot {
+            d.keep();
+            self.data_slot = true;
+        }
         self.qid = cmd.qid;
         self.entries = entries as u16;
         self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
@@ -1330,7 +1410,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         match outcome {
             Admin::Complete { dw0, status } => {
                 // Set Features may have changed the Keep Alive Timeout.
-                self.kato = Duration::from_millis(c.kato_ms() as u64);
+                self.kato = self.kato_for(c.kato_ms());
                 drop(c);
                 self.finish(i, status, dw0, 0);
             }

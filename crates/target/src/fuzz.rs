@@ -1649,3 +1649,34 @@ fn a_closing_connection_reads_a_bounded_amount_per_poll() {
         assert_eq!(w.inp.len() - w.pos, 0);
     });
 }
+
+/// A discovery controller whose host asks for no Keep Alive (KATO 0) gets
+/// Linux nvmet's 120 s, so an idle one does not hold its connection
+/// forever; an NVM subsystem's controller keeps KATO 0 (none).
+#[test]
+fn a_discovery_controller_without_kato_expires_after_120_s() {
+    use pollux_spec::fabrics::DISCOVERY_NQN;
+    use std::time::Duration;
+    on_target(|ctx, env, rng| {
+        let t0 = ctx.now();
+        for (nqn, expires) in [(DISCOVERY_NQN, true), (SUB, false)] {
+            let mut h = Host::new(env, rng, ctx, usize::MAX);
+            h.icreq(ctx, Digests::NONE, false);
+            let c = ConnectCmd::new(0, 31, 0, 0);
+            let d = ConnectData::new([7; 16], CNTLID_DYNAMIC, nqn, HOST).expect("connect data");
+            let k = Kind::Connect {
+                admin: true,
+                entries: 32,
+            };
+            h.command(ctx, c.to_sqe(), d.as_bytes(), k, 0);
+            assert!(h.bound, "{nqn}: admin Connect");
+            assert!(!h.c.kato_expired(t0 + Duration::from_secs(119)), "{nqn}");
+            assert_eq!(
+                h.c.kato_expired(t0 + Duration::from_secs(121)),
+                expires,
+                "{nqn}: Keep Alive expiry 121 s after Connect with KATO 0"
+            );
+            h.finish(ctx, false);
+        }
+    });
+}

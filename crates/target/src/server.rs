@@ -67,7 +67,14 @@ struct Table<T: Transport> {
     accept_backoff: Duration,
     /// The exhaustion was logged (once, until an accept succeeds).
     accept_warned: bool,
+    /// Unbound connections evicted since the last warning about it, and
+    /// when that was (one warning per [`EVICT_LOG_EVERY`]).
+    evicted: u64,
+    evict_logged: Option<Instant>,
 }
+
+/// Least time between two warnings about evicted unbound connections.
+const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 type TableRef<T> = Rc<RefCell<Table<T>>>;
 
@@ -215,6 +222,7 @@ impl<T: Transport> Target<T> {
             listeners: bound.iter().map(|(_, r, _)| *r).collect(),
             ctrls: Mutex::default(),
             conns: Default::default(),
+            data_conns: Default::default(),
             cores: cores.to_vec(),
         });
         let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
@@ -302,6 +310,8 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
         accept_resume: None,
         accept_backoff: Duration::ZERO,
         accept_warned: false,
+        evicted: 0,
+        evict_logged: None,
     }));
     TABLE.with(|t| *t.borrow_mut() = Some(Box::new(tab.clone())));
     let t = tab.clone();
@@ -462,13 +472,16 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     if got.is_empty() {
         return Poll::Idle;
     }
+    // Unbound connections beyond their budget are evicted where they live
+    // (`adopt`); this is the bound on descriptors.
+    let max = shared.opts.max_connections + shared.opts.max_unbound_connections;
     for s in got {
         let peer = s.peer_addr().ok();
-        if shared.conns.load(Relaxed) >= shared.opts.max_connections {
+        if shared.conns.load(Relaxed) >= max {
             tracing::warn!(
                 ?peer,
-                max = shared.opts.max_connections,
-                "connection refused: too many connections"
+                max,
+                "connection refused: too many connections (max_connections + max_unbound_connections)"
             );
             continue;
         }
@@ -508,6 +521,7 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
             t.shared.conns.fetch_sub(1, Relaxed);
             return;
         }
+        evict_unbound(ctx, t, now);
         t.next_id += 1;
         let id = (thread as u64) << 48 | t.next_id;
         match Conn::new(id, s, t.shared.clone(), thread, now) {
@@ -523,4 +537,44 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
             }
         }
     });
+}
+
+/// Makes room for one more unbound connection on this thread: beyond its
+/// share of `max_unbound_connections`, the unbound connection (handshake,
+/// discovery, closing) that has received nothing for longest is closed,
+/// a closing one first. Data hosts' connections are never evicted.
+fn evict_unbound<T: Transport>(ctx: &mut ThreadCtx, t: &mut Table<T>, now: Instant) {
+    let share = t
+        .shared
+        .opts
+        .max_unbound_connections
+        .div_ceil(ctx.thread_count().max(1));
+    if t.conns.iter().filter(|c| c.is_unbound()).count() < share {
+        return;
+    }
+    let Some(c) = t
+        .conns
+        .iter_mut()
+        .filter(|c| c.is_unbound())
+        .min_by_key(|c| (!c.is_closing(), c.last_rx()))
+    else {
+        return;
+    };
+    let (peer, idle) = (c.peer(), now.saturating_duration_since(c.last_rx()));
+    tracing::debug!(%peer, conn = c.id, idle_ms = idle.as_millis() as u64, "unbound connection evicted");
+    c.close_now(ctx, "evicted: unbound connection budget full");
+    t.evicted += 1;
+    if t.evict_logged
+        .is_none_or(|at| now.saturating_duration_since(at) >= EVICT_LOG_EVERY)
+    {
+        tracing::warn!(
+            evicted = t.evicted,
+            last_peer = %peer,
+            idle_ms = idle.as_millis() as u64,
+            share,
+            "unbound connections (handshake or discovery) beyond this thread's share of max_unbound_connections: the longest idle closed"
+        );
+        t.evicted = 0;
+        t.evict_logged = Some(now);
+    }
 }

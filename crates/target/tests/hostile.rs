@@ -317,3 +317,104 @@ fn hostile_connections_do_not_disturb_a_verified_workload() {
     );
     assert_eq!(opened.load(Relaxed), total);
 }
+
+/// Item 5 of issue 18: connections that send ICReq and a Connect to the
+/// discovery NQN with KATO 0, then stay silent, all from 127.0.0.1 (as
+/// hosts behind one NAT address are), one more than `max_connections`
+/// (they filled it: the next host was reset at accept). With the
+/// defaults, the flood now lives within `max_unbound_connections` (the
+/// longest idle evicted) and a new host's verified workload succeeds.
+/// `POLLUX_FLOOD_CONNS` sets the flood's size (default 1100).
+#[test]
+fn a_discovery_flood_does_not_lock_data_hosts_out() {
+    raise_nofile();
+    let total: usize = std::env::var("POLLUX_FLOOD_CONNS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(1100);
+    let opts = pollux_target::TransportOptions::default();
+    let (max_data, max_unbound) = (opts.max_connections, opts.max_unbound_connections);
+    let t = ram_target_with(8192, opts, &[0]);
+    let addr = t.listen_addrs()[0];
+    let mut one = icreq();
+    let c = ConnectCmd::new(0, 31, 0, 0);
+    let d = ConnectData::new(
+        [2; 16],
+        CNTLID_DYNAMIC,
+        pollux_spec::fabrics::DISCOVERY_NQN,
+        HOST_B,
+    )
+    .unwrap();
+    one.extend(capsule(&c.to_sqe(), d.as_bytes()));
+    let one = Arc::new(one);
+    let per = total.div_ceil(THREADS);
+    let flood: Vec<_> = (0..THREADS)
+        .map(|th| {
+            let one = one.clone();
+            std::thread::spawn(move || {
+                let mut held = Vec::new();
+                for _ in th * per..((th + 1) * per).min(total) {
+                    if let Ok(mut s) = TcpStream::connect(addr) {
+                        push(&mut s, &one);
+                        held.push(s);
+                    }
+                }
+                held
+            })
+        })
+        .collect();
+    let mut held: Vec<TcpStream> = flood
+        .into_iter()
+        .flat_map(|h| h.join().expect("flood thread"))
+        .collect();
+    assert_eq!(held.len(), total, "flood connections made");
+    // The last ones are discovery controllers (ICResp, then Connect's
+    // success).
+    for s in held.iter_mut().rev().take(4) {
+        let _ = s.set_nonblocking(false);
+        s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+        let mut r = [0u8; 128 + 24];
+        s.read_exact(&mut r).expect("ICResp and Connect response");
+        assert_eq!(r[0], 0x01, "ICResp");
+        let status = u16::from_le_bytes([r[128 + 8 + 14], r[128 + 8 + 15]]) >> 1;
+        assert_eq!(status, 0, "discovery Connect");
+    }
+    // Wait until the target has taken in the whole flood.
+    let mut last = usize::MAX;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(200));
+        let n = t.connections();
+        if n == last {
+            break;
+        }
+        last = n;
+    }
+    let during = t.connections();
+    println!(
+        "discovery flood: {total} connections (ICReq + discovery Connect KATO 0, silent), {during} held by the target"
+    );
+    // A new host gets its queues and a verified workload through.
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(SUB1, HOST_A, 0);
+    let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, 0);
+    sqe.cid = a.next_cid();
+    a.capsule(&sqe, &[]);
+    assert!(a.resp().status().is_success());
+    let mut q = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, false);
+    for n in 0..32u64 {
+        let len = if n % 2 == 1 { 128 << 10 } else { 4096 };
+        let data = garbage(n + 7, len);
+        let slba = (n * 300) % (8192 - 256);
+        let w = q.write(1, slba, &data, len == 4096);
+        assert!(w.status().is_success(), "write {n}: {:#x}", w.status().0);
+        assert!(q.read(1, slba, len).0 == data, "read {n}: other data");
+    }
+    println!("discovery flood: a new host's 32 verified write+read pairs passed");
+    assert!(
+        during <= max_unbound,
+        "{during} flood connections held (max_unbound_connections {max_unbound}, max_connections {max_data})"
+    );
+    drop(held);
+}
