@@ -29,6 +29,15 @@
 //! Backpressure: nothing more is read while 64 KiB are queued to send, so
 //! a host that does not read cannot grow the connection's memory.
 //!
+//! Data buffers come from the target's pool (`pool`) through the thread's
+//! cache and go back when the command ends. A command whose data needs a
+//! buffer the pool cannot give now (an R2T write or a read) waits, in
+//! order, and its R2T goes out (or its read starts) once one is there.
+//! The thread's timer completes a command whose R2T data has not arrived
+//! within `data_timeout` (Transient Transport Error) and closes a
+//! connection whose host has taken none of its queued data for as long,
+//! so such hosts cannot keep buffers.
+//!
 //! Handshake: a connection must send its ICReq within `icreq_timeout` of
 //! being accepted, and get its queue connected (a Fabrics Connect
 //! accepted) within `connect_timeout` of ICResp, or it is closed
@@ -38,7 +47,9 @@
 //!
 //! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
 //! the same machine over memory.
+use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -61,6 +72,7 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::buf::{AlignedBuf, Lent};
 use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
+use crate::pool::{self, Cache};
 use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
 use crate::sock::{self, Wire};
 
@@ -160,6 +172,8 @@ enum St {
     Free,
     /// Capsule data arriving.
     Recv,
+    /// Waiting for a data buffer from the pool (in `Conn::waiting`).
+    WaitBuf,
     /// R2T sent, H2CData arriving.
     AwaitH2C,
     /// Lent to the I/O queue.
@@ -183,6 +197,8 @@ struct Slot {
     io: Option<IoCmd>,
     /// A transport error seen while receiving the data.
     err: Option<Status>,
+    /// When its R2T was queued (data timeout).
+    r2t_at: Option<Instant>,
 }
 
 impl Slot {
@@ -197,20 +213,7 @@ impl Slot {
             got: 0,
             io: None,
             err: None,
-        }
-    }
-
-    /// Makes `buf` `len` bytes long (reallocating only to grow).
-    fn ensure_buf(&mut self, len: usize) -> bool {
-        match &mut self.buf {
-            Some(b) if b.capacity() >= len => b.set_len(len),
-            _ => match AlignedBuf::new(len) {
-                Some(b) => {
-                    self.buf = Some(b);
-                    true
-                }
-                None => false,
-            },
+            r2t_at: None,
         }
     }
 }
@@ -326,6 +329,20 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     /// The connection holds a place among those bound to an NVM
     /// subsystem (`Shared::data_conns`).
     data_slot: bool,
+    /// This thread's free data buffers (and through it, the pool).
+    cache: Rc<Cache>,
+    /// Bytes of data buffers the connection holds.
+    held: usize,
+    /// Counted among the pool's active connections (fair share).
+    pool_active: bool,
+    /// Slots waiting for a data buffer, in arrival order.
+    waiting: VecDeque<u16>,
+    /// Counted among the pool's waiting connections.
+    wait_counted: bool,
+    /// Slots with an R2T out (data timeout).
+    r2t_out: u32,
+    /// Since when the socket has taken nothing of a non-empty send queue.
+    tx_stalled_since: Option<Instant>,
     rxcfg: RxConfig,
     /// The last header that passed its check (most PDUs are alike).
     memo: CheckMemo,
@@ -365,6 +382,24 @@ impl<W: Wire, T: Transport> Drop for Conn<W, T> {
         // slot buffers they use are freed.
         self.io.take();
         self.give_back_data_slot();
+        self.abandon_waiting();
+        for i in 0..self.slots.len() {
+            let s = &mut self.slots[i];
+            let lent = s.lent.take();
+            let mut buf = s.buf.take();
+            if let Some(l) = lent {
+                // SAFETY: the I/O queue is gone (it waited for its
+                // requests), and the socket copied what it was sent (the
+                // rest is never sent).
+                buf = Some(unsafe { l.reclaim() });
+            }
+            if let Some(b) = buf {
+                self.give_buf(b);
+            }
+        }
+        if std::mem::take(&mut self.pool_active) {
+            self.cache.pool().set_active(false);
+        }
     }
 }
 
@@ -390,6 +425,7 @@ impl<T: Transport> Conn<TcpStream, T> {
         id: u64,
         sock: TcpStream,
         shared: Arc<Shared<T>>,
+        cache: Rc<Cache>,
         thread: usize,
         now: Instant,
     ) -> std::io::Result<Conn<TcpStream, T>> {
@@ -402,6 +438,7 @@ impl<T: Transport> Conn<TcpStream, T> {
             sock,
             (local, peer),
             shared,
+            cache,
             thread,
             now,
         ))
@@ -415,12 +452,13 @@ impl<T: Transport> Conn<TcpStream, T> {
 
 impl<W: Wire, T: Transport> Conn<W, T> {
     /// A connection over `sock` (non-blocking, set up), between the
-    /// addresses `(local, peer)`.
+    /// addresses `(local, peer)`, its data buffers from `cache`.
     pub(crate) fn with_wire(
         id: u64,
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
         shared: Arc<Shared<T>>,
+        cache: Rc<Cache>,
         thread: usize,
         now: Instant,
     ) -> Conn<W, T> {
@@ -439,6 +477,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             quiet: 0,
             last_rx: now,
             data_slot: false,
+            cache,
+            held: 0,
+            pool_active: false,
+            waiting: VecDeque::new(),
+            wait_counted: false,
+            r2t_out: 0,
+            tx_stalled_since: None,
             rxcfg: RxConfig::initial(Role::Controller),
             memo: CheckMemo::default(),
             digests: Digests::NONE,
@@ -483,22 +528,25 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     /// What the connection holds that a peer's bytes could grow: bytes
     /// queued to send, send segments, the Connect data buffer, command
-    /// slots, the receive buffer.
+    /// slots, the receive buffer, data buffer bytes.
     #[cfg(test)]
-    pub(crate) fn footprint(&self) -> [usize; 5] {
+    pub(crate) fn footprint(&self) -> [usize; 6] {
         [
             self.tx.bytes.len(),
             self.tx.pending().len(),
             self.scratch.capacity(),
             self.slots.len(),
             self.rx.len(),
+            self.held,
         ]
     }
 
     /// Work is pending that no socket readiness will announce: the
     /// thread must not sleep.
     pub fn needs_poll(&self) -> bool {
-        !self.tx.is_empty() || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
+        !self.tx.is_empty()
+            || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
+            || !self.waiting.is_empty()
     }
 
     /// One pass: completions, receive (then the completions of what it
@@ -508,6 +556,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let mut busy = false;
         if self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             busy |= self.poll_io();
+        }
+        if !self.waiting.is_empty() {
+            busy |= self.serve_waiting();
         }
         if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
             if self.quiet <= QUIET_AFTER {
@@ -543,6 +594,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Shutdown of the target: stop taking commands.
     pub fn drain(&mut self) {
         self.draining = true;
+        // Commands still waiting for a data buffer are not started.
+        self.abandon_waiting();
     }
 
     /// Keep Alive Timeout expired on an admin queue.
@@ -595,6 +648,178 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
     }
 
+    /// The thread's timer (every 100 ms): completes commands whose R2T
+    /// data has not arrived within `data_timeout` (Transient Transport
+    /// Error: the transfer failed, a retry may succeed; their buffers come
+    /// back once the response is sent), closes the connection if its host
+    /// has taken nothing of the send queue for as long, and leaves the
+    /// pool's active connections when it holds no buffer.
+    pub fn tick(&mut self, ctx: &mut ThreadCtx, now: Instant) {
+        let limit = self.shared.opts.data_timeout;
+        if self.r2t_out > 0 && self.phase == Phase::Ready && !self.terminated {
+            // (Not the transfer whose data is arriving right now.)
+            let arriving = match self.rxst {
+                RxState::Body(b) => b.slot,
+                RxState::Header => None,
+            };
+            let mut expired = 0u32;
+            for i in 0..self.slots.len() as u16 {
+                let s = &self.slots[i as usize];
+                let late = s.st == St::AwaitH2C
+                    && arriving != Some(i)
+                    && s.r2t_at
+                        .is_some_and(|at| now.saturating_duration_since(at) > limit);
+                if late {
+                    self.r2t_out -= 1;
+                    expired += 1;
+                    // DNR clear: the transfer failed, a retry may succeed.
+                    let st = Status::new(
+                        pollux_spec::status::sct::GENERIC,
+                        generic::TRANSIENT_TRANSPORT_ERROR,
+                        false,
+                    );
+                    self.finish(i, st, 0, 0);
+                }
+            }
+            if expired > 0 {
+                tracing::warn!(
+                    peer = %self.peer,
+                    conn = self.id,
+                    commands = expired,
+                    timeout_ms = limit.as_millis() as u64,
+                    "the data asked for with R2T did not arrive in time: commands completed with Transient Transport Error"
+                );
+            }
+        }
+        let stalled = self
+            .tx_stalled_since
+            .is_some_and(|at| now.saturating_duration_since(at) > limit);
+        if stalled && !self.tx.is_empty() && self.phase == Phase::Ready {
+            tracing::warn!(
+                peer = %self.peer,
+                conn = self.id,
+                timeout_ms = limit.as_millis() as u64,
+                "the host has taken nothing of what is queued for it in time; closing the connection"
+            );
+            self.close_now(ctx, "send queue stalled");
+        }
+        if self.cache.pool().pressed() {
+            // Others wait: the pages idle slots keep go back.
+            self.give_back_kept();
+        }
+        if self.pool_active && self.held == 0 && self.waiting.is_empty() {
+            self.pool_active = false;
+            self.cache.pool().set_active(false);
+        }
+    }
+
+    /// A data buffer of `len` bytes from the pool: `strict`, within the
+    /// budget (and, while others wait, this connection's fair share);
+    /// else charged in any case (in-capsule and admin data).
+    #[inline]
+    fn take_buf(&mut self, len: usize, strict: bool) -> Option<AlignedBuf> {
+        let (k, cap) = pool::class(len);
+        let pool = self.cache.pool();
+        if strict && self.held > 0 && pool.pressed() && self.held + cap > pool.fair_share() {
+            return None;
+        }
+        let mut b = self.cache.take(k, cap, strict)?;
+        b.set_len(len);
+        self.held += cap;
+        if !self.pool_active {
+            self.pool_active = true;
+            pool.set_active(true);
+        }
+        Some(b)
+    }
+
+    /// Gives slot `i` a data buffer of `len` bytes: the page it kept (see
+    /// `release`), or one from the pool (`take_buf`). False if none.
+    #[inline]
+    fn slot_buf(&mut self, i: u16, len: usize, strict: bool) -> bool {
+        if let Some(b) = self.slots[i as usize].buf.as_mut() {
+            if b.set_len(len) {
+                return true;
+            }
+        }
+        if let Some(b) = self.slots[i as usize].buf.take() {
+            self.give_buf(b);
+        }
+        let mut b = self.take_buf(len, strict);
+        if b.is_none() && strict && self.give_back_kept() {
+            b = self.take_buf(len, strict);
+        }
+        match b {
+            Some(b) => {
+                self.slots[i as usize].buf = Some(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives back the pages free slots keep; true if there were any.
+    #[cold]
+    fn give_back_kept(&mut self) -> bool {
+        let mut any = false;
+        for k in 0..self.slots.len() {
+            if self.slots[k].st == St::Free {
+                if let Some(b) = self.slots[k].buf.take() {
+                    self.give_buf(b);
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Gives a data buffer back to the pool.
+    #[inline]
+    fn give_buf(&mut self, b: AlignedBuf) {
+        self.held = self.held.saturating_sub(b.capacity());
+        self.cache.give(b);
+    }
+
+    /// Slot `i` waits for a data buffer.
+    #[cold]
+    fn wait_buf(&mut self, i: u16) {
+        self.slots[i as usize].st = St::WaitBuf;
+        self.waiting.push_back(i);
+        if !self.wait_counted {
+            self.wait_counted = true;
+            self.cache.pool().set_waiting(true);
+        }
+    }
+
+    /// Gives the waiting slots their buffers, in order, while the pool
+    /// has them; true if any got one.
+    fn serve_waiting(&mut self) -> bool {
+        let mut any = false;
+        if self.phase == Phase::Ready && !self.terminated {
+            while let Some(&i) = self.waiting.front() {
+                let len = self.slots[i as usize].xfer as usize;
+                if !self.slot_buf(i, len, true) {
+                    break;
+                }
+                self.waiting.pop_front();
+                self.transfer(i);
+                any = true;
+            }
+        }
+        if self.waiting.is_empty() && std::mem::take(&mut self.wait_counted) {
+            self.cache.pool().set_waiting(false);
+        }
+        any
+    }
+
+    /// Closing: the waiting slots will not be served.
+    fn abandon_waiting(&mut self) {
+        self.waiting.clear();
+        if std::mem::take(&mut self.wait_counted) {
+            self.cache.pool().set_waiting(false);
+        }
+    }
+
     /// The Keep Alive Timeout of `kato_ms` on this queue's controller: a
     /// discovery controller has one even when the host asks for none.
     fn kato_for(&self, kato_ms: u32) -> Duration {
@@ -643,6 +868,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// (and that controller's I/O queues) down, an I/O queue leaves it.
     fn detach(&mut self, ctx: &mut ThreadCtx) {
         self.give_back_data_slot();
+        self.abandon_waiting();
         match std::mem::replace(&mut self.bound, Bound::None) {
             Bound::None => {}
             Bound::Admin { cntlid, .. } => teardown(ctx, &self.shared, cntlid),
@@ -967,21 +1193,24 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     s.got = 0;
                     s.xfer = 0;
                     s.io = None;
-                    if dl == 0 {
-                        Sink::Slot(i)
+                    // In-capsule data is arriving: its buffer does not
+                    // wait for the pool's budget (bounded by the slots).
+                    let err = if dl == 0 {
+                        None
                     } else if dl > self.icd_max {
-                        s.err = Some(gen(generic::SGL_OFFSET_INVALID));
-                        self.rxst =
-                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
-                        return Ok(());
-                    } else if s.ensure_buf(dl as usize) {
-                        Sink::Slot(i)
+                        Some(gen(generic::SGL_OFFSET_INVALID))
+                    } else if self.slot_buf(i, dl as usize, false) {
+                        None
                     } else {
-                        s.err = Some(gen(generic::INTERNAL_ERROR));
+                        Some(gen(generic::INTERNAL_ERROR))
+                    };
+                    if let Some(e) = err {
+                        self.slots[i as usize].err = Some(e);
                         self.rxst =
                             RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
                         return Ok(());
                     }
+                    Sink::Slot(i)
                 };
                 let slot = match sink {
                     Sink::Slot(i) => Some(i),
@@ -1431,11 +1660,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 if len == 0 {
                     return self.finish(i, Status::SUCCESS, 0, 0);
                 }
-                let s = &mut self.slots[i as usize];
-                if !s.ensure_buf(data.len()) {
+                if !self.slot_buf(i, data.len(), false) {
                     return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
                 }
-                if let Some(b) = s.buf.as_mut() {
+                if let Some(b) = self.slots[i as usize].buf.as_mut() {
                     b.as_mut_slice().copy_from_slice(&data);
                 }
                 self.send_data(i, len);
@@ -1495,27 +1723,42 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.submit(i, Some(xfer));
             }
             Sgl::Transport { .. } => {
-                if !s.ensure_buf(xfer as usize) {
-                    return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
-                }
-                if to_host {
+                // A buffer from the pool, or wait for one (after those
+                // already waiting).
+                if !self.waiting.is_empty() || !self.slot_buf(i, xfer as usize, true) {
+                    self.wait_buf(i);
+                } else if to_host {
                     self.submit(i, Some(xfer));
                 } else {
-                    s.st = St::AwaitH2C;
-                    s.got = 0;
-                    let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
-                    let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
-                    if let Some(l) = l {
-                        self.tx.push_header(r.as_bytes(), &l);
-                    }
+                    self.transfer(i);
                 }
             }
             Sgl::Address { .. } => self.finish(i, gen(generic::SGL_TYPE_INVALID), 0, 0),
         }
     }
 
+    /// Slot `i` has its data buffer: a read goes to the bdev, a write
+    /// asks for its data (R2T).
+    fn transfer(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        let xfer = s.xfer;
+        if s.io.is_some_and(|c| model::io_to_host(&c)) {
+            return self.submit(i, Some(xfer));
+        }
+        s.st = St::AwaitH2C;
+        s.got = 0;
+        s.r2t_at = Some(self.now);
+        self.r2t_out += 1;
+        let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
+        let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
+        if let Some(l) = l {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+    }
+
     /// All H2C data of slot `i` is in.
     fn write_data_in(&mut self, i: u16) {
+        self.r2t_out = self.r2t_out.saturating_sub(1);
         let s = &self.slots[i as usize];
         if let Some(st) = s.err {
             return self.finish(i, st, 0, 0);
@@ -1697,6 +1940,16 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
         s.st = St::Free;
         s.io = None;
+        // The buffer goes back to the pool; only a page-sized one stays
+        // with the slot for its next command (still counted in `held`,
+        // and given back when others wait).
+        if let Some(b) = s.buf.take() {
+            if b.capacity() == crate::buf::ALIGN && !self.cache.pool().pressed() {
+                s.buf = Some(b);
+            } else {
+                self.give_buf(b);
+            }
+        }
         self.free.push(i);
     }
 
@@ -1743,8 +1996,17 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             // once sent).
             let r = unsafe { self.sock.send_iov(&self.iov) };
             let sent = match r {
-                Ok(0) => break,
-                Ok(k) => k,
+                Ok(0) => {
+                    // (The data timeout closes a queue stalled too long.)
+                    if self.tx_stalled_since.is_none() {
+                        self.tx_stalled_since = Some(self.now);
+                    }
+                    break;
+                }
+                Ok(k) => {
+                    self.tx_stalled_since = None;
+                    k
+                }
                 Err(e) => {
                     self.close_now(ctx, &format!("send failed: {e}"));
                     return true;

@@ -36,6 +36,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use pollux_bdev::Bdev;
@@ -57,6 +58,7 @@ use proptest::test_runner::{RngAlgorithm, TestRng};
 use zerocopy::IntoBytes;
 
 use crate::conn::Conn;
+use crate::pool::Cache;
 use crate::shared::Shared;
 use crate::sock::Wire;
 use crate::{NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig};
@@ -182,6 +184,8 @@ impl Wire for MemWire {
 /// I/O-queue cases, a shadow of its namespace.
 struct Env {
     shared: Arc<Shared>,
+    /// The data buffers' cache of this environment's connections.
+    cache: Rc<Cache>,
     local: SocketAddr,
     cntlid: u16,
     /// The admin connection of `cntlid` (kept open).
@@ -358,6 +362,7 @@ impl<'a> Host<'a> {
             MemWire::new(room),
             (env.local, peer),
             env.shared.clone(),
+            env.cache.clone(),
             ctx.index(),
             ctx.now(),
         );
@@ -431,10 +436,13 @@ impl<'a> Host<'a> {
 
     fn check_bounds(&mut self) {
         let f = self.c.footprint();
-        if f[0] > TX_BYTES_MAX || f[1] > TX_SEGS_MAX || f[2] > 8192 || f[3] > 128 {
+        // Data buffers: at most one of the largest transfer per slot.
+        let bufs_max = f[3] * (128 << 10);
+        if f[0] > TX_BYTES_MAX || f[1] > TX_SEGS_MAX || f[2] > 8192 || f[3] > 128 || f[5] > bufs_max
+        {
             fail(format!(
-                "connection memory unbounded: tx bytes {}, segments {}, Connect buffer {}, slots {}",
-                f[0], f[1], f[2], f[3]
+                "connection memory unbounded: tx bytes {}, segments {}, Connect buffer {}, slots {}, data buffers {}",
+                f[0], f[1], f[2], f[3], f[5]
             ));
         }
         if self.c.wire().after_fin > 0 {
@@ -1059,6 +1067,38 @@ impl<'a> Host<'a> {
         self.check_settled();
     }
 
+    /// Several reads in one piece: with a small data buffer pool, those
+    /// beyond it wait for buffers and are served as others end.
+    fn read_burst(&mut self, ctx: &mut ThreadCtx) {
+        let mut all = Vec::new();
+        for _ in 0..2 + self.r(5) {
+            if self.pending.len() + 1 >= self.entries as usize {
+                break;
+            }
+            let len = 512 * (1 + self.r(256) as usize);
+            let slba = self.lba_for(len);
+            let mut sqe = Sqe::rw(NvmOpcode::Read, 1, slba, (len / 512) as u32);
+            SglDescriptor::tcp_transport(len as u32).write_to_sqe(&mut sqe);
+            sqe.cid = self.next_cid();
+            let Some(b) = self.capsule_bytes(&sqe, &[], false) else {
+                return;
+            };
+            let p = self.predict(&b);
+            if p == Pred::Accept {
+                let k = Kind::Read {
+                    slba: Some(slba),
+                    got: Vec::new(),
+                };
+                self.pending.insert(sqe.cid, k);
+            }
+            self.note(p);
+            all.extend_from_slice(&b);
+        }
+        trace(|| format!("read burst of {} bytes", all.len()));
+        self.feed(ctx, &all);
+        self.check_settled();
+    }
+
     fn read(&mut self, ctx: &mut ThreadCtx) {
         let len = 512 * (1 + self.r(256) as usize);
         let slba = self.lba_for(len);
@@ -1290,6 +1330,7 @@ fn case(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) -> Stats {
             75 => h.host_term(ctx),
             76..=78 => h.disconnect(ctx),
             79..=81 => h.truncated(ctx),
+            86..=88 if h.io => h.read_burst(ctx),
             82..=85 => {
                 // A flood of commands on a queue never connected (or
                 // connected), the host not reading meanwhile.
@@ -1354,8 +1395,10 @@ fn bring_up(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) {
 }
 
 fn env_for(shared: Arc<Shared>, local: SocketAddr) -> Env {
+    let cache = Rc::new(Cache::new(shared.pool.clone(), 1 << 20));
     Env {
         shared,
+        cache,
         local,
         cntlid: 0,
         admin: None,
@@ -1375,11 +1418,14 @@ fn fuzz_conn() {
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED_0F7A_76E7);
     // Two variants: defaults (64 KiB receive buffer, direct receive), and
-    // a 4 KiB receive buffer without direct receive.
+    // a 4 KiB receive buffer without direct receive, with a data buffer
+    // pool of one 128 KiB transfer (commands wait for buffers).
     let a = target(crate::TransportOptions::default());
     let b = target(crate::TransportOptions {
         rx_buffer: 4096,
         direct_receive: false,
+        num_shared_buffers: 2,
+        io_unit_size: 64 << 10,
         ..Default::default()
     });
     let sa = (a.shared(), a.listen_addrs()[0]);
@@ -1402,7 +1448,17 @@ fn fuzz_conn() {
                     if e.admin.is_none() {
                         bring_up(ctx, e, &mut rng);
                     }
-                    case(ctx, e, &mut rng)
+                    let s = case(ctx, e, &mut rng);
+                    // The case's connection is gone: every data buffer it
+                    // took is back (cached or freed), and the strict ones
+                    // stayed within the pool.
+                    let (used, cached) = (e.shared.pool.used(), e.cache.bytes());
+                    if used != cached {
+                        fail(format!(
+                            "data buffers leaked: {used} bytes charged, {cached} cached"
+                        ));
+                    }
+                    s
                 }));
                 match r {
                     Ok(s) => st.add(&s),
@@ -1572,6 +1628,7 @@ fn handshake_deadlines_follow_the_stages() {
                 MemWire::new(usize::MAX),
                 (local, peer),
                 h.env.shared.clone(),
+                h.env.cache.clone(),
                 ctx.index(),
                 accepted,
             );
@@ -1678,5 +1735,70 @@ fn a_discovery_controller_without_kato_expires_after_120_s() {
             );
             h.finish(ctx, false);
         }
+    });
+}
+
+/// A host that stops reading while read data is queued for it keeps that
+/// data's buffers: once the socket has taken nothing for `data_timeout`
+/// (30 s by default), the connection is closed and they come back. An
+/// R2T whose data never comes completes with Transient Transport Error
+/// after as long. (The thread's timer calls `tick`; here at chosen
+/// instants.)
+#[test]
+fn stalled_transfers_end_after_the_data_timeout() {
+    use std::time::Duration;
+    on_target(|ctx, env, rng| {
+        let t0 = ctx.now();
+        let late = t0 + Duration::from_secs(31);
+        // R2T, then no data (the host model does not read: the test
+        // parses what is sent).
+        let mut h = io_host(ctx, env, rng);
+        h.reading = false;
+        let mut w = Sqe::rw(NvmOpcode::Write, 1, 0, 256);
+        w.cid = h.next_cid();
+        SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut w);
+        let b = h.capsule_bytes(&w, &[], false).expect("capsule");
+        h.c.wire().push(&b);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "R2T buffer");
+        h.c.tick(ctx, t0 + Duration::from_secs(29));
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "expired early");
+        h.c.tick(ctx, late);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        let out = std::mem::take(&mut h.c.wire().out);
+        // R2T (24 bytes), then the response capsule with 22h.
+        assert_eq!(out.len(), 24 + 24, "{out:02x?}");
+        assert_eq!(out[24], PduType::CapsuleResp as u8);
+        let st = u16::from_le_bytes([out[24 + 8 + 14], out[24 + 8 + 15]]) >> 1;
+        // Transient Transport Error, Do Not Retry clear.
+        assert_eq!(st, generic::TRANSIENT_TRANSPORT_ERROR as u16);
+        assert_eq!(h.c.footprint()[5], 0, "buffer not given back");
+        // A read whose data the host does not take.
+        h.c.wire().room = 0;
+        let mut r = Sqe::rw(NvmOpcode::Read, 1, 0, 256);
+        r.cid = h.next_cid();
+        SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut r);
+        let b = h.capsule_bytes(&r, &[], false).expect("capsule");
+        h.c.wire().push(&b);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "read buffer");
+        // (The thread's clock stands still in this call: the stall began
+        // at t0.)
+        h.c.tick(ctx, t0 + Duration::from_secs(29));
+        assert!(!h.c.is_closed(), "closed early");
+        h.c.tick(ctx, late);
+        assert!(
+            h.c.is_closed(),
+            "a connection whose host reads nothing stayed"
+        );
     });
 }

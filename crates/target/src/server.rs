@@ -28,6 +28,7 @@ use pollux_spec::fabrics::DISCOVERY_NQN;
 use crate::config::{ConfigError, TargetConfig};
 use crate::conn::Conn;
 use crate::model::{ModelError, Subsys, SubsysParams};
+use crate::pool::{Cache, Pool};
 use crate::shared::{Shared, SubsysEntry};
 use crate::sock;
 
@@ -54,6 +55,8 @@ pub enum TargetError {
 
 struct Table<T: Transport> {
     shared: Arc<Shared<T>>,
+    /// This thread's free data buffers.
+    cache: Rc<Cache>,
     conns: Vec<Conn<TcpStream, T>>,
     next_id: u64,
     rr: usize,
@@ -215,6 +218,7 @@ impl<T: Transport> Target<T> {
                 nqn: DISCOVERY_NQN.into(),
                 source,
             })?;
+        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
         let shared = Arc::new(Shared {
             opts: o,
             subsystems,
@@ -223,6 +227,7 @@ impl<T: Transport> Target<T> {
             ctrls: Mutex::default(),
             conns: Default::default(),
             data_conns: Default::default(),
+            pool: Arc::new(Pool::new(pool_bytes)),
             cores: cores.to_vec(),
         });
         let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
@@ -270,6 +275,13 @@ impl<T: Transport> Target<T> {
         &self.rt
     }
 
+    /// Bytes of data buffers alive (in commands, or cached by the
+    /// threads), and the pool's limit (`num_shared_buffers` x
+    /// `io_unit_size`; in-capsule and admin data may pass it).
+    pub fn buffer_bytes(&self) -> (usize, usize) {
+        (self.shared.pool.used(), self.shared.pool.limit())
+    }
+
     /// Connections open.
     pub fn connections(&self) -> usize {
         self.shared.conns.load(Relaxed)
@@ -300,8 +312,14 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
     }
     let epoll_idle = shared.opts.epoll_idle;
     let accepting = !listeners.is_empty();
+    let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
+    let cache = Rc::new(Cache::new(
+        shared.pool.clone(),
+        usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+    ));
     let tab: TableRef<T> = Rc::new(RefCell::new(Table {
         shared,
+        cache,
         conns: Vec::new(),
         next_id: 0,
         rr: 0,
@@ -331,7 +349,12 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
     ctx.add_periodic(Duration::from_millis(100), move |ctx| {
         let now = ctx.now();
         with(&t, |t| {
+            // Others wait for buffers: give back what this thread caches.
+            if t.shared.pool.pressed() {
+                t.cache.trim();
+            }
             for c in t.conns.iter_mut() {
+                c.tick(ctx, now);
                 if c.kato_expired(now) {
                     tracing::warn!(conn = c.id, "keep alive timeout expired");
                     c.close_now(ctx, "keep alive timeout");
@@ -524,7 +547,7 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
         evict_unbound(ctx, t, now);
         t.next_id += 1;
         let id = (thread as u64) << 48 | t.next_id;
-        match Conn::new(id, s, t.shared.clone(), thread, now) {
+        match Conn::new(id, s, t.shared.clone(), t.cache.clone(), thread, now) {
             Ok(c) => {
                 if let Err(e) = ctx.register_wake_fd(c.as_fd()) {
                     tracing::warn!("connection wake-up: {e}");

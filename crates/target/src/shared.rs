@@ -13,6 +13,7 @@ use pollux_nvme::Transport;
 
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
+use crate::pool::Pool;
 
 /// Which subsystem a controller belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -103,6 +104,8 @@ pub(crate) struct Shared<T: Transport = NoNvme> {
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).
     pub data_conns: AtomicUsize,
+    /// The data buffers' budget.
+    pub pool: Arc<Pool>,
     /// Core of each runtime thread.
     pub cores: Vec<usize>,
 }

@@ -90,6 +90,10 @@ pub struct TargetArgs {
     /// receiving it straight into the command's buffer.
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
+    /// Data buffers of the whole target, in units of io_unit_size (128 KiB
+    /// unless -c sets it; SPDK's num_shared_buffers; default 511).
+    #[arg(long = "num-shared-buffers", value_name = "N")]
+    pub num_shared_buffers: Option<u32>,
     /// Most iovecs in one sendmsg, 1..=512 (default 512: a full queue's
     /// responses in one call).
     #[arg(long = "send-iov", value_name = "N")]
@@ -269,6 +273,9 @@ pub fn config<T: Transport>(
         let d = handshake_timeout(v)?;
         t.icreq_timeout = d;
         t.connect_timeout = d;
+    }
+    if let Some(n) = a.num_shared_buffers {
+        t.num_shared_buffers = n;
     }
     t.incoming_cpu = a.incoming_cpu;
     t.epoll_idle = !a.no_epoll_idle;
