@@ -541,6 +541,12 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         ]
     }
 
+    /// Commands wait for data buffers.
+    #[cfg(test)]
+    pub(crate) fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
+    }
+
     /// Work is pending that no socket readiness will announce: the
     /// thread must not sleep.
     pub fn needs_poll(&self) -> bool {

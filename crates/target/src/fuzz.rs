@@ -462,6 +462,7 @@ impl<'a> Host<'a> {
     /// Polls until nothing moves.
     fn settle(&mut self, ctx: &mut ThreadCtx) {
         let mut idle = 0;
+        let mut stuck = 0;
         for _ in 0..100_000 {
             let busy = self.poll(ctx);
             if !busy && (!self.c.needs_poll() || !self.reading) {
@@ -471,6 +472,19 @@ impl<'a> Host<'a> {
                 }
             } else {
                 idle = 0;
+            }
+            // Commands wait for data buffers that transfers whose data
+            // the host will never send hold (a mutated write's R2T): time
+            // passes, the data timeout ends those (the thread's timer).
+            stuck = if !busy && self.c.is_waiting() {
+                stuck + 1
+            } else {
+                0
+            };
+            if stuck == 100 {
+                let late = ctx.now() + self.env.shared.opts.data_timeout * 2;
+                trace(|| "data timeout".into());
+                self.c.tick(ctx, late);
             }
         }
         fail("connection never settled".into());
