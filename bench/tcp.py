@@ -13,8 +13,7 @@
   3. The on/off ratio of each technique, interleaved: the host disabling
      SQ flow control (QD 128), the target's sendmsg batch (512 iovecs vs
      64, QD 128), the target's direct receive (128 KiB
-     randwrite), MSG_ZEROCOPY from 64 KiB (128 KiB randread), epoll idle
-     sleep (QD 1 latency) and SO_INCOMING_CPU (two target threads, two
+     randwrite), epoll idle sleep (QD 1 latency) and SO_INCOMING_CPU (two target threads, two
      client threads).
 
 Figures come from a shared 2-vCPU VM over loopback, where the client and
@@ -375,8 +374,6 @@ def main():
          ["-c", "1", "-q", "128", "-o", "4096", "-w", "randread"], "iops", "0x1", "", ""),
         ("direct receive", [], ["--no-direct-receive"],
          ["-c", "1", "-q", "32", "-o", "131072", "-w", "randwrite"], "iops", "0x1", "", ""),
-        ("MSG_ZEROCOPY >= 64 KiB", ["--zcopy-threshold", "65536"], [],
-         ["-c", "1", "-q", "32", "-o", "131072", "-w", "randread"], "iops", "0x1", "", ""),
         ("epoll idle sleep (QD 1 p50, lower is better)", [], ["--no-epoll-idle"],
          ["-c", "1", "-q", "1", "-o", "4096", "-w", "randread", "-L"], "p50_lat_us", "0x1", "", ""),
         ("SO_INCOMING_CPU (2 target threads)", ["--incoming-cpu"], [],

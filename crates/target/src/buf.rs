@@ -4,7 +4,7 @@
 //! A buffer is either owned ([`AlignedBuf`], readable and writable
 //! through safe slices) or lent ([`Lent`]) to something that touches it
 //! behind the compiler's back — the bdev (a read or write in flight) or
-//! the kernel (a `MSG_ZEROCOPY` send). A lent buffer has no accessor: it
+//! the socket's send queue (until `sendmsg` copied it). A lent buffer has no accessor: it
 //! can only be taken back with [`Lent::reclaim`], whose caller states
 //! that the borrower is done. So no safe slice of memory under I/O exists.
 use std::alloc::Layout;

@@ -22,10 +22,12 @@
 //! of `TargetConfig<T>` for the controllers' transport `T`;
 //! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
 //! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
-//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`, `zcopy`; SPDK's
-//! buffer tuning parameters are accepted and ignored; pollux-specific,
+//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`,
+//! `num_shared_buffers`, `io_unit_size`, `buf_cache_size`; SPDK's
+//! other tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`], and `send_iov`),
+//! the handshake timeouts of [`TransportOptions`], `send_iov`,
+//! `max_unbound_connections` and `data_timeout_ms`),
 //! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
@@ -92,15 +94,20 @@ pub struct TransportOptions {
     pub max_io_size: u32,
     /// MAXH2CDATA announced in ICResp.
     pub max_h2c_data: u32,
-    /// Connections at once at most (more are closed at accept).
+    /// Connections bound to an NVM subsystem (a Connect accepted) at
+    /// once at most; a Connect beyond is refused (Controller Busy).
     pub max_connections: usize,
+    /// Connections not bound to an NVM subsystem (handshake not done, or
+    /// a discovery controller's) at once at most, split evenly between
+    /// the threads; a new connection beyond a thread's share closes the
+    /// one of them that has received nothing for longest, so such
+    /// connections cannot take data hosts' places (pollux-specific; JSON
+    /// `max_unbound_connections`).
+    pub max_unbound_connections: usize,
     /// Keep Alive granularity, 100 ms units (KAS).
     pub kas: u16,
     /// Bytes of each connection's receive buffer.
     pub rx_buffer: usize,
-    /// `MSG_ZEROCOPY` for data of at least this many bytes (None: off;
-    /// smaller responses are always copied).
-    pub zerocopy_threshold: Option<u32>,
     /// Place each connection on the runtime thread whose core receives
     /// its packets (`SO_INCOMING_CPU`), else round robin.
     pub incoming_cpu: bool,
@@ -120,6 +127,21 @@ pub struct TransportOptions {
     /// accepted) this long after its ICResp is closed (pollux-specific;
     /// JSON `connect_timeout_ms`).
     pub connect_timeout: Duration,
+    /// Data buffers of the whole target: `num_shared_buffers` units of
+    /// `io_unit_size` bytes (SPDK's names). A command whose data needs a
+    /// buffer the budget cannot give waits (no R2T sent yet).
+    pub num_shared_buffers: u32,
+    pub io_unit_size: u32,
+    /// Free buffers each thread keeps, in `io_unit_size` units (SPDK's
+    /// `buf_cache_size`; None: SPDK's default, three quarters of the
+    /// pool split between the threads).
+    pub buf_cache_size: Option<u32>,
+    /// A command whose data (H2CData after its R2T) has not all arrived
+    /// this long after the R2T completes with Transient Transport Error,
+    /// and a connection whose host takes none of the data queued for it
+    /// this long is closed, so their buffers come back (pollux-specific;
+    /// JSON `data_timeout_ms`).
+    pub data_timeout: Duration,
 }
 
 /// Most iovecs in one `sendmsg`: a header and a data segment for each
@@ -141,20 +163,42 @@ impl Default for TransportOptions {
             max_io_size: 128 << 10,
             max_h2c_data: 128 << 10,
             max_connections: 1024,
+            max_unbound_connections: 256,
             kas: 1,
             rx_buffer: 64 << 10,
-            zerocopy_threshold: None,
             incoming_cpu: false,
             epoll_idle: true,
             direct_receive: true,
             send_iov: MAX_SEND_IOV,
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
+            num_shared_buffers: 511,
+            io_unit_size: 128 << 10,
+            buf_cache_size: None,
+            data_timeout: Duration::from_secs(30),
         }
     }
 }
 
+/// Largest data buffer pool accepted.
+const MAX_POOL_BYTES: u64 = 1 << 40;
+
 impl TransportOptions {
+    /// Bytes of data buffers the target may hold (`num_shared_buffers` x
+    /// `io_unit_size`).
+    pub fn pool_bytes(&self) -> u64 {
+        self.num_shared_buffers as u64 * self.io_unit_size as u64
+    }
+
+    /// Bytes of free buffers each of `threads` threads may cache.
+    pub(crate) fn cache_bytes(&self, threads: usize) -> u64 {
+        let units = match self.buf_cache_size {
+            Some(c) => c as u64,
+            None => self.num_shared_buffers as u64 * 3 / 4 / threads.max(1) as u64,
+        };
+        units * self.io_unit_size as u64
+    }
+
     /// Checks the bounds the data path relies on.
     pub fn validate(&self) -> Result<(), ConfigError> {
         let bad = |option, value: u64, why: &str| {
@@ -208,6 +252,9 @@ impl TransportOptions {
         if self.max_connections == 0 {
             return bad("max_connections", 0, "must be at least 1");
         }
+        if self.max_unbound_connections == 0 {
+            return bad("max_unbound_connections", 0, "must be at least 1");
+        }
         for (option, t) in [
             ("icreq_timeout_ms", self.icreq_timeout),
             ("connect_timeout_ms", self.connect_timeout),
@@ -219,6 +266,48 @@ impl TransportOptions {
                     "must be 1 ms..=1 hour",
                 );
             }
+        }
+        if self.io_unit_size < 4096 || !self.io_unit_size.is_multiple_of(4096) {
+            return bad(
+                "io_unit_size",
+                self.io_unit_size as u64,
+                "must be a multiple of 4096",
+            );
+        }
+        if self.pool_bytes() < self.max_io_size as u64 {
+            return bad(
+                "num_shared_buffers",
+                self.num_shared_buffers as u64,
+                &format!(
+                    "num_shared_buffers x io_unit_size ({} bytes) must hold one max_io_size transfer ({} bytes)",
+                    self.pool_bytes(),
+                    self.max_io_size
+                ),
+            );
+        }
+        if self.pool_bytes() > MAX_POOL_BYTES {
+            return bad(
+                "num_shared_buffers",
+                self.num_shared_buffers as u64,
+                "num_shared_buffers x io_unit_size must be at most 1 TiB",
+            );
+        }
+        if let Some(c) = self.buf_cache_size {
+            if c > self.num_shared_buffers {
+                return bad(
+                    "buf_cache_size",
+                    c as u64,
+                    "must be at most num_shared_buffers",
+                );
+            }
+        }
+        if self.data_timeout < Duration::from_millis(1) || self.data_timeout > MAX_HANDSHAKE_TIMEOUT
+        {
+            return bad(
+                "data_timeout_ms",
+                self.data_timeout.as_millis().min(u64::MAX as u128) as u64,
+                "must be 1 ms..=1 hour",
+            );
         }
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {
             return bad("send_iov", self.send_iov as u64, "must be 1..=512");
@@ -494,6 +583,8 @@ impl<T: Transport> TargetConfig<T> {
                     "icreq_timeout_ms",
                     "connect_timeout_ms",
                     "send_iov",
+                    "max_unbound_connections",
+                    "data_timeout_ms",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -531,19 +622,33 @@ impl<T: Transport> TargetConfig<T> {
                 if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
                     t.send_iov = v as usize;
                 }
-                if let Some(z) = p.bool("zcopy")? {
-                    t.zerocopy_threshold = z.then_some(t.zerocopy_threshold.unwrap_or(16 << 10));
+                if let Some(v) = p.uint("max_unbound_connections", 1, 1 << 20)? {
+                    t.max_unbound_connections = v as usize;
                 }
+                if let Some(v) = p.uint("num_shared_buffers", 1, u32::MAX as u64)? {
+                    t.num_shared_buffers = v as u32;
+                }
+                if let Some(v) = p.uint("io_unit_size", 4096, 16 << 20)? {
+                    t.io_unit_size = v as u32;
+                }
+                // SPDK writes UINT32_MAX for "pick one".
+                match p.uint("buf_cache_size", 0, u32::MAX as u64)? {
+                    Some(v) if v == u32::MAX as u64 => t.buf_cache_size = None,
+                    Some(v) => t.buf_cache_size = Some(v as u32),
+                    None => {}
+                }
+                if let Some(v) = p.uint("data_timeout_ms", 1, max_ms)? {
+                    t.data_timeout = Duration::from_millis(v);
+                }
+                p.bool("zcopy")?;
                 for ignored in [
-                    "io_unit_size",
-                    "num_shared_buffers",
-                    "buf_cache_size",
                     "sock_priority",
                     "abort_timeout_sec",
                     "ack_timeout",
                     "data_wr_pool_size",
                     "control_msg_num",
                     "c2h_success",
+                    "zcopy",
                 ] {
                     if params.contains_key(ignored) {
                         self.warn(format!("{method}: parameter '{ignored}' ignored"));

@@ -17,8 +17,7 @@
 //!
 //! Send: PDU headers (and response capsules, digests, padding) are copied
 //! into one byte buffer, data is referenced in place, and everything
-//! queued goes out in one `sendmsg` per poll (`MSG_ZEROCOPY` for data of
-//! at least the configured size, sent in its own call).
+//! queued goes out in one `sendmsg` per poll.
 //!
 //! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
 //! Fatal Error Status and Information of the spec and the connection
@@ -29,6 +28,15 @@
 //!
 //! Backpressure: nothing more is read while 64 KiB are queued to send, so
 //! a host that does not read cannot grow the connection's memory.
+//!
+//! Data buffers come from the target's pool (`pool`) through the thread's
+//! cache and go back when the command ends. A command whose data needs a
+//! buffer the pool cannot give now (an R2T write or a read) waits, in
+//! order, and its R2T goes out (or its read starts) once one is there.
+//! The thread's timer completes a command whose R2T data has not arrived
+//! within `data_timeout` (Transient Transport Error) and closes a
+//! connection whose host has taken none of its queued data for as long,
+//! so such hosts cannot keep buffers.
 //!
 //! Handshake: a connection must send its ICReq within `icreq_timeout` of
 //! being accepted, and get its queue connected (a Fabrics Connect
@@ -41,7 +49,7 @@
 //! the same machine over memory.
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
-use std::os::fd::AsRawFd;
+use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -64,11 +72,16 @@ use zerocopy::{FromBytes, IntoBytes};
 
 use crate::buf::{AlignedBuf, Lent};
 use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
+use crate::pool::{self, Cache};
 use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
 use crate::sock::{self, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 const LINGER: Duration = Duration::from_secs(2);
+/// Keep Alive Timeout of a discovery controller whose host asked for none
+/// (KATO 0), so an idle one does not stay forever: Linux's nvmet's
+/// `NVMET_DISC_KATO_MS`.
+pub(crate) const DISCOVERY_KATO_MS: u32 = 120_000;
 /// Data at least this large is received straight into its buffer.
 const DIRECT_MIN: u32 = 8 << 10;
 /// Reads per poll at most (then other connections get their turn).
@@ -159,6 +172,8 @@ enum St {
     Free,
     /// Capsule data arriving.
     Recv,
+    /// Waiting for a data buffer from the pool (in `Conn::waiting`).
+    WaitBuf,
     /// R2T sent, H2CData arriving.
     AwaitH2C,
     /// Lent to the I/O queue.
@@ -182,8 +197,8 @@ struct Slot {
     io: Option<IoCmd>,
     /// A transport error seen while receiving the data.
     err: Option<Status>,
-    /// Last zero-copy send carrying its data.
-    zc_seq: Option<u64>,
+    /// When its R2T was queued (data timeout).
+    r2t_at: Option<Instant>,
 }
 
 impl Slot {
@@ -198,39 +213,16 @@ impl Slot {
             got: 0,
             io: None,
             err: None,
-            zc_seq: None,
-        }
-    }
-
-    /// Makes `buf` `len` bytes long (reallocating only to grow).
-    fn ensure_buf(&mut self, len: usize) -> bool {
-        match &mut self.buf {
-            Some(b) if b.capacity() >= len => b.set_len(len),
-            _ => match AlignedBuf::new(len) {
-                Some(b) => {
-                    self.buf = Some(b);
-                    true
-                }
-                None => false,
-            },
+            r2t_at: None,
         }
     }
 }
 
 #[derive(Clone, Copy, Debug)]
 enum Seg {
-    Bytes {
-        start: usize,
-        len: usize,
-    },
-    Data {
-        slot: u16,
-        ptr: *const u8,
-        len: usize,
-    },
-    Release {
-        slot: u16,
-    },
+    Bytes { start: usize, len: usize },
+    Data { ptr: *const u8, len: usize },
+    Release { slot: u16 },
 }
 
 /// What is queued for the socket.
@@ -331,6 +323,26 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     stage_since: Instant,
     /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
     quiet: u32,
+    /// When data last arrived (or the connection was accepted): the
+    /// longest idle unbound connection is evicted first.
+    last_rx: Instant,
+    /// The connection holds a place among those bound to an NVM
+    /// subsystem (`Shared::data_conns`).
+    data_slot: bool,
+    /// This thread's free data buffers (and through it, the pool).
+    cache: Rc<Cache>,
+    /// Bytes of data buffers the connection holds.
+    held: usize,
+    /// Counted among the pool's active connections (fair share).
+    pool_active: bool,
+    /// Slots waiting for a data buffer, in arrival order.
+    waiting: VecDeque<u16>,
+    /// Counted among the pool's waiting connections.
+    wait_counted: bool,
+    /// Slots with an R2T out (data timeout).
+    r2t_out: u32,
+    /// Since when the socket has taken nothing of a non-empty send queue.
+    tx_stalled_since: Option<Instant>,
     rxcfg: RxConfig,
     /// The last header that passed its check (most PDUs are alike).
     memo: CheckMemo,
@@ -356,14 +368,6 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     scratch: Vec<u8>,
     kato: Duration,
     last_admin: Instant,
-    zc_threshold: Option<u32>,
-    zc_sent: u64,
-    zc_done: u64,
-    /// Buffers of finished commands whose data went out with MSG_ZEROCOPY
-    /// and the kernel has not yet notified (the send's sequence number):
-    /// their slots are free again at once, so the host's queue never
-    /// counts a command the kernel still reads from.
-    zc_hold: VecDeque<(u64, Lent)>,
     linger_until: Option<Instant>,
     fin_sent: bool,
     draining: bool,
@@ -377,6 +381,25 @@ impl<W: Wire, T: Transport> Drop for Conn<W, T> {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
         self.io.take();
+        self.give_back_data_slot();
+        self.abandon_waiting();
+        for i in 0..self.slots.len() {
+            let s = &mut self.slots[i];
+            let lent = s.lent.take();
+            let mut buf = s.buf.take();
+            if let Some(l) = lent {
+                // SAFETY: the I/O queue is gone (it waited for its
+                // requests), and the socket copied what it was sent (the
+                // rest is never sent).
+                buf = Some(unsafe { l.reclaim() });
+            }
+            if let Some(b) = buf {
+                self.give_buf(b);
+            }
+        }
+        if std::mem::take(&mut self.pool_active) {
+            self.cache.pool().set_active(false);
+        }
     }
 }
 
@@ -402,6 +425,7 @@ impl<T: Transport> Conn<TcpStream, T> {
         id: u64,
         sock: TcpStream,
         shared: Arc<Shared<T>>,
+        cache: Rc<Cache>,
         thread: usize,
         now: Instant,
     ) -> std::io::Result<Conn<TcpStream, T>> {
@@ -409,20 +433,12 @@ impl<T: Transport> Conn<TcpStream, T> {
         sock.set_nodelay(true)?;
         let local = sock.local_addr()?;
         let peer = sock.peer_addr()?;
-        let fd = sock.as_raw_fd();
-        let mut zc_threshold = shared.opts.zerocopy_threshold;
-        if zc_threshold.is_some() {
-            if let Err(e) = sock::enable_zerocopy(fd) {
-                tracing::warn!(%peer, "SO_ZEROCOPY refused ({e}): copying sends");
-                zc_threshold = None;
-            }
-        }
         Ok(Conn::with_wire(
             id,
             sock,
             (local, peer),
-            zc_threshold,
             shared,
+            cache,
             thread,
             now,
         ))
@@ -436,14 +452,13 @@ impl<T: Transport> Conn<TcpStream, T> {
 
 impl<W: Wire, T: Transport> Conn<W, T> {
     /// A connection over `sock` (non-blocking, set up), between the
-    /// addresses `(local, peer)`; `zc_threshold`: the zero-copy size, if
-    /// the socket takes `MSG_ZEROCOPY`.
+    /// addresses `(local, peer)`, its data buffers from `cache`.
     pub(crate) fn with_wire(
         id: u64,
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
-        zc_threshold: Option<u32>,
         shared: Arc<Shared<T>>,
+        cache: Rc<Cache>,
         thread: usize,
         now: Instant,
     ) -> Conn<W, T> {
@@ -460,6 +475,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             now,
             stage_since: now,
             quiet: 0,
+            last_rx: now,
+            data_slot: false,
+            cache,
+            held: 0,
+            pool_active: false,
+            waiting: VecDeque::new(),
+            wait_counted: false,
+            r2t_out: 0,
+            tx_stalled_since: None,
             rxcfg: RxConfig::initial(Role::Controller),
             memo: CheckMemo::default(),
             digests: Digests::NONE,
@@ -482,10 +506,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             scratch: Vec::with_capacity(CONNECT_DATA_LEN as usize),
             kato: Duration::ZERO,
             last_admin: now,
-            zc_threshold,
-            zc_sent: 0,
-            zc_done: 0,
-            zc_hold: VecDeque::new(),
             linger_until: None,
             fin_sent: false,
             draining: false,
@@ -508,16 +528,23 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     /// What the connection holds that a peer's bytes could grow: bytes
     /// queued to send, send segments, the Connect data buffer, command
-    /// slots, the receive buffer.
+    /// slots, the receive buffer, data buffer bytes.
     #[cfg(test)]
-    pub(crate) fn footprint(&self) -> [usize; 5] {
+    pub(crate) fn footprint(&self) -> [usize; 6] {
         [
             self.tx.bytes.len(),
             self.tx.pending().len(),
             self.scratch.capacity(),
             self.slots.len(),
             self.rx.len(),
+            self.held,
         ]
+    }
+
+    /// Commands wait for data buffers.
+    #[cfg(test)]
+    pub(crate) fn is_waiting(&self) -> bool {
+        !self.waiting.is_empty()
     }
 
     /// Work is pending that no socket readiness will announce: the
@@ -525,7 +552,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     pub fn needs_poll(&self) -> bool {
         !self.tx.is_empty()
             || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
-            || self.zc_done < self.zc_sent
+            || !self.waiting.is_empty()
     }
 
     /// One pass: completions, receive (then the completions of what it
@@ -535,6 +562,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let mut busy = false;
         if self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             busy |= self.poll_io();
+        }
+        if !self.waiting.is_empty() {
+            busy |= self.serve_waiting();
         }
         if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
             if self.quiet <= QUIET_AFTER {
@@ -556,9 +586,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         if !self.tx.is_empty() {
             busy |= self.flush(ctx);
         }
-        if self.zc_done < self.zc_sent {
-            self.reap_zerocopy();
-        }
         match self.phase {
             Phase::Closing => busy |= self.closing(ctx),
             // Shutdown: finish what is in flight, then close.
@@ -573,6 +600,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Shutdown of the target: stop taking commands.
     pub fn drain(&mut self) {
         self.draining = true;
+        // Commands still waiting for a data buffer are not started.
+        self.abandon_waiting();
     }
 
     /// Keep Alive Timeout expired on an admin queue.
@@ -600,6 +629,219 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// The host's address.
     pub fn peer(&self) -> SocketAddr {
         self.peer
+    }
+
+    /// Open and not bound to an NVM subsystem: in its handshake, a
+    /// discovery controller's queue, or closing. These have their own
+    /// budget (`max_unbound_connections`).
+    pub fn is_unbound(&self) -> bool {
+        self.phase != Phase::Closed && !self.data_slot
+    }
+
+    /// Closing (its last bytes going out, or waiting for the host's FIN).
+    pub fn is_closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// When data last arrived (or the connection was accepted).
+    pub fn last_rx(&self) -> Instant {
+        self.last_rx
+    }
+
+    fn give_back_data_slot(&mut self) {
+        if std::mem::take(&mut self.data_slot) {
+            crate::shared::DataSlot::give_back(&self.shared.data_conns);
+        }
+    }
+
+    /// The thread's timer (every 100 ms): completes commands whose R2T
+    /// data has not arrived within `data_timeout` (Transient Transport
+    /// Error: the transfer failed, a retry may succeed; their buffers come
+    /// back once the response is sent), closes the connection if its host
+    /// has taken nothing of the send queue for as long, and leaves the
+    /// pool's active connections when it holds no buffer.
+    pub fn tick(&mut self, ctx: &mut ThreadCtx, now: Instant) {
+        let limit = self.shared.opts.data_timeout;
+        if self.r2t_out > 0 && self.phase == Phase::Ready && !self.terminated {
+            // (Not the transfer whose data is arriving right now.)
+            let arriving = match self.rxst {
+                RxState::Body(b) => b.slot,
+                RxState::Header => None,
+            };
+            let mut expired = 0u32;
+            for i in 0..self.slots.len() as u16 {
+                let s = &self.slots[i as usize];
+                let late = s.st == St::AwaitH2C
+                    && arriving != Some(i)
+                    && s.r2t_at
+                        .is_some_and(|at| now.saturating_duration_since(at) > limit);
+                if late {
+                    self.r2t_out -= 1;
+                    expired += 1;
+                    // DNR clear: the transfer failed, a retry may succeed.
+                    let st = Status::new(
+                        pollux_spec::status::sct::GENERIC,
+                        generic::TRANSIENT_TRANSPORT_ERROR,
+                        false,
+                    );
+                    self.finish(i, st, 0, 0);
+                }
+            }
+            if expired > 0 {
+                tracing::warn!(
+                    peer = %self.peer,
+                    conn = self.id,
+                    commands = expired,
+                    timeout_ms = limit.as_millis() as u64,
+                    "the data asked for with R2T did not arrive in time: commands completed with Transient Transport Error"
+                );
+            }
+        }
+        let stalled = self
+            .tx_stalled_since
+            .is_some_and(|at| now.saturating_duration_since(at) > limit);
+        if stalled && !self.tx.is_empty() && self.phase == Phase::Ready {
+            tracing::warn!(
+                peer = %self.peer,
+                conn = self.id,
+                timeout_ms = limit.as_millis() as u64,
+                "the host has taken nothing of what is queued for it in time; closing the connection"
+            );
+            self.close_now(ctx, "send queue stalled");
+        }
+        if self.cache.pool().pressed() {
+            // Others wait: the pages idle slots keep go back.
+            self.give_back_kept();
+        }
+        if self.pool_active && self.held == 0 && self.waiting.is_empty() {
+            self.pool_active = false;
+            self.cache.pool().set_active(false);
+        }
+    }
+
+    /// A data buffer of `len` bytes from the pool: `strict`, within the
+    /// budget (and, while others wait, this connection's fair share);
+    /// else charged in any case (in-capsule and admin data).
+    #[inline]
+    fn take_buf(&mut self, len: usize, strict: bool) -> Option<AlignedBuf> {
+        let (k, cap) = pool::class(len);
+        let pool = self.cache.pool();
+        if strict && self.held > 0 && pool.pressed() && self.held + cap > pool.fair_share() {
+            return None;
+        }
+        let mut b = self.cache.take(k, cap, strict)?;
+        b.set_len(len);
+        self.held += cap;
+        if !self.pool_active {
+            self.pool_active = true;
+            pool.set_active(true);
+        }
+        Some(b)
+    }
+
+    /// Gives slot `i` a data buffer of `len` bytes: the page it kept (see
+    /// `release`), or one from the pool (`take_buf`). False if none.
+    #[inline]
+    fn slot_buf(&mut self, i: u16, len: usize, strict: bool) -> bool {
+        if let Some(b) = self.slots[i as usize].buf.as_mut() {
+            if b.set_len(len) {
+                return true;
+            }
+        }
+        if let Some(b) = self.slots[i as usize].buf.take() {
+            self.give_buf(b);
+        }
+        let mut b = self.take_buf(len, strict);
+        if b.is_none() && strict && self.give_back_kept() {
+            b = self.take_buf(len, strict);
+        }
+        match b {
+            Some(b) => {
+                self.slots[i as usize].buf = Some(b);
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Gives back the pages free slots keep; true if there were any.
+    #[cold]
+    fn give_back_kept(&mut self) -> bool {
+        let mut any = false;
+        for k in 0..self.slots.len() {
+            if self.slots[k].st == St::Free {
+                if let Some(b) = self.slots[k].buf.take() {
+                    self.give_buf(b);
+                    any = true;
+                }
+            }
+        }
+        any
+    }
+
+    /// Gives a data buffer back to the pool.
+    #[inline]
+    fn give_buf(&mut self, b: AlignedBuf) {
+        self.held = self.held.saturating_sub(b.capacity());
+        self.cache.give(b);
+    }
+
+    /// Slot `i` waits for a data buffer.
+    #[cold]
+    fn wait_buf(&mut self, i: u16) {
+        self.slots[i as usize].st = St::WaitBuf;
+        self.waiting.push_back(i);
+        if !self.wait_counted {
+            self.wait_counted = true;
+            self.cache.pool().set_waiting(true);
+        }
+    }
+
+    /// Gives the waiting slots their buffers, in order, while the pool
+    /// has them; true if any got one.
+    fn serve_waiting(&mut self) -> bool {
+        let mut any = false;
+        if self.phase == Phase::Ready && !self.terminated {
+            while let Some(&i) = self.waiting.front() {
+                let len = self.slots[i as usize].xfer as usize;
+                if !self.slot_buf(i, len, true) {
+                    break;
+                }
+                self.waiting.pop_front();
+                self.transfer(i);
+                any = true;
+            }
+        }
+        if self.waiting.is_empty() && std::mem::take(&mut self.wait_counted) {
+            self.cache.pool().set_waiting(false);
+        }
+        any
+    }
+
+    /// Closing: the waiting slots will not be served.
+    fn abandon_waiting(&mut self) {
+        self.waiting.clear();
+        if std::mem::take(&mut self.wait_counted) {
+            self.cache.pool().set_waiting(false);
+        }
+    }
+
+    /// The Keep Alive Timeout of `kato_ms` on this queue's controller: a
+    /// discovery controller has one even when the host asks for none.
+    fn kato_for(&self, kato_ms: u32) -> Duration {
+        let discovery = matches!(
+            self.bound,
+            Bound::Admin {
+                subsys: SubsysId::Discovery,
+                ..
+            }
+        );
+        let ms = if discovery && kato_ms == 0 {
+            DISCOVERY_KATO_MS
+        } else {
+            kato_ms
+        };
+        Duration::from_millis(ms as u64)
     }
 
     /// Linger deadline passed.
@@ -631,6 +873,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Leaves the controller table: an admin queue takes its controller
     /// (and that controller's I/O queues) down, an I/O queue leaves it.
     fn detach(&mut self, ctx: &mut ThreadCtx) {
+        self.give_back_data_slot();
+        self.abandon_waiting();
         match std::mem::replace(&mut self.bound, Bound::None) {
             Bound::None => {}
             Bound::Admin { cntlid, .. } => teardown(ctx, &self.shared, cntlid),
@@ -652,9 +896,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             self.fin_sent = true;
         }
         // Read (and drop) until the host's FIN, so our last bytes are not
-        // lost to a reset.
+        // lost to a reset; as many reads per poll as the receive path
+        // (a host that keeps sending does not hold the thread).
         let mut busy = false;
-        loop {
+        for _ in 0..READS_PER_POLL {
             match self.sock.recv2(&mut self.rx[..], &mut []) {
                 Ok(Some(0)) | Err(_) => {
                     self.close_now(ctx, "closed");
@@ -704,6 +949,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
                 Ok(Some((_, n))) => {
                     self.re += n;
+                    self.last_rx = self.now;
                     busy = true;
                     self.process(ctx);
                     if self.phase != Phase::Ready && self.phase != Phase::Init {
@@ -953,21 +1199,24 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     s.got = 0;
                     s.xfer = 0;
                     s.io = None;
-                    if dl == 0 {
-                        Sink::Slot(i)
+                    // In-capsule data is arriving: its buffer does not
+                    // wait for the pool's budget (bounded by the slots).
+                    let err = if dl == 0 {
+                        None
                     } else if dl > self.icd_max {
-                        s.err = Some(gen(generic::SGL_OFFSET_INVALID));
-                        self.rxst =
-                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
-                        return Ok(());
-                    } else if s.ensure_buf(dl as usize) {
-                        Sink::Slot(i)
+                        Some(gen(generic::SGL_OFFSET_INVALID))
+                    } else if self.slot_buf(i, dl as usize, false) {
+                        None
                     } else {
-                        s.err = Some(gen(generic::INTERNAL_ERROR));
+                        Some(gen(generic::INTERNAL_ERROR))
+                    };
+                    if let Some(e) = err {
+                        self.slots[i as usize].err = Some(e);
                         self.rxst =
                             RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
                         return Ok(());
                     }
+                    Sink::Slot(i)
                 };
                 let slot = match sink {
                     Sink::Slot(i) => Some(i),
@@ -1157,6 +1406,21 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         if cmd.sqsize == 0 {
             return Err(invalid(ParamIn::Command, ipo::SQSIZE));
         }
+        // A queue of an NVM subsystem takes a place among the data hosts'
+        // connections (discovery and handshakes have their own budget).
+        let data_slot = match sid {
+            SubsysId::Discovery => None,
+            SubsysId::Nvm(_) => {
+                let max = shared.opts.max_connections;
+                match crate::shared::DataSlot::take(&shared.data_conns, max) {
+                    Some(d) => Some(d),
+                    None => {
+                        tracing::warn!(peer = %self.peer, subnqn, hostnqn, max_connections = max, "Connect refused: max_connections queues of NVM subsystems are connected");
+                        return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+                    }
+                }
+            }
+        };
         let entries = cmd.queue_entries();
         let me = ConnRef {
             thread: self.thread,
@@ -1173,9 +1437,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             let model = shared.subsys(sid);
             let host = hostnqn.to_string();
             let mut slot_ctrl = None;
+            let kato = if sid == SubsysId::Discovery && cmd.kato == 0 {
+                DISCOVERY_KATO_MS
+            } else {
+                cmd.kato
+            };
             let id = shared.table().insert(|id| {
                 let mut c = Ctrl::new(model, id);
-                c.set_kato(cmd.kato);
+                c.set_kato(kato);
                 let c = Arc::new(Mutex::new(c));
                 slot_ctrl = Some(c.clone());
                 CtrlEntry {
@@ -1189,7 +1458,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
             };
             cntlid = id;
-            self.kato = Duration::from_millis(cmd.kato as u64);
+            self.kato = Duration::from_millis(kato as u64);
             self.last_admin = self.now;
             self.icd_max = shared.opts.admin_in_capsule_data_size;
             self.bound = Bound::Admin {
@@ -1197,7 +1466,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 ctrl,
                 subsys: sid,
             };
-            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = cmd.kato, "admin queue connected");
+            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = kato, "admin queue connected");
         } else {
             if sid == SubsysId::Discovery {
                 return Err((fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE), 0));
@@ -1239,6 +1508,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
         }
         let _ = ctx;
+        if let Some(d) = data_slot {
+            d.keep();
+            self.data_slot = true;
+        }
         self.qid = cmd.qid;
         self.entries = entries as u16;
         self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
@@ -1398,7 +1671,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         match outcome {
             Admin::Complete { dw0, status } => {
                 // Set Features may have changed the Keep Alive Timeout.
-                self.kato = Duration::from_millis(c.kato_ms() as u64);
+                self.kato = self.kato_for(c.kato_ms());
                 drop(c);
                 self.finish(i, status, dw0, 0);
             }
@@ -1426,11 +1699,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 if len == 0 {
                     return self.finish(i, Status::SUCCESS, 0, 0);
                 }
-                let s = &mut self.slots[i as usize];
-                if !s.ensure_buf(xfer_len) {
+                if !self.slot_buf(i, xfer_len, false) {
                     return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
                 }
-                if let Some(b) = s.buf.as_mut() {
+                if let Some(b) = self.slots[i as usize].buf.as_mut() {
                     let n = data.len().min(xfer_len);
                     let (head, tail) = b.as_mut_slice().split_at_mut(n);
                     head.copy_from_slice(&data[..n]);
@@ -1493,27 +1765,42 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.submit(i, Some(xfer));
             }
             Sgl::Transport { .. } => {
-                if !s.ensure_buf(xfer as usize) {
-                    return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
-                }
-                if to_host {
+                // A buffer from the pool, or wait for one (after those
+                // already waiting).
+                if !self.waiting.is_empty() || !self.slot_buf(i, xfer as usize, true) {
+                    self.wait_buf(i);
+                } else if to_host {
                     self.submit(i, Some(xfer));
                 } else {
-                    s.st = St::AwaitH2C;
-                    s.got = 0;
-                    let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
-                    let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
-                    if let Some(l) = l {
-                        self.tx.push_header(r.as_bytes(), &l);
-                    }
+                    self.transfer(i);
                 }
             }
             Sgl::Address { .. } => self.finish(i, gen(generic::SGL_TYPE_INVALID), 0, 0),
         }
     }
 
+    /// Slot `i` has its data buffer: a read goes to the bdev, a write
+    /// asks for its data (R2T).
+    fn transfer(&mut self, i: u16) {
+        let s = &mut self.slots[i as usize];
+        let xfer = s.xfer;
+        if s.io.is_some_and(|c| model::io_to_host(&c)) {
+            return self.submit(i, Some(xfer));
+        }
+        s.st = St::AwaitH2C;
+        s.got = 0;
+        s.r2t_at = Some(self.now);
+        self.r2t_out += 1;
+        let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
+        let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
+        if let Some(l) = l {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+    }
+
     /// All H2C data of slot `i` is in.
     fn write_data_in(&mut self, i: u16) {
+        self.r2t_out = self.r2t_out.saturating_sub(1);
         let s = &self.slots[i as usize];
         if let Some(st) = s.err {
             return self.finish(i, st, 0, 0);
@@ -1653,10 +1940,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let (lent, seg) = b.lend(len as usize);
         s.lent = Some(lent);
         s.st = St::Tx;
-        s.zc_seq = None;
         self.tx.push_header(h.as_bytes(), &l);
         self.tx.push(Seg::Data {
-            slot: i,
             ptr: seg.ptr,
             len: seg.len,
         });
@@ -1690,21 +1975,23 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     fn release(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
-        if let Some(seq) = s.zc_seq.filter(|&q| q >= self.zc_done) {
-            // The kernel still reads the buffer: hold it apart; the slot
-            // gets another when it needs one.
-            if let Some(l) = s.lent.take() {
-                self.zc_hold.push_back((seq, l));
-            }
-        } else if let Some(l) = s.lent.take() {
+        if let Some(l) = s.lent.take() {
             // SAFETY: every byte of the buffer queued for the socket was
-            // handed to the kernel by a copying send (or a zero-copy one
-            // already notified complete, checked above).
+            // handed to the kernel by a copying send, which has returned.
             s.buf = Some(unsafe { l.reclaim() });
         }
         s.st = St::Free;
         s.io = None;
-        s.zc_seq = None;
+        // The buffer goes back to the pool; only a page-sized one stays
+        // with the slot for its next command (still counted in `held`,
+        // and given back when others wait).
+        if let Some(b) = s.buf.take() {
+            if b.capacity() == crate::buf::ALIGN && !self.cache.pool().pressed() {
+                s.buf = Some(b);
+            } else {
+                self.give_buf(b);
+            }
+        }
         self.free.push(i);
     }
 
@@ -1721,17 +2008,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.tx.front = 0;
                 break;
             }
-            // Gather: a large data segment alone with MSG_ZEROCOPY, else
-            // everything up to the next such segment.
-            // Zero-copy only while the held buffers stay within the
-            // queue's size; beyond that, copy.
-            let zc_min = self
-                .zc_threshold
-                .filter(|_| self.zc_hold.len() < self.entries as usize)
-                .map(|t| t as usize);
             self.iov.clear();
-            let mut zerocopy = false;
-            let mut zc_slot = None;
             for (k, seg) in self.tx.pending().iter().enumerate() {
                 let skip = if k == 0 { self.tx.front } else { 0 };
                 match *seg {
@@ -1741,23 +2018,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                             iov_len: len - skip,
                         });
                     }
-                    Seg::Data { slot, ptr, len } => {
-                        let big = zc_min.is_some_and(|m| len >= m);
-                        if big && !self.iov.is_empty() {
-                            break;
-                        }
-                        // SAFETY: `ptr` starts slot `slot`'s lent buffer
-                        // of at least `len` bytes, and `skip <= len`.
+                    Seg::Data { ptr, len, .. } => {
+                        // SAFETY: `ptr` starts a lent slot buffer of at
+                        // least `len` bytes, and `skip <= len`.
                         let base = unsafe { ptr.add(skip) };
                         self.iov.push(libc::iovec {
                             iov_base: base as *mut _,
                             iov_len: len - skip,
                         });
-                        if big {
-                            zerocopy = true;
-                            zc_slot = Some(slot);
-                            break;
-                        }
                     }
                     Seg::Release { .. } => {}
                 }
@@ -1767,15 +2035,19 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             }
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
             // the call returns) and into lent slot buffers (released only
-            // once sent; zero-copy ones only once notified).
-            let r = unsafe { self.sock.send_iov(&self.iov, zerocopy) };
+            // once sent).
+            let r = unsafe { self.sock.send_iov(&self.iov) };
             let sent = match r {
-                Ok(0) => break,
-                Ok(k) => k,
-                Err(e) if zerocopy && e.raw_os_error() == Some(libc::ENOBUFS) => {
-                    tracing::warn!(peer = %self.peer, "MSG_ZEROCOPY refused (ENOBUFS): copying from now on");
-                    self.zc_threshold = None;
-                    continue;
+                Ok(0) => {
+                    // (The data timeout closes a queue stalled too long.)
+                    if self.tx_stalled_since.is_none() {
+                        self.tx_stalled_since = Some(self.now);
+                    }
+                    break;
+                }
+                Ok(k) => {
+                    self.tx_stalled_since = None;
+                    k
                 }
                 Err(e) => {
                     self.close_now(ctx, &format!("send failed: {e}"));
@@ -1783,12 +2055,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
             };
             busy = true;
-            if zerocopy {
-                if let Some(s) = zc_slot {
-                    self.slots[s as usize].zc_seq = Some(self.zc_sent);
-                }
-                self.zc_sent += 1;
-            }
             self.advance(sent);
         }
         busy
@@ -1816,42 +2082,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             } else {
                 self.tx.front += sent;
                 sent = 0;
-            }
-        }
-    }
-
-    /// Zero-copy completions: slots whose data the kernel is done with.
-    fn reap_zerocopy(&mut self) {
-        let mut any = false;
-        while let Ok(Some((_lo, hi))) = self.sock.zerocopy_notification() {
-            if self.zc_sent == 0 {
-                break;
-            }
-            // Kernel sequence numbers are the low 32 bits of ours.
-            let last = self.zc_sent - 1;
-            let back = (last as u32).wrapping_sub(hi) as u64;
-            if back <= last {
-                self.zc_done = self.zc_done.max(last - back + 1);
-                any = true;
-            }
-        }
-        if !any {
-            return;
-        }
-        while self.zc_hold.front().is_some_and(|&(q, _)| q < self.zc_done) {
-            let Some((_, l)) = self.zc_hold.pop_front() else {
-                break;
-            };
-            // SAFETY: the kernel notified every zero-copy send up to
-            // `zc_done`, this buffer's last one included.
-            let b = unsafe { l.reclaim() };
-            // Back to a free slot that lost its buffer to the hold.
-            if let Some(&k) = self
-                .free
-                .iter()
-                .find(|&&k| self.slots[k as usize].buf.is_none())
-            {
-                self.slots[k as usize].buf = Some(b);
             }
         }
     }

@@ -1,8 +1,8 @@
 //! Structured fuzzing of the connection machine (`conn`), over memory.
 //!
 //! Each case is one connection: a [`Conn`] over a [`MemWire`] (bytes in,
-//! bytes out, a send buffer of limited room, end of stream, reset, and
-//! zero-copy notifications) on a runtime thread of a real target with a
+//! bytes out, a send buffer of limited room, end of stream, reset) on a
+//! runtime thread of a real target with a
 //! RAM namespace. A host model ([`Host`]) drives it with a structured
 //! sequence: usually a valid ICReq and Connect (admin, or I/O queue 1 of a
 //! controller kept up for the whole run), then a mix of valid capsules
@@ -36,6 +36,7 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
+use std::rc::Rc;
 use std::sync::Arc;
 
 use pollux_bdev::Bdev;
@@ -57,6 +58,7 @@ use proptest::test_runner::{RngAlgorithm, TestRng};
 use zerocopy::IntoBytes;
 
 use crate::conn::Conn;
+use crate::pool::Cache;
 use crate::shared::Shared;
 use crate::sock::Wire;
 use crate::{NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig};
@@ -91,8 +93,6 @@ pub(crate) struct MemWire {
     shut_rd: Cell<bool>,
     /// Send calls after our FIN (must stay 0).
     after_fin: u32,
-    zc_next: u32,
-    zc_done: u32,
 }
 
 impl MemWire {
@@ -107,8 +107,6 @@ impl MemWire {
             shut_wr: Cell::new(false),
             shut_rd: Cell::new(false),
             after_fin: 0,
-            zc_next: 0,
-            zc_done: 0,
         }
     }
 
@@ -142,7 +140,7 @@ impl Wire for MemWire {
         Ok(Some(n1 + n2))
     }
 
-    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         if self.reset {
             return Err(io::ErrorKind::ConnectionReset.into());
         }
@@ -166,10 +164,6 @@ impl Wire for MemWire {
                 break;
             }
         }
-        if zerocopy && sent > 0 {
-            // The bytes were copied: the "kernel" is done with them at once.
-            self.zc_next = self.zc_next.wrapping_add(1);
-        }
         Ok(sent)
     }
 
@@ -179,15 +173,6 @@ impl Wire for MemWire {
             self.shut_rd.set(true);
         }
         Ok(())
-    }
-
-    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>> {
-        if self.zc_done == self.zc_next {
-            return Ok(None);
-        }
-        let r = (self.zc_done, self.zc_next.wrapping_sub(1));
-        self.zc_done = self.zc_next;
-        Ok(Some(r))
     }
 }
 
@@ -199,8 +184,9 @@ impl Wire for MemWire {
 /// I/O-queue cases, a shadow of its namespace.
 struct Env {
     shared: Arc<Shared>,
+    /// The data buffers' cache of this environment's connections.
+    cache: Rc<Cache>,
     local: SocketAddr,
-    zc: Option<u32>,
     cntlid: u16,
     /// The admin connection of `cntlid` (kept open).
     admin: Option<Conn<MemWire>>,
@@ -375,8 +361,8 @@ impl<'a> Host<'a> {
             1,
             MemWire::new(room),
             (env.local, peer),
-            env.zc,
             env.shared.clone(),
+            env.cache.clone(),
             ctx.index(),
             ctx.now(),
         );
@@ -450,10 +436,13 @@ impl<'a> Host<'a> {
 
     fn check_bounds(&mut self) {
         let f = self.c.footprint();
-        if f[0] > TX_BYTES_MAX || f[1] > TX_SEGS_MAX || f[2] > 8192 || f[3] > 128 {
+        // Data buffers: at most one of the largest transfer per slot.
+        let bufs_max = f[3] * (128 << 10);
+        if f[0] > TX_BYTES_MAX || f[1] > TX_SEGS_MAX || f[2] > 8192 || f[3] > 128 || f[5] > bufs_max
+        {
             fail(format!(
-                "connection memory unbounded: tx bytes {}, segments {}, Connect buffer {}, slots {}",
-                f[0], f[1], f[2], f[3]
+                "connection memory unbounded: tx bytes {}, segments {}, Connect buffer {}, slots {}, data buffers {}",
+                f[0], f[1], f[2], f[3], f[5]
             ));
         }
         if self.c.wire().after_fin > 0 {
@@ -473,6 +462,7 @@ impl<'a> Host<'a> {
     /// Polls until nothing moves.
     fn settle(&mut self, ctx: &mut ThreadCtx) {
         let mut idle = 0;
+        let mut stuck = 0;
         for _ in 0..100_000 {
             let busy = self.poll(ctx);
             if !busy && (!self.c.needs_poll() || !self.reading) {
@@ -482,6 +472,19 @@ impl<'a> Host<'a> {
                 }
             } else {
                 idle = 0;
+            }
+            // Commands wait for data buffers that transfers whose data
+            // the host will never send hold (a mutated write's R2T): time
+            // passes, the data timeout ends those (the thread's timer).
+            stuck = if !busy && self.c.is_waiting() {
+                stuck + 1
+            } else {
+                0
+            };
+            if stuck == 100 {
+                let late = ctx.now() + self.env.shared.opts.data_timeout * 2;
+                trace(|| "data timeout".into());
+                self.c.tick(ctx, late);
             }
         }
         fail("connection never settled".into());
@@ -1078,6 +1081,38 @@ impl<'a> Host<'a> {
         self.check_settled();
     }
 
+    /// Several reads in one piece: with a small data buffer pool, those
+    /// beyond it wait for buffers and are served as others end.
+    fn read_burst(&mut self, ctx: &mut ThreadCtx) {
+        let mut all = Vec::new();
+        for _ in 0..2 + self.r(5) {
+            if self.pending.len() + 1 >= self.entries as usize {
+                break;
+            }
+            let len = 512 * (1 + self.r(256) as usize);
+            let slba = self.lba_for(len);
+            let mut sqe = Sqe::rw(NvmOpcode::Read, 1, slba, (len / 512) as u32);
+            SglDescriptor::tcp_transport(len as u32).write_to_sqe(&mut sqe);
+            sqe.cid = self.next_cid();
+            let Some(b) = self.capsule_bytes(&sqe, &[], false) else {
+                return;
+            };
+            let p = self.predict(&b);
+            if p == Pred::Accept {
+                let k = Kind::Read {
+                    slba: Some(slba),
+                    got: Vec::new(),
+                };
+                self.pending.insert(sqe.cid, k);
+            }
+            self.note(p);
+            all.extend_from_slice(&b);
+        }
+        trace(|| format!("read burst of {} bytes", all.len()));
+        self.feed(ctx, &all);
+        self.check_settled();
+    }
+
     fn read(&mut self, ctx: &mut ThreadCtx) {
         let len = 512 * (1 + self.r(256) as usize);
         let slba = self.lba_for(len);
@@ -1309,6 +1344,7 @@ fn case(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) -> Stats {
             75 => h.host_term(ctx),
             76..=78 => h.disconnect(ctx),
             79..=81 => h.truncated(ctx),
+            86..=88 if h.io => h.read_burst(ctx),
             82..=85 => {
                 // A flood of commands on a queue never connected (or
                 // connected), the host not reading meanwhile.
@@ -1372,11 +1408,12 @@ fn bring_up(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) {
     env.admin = Some(conn);
 }
 
-fn env_for(shared: Arc<Shared>, local: SocketAddr, zc: Option<u32>) -> Env {
+fn env_for(shared: Arc<Shared>, local: SocketAddr) -> Env {
+    let cache = Rc::new(Cache::new(shared.pool.clone(), 1 << 20));
     Env {
         shared,
+        cache,
         local,
-        zc,
         cntlid: 0,
         admin: None,
         shadow: vec![0; BLOCKS as usize * 512],
@@ -1394,14 +1431,15 @@ fn fuzz_conn() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(0x5EED_0F7A_76E7);
-    // Two variants: defaults (64 KiB receive buffer, direct receive, no
-    // zero-copy), and a 4 KiB receive buffer without direct receive,
-    // zero-copy sends from 4 KiB.
+    // Two variants: defaults (64 KiB receive buffer, direct receive), and
+    // a 4 KiB receive buffer without direct receive, with a data buffer
+    // pool of one 128 KiB transfer (commands wait for buffers).
     let a = target(crate::TransportOptions::default());
     let b = target(crate::TransportOptions {
         rx_buffer: 4096,
         direct_receive: false,
-        zerocopy_threshold: Some(4096),
+        num_shared_buffers: 2,
+        io_unit_size: 64 << 10,
         ..Default::default()
     });
     let sa = (a.shared(), a.listen_addrs()[0]);
@@ -1411,7 +1449,7 @@ fn fuzz_conn() {
     let r = a
         .runtime()
         .call(0, move |ctx| {
-            let mut envs = [env_for(sa.0, sa.1, None), env_for(sb.0, sb.1, Some(4096))];
+            let mut envs = [env_for(sa.0, sa.1), env_for(sb.0, sb.1)];
             let mut st = Stats::default();
             for i in 0..cases {
                 let mut s = [0u8; 32];
@@ -1424,7 +1462,17 @@ fn fuzz_conn() {
                     if e.admin.is_none() {
                         bring_up(ctx, e, &mut rng);
                     }
-                    case(ctx, e, &mut rng)
+                    let s = case(ctx, e, &mut rng);
+                    // The case's connection is gone: every data buffer it
+                    // took is back (cached or freed), and the strict ones
+                    // stayed within the pool.
+                    let (used, cached) = (e.shared.pool.used(), e.cache.bytes());
+                    if used != cached {
+                        fail(format!(
+                            "data buffers leaked: {used} bytes charged, {cached} cached"
+                        ));
+                    }
+                    s
                 }));
                 match r {
                     Ok(s) => st.add(&s),
@@ -1471,7 +1519,7 @@ fn on_target(f: impl FnOnce(&mut ThreadCtx, &mut Env, &mut TestRng) + Send + 'st
     let (sh, local) = (t.shared(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local, None);
+            let mut env = env_for(sh, local);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             bring_up(ctx, &mut env, &mut rng);
             f(ctx, &mut env, &mut rng);
@@ -1583,7 +1631,7 @@ fn handshake_deadlines_follow_the_stages() {
     let (sh, local) = (t.shared(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local, None);
+            let mut env = env_for(sh, local);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             let t0 = ctx.now();
             let accepted = t0.checked_sub(Duration::from_secs(3)).expect("instant");
@@ -1593,8 +1641,8 @@ fn handshake_deadlines_follow_the_stages() {
                 1,
                 MemWire::new(usize::MAX),
                 (local, peer),
-                None,
                 h.env.shared.clone(),
+                h.env.cache.clone(),
                 ctx.index(),
                 accepted,
             );
@@ -1633,4 +1681,138 @@ fn handshake_deadlines_follow_the_stages() {
             assert_eq!(h.c.handshake_expired(t0 + Duration::from_secs(3600)), None);
         })
         .expect("runtime call");
+}
+
+/// A closing connection reads (and drops) what the host still sends until
+/// its FIN, but no more per poll than the receive path reads: a host
+/// that keeps sending after a Disconnect must not hold the thread (the
+/// loop read until EAGAIN: 2 MiB in one poll here).
+#[test]
+fn a_closing_connection_reads_a_bounded_amount_per_poll() {
+    on_target(|ctx, env, rng| {
+        let mut h = io_host(ctx, env, rng);
+        let mut d = DisconnectCmd::new().to_sqe();
+        d.cid = h.next_cid();
+        let mut b = h.capsule_bytes(&d, &[], false).expect("capsule");
+        let flood = 2 << 20;
+        b.extend(std::iter::repeat_n(0x5Au8, flood));
+        h.c.wire().push(&b);
+        // Receive (the Disconnect: closing), send its response, FIN, then
+        // the closing reads.
+        h.c.poll(ctx);
+        assert!(h.c.wire().shut_wr.get(), "FIN not sent");
+        let w = h.c.wire();
+        let left = w.inp.len() - w.pos;
+        assert!(
+            left > 0,
+            "one poll of a closing connection read all {flood} bytes the host sent after its Disconnect"
+        );
+        // It goes on reading on the next polls, and closes at the FIN.
+        h.c.wire().eof = true;
+        for _ in 0..CLOSE_POLLS {
+            h.c.poll(ctx);
+            if h.c.is_closed() {
+                break;
+            }
+        }
+        assert!(h.c.is_closed());
+        let w = h.c.wire();
+        assert_eq!(w.inp.len() - w.pos, 0);
+    });
+}
+
+/// A discovery controller whose host asks for no Keep Alive (KATO 0) gets
+/// Linux nvmet's 120 s, so an idle one does not hold its connection
+/// forever; an NVM subsystem's controller keeps KATO 0 (none).
+#[test]
+fn a_discovery_controller_without_kato_expires_after_120_s() {
+    use pollux_spec::fabrics::DISCOVERY_NQN;
+    use std::time::Duration;
+    on_target(|ctx, env, rng| {
+        let t0 = ctx.now();
+        for (nqn, expires) in [(DISCOVERY_NQN, true), (SUB, false)] {
+            let mut h = Host::new(env, rng, ctx, usize::MAX);
+            h.icreq(ctx, Digests::NONE, false);
+            let c = ConnectCmd::new(0, 31, 0, 0);
+            let d = ConnectData::new([7; 16], CNTLID_DYNAMIC, nqn, HOST).expect("connect data");
+            let k = Kind::Connect {
+                admin: true,
+                entries: 32,
+            };
+            h.command(ctx, c.to_sqe(), d.as_bytes(), k, 0);
+            assert!(h.bound, "{nqn}: admin Connect");
+            assert!(!h.c.kato_expired(t0 + Duration::from_secs(119)), "{nqn}");
+            assert_eq!(
+                h.c.kato_expired(t0 + Duration::from_secs(121)),
+                expires,
+                "{nqn}: Keep Alive expiry 121 s after Connect with KATO 0"
+            );
+            h.finish(ctx, false);
+        }
+    });
+}
+
+/// A host that stops reading while read data is queued for it keeps that
+/// data's buffers: once the socket has taken nothing for `data_timeout`
+/// (30 s by default), the connection is closed and they come back. An
+/// R2T whose data never comes completes with Transient Transport Error
+/// after as long. (The thread's timer calls `tick`; here at chosen
+/// instants.)
+#[test]
+fn stalled_transfers_end_after_the_data_timeout() {
+    use std::time::Duration;
+    on_target(|ctx, env, rng| {
+        let t0 = ctx.now();
+        let late = t0 + Duration::from_secs(31);
+        // R2T, then no data (the host model does not read: the test
+        // parses what is sent).
+        let mut h = io_host(ctx, env, rng);
+        h.reading = false;
+        let mut w = Sqe::rw(NvmOpcode::Write, 1, 0, 256);
+        w.cid = h.next_cid();
+        SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut w);
+        let b = h.capsule_bytes(&w, &[], false).expect("capsule");
+        h.c.wire().push(&b);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "R2T buffer");
+        h.c.tick(ctx, t0 + Duration::from_secs(29));
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "expired early");
+        h.c.tick(ctx, late);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        let out = std::mem::take(&mut h.c.wire().out);
+        // R2T (24 bytes), then the response capsule with 22h.
+        assert_eq!(out.len(), 24 + 24, "{out:02x?}");
+        assert_eq!(out[24], PduType::CapsuleResp as u8);
+        let st = u16::from_le_bytes([out[24 + 8 + 14], out[24 + 8 + 15]]) >> 1;
+        // Transient Transport Error, Do Not Retry clear.
+        assert_eq!(st, generic::TRANSIENT_TRANSPORT_ERROR as u16);
+        assert_eq!(h.c.footprint()[5], 0, "buffer not given back");
+        // A read whose data the host does not take.
+        h.c.wire().room = 0;
+        let mut r = Sqe::rw(NvmOpcode::Read, 1, 0, 256);
+        r.cid = h.next_cid();
+        SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut r);
+        let b = h.capsule_bytes(&r, &[], false).expect("capsule");
+        h.c.wire().push(&b);
+        for _ in 0..8 {
+            h.c.poll(ctx);
+        }
+        assert_eq!(h.c.footprint()[5], 128 << 10, "read buffer");
+        // (The thread's clock stands still in this call: the stall began
+        // at t0.)
+        h.c.tick(ctx, t0 + Duration::from_secs(29));
+        assert!(!h.c.is_closed(), "closed early");
+        h.c.tick(ctx, late);
+        assert!(
+            h.c.is_closed(),
+            "a connection whose host reads nothing stayed"
+        );
+    });
 }

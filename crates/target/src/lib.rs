@@ -25,12 +25,16 @@
 //!   namespace's data is staged through its controller's DMA memory
 //!   (`pollux-controller`'s `store`), synchronously.
 //!
+//! Data buffers come from one pool for the whole target (`pool`: SPDK's
+//! `num_shared_buffers`, cached per thread), and commands whose buffer is
+//! not there wait for it.
+//!
 //! Each connection is owned by one runtime thread; nothing is locked on
 //! the I/O path (the controller table's mutex is taken at Connect,
 //! Disconnect and close). Techniques, each switchable in
 //! [`TransportOptions`]: batched sends (one `sendmsg` per poll), large
-//! receives straight into command buffers, `MSG_ZEROCOPY` above a size,
-//! `SO_INCOMING_CPU` placement, epoll idle sleep.
+//! receives straight into command buffers, `SO_INCOMING_CPU` placement,
+//! epoll idle sleep.
 mod buf;
 pub mod config;
 mod conn;
@@ -38,6 +42,7 @@ mod discovery;
 #[cfg(test)]
 mod fuzz;
 mod model;
+mod pool;
 mod server;
 mod shared;
 mod sock;

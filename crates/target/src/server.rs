@@ -28,6 +28,7 @@ use pollux_spec::fabrics::DISCOVERY_NQN;
 use crate::config::{ConfigError, TargetConfig};
 use crate::conn::Conn;
 use crate::model::{ModelError, Subsys, SubsysParams};
+use crate::pool::{Cache, Pool};
 use crate::shared::{Shared, SubsysEntry};
 use crate::sock;
 
@@ -54,13 +55,29 @@ pub enum TargetError {
 
 struct Table<T: Transport> {
     shared: Arc<Shared<T>>,
+    /// This thread's free data buffers.
+    cache: Rc<Cache>,
     conns: Vec<Conn<TcpStream, T>>,
     next_id: u64,
     rr: usize,
     listeners: Vec<TcpListener>,
     /// When the listeners were last asked for connections.
     last_accept: Option<Instant>,
+    /// Out of descriptors (or memory) at `accept`: the listeners are left
+    /// alone (and out of the epoll set) until then.
+    accept_resume: Option<Instant>,
+    /// The current back-off (doubling up to [`ACCEPT_BACKOFF_MAX`]).
+    accept_backoff: Duration,
+    /// The exhaustion was logged (once, until an accept succeeds).
+    accept_warned: bool,
+    /// Unbound connections evicted since the last warning about it, and
+    /// when that was (one warning per [`EVICT_LOG_EVERY`]).
+    evicted: u64,
+    evict_logged: Option<Instant>,
 }
+
+/// Least time between two warnings about evicted unbound connections.
+const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
 
 type TableRef<T> = Rc<RefCell<Table<T>>>;
 
@@ -124,6 +141,22 @@ impl<T: Transport> Target<T> {
     ) -> Result<Target<T>, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
+        // Each connection is a descriptor: take what the hard limit allows.
+        match sock::raise_nofile() {
+            Ok((before, after)) => {
+                let want = (o.max_connections as u64).saturating_add(64);
+                if after < want {
+                    tracing::warn!(
+                        limit = after,
+                        max_connections = o.max_connections,
+                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
+                    );
+                } else if before != after {
+                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
+                }
+            }
+            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        }
         // Bind each distinct address once; port 0 becomes a real port.
         let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
         for s in &cfg.subsystems {
@@ -185,6 +218,7 @@ impl<T: Transport> Target<T> {
                 nqn: DISCOVERY_NQN.into(),
                 source,
             })?;
+        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
         let shared = Arc::new(Shared {
             opts: o,
             subsystems,
@@ -192,6 +226,8 @@ impl<T: Transport> Target<T> {
             listeners: bound.iter().map(|(_, r, _)| *r).collect(),
             ctrls: Mutex::default(),
             conns: Default::default(),
+            data_conns: Default::default(),
+            pool: Arc::new(Pool::new(pool_bytes)),
             cores: cores.to_vec(),
         });
         let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
@@ -239,6 +275,13 @@ impl<T: Transport> Target<T> {
         &self.rt
     }
 
+    /// Bytes of data buffers alive (in commands, or cached by the
+    /// threads), and the pool's limit (`num_shared_buffers` x
+    /// `io_unit_size`; in-capsule and admin data may pass it).
+    pub fn buffer_bytes(&self) -> (usize, usize) {
+        (self.shared.pool.used(), self.shared.pool.limit())
+    }
+
     /// Connections open.
     pub fn connections(&self) -> usize {
         self.shared.conns.load(Relaxed)
@@ -269,13 +312,24 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
     }
     let epoll_idle = shared.opts.epoll_idle;
     let accepting = !listeners.is_empty();
+    let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
+    let cache = Rc::new(Cache::new(
+        shared.pool.clone(),
+        usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+    ));
     let tab: TableRef<T> = Rc::new(RefCell::new(Table {
         shared,
+        cache,
         conns: Vec::new(),
         next_id: 0,
         rr: 0,
         listeners,
         last_accept: None,
+        accept_resume: None,
+        accept_backoff: Duration::ZERO,
+        accept_warned: false,
+        evicted: 0,
+        evict_logged: None,
     }));
     TABLE.with(|t| *t.borrow_mut() = Some(Box::new(tab.clone())));
     let t = tab.clone();
@@ -295,7 +349,12 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
     ctx.add_periodic(Duration::from_millis(100), move |ctx| {
         let now = ctx.now();
         with(&t, |t| {
+            // Others wait for buffers: give back what this thread caches.
+            if t.shared.pool.pressed() {
+                t.cache.trim();
+            }
             for c in t.conns.iter_mut() {
+                c.tick(ctx, now);
                 if c.kato_expired(now) {
                     tracing::warn!(conn = c.id, "keep alive timeout expired");
                     c.close_now(ctx, "keep alive timeout");
@@ -359,28 +418,73 @@ fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
 /// (an `accept4` that fails on every pass would cost the I/O path; a
 /// thread asleep in epoll is woken by a listener and asks at once).
 const ACCEPT_EVERY: Duration = Duration::from_micros(200);
+/// First and longest wait before asking the listeners again after
+/// `accept` ran out of descriptors (EMFILE, ENFILE) or memory.
+const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
+const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
 fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
     let now = ctx.now();
     let shared = with(tab, |t| {
+        if let Some(at) = t.accept_resume {
+            if now < at {
+                return None;
+            }
+            t.accept_resume = None;
+            for l in &t.listeners {
+                if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
+                    tracing::error!("listener wake-up: {e}");
+                }
+            }
+        }
         if t.last_accept
             .is_some_and(|a| now.saturating_duration_since(a) < ACCEPT_EVERY)
         {
             return None;
         }
         t.last_accept = Some(now);
-        for l in &t.listeners {
+        let mut exhausted = None;
+        'listeners: for l in &t.listeners {
             for _ in 0..16 {
                 match l.accept() {
                     Ok((s, _)) => got.push(s),
                     Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break,
+                    Err(e) if sock::is_resource_exhaustion(&e) => {
+                        exhausted = Some(e);
+                        break 'listeners;
+                    }
                     Err(e) => {
                         tracing::warn!("accept: {e}");
                         break;
                     }
                 }
             }
+        }
+        if let Some(e) = exhausted {
+            // The pending connections stay in the listen backlog; asking
+            // again at once would fail again (and a readable listener
+            // would keep the thread from sleeping).
+            t.accept_backoff = (t.accept_backoff * 2).clamp(ACCEPT_BACKOFF_MIN, ACCEPT_BACKOFF_MAX);
+            t.accept_resume = Some(now + t.accept_backoff);
+            for l in &t.listeners {
+                let _ = ctx.unregister_wake_fd(l.as_fd());
+            }
+            if !t.accept_warned {
+                t.accept_warned = true;
+                tracing::warn!(
+                    max_connections = t.shared.opts.max_connections,
+                    "accept: {e}: new connections wait in the listen backlog; retrying after {} ms, backing off to {} ms (raise the descriptor limit, ulimit -n, or lower max_connections)",
+                    t.accept_backoff.as_millis(),
+                    ACCEPT_BACKOFF_MAX.as_millis()
+                );
+            }
+        } else if !got.is_empty() {
+            if t.accept_warned {
+                tracing::info!("accept: taking connections again");
+            }
+            t.accept_warned = false;
+            t.accept_backoff = Duration::ZERO;
         }
         Some(t.shared.clone())
     })
@@ -391,13 +495,16 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     if got.is_empty() {
         return Poll::Idle;
     }
+    // Unbound connections beyond their budget are evicted where they live
+    // (`adopt`); this is the bound on descriptors.
+    let max = shared.opts.max_connections + shared.opts.max_unbound_connections;
     for s in got {
         let peer = s.peer_addr().ok();
-        if shared.conns.load(Relaxed) >= shared.opts.max_connections {
+        if shared.conns.load(Relaxed) >= max {
             tracing::warn!(
                 ?peer,
-                max = shared.opts.max_connections,
-                "connection refused: too many connections"
+                max,
+                "connection refused: too many connections (max_connections + max_unbound_connections)"
             );
             continue;
         }
@@ -437,9 +544,10 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
             t.shared.conns.fetch_sub(1, Relaxed);
             return;
         }
+        evict_unbound(ctx, t, now);
         t.next_id += 1;
         let id = (thread as u64) << 48 | t.next_id;
-        match Conn::new(id, s, t.shared.clone(), thread, now) {
+        match Conn::new(id, s, t.shared.clone(), t.cache.clone(), thread, now) {
             Ok(c) => {
                 if let Err(e) = ctx.register_wake_fd(c.as_fd()) {
                     tracing::warn!("connection wake-up: {e}");
@@ -452,4 +560,44 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
             }
         }
     });
+}
+
+/// Makes room for one more unbound connection on this thread: beyond its
+/// share of `max_unbound_connections`, the unbound connection (handshake,
+/// discovery, closing) that has received nothing for longest is closed,
+/// a closing one first. Data hosts' connections are never evicted.
+fn evict_unbound<T: Transport>(ctx: &mut ThreadCtx, t: &mut Table<T>, now: Instant) {
+    let share = t
+        .shared
+        .opts
+        .max_unbound_connections
+        .div_ceil(ctx.thread_count().max(1));
+    if t.conns.iter().filter(|c| c.is_unbound()).count() < share {
+        return;
+    }
+    let Some(c) = t
+        .conns
+        .iter_mut()
+        .filter(|c| c.is_unbound())
+        .min_by_key(|c| (!c.is_closing(), c.last_rx()))
+    else {
+        return;
+    };
+    let (peer, idle) = (c.peer(), now.saturating_duration_since(c.last_rx()));
+    tracing::debug!(%peer, conn = c.id, idle_ms = idle.as_millis() as u64, "unbound connection evicted");
+    c.close_now(ctx, "evicted: unbound connection budget full");
+    t.evicted += 1;
+    if t.evict_logged
+        .is_none_or(|at| now.saturating_duration_since(at) >= EVICT_LOG_EVERY)
+    {
+        tracing::warn!(
+            evicted = t.evicted,
+            last_peer = %peer,
+            idle_ms = idle.as_millis() as u64,
+            share,
+            "unbound connections (handshake or discovery) beyond this thread's share of max_unbound_connections: the longest idle closed"
+        );
+        t.evicted = 0;
+        t.evict_logged = Some(now);
+    }
 }

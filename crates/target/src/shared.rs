@@ -5,6 +5,7 @@
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_bdev::NoNvme;
@@ -12,6 +13,7 @@ use pollux_nvme::Transport;
 
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
+use crate::pool::Pool;
 
 /// Which subsystem a controller belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -96,8 +98,14 @@ pub(crate) struct Shared<T: Transport = NoNvme> {
     /// Every bound listener.
     pub listeners: Vec<SocketAddr>,
     pub ctrls: Mutex<CtrlTable<T>>,
-    /// Open connections (accept refuses beyond `opts.max_connections`).
+    /// Open connections (accept refuses beyond `opts.max_connections +
+    /// opts.max_unbound_connections`).
     pub conns: AtomicUsize,
+    /// Connections bound to an NVM subsystem (at most
+    /// `opts.max_connections`; see [`DataSlot`]).
+    pub data_conns: AtomicUsize,
+    /// The data buffers' budget.
+    pub pool: Arc<Pool>,
     /// Core of each runtime thread.
     pub cores: Vec<usize>,
 }
@@ -124,6 +132,38 @@ impl<T: Transport> Shared<T> {
     /// stays consistent, each change is a single insert or remove).
     pub fn table(&self) -> MutexGuard<'_, CtrlTable<T>> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// A connection's place among those bound to an NVM subsystem
+/// (`Shared::data_conns`), given back when dropped unless kept.
+pub(crate) struct DataSlot<'a>(Option<&'a AtomicUsize>);
+
+impl<'a> DataSlot<'a> {
+    /// A place, if fewer than `max` are taken.
+    pub fn take(n: &'a AtomicUsize, max: usize) -> Option<DataSlot<'a>> {
+        n.fetch_update(Relaxed, Relaxed, |v| (v < max).then_some(v + 1))
+            .ok()
+            .map(|_| DataSlot(Some(n)))
+    }
+
+    /// Keeps the place (the connection gives it back with
+    /// [`DataSlot::give_back`]).
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+
+    /// Gives back a place kept earlier.
+    pub fn give_back(n: &AtomicUsize) {
+        n.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Drop for DataSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.0 {
+            n.fetch_sub(1, Relaxed);
+        }
     }
 }
 

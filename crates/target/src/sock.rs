@@ -1,7 +1,6 @@
 //! The socket system calls the connections use beyond `std::net`: a
-//! vectored send (optionally `MSG_ZEROCOPY`), a receive into two pieces
-//! (a command's buffer, then the connection's receive buffer), the
-//! zero-copy completion notifications, and `SO_INCOMING_CPU`.
+//! vectored send, a receive into two pieces (a command's buffer, then the
+//! connection's receive buffer), and `SO_INCOMING_CPU`.
 use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
@@ -17,14 +16,11 @@ pub(crate) trait Wire {
     ///
     /// # Safety
     /// As [`send_iov`]: each iovec describes readable memory that stays
-    /// valid for the call (and, with `zerocopy`, until the notification).
-    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize>;
+    /// valid for the call.
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize>;
 
     /// `shutdown(2)`.
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
-
-    /// As [`zerocopy_notification`].
-    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>>;
 }
 
 impl Wire for TcpStream {
@@ -32,33 +28,25 @@ impl Wire for TcpStream {
         recv2(self.as_raw_fd(), first, second)
     }
 
-    unsafe fn send_iov(&mut self, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         // SAFETY: the caller's contract is `send_iov`'s.
-        unsafe { send_iov(self.as_raw_fd(), iov, zerocopy) }
+        unsafe { send_iov(self.as_raw_fd(), iov) }
     }
 
     fn shutdown(&self, how: Shutdown) -> io::Result<()> {
         TcpStream::shutdown(self, how)
-    }
-
-    fn zerocopy_notification(&mut self) -> io::Result<Option<(u32, u32)>> {
-        zerocopy_notification(self.as_raw_fd())
     }
 }
 
 /// Most iovecs handed to one `sendmsg` (`TransportOptions::send_iov` may
 /// lower it).
 pub(crate) const MAX_IOV: usize = crate::config::MAX_SEND_IOV;
-/// `SO_EE_ORIGIN_ZEROCOPY` (linux/errqueue.h; not in the libc crate).
-const SO_EE_ORIGIN_ZEROCOPY: u8 = 5;
-
-/// `sendmsg(fd, iov, MSG_DONTWAIT | MSG_NOSIGNAL [| MSG_ZEROCOPY])`:
-/// bytes sent, `Ok(0)` when the socket cannot take more now.
+/// `sendmsg(fd, iov, MSG_DONTWAIT | MSG_NOSIGNAL)`: bytes sent, `Ok(0)`
+/// when the socket cannot take more now.
 ///
 /// # Safety
-/// Each iovec describes readable memory that stays valid for the call
-/// (and, with `zerocopy`, until the kernel's notification for it).
-pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec], zerocopy: bool) -> io::Result<usize> {
+/// Each iovec describes readable memory that stays valid for the call.
+pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec]) -> io::Result<usize> {
     if iov.is_empty() {
         return Ok(0);
     }
@@ -66,10 +54,7 @@ pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec], zerocopy: bool) ->
     let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
     msg.msg_iov = iov.as_ptr() as *mut libc::iovec;
     msg.msg_iovlen = iov.len().min(MAX_IOV) as _;
-    let mut flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
-    if zerocopy {
-        flags |= libc::MSG_ZEROCOPY;
-    }
+    let flags = libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL;
     loop {
         // SAFETY: `msg` points at `iov`, valid per the caller's contract.
         let r = unsafe { libc::sendmsg(fd, &msg, flags) };
@@ -80,9 +65,6 @@ pub(crate) unsafe fn send_iov(fd: RawFd, iov: &[libc::iovec], zerocopy: bool) ->
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             Some(libc::EAGAIN) => return Ok(0),
-            // The kernel could not pin the pages (e.g. optmem limit):
-            // the caller retries without zero-copy.
-            Some(libc::ENOBUFS) if zerocopy => return Err(e),
             _ => return Err(e),
         }
     }
@@ -133,24 +115,6 @@ pub(crate) fn recv2(fd: RawFd, first: &mut [u8], second: &mut [u8]) -> io::Resul
     }
 }
 
-fn setsockopt_int(fd: RawFd, level: i32, name: i32, v: i32) -> io::Result<()> {
-    // SAFETY: `v` is a valid int for the call's duration.
-    let r = unsafe {
-        libc::setsockopt(
-            fd,
-            level,
-            name,
-            (&v as *const i32).cast(),
-            std::mem::size_of::<i32>() as libc::socklen_t,
-        )
-    };
-    if r == 0 {
-        Ok(())
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     let mut v: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
@@ -163,6 +127,37 @@ fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
     }
 }
 
+/// Raises the soft limit on open descriptors (`RLIMIT_NOFILE`) to the
+/// hard limit: returns the soft limit before and after.
+pub(crate) fn raise_nofile() -> io::Result<(u64, u64)> {
+    let mut r = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `r` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut r) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let before = r.rlim_cur;
+    if r.rlim_cur < r.rlim_max {
+        r.rlim_cur = r.rlim_max;
+        // SAFETY: `r` is a valid rlimit, read just above.
+        if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &r) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok((before, r.rlim_cur))
+}
+
+/// Whether an `accept` error means the process or the system is out of
+/// descriptors or memory (retrying at once would fail again).
+pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
+    matches!(
+        e.raw_os_error(),
+        Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
+    )
+}
+
 /// The CPU whose receive processing last handled this socket's packets
 /// (`SO_INCOMING_CPU`), if the kernel knows one.
 pub(crate) fn incoming_cpu(fd: RawFd) -> Option<usize> {
@@ -170,57 +165,6 @@ pub(crate) fn incoming_cpu(fd: RawFd) -> Option<usize> {
         Ok(c) if c >= 0 => Some(c as usize),
         _ => None,
     }
-}
-
-/// Allows `MSG_ZEROCOPY` sends on the socket (`SO_ZEROCOPY`).
-pub(crate) fn enable_zerocopy(fd: RawFd) -> io::Result<()> {
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_ZEROCOPY, 1)
-}
-
-/// Reads one zero-copy completion notification from the socket's error
-/// queue: the inclusive range of send sequence numbers it completes, or
-/// `None` when there is none.
-pub(crate) fn zerocopy_notification(fd: RawFd) -> io::Result<Option<(u32, u32)>> {
-    // Room for one cmsg carrying a sock_extended_err (and an address).
-    let mut control = [0u64; 16];
-    // SAFETY: a zeroed msghdr is valid.
-    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
-    msg.msg_control = control.as_mut_ptr().cast();
-    msg.msg_controllen = std::mem::size_of_val(&control) as _;
-    loop {
-        // SAFETY: `msg` describes `control`, writable, and no data iovec.
-        let r = unsafe { libc::recvmsg(fd, &mut msg, libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT) };
-        if r >= 0 {
-            break;
-        }
-        let e = io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            Some(libc::EAGAIN) => return Ok(None),
-            _ => return Err(e),
-        }
-    }
-    // SAFETY: `msg` was filled by recvmsg; the CMSG macros walk the
-    // control buffer within `msg_controllen`.
-    let mut cm = unsafe { libc::CMSG_FIRSTHDR(&msg) };
-    while !cm.is_null() {
-        // SAFETY: `cm` points at a complete cmsghdr inside `control`.
-        let (level, ty) = unsafe { ((*cm).cmsg_level, (*cm).cmsg_type) };
-        let ip = (level == libc::SOL_IP && ty == libc::IP_RECVERR)
-            || (level == libc::SOL_IPV6 && ty == libc::IPV6_RECVERR);
-        if ip {
-            // SAFETY: an IP_RECVERR cmsg carries a sock_extended_err,
-            // read unaligned from its data.
-            let ee: libc::sock_extended_err =
-                unsafe { std::ptr::read_unaligned(libc::CMSG_DATA(cm).cast()) };
-            if ee.ee_origin == SO_EE_ORIGIN_ZEROCOPY && ee.ee_errno == 0 {
-                return Ok(Some((ee.ee_info, ee.ee_data)));
-            }
-        }
-        // SAFETY: as above.
-        cm = unsafe { libc::CMSG_NXTHDR(&msg, cm) };
-    }
-    Ok(Some((1, 0))) // an unrelated error-queue message: an empty range
 }
 
 #[cfg(test)]

@@ -23,7 +23,8 @@ fn spdk_configuration_is_read() {
     assert_eq!(c.transport.max_queue_depth, 64);
     assert_eq!(c.transport.in_capsule_data_size, 8192);
     assert_eq!(c.transport.max_io_size, 65536);
-    assert!(c.transport.zerocopy_threshold.is_some());
+    // SPDK's `zcopy` (zero-copy with the bdev) is read and ignored, named.
+    assert!(c.warnings.iter().any(|w| w.contains("'zcopy' ignored")));
     assert_eq!(c.bdevs.len(), 2);
     let s = &c.subsystems[0];
     assert_eq!(s.serial.as_deref(), Some("SPDK001"));
@@ -31,7 +32,10 @@ fn spdk_configuration_is_read() {
     assert!(!s.allow_any_host);
     assert_eq!(s.hosts, ["nqn.2014-08.org.nvmexpress:uuid:1"]);
     assert_eq!(s.listeners, ["127.0.0.1:0".parse().unwrap()]);
-    assert!(c.warnings.iter().any(|w| w.contains("io_unit_size")));
+    // The data buffer pool: SPDK's names and default count, its unit.
+    assert_eq!(c.transport.io_unit_size, 8192);
+    assert_eq!(c.transport.num_shared_buffers, 511);
+    assert_eq!(c.transport.pool_bytes(), 511 * 8192);
     // It starts, listening on a real port.
     let t = pollux_target::Target::start(c, &[0], Default::default()).unwrap();
     assert_ne!(t.listen_addrs()[0].port(), 0);
@@ -175,4 +179,43 @@ fn send_iov_is_read_and_bounded() {
     };
     let e = o.validate().unwrap_err().to_string();
     assert!(e.contains("send_iov"), "{e}");
+}
+
+/// The data buffer pool (SPDK's `num_shared_buffers`, `io_unit_size`,
+/// `buf_cache_size`, UINT32_MAX meaning "pick one"), `data_timeout_ms` and
+/// `max_unbound_connections` (pollux-specific): read, and refused naming
+/// the parameter when out of bounds.
+#[test]
+fn pool_data_timeout_and_unbound_budget_are_read_and_bounded() {
+    use std::time::Duration;
+    let d = pollux_target::TransportOptions::default();
+    assert_eq!(d.pool_bytes(), 511 * (128 << 10));
+    assert_eq!(d.data_timeout, Duration::from_secs(30));
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with(
+        "\"num_shared_buffers\": 64, \"buf_cache_size\": 4294967295, \"data_timeout_ms\": 500, \"max_unbound_connections\": 16",
+    ))
+    .unwrap();
+    let t = &c.transport;
+    assert_eq!(t.pool_bytes(), 64 * 8192);
+    assert_eq!(t.buf_cache_size, None);
+    assert_eq!(t.data_timeout, Duration::from_millis(500));
+    assert_eq!(t.max_unbound_connections, 16);
+    let c = TargetConfig::from_json(&with("\"buf_cache_size\": 32")).unwrap();
+    assert_eq!(c.transport.buf_cache_size, Some(32));
+    for (p, v) in [
+        // 4 x 8 KiB cannot hold one 64 KiB transfer.
+        ("num_shared_buffers", "4"),
+        ("num_shared_buffers", "0"),
+        ("io_unit_size", "1000"),
+        ("buf_cache_size", "1000"),
+        ("data_timeout_ms", "0"),
+        ("max_unbound_connections", "0"),
+    ] {
+        let e = TargetConfig::from_json(&with(&format!("\"{p}\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("{p} {v} accepted"))
+            .to_string();
+        assert!(e.contains(p), "{p} {v}: {e}");
+    }
 }

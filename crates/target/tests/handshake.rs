@@ -1,8 +1,9 @@
 //! Handshake timeouts: a connection that does not send its ICReq, or
 //! whose queue is not connected (Fabrics Connect accepted) after ICResp,
 //! within the configured time is closed and stops counting against
-//! `max_connections`; a connection that completes its handshake keeps
-//! working however long it then stays quiet.
+//! the connection budgets; a connection that completes its handshake
+//! keeps working however long it then stays quiet; queues beyond
+//! `max_connections` are refused at Connect.
 //!
 //! No timing assertion: the short timeouts only make the closes come
 //! soon; each test waits generously (20 s) for what must happen.
@@ -169,7 +170,7 @@ fn timed_out_handshakes_free_their_connection_slots() {
     let timeout = Duration::from_millis(500);
     let t = target(timeout, 2);
     let addr = t.listen_addrs()[0];
-    // Both slots taken by sockets that never send anything.
+    // Two sockets that never send anything.
     let mut a = TcpStream::connect(addr).unwrap();
     let mut b = TcpStream::connect(addr).unwrap();
     assert!(connections_become(&t, 2), "the two sockets not accepted");
@@ -192,4 +193,26 @@ fn timed_out_handshakes_free_their_connection_slots() {
     admin.capsule(&ka, &[]);
     assert!(admin.resp().status().is_success());
     assert_eq!(t.connections(), 2);
+}
+
+/// `max_connections` bounds the queues of NVM subsystems: beyond it a
+/// Connect is refused with Connect Controller Busy (the socket is not
+/// reset at accept), while the discovery controller still answers.
+#[test]
+fn connects_beyond_max_connections_are_refused_busy() {
+    let t = target(Duration::from_secs(10), 2);
+    let addr = t.listen_addrs()[0];
+    let (_admin, _io) = good_host(addr, HOST_A);
+    let mut third = Client::connect(addr);
+    third.ic(Digests::NONE);
+    let r = third.admin_connect(SUB1, HOST_B, 0);
+    assert_eq!(
+        r.status(),
+        pollux_spec::fabrics::fabrics_status(pollux_spec::fabrics::fabrics_sc::CONTROLLER_BUSY),
+        "Connect beyond max_connections"
+    );
+    let mut disc = Client::connect(addr);
+    disc.ic(Digests::NONE);
+    let r = disc.admin_connect(pollux_spec::fabrics::DISCOVERY_NQN, HOST_B, 0);
+    assert!(r.status().is_success(), "discovery Connect");
 }

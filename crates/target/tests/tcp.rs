@@ -634,13 +634,6 @@ fn every_technique_switch_moves_data_intact() {
     };
     for (what, o) in [
         (
-            "MSG_ZEROCOPY from 4 KiB",
-            TransportOptions {
-                zerocopy_threshold: Some(4096),
-                ..base.clone()
-            },
-        ),
-        (
             "no direct receive",
             TransportOptions {
                 direct_receive: false,

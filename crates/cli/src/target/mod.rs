@@ -79,9 +79,6 @@ pub struct TargetArgs {
     /// Largest transfer of one command (a power of two).
     #[arg(long = "max-io-size")]
     pub max_io_size: Option<String>,
-    /// Send data of at least this size with MSG_ZEROCOPY (off by default).
-    #[arg(long = "zcopy-threshold")]
-    pub zcopy_threshold: Option<String>,
     /// Place each connection on the thread whose core receives its
     /// packets (SO_INCOMING_CPU).
     #[arg(long = "incoming-cpu")]
@@ -93,6 +90,10 @@ pub struct TargetArgs {
     /// receiving it straight into the command's buffer.
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
+    /// Data buffers of the whole target, in units of io_unit_size (128 KiB
+    /// unless -c sets it; SPDK's num_shared_buffers; default 511).
+    #[arg(long = "num-shared-buffers", value_name = "N")]
+    pub num_shared_buffers: Option<u32>,
     /// Most iovecs in one sendmsg, 1..=512 (default 512: a full queue's
     /// responses in one call).
     #[arg(long = "send-iov", value_name = "N")]
@@ -268,14 +269,13 @@ pub fn config<T: Transport>(
     if let Some(v) = size_opt("--max-io-size", &a.max_io_size)? {
         t.max_io_size = u32::try_from(v).map_err(|_| bad("--max-io-size", v, "too large"))?;
     }
-    if let Some(v) = size_opt("--zcopy-threshold", &a.zcopy_threshold)? {
-        t.zerocopy_threshold =
-            Some(u32::try_from(v).map_err(|_| bad("--zcopy-threshold", v, "too large"))?);
-    }
     if let Some(v) = &a.handshake_timeout {
         let d = handshake_timeout(v)?;
         t.icreq_timeout = d;
         t.connect_timeout = d;
+    }
+    if let Some(n) = a.num_shared_buffers {
+        t.num_shared_buffers = n;
     }
     t.incoming_cpu = a.incoming_cpu;
     t.epoll_idle = !a.no_epoll_idle;
