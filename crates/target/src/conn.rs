@@ -520,6 +520,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         self.phase == Phase::Closed
     }
 
+    /// Nothing of this connection is at a bdev any more: dropping it does
+    /// not wait. A closed connection stays in its thread's table (polled
+    /// by [`Conn::poll`], which then only reaps) until it is, so a slow
+    /// backend never holds the thread, and the other connections on it,
+    /// while a connection goes away.
+    pub fn is_settled(&self) -> bool {
+        self.io.as_ref().is_none_or(|q| q.outstanding() == 0)
+    }
+
     /// The socket (tests drive the machine over memory through it).
     #[cfg(test)]
     pub(crate) fn wire(&mut self) -> &mut W {
@@ -558,6 +567,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// One pass: completions, receive (then the completions of what it
     /// received, if any finished at once), send.
     pub fn poll(&mut self, ctx: &mut ThreadCtx) -> bool {
+        if self.phase == Phase::Closed {
+            return self.settle();
+        }
         self.now = ctx.now();
         let mut busy = false;
         if self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
@@ -885,6 +897,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
             }
         }
+    }
+
+    /// Closed: reaps what the bdevs give back (nothing is sent; the slots'
+    /// buffers go back when the connection is dropped).
+    #[cold]
+    fn settle(&mut self) -> bool {
+        self.io
+            .as_mut()
+            .is_some_and(|q| q.outstanding() > 0 && q.poll(&mut |_, _| {}) > 0)
     }
 
     fn closing(&mut self, ctx: &mut ThreadCtx) -> bool {

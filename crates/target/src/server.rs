@@ -395,7 +395,9 @@ fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
         }
         let mut k = 0;
         while k < t.conns.len() {
-            if t.conns[k].is_closed() {
+            // A closed connection with requests still at a bdev is kept
+            // (its poll reaps them): dropping it would wait on the bdev.
+            if t.conns[k].is_closed() && t.conns[k].is_settled() {
                 let c = t.conns.swap_remove(k);
                 let _ = ctx.unregister_wake_fd(c.as_fd());
                 t.shared.conns.fetch_sub(1, Relaxed);

@@ -383,3 +383,35 @@ fn a_shutdown_closes_the_io_queues() {
     let r = c.connect_cmd(1, 63, 0, cntlid, SUB1, HOST_A, false);
     assert!(!r.status().is_success());
 }
+
+/// Host A's read is at the stopped device when A goes away (both its
+/// connections closed). The target keeps A's closed I/O queue connection,
+/// reaping, until the device gives the read back, and only then drops it.
+/// Before, it dropped it at once: the thread (every host's) waited on the
+/// deletion of A's NVMe queue pair at the stopped device (two 5 s admin
+/// timeouts), then freed memory the device was still using, which made
+/// the controller fatal and failed host B's next command on NSID 1.
+#[test]
+fn a_host_leaving_with_io_at_a_stopped_backend_does_not_stall_other_hosts() {
+    let r = rig();
+    let addr = r.target.listen_addrs()[0];
+    let (a_admin, mut a, _) = host(addr, HOST_A);
+    let (_b_admin, mut b, _) = host(addr, HOST_B);
+    b.s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let stopped = r.stop_device();
+    let mut read = Sqe::rw(NvmOpcode::Read, 1, 0, 8);
+    read.cid = a.next_cid();
+    SglDescriptor::tcp_transport(4096).write_to_sqe(&mut read);
+    a.capsule(&read, &[]);
+    // The read is at the device: nothing has come back.
+    assert!(silent(&mut a), "the read completed with the device stopped");
+    drop(a);
+    drop(a_admin);
+    busy_io(&mut b, ios(), 3);
+    drop(stopped);
+    // The device is back: B goes on, on NSID 1 too.
+    let data = pattern(4096, 4);
+    let w = b.write(1, 8, &data, true);
+    assert!(w.status().is_success(), "write after: {:#x}", w.status().0);
+    assert_eq!(b.read(1, 8, 4096).0, data);
+}
