@@ -26,6 +26,8 @@
 //! RAM with a simulated cache: committed) and commits cached writes of a
 //! FUA read's blocks before reading them; so a FUA write's completion
 //! never precedes its durability, on every path (lent, bounced, staged).
+//! A Write Zeroes with FUA is followed by a flush of its namespace before
+//! it completes (the bdev layer has no FUA for zeroing).
 //!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
@@ -97,7 +99,8 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
-    /// A Read's or Write's flags (Force Unit Access); none for the others.
+    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access); none
+    /// for the others.
     pub flags: RwFlags,
     /// The command identifier, for the Error Information log: the SQE's
     /// from [`IoQueue::check_reported`], FFFFh ("not available") from
@@ -360,6 +363,7 @@ impl<T: Transport> IoQueue<T> {
                 cmd.op = IoOp::WriteZeroes {
                     dealloc: sqe.cdw12 & WZ_DEAC != 0,
                 };
+                cmd.flags = RwFlags::from_cdw12(sqe.cdw12);
             }
             x if x == NvmOpcode::DatasetManagement as u8 => {
                 if self.ns_of(nsid).is_none() {
@@ -456,7 +460,11 @@ impl<T: Transport> IoQueue<T> {
         let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
             return gen(generic::INVALID_NAMESPACE);
         };
-        match ns.zero(cmd.slba, cmd.nlb, dealloc) {
+        let mut r = ns.zero(cmd.slba, cmd.nlb, dealloc);
+        if r.is_ok() && cmd.flags.fua() {
+            r = flush_for_fua(ns);
+        }
+        match r {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
                 tracing::error!(nsid = cmd.nsid, slba = cmd.slba, nlb = cmd.nlb, error = %e, "write zeroes failed");
@@ -516,11 +524,12 @@ impl<T: Transport> IoQueue<T> {
     /// (an NVMe namespace's reads and writes through the queue's DMA
     /// staging pool, `stage`: they may wait there for pieces, and `poll`
     /// starts them); flushes of every namespace, Dataset Management and
-    /// write zeroes larger than one bdev request of their namespace go
-    /// out a piece at a time, each piece when `poll` has the previous one
-    /// back (`multi`); reads or writes whose segments the bdev cannot take
-    /// (see `store`) and the pool does not cover run to completion within
-    /// the call (their status is still delivered by `poll`). A refusal by
+    /// write zeroes larger than one bdev request of their namespace (or
+    /// with FUA: a flush follows) go out a piece at a time, each piece
+    /// when `poll` has the previous one back (`multi`); reads or writes
+    /// whose segments the bdev cannot take (see `store`) and the pool
+    /// does not cover run to completion within the call (their status is
+    /// still delivered by `poll`). A refusal by
     /// the bdev is delivered as the command's media error. Fails only
     /// when `depth` commands are outstanding already.
     ///
@@ -580,7 +589,8 @@ impl<T: Transport> IoQueue<T> {
                 None => gen(generic::INVALID_NAMESPACE),
             },
             IoOp::WriteZeroes { .. }
-                if self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
+                if cmd.flags.fua()
+                    || self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
             {
                 // SAFETY: forwarded contract.
                 match unsafe { self.submit_multi(tag, cmd, segs) } {
@@ -840,6 +850,14 @@ fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
         });
     }
     st
+}
+
+/// Makes a Write Zeroes with FUA durable before it completes (the bdev
+/// layer has no FUA for zeroing): a flush of its namespace.
+#[cold]
+#[inline(never)]
+fn flush_for_fua<T: Transport>(ns: &mut NsChan<T>) -> Result<(), StoreError> {
+    ns.flush()
 }
 
 /// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.

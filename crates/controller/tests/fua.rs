@@ -3,8 +3,9 @@
 //! durable, a Read with it commits cached writes of its blocks first, on
 //! the synchronous path (the emulator's), the asynchronous one (the
 //! target's), and through the bounce buffer (segments not of whole
-//! blocks). The namespace is a RAM disk with a simulated volatile write
-//! cache, so "durable" is "survives `lose_volatile_cache`".
+//! blocks), and so is a Write Zeroes with it. The namespace is a RAM disk
+//! with a simulated volatile write cache, so "durable" is "survives
+//! `lose_volatile_cache`".
 use std::sync::Arc;
 
 use pollux_bdev::{Bdev, RawSeg};
@@ -282,4 +283,57 @@ fn asynchronous_fua_write_is_durable_when_delivered() {
     );
     assert_eq!(r, w);
     assert_eq!(bdev.lose_volatile_cache(), Some(0));
+}
+
+// ---------------------------------------------------------------------
+// Write Zeroes.
+
+fn wz(slba: u64, nlb: u32, dealloc: bool) -> Sqe {
+    Sqe::write_zeroes(1, slba, nlb, dealloc)
+}
+
+/// Reads `len` bytes at `slba` synchronously.
+fn read_back(q: &mut IoQueue, slba: u64, len: usize) -> Vec<u8> {
+    let mut r = vec![0xEEu8; len];
+    let st = exec(
+        q,
+        &rw(NvmOpcode::Read, slba, (len / 512) as u32, false),
+        &one(&mut r),
+    );
+    assert!(st.is_success(), "read at {slba}: {st}");
+    r
+}
+
+#[test]
+fn write_zeroes_honours_its_fua_bit() {
+    let bdev = cached();
+    let c = controller(bdev.clone());
+    let mut q = IoQueue::for_controller(&c, IoQueueOptions { depth: 0 }).unwrap();
+    let mut qa = IoQueue::for_controller(&c, IoQueueOptions { depth: 8 }).unwrap();
+    let ok = Status::SUCCESS;
+    let mut base = pattern(8192, 9);
+    assert_eq!(
+        exec(
+            &mut q,
+            &rw(NvmOpcode::Write, 300, 16, true),
+            &one(&mut base)
+        ),
+        ok
+    );
+    let fua = |s: Sqe| s.with_rw_flags(RwFlags::FUA);
+    assert_eq!(exec(&mut q, &fua(wz(300, 4, false)), &[]), ok);
+    assert_eq!(bdev.lose_volatile_cache(), Some(0));
+    assert_eq!(submit(&mut qa, 1, &fua(wz(304, 4, true)), &[]), ok);
+    assert_eq!(bdev.lose_volatile_cache(), Some(0));
+    // Without FUA, it is cached (the test can tell).
+    assert_eq!(exec(&mut q, &wz(308, 4, false), &[]), ok);
+    assert_eq!(bdev.lose_volatile_cache(), Some(4));
+    let got = read_back(&mut q, 300, 8192);
+    assert!(got[..4096].iter().all(|&x| x == 0));
+    assert_eq!(got[4096..], base[4096..]);
+    assert_eq!(
+        q.check(&fua(wz(300, 4, false))).unwrap().flags,
+        RwFlags::FUA
+    );
+    assert_eq!(q.check(&wz(300, 4, false)).unwrap().flags, RwFlags::NONE);
 }
