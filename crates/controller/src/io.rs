@@ -29,6 +29,12 @@
 //! A Write Zeroes with FUA is followed by a flush of its namespace before
 //! it completes (the bdev layer has no FUA for zeroing).
 //!
+//! While the controller's volatile write cache is disabled (Set Features
+//! Volatile Write Cache, WCE = 0), every Write and Write Zeroes is FUA:
+//! `check` adds the bit, read with one relaxed load from the controller's
+//! registry (`stats`), so a write completes only once durable. Reads are
+//! unchanged; so is Dataset Management (a deallocation is no write).
+//!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
 //! bdev's data is copied through DMA pieces instead: asynchronously
@@ -99,7 +105,8 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
-    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access); none
+    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access, which
+    /// every write has while the volatile write cache is disabled); none
     /// for the others.
     pub flags: RwFlags,
     /// The command identifier, for the Error Information log: the SQE's
@@ -306,6 +313,13 @@ impl<T: Transport> IoQueue<T> {
         self.ns.get((nsid as usize).wrapping_sub(1))
     }
 
+    /// The Read/Write flags every write gets: FUA while the controller's
+    /// volatile write cache is disabled (one relaxed load).
+    #[inline(always)]
+    fn write_flags(&self) -> u32 {
+        self.handle.registry.write_flags()
+    }
+
     /// Checks a command against the namespaces and limits (see the
     /// module doc for the order).
     #[inline(always)]
@@ -324,25 +338,14 @@ impl<T: Transport> IoQueue<T> {
             cid: ERROR_LOG_NOT_SPECIFIC,
         };
         match sqe.opc {
-            x if x == NvmOpcode::Read as u8 || x == NvmOpcode::Write as u8 => {
-                let Some(ns) = self.ns_of(nsid) else {
-                    return Err(gen(generic::INVALID_NAMESPACE));
-                };
-                cmd.op = if x == NvmOpcode::Read as u8 {
-                    IoOp::Read
-                } else {
-                    IoOp::Write
-                };
-                cmd.slba = sqe.slba();
-                cmd.nlb = sqe.nlb() as u64;
-                cmd.flags = RwFlags::from_cdw12(sqe.cdw12);
-                cmd.xfer_len = (cmd.nlb << ns.shift) as usize;
-                if cmd.xfer_len > self.max_xfer {
-                    return Err(gen(generic::INVALID_FIELD));
-                }
-                if !lba_ok(cmd.slba, cmd.nlb, ns.nsze) {
-                    return Err(gen(generic::LBA_OUT_OF_RANGE));
-                }
+            x if x == NvmOpcode::Read as u8 => {
+                cmd.op = IoOp::Read;
+                self.check_rw(&mut cmd, sqe, sqe.cdw12)?;
+            }
+            x if x == NvmOpcode::Write as u8 => {
+                cmd.op = IoOp::Write;
+                // FUA while the volatile write cache is off.
+                self.check_rw(&mut cmd, sqe, sqe.cdw12 | self.write_flags())?;
             }
             x if x == NvmOpcode::Flush as u8 => {
                 if nsid == NSID_ALL {
@@ -363,7 +366,7 @@ impl<T: Transport> IoQueue<T> {
                 cmd.op = IoOp::WriteZeroes {
                     dealloc: sqe.cdw12 & WZ_DEAC != 0,
                 };
-                cmd.flags = RwFlags::from_cdw12(sqe.cdw12);
+                cmd.flags = RwFlags::from_cdw12(sqe.cdw12 | self.write_flags());
             }
             x if x == NvmOpcode::DatasetManagement as u8 => {
                 if self.ns_of(nsid).is_none() {
@@ -380,6 +383,26 @@ impl<T: Transport> IoQueue<T> {
             _ => return Err(gen(generic::INVALID_OPCODE)),
         }
         Ok(cmd)
+    }
+
+    /// `check` of a Read or Write (`cmd.op` set), with `cdw12` for its
+    /// flags.
+    #[inline(always)]
+    fn check_rw(&self, cmd: &mut IoCmd, sqe: &Sqe, cdw12: u32) -> Result<(), Status> {
+        let Some(ns) = self.ns_of(cmd.nsid) else {
+            return Err(gen(generic::INVALID_NAMESPACE));
+        };
+        cmd.slba = sqe.slba();
+        cmd.nlb = sqe.nlb() as u64;
+        cmd.flags = RwFlags::from_cdw12(cdw12);
+        cmd.xfer_len = (cmd.nlb << ns.shift) as usize;
+        if cmd.xfer_len > self.max_xfer {
+            return Err(gen(generic::INVALID_FIELD));
+        }
+        if !lba_ok(cmd.slba, cmd.nlb, ns.nsze) {
+            return Err(gen(generic::LBA_OUT_OF_RANGE));
+        }
+        Ok(())
     }
 
     /// Executes a checked command synchronously on its data segments
