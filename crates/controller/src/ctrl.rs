@@ -60,6 +60,8 @@ impl<T: Transport> Controller<T> {
         };
         let cap = Cap::new(l.mqes, true, l.cap_to, dstrd, CAP_CSS_NVM, 0, 4);
         let feat = Features::defaults(&subsys);
+        let io_stats = Arc::<Registry>::default();
+        io_stats.set_write_cache(feat.wce);
         Controller {
             regs: Registers::new(cap),
             shut: false,
@@ -67,7 +69,7 @@ impl<T: Transport> Controller<T> {
             aer: AerState::default(),
             errlog: ErrorLog::default(),
             media_errors: 0,
-            io_stats: Arc::default(),
+            io_stats,
             created: Instant::now(),
             keep_alives: 0,
             max_xfer: l.max_transfer().unwrap_or(usize::MAX),
@@ -128,13 +130,23 @@ impl<T: Transport> Controller<T> {
         }
     }
 
-    /// CC.EN 1 → 0: features back to their defaults, asynchronous events
-    /// forgotten, CSTS 0. (Lifetime counters and logs survive.)
+    /// CC.EN 1 → 0: features back to their defaults (the volatile write
+    /// cache enabled again), asynchronous events forgotten, CSTS 0.
+    /// (Lifetime counters and logs survive.)
     pub fn reset(&mut self) {
         self.aer.reset();
         self.feat = Features::defaults(&self.subsys);
+        self.io_stats.set_write_cache(self.feat.wce);
         self.shut = false;
         self.regs.set_csts(0);
+    }
+
+    /// Volatile Write Cache Enable (Set Features, reset): the feature's
+    /// value, and what the I/O queues make of writes (WCE = 0: each is
+    /// Force Unit Access, so it completes only once durable).
+    pub(crate) fn set_write_cache(&mut self, wce: bool) {
+        self.feat.wce = wce;
+        self.io_stats.set_write_cache(wce);
     }
 
     /// A shutdown notified by CC.SHN begins, for a transport that

@@ -26,6 +26,14 @@
 //! RAM with a simulated cache: committed) and commits cached writes of a
 //! FUA read's blocks before reading them; so a FUA write's completion
 //! never precedes its durability, on every path (lent, bounced, staged).
+//! A Write Zeroes with FUA is followed by a flush of its namespace before
+//! it completes (the bdev layer has no FUA for zeroing).
+//!
+//! While the controller's volatile write cache is disabled (Set Features
+//! Volatile Write Cache, WCE = 0), every Write and Write Zeroes is FUA:
+//! `check` adds the bit, read with one relaxed load from the controller's
+//! registry (`stats`), so a write completes only once durable. Reads are
+//! unchanged; so is Dataset Management (a deallocation is no write).
 //!
 //! The Read/Write path allocates nothing and takes no lock: the segments
 //! are lent to the namespace's bdev as they are (see `store`; an NVMe
@@ -97,7 +105,9 @@ pub struct IoCmd {
     pub nlb: u64,
     /// Bytes of data the command moves (0: none).
     pub xfer_len: usize,
-    /// A Read's or Write's flags (Force Unit Access); none for the others.
+    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access, which
+    /// every write has while the volatile write cache is disabled); none
+    /// for the others.
     pub flags: RwFlags,
     /// The command identifier, for the Error Information log: the SQE's
     /// from [`IoQueue::check_reported`], FFFFh ("not available") from
@@ -303,6 +313,13 @@ impl<T: Transport> IoQueue<T> {
         self.ns.get((nsid as usize).wrapping_sub(1))
     }
 
+    /// The Read/Write flags every write gets: FUA while the controller's
+    /// volatile write cache is disabled (one relaxed load).
+    #[inline(always)]
+    fn write_flags(&self) -> u32 {
+        self.handle.registry.write_flags()
+    }
+
     /// Checks a command against the namespaces and limits (see the
     /// module doc for the order).
     #[inline(always)]
@@ -321,25 +338,14 @@ impl<T: Transport> IoQueue<T> {
             cid: ERROR_LOG_NOT_SPECIFIC,
         };
         match sqe.opc {
-            x if x == NvmOpcode::Read as u8 || x == NvmOpcode::Write as u8 => {
-                let Some(ns) = self.ns_of(nsid) else {
-                    return Err(gen(generic::INVALID_NAMESPACE));
-                };
-                cmd.op = if x == NvmOpcode::Read as u8 {
-                    IoOp::Read
-                } else {
-                    IoOp::Write
-                };
-                cmd.slba = sqe.slba();
-                cmd.nlb = sqe.nlb() as u64;
-                cmd.flags = RwFlags::from_cdw12(sqe.cdw12);
-                cmd.xfer_len = (cmd.nlb << ns.shift) as usize;
-                if cmd.xfer_len > self.max_xfer {
-                    return Err(gen(generic::INVALID_FIELD));
-                }
-                if !lba_ok(cmd.slba, cmd.nlb, ns.nsze) {
-                    return Err(gen(generic::LBA_OUT_OF_RANGE));
-                }
+            x if x == NvmOpcode::Read as u8 => {
+                cmd.op = IoOp::Read;
+                self.check_rw(&mut cmd, sqe, sqe.cdw12)?;
+            }
+            x if x == NvmOpcode::Write as u8 => {
+                cmd.op = IoOp::Write;
+                // FUA while the volatile write cache is off.
+                self.check_rw(&mut cmd, sqe, sqe.cdw12 | self.write_flags())?;
             }
             x if x == NvmOpcode::Flush as u8 => {
                 if nsid == NSID_ALL {
@@ -360,6 +366,7 @@ impl<T: Transport> IoQueue<T> {
                 cmd.op = IoOp::WriteZeroes {
                     dealloc: sqe.cdw12 & WZ_DEAC != 0,
                 };
+                cmd.flags = RwFlags::from_cdw12(sqe.cdw12 | self.write_flags());
             }
             x if x == NvmOpcode::DatasetManagement as u8 => {
                 if self.ns_of(nsid).is_none() {
@@ -376,6 +383,26 @@ impl<T: Transport> IoQueue<T> {
             _ => return Err(gen(generic::INVALID_OPCODE)),
         }
         Ok(cmd)
+    }
+
+    /// `check` of a Read or Write (`cmd.op` set), with `cdw12` for its
+    /// flags.
+    #[inline(always)]
+    fn check_rw(&self, cmd: &mut IoCmd, sqe: &Sqe, cdw12: u32) -> Result<(), Status> {
+        let Some(ns) = self.ns_of(cmd.nsid) else {
+            return Err(gen(generic::INVALID_NAMESPACE));
+        };
+        cmd.slba = sqe.slba();
+        cmd.nlb = sqe.nlb() as u64;
+        cmd.flags = RwFlags::from_cdw12(cdw12);
+        cmd.xfer_len = (cmd.nlb << ns.shift) as usize;
+        if cmd.xfer_len > self.max_xfer {
+            return Err(gen(generic::INVALID_FIELD));
+        }
+        if !lba_ok(cmd.slba, cmd.nlb, ns.nsze) {
+            return Err(gen(generic::LBA_OUT_OF_RANGE));
+        }
+        Ok(())
     }
 
     /// Executes a checked command synchronously on its data segments
@@ -456,7 +483,11 @@ impl<T: Transport> IoQueue<T> {
         let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
             return gen(generic::INVALID_NAMESPACE);
         };
-        match ns.zero(cmd.slba, cmd.nlb, dealloc) {
+        let mut r = ns.zero(cmd.slba, cmd.nlb, dealloc);
+        if r.is_ok() && cmd.flags.fua() {
+            r = flush_for_fua(ns);
+        }
+        match r {
             Ok(()) => Status::SUCCESS,
             Err(e) => {
                 tracing::error!(nsid = cmd.nsid, slba = cmd.slba, nlb = cmd.nlb, error = %e, "write zeroes failed");
@@ -516,11 +547,12 @@ impl<T: Transport> IoQueue<T> {
     /// (an NVMe namespace's reads and writes through the queue's DMA
     /// staging pool, `stage`: they may wait there for pieces, and `poll`
     /// starts them); flushes of every namespace, Dataset Management and
-    /// write zeroes larger than one bdev request of their namespace go
-    /// out a piece at a time, each piece when `poll` has the previous one
-    /// back (`multi`); reads or writes whose segments the bdev cannot take
-    /// (see `store`) and the pool does not cover run to completion within
-    /// the call (their status is still delivered by `poll`). A refusal by
+    /// write zeroes larger than one bdev request of their namespace (or
+    /// with FUA: a flush follows) go out a piece at a time, each piece
+    /// when `poll` has the previous one back (`multi`); reads or writes
+    /// whose segments the bdev cannot take (see `store`) and the pool
+    /// does not cover run to completion within the call (their status is
+    /// still delivered by `poll`). A refusal by
     /// the bdev is delivered as the command's media error. Fails only
     /// when `depth` commands are outstanding already.
     ///
@@ -580,7 +612,8 @@ impl<T: Transport> IoQueue<T> {
                 None => gen(generic::INVALID_NAMESPACE),
             },
             IoOp::WriteZeroes { .. }
-                if self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
+                if cmd.flags.fua()
+                    || self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
             {
                 // SAFETY: forwarded contract.
                 match unsafe { self.submit_multi(tag, cmd, segs) } {
@@ -840,6 +873,14 @@ fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
         });
     }
     st
+}
+
+/// Makes a Write Zeroes with FUA durable before it completes (the bdev
+/// layer has no FUA for zeroing): a flush of its namespace.
+#[cold]
+#[inline(never)]
+fn flush_for_fua<T: Transport>(ns: &mut NsChan<T>) -> Result<(), StoreError> {
+    ns.flush()
 }
 
 /// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.

@@ -13,10 +13,16 @@
 //! media error count when either log page is read
 //! (`Controller::drain_io_errors`). The pending ones are bounded: beyond
 //! the log's length only the newest are kept, the older ones counted.
+//!
+//! The registry also carries the one setting the queues read per command:
+//! the Read/Write flags every write gets (Force Unit Access while the
+//! controller's volatile write cache is disabled, WCE = 0), a plain
+//! relaxed load for the queues, stored by the controller's admin path.
 use std::collections::VecDeque;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use pollux_spec::cmd::RwFlags;
 use pollux_spec::status::sct;
 use pollux_spec::Status;
 
@@ -96,6 +102,9 @@ pub(crate) struct Registry {
     live: Mutex<Vec<Arc<Published>>>,
     retired: Mutex<IoStats>,
     errors: Mutex<PendingErrors>,
+    /// CDW12 bits every Write and Write Zeroes of the controller's queues
+    /// gets: FUA while the volatile write cache is disabled, else 0.
+    write_flags: AtomicU32,
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -144,6 +153,25 @@ impl Registry {
         (p.older + p.recent.len() as u64, p.older_media + media)
     }
 
+    /// The volatile write cache is enabled (WCE = 1, the default) or not
+    /// (WCE = 0: every write the queues check from now on is FUA).
+    ///
+    /// A relaxed store is enough: the writes that must honour it are
+    /// those the host sends after it saw the Set Features complete, so
+    /// the store precedes that completion's posting and the queues' loads
+    /// follow those writes' arrival, ordered by what carries them (the
+    /// kernel's socket locks, the emulator's mutex).
+    pub fn set_write_cache(&self, wce: bool) {
+        let flags = if wce { 0 } else { RwFlags::FUA.bits() };
+        self.write_flags.store(flags, Relaxed);
+    }
+
+    /// The CDW12 bits to add to every write's (see `set_write_cache`).
+    #[inline(always)]
+    pub fn write_flags(&self) -> u32 {
+        self.write_flags.load(Relaxed)
+    }
+
     pub fn total(&self) -> IoStats {
         let mut s = *lock(&self.retired);
         for p in lock(&self.live).iter() {
@@ -153,7 +181,8 @@ impl Registry {
     }
 }
 
-/// What an I/O queue needs from its controller to count for it: made by
+/// What an I/O queue needs from its controller to count for it (and to
+/// see its volatile write cache setting): made by
 /// `Controller::io_stats_handle`, `Send`, handed to the queue's thread.
 #[derive(Debug)]
 pub struct StatsHandle {

@@ -5,7 +5,9 @@
 //! volatile write cache (durable: survives `lose_volatile_cache`), onto a
 //! buffered io_uring file (durable: no page of it dirty or under
 //! writeback, seen with cachestat(2)), and onto an NVMe namespace (the
-//! controller model's DMA staging: every piece carries FUA).
+//! controller model's DMA staging: every piece carries FUA). While a
+//! controller's volatile write cache is disabled (Set Features Volatile
+//! Write Cache, WCE = 0), its plain writes are durable when answered too.
 mod common;
 
 use std::os::fd::AsRawFd;
@@ -23,6 +25,7 @@ use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_spec::fabrics::SglDescriptor;
+use pollux_spec::features::fid;
 use pollux_spec::tcp::{Digests, H2CData};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
@@ -104,6 +107,124 @@ fn fua_write_over_tcp_is_durable_when_answered() {
     }
     let (d, _) = c.read(1, 200, 4096);
     assert!(d.iter().all(|&x| x == 0));
+}
+
+/// An admin command without data on `a`: its completion.
+fn admin(a: &mut Client, mut sqe: Sqe) -> pollux_spec::Cqe {
+    sqe.cid = a.next_cid();
+    a.capsule(&sqe, &[]);
+    a.resp()
+}
+
+fn set_wce(a: &mut Client, wce: bool) {
+    let r = admin(
+        a,
+        Sqe::set_features(fid::VOLATILE_WRITE_CACHE, 0, wce as u32),
+    );
+    assert!(r.status().is_success(), "Set Features VWC: {}", r.status());
+}
+
+fn get_wce(a: &mut Client) -> u32 {
+    let r = admin(a, Sqe::get_features(fid::VOLATILE_WRITE_CACHE, 0));
+    assert!(r.status().is_success(), "Get Features VWC: {}", r.status());
+    r.dw0
+}
+
+#[test]
+fn write_cache_disabled_over_tcp_makes_plain_writes_durable() {
+    let bdev = Bdev::ram_with_volatile_cache("Cache0", 512, 4096).unwrap();
+    let t = target_on(bdev.clone());
+    let (mut a, mut c) = io_client(&t);
+    let small = pattern(4096, 1);
+    let big = pattern(16384, 2);
+    assert_eq!(get_wce(&mut a), 1, "enabled by default");
+    assert!(write_flags(&mut c, 0, &small, false, true).is_success());
+    assert_eq!(
+        bdev.lose_volatile_cache(),
+        Some(8),
+        "WCE 1: a plain write is lost"
+    );
+    // WCE = 0 on this controller: plain writes in the capsule, through
+    // R2T, and a write zeroes are durable when answered.
+    set_wce(&mut a, false);
+    assert_eq!(get_wce(&mut a), 0);
+    assert!(write_flags(&mut c, 0, &small, false, true).is_success());
+    assert!(write_flags(&mut c, 100, &big, false, false).is_success());
+    assert_eq!(
+        bdev.lose_volatile_cache(),
+        Some(0),
+        "a completed write was lost"
+    );
+    let mut wz = Sqe::write_zeroes(1, 104, 8, false);
+    wz.cid = c.next_cid();
+    c.capsule(&wz, &[]);
+    assert!(c.resp().status().is_success());
+    assert_eq!(bdev.lose_volatile_cache(), Some(0), "write zeroes lost");
+    let (d, _) = c.read(1, 0, 4096);
+    assert_eq!(d, small);
+    let (d, _) = c.read(1, 100, 16384);
+    let mut want = big.clone();
+    want[2048..6144].fill(0);
+    assert_eq!(d, want);
+    // The setting is the controller's: another association's writes are
+    // still cached.
+    let (_a2, mut c2) = io_client(&t);
+    assert!(write_flags(&mut c2, 300, &small, false, true).is_success());
+    assert_eq!(bdev.lose_volatile_cache(), Some(8), "another controller");
+    assert!(write_flags(&mut c, 300, &small, false, true).is_success());
+    assert_eq!(bdev.lose_volatile_cache(), Some(0));
+    // WCE = 1 again: cached again.
+    set_wce(&mut a, true);
+    assert!(write_flags(&mut c, 400, &small, false, true).is_success());
+    assert_eq!(bdev.lose_volatile_cache(), Some(8), "WCE 1 again");
+}
+
+#[test]
+fn tcp_host_api_disables_the_write_cache() {
+    let bdev = Bdev::ram_with_volatile_cache("Cache0", 512, 4096).unwrap();
+    let t = target_on(bdev.clone());
+    let ctrl = tcp_host(&t);
+    let ns = ctrl.namespace(1).unwrap();
+    let mut qp = ctrl
+        .alloc_qpair(pollux_nvme::QpairOptions {
+            depth: 32,
+            ..Default::default()
+        })
+        .unwrap();
+    let buf = |seed: u8, len: usize| {
+        let mut b = IoBuf::new(ctrl.alloc_dma(len).unwrap()).truncate(len);
+        b.as_mut_slice().copy_from_slice(&pattern(len, seed));
+        b
+    };
+    let run = |qp: &mut pollux_nvme::QueuePair<TcpTransport>, lba: u64, seed: u8| {
+        qp.write(&ns, lba, 8, buf(seed, 4096), 1).unwrap();
+        qp.write(&ns, lba + 8, 64, buf(seed + 1, 32768), 2).unwrap();
+        let mut n = 0;
+        qp.drain(Duration::from_secs(20), |_, c: pollux_nvme::Completion| {
+            assert!(c.result.is_ok(), "{:?}", c.result);
+            n += 1;
+        })
+        .unwrap();
+        assert_eq!(n, 2);
+    };
+    run(&mut qp, 0, 1);
+    assert_eq!(
+        bdev.lose_volatile_cache(),
+        Some(72),
+        "WCE 1: plain writes are lost"
+    );
+    ctrl.set_features(fid::VOLATILE_WRITE_CACHE, 0, 0).unwrap();
+    assert_eq!(ctrl.get_features(fid::VOLATILE_WRITE_CACHE, 0).unwrap(), 0);
+    run(&mut qp, 100, 3);
+    assert_eq!(
+        bdev.lose_volatile_cache(),
+        Some(0),
+        "a completed write was lost"
+    );
+    ctrl.set_features(fid::VOLATILE_WRITE_CACHE, 0, 1).unwrap();
+    assert_eq!(ctrl.get_features(fid::VOLATILE_WRITE_CACHE, 0).unwrap(), 1);
+    run(&mut qp, 200, 5);
+    assert_eq!(bdev.lose_volatile_cache(), Some(72));
 }
 
 fn tcp_host(t: &Target) -> Arc<pollux_tcp::Controller> {

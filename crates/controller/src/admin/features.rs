@@ -15,6 +15,11 @@
 //! Set; out of range: Invalid Field). Vector 0, the admin vector, is never
 //! coalesced: it reports CD = 1 and refuses CD = 0 (Invalid Field).
 //!
+//! Volatile Write Cache Enable is real: while WCE is 0, every Write and
+//! Write Zeroes the controller's I/O queues check is Force Unit Access
+//! (it completes only once durable; see `io`). Disabling the cache does
+//! not write back what it holds already: a Flush does.
+//!
 //! Nothing is saveable (SV set → Feature Identifier Not Saveable; SEL
 //! "saved" returns the default). Features return to their defaults on a
 //! controller reset. Number of Queues grants `min(request, max_io_queues)`
@@ -186,7 +191,11 @@ impl<T: Transport> Controller<T> {
                 ok(0)
             }
             fid::VOLATILE_WRITE_CACHE => {
-                self.feat.wce = VolatileWriteCache::from_cdw11(sqe.cdw11).wce;
+                let wce = VolatileWriteCache::from_cdw11(sqe.cdw11).wce;
+                if wce != self.feat.wce {
+                    tracing::debug!(wce, "volatile write cache");
+                }
+                self.set_write_cache(wce);
                 ok(0)
             }
             fid::NUMBER_OF_QUEUES => {

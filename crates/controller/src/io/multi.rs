@@ -1,8 +1,9 @@
 //! Commands an asynchronous I/O queue runs as several bdev requests, a
 //! bounded amount at a time: Dataset Management (a deallocate per range),
 //! Write Zeroes over more blocks than one request of its namespace covers
-//! (`NsChan::zero_piece`), and Flush of every namespace (NSID
-//! FFFFFFFFh).
+//! (`NsChan::zero_piece`) or with Force Unit Access (a flush of its
+//! namespace once every piece is back), and Flush of every namespace
+//! (NSID FFFFFFFFh).
 //!
 //! None of them runs to completion within `IoQueue::submit` or
 //! `IoQueue::poll`: a command has at most one request in flight per
@@ -50,6 +51,9 @@ struct Multi {
     /// What is left to send: (namespace index, first block, blocks), the
     /// next one last.
     todo: Vec<(usize, u64, u64)>,
+    /// The namespace (index) to flush once every piece is back (a Write
+    /// Zeroes with FUA), until that flush is sent.
+    then_flush: Option<usize>,
     /// Requests in flight.
     out: u32,
     /// A request failed or was refused: nothing more is sent.
@@ -124,17 +128,21 @@ impl<T: Transport> IoQueue<T> {
     ) -> Option<Status> {
         debug_assert!(tag & KID == 0, "tag {tag:#x} has the multi-request bit");
         let idx = (cmd.nsid as usize).wrapping_sub(1);
+        let mut then_flush = None;
         let (work, fail, todo) = match cmd.op {
             IoOp::FlushAll => (
                 Work::Flush,
                 Status::media(media::WRITE_FAULT),
                 (0..self.ns.len()).rev().map(|i| (i, 0, 0)).collect(),
             ),
-            IoOp::WriteZeroes { dealloc } if idx < self.ns.len() => (
-                Work::Zero { dealloc },
-                Status::media(media::WRITE_FAULT),
-                vec![(idx, cmd.slba, cmd.nlb)],
-            ),
+            IoOp::WriteZeroes { dealloc } if idx < self.ns.len() => {
+                then_flush = cmd.flags.fua().then_some(idx);
+                (
+                    Work::Zero { dealloc },
+                    Status::media(media::WRITE_FAULT),
+                    vec![(idx, cmd.slba, cmd.nlb)],
+                )
+            }
             IoOp::Dsm { nr, deallocate } => {
                 // SAFETY: forwarded contract.
                 match unsafe { self.dsm_ranges(cmd.nsid, nr, deallocate, segs) } {
@@ -148,7 +156,7 @@ impl<T: Transport> IoQueue<T> {
             }
             _ => return Some(gen(generic::INVALID_NAMESPACE)),
         };
-        if todo.is_empty() {
+        if todo.is_empty() && then_flush.is_none() {
             return Some(Status::SUCCESS);
         }
         let slot = self.multi.insert(Multi {
@@ -158,6 +166,7 @@ impl<T: Transport> IoQueue<T> {
             slba: cmd.slba,
             work,
             todo,
+            then_flush,
             out: 0,
             failed: false,
             fail,
@@ -215,7 +224,25 @@ impl<T: Transport> IoQueue<T> {
         let kid = ud(KID | slot as u32, K_OTHER, 0);
         while !m.failed && (m.out == 0 || m.work == Work::Flush) {
             let Some(&(i, slba, nlb)) = m.todo.last() else {
-                break;
+                // Every piece is back: the flush that makes them durable.
+                if m.out > 0 {
+                    break;
+                }
+                let Some(i) = m.then_flush.take() else {
+                    break;
+                };
+                let Some(n) = ns.get_mut(i) else {
+                    m.failed = true;
+                    break;
+                };
+                match n.ch.flush_cache(kid) {
+                    Ok(()) => m.out += 1,
+                    Err(e) => {
+                        tracing::error!(nsid = i + 1, error = %e, "flush after write zeroes refused");
+                        m.failed = true;
+                    }
+                }
+                continue;
             };
             let Some(n) = ns.get_mut(i) else {
                 m.failed = true;
@@ -248,7 +275,8 @@ impl<T: Transport> IoQueue<T> {
                 }
             }
         }
-        if m.out > 0 || (!m.failed && !m.todo.is_empty()) {
+        let more = !m.todo.is_empty() || m.then_flush.is_some();
+        if m.out > 0 || (!m.failed && more) {
             return None;
         }
         multi.remove(slot)
