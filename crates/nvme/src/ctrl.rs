@@ -2,7 +2,7 @@
 //! shutdown (NVMe 2.0 base spec §3.5.1 "Memory-based Controller
 //! Initialization"), for any transport. The control path: every step
 //! bounded by CAP.TO or the admin timeout, every failure a typed error.
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,25 +46,80 @@ impl Default for ControllerOptions {
 
 /// A namespace as the I/O path needs it. Small and `Copy`: pass it by
 /// reference to every submit call.
+///
+/// Only the controller makes one (from Identify Namespace at bring-up), and
+/// its fields are read-only: the submit path computes the transfer length
+/// of a read or write from the block size (`lba_shift`), so a namespace
+/// whose block size could be changed would let the controller transfer
+/// past the buffer (a 4 KiB buffer read with `lba_shift` forged to 9 on a
+/// namespace of 4 KiB blocks: eight times its length):
+///
+/// ```compile_fail
+/// # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+/// let mut ns = ctrl.namespaces()[0];
+/// ns.lba_shift = 9; // error[E0616]: field `lba_shift` of struct `Namespace` is private
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// // error: cannot construct `Namespace` with struct literal syntax due to private fields
+/// let ns = pollux_nvme::Namespace { nsid: 1, lba_shift: 9, nsze: 1 << 20, max_lbas: 8 };
+/// ```
+///
+/// A namespace also names the controller it came from: a queue pair
+/// refuses a namespace of another controller
+/// ([`SubmitError::ForeignNamespace`](crate::SubmitError::ForeignNamespace)),
+/// whose namespace of the same NSID may have another block size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Namespace {
-    pub nsid: u32,
+    pub(crate) nsid: u32,
     /// log2 of the LBA size.
-    pub lba_shift: u8,
+    pub(crate) lba_shift: u8,
     /// Size in logical blocks.
-    pub nsze: u64,
+    pub(crate) nsze: u64,
     /// Most LBAs one command may carry (from MDTS, capped at 2 MiB).
-    pub max_lbas: u32,
+    pub(crate) max_lbas: u32,
+    /// The controller it belongs to (`Shared::id`).
+    pub(crate) ctrl: u64,
 }
 
 impl Namespace {
+    /// Namespace ID.
+    #[inline(always)]
+    pub fn nsid(&self) -> u32 {
+        self.nsid
+    }
+    /// log2 of the logical block size.
+    #[inline(always)]
+    pub fn lba_shift(&self) -> u8 {
+        self.lba_shift
+    }
+    /// Size in logical blocks (NSZE).
+    #[inline(always)]
+    pub fn nsze(&self) -> u64 {
+        self.nsze
+    }
+    /// Most logical blocks one command may carry (from MDTS, capped at
+    /// 2 MiB); larger requests are split.
+    #[inline(always)]
+    pub fn max_lbas(&self) -> u32 {
+        self.max_lbas
+    }
+    /// Logical block size in bytes.
+    #[inline(always)]
     pub fn lba_size(&self) -> u32 {
         1 << self.lba_shift
     }
+    /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.nsze << self.lba_shift
     }
 }
+
+/// Identifies a controller for the life of the process (`Namespace::ctrl`):
+/// never reused, so a namespace of a controller that was dropped matches
+/// no later one.
+static NEXT_CTRL_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct AdminState<T: Transport> {
     pub(crate) q: AdminQueue<T>,
@@ -89,6 +144,9 @@ pub(crate) struct Shared<T: Transport> {
     pub(crate) max_transfer: u32,
     ident: Box<IdentifyController>,
     pub(crate) namespaces: Vec<Namespace>,
+    /// This controller's ID (see `NEXT_CTRL_ID`), in each of its
+    /// namespaces.
+    pub(crate) id: u64,
 }
 
 /// An NVMe controller driven through a `Transport`.
@@ -363,6 +421,7 @@ fn identify_ns<T: Transport>(
     buf: &mut IdentBuf,
     nsid: u32,
     max_transfer: u32,
+    ctrl: u64,
 ) -> Result<Option<Namespace>> {
     check(
         buf.exec(q, t, Sqe::identify(cns::NAMESPACE, nsid, 0), to)?,
@@ -398,6 +457,7 @@ fn identify_ns<T: Transport>(
         lba_shift: lbads,
         nsze: id.nsze,
         max_lbas,
+        ctrl,
     }))
 }
 
@@ -492,6 +552,7 @@ impl<T: Transport> Controller<T> {
 
         // Namespaces: the active list (CNS 2); controllers before NVMe 1.1
         // lack it, then probe 1..=NN.
+        let id = NEXT_CTRL_ID.fetch_add(1, Ordering::Relaxed);
         let mut namespaces = Vec::new();
         let list = buf.exec(&mut q, t, Sqe::identify(cns::ACTIVE_NS_LIST, 0, 0), to)?;
         let ids: Vec<u32> = if list.status().is_success() {
@@ -502,7 +563,7 @@ impl<T: Transport> Controller<T> {
             (1..=ident.nn.min(1024)).collect()
         };
         for nsid in ids {
-            if let Some(ns) = identify_ns(&mut q, t, to, &mut buf, nsid, max_transfer)? {
+            if let Some(ns) = identify_ns(&mut q, t, to, &mut buf, nsid, max_transfer, id)? {
                 namespaces.push(ns);
             }
         }
@@ -521,6 +582,7 @@ impl<T: Transport> Controller<T> {
             max_transfer,
             ident,
             namespaces,
+            id,
         };
         {
             let mut st = shared.lock_admin();

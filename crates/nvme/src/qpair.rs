@@ -168,6 +168,7 @@ impl<T: Transport> QueuePair<T> {
                 opts.max_queued,
                 max_raw,
                 shared.namespaces.as_slice().into(),
+                shared.id,
             ),
             sq,
             cq,

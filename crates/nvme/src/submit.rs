@@ -125,6 +125,8 @@ pub(crate) struct Core {
     /// `state == Ready && queue.is_empty()`: the one test the fast submit
     /// path makes. Kept by `set_state` and the queue operations.
     pub(crate) fast: bool,
+    /// The controller's ID: namespaces of other controllers are refused.
+    pub(crate) ctrl: u64,
     pub(crate) stats: QpairStats,
     // --- colder ---
     pub(crate) splits: Vec<Split>,
@@ -152,6 +154,7 @@ impl Core {
         max_queued: usize,
         max_raw: usize,
         namespaces: Box<[Namespace]>,
+        ctrl: u64,
     ) -> Core {
         Core {
             epoch: 0,
@@ -159,6 +162,7 @@ impl Core {
             free: (0..depth).rev().collect(),
             state: QpState::Ready,
             fast: true,
+            ctrl,
             stats: QpairStats::default(),
             splits: Vec::new(),
             free_splits: Vec::new(),
@@ -321,7 +325,23 @@ fn check_lbas(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
     }
 }
 
-fn check_range(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+/// `ns` is a namespace of this queue pair's controller (`ctrl`): its block
+/// size is the one the controller transfers by.
+#[inline(always)]
+fn check_ns(ns: &Namespace, ctrl: u64) -> Result<(), SubmitError> {
+    if ns.ctrl != ctrl {
+        return Err(foreign(ns));
+    }
+    Ok(())
+}
+
+#[cold]
+fn foreign(ns: &Namespace) -> SubmitError {
+    SubmitError::ForeignNamespace { nsid: ns.nsid }
+}
+
+fn check_range(ns: &Namespace, ctrl: u64, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+    check_ns(ns, ctrl)?;
     if nlb == 0 {
         return Err(SubmitError::ZeroLength);
     }
@@ -329,7 +349,15 @@ fn check_range(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
 }
 
 #[inline(always)]
-fn check_rw(ns: &Namespace, lba: u64, nlb: u32, len: usize, iova0: u64) -> Result<(), SubmitError> {
+fn check_rw(
+    ns: &Namespace,
+    ctrl: u64,
+    lba: u64,
+    nlb: u32,
+    len: usize,
+    iova0: u64,
+) -> Result<(), SubmitError> {
+    check_ns(ns, ctrl)?;
     // nlb == 0 passes these checks (with an empty buffer) and is refused
     // on the slow path: the fast-path test `nlb - 1 < max_lbas` excludes
     // it at no extra cost.
@@ -571,7 +599,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
     ) -> Result<(), Refused> {
         let d = buf.dma_slice();
-        if let Err(error) = check_rw(ns, lba, nlb, d.len(), d.iova0()) {
+        if let Err(error) = check_rw(ns, self.core.ctrl, lba, nlb, d.len(), d.iova0()) {
             return Err(Refused {
                 error,
                 buf: Some(buf),
@@ -637,7 +665,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         flags: RwFlags,
         user_data: u64,
     ) -> Result<Fast, SubmitError> {
-        check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
+        check_rw(ns, self.core.ctrl, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
@@ -825,6 +853,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
 
     /// Flushes the namespace's volatile write cache.
     pub fn flush_cache(&mut self, ns: &Namespace, user_data: u64) -> Result<(), SubmitError> {
+        check_ns(ns, self.core.ctrl)?;
         refused(self.raw_inner(Sqe::flush(ns.nsid), None, None, user_data))
     }
 
@@ -838,7 +867,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         deallocate: bool,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        check_range(ns, lba, nlb)?;
+        check_range(ns, self.core.ctrl, lba, nlb)?;
         if nlb > 65536 {
             return Err(SubmitError::TooLarge {
                 needed: nlb.div_ceil(65536),
@@ -859,7 +888,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
     ) -> Result<(), SubmitError> {
         self.core.check_open()?;
-        check_range(ns, lba, nlb)?;
+        check_range(ns, self.core.ctrl, lba, nlb)?;
         if self.core.fast {
             if let Some(cid) = self.core.free.pop() {
                 self.sq.push_dealloc(cid, ns.nsid, lba, nlb);

@@ -85,7 +85,7 @@ fn raw_without_a_buffer_cannot_aim_the_controller() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8);
     sqe.prp1 = v.iova_at(0);
     let r = qp.raw(sqe, None, 2).unwrap_err();
     assert_eq!(
@@ -116,7 +116,7 @@ fn unchecked_raw_without_a_buffer_goes_with_the_pointers_cleared() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8);
     sqe.prp1 = v.iova_at(0);
     sqe.mptr = v.iova_at(0);
     // SAFETY: breaks the contract on purpose (a 4 KiB Read without a
@@ -142,7 +142,7 @@ fn raw_with_a_short_buffer_is_refused() {
         .split_at(512);
     next.as_mut_slice().fill(VICTIM);
     let r = qp
-        .raw(Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8), Some(small), 2)
+        .raw(Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8), Some(small), 2)
         .unwrap_err();
     assert!(
         matches!(
@@ -173,7 +173,7 @@ fn raw_cannot_borrow_the_callers_prp2() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 16);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 16);
     sqe.prp2 = v.iova_at(0);
     let b = IoBuf::new(ctrl.alloc_dma(4096).unwrap()).truncate(4096);
     let r = qp.raw(sqe, Some(b), 2).unwrap_err();
@@ -201,9 +201,9 @@ fn raw_with_the_right_buffer_runs() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let b = IoBuf::new(ctrl.alloc_dma(8192).unwrap()).truncate(8192);
-    qp.raw(Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 16), Some(b), 2)
+    qp.raw(Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 16), Some(b), 2)
         .unwrap();
-    qp.raw(Sqe::flush(ns.nsid), None, 3).unwrap();
+    qp.raw(Sqe::flush(ns.nsid()), None, 3).unwrap();
     let mut c = drain(&mut qp);
     c.sort_by_key(|c| c.user_data);
     assert_eq!((c[0].result, c[1].result), (Ok(0), Ok(0)));
@@ -217,7 +217,7 @@ fn raw_with_the_right_buffer_runs() {
     // Deallocate blocks 0..8 through a raw DSM with its one range.
     let mut r = IoBuf::new(ctrl.alloc_dma(16).unwrap()).truncate(16);
     r.as_mut_slice()[4..8].copy_from_slice(&8u32.to_le_bytes());
-    let dsm = Sqe::dsm(ns.nsid, 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
+    let dsm = Sqe::dsm(ns.nsid(), 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
     qp.raw(dsm, Some(r), 4).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     let b = IoBuf::new(ctrl.alloc_dma(8192).unwrap()).truncate(8192);
@@ -227,7 +227,7 @@ fn raw_with_the_right_buffer_runs() {
     assert!(got[..4096].iter().all(|&x| x == 0), "deallocated");
     assert!(got[4096..].iter().all(|&x| x == DATA), "kept");
     // A vendor-specific opcode needs the unchecked path.
-    let e = qp.raw(Sqe::new(0x81, ns.nsid), None, 6).unwrap_err();
+    let e = qp.raw(Sqe::new(0x81, ns.nsid()), None, 6).unwrap_err();
     assert!(
         matches!(e.error, SubmitError::PassthroughUnchecked { opc: 0x81, .. }),
         "{}",
