@@ -26,8 +26,11 @@ pub(crate) struct AdminQueue<T: Transport> {
 }
 
 impl<T: Transport> AdminQueue<T> {
-    pub(crate) fn new(t: &T, entries: u16) -> Result<Self> {
-        let (sq, cq) = t.admin_queues(entries)?;
+    /// # Safety
+    /// Once per controller (see `Transport::admin_queues`).
+    pub(crate) unsafe fn new(t: &T, entries: u16) -> Result<Self> {
+        // SAFETY: the caller makes one admin queue per controller.
+        let (sq, cq) = unsafe { t.admin_queues(entries) }?;
         Ok(AdminQueue {
             sq,
             cq,
@@ -38,12 +41,19 @@ impl<T: Transport> AdminQueue<T> {
         })
     }
 
-    /// Back to the state after CC.EN 0→1: empty queues. Only once the
-    /// controller has been disabled (CSTS.RDY=0): the buffers of commands
-    /// that timed out are freed here.
-    pub(crate) fn restart(&mut self) {
-        self.sq.restart();
-        self.cq.restart();
+    /// Back to the state after CC.EN 0→1: empty queues. The buffers of
+    /// commands that timed out are freed here.
+    ///
+    /// # Safety
+    /// Only once the controller has been disabled (CSTS.RDY=0) since the
+    /// commands were sent.
+    pub(crate) unsafe fn restart(&mut self) {
+        // SAFETY: the controller has been disabled (the caller's promise):
+        // it runs none of these queues' commands any more.
+        unsafe {
+            self.sq.restart();
+            self.cq.restart();
+        }
         self.pending = 0;
         self.parked.clear();
     }
@@ -73,12 +83,21 @@ impl<T: Transport> AdminQueue<T> {
         }
         let cid = self.next_cid;
         self.next_cid = self.next_cid.wrapping_add(1);
-        let pushed = match &data {
-            Some(b) => {
-                let d = b.dma_slice();
-                self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i))
+        // SAFETY: the data, if any, is `data`'s buffer, which this queue
+        // holds until the command's completion is reaped (it goes back with
+        // it) or, if the command times out, keeps (`parked`) until that
+        // completion arrives or the controller has been disabled; the core
+        // cleared a passthrough command's pointer fields and checked its
+        // length (`Controller::admin`) or its caller promised it
+        // (`admin_unchecked`); the core's own commands move only `data`.
+        let pushed = unsafe {
+            match &data {
+                Some(b) => {
+                    let d = b.dma_slice();
+                    self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i))
+                }
+                None => self.sq.push(cid, sqe, 0, 0, |_| 0),
             }
-            None => self.sq.push(cid, sqe, 0, 0, |_| 0),
         };
         pushed.map_err(|e| Error::InvalidArgument(format!("admin command data: {e}")))?;
         self.sq.flush();

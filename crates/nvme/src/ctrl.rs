@@ -251,17 +251,31 @@ impl<T: Transport> Shared<T> {
             wait_csts(t, to, "CSTS.RDY=1", |c| c.rdy())?;
         }
         if cc.en() {
-            r.write32(regs::off::CC, cc.with_en(false).0)?;
+            // SAFETY: clearing CC.EN stops the controller: once CSTS.RDY=0
+            // it transfers nothing and has forgotten its queues. The memory
+            // of the commands it had stays with their owners (trackers,
+            // parked admin buffers), handed back only by the queue
+            // restarts that follow a completed disable.
+            unsafe { r.write32(regs::off::CC, cc.with_en(false).0) }?;
         }
         wait_csts(t, to, "CSTS.RDY=0", |c| !c.rdy())
     }
 
     /// Attaches the admin queue and enables the controller.
-    fn enable(t: &T, cap: Cap, q: &AdminQueue<T>) -> Result<()> {
+    ///
+    /// # Safety
+    /// `q` must be this controller's admin queue, new or restarted, and
+    /// the controller disabled (`disable` succeeded) since.
+    unsafe fn enable(t: &T, cap: Cap, q: &AdminQueue<T>) -> Result<()> {
         let r = t.regs();
-        t.attach_admin(&q.sq, &q.cq)?;
-        r.write32(regs::off::CC, Cc::standard(0).0)?;
-        r.write32(regs::off::CC, Cc::standard(0).with_en(true).0)?;
+        // SAFETY: `q` is this transport's admin pair, empty, and the
+        // controller is disabled (the caller's promise); enabling it then
+        // makes it run the admin queue the core drives, and no other.
+        unsafe {
+            t.attach_admin(&q.sq, &q.cq)?;
+            r.write32(regs::off::CC, Cc::standard(0).0)?;
+            r.write32(regs::off::CC, Cc::standard(0).with_en(true).0)?;
+        }
         let d = t.ready_delay_us();
         if d > 0 {
             std::thread::sleep(Duration::from_micros(d as u64));
@@ -302,8 +316,12 @@ impl<T: Transport> Shared<T> {
         tracing::warn!(transport = %self.transport.describe(), "resetting controller");
         let r = (|| {
             Self::disable(&self.transport, self.cap)?;
-            st.q.restart();
-            Self::enable(&self.transport, self.cap, &st.q)?;
+            // SAFETY: the controller was disabled just now; `st.q` is its
+            // admin queue, restarted empty.
+            unsafe {
+                st.q.restart();
+                Self::enable(&self.transport, self.cap, &st.q)?;
+            }
             let n = self.set_num_queues(&mut st, self.opts.io_queues)?;
             if n < self.nr_io_queues {
                 return Err(Error::Unsupported(format!(
@@ -312,7 +330,12 @@ impl<T: Transport> Shared<T> {
                 )));
             }
             let ident = &*self.ident;
-            self.with_admin(&mut st, |exec| self.transport.configure(exec, ident))
+            // SAFETY: `exec` runs admin commands on this controller, which
+            // was re-enabled just now: no I/O queue of it runs until the
+            // queue pairs re-create theirs (after this reset).
+            self.with_admin(&mut st, |exec| unsafe {
+                self.transport.configure(exec, ident)
+            })
         })();
         if let Err(e) = &r {
             tracing::error!("controller reset failed: {e}");
@@ -505,8 +528,11 @@ impl<T: Transport> Controller<T> {
             .admin_queue_size
             .min(cap.mqes().saturating_add(1))
             .max(2);
-        let mut q = AdminQueue::new(t, aq_size)?;
-        Shared::enable(t, cap, &q)?;
+        // SAFETY: the one admin queue of this controller, new.
+        let mut q = unsafe { AdminQueue::new(t, aq_size) }?;
+        // SAFETY: `q` is its admin queue, new; the controller was disabled
+        // just now.
+        unsafe { Shared::enable(t, cap, &q) }?;
         let to = opts.admin_timeout;
 
         let mut buf = IdentBuf(Some(IoBuf::new(t.alloc_dma(4096)?)));
@@ -587,7 +613,11 @@ impl<T: Transport> Controller<T> {
         {
             let mut st = shared.lock_admin();
             let ident = &*shared.ident;
-            shared.with_admin(&mut st, |exec| shared.transport.configure(exec, ident))?;
+            // SAFETY: `exec` runs admin commands on this controller, which
+            // has no I/O queue yet.
+            shared.with_admin(&mut st, |exec| unsafe {
+                shared.transport.configure(exec, ident)
+            })?;
         }
         tracing::info!(
             transport = %shared.transport.describe(),
@@ -787,7 +817,11 @@ impl<T: Transport> Drop for Shared<T> {
         let Ok(cc) = r.read32(regs::off::CC).map(Cc) else {
             return;
         };
-        if let Err(e) = r.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0) {
+        // SAFETY: the controller is being dropped: no queue pair is left
+        // (each holds it), so only parked admin commands may be
+        // outstanding, and their buffers stay parked unless the disable
+        // below succeeds.
+        if let Err(e) = unsafe { r.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0) } {
             tracing::warn!("orderly shutdown: {e}");
             return;
         }

@@ -411,6 +411,13 @@ impl<'a, T: Transport> Submitter<'a, T> {
 
     /// Issues one command on tracker `cid`. On error the tracker is returned
     /// to the free list and nothing is sent.
+    ///
+    /// Every caller passes a `cid` just taken from the free list and the
+    /// bus addresses of the request's own data (the rule this module keeps,
+    /// see the module docs): an owned buffer that goes into the tracker,
+    /// split slot or backlog entry of this request and comes back only
+    /// with its completion, or a borrowed one whose submitter promised the
+    /// same (`read_dma`, `write_dma`, `raw_dma`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn issue(
@@ -423,7 +430,12 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
         flags: u32,
     ) -> Result<(), SubmitError> {
-        match self.sq.push(cid, sqe, len, addr0, addr_at) {
+        // SAFETY: `cid` is free (below the depth, not outstanding) and the
+        // addresses are the request's own data, held until its completion
+        // (see above); the command moves that data and no other memory
+        // (built by the core, or a passthrough command whose pointer fields
+        // were cleared and whose length was checked or promised).
+        match unsafe { self.sq.push(cid, sqe, len, addr0, addr_at) } {
             Ok(()) => {
                 self.core.claim(cid, user_data, flags);
                 Ok(())
@@ -613,10 +625,14 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 // `move`: the closure holds a copy of the slice, so the
                 // slice need not live in memory on the one-page path
                 // (by reference it was spilled to the stack every I/O).
-                return match self
-                    .sq
-                    .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
-                {
+                // SAFETY: `cid` was free; `d` describes `buf`, which goes
+                // into the tracker and comes back only with the completion;
+                // the Read or Write moves exactly `d.len()` bytes (checked:
+                // NLB blocks of this controller's namespace).
+                return match unsafe {
+                    self.sq
+                        .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
+                } {
                     Ok(()) => {
                         self.core.claim_with_buf(cid, user_data, buf);
                         Ok(())
@@ -891,7 +907,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
         check_range(ns, self.core.ctrl, lba, nlb)?;
         if self.core.fast {
             if let Some(cid) = self.core.free.pop() {
-                self.sq.push_dealloc(cid, ns.nsid, lba, nlb);
+                // SAFETY: `cid` was free: below the depth, not outstanding.
+                unsafe { self.sq.push_dealloc(cid, ns.nsid, lba, nlb) };
                 self.core.claim(cid, user_data, 0);
                 return Ok(());
             }
@@ -1073,7 +1090,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
                         self.core.queue.push_front(p);
                         break;
                     };
-                    self.sq.push_dealloc(cid, *nsid, *lba, *nlb);
+                    // SAFETY: `cid` was free: below the depth, not outstanding.
+                    unsafe { self.sq.push_dealloc(cid, *nsid, *lba, *nlb) };
                     self.core.claim(cid, user_data, 0);
                     true
                 }
