@@ -315,3 +315,30 @@ fn admin_buffer_length_must_match() {
         .unwrap_err();
     assert!(e.to_string().contains("namespaces"), "{e}");
 }
+
+/// Admin commands get CIDs below the admin queue's depth, which the
+/// transport's memory per command is sized by (PCIe: a PRP list slice per
+/// CID). Before, the CID counted on through all of u16: after 200 admin
+/// commands, a 12 KiB Get Log Page (three pages: a PRP list) had its list
+/// written 200 slices into a pool of 31, 2 KiB past the pool's page, into
+/// whatever host memory lay there, and the controller could not read it.
+#[test]
+fn admin_cids_stay_within_the_admin_queue() {
+    let (_dev, ctrl) = open();
+    for _ in 0..200 {
+        ctrl.get_features(pollux_spec::features::fid::NUMBER_OF_QUEUES, 0)
+            .unwrap();
+    }
+    let mut b = IoBuf::new(ctrl.alloc_dma(12288).unwrap()).truncate(12288);
+    b.as_mut_slice().fill(VICTIM);
+    let error_log = pollux_spec::log::lid::ERROR;
+    let (cqe, b) = ctrl
+        .admin(Sqe::get_log_page(error_log, 0, 12288, 0, 0, 0), Some(b))
+        .unwrap();
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    let b = b.expect("the buffer comes back");
+    assert!(
+        b.as_slice().iter().all(|&x| x != VICTIM),
+        "the whole 12 KiB was transferred"
+    );
+}
