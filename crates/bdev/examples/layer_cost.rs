@@ -22,6 +22,8 @@ struct Job {
     left: u64,
     done: u64,
     errors: u64,
+    /// The namespace read in `qpair` mode.
+    ns: Option<pollux_nvme::Namespace>,
 }
 
 impl Job {
@@ -63,21 +65,14 @@ impl pollux_nvme::Handler<Pcie> for Job {
         }
         if self.left > 0 {
             self.left -= 1;
-            if let Some(buf) = c.buf {
+            if let (Some(buf), Some(ns)) = (c.buf, self.ns) {
                 let lba = self.next_lba();
-                if sub
-                    .read(&NS.with(|n| *n), lba, 8, buf, c.user_data)
-                    .is_err()
-                {
+                if sub.read(&ns, lba, 8, buf, c.user_data).is_err() {
                     self.errors += 1;
                 }
             }
         }
     }
-}
-
-thread_local! {
-    static NS: pollux_nvme::Namespace = const { pollux_nvme::Namespace { nsid: 1, lba_shift: 9, nsze: 1 << 21, max_lbas: 256 } };
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -105,6 +100,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         left: ios.saturating_sub(DEPTH),
         done: 0,
         errors: 0,
+        ns: None,
     };
     let t0 = std::time::Instant::now();
     match mode {
@@ -135,7 +131,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
         _ => {
             let ns = ctrl.namespaces()[0];
-            assert_eq!(ns, NS.with(|n| *n));
+            assert_eq!((ns.nsid(), ns.lba_shift(), ns.nsze()), (1, 9, 1 << 21));
+            job.ns = Some(ns);
             let mut qp = ctrl.alloc_qpair(QpairOptions::default())?;
             let bufs = IoBuf::new(ctrl.alloc_dma(DEPTH as usize * BS)?).chunks(BS);
             for (i, buf) in bufs.into_iter().enumerate() {

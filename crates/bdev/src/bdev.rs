@@ -182,12 +182,12 @@ impl<T: Transport> Bdev<T> {
                 ctrl.describe()
             ),
         })?;
-        check_geometry(name, ns.lba_size(), ns.nsze)?;
+        check_geometry(name, ns.lba_size(), ns.nsze())?;
         let info = BdevInfo {
             name: name.to_string(),
             uuid: random_uuid(),
             block_size: ns.lba_size(),
-            num_blocks: ns.nsze,
+            num_blocks: ns.nsze(),
             buf_align: 4,
             max_transfer: ctrl.max_transfer(),
             backend: "nvme",

@@ -18,19 +18,19 @@ impl Registers for NoNvme {
     fn read32(&self, _: usize) -> Result<u32, Error> {
         match *self {}
     }
-    fn write32(&self, _: usize, _: u32) -> Result<(), Error> {
+    unsafe fn write32(&self, _: usize, _: u32) -> Result<(), Error> {
         match *self {}
     }
     fn read64(&self, _: usize) -> Result<u64, Error> {
         match *self {}
     }
-    fn write64(&self, _: usize, _: u64) -> Result<(), Error> {
+    unsafe fn write64(&self, _: usize, _: u64) -> Result<(), Error> {
         match *self {}
     }
 }
 
 impl SubmissionQueue for NoNvme {
-    fn push(
+    unsafe fn push(
         &mut self,
         _: u16,
         _: Sqe,
@@ -40,7 +40,7 @@ impl SubmissionQueue for NoNvme {
     ) -> Result<(), SubmitError> {
         match *self {}
     }
-    fn push_dealloc(&mut self, _: u16, _: u32, _: u64, _: u32) {
+    unsafe fn push_dealloc(&mut self, _: u16, _: u32, _: u64, _: u32) {
         match *self {}
     }
     fn publish(&mut self, _: u32) {
@@ -49,7 +49,7 @@ impl SubmissionQueue for NoNvme {
     fn flush(&mut self) {
         match *self {}
     }
-    fn restart(&mut self) {
+    unsafe fn restart(&mut self) {
         match *self {}
     }
     fn max_data(&self) -> usize {
@@ -70,7 +70,7 @@ impl CompletionQueue for NoNvme {
     fn release(&mut self, _: u32) {
         match *self {}
     }
-    fn restart(&mut self) {
+    unsafe fn restart(&mut self) {
         match *self {}
     }
     fn entries(&self) -> u16 {
@@ -104,23 +104,23 @@ impl Transport for NoNvme {
     fn max_queue_entries(&self) -> u32 {
         match *self {}
     }
-    fn admin_queues(&self, _: u16) -> Result<(NoNvme, NoNvme), Error> {
+    unsafe fn admin_queues(&self, _: u16) -> Result<(NoNvme, NoNvme), Error> {
         match *self {}
     }
-    fn attach_admin(&self, _: &NoNvme, _: &NoNvme) -> Result<(), Error> {
+    unsafe fn attach_admin(&self, _: &NoNvme, _: &NoNvme) -> Result<(), Error> {
         match *self {}
     }
-    fn configure(&self, _: &mut AdminExec<'_>, _: &IdentifyController) -> Result<(), Error> {
+    unsafe fn configure(&self, _: &mut AdminExec<'_>, _: &IdentifyController) -> Result<(), Error> {
         match *self {}
     }
-    fn create_io_queues(
+    unsafe fn create_io_queues(
         &self,
         _: &mut AdminExec<'_>,
         _: &QueueSpec,
     ) -> Result<(NoNvme, NoNvme), Error> {
         match *self {}
     }
-    fn recreate_io_queues(
+    unsafe fn recreate_io_queues(
         &self,
         _: &mut AdminExec<'_>,
         _: u16,
@@ -129,7 +129,7 @@ impl Transport for NoNvme {
     ) -> Result<(), Error> {
         match *self {}
     }
-    fn delete_io_queues(&self, _: &mut AdminExec<'_>, _: u16) -> Result<(), Error> {
+    unsafe fn delete_io_queues(&self, _: &mut AdminExec<'_>, _: u16) -> Result<(), Error> {
         match *self {}
     }
 }

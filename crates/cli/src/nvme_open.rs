@@ -210,9 +210,9 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         let mut bdevs = Vec::new();
         for ns in ctrl.namespaces() {
             let b = Bdev::nvme(
-                &format!("{name}n{}", ns.nsid),
+                &format!("{name}n{}", ns.nsid()),
                 ctrl.clone(),
-                ns.nsid,
+                ns.nsid(),
                 self.qopts.clone(),
             )
             .map_err(|e| fail(e.to_string()))?;

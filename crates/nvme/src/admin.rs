@@ -19,6 +19,11 @@ pub(crate) struct AdminQueue<T: Transport> {
     /// the controller is reset), so the ring never overflows.
     pending: u32,
     entries: u16,
+    /// The CIDs of those commands. A CID is never reused while its command
+    /// may still complete, and all are below the queue's depth (`entries -
+    /// 1`), which the transport sizes its memory per command by (PCIe: a
+    /// PRP list slice per CID).
+    busy: Vec<bool>,
     /// Buffers of commands that timed out, kept until their completion
     /// arrives or the controller has been disabled: the controller may
     /// still transfer into them.
@@ -26,25 +31,37 @@ pub(crate) struct AdminQueue<T: Transport> {
 }
 
 impl<T: Transport> AdminQueue<T> {
-    pub(crate) fn new(t: &T, entries: u16) -> Result<Self> {
-        let (sq, cq) = t.admin_queues(entries)?;
+    /// # Safety
+    /// Once per controller (see `Transport::admin_queues`).
+    pub(crate) unsafe fn new(t: &T, entries: u16) -> Result<Self> {
+        // SAFETY: the caller makes one admin queue per controller.
+        let (sq, cq) = unsafe { t.admin_queues(entries) }?;
         Ok(AdminQueue {
             sq,
             cq,
             next_cid: 0,
             pending: 0,
             entries,
+            busy: vec![false; entries.saturating_sub(1).max(1) as usize],
             parked: Vec::new(),
         })
     }
 
-    /// Back to the state after CC.EN 0→1: empty queues. Only once the
-    /// controller has been disabled (CSTS.RDY=0): the buffers of commands
-    /// that timed out are freed here.
-    pub(crate) fn restart(&mut self) {
-        self.sq.restart();
-        self.cq.restart();
+    /// Back to the state after CC.EN 0→1: empty queues. The buffers of
+    /// commands that timed out are freed here.
+    ///
+    /// # Safety
+    /// Only once the controller has been disabled (CSTS.RDY=0) since the
+    /// commands were sent.
+    pub(crate) unsafe fn restart(&mut self) {
+        // SAFETY: the controller has been disabled (the caller's promise):
+        // it runs none of these queues' commands any more.
+        unsafe {
+            self.sq.restart();
+            self.cq.restart();
+        }
         self.pending = 0;
+        self.busy.fill(false);
         self.parked.clear();
     }
 
@@ -71,18 +88,36 @@ impl<T: Transport> AdminQueue<T> {
                 self.pending
             )));
         }
-        let cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
-        let pushed = match &data {
-            Some(b) => {
-                let d = b.dma_slice();
-                self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i))
+        // A free CID below the depth: one exists, since fewer than
+        // `entries - 1` commands are pending.
+        let depth = self.busy.len();
+        let cid = (0..depth)
+            .map(|i| (self.next_cid as usize + i) % depth)
+            .find(|&c| !self.busy[c])
+            .ok_or_else(|| Error::Platform("admin queue: no free command ID".into()))?
+            as u16;
+        self.next_cid = ((cid as usize + 1) % depth) as u16;
+        // SAFETY: `cid` is below the depth and not outstanding (`busy`).
+        // The data, if any, is `data`'s buffer, which this queue holds
+        // until the command's completion is reaped (it goes back with it)
+        // or, if the command times out, keeps (`parked`) until that
+        // completion arrives or the controller has been disabled; the core
+        // cleared a passthrough command's pointer fields and checked its
+        // length (`Controller::admin`) or its caller promised it
+        // (`admin_unchecked`); the core's own commands move only `data`.
+        let pushed = unsafe {
+            match &data {
+                Some(b) => {
+                    let d = b.dma_slice();
+                    self.sq.push(cid, sqe, d.len(), d.iova0(), |i| d.iova_at(i))
+                }
+                None => self.sq.push(cid, sqe, 0, 0, |_| 0),
             }
-            None => self.sq.push(cid, sqe, 0, 0, |_| 0),
         };
         pushed.map_err(|e| Error::InvalidArgument(format!("admin command data: {e}")))?;
         self.sq.flush();
         self.pending += 1;
+        self.busy[cid as usize] = true;
 
         let start = Instant::now();
         let mut spins = 0u32;
@@ -92,9 +127,12 @@ impl<T: Transport> AdminQueue<T> {
             let got = got.0;
             if n > 0 {
                 self.cq.release(n);
-                self.pending = self.pending.saturating_sub(1);
             }
             if let Some(cqe) = got {
+                if let Some(b) = self.busy.get_mut(cqe.cid as usize).filter(|b| **b) {
+                    *b = false;
+                    self.pending = self.pending.saturating_sub(1);
+                }
                 if cqe.cid == cid {
                     return Ok((cqe, data));
                 }

@@ -2,7 +2,7 @@
 //! shutdown (NVMe 2.0 base spec §3.5.1 "Memory-based Controller
 //! Initialization"), for any transport. The control path: every step
 //! bounded by CAP.TO or the admin timeout, every failure a typed error.
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -46,25 +46,80 @@ impl Default for ControllerOptions {
 
 /// A namespace as the I/O path needs it. Small and `Copy`: pass it by
 /// reference to every submit call.
+///
+/// Only the controller makes one (from Identify Namespace at bring-up), and
+/// its fields are read-only: the submit path computes the transfer length
+/// of a read or write from the block size (`lba_shift`), so a namespace
+/// whose block size could be changed would let the controller transfer
+/// past the buffer (a 4 KiB buffer read with `lba_shift` forged to 9 on a
+/// namespace of 4 KiB blocks: eight times its length):
+///
+/// ```compile_fail
+/// # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+/// let mut ns = ctrl.namespaces()[0];
+/// ns.lba_shift = 9; // error[E0616]: field `lba_shift` of struct `Namespace` is private
+/// # }
+/// ```
+///
+/// ```compile_fail
+/// // error: cannot construct `Namespace` with struct literal syntax due to private fields
+/// let ns = pollux_nvme::Namespace { nsid: 1, lba_shift: 9, nsze: 1 << 20, max_lbas: 8 };
+/// ```
+///
+/// A namespace also names the controller it came from: a queue pair
+/// refuses a namespace of another controller
+/// ([`SubmitError::ForeignNamespace`](crate::SubmitError::ForeignNamespace)),
+/// whose namespace of the same NSID may have another block size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Namespace {
-    pub nsid: u32,
+    pub(crate) nsid: u32,
     /// log2 of the LBA size.
-    pub lba_shift: u8,
+    pub(crate) lba_shift: u8,
     /// Size in logical blocks.
-    pub nsze: u64,
+    pub(crate) nsze: u64,
     /// Most LBAs one command may carry (from MDTS, capped at 2 MiB).
-    pub max_lbas: u32,
+    pub(crate) max_lbas: u32,
+    /// The controller it belongs to (`Shared::id`).
+    pub(crate) ctrl: u64,
 }
 
 impl Namespace {
+    /// Namespace ID.
+    #[inline(always)]
+    pub fn nsid(&self) -> u32 {
+        self.nsid
+    }
+    /// log2 of the logical block size.
+    #[inline(always)]
+    pub fn lba_shift(&self) -> u8 {
+        self.lba_shift
+    }
+    /// Size in logical blocks (NSZE).
+    #[inline(always)]
+    pub fn nsze(&self) -> u64 {
+        self.nsze
+    }
+    /// Most logical blocks one command may carry (from MDTS, capped at
+    /// 2 MiB); larger requests are split.
+    #[inline(always)]
+    pub fn max_lbas(&self) -> u32 {
+        self.max_lbas
+    }
+    /// Logical block size in bytes.
+    #[inline(always)]
     pub fn lba_size(&self) -> u32 {
         1 << self.lba_shift
     }
+    /// Size in bytes.
     pub fn size_bytes(&self) -> u64 {
         self.nsze << self.lba_shift
     }
 }
+
+/// Identifies a controller for the life of the process (`Namespace::ctrl`):
+/// never reused, so a namespace of a controller that was dropped matches
+/// no later one.
+static NEXT_CTRL_ID: AtomicU64 = AtomicU64::new(1);
 
 pub(crate) struct AdminState<T: Transport> {
     pub(crate) q: AdminQueue<T>,
@@ -89,6 +144,9 @@ pub(crate) struct Shared<T: Transport> {
     pub(crate) max_transfer: u32,
     ident: Box<IdentifyController>,
     pub(crate) namespaces: Vec<Namespace>,
+    /// This controller's ID (see `NEXT_CTRL_ID`), in each of its
+    /// namespaces.
+    pub(crate) id: u64,
 }
 
 /// An NVMe controller driven through a `Transport`.
@@ -193,17 +251,31 @@ impl<T: Transport> Shared<T> {
             wait_csts(t, to, "CSTS.RDY=1", |c| c.rdy())?;
         }
         if cc.en() {
-            r.write32(regs::off::CC, cc.with_en(false).0)?;
+            // SAFETY: clearing CC.EN stops the controller: once CSTS.RDY=0
+            // it transfers nothing and has forgotten its queues. The memory
+            // of the commands it had stays with their owners (trackers,
+            // parked admin buffers), handed back only by the queue
+            // restarts that follow a completed disable.
+            unsafe { r.write32(regs::off::CC, cc.with_en(false).0) }?;
         }
         wait_csts(t, to, "CSTS.RDY=0", |c| !c.rdy())
     }
 
     /// Attaches the admin queue and enables the controller.
-    fn enable(t: &T, cap: Cap, q: &AdminQueue<T>) -> Result<()> {
+    ///
+    /// # Safety
+    /// `q` must be this controller's admin queue, new or restarted, and
+    /// the controller disabled (`disable` succeeded) since.
+    unsafe fn enable(t: &T, cap: Cap, q: &AdminQueue<T>) -> Result<()> {
         let r = t.regs();
-        t.attach_admin(&q.sq, &q.cq)?;
-        r.write32(regs::off::CC, Cc::standard(0).0)?;
-        r.write32(regs::off::CC, Cc::standard(0).with_en(true).0)?;
+        // SAFETY: `q` is this transport's admin pair, empty, and the
+        // controller is disabled (the caller's promise); enabling it then
+        // makes it run the admin queue the core drives, and no other.
+        unsafe {
+            t.attach_admin(&q.sq, &q.cq)?;
+            r.write32(regs::off::CC, Cc::standard(0).0)?;
+            r.write32(regs::off::CC, Cc::standard(0).with_en(true).0)?;
+        }
         let d = t.ready_delay_us();
         if d > 0 {
             std::thread::sleep(Duration::from_micros(d as u64));
@@ -244,8 +316,12 @@ impl<T: Transport> Shared<T> {
         tracing::warn!(transport = %self.transport.describe(), "resetting controller");
         let r = (|| {
             Self::disable(&self.transport, self.cap)?;
-            st.q.restart();
-            Self::enable(&self.transport, self.cap, &st.q)?;
+            // SAFETY: the controller was disabled just now; `st.q` is its
+            // admin queue, restarted empty.
+            unsafe {
+                st.q.restart();
+                Self::enable(&self.transport, self.cap, &st.q)?;
+            }
             let n = self.set_num_queues(&mut st, self.opts.io_queues)?;
             if n < self.nr_io_queues {
                 return Err(Error::Unsupported(format!(
@@ -254,7 +330,12 @@ impl<T: Transport> Shared<T> {
                 )));
             }
             let ident = &*self.ident;
-            self.with_admin(&mut st, |exec| self.transport.configure(exec, ident))
+            // SAFETY: `exec` runs admin commands on this controller, which
+            // was re-enabled just now: no I/O queue of it runs until the
+            // queue pairs re-create theirs (after this reset).
+            self.with_admin(&mut st, |exec| unsafe {
+                self.transport.configure(exec, ident)
+            })
         })();
         if let Err(e) = &r {
             tracing::error!("controller reset failed: {e}");
@@ -363,6 +444,7 @@ fn identify_ns<T: Transport>(
     buf: &mut IdentBuf,
     nsid: u32,
     max_transfer: u32,
+    ctrl: u64,
 ) -> Result<Option<Namespace>> {
     check(
         buf.exec(q, t, Sqe::identify(cns::NAMESPACE, nsid, 0), to)?,
@@ -398,6 +480,7 @@ fn identify_ns<T: Transport>(
         lba_shift: lbads,
         nsze: id.nsze,
         max_lbas,
+        ctrl,
     }))
 }
 
@@ -445,8 +528,11 @@ impl<T: Transport> Controller<T> {
             .admin_queue_size
             .min(cap.mqes().saturating_add(1))
             .max(2);
-        let mut q = AdminQueue::new(t, aq_size)?;
-        Shared::enable(t, cap, &q)?;
+        // SAFETY: the one admin queue of this controller, new.
+        let mut q = unsafe { AdminQueue::new(t, aq_size) }?;
+        // SAFETY: `q` is its admin queue, new; the controller was disabled
+        // just now.
+        unsafe { Shared::enable(t, cap, &q) }?;
         let to = opts.admin_timeout;
 
         let mut buf = IdentBuf(Some(IoBuf::new(t.alloc_dma(4096)?)));
@@ -492,6 +578,7 @@ impl<T: Transport> Controller<T> {
 
         // Namespaces: the active list (CNS 2); controllers before NVMe 1.1
         // lack it, then probe 1..=NN.
+        let id = NEXT_CTRL_ID.fetch_add(1, Ordering::Relaxed);
         let mut namespaces = Vec::new();
         let list = buf.exec(&mut q, t, Sqe::identify(cns::ACTIVE_NS_LIST, 0, 0), to)?;
         let ids: Vec<u32> = if list.status().is_success() {
@@ -502,7 +589,7 @@ impl<T: Transport> Controller<T> {
             (1..=ident.nn.min(1024)).collect()
         };
         for nsid in ids {
-            if let Some(ns) = identify_ns(&mut q, t, to, &mut buf, nsid, max_transfer)? {
+            if let Some(ns) = identify_ns(&mut q, t, to, &mut buf, nsid, max_transfer, id)? {
                 namespaces.push(ns);
             }
         }
@@ -521,11 +608,16 @@ impl<T: Transport> Controller<T> {
             max_transfer,
             ident,
             namespaces,
+            id,
         };
         {
             let mut st = shared.lock_admin();
             let ident = &*shared.ident;
-            shared.with_admin(&mut st, |exec| shared.transport.configure(exec, ident))?;
+            // SAFETY: `exec` runs admin commands on this controller, which
+            // has no I/O queue yet.
+            shared.with_admin(&mut st, |exec| unsafe {
+                shared.transport.configure(exec, ident)
+            })?;
         }
         tracing::info!(
             transport = %shared.transport.describe(),
@@ -725,7 +817,11 @@ impl<T: Transport> Drop for Shared<T> {
         let Ok(cc) = r.read32(regs::off::CC).map(Cc) else {
             return;
         };
-        if let Err(e) = r.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0) {
+        // SAFETY: the controller is being dropped: no queue pair is left
+        // (each holds it), so only parked admin commands may be
+        // outstanding, and their buffers stay parked unless the disable
+        // below succeeds.
+        if let Err(e) = unsafe { r.write32(regs::off::CC, cc.with_shn(regs::shn::NORMAL).0) } {
             tracing::warn!("orderly shutdown: {e}");
             return;
         }

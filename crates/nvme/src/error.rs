@@ -55,6 +55,11 @@ pub enum SubmitError {
     Resetting,
     #[error("controller has failed and could not be reset")]
     ControllerFailed,
+    /// The namespace was not made by this queue pair's controller (its
+    /// block size, by which the transfer length is computed, is another
+    /// controller's).
+    #[error("namespace {nsid} is not a namespace of this queue pair's controller")]
+    ForeignNamespace { nsid: u32 },
     /// A passthrough command whose transfer length the driver reads from
     /// the command, with a buffer of another length.
     #[error(

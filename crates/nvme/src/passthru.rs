@@ -262,12 +262,14 @@ mod tests {
             lba_shift: 9,
             nsze: 1 << 20,
             max_lbas: 256,
+            ctrl: 1,
         },
         Namespace {
             nsid: 2,
             lba_shift: 12,
             nsze: 1 << 20,
             max_lbas: 32,
+            ctrl: 1,
         },
     ];
 

@@ -180,8 +180,13 @@ impl<T: Transport> QueuePair<T> {
             return;
         }
         if !retry {
-            self.sq.restart();
-            self.cq.restart();
+            // SAFETY: the reset disabled the controller (generation `g` is
+            // even and the controller not failed) after these commands
+            // were sent; their trackers were just failed and emptied.
+            unsafe {
+                self.sq.restart();
+                self.cq.restart();
+            }
         }
         let qid = self.qid;
         let (sq, cq) = (&mut self.sq, &mut self.cq);
@@ -194,8 +199,15 @@ impl<T: Transport> QueuePair<T> {
                 return;
             }
             let t = &self.shared.transport;
-            self.shared
-                .with_admin(&mut st, |exec| t.recreate_io_queues(exec, qid, sq, cq))
+            // SAFETY: after the reset of generation `g` (the controller
+            // was disabled, or the association ended, since the queues
+            // ran), under the admin lock with no newer reset begun; `sq`
+            // and `cq` are this queue pair's halves of `qid`, restarted
+            // above, or (a transport that reconnects) holding the commands
+            // whose buffers the trackers still keep.
+            self.shared.with_admin(&mut st, |exec| unsafe {
+                t.recreate_io_queues(exec, qid, sq, cq)
+            })
         };
         match r {
             Ok(()) => {
@@ -232,8 +244,14 @@ impl<T: Transport> QueuePair<T> {
         // The transport forgets every command before their buffers are
         // handed back: a fabrics transport would otherwise still copy late
         // data into them (the reset path restarts the halves too).
-        self.sq.restart();
-        self.cq.restart();
+        // SAFETY: the controller has failed for good: a reset failed, after
+        // trying to disable it (or the association could not be made
+        // again), so it runs no more commands of this queue. (One that
+        // ignores CC.EN=0 past CAP.TO is beyond what the driver can stop.)
+        unsafe {
+            self.sq.restart();
+            self.cq.restart();
+        }
         let mut sub = self.submitter();
         fail_outstanding(&mut sub, IoError::ControllerFailed, f);
         fail_queued(&mut sub, IoError::ControllerFailed, f);
@@ -257,8 +275,14 @@ impl<T: Transport> QueuePair<T> {
             queued = self.core.queue.len(),
             "fast-fail time passed while reconnecting: failing the I/O held"
         );
-        self.sq.restart();
-        self.cq.restart();
+        // SAFETY: only a transport that reconnects asks for this, while a
+        // reset is reconnecting: the association these commands went out
+        // on has ended, and restarting a fabrics queue closes its
+        // connection, so nothing transfers for them any more.
+        unsafe {
+            self.sq.restart();
+            self.cq.restart();
+        }
         let mut sub = self.submitter();
         if sub.core.outstanding() > 0 {
             fail_outstanding(&mut sub, IoError::FastFail, f);

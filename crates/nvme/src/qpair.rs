@@ -156,7 +156,10 @@ impl<T: Transport> QueuePair<T> {
             if g & 1 == 1 {
                 return Err(Error::Resetting);
             }
-            let (sq, cq) = shared.with_admin(&mut st, |exec| {
+            // SAFETY: `exec` runs admin commands on this controller; `qid`
+            // was claimed just now (no other queue pair has it); the halves
+            // go into this queue pair, whose core drives them.
+            let (sq, cq) = shared.with_admin(&mut st, |exec| unsafe {
                 shared.transport.create_io_queues(exec, &spec)
             })?;
             (g, sq, cq)
@@ -168,6 +171,7 @@ impl<T: Transport> QueuePair<T> {
                 opts.max_queued,
                 max_raw,
                 shared.namespaces.as_slice().into(),
+                shared.id,
             ),
             sq,
             cq,
@@ -589,10 +593,14 @@ impl<T: Transport> Drop for QueuePair<T> {
             if g == self.generation && !self.shared.failed.load(Ordering::Acquire) {
                 let qid = self.qid;
                 let t = &self.shared.transport;
-                if let Err(e) = self
-                    .shared
-                    .with_admin(&mut st, |exec| t.delete_io_queues(exec, qid))
-                {
+                let r = self.shared.with_admin(&mut st, |exec| {
+                    // SAFETY: this queue pair's own queues, whose halves
+                    // drop with it; `exec` runs on this controller. Buffers
+                    // of commands still outstanding are freed after the
+                    // deletion, which aborts those commands first.
+                    unsafe { t.delete_io_queues(exec, qid) }
+                });
+                if let Err(e) = r {
                     tracing::warn!(qid, "deleting I/O queues: {e}");
                 }
             }

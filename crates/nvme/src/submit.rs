@@ -125,6 +125,8 @@ pub(crate) struct Core {
     /// `state == Ready && queue.is_empty()`: the one test the fast submit
     /// path makes. Kept by `set_state` and the queue operations.
     pub(crate) fast: bool,
+    /// The controller's ID: namespaces of other controllers are refused.
+    pub(crate) ctrl: u64,
     pub(crate) stats: QpairStats,
     // --- colder ---
     pub(crate) splits: Vec<Split>,
@@ -152,6 +154,7 @@ impl Core {
         max_queued: usize,
         max_raw: usize,
         namespaces: Box<[Namespace]>,
+        ctrl: u64,
     ) -> Core {
         Core {
             epoch: 0,
@@ -159,6 +162,7 @@ impl Core {
             free: (0..depth).rev().collect(),
             state: QpState::Ready,
             fast: true,
+            ctrl,
             stats: QpairStats::default(),
             splits: Vec::new(),
             free_splits: Vec::new(),
@@ -321,7 +325,23 @@ fn check_lbas(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
     }
 }
 
-fn check_range(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+/// `ns` is a namespace of this queue pair's controller (`ctrl`): its block
+/// size is the one the controller transfers by.
+#[inline(always)]
+fn check_ns(ns: &Namespace, ctrl: u64) -> Result<(), SubmitError> {
+    if ns.ctrl != ctrl {
+        return Err(foreign(ns));
+    }
+    Ok(())
+}
+
+#[cold]
+fn foreign(ns: &Namespace) -> SubmitError {
+    SubmitError::ForeignNamespace { nsid: ns.nsid }
+}
+
+fn check_range(ns: &Namespace, ctrl: u64, lba: u64, nlb: u32) -> Result<(), SubmitError> {
+    check_ns(ns, ctrl)?;
     if nlb == 0 {
         return Err(SubmitError::ZeroLength);
     }
@@ -329,7 +349,15 @@ fn check_range(ns: &Namespace, lba: u64, nlb: u32) -> Result<(), SubmitError> {
 }
 
 #[inline(always)]
-fn check_rw(ns: &Namespace, lba: u64, nlb: u32, len: usize, iova0: u64) -> Result<(), SubmitError> {
+fn check_rw(
+    ns: &Namespace,
+    ctrl: u64,
+    lba: u64,
+    nlb: u32,
+    len: usize,
+    iova0: u64,
+) -> Result<(), SubmitError> {
+    check_ns(ns, ctrl)?;
     // nlb == 0 passes these checks (with an empty buffer) and is refused
     // on the slow path: the fast-path test `nlb - 1 < max_lbas` excludes
     // it at no extra cost.
@@ -383,6 +411,13 @@ impl<'a, T: Transport> Submitter<'a, T> {
 
     /// Issues one command on tracker `cid`. On error the tracker is returned
     /// to the free list and nothing is sent.
+    ///
+    /// Every caller passes a `cid` just taken from the free list and the
+    /// bus addresses of the request's own data (the rule this module keeps,
+    /// see the module docs): an owned buffer that goes into the tracker,
+    /// split slot or backlog entry of this request and comes back only
+    /// with its completion, or a borrowed one whose submitter promised the
+    /// same (`read_dma`, `write_dma`, `raw_dma`).
     #[allow(clippy::too_many_arguments)]
     #[inline(always)]
     fn issue(
@@ -395,7 +430,12 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
         flags: u32,
     ) -> Result<(), SubmitError> {
-        match self.sq.push(cid, sqe, len, addr0, addr_at) {
+        // SAFETY: `cid` is free (below the depth, not outstanding) and the
+        // addresses are the request's own data, held until its completion
+        // (see above); the command moves that data and no other memory
+        // (built by the core, or a passthrough command whose pointer fields
+        // were cleared and whose length was checked or promised).
+        match unsafe { self.sq.push(cid, sqe, len, addr0, addr_at) } {
             Ok(()) => {
                 self.core.claim(cid, user_data, flags);
                 Ok(())
@@ -571,7 +611,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
     ) -> Result<(), Refused> {
         let d = buf.dma_slice();
-        if let Err(error) = check_rw(ns, lba, nlb, d.len(), d.iova0()) {
+        if let Err(error) = check_rw(ns, self.core.ctrl, lba, nlb, d.len(), d.iova0()) {
             return Err(Refused {
                 error,
                 buf: Some(buf),
@@ -585,10 +625,14 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 // `move`: the closure holds a copy of the slice, so the
                 // slice need not live in memory on the one-page path
                 // (by reference it was spilled to the stack every I/O).
-                return match self
-                    .sq
-                    .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
-                {
+                // SAFETY: `cid` was free; `d` describes `buf`, which goes
+                // into the tracker and comes back only with the completion;
+                // the Read or Write moves exactly `d.len()` bytes (checked:
+                // NLB blocks of this controller's namespace).
+                return match unsafe {
+                    self.sq
+                        .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
+                } {
                     Ok(()) => {
                         self.core.claim_with_buf(cid, user_data, buf);
                         Ok(())
@@ -637,7 +681,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         flags: RwFlags,
         user_data: u64,
     ) -> Result<Fast, SubmitError> {
-        check_rw(ns, lba, nlb, buf.len(), buf.iova0())?;
+        check_rw(ns, self.core.ctrl, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
@@ -825,6 +869,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
 
     /// Flushes the namespace's volatile write cache.
     pub fn flush_cache(&mut self, ns: &Namespace, user_data: u64) -> Result<(), SubmitError> {
+        check_ns(ns, self.core.ctrl)?;
         refused(self.raw_inner(Sqe::flush(ns.nsid), None, None, user_data))
     }
 
@@ -838,7 +883,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         deallocate: bool,
         user_data: u64,
     ) -> Result<(), SubmitError> {
-        check_range(ns, lba, nlb)?;
+        check_range(ns, self.core.ctrl, lba, nlb)?;
         if nlb > 65536 {
             return Err(SubmitError::TooLarge {
                 needed: nlb.div_ceil(65536),
@@ -859,10 +904,11 @@ impl<'a, T: Transport> Submitter<'a, T> {
         user_data: u64,
     ) -> Result<(), SubmitError> {
         self.core.check_open()?;
-        check_range(ns, lba, nlb)?;
+        check_range(ns, self.core.ctrl, lba, nlb)?;
         if self.core.fast {
             if let Some(cid) = self.core.free.pop() {
-                self.sq.push_dealloc(cid, ns.nsid, lba, nlb);
+                // SAFETY: `cid` was free: below the depth, not outstanding.
+                unsafe { self.sq.push_dealloc(cid, ns.nsid, lba, nlb) };
                 self.core.claim(cid, user_data, 0);
                 return Ok(());
             }
@@ -1044,7 +1090,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
                         self.core.queue.push_front(p);
                         break;
                     };
-                    self.sq.push_dealloc(cid, *nsid, *lba, *nlb);
+                    // SAFETY: `cid` was free: below the depth, not outstanding.
+                    unsafe { self.sq.push_dealloc(cid, *nsid, *lba, *nlb) };
                     self.core.claim(cid, user_data, 0);
                     true
                 }

@@ -11,6 +11,121 @@
 //! `CompletionQueue`. Both are type parameters of the queue pair, so every
 //! call is monomorphised and inlined: no `dyn` call per I/O. The control
 //! path (`Transport`) is generic too, but nothing there is hot.
+//!
+//! # What only the core and the transports may do
+//!
+//! Everything here that can make the controller transfer data or run
+//! commands is an `unsafe fn`, called by the core (and by a transport on
+//! its own queues) and by nobody else: register writes (a doorbell makes
+//! the controller fetch the commands in its ring up to the value written,
+//! old ones too, into buffers long handed back; AQA/ASQ/ACQ and CC
+//! reprogram or reset it), making, attaching, configuring, re-creating and
+//! deleting queues, and pushing commands with bus addresses. Each says in
+//! `# Safety` what the caller must own. Reading registers (CAP, VS, CSTS)
+//! is safe. Each of these no longer compiles in safe code:
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+//! use pollux_nvme::{Registers, Transport};
+//! // I/O queue 1's SQ tail doorbell: the controller would run the
+//! // commands in its ring again, into buffers handed back to their owners.
+//! ctrl.transport().regs().write32(0x1008, 5).unwrap(); // error[E0133]: call to unsafe function
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+//! use pollux_nvme::{Registers, Transport};
+//! // The admin submission queue (ASQ) pointed elsewhere.
+//! ctrl.transport().regs().write64(0x28, 0x1000).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+//! use pollux_nvme::Transport;
+//! // A second admin queue pair on the live admin doorbells (PCIe) or the
+//! // live admin connection (TCP).
+//! let (sq, cq) = ctrl.transport().admin_queues(2).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(t: &T, sq: &T::Sq, cq: &T::Cq) {
+//! use pollux_nvme::Transport;
+//! // AQA/ASQ/ACQ rewritten under a running controller.
+//! t.attach_admin(sq, cq).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>) {
+//! use pollux_nvme::Transport;
+//! // Shadow doorbells cleared under running queues (PCIe).
+//! let mut fake = |_: pollux_spec::Sqe, _: &'static str| Ok(pollux_spec::Cqe::default());
+//! ctrl.transport().configure(&mut fake, ctrl.identify()).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(ctrl: &pollux_nvme::Controller<T>, spec: &pollux_nvme::QueueSpec) {
+//! use pollux_nvme::Transport;
+//! // Halves on the doorbells of a queue pair in use.
+//! let mut fake = |_: pollux_spec::Sqe, _: &'static str| Ok(pollux_spec::Cqe::default());
+//! let q = ctrl.transport().create_io_queues(&mut fake, spec); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(t: &T, sq: &mut T::Sq, cq: &mut T::Cq) {
+//! use pollux_nvme::Transport;
+//! let mut fake = |_: pollux_spec::Sqe, _: &'static str| Ok(pollux_spec::Cqe::default());
+//! t.recreate_io_queues(&mut fake, 1, sq, cq).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<T: pollux_nvme::Transport>(t: &T) {
+//! use pollux_nvme::Transport;
+//! let mut fake = |_: pollux_spec::Sqe, _: &'static str| Ok(pollux_spec::Cqe::default());
+//! t.delete_io_queues(&mut fake, 1).unwrap(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<S: pollux_nvme::SubmissionQueue>(sq: &mut S) {
+//! use pollux_nvme::SubmissionQueue;
+//! // A Read into bus address 0x1000, whatever is there.
+//! let read = pollux_spec::Sqe::rw(pollux_spec::NvmOpcode::Read, 1, 0, 8);
+//! sq.push(0, read, 4096, 0x1000, |i| 0x1000 + i as u64).unwrap(); // error[E0133]
+//! sq.flush();
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<S: pollux_nvme::SubmissionQueue>(sq: &mut S) {
+//! use pollux_nvme::SubmissionQueue;
+//! // Over the PRP list of command 0, which may be outstanding.
+//! sq.push_dealloc(0, 1, 0, 1); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<S: pollux_nvme::SubmissionQueue>(sq: &mut S) {
+//! use pollux_nvme::SubmissionQueue;
+//! // Tail 0 under a running queue: the next doorbell re-runs the ring.
+//! sq.restart(); // error[E0133]
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f<C: pollux_nvme::CompletionQueue>(cq: &mut C) {
+//! use pollux_nvme::CompletionQueue;
+//! // Old entries reaped as new completions: their buffers handed back
+//! // while the commands they name still run.
+//! cq.restart(); // error[E0133]
+//! # }
+//! ```
 use pollux_spec::identify::IdentifyController;
 use pollux_spec::{Cqe, Sqe};
 
@@ -19,12 +134,30 @@ use crate::error::{Result, SubmitError};
 
 /// Controller registers: MMIO on PCIe, Property Get/Set over fabrics.
 /// Offsets are the NVMe register map's (`pollux_spec::regs::off`).
+/// Reads are safe; writes are `unsafe` (see the module docs).
 pub trait Registers {
     fn read32(&self, off: usize) -> Result<u32>;
-    fn write32(&self, off: usize, v: u32) -> Result<()>;
+    /// Writes a 32-bit register.
+    ///
+    /// # Safety
+    /// A register write can make the controller transfer data or run
+    /// commands: a doorbell makes it fetch the commands in its ring up to
+    /// the value written (again, if they ran before) and transfer into the
+    /// buffers they name; AQA, ASQ and ACQ name host memory it then reads
+    /// and writes; CC enables, disables or shuts it down (over fabrics,
+    /// clearing CC.EN ends the association). The caller must own what the
+    /// write changes, as the core does: it writes CC only in bring-up,
+    /// reset and shutdown, with every command it sent tracked; and a
+    /// transport writes only its own queues' doorbells and, in
+    /// `attach_admin`, its own admin queue's registers.
+    unsafe fn write32(&self, off: usize, v: u32) -> Result<()>;
     /// 64-bit registers (CAP, ASQ, ACQ).
     fn read64(&self, off: usize) -> Result<u64>;
-    fn write64(&self, off: usize, v: u64) -> Result<()>;
+    /// Writes a 64-bit register (ASQ, ACQ).
+    ///
+    /// # Safety
+    /// As for [`write32`](Self::write32).
+    unsafe fn write64(&self, off: usize, v: u64) -> Result<()>;
 }
 
 /// Runs one admin command on the controller and checks its status: what a
@@ -82,7 +215,21 @@ pub trait SubmissionQueue: Send {
     /// command the core builds, and in a passthrough command, whose
     /// pointer fields the core clears (`passthru`); the driver's own queue
     /// commands carry ring addresses there. On error nothing was written.
-    fn push(
+    ///
+    /// # Safety
+    /// The controller transfers to or from the bus addresses given: for
+    /// every `i < len`, `addr_at(i)` (`addr0` for 0) must be the address of
+    /// byte `i` of memory that stays allocated, and that the host neither
+    /// reads nor writes (nor gives to another command), for as long as the
+    /// controller may transfer: until the completion of `cid` has been
+    /// reaped from the paired completion queue, or the controller has been
+    /// disabled (or, over fabrics, the connection closed) and the queue
+    /// restarted. `cid` must be below the queue pair's depth and not
+    /// outstanding (pushed and not yet completed or forgotten by
+    /// `restart`). The command itself must move no other memory than that
+    /// (the core clears a passthrough command's pointer fields and checks
+    /// its length, or has its caller promise it).
+    unsafe fn push(
         &mut self,
         cid: u16,
         sqe: Sqe,
@@ -92,15 +239,28 @@ pub trait SubmissionQueue: Send {
     ) -> Result<(), SubmitError>;
     /// Dataset Management, deallocate one range, for tracker `cid` (the
     /// transport places the range descriptor).
-    fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32);
+    ///
+    /// # Safety
+    /// `cid` must be below the queue pair's depth and not outstanding: the
+    /// range goes into memory the transport keeps for `cid` (on PCIe, its
+    /// PRP list), which an outstanding command's transfer may still read.
+    unsafe fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32);
     /// End of a poll: tell the controller about new commands, by the
     /// transport's batching rule (`outstanding`: commands it holds, new
     /// ones included).
     fn publish(&mut self, outstanding: u32);
     /// Tell the controller about new commands now.
     fn flush(&mut self);
-    /// The queue was re-created empty (after a controller reset).
-    fn restart(&mut self);
+    /// The queue was re-created empty (after a controller reset): the
+    /// transport forgets its commands and starts again at index 0.
+    ///
+    /// # Safety
+    /// The controller must no longer run this queue's commands: it has
+    /// been disabled since they were pushed (or, over fabrics, their
+    /// connection closed), or has failed for good. Otherwise the next
+    /// doorbell (tail from 0 again) makes it fetch old entries of the
+    /// ring, and their memory may have been reused.
+    unsafe fn restart(&mut self);
     /// Most data bytes one command can describe.
     fn max_data(&self) -> usize;
     fn counters(&self) -> WireCounters;
@@ -127,8 +287,15 @@ pub trait CompletionQueue: Send {
     /// `n` entries were consumed in this poll: release them to the
     /// controller (by the transport's doorbell rule).
     fn release(&mut self, n: u32);
-    /// The queue was re-created empty (after a controller reset).
-    fn restart(&mut self);
+    /// The queue was re-created empty (after a controller reset): the
+    /// transport forgets what it held and starts again at index 0.
+    ///
+    /// # Safety
+    /// As for [`SubmissionQueue::restart`]: the controller no longer runs
+    /// this queue's commands. Otherwise old entries of the ring are reaped
+    /// as new completions, and the core hands back the buffers of commands
+    /// still running.
+    unsafe fn restart(&mut self);
     fn entries(&self) -> u16;
     fn counters(&self) -> WireCounters;
     fn reset_counters(&mut self);
@@ -188,15 +355,42 @@ pub trait Transport: Send + Sync + Sized + 'static {
 
     /// The admin queue pair, created once (rings allocated, not yet known
     /// to the controller).
-    fn admin_queues(&self, entries: u16) -> Result<(Self::Sq, Self::Cq)>;
+    ///
+    /// # Safety
+    /// Once per controller, by the core that brings it up: the halves act
+    /// on the controller's admin doorbells (PCIe) or admin connection
+    /// (TCP), so a second pair would ring the live admin queue's doorbells
+    /// or take its completions.
+    unsafe fn admin_queues(&self, entries: u16) -> Result<(Self::Sq, Self::Cq)>;
     /// Makes the admin queue known to the controller: before CC.EN=1 on
     /// PCIe (AQA/ASQ/ACQ); after every reset too.
-    fn attach_admin(&self, sq: &Self::Sq, cq: &Self::Cq) -> Result<()>;
+    ///
+    /// # Safety
+    /// `sq` and `cq` must be this transport's admin pair (`admin_queues`),
+    /// empty (new or restarted), and the controller disabled (CSTS.RDY=0):
+    /// once enabled, it reads commands from `sq`'s ring and writes
+    /// completions into `cq`'s.
+    unsafe fn attach_admin(&self, sq: &Self::Sq, cq: &Self::Cq) -> Result<()>;
     /// Transport setup once the controller is enabled and identified, and
     /// again after every reset (PCIe: shadow doorbells).
-    fn configure(&self, admin: &mut AdminExec<'_>, ident: &IdentifyController) -> Result<()>;
+    ///
+    /// # Safety
+    /// `admin` must run admin commands on this controller (the core's
+    /// admin queue), and no I/O queue may be running: on PCIe this hands
+    /// the controller the shadow doorbell pages and zeroes them, which
+    /// under running queues makes the controller read their tails as 0
+    /// and fetch old commands again. The core calls it at bring-up and in
+    /// a reset, before the I/O queues are re-created.
+    unsafe fn configure(&self, admin: &mut AdminExec<'_>, ident: &IdentifyController)
+        -> Result<()>;
     /// Creates I/O queue pair `spec.qid` and tells the controller.
-    fn create_io_queues(
+    ///
+    /// # Safety
+    /// `admin` must run admin commands on this controller, and `spec.qid`
+    /// must be an I/O queue ID not in use (the core claims it): the halves
+    /// act on that queue's doorbells (or connection). They must then be
+    /// driven as [`SubmissionQueue`] and [`CompletionQueue`] say.
+    unsafe fn create_io_queues(
         &self,
         admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
@@ -205,7 +399,15 @@ pub trait Transport: Send + Sync + Sized + 'static {
     /// queues were restarted empty; unless the transport `reconnects`: then
     /// the halves still hold the commands outstanding at the reset, and
     /// the transport sends them again on the new queues).
-    fn recreate_io_queues(
+    ///
+    /// # Safety
+    /// After a controller reset (the controller was disabled, or the
+    /// association ended, since the queues last ran), with `admin` running
+    /// admin commands on this controller: `sq` and `cq` must be this
+    /// transport's halves of queue `qid`, restarted empty, or (a transport
+    /// that `reconnects`) holding the commands whose memory the core still
+    /// keeps for them, which go out again.
+    unsafe fn recreate_io_queues(
         &self,
         admin: &mut AdminExec<'_>,
         qid: u16,
@@ -213,7 +415,14 @@ pub trait Transport: Send + Sync + Sized + 'static {
         cq: &mut Self::Cq,
     ) -> Result<()>;
     /// Deletes I/O queue pair `qid` at the controller.
-    fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()>;
+    ///
+    /// # Safety
+    /// `qid` must be a queue pair of the caller's (`create_io_queues`)
+    /// whose halves it drops after this without using them again, and
+    /// `admin` must run admin commands on this controller. The memory of
+    /// commands still outstanding on it must stay allocated: the
+    /// controller may transfer until it has deleted the queue.
+    unsafe fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()>;
 
     /// A reset is a reconnect (fabrics: a new association, retried for as
     /// long as the transport's policy says), which may take long. Queue

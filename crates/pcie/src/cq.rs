@@ -223,7 +223,7 @@ impl CompletionQueue for PcieCq {
         }
     }
 
-    fn restart(&mut self) {
+    unsafe fn restart(&mut self) {
         // The controller is disabled or the queue deleted: nothing writes
         // the ring while it is cleared.
         let words = self.entries as usize * 4;

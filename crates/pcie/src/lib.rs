@@ -20,7 +20,7 @@
 //! let ns = ctrl.namespaces()[0];
 //! let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
 //! let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
-//! qp.read(&ns, 0, 4096 >> ns.lba_shift, buf, 7).unwrap();
+//! qp.read(&ns, 0, 4096 >> ns.lba_shift(), buf, 7).unwrap();
 //! let mut got = None;
 //! while got.is_none() {
 //!     qp.poll(u32::MAX, |_, c| got = Some(c));

@@ -10,6 +10,25 @@
 //!
 //! An offset outside the window (a device-supplied CAP.DSTRD that puts a
 //! doorbell past the BAR, say) is an error, never an out-of-bounds access.
+//!
+//! Reads are safe. Writes are this crate's (the transport's doorbells and
+//! admin queue registers) or, through `Registers`, an `unsafe fn` of the
+//! core's: a write can ring a doorbell, so that the controller runs
+//! commands again into buffers handed back, or reprogram the controller.
+//!
+//! ```compile_fail
+//! # fn f(ctrl: &pollux_pcie::Controller) {
+//! // I/O queue 1's SQ tail doorbell.
+//! ctrl.transport().platform().bar0().write32(0x1008, 5).unwrap(); // error: private (or unsafe)
+//! # }
+//! ```
+//!
+//! ```compile_fail
+//! # fn f(ctrl: &pollux_pcie::Controller) {
+//! let bell = pollux_pcie::mmio::Doorbell::new(ctrl.transport().platform(), 0x1008).unwrap(); // error[E0624]: private
+//! bell.write(5);
+//! # }
+//! ```
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
@@ -66,7 +85,8 @@ impl Mmio {
         Ok(self.reg(off)?.load(Ordering::Acquire))
     }
 
-    pub fn write32(&self, off: usize, v: u32) -> Result<()> {
+    /// A register write: only this crate's (see the module docs).
+    pub(crate) fn write32(&self, off: usize, v: u32) -> Result<()> {
         self.reg(off)?.store(v, Ordering::Release);
         Ok(())
     }
@@ -79,7 +99,7 @@ impl Mmio {
     }
 
     /// 64-bit register write as two 32-bit writes, low half first.
-    pub fn write64(&self, off: usize, v: u64) -> Result<()> {
+    pub(crate) fn write64(&self, off: usize, v: u64) -> Result<()> {
         self.write32(off, v as u32)?;
         self.write32(off + 4, (v >> 32) as u32)
     }
@@ -89,20 +109,21 @@ impl Registers for Mmio {
     fn read32(&self, off: usize) -> Result<u32> {
         Mmio::read32(self, off)
     }
-    fn write32(&self, off: usize, v: u32) -> Result<()> {
+    unsafe fn write32(&self, off: usize, v: u32) -> Result<()> {
         Mmio::write32(self, off, v)
     }
     fn read64(&self, off: usize) -> Result<u64> {
         Mmio::read64(self, off)
     }
-    fn write64(&self, off: usize, v: u64) -> Result<()> {
+    unsafe fn write64(&self, off: usize, v: u64) -> Result<()> {
         Mmio::write64(self, off, v)
     }
 }
 
 /// One doorbell register, for the hot path. It holds the platform that
 /// maps the BAR, so it can never outlive the mapping; bounds are checked
-/// once, when it is made.
+/// once, when it is made. Only this crate makes and rings them (each
+/// queue its own).
 pub struct Doorbell {
     reg: NonNull<AtomicU32>,
     _platform: Arc<dyn Platform>,
@@ -114,7 +135,7 @@ unsafe impl Send for Doorbell {}
 
 impl Doorbell {
     /// The register at `off` of `platform`'s BAR0.
-    pub fn new(platform: &Arc<dyn Platform>, off: usize) -> Result<Doorbell> {
+    pub(crate) fn new(platform: &Arc<dyn Platform>, off: usize) -> Result<Doorbell> {
         let reg = NonNull::from(platform.bar0().reg(off)?);
         Ok(Doorbell {
             reg,
@@ -123,7 +144,7 @@ impl Doorbell {
     }
 
     #[inline(always)]
-    pub fn write(&self, v: u32) {
+    pub(crate) fn write(&self, v: u32) {
         // SAFETY: points into BAR0 of `_platform`, which this doorbell keeps
         // alive (and so mapped); bounds were checked in `new`.
         unsafe { self.reg.as_ref() }.store(v, Ordering::Release)

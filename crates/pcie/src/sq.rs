@@ -239,7 +239,7 @@ impl PcieSq {
 
 impl SubmissionQueue for PcieSq {
     #[inline(always)]
-    fn push(
+    unsafe fn push(
         &mut self,
         cid: u16,
         mut sqe: Sqe,
@@ -264,7 +264,7 @@ impl SubmissionQueue for PcieSq {
         Ok(())
     }
 
-    fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32) {
+    unsafe fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32) {
         let (list, iova) = self.prp_list(cid);
         let r = DsmRange {
             cattr: 0,
@@ -296,7 +296,7 @@ impl SubmissionQueue for PcieSq {
         }
     }
 
-    fn restart(&mut self) {
+    unsafe fn restart(&mut self) {
         self.tail = 0;
         self.rung = 0;
         // A queue re-created after a reset starts at index 0; the old

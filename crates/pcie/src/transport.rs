@@ -274,7 +274,7 @@ impl Transport for Pcie {
         self.mqes as u32 + 1
     }
 
-    fn admin_queues(&self, entries: u16) -> Result<(PcieSq, PcieCq)> {
+    unsafe fn admin_queues(&self, entries: u16) -> Result<(PcieSq, PcieCq)> {
         let tuning = pollux_nvme::Tuning {
             delayed_sq_doorbell: false,
             sq_doorbell_batch: 1,
@@ -287,14 +287,18 @@ impl Transport for Pcie {
         self.queues(0, entries - 1, entries, entries, 8192, &tuning)
     }
 
-    fn attach_admin(&self, sq: &PcieSq, cq: &PcieCq) -> Result<()> {
+    unsafe fn attach_admin(&self, sq: &PcieSq, cq: &PcieCq) -> Result<()> {
         let bar = self.platform.bar0();
         bar.write32(regs::off::AQA, Aqa::new(sq.entries(), cq_entries(cq)).0)?;
         bar.write64(regs::off::ASQ, sq.ring_iova())?;
         bar.write64(regs::off::ACQ, cq.ring_iova())
     }
 
-    fn configure(&self, admin: &mut AdminExec<'_>, ident: &IdentifyController) -> Result<()> {
+    unsafe fn configure(
+        &self,
+        admin: &mut AdminExec<'_>,
+        ident: &IdentifyController,
+    ) -> Result<()> {
         let mut slot = self.dbbuf.lock().unwrap_or_else(|p| p.into_inner());
         let db = match &*slot {
             // After a reset: new queues start at index 0.
@@ -325,7 +329,7 @@ impl Transport for Pcie {
         }
     }
 
-    fn create_io_queues(
+    unsafe fn create_io_queues(
         &self,
         admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
@@ -348,7 +352,7 @@ impl Transport for Pcie {
         Ok((sq, cq))
     }
 
-    fn recreate_io_queues(
+    unsafe fn recreate_io_queues(
         &self,
         admin: &mut AdminExec<'_>,
         qid: u16,
@@ -364,7 +368,7 @@ impl Transport for Pcie {
         Self::create(admin, qid, sq, cq)
     }
 
-    fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()> {
+    unsafe fn delete_io_queues(&self, admin: &mut AdminExec<'_>, qid: u16) -> Result<()> {
         let a = admin(Sqe::delete_io_sq(qid), "Delete I/O Submission Queue");
         let b = admin(Sqe::delete_io_cq(qid), "Delete I/O Completion Queue");
         a.and(b).map(|_| ())

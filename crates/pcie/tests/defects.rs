@@ -67,7 +67,7 @@ fn split_larger_than_depth_waits_and_moves_the_data() {
     assert_eq!(ctrl.max_transfer(), 8192);
     let mut w = ctrl.alloc_dma(1 << 20).unwrap();
     fill(w.as_mut_slice(), 42);
-    let nlb = (1u32 << 20) >> ns.lba_shift;
+    let nlb = (1u32 << 20) >> ns.lba_shift();
     for depth in [1u16, 4] {
         let mut qp = ctrl
             .alloc_qpair(QpairOptions {
@@ -421,5 +421,76 @@ fn resets_racing_recovery_never_fail_the_queue_pair() {
         done,
         vec![Completion::new(999, Ok(0))],
         "after {resets} resets"
+    );
+}
+
+/// A namespace of one controller used on a queue pair of another is
+/// refused: the transfer length comes from the namespace's block size,
+/// and the other controller's namespace of the same NSID has its own.
+/// Here controller A's namespace 1 has 512-byte blocks and B's 4 KiB: a
+/// one-block read into a 512-byte buffer made B transfer 4 KiB, over the
+/// seven 512-byte buffers after it. Before: accepted, and the controller
+/// wrote all seven (which safe code owned).
+#[test]
+fn namespace_of_another_controller_is_refused() {
+    let ram = |lba_shift: u8| SoftConfig {
+        namespaces: vec![NamespaceConfig {
+            backend: BackendConfig::Ram,
+            lba_shift,
+            size_bytes: 1 << 20,
+        }],
+        ..SoftConfig::default()
+    };
+    let (_dev_a, a) = open(ram(9));
+    let (_dev_b, b) = open(ram(12));
+    let ns_a = a.namespaces()[0];
+    let ns_b = b.namespaces()[0];
+    assert_eq!((ns_a.nsid(), ns_a.lba_size()), (1, 512));
+    assert_eq!((ns_b.nsid(), ns_b.lba_size()), (1, 4096));
+    let mut qp = b.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut w = pollux_pcie::IoBuf::new(b.alloc_dma(4096).unwrap()).truncate(4096);
+    w.as_mut_slice().fill(0x5A);
+    qp.write(&ns_b, 0, 1, w, 1).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+
+    let mut pieces = pollux_pcie::IoBuf::new(b.alloc_dma(4096).unwrap()).chunks(512);
+    for p in pieces.iter_mut() {
+        p.as_mut_slice().fill(0xEE);
+    }
+    let first = pieces.remove(0);
+    let r = qp.read(&ns_a, 0, 1, first, 2);
+    for _ in 0..100 {
+        b.relax();
+    }
+    let done = drain(&mut qp);
+    for (i, p) in pieces.iter().enumerate() {
+        assert!(
+            p.as_slice().iter().all(|&x| x == 0xEE),
+            "buffer {} after the 512-byte one was written by the controller",
+            i + 1
+        );
+    }
+    let e = r.expect_err("a namespace of another controller is refused");
+    assert_eq!(
+        e.error,
+        pollux_pcie::SubmitError::ForeignNamespace { nsid: 1 }
+    );
+    assert!(e.buf.is_some(), "the buffer comes back");
+    assert!(done.is_empty(), "nothing was sent");
+    // Each controller's own namespace still works on its own queue pairs,
+    // and B's namespace is refused on A's.
+    let mut qa = a.alloc_qpair(QpairOptions::default()).unwrap();
+    let buf = pollux_pcie::IoBuf::new(a.alloc_dma(4096).unwrap()).truncate(512);
+    let e = qa.read(&ns_b, 0, 1, buf, 3).unwrap_err();
+    assert!(
+        e.to_string()
+            .contains("namespace 1 is not a namespace of this"),
+        "{e}"
+    );
+    qa.read(&ns_a, 0, 1, e.buf.unwrap(), 4).unwrap();
+    assert_eq!(drain(&mut qa)[0].result, Ok(0));
+    assert_eq!(
+        qa.deallocate(&ns_b, 0, 1, 5),
+        Err(pollux_pcie::SubmitError::ForeignNamespace { nsid: 1 })
     );
 }

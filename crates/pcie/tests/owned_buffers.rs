@@ -142,7 +142,9 @@ fn refused_request_returns_the_buffer() {
     );
     let b = r.buf.expect("buffer back");
     assert_eq!(b.dma_slice().iova0(), probe);
-    let r = qp.write(&ns, ns.nsze, 2, b.truncate(1024), 2).unwrap_err();
+    let r = qp
+        .write(&ns, ns.nsze(), 2, b.truncate(1024), 2)
+        .unwrap_err();
     assert!(
         matches!(r.error, SubmitError::LbaOutOfRange { .. }),
         "{}",

@@ -85,7 +85,7 @@ fn raw_without_a_buffer_cannot_aim_the_controller() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8);
     sqe.prp1 = v.iova_at(0);
     let r = qp.raw(sqe, None, 2).unwrap_err();
     assert_eq!(
@@ -116,7 +116,7 @@ fn unchecked_raw_without_a_buffer_goes_with_the_pointers_cleared() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8);
     sqe.prp1 = v.iova_at(0);
     sqe.mptr = v.iova_at(0);
     // SAFETY: breaks the contract on purpose (a 4 KiB Read without a
@@ -142,7 +142,7 @@ fn raw_with_a_short_buffer_is_refused() {
         .split_at(512);
     next.as_mut_slice().fill(VICTIM);
     let r = qp
-        .raw(Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 8), Some(small), 2)
+        .raw(Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 8), Some(small), 2)
         .unwrap_err();
     assert!(
         matches!(
@@ -173,7 +173,7 @@ fn raw_cannot_borrow_the_callers_prp2() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let v = victim(&ctrl);
-    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 16);
+    let mut sqe = Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 16);
     sqe.prp2 = v.iova_at(0);
     let b = IoBuf::new(ctrl.alloc_dma(4096).unwrap()).truncate(4096);
     let r = qp.raw(sqe, Some(b), 2).unwrap_err();
@@ -201,9 +201,9 @@ fn raw_with_the_right_buffer_runs() {
     let ns = ctrl.namespaces()[0];
     let mut qp = setup(&ctrl);
     let b = IoBuf::new(ctrl.alloc_dma(8192).unwrap()).truncate(8192);
-    qp.raw(Sqe::rw(NvmOpcode::Read, ns.nsid, 0, 16), Some(b), 2)
+    qp.raw(Sqe::rw(NvmOpcode::Read, ns.nsid(), 0, 16), Some(b), 2)
         .unwrap();
-    qp.raw(Sqe::flush(ns.nsid), None, 3).unwrap();
+    qp.raw(Sqe::flush(ns.nsid()), None, 3).unwrap();
     let mut c = drain(&mut qp);
     c.sort_by_key(|c| c.user_data);
     assert_eq!((c[0].result, c[1].result), (Ok(0), Ok(0)));
@@ -217,7 +217,7 @@ fn raw_with_the_right_buffer_runs() {
     // Deallocate blocks 0..8 through a raw DSM with its one range.
     let mut r = IoBuf::new(ctrl.alloc_dma(16).unwrap()).truncate(16);
     r.as_mut_slice()[4..8].copy_from_slice(&8u32.to_le_bytes());
-    let dsm = Sqe::dsm(ns.nsid, 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
+    let dsm = Sqe::dsm(ns.nsid(), 1, pollux_spec::cmd::DSM_ATTR_DEALLOCATE, 0);
     qp.raw(dsm, Some(r), 4).unwrap();
     assert_eq!(drain(&mut qp)[0].result, Ok(0));
     let b = IoBuf::new(ctrl.alloc_dma(8192).unwrap()).truncate(8192);
@@ -227,7 +227,7 @@ fn raw_with_the_right_buffer_runs() {
     assert!(got[..4096].iter().all(|&x| x == 0), "deallocated");
     assert!(got[4096..].iter().all(|&x| x == DATA), "kept");
     // A vendor-specific opcode needs the unchecked path.
-    let e = qp.raw(Sqe::new(0x81, ns.nsid), None, 6).unwrap_err();
+    let e = qp.raw(Sqe::new(0x81, ns.nsid()), None, 6).unwrap_err();
     assert!(
         matches!(e.error, SubmitError::PassthroughUnchecked { opc: 0x81, .. }),
         "{}",
@@ -314,4 +314,31 @@ fn admin_buffer_length_must_match() {
         .admin(Sqe::new(AdminOpcode::FormatNvm as u8, 1), None)
         .unwrap_err();
     assert!(e.to_string().contains("namespaces"), "{e}");
+}
+
+/// Admin commands get CIDs below the admin queue's depth, which the
+/// transport's memory per command is sized by (PCIe: a PRP list slice per
+/// CID). Before, the CID counted on through all of u16: after 200 admin
+/// commands, a 12 KiB Get Log Page (three pages: a PRP list) had its list
+/// written 200 slices into a pool of 31, 2 KiB past the pool's page, into
+/// whatever host memory lay there, and the controller could not read it.
+#[test]
+fn admin_cids_stay_within_the_admin_queue() {
+    let (_dev, ctrl) = open();
+    for _ in 0..200 {
+        ctrl.get_features(pollux_spec::features::fid::NUMBER_OF_QUEUES, 0)
+            .unwrap();
+    }
+    let mut b = IoBuf::new(ctrl.alloc_dma(12288).unwrap()).truncate(12288);
+    b.as_mut_slice().fill(VICTIM);
+    let error_log = pollux_spec::log::lid::ERROR;
+    let (cqe, b) = ctrl
+        .admin(Sqe::get_log_page(error_log, 0, 12288, 0, 0, 0), Some(b))
+        .unwrap();
+    assert!(cqe.status().is_success(), "{}", cqe.status());
+    let b = b.expect("the buffer comes back");
+    assert!(
+        b.as_slice().iter().all(|&x| x != VICTIM),
+        "the whole 12 KiB was transferred"
+    );
 }

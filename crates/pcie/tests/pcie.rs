@@ -248,7 +248,7 @@ fn shadow_doorbells_on_and_off() {
         assert_eq!(ctrl.transport().shadow_doorbells(), shadow);
         let ns = ctrl.namespaces()[0];
         let per = (4096 / ns.lba_size()) as u64;
-        let base = ns.nsze / 2;
+        let base = ns.nsze() / 2;
         let mut qp = ctrl
             .alloc_qpair(QpairOptions {
                 depth: 16,
@@ -294,7 +294,7 @@ fn controller_reset_and_recovery() {
     let ctrl = open(&bdf, ControllerOptions::default());
     let ns = ctrl.namespaces()[0];
     let per = (4096 / ns.lba_size()) as u64;
-    let base = ns.nsze * 3 / 4;
+    let base = ns.nsze() * 3 / 4;
     let mut qp = ctrl
         .alloc_qpair(QpairOptions {
             depth: 32,
@@ -403,8 +403,8 @@ fn wipe_namespace() {
     let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
     let mut lba = 0u64;
     let mut n = 0u64;
-    while lba < ns.nsze {
-        let nlb = (ns.nsze - lba).min(65536) as u32;
+    while lba < ns.nsze() {
+        let nlb = (ns.nsze() - lba).min(65536) as u32;
         qp.write_zeroes(&ns, lba, nlb, false, n).unwrap();
         lba += nlb as u64;
         n += 1;
@@ -414,8 +414,8 @@ fn wipe_namespace() {
     assert!(c.iter().all(|c| c.result.is_ok()), "{c:?}");
     let mut buf = ctrl.alloc_dma(4096).unwrap();
     let per = 4096 / ns.lba_size();
-    let step = (64u64 << 20) >> ns.lba_shift;
-    for lba in (0..ns.nsze).step_by(step as usize) {
+    let step = (64u64 << 20) >> ns.lba_shift();
+    for lba in (0..ns.nsze()).step_by(step as usize) {
         buf.as_mut_slice().fill(0xa5);
         qp.read_b(&ns, lba, per, buf.full(), 0).unwrap();
         assert_eq!(drain(&mut qp)[0].result, Ok(0));
@@ -424,7 +424,7 @@ fn wipe_namespace() {
             "LBA {lba} not zero after Write Zeroes"
         );
     }
-    println!("wrote zeroes over {} blocks in {n} commands", ns.nsze);
+    println!("wrote zeroes over {} blocks in {n} commands", ns.nsze());
 }
 
 /// Data handed over between pollux and the kernel nvme driver: see the
@@ -547,8 +547,8 @@ fn io_completion_interrupts() {
     let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
     let ctrl = open(&bdf, ControllerOptions::default());
     let ns = ctrl.namespaces()[0];
-    let per = 4096 >> ns.lba_shift;
-    let base = 3 * ns.nsze / 4 + 8192;
+    let per = 4096 >> ns.lba_shift();
+    let base = 3 * ns.nsze() / 4 + 8192;
     let mut qp = ctrl
         .alloc_qpair(QpairOptions {
             depth: 4,

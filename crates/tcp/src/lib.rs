@@ -244,17 +244,20 @@ pub fn open(opts: TcpOptions, copts: pollux_nvme::ControllerOptions) -> Result<C
     Controller::new(TcpTransport::connect(opts)?, copts)
 }
 
+/// Property Get/Set on the admin connection. A write is `unsafe` as on any
+/// transport (`Registers`): here, clearing CC.EN ends the association and
+/// fails the admin commands outstanding on it (`link`).
 impl Registers for TcpTransport {
     fn read32(&self, off: usize) -> Result<u32> {
         Ok(self.link.read(off, PropertySize::Four)? as u32)
     }
-    fn write32(&self, off: usize, v: u32) -> Result<()> {
+    unsafe fn write32(&self, off: usize, v: u32) -> Result<()> {
         self.link.write(off, PropertySize::Four, v as u64)
     }
     fn read64(&self, off: usize) -> Result<u64> {
         self.link.read(off, PropertySize::Eight)
     }
-    fn write64(&self, off: usize, v: u64) -> Result<()> {
+    unsafe fn write64(&self, off: usize, v: u64) -> Result<()> {
         self.link.write(off, PropertySize::Eight, v)
     }
 }
@@ -285,15 +288,19 @@ impl Transport for TcpTransport {
         regs::Cap(self.link.cap).mqes() as u32 + 1
     }
 
-    fn admin_queues(&self, _entries: u16) -> Result<(TcpSq, TcpCq)> {
+    unsafe fn admin_queues(&self, _entries: u16) -> Result<(TcpSq, TcpCq)> {
         Ok(queue::admin_pair(self.link.clone()))
     }
 
-    fn attach_admin(&self, _sq: &TcpSq, _cq: &TcpCq) -> Result<()> {
+    unsafe fn attach_admin(&self, _sq: &TcpSq, _cq: &TcpCq) -> Result<()> {
         self.link.ensure()
     }
 
-    fn configure(&self, _admin: &mut AdminExec<'_>, ident: &IdentifyController) -> Result<()> {
+    unsafe fn configure(
+        &self,
+        _admin: &mut AdminExec<'_>,
+        ident: &IdentifyController,
+    ) -> Result<()> {
         // IOCCSZ: capsule size in 16-byte units, the 64-byte SQE included.
         let icd = (ident.ioccsz as u64 * 16).saturating_sub(64).min(1 << 20) as u32;
         self.icd_max.store(icd, Ordering::Relaxed);
@@ -306,7 +313,7 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn create_io_queues(
+    unsafe fn create_io_queues(
         &self,
         _admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
@@ -329,7 +336,7 @@ impl Transport for TcpTransport {
         ))
     }
 
-    fn recreate_io_queues(
+    unsafe fn recreate_io_queues(
         &self,
         _admin: &mut AdminExec<'_>,
         qid: u16,
@@ -351,7 +358,7 @@ impl Transport for TcpTransport {
         Ok(())
     }
 
-    fn delete_io_queues(&self, _admin: &mut AdminExec<'_>, _qid: u16) -> Result<()> {
+    unsafe fn delete_io_queues(&self, _admin: &mut AdminExec<'_>, _qid: u16) -> Result<()> {
         // The queue's connection closes when the queue pair drops it.
         Ok(())
     }

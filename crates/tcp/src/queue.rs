@@ -151,7 +151,7 @@ impl TcpCq {
 
 impl SubmissionQueue for TcpSq {
     #[inline]
-    fn push(
+    unsafe fn push(
         &mut self,
         cid: u16,
         sqe: Sqe,
@@ -207,7 +207,7 @@ impl SubmissionQueue for TcpSq {
         }
     }
 
-    fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32) {
+    unsafe fn push_dealloc(&mut self, cid: u16, nsid: u32, lba: u64, nlb: u32) {
         let mut range = [0u8; 16];
         range[4..8].copy_from_slice(&nlb.to_le_bytes());
         range[8..16].copy_from_slice(&lba.to_le_bytes());
@@ -238,7 +238,7 @@ impl SubmissionQueue for TcpSq {
     #[inline(always)]
     fn flush(&mut self) {}
 
-    fn restart(&mut self) {}
+    unsafe fn restart(&mut self) {}
 
     fn max_data(&self) -> usize {
         match &self.0 {
@@ -420,7 +420,7 @@ impl CompletionQueue for TcpCq {
     #[inline(always)]
     fn release(&mut self, _n: u32) {}
 
-    fn restart(&mut self) {
+    unsafe fn restart(&mut self) {
         match &mut self.0 {
             CqKind::Io(q) => {
                 // Forget every command: the connection closes, nothing

@@ -95,7 +95,7 @@ fn bring_up_connects_identifies_and_reads_registers() {
     let fake = Fake::start(Script::default());
     let c = open(&fake, Digests::NONE);
     assert_eq!(c.namespaces().len(), 1);
-    assert_eq!(c.namespaces()[0].nsze, NSZE);
+    assert_eq!(c.namespaces()[0].nsze(), NSZE);
     assert_eq!(c.identify().ioccsz, (64 + 8192) / 16);
     assert_eq!(c.cap().mqes(), 127);
     assert_eq!(c.transport().in_capsule_limit(), 8192);

@@ -531,14 +531,14 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
                     format!(
                         "{} nsid {}: not a multiple of the LBA size {}",
                         d.name,
-                        ns.nsid,
+                        ns.nsid(),
                         ns.lba_size()
                     ),
                 ));
             }
-            let nlb = u32::try_from(io >> ns.lba_shift)
+            let nlb = u32::try_from(io >> ns.lba_shift())
                 .map_err(|_| bad("-o", io, "too many blocks for one I/O"))?;
-            let units = ns.nsze / nlb as u64;
+            let units = ns.nsze() / nlb as u64;
             if units == 0 {
                 return Err(bad(
                     "-o",
@@ -546,7 +546,7 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
                     format!(
                         "{} nsid {}: the namespace ({} bytes) is smaller than one I/O",
                         d.name,
-                        ns.nsid,
+                        ns.nsid(),
                         ns.size_bytes()
                     ),
                 ));
@@ -558,7 +558,7 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
                     format!(
                         "{} nsid {}: the namespace has {units} I/O units of -o {io} bytes, at most {} can be tracked",
                         d.name,
-                        ns.nsid,
+                        ns.nsid(),
                         verify::MAX_UNITS
                     ),
                 ));
@@ -826,10 +826,10 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 };
                 let verify = if a.verify {
                     let w = written
-                        .entry((di, ns.nsid))
+                        .entry((di, ns.nsid()))
                         .or_insert_with(|| verify::Written::new(units))
                         .clone();
-                    Some(verify::Verify::new(w, ns.lba_shift, depth))
+                    Some(verify::Verify::new(w, ns.lba_shift(), depth))
                 } else {
                     None
                 };
@@ -848,7 +848,10 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 let ctx = JobCtx {
                     label: format!(
                         "{} NSID {} qpair {} from core {}",
-                        d.name, ns.nsid, p, cores[w]
+                        d.name,
+                        ns.nsid(),
+                        p,
+                        cores[w]
                     ),
                     ns: *ns,
                     bufs,
@@ -856,7 +859,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     nlb,
                     pat: Pattern {
                         units,
-                        rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid as u64),
+                        rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid() as u64),
                         random,
                         mix,
                         seq: 0,

@@ -532,7 +532,7 @@ mod tests {
             )
             .unwrap();
             let ns = ctrl.namespaces()[0];
-            assert_eq!(ns.nsze, NSZE);
+            assert_eq!(ns.nsze(), NSZE);
             let qp = ctrl
                 .alloc_qpair(pollux_pcie::QpairOptions {
                     depth,
