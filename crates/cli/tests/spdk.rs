@@ -157,6 +157,39 @@ fn pollux_target() -> (Killed, u16) {
     (Killed(child), port)
 }
 
+/// `pollux target` as [`pollux_target`], allowing only host `host`, its
+/// stderr (warnings) written to `log`.
+fn pollux_target_allowing(host: &str, log: &Path) -> (Killed, u16) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args([
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "64MiB",
+            "--nqn",
+            NQN,
+            "--host",
+            host,
+            "-m",
+            "0x1",
+        ])
+        .stdout(Stdio::piped())
+        .stderr(File::create(log).expect("target log"))
+        .spawn()
+        .expect("run pollux target");
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("pollux target's first line");
+    let port = line
+        .trim()
+        .strip_prefix("pollux target: listening on ")
+        .and_then(|a| a.rsplit(':').next()?.parse().ok())
+        .unwrap_or_else(|| panic!("first line: {line:?}"));
+    (Killed(child), port)
+}
+
 /// SPDK's TCP transport ID of a loopback subsystem, as SPDK's tools take
 /// it: without `hostnqn:`, so SPDK's host sends an empty host NQN.
 fn spdk_trid(port: u16) -> String {
@@ -208,6 +241,47 @@ fn spdk_perf_against_pollux_target() {
         assert!(total_iops(&out) > 0.0, "{args:?}:\n{out}");
         assert!(!out.contains("*ERROR*"), "{args:?}:\n{out}");
     }
+}
+
+/// SPDK's host with its default options (an empty host NQN) against a
+/// subsystem with an allow list: refused with Connect Invalid Host (SPDK
+/// prints "sct 1, sc 132"), and the target warns naming the peer; with
+/// the listed host NQN in its transport ID, SPDK's host gets in.
+#[test]
+fn spdk_perf_with_an_empty_host_nqn_is_refused_by_an_allow_list() {
+    let Some((dir, _lock, _serial)) = setup() else {
+        return;
+    };
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:12a79949-9a45-41fa-85c6-a7381d014ef3";
+    let log = std::env::temp_dir().join(format!("pollux-spdk-allow-{}.log", std::process::id()));
+    let (t, port) = pollux_target_allowing(HOST, &log);
+    let perf = dir.join("build/bin/spdk_nvme_perf");
+    let trid = spdk_trid(port);
+    let args = [
+        "-c", "0x2", "-r", &trid, "-q", "8", "-o", "4096", "-w", "randread", "-t", "1",
+    ];
+    // (SPDK's perf exits 0 when no controller attaches.)
+    let (_, out) = run_spdk(&perf, &args);
+    assert!(
+        out.contains("sct 1, sc 132") && out.contains("No valid NVMe controllers"),
+        "SPDK's host without a host NQN was not refused with Connect Invalid Host:\n{out}"
+    );
+    let with_host = format!("{trid} hostnqn:{HOST}");
+    let args = [
+        "-c", "0x2", "-r", &with_host, "-q", "8", "-o", "4096", "-w", "randread", "-t", "1",
+    ];
+    let (code, out) = run_spdk(&perf, &args);
+    assert_eq!(code, 0, "{out}");
+    assert!(total_iops(&out) > 0.0, "{out}");
+    drop(t);
+    let warned = std::fs::read_to_string(&log).unwrap_or_default();
+    let _ = std::fs::remove_file(&log);
+    assert!(
+        warned.lines().any(|l| l.contains("WARN")
+            && l.contains("empty host NQN")
+            && l.contains("peer=127.0.0.1:")),
+        "no warning naming the peer:\n{warned}"
+    );
 }
 
 /// spdk_nvme_identify against `pollux target`: every feature and log page

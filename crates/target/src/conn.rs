@@ -1416,11 +1416,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
             }
             if hostnqn.is_empty() && !e.allow_any_host {
-                tracing::info!(peer = %self.peer, subnqn, "Connect with an empty host NQN refused: the subsystem allows only listed hosts");
+                tracing::warn!(peer = %self.peer, subnqn, "Connect with an empty host NQN refused: the subsystem allows only listed hosts");
                 return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
             }
             if !e.allows(hostnqn) {
-                tracing::info!(peer = %self.peer, subnqn, hostnqn, "host not allowed");
+                tracing::warn!(peer = %self.peer, subnqn, hostnqn, "Connect refused: host not allowed by the subsystem");
                 return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
             }
         }
