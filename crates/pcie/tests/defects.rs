@@ -494,3 +494,47 @@ fn namespace_of_another_controller_is_refused() {
         Err(pollux_pcie::SubmitError::ForeignNamespace { nsid: 1 })
     );
 }
+
+/// A second controller on an emulated device that a first one drives is
+/// refused before it touches the device, and the first goes on working;
+/// once the first is gone the device opens again. Before: the second
+/// bring-up disabled the device under the first (then failed on
+/// overlapping IOVAs, or succeeded and left the first running on queues
+/// the device no longer had).
+#[test]
+fn second_controller_on_one_emulated_device_is_refused() {
+    let (dev, ctrl) = open(cfg(5, 4 << 20));
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut w = ctrl.alloc_dma(4096).unwrap();
+    fill(w.as_mut_slice(), 11);
+    qp.write_b(&ns, 0, 8, w.full(), 1).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+
+    let err = pollux_pcie::open(
+        Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
+        ControllerOptions::default(),
+    )
+    .err()
+    .expect("a second controller on the same device is refused");
+    assert!(
+        err.to_string()
+            .contains("already driven by another host controller"),
+        "{err}"
+    );
+    // The first controller was not disturbed.
+    let r = ctrl.alloc_dma(4096).unwrap();
+    qp.read_b(&ns, 0, 8, r.full(), 2).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    assert!(r.as_slice() == w.as_slice());
+    assert_eq!(ctrl.resets(), 0);
+    assert_eq!(dev.stats().resets, 0, "the device was not reset");
+
+    drop((qp, ctrl));
+    let again = pollux_pcie::open(
+        Box::new(SoftPlatform::new(dev, SoftMode::Inline)),
+        ControllerOptions::default(),
+    )
+    .expect("the device opens again once its controller is gone");
+    assert_eq!(again.namespaces().len(), 1);
+}

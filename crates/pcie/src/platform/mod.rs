@@ -46,6 +46,16 @@ pub trait Platform: Send + Sync {
     fn bar0(&self) -> &Mmio;
     /// Allocates `len` bytes (rounded up to 4 KiB) of zeroed DMA memory.
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer>;
+    /// Makes this platform the device's only driver, or fails with an
+    /// error naming the device and, where known, who else drives it. Called
+    /// once by `Pcie::new`, before any register access: a second driver's
+    /// bring-up would disable the controller and reprogram its queues
+    /// under the first. UIO and VFIO claim the device when they open it
+    /// (a lock held for the platform's life; the kernel's one open of a
+    /// VFIO group), so for them this does nothing.
+    fn claim(&self) -> Result<()> {
+        Ok(())
+    }
     /// Called in every busy-wait loop of the control path. Real hardware:
     /// a pause. The emulated controller in inline mode: step the device.
     fn relax(&self) {

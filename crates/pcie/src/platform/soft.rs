@@ -10,11 +10,16 @@
 //! mode); `Inline` — nobody else steps the device: `relax()` steps it, and
 //! the caller steps it between polls (deterministic; used by tests and for
 //! instruction counts).
+//!
+//! One driver per device: the platform claims the `SoftDevice`
+//! (`SoftDevice::claim`) when a controller is opened on it, and a second
+//! platform's controller on the same device is refused until the first
+//! platform is gone.
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 
-use pollux_softnvme::SoftDevice;
+use pollux_softnvme::{SoftClaim, SoftDevice};
 
 use super::Platform;
 use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
@@ -36,6 +41,8 @@ pub struct SoftPlatform {
     bar: Mmio,
     mode: SoftMode,
     mem: Arc<SoftDma>,
+    /// Held from `claim` (a controller's bring-up) on.
+    claim: Mutex<Option<SoftClaim>>,
 }
 
 struct SoftDma {
@@ -58,6 +65,7 @@ impl SoftPlatform {
             bar,
             mode,
             mem,
+            claim: Mutex::new(None),
         }
     }
 
@@ -73,6 +81,18 @@ impl SoftPlatform {
 impl Platform for SoftPlatform {
     fn describe(&self) -> String {
         format!("soft ({:?})", self.mode)
+    }
+
+    fn claim(&self) -> Result<()> {
+        let mut c = self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_none() {
+            *c = Some(
+                self.dev
+                    .claim()
+                    .map_err(|e| Error::Platform(e.to_string()))?,
+            );
+        }
+        Ok(())
     }
 
     fn bar0(&self) -> &Mmio {
