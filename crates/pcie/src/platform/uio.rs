@@ -516,6 +516,10 @@ impl Platform for UioPlatform {
         self.quirks
     }
 
+    fn quarantined_bytes(&self) -> usize {
+        self.dma.quarantined.load(Ordering::Relaxed)
+    }
+
     fn irq_vectors(&self) -> u16 {
         self.has_irq as u16
     }
