@@ -113,6 +113,17 @@ fio_iops() {  # fio_iops NAME EXTRA...: 4k randread QD32 on /dev/nvme0n1
     fi
 }
 
+held_perf() {  # held_perf vfio|uio: `pollux perf` is refused while another process holds the device
+    rm -f /tmp/hold
+    POLLUX_HOLD=/tmp/hold $T --exact hold_device --nocapture --test-threads=1 > /tmp/hold.out 2>&1 &
+    holder=$!
+    for i in $(seq 1200); do [ -e /tmp/hold ] && break; sleep 0.1; done
+    if [ $1 = uio ]; then pat="is in use: process $holder "; else pat="the device is in use"; fi
+    expect_fail $1-perf-while-held "$pat" $P perf -r "$TRID" -t 1
+    rm -f /tmp/hold; wait $holder
+    check $1-perf-after-holder $P perf -r "$TRID" -t 1
+}
+
 echo "controller $BDF, $(nproc) vCPUs, kernel $(uname -r), cmdline: $(cat /proc/cmdline)"
 check setup-hugepages $P setup hugepages 64
 
@@ -194,6 +205,7 @@ check setup-bind-vfio $P setup bind $BDF
 check setup-list-vfio listed "$BDF.* vfio-pci .*user space"
 check handoff-kernel-to-pollux-vfio env POLLUX_HANDOFF=verify:/tmp/k.bin:1228800 $T --exact kernel_handoff --nocapture --test-threads=1
 check pcie-tests-vfio $T --test-threads=1
+held_perf vfio
 check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
@@ -243,6 +255,7 @@ check handoff-pollux-to-kernel sh -c "dd if=/dev/nvme0n1 bs=64k skip=11200 count
 check setup-bind-uio $P setup bind --driver uio_pci_generic $BDF
 check handoff-kernel-to-pollux-uio env POLLUX_HANDOFF=verify:/tmp/p.bin:1433600 $T --exact kernel_handoff --nocapture --test-threads=1
 check pcie-tests-uio $T --test-threads=1
+held_perf uio
 $P setup hugepages 0 > /dev/null
 expect_fail uio-without-hugepages ".pollux setup hugepages" $P perf -r "$TRID" -t 1
 $P setup hugepages 64 > /dev/null

@@ -60,4 +60,9 @@ pub struct QpairStats {
     pub resets_seen: u64,
     /// Completions the controller posted for a CID that was not outstanding.
     pub bogus_completions: u64,
+    /// Owned buffers not handed back with their completions because the
+    /// controller failed without stopping (`Controller::may_still_transfer`),
+    /// and their bytes.
+    pub withheld_buffers: u64,
+    pub withheld_bytes: u64,
 }

@@ -140,6 +140,12 @@ pub(crate) struct Shared<T: Transport> {
     /// compare it with the value they were created under once per poll.
     pub(crate) generation: AtomicU32,
     pub(crate) failed: AtomicBool,
+    /// Set with `failed` when the reset failed before the controller
+    /// confirmed it had stopped (CSTS.RDY=0 after CC.EN=0), on a transport
+    /// whose queue restarts do not stop transfers by themselves (PCIe): it
+    /// may still transfer into the memory of the commands it had, so their
+    /// buffers are not handed back (`QueuePair::fail_for_good`).
+    pub(crate) unstopped: AtomicBool,
     pub(crate) nr_io_queues: u16,
     pub(crate) max_transfer: u32,
     ident: Box<IdentifyController>,
@@ -314,8 +320,10 @@ impl<T: Transport> Shared<T> {
         }
         self.generation.fetch_add(1, Ordering::AcqRel); // odd: resetting
         tracing::warn!(transport = %self.transport.describe(), "resetting controller");
+        let mut stopped = false;
         let r = (|| {
             Self::disable(&self.transport, self.cap)?;
+            stopped = true;
             // SAFETY: the controller was disabled just now; `st.q` is its
             // admin queue, restarted empty.
             unsafe {
@@ -339,6 +347,16 @@ impl<T: Transport> Shared<T> {
         })();
         if let Err(e) = &r {
             tracing::error!("controller reset failed: {e}");
+            if !stopped && !self.transport.restart_stops_transfers() {
+                tracing::error!(
+                    transport = %self.transport.describe(),
+                    "the controller did not confirm it stopped (CSTS.RDY=0 after CC.EN=0): it \
+                     may still transfer into the memory of the commands it had, which is \
+                     therefore not handed back to its owners"
+                );
+                // Before `failed`: a queue pair that sees `failed` sees this.
+                self.unstopped.store(true, Ordering::Release);
+            }
             self.failed.store(true, Ordering::Release);
         }
         self.generation.fetch_add(1, Ordering::AcqRel); // even: done (check `failed`)
@@ -604,6 +622,7 @@ impl<T: Transport> Controller<T> {
             bg_reset: AtomicBool::new(false),
             generation: AtomicU32::new(0),
             failed: AtomicBool::new(false),
+            unstopped: AtomicBool::new(false),
             nr_io_queues,
             max_transfer,
             ident,
@@ -789,6 +808,20 @@ impl<T: Transport> Controller<T> {
     /// True once a reset has failed: the controller is unusable.
     pub fn is_failed(&self) -> bool {
         self.shared.failed.load(Ordering::Acquire)
+    }
+
+    /// True once the controller has failed (`is_failed`) without
+    /// confirming it had stopped (a reset's CC.EN=0 was not answered by
+    /// CSTS.RDY=0; PCIe): it may still transfer into the memory of the
+    /// commands outstanding at the failure. Their owned buffers are not
+    /// handed back (their completions, `IoError::ControllerFailed`, carry
+    /// none; the platform unmaps the memory from the device's IOMMU, or
+    /// keeps it until the device can no longer reach it). The memory of
+    /// such commands submitted with borrowed slices (`read_dma`, ...) must
+    /// not be read or written again; dropping its `DmaBuffer` is fine, for
+    /// the same reason.
+    pub fn may_still_transfer(&self) -> bool {
+        self.shared.unstopped.load(Ordering::Acquire)
     }
 
     /// Number of completed resets.

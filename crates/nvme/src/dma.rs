@@ -16,8 +16,18 @@ pub const PAGE_SIZE: usize = 4096;
 pub const PAGE_SHIFT: u32 = 12;
 
 /// How a platform takes a buffer back.
+///
+/// Release must be safe while the device may still transfer to or from
+/// the memory: the core drops the buffers of commands a controller may
+/// still run (a queue pair dropped after its deletion failed; a controller
+/// that failed without confirming it stopped), and so may any owner of a
+/// `DmaBuffer`. With an IOMMU: unmap it from the device first, then free
+/// it (VFIO, the emulated controller); if the unmap fails, leak it.
+/// Without one (UIO): keep it, handed out to nobody, until the device can
+/// no longer reach it (bus mastering switched off), then free it.
 pub trait DmaRelease: Send + Sync {
-    /// Unmap from the device, then free. Called once, from `DmaBuffer::drop`.
+    /// Unmap from the device, then free (or keep: see above). Called once,
+    /// from `DmaBuffer::drop`.
     fn release(&self, ptr: NonNull<u8>, len: usize, iova: u64);
 }
 
@@ -36,7 +46,8 @@ pub enum Iova {
 /// this buffer is outstanding, its contents are unspecified to the host. If
 /// the buffer is dropped while such a command is outstanding, the platform
 /// unmaps it first, so the device can no longer reach the memory (with an
-/// IOMMU) and the command fails.
+/// IOMMU) and the command fails; without an IOMMU it keeps the memory
+/// until the device can no longer reach it (see `DmaRelease`).
 pub struct DmaBuffer {
     ptr: NonNull<u8>,
     len: usize,
@@ -53,7 +64,8 @@ impl DmaBuffer {
     /// # Safety
     /// `ptr..ptr+len` must be valid, exclusively owned memory, `iova` its
     /// correct bus addresses (a `Pages` table must cover every 4 KiB page),
-    /// and `owner.release` must be the right way to give it back.
+    /// and `owner.release` must be the right way to give it back, safe
+    /// even while the device still transfers (see `DmaRelease`).
     pub unsafe fn from_raw(
         ptr: NonNull<u8>,
         len: usize,

@@ -160,24 +160,17 @@ impl<T: Transport> QueuePair<T> {
             }
             return;
         }
-        let failed = self.shared.failed.load(Ordering::Acquire);
-        let retry = !failed && self.shared.transport.reconnects();
-        if self.core.outstanding() > 0 && !retry {
-            fail_outstanding(
-                &mut self.submitter(),
-                if failed {
-                    IoError::ControllerFailed
-                } else {
-                    IoError::ControllerReset
-                },
-                f,
-            );
-        }
-        if failed {
+        if self.shared.failed.load(Ordering::Acquire) {
+            // What is outstanding fails with `ControllerFailed` there,
+            // after the transport forgot it.
             self.core.stats.resets_seen += 1;
             self.generation = g;
             self.fail_for_good(f);
             return;
+        }
+        let retry = self.shared.transport.reconnects();
+        if self.core.outstanding() > 0 && !retry {
+            fail_outstanding(&mut self.submitter(), IoError::ControllerReset, f);
         }
         if !retry {
             // SAFETY: the reset disabled the controller (generation `g` is
@@ -244,18 +237,73 @@ impl<T: Transport> QueuePair<T> {
         // The transport forgets every command before their buffers are
         // handed back: a fabrics transport would otherwise still copy late
         // data into them (the reset path restarts the halves too).
-        // SAFETY: the controller has failed for good: a reset failed, after
-        // trying to disable it (or the association could not be made
-        // again), so it runs no more commands of this queue. (One that
-        // ignores CC.EN=0 past CAP.TO is beyond what the driver can stop.)
-        unsafe {
-            self.sq.restart();
-            self.cq.restart();
+        if self.shared.unstopped.load(Ordering::Acquire) {
+            // It may still run this queue's commands: their memory is not
+            // handed back, and the halves stay as they are (a restart
+            // would zero the shadow SQ tail, and a controller still
+            // running would fetch its ring again). A failed queue pair
+            // submits nothing more; completions it still posts are bogus.
+            self.withhold_buffers();
+        } else {
+            // SAFETY: the controller has failed for good: a reset failed
+            // after disabling it (or the association could not be made
+            // again, which on fabrics ends every transfer once the halves
+            // restart), so it runs no more commands of this queue.
+            unsafe {
+                self.sq.restart();
+                self.cq.restart();
+            }
         }
         let mut sub = self.submitter();
         fail_outstanding(&mut sub, IoError::ControllerFailed, f);
         fail_queued(&mut sub, IoError::ControllerFailed, f);
         sub.core.fast = false;
+    }
+
+    /// The controller failed without confirming it stopped: it may still
+    /// transfer into the buffers of the commands outstanding, so they are
+    /// taken from their trackers (and split requests) and dropped instead
+    /// of going back with the completions. Dropping gives the memory to
+    /// the platform, which unmaps it from the device's IOMMU before
+    /// freeing it (VFIO, the emulated controller) or, without an IOMMU
+    /// (UIO), keeps it until the device can no longer reach it (bus
+    /// mastering off), never handing it out again meanwhile (see
+    /// `DmaRelease`).
+    #[cold]
+    fn withhold_buffers(&mut self) {
+        let core = &mut self.core;
+        let (mut n, mut bytes) = (0u64, 0u64);
+        for cid in 0..core.trackers.len() {
+            let t = &mut core.trackers[cid];
+            if t.flags & T_BUSY == 0 {
+                continue;
+            }
+            let b = if t.flags & T_CHILD != 0 {
+                let idx = t.user_data as usize;
+                core.splits.get_mut(idx).and_then(|s| s.buf.take())
+            } else {
+                t.buf.take()
+            };
+            if let Some(b) = b {
+                n += 1;
+                bytes += b.len() as u64;
+                drop(b);
+            }
+        }
+        if n > 0 {
+            core.stats.withheld_buffers += n;
+            core.stats.withheld_bytes += bytes;
+            tracing::warn!(
+                qid = self.qid,
+                buffers = n,
+                bytes,
+                transport = %self.shared.transport.describe(),
+                "controller failed without confirming it stopped: the buffers of its \
+                 outstanding commands are not handed back (their completions carry none); \
+                 the platform unmaps them from the device's IOMMU, or keeps them until the \
+                 device can no longer reach them"
+            );
+        }
     }
 
     /// The transport's fast-fail time passed while a reset reconnects:

@@ -596,12 +596,20 @@ impl<T: Transport> Drop for QueuePair<T> {
                 let r = self.shared.with_admin(&mut st, |exec| {
                     // SAFETY: this queue pair's own queues, whose halves
                     // drop with it; `exec` runs on this controller. Buffers
-                    // of commands still outstanding are freed after the
-                    // deletion, which aborts those commands first.
+                    // of commands still outstanding are dropped after the
+                    // deletion, which aborts those commands first; if it
+                    // fails, dropping them is still safe (`DmaRelease`).
                     unsafe { t.delete_io_queues(exec, qid) }
                 });
                 if let Err(e) = r {
-                    tracing::warn!(qid, "deleting I/O queues: {e}");
+                    tracing::warn!(
+                        qid,
+                        outstanding = self.core.outstanding(),
+                        "deleting I/O queues: {e}; the controller may still use the queues' \
+                         memory and that of their outstanding commands, which goes back to the \
+                         platform (unmapped from the device's IOMMU, or kept until the device \
+                         can no longer reach it)"
+                    );
                 }
             }
         }

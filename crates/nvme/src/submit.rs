@@ -523,8 +523,13 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// # Safety
     /// The memory `buf` describes must stay allocated (its `DmaBuffer`
     /// alive) and must be neither read nor written by the host until the
-    /// completion for `user_data` has been delivered (or the queue pair has
-    /// been dropped): the controller writes it meanwhile.
+    /// completion for `user_data` has been delivered: the controller writes
+    /// it meanwhile. If the queue pair is dropped before that, or the
+    /// completion comes after the controller failed without stopping
+    /// (`Controller::may_still_transfer`), the controller may still write
+    /// it: it must not be read or written again (dropping its `DmaBuffer`
+    /// is fine: the platform unmaps it from the device, or keeps it until
+    /// the device can no longer reach it).
     #[inline(always)]
     pub unsafe fn read_dma(
         &mut self,
@@ -542,8 +547,12 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// # Safety
     /// The memory `buf` describes must stay allocated (its `DmaBuffer`
     /// alive) and must not be written by the host until the completion for
-    /// `user_data` has been delivered (or the queue pair has been dropped):
-    /// the controller reads it meanwhile.
+    /// `user_data` has been delivered: the controller reads it meanwhile.
+    /// If the queue pair is dropped before that, or the completion comes
+    /// after the controller failed without stopping
+    /// (`Controller::may_still_transfer`), the controller may still read
+    /// it: it must not be written again (dropping its `DmaBuffer` is fine,
+    /// as for `read_dma`).
     #[inline(always)]
     pub unsafe fn write_dma(
         &mut self,
@@ -991,7 +1000,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// # Safety
     /// As for `read_dma`: the memory `data` describes must stay allocated
     /// and untouched by the host until the completion for `user_data` has
-    /// been delivered (or the queue pair has been dropped). And as for
+    /// been delivered, and for good if the queue pair is dropped first or
+    /// the controller failed without stopping. And as for
     /// `raw_unchecked`: the command transfers at most `data.len()` bytes,
     /// reaches no other host memory, and leaves the namespaces and queues
     /// as they are.

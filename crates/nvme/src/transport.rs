@@ -435,6 +435,19 @@ pub trait Transport: Send + Sync + Sized + 'static {
         false
     }
 
+    /// Restarting a queue's halves (`SubmissionQueue::restart`,
+    /// `CompletionQueue::restart`) by itself ends every transfer for the
+    /// commands they held, whatever the controller does: over fabrics the
+    /// connection closes, and the host copies nothing more into their
+    /// buffers. False (the default, and PCIe): only a disable that
+    /// completed (CSTS.RDY=0 after CC.EN=0) stops a controller's DMA, so
+    /// when a reset fails before that, the core hands the buffers of the
+    /// commands then outstanding back to nobody (see
+    /// `Controller::may_still_transfer`).
+    fn restart_stops_transfers(&self) -> bool {
+        false
+    }
+
     /// Asked by queue pairs while a reset is in progress: the I/O held
     /// meanwhile (outstanding at the reset, or submitted since) should fail
     /// now with `IoError::FastFail` instead of waiting for the reset to end

@@ -74,6 +74,7 @@ impl Pcie {
     /// `shadow_doorbells`: use Doorbell Buffer Config when offered.
     pub fn new(platform: Box<dyn Platform>, shadow_doorbells: bool) -> Result<Pcie> {
         let platform: Arc<dyn Platform> = Arc::from(platform);
+        platform.claim()?;
         let cap = regs::Cap(platform.bar0().read64(regs::off::CAP)?);
         Ok(Pcie {
             dstrd: cap.dstrd(),

@@ -494,3 +494,228 @@ fn namespace_of_another_controller_is_refused() {
         Err(pollux_pcie::SubmitError::ForeignNamespace { nsid: 1 })
     );
 }
+
+/// A second controller on an emulated device that a first one drives is
+/// refused before it touches the device, and the first goes on working;
+/// once the first is gone the device opens again. Before: the second
+/// bring-up disabled the device under the first (then failed on
+/// overlapping IOVAs, or succeeded and left the first running on queues
+/// the device no longer had).
+#[test]
+fn second_controller_on_one_emulated_device_is_refused() {
+    let (dev, ctrl) = open(cfg(5, 4 << 20));
+    let ns = ctrl.namespaces()[0];
+    let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    let mut w = ctrl.alloc_dma(4096).unwrap();
+    fill(w.as_mut_slice(), 11);
+    qp.write_b(&ns, 0, 8, w.full(), 1).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+
+    let err = pollux_pcie::open(
+        Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
+        ControllerOptions::default(),
+    )
+    .err()
+    .expect("a second controller on the same device is refused");
+    assert!(
+        err.to_string()
+            .contains("already driven by another host controller"),
+        "{err}"
+    );
+    // The first controller was not disturbed.
+    let r = ctrl.alloc_dma(4096).unwrap();
+    qp.read_b(&ns, 0, 8, r.full(), 2).unwrap();
+    assert_eq!(drain(&mut qp)[0].result, Ok(0));
+    assert!(r.as_slice() == w.as_slice());
+    assert_eq!(ctrl.resets(), 0);
+    assert_eq!(dev.stats().resets, 0, "the device was not reset");
+
+    drop((qp, ctrl));
+    let again = pollux_pcie::open(
+        Box::new(SoftPlatform::new(dev, SoftMode::Inline)),
+        ControllerOptions::default(),
+    )
+    .expect("the device opens again once its controller is gone");
+    assert_eq!(again.namespaces().len(), 1);
+}
+
+/// An emulated controller whose CC.EN=0 can time out (CAP.TO 500 ms).
+fn hang_cfg() -> SoftConfig {
+    SoftConfig {
+        cap_to: 1,
+        ..cfg(5, 4 << 20)
+    }
+}
+
+/// A read sent to the controller (written to its SQ, doorbell rung) that
+/// the inline device has not run yet, of 4 KiB at LBA 0, where `seed`'s
+/// pattern was written first.
+fn pending_read(ctrl: &Controller, qp: &mut QueuePair, seed: u64) {
+    let ns = ctrl.namespaces()[0];
+    let mut w = ctrl.alloc_dma(4096).unwrap();
+    fill(w.as_mut_slice(), seed);
+    qp.write_b(&ns, 0, 8, w.full(), 1).unwrap();
+    assert_eq!(drain(qp)[0].result, Ok(0));
+    let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
+    qp.read(&ns, 0, 8, buf, 2).unwrap();
+    qp.flush();
+}
+
+/// A controller that fails without stopping: it hangs with a read
+/// outstanding and never answers the reset's CC.EN=0 (CSTS.RDY stays 1),
+/// so the reset fails and the read fails with `ControllerFailed` — but
+/// the controller may still run it. Its buffer must not come back with
+/// that completion: the controller, back from its hang, would write the
+/// data into memory its owner holds through a safe slice. Before: the
+/// buffer came back, and the resumed controller overwrote what its owner
+/// had written there.
+#[test]
+fn controller_failed_without_stopping_keeps_buffers_from_their_owners() {
+    let (dev, ctrl) = open(hang_cfg());
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 4,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    pending_read(&ctrl, &mut qp, 21);
+    dev.hang();
+    let e = ctrl
+        .reset()
+        .expect_err("a hung controller cannot be disabled");
+    assert!(e.to_string().contains("CSTS.RDY=0"), "{e}");
+    assert!(ctrl.is_failed());
+    assert!(ctrl.may_still_transfer());
+    let mut got = Vec::new();
+    qp.poll(u32::MAX, |_, c| got.push(c));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].result, Err(IoError::ControllerFailed));
+    let held = got.pop().and_then(|c| c.buf).map(|mut b| {
+        b.as_mut_slice().fill(0xEE);
+        b
+    });
+    // Back from its hang, the controller runs the read it had.
+    dev.resume();
+    for _ in 0..64 {
+        dev.step();
+    }
+    if let Some(b) = &held {
+        assert!(
+            b.as_slice().iter().all(|&x| x == 0xEE),
+            "the controller wrote into a buffer its owner holds"
+        );
+    }
+    assert!(held.is_none(), "buffer handed back to its owner");
+    let st = qp.stats();
+    assert_eq!((st.withheld_buffers, st.withheld_bytes), (1, 4096));
+    // With an IOMMU the buffer was unmapped before it was freed: the read
+    // found no memory there.
+    assert_eq!(dev.stats().bytes_read, 0, "the read moved no data");
+}
+
+/// The same without an IOMMU (as under uio_pci_generic): the withheld
+/// buffer stays allocated and mapped, handed out to nobody, so the read
+/// the resumed controller runs lands in memory nobody uses.
+#[test]
+fn without_iommu_a_withheld_buffer_stays_allocated_for_the_device() {
+    let dev = SoftDevice::new(hang_cfg()).unwrap();
+    let ctrl = pollux_pcie::open(
+        Box::new(SoftPlatform::new_without_iommu(
+            dev.clone(),
+            SoftMode::Inline,
+        )),
+        ControllerOptions {
+            admin_timeout: Duration::from_millis(300),
+            ..ControllerOptions::default()
+        },
+    )
+    .unwrap();
+    let mut qp = ctrl
+        .alloc_qpair(QpairOptions {
+            depth: 4,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    pending_read(&ctrl, &mut qp, 22);
+    let platform = ctrl.transport().platform().clone();
+    let before = platform.quarantined_bytes();
+    dev.hang();
+    ctrl.reset()
+        .expect_err("a hung controller cannot be disabled");
+    let mut got = Vec::new();
+    qp.poll(u32::MAX, |_, c| got.push(c));
+    assert_eq!(got.len(), 1);
+    assert_eq!(got[0].result, Err(IoError::ControllerFailed));
+    assert!(got[0].buf.is_none(), "buffer handed back to its owner");
+    assert_eq!(platform.quarantined_bytes() - before, 4096);
+    dev.resume();
+    for _ in 0..64 {
+        dev.step();
+    }
+    assert_eq!(
+        dev.stats().bytes_read,
+        4096,
+        "the resumed controller ran the read into the quarantined buffer"
+    );
+}
+
+/// A queue pair dropped while its controller hangs with a read
+/// outstanding: the deletion fails (the admin commands time out; the
+/// controller drops them when it comes back), so the queue pair's memory
+/// — the read's buffer, its rings — goes while the controller may still
+/// use it. Without an IOMMU that memory stays allocated (quarantined) and
+/// the resumed controller runs its queue in it; with an IOMMU it was
+/// unmapped, and the resumed controller goes fatal instead of touching it.
+#[test]
+fn queue_pair_dropped_after_failed_deletion_leaves_nothing_freed_under_the_device() {
+    for iommu in [false, true] {
+        let dev = SoftDevice::new(hang_cfg()).unwrap();
+        let platform = if iommu {
+            SoftPlatform::new(dev.clone(), SoftMode::Inline)
+        } else {
+            SoftPlatform::new_without_iommu(dev.clone(), SoftMode::Inline)
+        };
+        let ctrl = pollux_pcie::open(
+            Box::new(platform),
+            ControllerOptions {
+                admin_timeout: Duration::from_millis(200),
+                ..ControllerOptions::default()
+            },
+        )
+        .unwrap();
+        let mut qp = ctrl
+            .alloc_qpair(QpairOptions {
+                depth: 4,
+                ..QpairOptions::default()
+            })
+            .unwrap();
+        pending_read(&ctrl, &mut qp, 23);
+        let platform = ctrl.transport().platform().clone();
+        let before = platform.quarantined_bytes();
+        for opc in [AdminOpcode::DeleteIoSq, AdminOpcode::DeleteIoCq] {
+            dev.add_fault(FaultRule {
+                opcode: Some(opc as u8),
+                ..FaultRule::new(QueueSel::Admin, FaultAction::Drop)
+            });
+        }
+        dev.hang();
+        drop(qp); // Delete I/O SQ and CQ time out
+        let kept = platform.quarantined_bytes() - before;
+        dev.resume();
+        for _ in 0..64 {
+            dev.step();
+        }
+        let st = dev.stats();
+        if iommu {
+            assert_eq!(kept, 0);
+            assert_eq!(st.bytes_read, 0, "iommu: the read did not run");
+            let csts = ctrl.csts().unwrap();
+            assert!(csts.cfs(), "iommu: resumed on unmapped queues: fatal");
+        } else {
+            // The read's buffer, the SQ and CQ rings and the PRP lists.
+            assert!(kept >= 4 * 4096, "no iommu: {kept} bytes quarantined");
+            assert_eq!(st.bytes_read, 4096, "no iommu: the read ran");
+            assert!(!ctrl.csts().unwrap().cfs());
+        }
+    }
+}

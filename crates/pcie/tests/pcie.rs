@@ -591,3 +591,110 @@ fn io_completion_interrupts() {
         r = Some(b);
     }
 }
+
+/// `POLLUX_HOLD=FILE`: brings the controller up, writes FILE once it is
+/// up, and holds the controller (one queue pair) until FILE is removed or
+/// 300 s pass. The other process of `one_driver_per_controller` and of
+/// suite.sh's `pollux perf` refusal.
+#[test]
+fn hold_device() {
+    let Some(bdf) = bdf() else { return };
+    let Ok(file) = std::env::var("POLLUX_HOLD") else {
+        eprintln!("POLLUX_HOLD not set: skipping");
+        return;
+    };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let _qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+    std::fs::write(&file, std::process::id().to_string()).expect("ready file");
+    let start = std::time::Instant::now();
+    while std::path::Path::new(&file).exists() && start.elapsed() < Duration::from_secs(300) {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// One driver per controller: while a controller of this process is up, or
+/// another process holds the device, a second open is refused, naming the
+/// device (under uio_pci_generic also the holder), and the first is left
+/// alone (a second bring-up would disable it and reprogram its queues).
+/// Once the holder is killed (SIGKILL: the controller stays enabled) the
+/// device opens again; under uio_pci_generic the platform has disabled
+/// the controller before switching bus mastering on (it could have been
+/// running the dead process's queues).
+#[test]
+fn one_driver_per_controller() {
+    let Some(bdf) = bdf() else { return };
+    let _g = DEVICE.lock().unwrap_or_else(|p| p.into_inner());
+    let read0 = |ctrl: &Controller| -> Vec<u8> {
+        let ns = ctrl.namespaces()[0];
+        let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+        let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
+        qp.read(&ns, 0, 4096 >> ns.lba_shift(), buf, 1).unwrap();
+        let c = drain(&mut qp).pop().expect("completion");
+        assert_eq!(c.result, Ok(0));
+        c.buf.expect("buffer").as_slice().to_vec()
+    };
+    let refused = |what: &str| -> String {
+        let e = open_pcie(&bdf)
+            .err()
+            .unwrap_or_else(|| panic!("{what}: a second open of {bdf} was accepted"));
+        let m = e.to_string();
+        println!("{what}: {m}");
+        assert!(m.contains(&bdf) && m.contains("in use"), "{what}: {m}");
+        m
+    };
+
+    let ctrl = open(&bdf, ControllerOptions::default());
+    let uio = ctrl.describe().starts_with("uio");
+    let data = read0(&ctrl);
+    let m = refused("same process");
+    if uio {
+        assert!(m.contains("another controller of this process"), "{m}");
+    }
+    assert_eq!(read0(&ctrl), data, "the first controller still reads");
+    assert_eq!(ctrl.resets(), 0);
+    drop(ctrl);
+
+    let ready = format!("/tmp/pollux-hold.{}", std::process::id());
+    let _ = std::fs::remove_file(&ready);
+    let exe = std::env::current_exe().expect("current_exe");
+    let mut child = std::process::Command::new(exe)
+        .args(["--exact", "hold_device", "--nocapture", "--test-threads=1"])
+        .env("POLLUX_HOLD", &ready)
+        .env("POLLUX_PCIE_BDF", &bdf)
+        .stdout(std::process::Stdio::null())
+        .spawn()
+        .expect("spawn the holder");
+    let start = std::time::Instant::now();
+    while !std::path::Path::new(&ready).exists() {
+        if let Some(st) = child.try_wait().expect("try_wait") {
+            panic!("the holder exited before it was up: {st}");
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(120),
+            "holder not up in 120 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let m = refused("another process");
+    if uio {
+        assert!(m.contains(&format!("process {}", child.id())), "{m}");
+    }
+    child.kill().expect("SIGKILL the holder");
+    child.wait().expect("reap the holder");
+    let _ = std::fs::remove_file(&ready);
+
+    let p = open_pcie(&bdf).unwrap_or_else(|e| panic!("open {bdf} after the holder died: {e}"));
+    if uio {
+        let cc = p.bar0().read32(0x14).unwrap();
+        let csts = p.bar0().read32(0x1c).unwrap();
+        assert!(
+            cc & 1 == 0 && csts & 1 == 0,
+            "the controller the killed holder left enabled is still enabled once the platform \
+             is open, bus mastering on (CC {cc:#x}, CSTS {csts:#x})"
+        );
+    }
+    let ctrl = pollux_pcie::open(p, ControllerOptions::default())
+        .unwrap_or_else(|e| panic!("bring-up of {bdf}: {e}"));
+    assert_eq!(read0(&ctrl), data, "data read again after the takeover");
+}

@@ -112,6 +112,13 @@ pub(crate) struct Controller {
     /// RDY and not fatal, frozen or shut down: queues are processed.
     pub running: bool,
     pub frozen: bool,
+    /// Hung (`SoftDevice::hang`): frozen, and CC writes are not even
+    /// looked at (CC.EN=0 is not honoured) until `resume`.
+    pub hung: bool,
+    /// Queue or shadow doorbell memory was unmapped while the controller
+    /// was stopped with its queues: it must not run them again (`resume`
+    /// makes it fatal instead). Cleared by a reset, which drops them.
+    pub queue_mem_lost: bool,
     /// Memory page size from CC.MPS at enable.
     pub page_size: usize,
     pub sqs: Vec<Option<Sq>>,
@@ -162,6 +169,8 @@ impl Controller {
             iommu: Iommu::default(),
             running: false,
             frozen: false,
+            hung: false,
+            queue_mem_lost: false,
             page_size: 4096,
             sqs: (0..queues).map(|_| None).collect(),
             cqs: (0..queues).map(|_| None).collect(),
@@ -220,9 +229,41 @@ impl Controller {
         self.update_running();
     }
 
+    /// Stops all processing and stops reacting to CC (a CC.EN=0 is not
+    /// honoured, CSTS stays as it is) until `resume`: a controller that
+    /// hung and ignores the host's disable.
+    pub fn hang(&mut self) {
+        tracing::warn!("controller hung by fault injection (CC.EN=0 is not honoured)");
+        self.hung = true;
+        self.frozen = true;
+        self.update_running();
+    }
+
+    /// Ends a hang or a freeze: the controller runs the queues it had
+    /// again, from where it stopped. A CC value written meanwhile is
+    /// forgotten (it hung through it). If memory of those queues was
+    /// unmapped meanwhile, it goes fatal instead (an IOMMU fault).
+    pub fn resume(&mut self) {
+        if !self.hung && !self.frozen {
+            return;
+        }
+        tracing::warn!("controller resumed after a hang or freeze");
+        self.hung = false;
+        self.frozen = false;
+        self.bar.store(off::CC, self.core.registers().cc());
+        if self.queue_mem_lost {
+            self.queue_mem_lost = false;
+            if !Csts(self.core.registers().csts()).cfs() {
+                self.fatal("IOMMU fault: queue memory unmapped while the controller was stopped");
+            }
+            return;
+        }
+        self.update_running();
+    }
+
     fn poll_cc(&mut self) {
         let cc = self.bar.load(off::CC);
-        if cc == self.core.registers().cc() {
+        if cc == self.core.registers().cc() || self.hung {
             return;
         }
         let ch = self.core.write_cc(cc);
@@ -316,6 +357,7 @@ impl Controller {
         self.shadow = None;
         self.counters.s.shadow_doorbell_enabled = false;
         self.frozen = false;
+        self.queue_mem_lost = false;
         self.bar.clear_doorbells();
         self.counters.s.resets += 1;
         self.core.reset();
@@ -337,7 +379,9 @@ impl Controller {
     /// IOMMU fault for a running controller (it goes fatal). A controller
     /// that is shut down, frozen or already fatal touches no queue memory
     /// until a reset drops its queues, so unmapping is then harmless (the
-    /// usual teardown order: shutdown, then free the queues).
+    /// usual teardown order: shutdown, then free the queues); one resumed
+    /// after a hang or freeze goes fatal instead of running them
+    /// (`queue_mem_lost`).
     pub fn on_unmap(&mut self, m: &Mapping) {
         let live_q = self
             .sqs
@@ -350,6 +394,7 @@ impl Controller {
             m.intersects(s.db_iova, s.len as u64) || m.intersects(s.ei_iova, s.len as u64)
         });
         if (live_q || live_shadow) && !self.running {
+            self.queue_mem_lost = true;
             tracing::debug!(
                 iova = m.iova,
                 "queue memory unmapped while the controller is stopped"

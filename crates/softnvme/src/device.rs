@@ -8,6 +8,7 @@
 //! would be a bug) is recovered rather than propagated.
 use std::os::fd::OwnedFd;
 use std::ptr::NonNull;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant;
 
@@ -28,6 +29,19 @@ pub struct SoftDevice {
     ctrl: Mutex<Controller>,
     bar: BarMem,
     irq_vectors: u16,
+    /// A host driver holds the device (`claim`).
+    claimed: AtomicBool,
+}
+
+/// A driver's hold on a `SoftDevice` (`SoftDevice::claim`); released on
+/// drop.
+#[derive(Debug)]
+pub struct SoftClaim(Arc<SoftDevice>);
+
+impl Drop for SoftClaim {
+    fn drop(&mut self) {
+        self.0.claimed.store(false, Ordering::Release);
+    }
 }
 
 // SAFETY: `BarMem` is a private mapping accessed only through atomics (by
@@ -61,7 +75,21 @@ impl SoftDevice {
             ctrl: Mutex::new(ctrl),
             bar,
             irq_vectors,
+            claimed: AtomicBool::new(false),
         }))
+    }
+
+    /// Claims the device for one host driver, as a kernel driver binds a
+    /// PCI function: until the returned guard drops, a second claim fails
+    /// (`SoftError::Claimed`). Two drivers on one controller would each
+    /// disable it and point its admin queue at their own memory under the
+    /// other. The device itself does not check who writes its registers:
+    /// drivers claim it before touching them.
+    pub fn claim(self: &Arc<Self>) -> Result<SoftClaim, SoftError> {
+        if self.claimed.swap(true, Ordering::AcqRel) {
+            return Err(SoftError::Claimed);
+        }
+        Ok(SoftClaim(self.clone()))
     }
 
     /// Interrupt vectors the device offers (`SoftConfig::irq_vectors`).
@@ -159,6 +187,23 @@ impl SoftDevice {
     /// Installs a fault injection rule (evaluated in insertion order).
     pub fn add_fault(&self, rule: FaultRule) {
         self.lock().faults.add(rule);
+    }
+
+    /// Hangs the controller: it processes nothing and ignores CC (a
+    /// CC.EN=0 is not honoured: CSTS.RDY stays 1, so a host's disable
+    /// times out) until [`resume`](Self::resume). Models a controller
+    /// that fails without stopping, which may still transfer into the
+    /// memory of the commands it had once it comes back.
+    pub fn hang(&self) {
+        self.lock().hang();
+    }
+
+    /// Ends a hang (or a `Freeze` fault): the controller runs the queues
+    /// it had again, from where it stopped, and forgets a CC value written
+    /// meanwhile. If queue memory was unmapped from its IOMMU meanwhile it
+    /// goes fatal (CSTS.CFS) instead, touching none of it.
+    pub fn resume(&self) {
+        self.lock().resume();
     }
 
     /// Removes every fault rule (already deferred commands stay deferred).

@@ -47,4 +47,10 @@ pub enum SoftError {
     /// `dma_unmap` of an IOVA that starts no mapping.
     #[error("dma_unmap: no mapping starts at iova {0:#x}")]
     NotMapped(u64),
+    /// `claim` of a device another driver holds.
+    #[error(
+        "the emulated controller is already driven by another host controller (one driver per \
+         device: a second one's bring-up would disable it and reprogram its queues under the first)"
+    )]
+    Claimed,
 }

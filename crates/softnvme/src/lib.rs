@@ -54,7 +54,7 @@ mod thread;
 pub use config::{
     BackendConfig, NamespaceConfig, SoftConfig, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS, MAX_NAMESPACES,
 };
-pub use device::SoftDevice;
+pub use device::{SoftClaim, SoftDevice};
 pub use error::SoftError;
 pub use fault::{FaultAction, FaultRule, QueueSel, DEFERRED_LIMIT, MAX_FAULT_RULES};
 pub use iommu::MAX_MAPPINGS;

@@ -284,6 +284,12 @@ impl Transport for TcpTransport {
         std::thread::sleep(Duration::from_micros(20));
     }
 
+    /// Restarting a queue closes its connection: nothing is copied into
+    /// the buffers of its commands afterwards, whatever the target does.
+    fn restart_stops_transfers(&self) -> bool {
+        true
+    }
+
     fn max_queue_entries(&self) -> u32 {
         regs::Cap(self.link.cap).mqes() as u32 + 1
     }

@@ -45,7 +45,24 @@ pub trait Platform: Send + Sync {
     /// BAR0 register window.
     fn bar0(&self) -> &Mmio;
     /// Allocates `len` bytes (rounded up to 4 KiB) of zeroed DMA memory.
+    /// Its release (dropping the buffer) must be safe while the device may
+    /// still transfer to or from it (see `DmaRelease`).
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer>;
+    /// Makes this platform the device's only driver, or fails with an
+    /// error naming the device and, where known, who else drives it. Called
+    /// once by `Pcie::new`, before any register access: a second driver's
+    /// bring-up would disable the controller and reprogram its queues
+    /// under the first. UIO and VFIO claim the device when they open it
+    /// (a lock held for the platform's life; the kernel's one open of a
+    /// VFIO group), so for them this does nothing.
+    fn claim(&self) -> Result<()> {
+        Ok(())
+    }
+    /// Bytes of released DMA memory kept (never handed out again) until
+    /// the device can no longer reach it: platforms without an IOMMU.
+    fn quarantined_bytes(&self) -> usize {
+        0
+    }
     /// Called in every busy-wait loop of the control path. Real hardware:
     /// a pause. The emulated controller in inline mode: step the device.
     fn relax(&self) {

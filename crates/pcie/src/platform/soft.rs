@@ -10,11 +10,22 @@
 //! mode); `Inline` — nobody else steps the device: `relax()` steps it, and
 //! the caller steps it between polls (deterministic; used by tests and for
 //! instruction counts).
+//!
+//! One driver per device: the platform claims the `SoftDevice`
+//! (`SoftDevice::claim`) when a controller is opened on it, and a second
+//! platform's controller on the same device is refused until the first
+//! platform is gone.
+//!
+//! Without an IOMMU (`new_without_iommu`, for tests of what UIO does):
+//! released memory stays mapped at the device and allocated, handed out
+//! to nobody (quarantined, as UIO quarantines it), until the platform and
+//! every buffer are gone; then it is unmapped from the device (this
+//! platform's "bus mastering off") and freed.
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 
-use pollux_softnvme::SoftDevice;
+use pollux_softnvme::{SoftClaim, SoftDevice};
 
 use super::Platform;
 use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
@@ -36,15 +47,32 @@ pub struct SoftPlatform {
     bar: Mmio,
     mode: SoftMode,
     mem: Arc<SoftDma>,
+    /// Held from `claim` (a controller's bring-up) on.
+    claim: Mutex<Option<SoftClaim>>,
 }
 
 struct SoftDma {
     dev: Arc<SoftDevice>,
     next_iova: AtomicU64,
+    /// False: no IOMMU (see the module docs): `quarantine` keeps released
+    /// memory (address as usize, length, IOVA).
+    iommu: bool,
+    quarantine: Mutex<Vec<(usize, usize, u64)>>,
+    quarantined: AtomicUsize,
 }
 
 impl SoftPlatform {
     pub fn new(dev: Arc<SoftDevice>, mode: SoftMode) -> Self {
+        Self::build(dev, mode, true)
+    }
+
+    /// A platform that behaves as if the device had no IOMMU (UIO): see
+    /// the module docs.
+    pub fn new_without_iommu(dev: Arc<SoftDevice>, mode: SoftMode) -> Self {
+        Self::build(dev, mode, false)
+    }
+
+    fn build(dev: Arc<SoftDevice>, mode: SoftMode, iommu: bool) -> Self {
         let (base, len) = dev.bar0();
         // SAFETY: SoftDevice::bar0 is page aligned and lives as long as the
         // device, which we keep alive in `dev`.
@@ -52,12 +80,16 @@ impl SoftPlatform {
         let mem = Arc::new(SoftDma {
             dev: dev.clone(),
             next_iova: AtomicU64::new(IOVA_BASE),
+            iommu,
+            quarantine: Mutex::new(Vec::new()),
+            quarantined: AtomicUsize::new(0),
         });
         SoftPlatform {
             dev,
             bar,
             mode,
             mem,
+            claim: Mutex::new(None),
         }
     }
 
@@ -73,6 +105,22 @@ impl SoftPlatform {
 impl Platform for SoftPlatform {
     fn describe(&self) -> String {
         format!("soft ({:?})", self.mode)
+    }
+
+    fn claim(&self) -> Result<()> {
+        let mut c = self.claim.lock().unwrap_or_else(|p| p.into_inner());
+        if c.is_none() {
+            *c = Some(
+                self.dev
+                    .claim()
+                    .map_err(|e| Error::Platform(e.to_string()))?,
+            );
+        }
+        Ok(())
+    }
+
+    fn quarantined_bytes(&self) -> usize {
+        self.mem.quarantined.load(Ordering::Relaxed)
     }
 
     fn bar0(&self) -> &Mmio {
@@ -122,8 +170,9 @@ impl Platform for SoftPlatform {
     }
 }
 
-impl DmaRelease for SoftDma {
-    fn release(&self, ptr: NonNull<u8>, len: usize, iova: u64) {
+impl SoftDma {
+    /// Unmaps from the device, then frees (or leaks, if the unmap fails).
+    fn unmap_and_free(&self, ptr: *mut u8, len: usize, iova: u64) {
         // Unmap first: after dma_unmap returns the device never touches the
         // memory again, so freeing it cannot race with device DMA.
         if let Err(e) = self.dev.dma_unmap(iova) {
@@ -131,7 +180,32 @@ impl DmaRelease for SoftDma {
             return;
         }
         // SAFETY: we mapped exactly this range in alloc_dma and nothing else
-        // references it any more (the DmaBuffer is being dropped).
-        unsafe { libc::munmap(ptr.as_ptr().cast(), len) };
+        // references it any more (its DmaBuffer is gone).
+        unsafe { libc::munmap(ptr.cast(), len) };
+    }
+}
+
+impl DmaRelease for SoftDma {
+    fn release(&self, ptr: NonNull<u8>, len: usize, iova: u64) {
+        if self.iommu {
+            return self.unmap_and_free(ptr.as_ptr(), len, iova);
+        }
+        // No IOMMU: the device may still reach it; kept until `drop`.
+        self.quarantine
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .push((ptr.as_ptr() as usize, len, iova));
+        self.quarantined.fetch_add(len, Ordering::Relaxed);
+    }
+}
+
+impl Drop for SoftDma {
+    /// The platform and every buffer are gone: the quarantined memory
+    /// leaves the device (it can no longer reach it), then is freed.
+    fn drop(&mut self) {
+        let q = std::mem::take(self.quarantine.get_mut().unwrap_or_else(|p| p.into_inner()));
+        for (ptr, len, iova) in q {
+            self.unmap_and_free(ptr as *mut u8, len, iova);
+        }
     }
 }

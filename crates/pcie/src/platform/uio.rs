@@ -28,6 +28,21 @@
 //! therefore not reused within one platform's lifetime; allocate I/O
 //! buffers once and reuse them.
 //!
+//! **One driver per controller.** `open` takes an exclusive `flock` on the
+//! device's sysfs `resource0` before touching the device and holds it for
+//! the platform's life, so a second `open` of the same device, from this
+//! process or another, is refused (naming the holder from `/proc/locks`):
+//! its bring-up would disable the controller and point its queues at its
+//! own memory under the first, and its drop would switch bus mastering
+//! off under it. The kernel gives uio_pci_generic no such exclusion.
+//!
+//! **A previous driver's controller.** A controller left enabled (a
+//! process killed, a controller that never answered a disable) may still
+//! run the queues of its last driver, whose memory is long freed. So
+//! `open` switches bus mastering off first, disables the controller
+//! (CC.EN=0, waiting for CSTS.RDY=0 up to CAP.TO), and only then switches
+//! bus mastering on; a controller that does not stop is refused.
+//!
 //! **Interrupts.** One: the pin-based INTx line, through `/dev/uioN`
 //! (see `irq` for how it is acknowledged and re-enabled). The platform
 //! opens `/dev/uioN` on the first `enable_irq` and keeps it open until it
@@ -36,12 +51,15 @@
 //! `/dev/uioN` file is closed, so closing an `IrqFd` of its own file would
 //! stop the controller's DMA under the driver's feet.
 use std::fs::{File, OpenOptions};
-use std::os::fd::OwnedFd;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt};
 use std::path::Path;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use pollux_spec::regs::{self, Cap, Cc, Csts};
 
 use super::hugemem::{self, HostMem, PageKind, HUGE_PAGE_SIZE};
 use super::irq::{self, IrqFd};
@@ -163,11 +181,111 @@ fn phys_contiguous(m: &HostMem) -> Result<Option<u64>> {
         .then_some(base))
 }
 
+/// Takes the exclusive lock on `res` (the device's `resource0`) that makes
+/// a platform the device's only driver (see the module docs). `flock`
+/// locks belong to the open file, so a second open in this process
+/// conflicts as one in another process does.
+fn lock_device(bdf: &str, res: &File) -> Result<()> {
+    // SAFETY: flock on a descriptor we own; no memory is involved.
+    if unsafe { libc::flock(res.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) } == 0 {
+        return Ok(());
+    }
+    let e = std::io::Error::last_os_error();
+    if e.raw_os_error() != Some(libc::EWOULDBLOCK) {
+        return Err(Error::Platform(format!(
+            "{bdf}: locking resource0 (one driver per controller): {e}"
+        )));
+    }
+    let who = match lock_holder(res) {
+        Some(pid) if pid == std::process::id() => {
+            "another controller of this process drives it".to_string()
+        }
+        Some(pid) => {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            format!("process {pid} ({}) drives it", comm.trim())
+        }
+        None => "another process or controller drives it".to_string(),
+    };
+    Err(Error::Platform(format!(
+        "{bdf} is in use: {who} through uio_pci_generic (it holds the lock on \
+         /sys/bus/pci/devices/{bdf}/resource0). One driver per controller: a second one's \
+         bring-up would reset it and reprogram its queues under the first"
+    )))
+}
+
+/// The process holding the `flock` on `f`, from `/proc/locks` (lines like
+/// `1: FLOCK  ADVISORY  WRITE 1234 00:15:5678 0 EOF`: pid, then the
+/// file's device as hex major:minor and its inode).
+fn lock_holder(f: &File) -> Option<u32> {
+    let m = f.metadata().ok()?;
+    let dev = m.dev();
+    let major = ((dev >> 8) & 0xfff) | ((dev >> 32) & !0xfff);
+    let minor = (dev & 0xff) | ((dev >> 12) & !0xff);
+    let want = format!("{major:02x}:{minor:02x}:{}", m.ino());
+    std::fs::read_to_string("/proc/locks")
+        .ok()?
+        .lines()
+        .filter(|l| !l.contains("->")) // waiters
+        .find_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.get(1) == Some(&"FLOCK") && w.get(5) == Some(&want.as_str()))
+                .then(|| w.get(4)?.parse().ok())
+                .flatten()
+        })
+}
+
+/// Disables the controller behind `bar` (CC.EN=0) and waits for
+/// CSTS.RDY=0, up to CAP.TO: a controller a previous driver left enabled
+/// may run its queues. Called with bus mastering off (see the module docs).
+fn quiesce(bdf: &str, bar: &Mmio) -> Result<()> {
+    let cap = Cap(bar.read64(regs::off::CAP)?);
+    let to = Duration::from_millis(cap.timeout_ms().max(500));
+    let wait = |done: &dyn Fn(Csts) -> bool, what: &str| -> Result<()> {
+        let start = Instant::now();
+        loop {
+            let c = Csts(bar.read32(regs::off::CSTS)?);
+            if c.0 == u32::MAX {
+                return Err(Error::ControllerGone);
+            }
+            if done(c) {
+                return Ok(());
+            }
+            if start.elapsed() >= to {
+                return Err(Error::Platform(format!(
+                    "{bdf}: the controller did not {what} within CAP.TO ({} ms); a previous driver \
+                     left it enabled and it may still run that driver's queues, so bus mastering \
+                     stays off: reset it (`echo 1 > /sys/bus/pci/devices/{bdf}/reset`) or rebind it",
+                    to.as_millis()
+                )));
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    };
+    let cc = Cc(bar.read32(regs::off::CC)?);
+    let csts = Csts(bar.read32(regs::off::CSTS)?);
+    if !cc.en() && !csts.rdy() {
+        return Ok(());
+    }
+    tracing::info!(%bdf, cc = cc.0, csts = csts.0, "controller left enabled by a previous driver: disabling it");
+    if cc.en() {
+        if !csts.rdy() && !csts.cfs() {
+            // The spec: don't clear EN while an enable is in progress.
+            wait(&|c: Csts| c.rdy() || c.cfs(), "finish enabling")?;
+        }
+        // Nothing of this platform runs on the controller yet, and with
+        // bus mastering off it cannot reach memory meanwhile.
+        bar.write32(regs::off::CC, cc.with_en(false).0)?;
+    }
+    wait(&|c: Csts| !c.rdy(), "stop (CSTS.RDY=0 after CC.EN=0)")
+}
+
 /// A controller bound to uio_pci_generic.
 pub struct UioPlatform {
     bdf: String,
     bar: Mmio,
     bar_map: (NonNull<u8>, usize),
+    /// `resource0`, locked (`lock_device`) for the platform's life.
+    _lock: File,
     config: File,
     dma: Arc<UioDma>,
     quirks: Quirks,
@@ -233,14 +351,15 @@ impl UioPlatform {
         hugemem::phys_addrs(probe.ptr(), PAGE_SIZE).map_err(|e| need_root("pagemap", e))?;
         drop(probe);
 
+        let quirks = super::quirks_for(pci::ids(&bdf)?);
         let res = open("resource0")?;
+        lock_device(&bdf, &res)?;
         let len = res.metadata().map_err(Error::Io)?.len() as usize;
         if len < 0x2000 {
             return Err(Error::Unsupported(format!(
                 "BAR0 of {bdf} is {len} bytes; an NVMe controller has at least 8 KiB"
             )));
         }
-        use std::os::fd::AsRawFd;
         // SAFETY: shared mapping of the BAR0 resource file, checked below.
         let p = unsafe {
             libc::mmap(
@@ -262,28 +381,41 @@ impl UioPlatform {
         let base = NonNull::new(p.cast::<u8>())
             .ok_or_else(|| Error::Platform("mmap returned null".into()))?;
 
-        let config = open("config")?;
-        let mut cmd = [0u8; 2];
-        config
-            .read_exact_at(&mut cmd, pci::PCI_COMMAND)
-            .map_err(|e| Error::Platform(format!("reading PCI command register: {e}")))?;
-        let c = u16::from_le_bytes(cmd) | pci::PCI_COMMAND_MEMORY | pci::PCI_COMMAND_MASTER;
-        config
-            .write_all_at(&c.to_le_bytes(), pci::PCI_COMMAND)
-            .map_err(|e| Error::Platform(format!("writing PCI command register: {e}")))?;
+        // SAFETY: the BAR0 mapping made above, unmapped only in Drop (or
+        // below, if `open` fails).
+        let bar = unsafe { Mmio::new(base, len) };
+        let unmap = |e: Error| {
+            // SAFETY: the mapping made above; `bar` is not used after this.
+            unsafe { libc::munmap(base.as_ptr().cast(), len) };
+            e
+        };
+        let config = open("config").map_err(unmap)?;
+        // Memory decoding on, bus mastering off until the controller is
+        // known to be stopped (see the module docs).
+        let set_command = |on: u16, off: u16| -> Result<()> {
+            let mut cmd = [0u8; 2];
+            config
+                .read_exact_at(&mut cmd, pci::PCI_COMMAND)
+                .map_err(|e| Error::Platform(format!("reading PCI command register: {e}")))?;
+            let c = (u16::from_le_bytes(cmd) | on) & !off;
+            config
+                .write_all_at(&c.to_le_bytes(), pci::PCI_COMMAND)
+                .map_err(|e| Error::Platform(format!("writing PCI command register: {e}")))
+        };
+        set_command(pci::PCI_COMMAND_MEMORY, pci::PCI_COMMAND_MASTER).map_err(unmap)?;
+        quiesce(&bdf, &bar).map_err(unmap)?;
+        set_command(pci::PCI_COMMAND_MASTER, 0).map_err(unmap)?;
 
-        let quirks = super::quirks_for(pci::ids(&bdf)?);
         let has_irq = std::fs::read_to_string(dir.join("irq"))
             .ok()
             .and_then(|s| s.trim().parse::<u32>().ok())
             // 0: no line; 0x80000000: IRQ_NOTCONNECTED.
             .is_some_and(|irq| irq != 0 && irq != 0x8000_0000);
-        // SAFETY: the BAR0 mapping made above, unmapped only in Drop.
-        let bar = unsafe { Mmio::new(base, len) };
         Ok(UioPlatform {
             bdf,
             bar,
             bar_map: (base, len),
+            _lock: res,
             config,
             dma: Arc::new(UioDma {
                 inner: Mutex::new(Arena {
@@ -382,6 +514,10 @@ impl Platform for UioPlatform {
 
     fn quirks(&self) -> Quirks {
         self.quirks
+    }
+
+    fn quarantined_bytes(&self) -> usize {
+        self.dma.quarantined.load(Ordering::Relaxed)
     }
 
     fn irq_vectors(&self) -> u16 {

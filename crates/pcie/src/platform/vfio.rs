@@ -395,7 +395,8 @@ impl VfioPlatform {
         let group = open_rw(&gpath).map_err(|e| {
             let hint = match e.raw_os_error() {
                 Some(libc::EBUSY) => {
-                    " (another process, perhaps another pollux, has this IOMMU group open)"
+                    " (the device is in use: another controller of this process, or another \
+                     process, has its IOMMU group open, and VFIO allows one user)"
                 }
                 Some(libc::EACCES) | Some(libc::EPERM) => {
                     " (no permission: run as root or give this user read/write access to the \
@@ -403,7 +404,7 @@ impl VfioPlatform {
                 }
                 _ => "",
             };
-            Error::Platform(format!("{gpath}: {e}{hint}"))
+            Error::Platform(format!("{bdf}: {gpath}: {e}{hint}"))
         })?;
         let mut st = sys::GroupStatus {
             argsz: std::mem::size_of::<sys::GroupStatus>() as u32,
