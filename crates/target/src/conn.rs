@@ -1994,6 +1994,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     // Send
     // ------------------------------------------------------------------
 
+    #[inline]
     fn release(&mut self, i: u16) {
         let s = &mut self.slots[i as usize];
         if let Some(l) = s.lent.take() {
@@ -2006,10 +2007,12 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         // The buffer goes back to the pool; only a page-sized one stays
         // with the slot for its next command (still counted in `held`,
         // and given back when others wait).
-        if let Some(b) = s.buf.take() {
-            if b.capacity() == crate::buf::ALIGN && !self.cache.pool().pressed() {
-                s.buf = Some(b);
-            } else {
+        let keep = s
+            .buf
+            .as_ref()
+            .is_none_or(|b| b.capacity() == crate::buf::ALIGN && !self.cache.pool().pressed());
+        if !keep {
+            if let Some(b) = self.slots[i as usize].buf.take() {
                 self.give_buf(b);
             }
         }
