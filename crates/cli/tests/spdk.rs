@@ -12,7 +12,6 @@
 mod common;
 
 use std::fs::File;
-use std::io::{BufRead, BufReader};
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -129,65 +128,30 @@ impl Drop for Killed {
 
 /// `pollux target` on a free loopback port with a RAM namespace, any host.
 fn pollux_target() -> (Killed, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args([
-            "target",
-            "--listen",
-            "127.0.0.1:0",
-            "--ram",
-            "64MiB",
-            "--nqn",
-            NQN,
-            "-m",
-            "0x1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run pollux target");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("pollux target's first line");
-    let port = line
-        .trim()
-        .strip_prefix("pollux target: listening on ")
-        .and_then(|a| a.rsplit(':').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("first line: {line:?}"));
-    (Killed(child), port)
+    pollux_target_with(&[], Stdio::null())
 }
 
 /// `pollux target` as [`pollux_target`], allowing only host `host`, its
 /// stderr (warnings) written to `log`.
 fn pollux_target_allowing(host: &str, log: &Path) -> (Killed, u16) {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args([
-            "target",
-            "--listen",
-            "127.0.0.1:0",
-            "--ram",
-            "64MiB",
-            "--nqn",
-            NQN,
-            "--host",
-            host,
-            "-m",
-            "0x1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(File::create(log).expect("target log"))
-        .spawn()
-        .expect("run pollux target");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("pollux target's first line");
-    let port = line
-        .trim()
-        .strip_prefix("pollux target: listening on ")
-        .and_then(|a| a.rsplit(':').next()?.parse().ok())
-        .unwrap_or_else(|| panic!("first line: {line:?}"));
-    (Killed(child), port)
+    let log = File::create(log).expect("target log");
+    pollux_target_with(&["--host", host], log.into())
+}
+
+fn pollux_target_with(extra: &[&str], stderr: Stdio) -> (Killed, u16) {
+    let mut args = vec![
+        "--listen",
+        "127.0.0.1:0",
+        "--ram",
+        "64MiB",
+        "--nqn",
+        NQN,
+        "-m",
+        "0x1",
+    ];
+    args.extend_from_slice(extra);
+    let (child, addr, _) = common::start_target(&args, stderr);
+    (Killed(child), common::port_of(&addr))
 }
 
 /// SPDK's TCP transport ID of a loopback subsystem, as SPDK's tools take

@@ -2,9 +2,9 @@
 //! SIGTERM; bad options are refused naming the option.
 mod common;
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::TcpStream;
-use std::process::{Command, Stdio};
+use std::process::Stdio;
 use std::time::{Duration, Instant};
 
 use pollux_spec::fabrics::{ConnectCmd, ConnectData, CNTLID_DYNAMIC};
@@ -16,9 +16,8 @@ const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:cccccccc-0000-0000-0000-0000
 
 #[test]
 fn quick_flags_serve_a_ram_namespace_until_sigterm() {
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args([
-            "target",
+    let (mut child, addr, mut out) = common::start_target(
+        &[
             "--listen",
             "127.0.0.1:0",
             "--ram",
@@ -29,19 +28,9 @@ fn quick_flags_serve_a_ram_namespace_until_sigterm() {
             HOST,
             "-m",
             "0x1",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("run pollux");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("pollux target: listening on ")
-        .unwrap_or_else(|| panic!("first line: {line:?}"))
-        .to_string();
+        ],
+        Stdio::piped(),
+    );
     let mut s = TcpStream::connect(&addr).unwrap();
     s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
     s.write_all(IcReq::new(0, Digests::NONE, 0).as_bytes())
@@ -136,25 +125,12 @@ impl Served {
 
     /// With the namespace options `ns` (e.g. `--nvme TRID`).
     fn start_ns(ns: &[&str], extra: &[&str]) -> Served {
-        let mut args = vec!["target", "--listen", "127.0.0.1:0"];
+        let mut args = vec!["--listen", "127.0.0.1:0"];
         args.extend_from_slice(ns);
         args.extend_from_slice(&["--nqn", NQN, "-m", "0x1"]);
         args.extend_from_slice(extra);
-        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-            .args(&args)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("run pollux target");
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let addr = line
-            .trim()
-            .strip_prefix("pollux target: listening on ")
-            .unwrap_or_else(|| panic!("first line: {line:?}"));
-        let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+        let (child, addr, _) = common::start_target(&args, Stdio::null());
+        let port = common::port_of(&addr);
         Served { child, port }
     }
 
@@ -281,21 +257,8 @@ fn config_attaches_an_nvme_controller() {
     );
     std::fs::write(&path, json).unwrap();
     let p = path.display().to_string();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args(["target", "-c", &p, "-m", "0x1"])
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("run pollux target");
-    let mut out = BufReader::new(child.stdout.take().unwrap());
-    let mut line = String::new();
-    out.read_line(&mut line).unwrap();
-    let addr = line
-        .trim()
-        .strip_prefix("pollux target: listening on ")
-        .unwrap_or_else(|| panic!("first line: {line:?}"))
-        .to_string();
-    let port = addr.rsplit(':').next().unwrap().parse().unwrap();
+    let (child, addr, _) = common::start_target(&["-c", &p, "-m", "0x1"], Stdio::null());
+    let port = common::port_of(&addr);
     let t = Served { child, port };
     // perf runs a job on every namespace the controller reports.
     let v = perf_verified(&t, "8k", "", 600);

@@ -160,10 +160,8 @@ fn help_shows_the_tcp_transport_id() {
 
 /// `pollux target` on `listen` serving `img` through io_uring; its port.
 fn start_target(listen: &str, img: &str) -> (std::process::Child, u16) {
-    use std::io::BufRead;
-    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args([
-            "target",
+    let (child, addr, _) = common::start_target(
+        &[
             "--listen",
             listen,
             "--uring",
@@ -172,22 +170,10 @@ fn start_target(listen: &str, img: &str) -> (std::process::Child, u16) {
             RESTART_NQN,
             "-m",
             "0x1",
-        ])
-        .stdout(std::process::Stdio::piped())
-        .stderr(std::process::Stdio::null())
-        .spawn()
-        .expect("run pollux target");
-    let mut line = String::new();
-    std::io::BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .trim()
-        .strip_prefix("pollux target: listening on ")
-        .and_then(|a| a.rsplit(':').next())
-        .and_then(|p| p.parse().ok())
-        .unwrap_or_else(|| panic!("pollux target's first line: {line:?}"));
-    (child, port)
+        ],
+        std::process::Stdio::null(),
+    );
+    (child, common::port_of(&addr))
 }
 
 const RESTART_NQN: &str = "nqn.2016-06.io.pollux:restart";

@@ -62,3 +62,38 @@ pub fn finish(
 pub fn pollux(args: &[&str]) -> (i32, String, String) {
     finish(spawn(args), args, None)
 }
+
+/// Starts `pollux target` with `args` (its stderr to `stderr`) and waits
+/// for its first line: the child, the address it listens on, and the rest
+/// of its stdout.
+pub fn start_target(
+    args: &[&str],
+    stderr: Stdio,
+) -> (Child, String, std::io::BufReader<std::process::ChildStdout>) {
+    use std::io::{BufRead, BufReader};
+    let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .arg("target")
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(stderr)
+        .spawn()
+        .expect("run pollux target");
+    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line)
+        .expect("pollux target's first line");
+    let addr = line
+        .trim()
+        .strip_prefix("pollux target: listening on ")
+        .unwrap_or_else(|| panic!("pollux target's first line: {line:?}"))
+        .to_string();
+    (child, addr, out)
+}
+
+/// The port of `IP:PORT`.
+pub fn port_of(addr: &str) -> u16 {
+    addr.rsplit(':')
+        .next()
+        .and_then(|p| p.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {addr:?}"))
+}
