@@ -15,7 +15,7 @@ use clap::Args;
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::{Bdev, NoNvme, UringOptions};
 use pollux_nvme::Transport;
-use pollux_target::{
+use pollux_nvmf::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
@@ -114,9 +114,9 @@ pub enum TargetCliError {
         why: String,
     },
     #[error(transparent)]
-    Target(#[from] pollux_target::TargetError),
+    Target(#[from] pollux_nvmf::TargetError),
     #[error(transparent)]
-    Config(#[from] pollux_target::ConfigError),
+    Config(#[from] pollux_nvmf::ConfigError),
     /// NVMe controllers of two transport types.
     #[error("{0}")]
     Mixed(String),
@@ -139,7 +139,7 @@ fn bad(
 
 /// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
 fn handshake_timeout(v: &str) -> Result<Duration, TargetCliError> {
-    let max = pollux_target::config::MAX_HANDSHAKE_TIMEOUT;
+    let max = pollux_nvmf::config::MAX_HANDSHAKE_TIMEOUT;
     let why = format!(
         "expected seconds (decimals allowed) from 0.001 to {}",
         max.as_secs()
@@ -284,7 +284,7 @@ pub fn config<T: Transport>(
         t.send_iov = n;
     }
     cfg.validate().map_err(|e| match e {
-        pollux_target::ConfigError::Transport { option, value, why } => bad(
+        pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
                 "in_capsule_data_size" => "--in-capsule-data-size",
                 "max_queue_depth" => "--max-queue-depth",
@@ -295,7 +295,7 @@ pub fn config<T: Transport>(
             value,
             why,
         ),
-        pollux_target::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
+        pollux_nvmf::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
             bad("--nqn/--host", nqn, why)
         }
         other => TargetCliError::Config(other),

@@ -1,4 +1,4 @@
-//! pollux-target — an NVMe over TCP target (NVMe/TCP Transport 1.0,
+//! pollux-nvmf — an NVMe over TCP target (NVMe/TCP Transport 1.0,
 //! NVMe over Fabrics of the NVMe 2.0 base specification) on pollux's
 //! thread-per-core runtime.
 //!
