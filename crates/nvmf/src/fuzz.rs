@@ -57,10 +57,10 @@ use proptest::prelude::Rng as _;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use zerocopy::IntoBytes;
 
-use crate::conn::Conn;
 use crate::pool::Cache;
 use crate::shared::Shared;
-use crate::sock::Wire;
+use crate::tcp::conn::Conn;
+use crate::tcp::sock::Wire;
 use crate::{NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 
 const SUB: &str = "nqn.2024-01.io.pollux:fuzz";
@@ -1620,7 +1620,7 @@ fn a_host_that_never_reads_cannot_grow_the_send_queue() {
 /// a refused Connect do not count; an accepted Connect ends the deadline.
 #[test]
 fn handshake_deadlines_follow_the_stages() {
-    use crate::conn::Stage;
+    use crate::tcp::conn::Stage;
     use std::time::Duration;
     let two = Duration::from_secs(2);
     let t = target(crate::TransportOptions {

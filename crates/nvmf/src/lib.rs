@@ -37,19 +37,17 @@
 //! epoll idle sleep.
 mod buf;
 pub mod config;
-mod conn;
 mod discovery;
 #[cfg(test)]
 mod fuzz;
 mod model;
 mod pool;
-mod server;
 mod shared;
-mod sock;
+mod tcp;
 
 pub use config::{
     ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
 };
 pub use model::ModelError;
 pub use pollux_runtime::RuntimeOptions;
-pub use server::{Target, TargetError};
+pub use tcp::server::{Target, TargetError};

@@ -74,7 +74,7 @@ use crate::buf::{AlignedBuf, Lent};
 use crate::model::{self, Admin, Ctrl, IoCmd, IoQ};
 use crate::pool::{self, Cache};
 use crate::shared::{lock, ConnRef, CtrlEntry, Shared, SubsysId};
-use crate::sock::{self, Wire};
+use crate::tcp::sock::{self, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 const LINGER: Duration = Duration::from_secs(2);
@@ -2130,7 +2130,7 @@ pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cn
     for (_, r) in e.io {
         let conn = r.conn;
         if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::server::close_conn::<T>(ctx, conn)
+            crate::tcp::server::close_conn::<T>(ctx, conn)
         }) {
             tracing::warn!(
                 thread = r.thread,
@@ -2157,7 +2157,7 @@ pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<
     for (qid, r) in queues {
         let conn = r.conn;
         if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::server::close_conn::<T>(ctx, conn)
+            crate::tcp::server::close_conn::<T>(ctx, conn)
         }) {
             tracing::warn!(
                 cntlid,

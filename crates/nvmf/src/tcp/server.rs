@@ -26,11 +26,11 @@ use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
 use crate::config::{ConfigError, TargetConfig};
-use crate::conn::Conn;
 use crate::model::{ModelError, Subsys, SubsysParams};
 use crate::pool::{Cache, Pool};
 use crate::shared::{Shared, SubsysEntry};
-use crate::sock;
+use crate::tcp::conn::Conn;
+use crate::tcp::sock;
 
 /// Why a target did not start.
 #[derive(Debug, thiserror::Error)]

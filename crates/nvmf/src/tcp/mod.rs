@@ -1,0 +1,4 @@
+//! The NVMe/TCP transport.
+pub(crate) mod conn;
+pub(crate) mod server;
+pub(crate) mod sock;
