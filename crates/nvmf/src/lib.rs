@@ -35,13 +35,17 @@
 //! [`TransportOptions`]: batched sends (one `sendmsg` per poll), large
 //! receives straight into command buffers, `SO_INCOMING_CPU` placement,
 //! epoll idle sleep.
+mod admin;
 mod buf;
 pub mod config;
 mod discovery;
+mod fabrics;
 #[cfg(test)]
 mod fuzz;
+mod io;
 mod model;
 mod pool;
+mod qpair;
 mod shared;
 mod tcp;
 

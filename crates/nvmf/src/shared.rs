@@ -10,6 +10,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_bdev::NoNvme;
 use pollux_nvme::Transport;
+use pollux_runtime::ThreadCtx;
 
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
@@ -170,4 +171,57 @@ impl Drop for DataSlot<'_> {
 /// Locks a controller (poison taken over, as the table).
 pub(crate) fn lock<T: Transport>(c: &Mutex<Ctrl<T>>) -> MutexGuard<'_, Ctrl<T>> {
     c.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Removes controller `cntlid` and closes its I/O queues' connections
+/// (on their threads).
+pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
+    let entry = shared.table().map.remove(&cntlid);
+    let Some(e) = entry else {
+        return;
+    };
+    tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
+    for (_, r) in e.io {
+        let conn = r.conn;
+        if let Err(err) = ctx.send(r.thread, move |ctx| {
+            crate::tcp::server::close_conn::<T>(ctx, conn)
+        }) {
+            tracing::warn!(
+                thread = r.thread,
+                "closing an I/O queue of controller {cntlid}: {err}"
+            );
+        }
+    }
+}
+
+/// Closes the I/O queues' connections of controller `cntlid` (on their
+/// threads), which a reset or shutdown stops: each leaves the controller's
+/// entry as it closes (`Conn::detach`), and the controller completes the
+/// reset or shutdown once none is left (see `model::Ctrl`).
+pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
+    let queues = match shared.table().map.get(&cntlid) {
+        Some(e) => e.io.clone(),
+        None => return,
+    };
+    tracing::info!(
+        cntlid,
+        io_queues = queues.len(),
+        "controller reset or shut down: closing its I/O queues"
+    );
+    for (qid, r) in queues {
+        let conn = r.conn;
+        if let Err(err) = ctx.send(r.thread, move |ctx| {
+            crate::tcp::server::close_conn::<T>(ctx, conn)
+        }) {
+            tracing::warn!(
+                cntlid,
+                qid,
+                thread = r.thread,
+                "closing an I/O queue: {err}"
+            );
+            if let Some(e) = shared.table().map.get_mut(&cntlid) {
+                e.io.retain(|(q, _)| *q != qid);
+            }
+        }
+    }
 }
