@@ -48,10 +48,11 @@ mod pool;
 mod qpair;
 mod shared;
 mod tcp;
+mod tgt;
 
 pub use config::{
     ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
 };
 pub use model::ModelError;
 pub use pollux_runtime::RuntimeOptions;
-pub use tcp::server::{Target, TargetError};
+pub use tgt::{Target, TargetError};
