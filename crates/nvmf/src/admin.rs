@@ -7,13 +7,18 @@ use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
 
 use crate::model::Admin;
-use crate::qpair::gen;
+use crate::qpair::{gen, Bound, Qpair, QueueTransport, St};
 use crate::shared::{lock, SubsysId};
-use crate::tcp::conn::{Bound, Conn, St};
-use crate::tcp::sock::Wire;
 
-impl<W: Wire, T: Transport> Conn<W, T> {
-    pub(crate) fn admin(&mut self, ctx: &mut ThreadCtx, i: u16, sqe: &Sqe, icd: u32) {
+impl<T: Transport> Qpair<T> {
+    pub(crate) fn admin<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        i: u16,
+        sqe: &Sqe,
+        icd: u32,
+    ) {
         let Bound::Admin { ctrl, subsys, .. } = &self.bound else {
             return;
         };
@@ -28,7 +33,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             // R2T is refused.
             if let Ok(Sgl::Transport { len }) = Sgl::from_sqe(sqe) {
                 if len > 0 {
-                    return self.finish(i, gen(generic::INVALID_FIELD), 0, 0);
+                    return self.finish(x, i, gen(generic::INVALID_FIELD), 0, 0);
                 }
             }
             let _ = icd;
@@ -48,7 +53,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let mut c = lock(&ctrl);
         if !c.is_running() {
             drop(c);
-            return self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+            return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
         }
         let outcome =
             if sqe.opc == AdminOpcode::GetLogPage as u8 && sqe.cdw10 as u8 == LID_DISCOVERY {
@@ -68,7 +73,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 // Set Features may have changed the Keep Alive Timeout.
                 self.kato = self.kato_for(c.kato_ms());
                 drop(c);
-                self.finish(i, status, dw0, 0);
+                self.finish(x, i, status, dw0, 0);
             }
             Admin::Data {
                 data,
@@ -83,7 +88,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     Ok(s) => s,
                     Err(st) => {
                         drop(c);
-                        return self.finish(i, st, 0, 0);
+                        return self.finish(x, i, st, 0, 0);
                     }
                 };
                 let _ = sgl;
@@ -92,10 +97,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
                 drop(c);
                 if len == 0 {
-                    return self.finish(i, Status::SUCCESS, 0, 0);
+                    return self.finish(x, i, Status::SUCCESS, 0, 0);
                 }
                 if !self.slot_buf(i, xfer_len, false) {
-                    return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+                    return self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
                 }
                 if let Some(b) = self.slots[i as usize].buf.as_mut() {
                     let n = data.len().min(xfer_len);
@@ -103,7 +108,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     head.copy_from_slice(&data[..n]);
                     tail.fill(0);
                 }
-                self.send_data(i, len);
+                x.send_data(self, i, len);
             }
             Admin::Held => {
                 drop(c);
@@ -111,11 +116,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             }
             Admin::NotAborted => {
                 drop(c);
-                self.finish(i, Status::SUCCESS, 1, 0);
+                self.finish(x, i, Status::SUCCESS, 1, 0);
             }
             Admin::Unsupported => {
                 drop(c);
-                self.finish(i, gen(generic::INVALID_OPCODE), 0, 0);
+                self.finish(x, i, gen(generic::INVALID_OPCODE), 0, 0);
             }
         }
         // Events the command may have released (e.g. a log page read).
@@ -125,7 +130,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 .iter()
                 .position(|s| s.st == St::Held && s.cid == cid)
             {
-                self.finish(k as u16, Status::SUCCESS, dw0, 0);
+                self.finish(x, k as u16, Status::SUCCESS, dw0, 0);
             }
         }
         let _ = ctx;

@@ -16,35 +16,43 @@ use pollux_spec::{Sqe, Status};
 use zerocopy::FromBytes;
 
 use crate::model::Ctrl;
-use crate::qpair::{gen, DISCOVERY_KATO_MS};
-use crate::shared::{lock, stop_io_queues, ConnRef, CtrlEntry, SubsysId};
-use crate::tcp::conn::{Bound, Conn, Slot};
-use crate::tcp::sock::Wire;
+use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
+use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
 
-impl<W: Wire, T: Transport> Conn<W, T> {
-    // ------------------------------------------------------------------
-    // Commands
-    // ------------------------------------------------------------------
-
+impl<T: Transport> Qpair<T> {
     /// A command on a queue not yet connected: only Connect.
-    pub(crate) fn unbound_command(&mut self, ctx: &mut ThreadCtx, sqe: &Sqe, ok: bool) {
+    /// (`ok`: the Connect data's digest matched, or there was none; the
+    /// data is in `scratch`.)
+    pub(crate) fn unbound_command<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        sqe: &Sqe,
+        ok: bool,
+    ) {
         if FcType::of(sqe) != Some(FcType::Connect) {
-            return self.respond(None, sqe.cid, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+            return self.answer(x, sqe.cid, gen(generic::COMMAND_SEQUENCE_ERROR), 0);
         }
         if !ok {
-            return self.respond(None, sqe.cid, gen(generic::TRANSIENT_TRANSPORT_ERROR), 0, 0);
+            return self.answer(x, sqe.cid, gen(generic::TRANSIENT_TRANSPORT_ERROR), 0);
         }
-        match self.connect(ctx, sqe) {
+        match self.connect::<X>(ctx, sqe) {
             Ok(cntlid) => {
                 let dw0 = ConnectResponse::Success { cntlid, authreq: 0 }.dw0();
                 self.advance_sqhd();
-                self.respond(None, sqe.cid, Status::SUCCESS, dw0, 0);
+                self.answer(x, sqe.cid, Status::SUCCESS, dw0);
             }
-            Err((status, dw0)) => self.respond(None, sqe.cid, status, dw0, 0),
+            Err((status, dw0)) => self.answer(x, sqe.cid, status, dw0),
         }
     }
 
-    pub(crate) fn connect(&mut self, ctx: &mut ThreadCtx, sqe: &Sqe) -> Result<u16, (Status, u32)> {
+    /// Connect: binds the queue to a new controller (admin queue) or to
+    /// the host's controller (I/O queue), with its slots.
+    fn connect<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        sqe: &Sqe,
+    ) -> Result<u16, (Status, u32)> {
         let cmd = ConnectCmd::from_sqe(sqe);
         let invalid = |iattr, ipo| {
             (
@@ -125,6 +133,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         let me = ConnRef {
             thread: self.thread,
             conn: self.id,
+            close: X::close_queue::<T>,
         };
         let cntlid;
         if cmd.qid == 0 {
@@ -215,26 +224,32 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         self.qid = cmd.qid;
         self.entries = entries as u16;
         self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
-        self.slots = (0..entries).map(|_| Slot::new()).collect();
-        self.free = (0..entries as u16).rev().collect();
-        self.done = Vec::with_capacity(entries as usize);
+        self.make_slots(entries);
         self.sqhd = 0;
         Ok(cntlid)
     }
 
-    pub(crate) fn fabrics(&mut self, ctx: &mut ThreadCtx, i: u16, sqe: &Sqe) {
+    /// A Fabrics command on a connected queue: Property Get/Set and
+    /// Disconnect.
+    pub(crate) fn fabrics<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        i: u16,
+        sqe: &Sqe,
+    ) {
         let Bound::Admin { ctrl, .. } = &self.bound else {
             // Only Connect goes on an I/O queue, and only once.
             let st = match FcType::of(sqe) {
                 Some(FcType::Disconnect) => {
                     let _ = DisconnectCmd::from_sqe(sqe);
-                    self.finish(i, Status::SUCCESS, 0, 0);
-                    return self.begin_close(ctx, "Disconnect");
+                    self.finish(x, i, Status::SUCCESS, 0, 0);
+                    return x.close(ctx, self, "Disconnect");
                 }
                 Some(FcType::Connect) => gen(generic::COMMAND_SEQUENCE_ERROR),
                 _ => gen(generic::INVALID_OPCODE),
             };
-            return self.finish(i, st, 0, 0);
+            return self.finish(x, i, st, 0, 0);
         };
         let ctrl = ctrl.clone();
         self.last_admin = self.now;
@@ -257,8 +272,8 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     None => Err(gen(generic::INVALID_FIELD)),
                 };
                 match r {
-                    Ok(v) => self.finish(i, Status::SUCCESS, v as u32, (v >> 32) as u32),
-                    Err(st) => self.finish(i, st, 0, 0),
+                    Ok(v) => self.finish(x, i, Status::SUCCESS, v as u32, (v >> 32) as u32),
+                    Err(st) => self.finish(x, i, st, 0, 0),
                 }
             }
             Some(FcType::PropertySet) => {
@@ -271,16 +286,16 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     None => Err(gen(generic::INVALID_FIELD)),
                 };
                 if let (Ok(true), Bound::Admin { cntlid, .. }) = (r, &self.bound) {
-                    stop_io_queues(ctx, &self.shared, *cntlid);
+                    self.shared.stop_io_queues(ctx, *cntlid);
                 }
-                self.finish(i, r.err().unwrap_or(Status::SUCCESS), 0, 0);
+                self.finish(x, i, r.err().unwrap_or(Status::SUCCESS), 0, 0);
             }
             Some(FcType::Disconnect) => {
-                self.finish(i, Status::SUCCESS, 0, 0);
-                self.begin_close(ctx, "Disconnect");
+                self.finish(x, i, Status::SUCCESS, 0, 0);
+                x.close(ctx, self, "Disconnect");
             }
-            Some(FcType::Connect) => self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0),
-            _ => self.finish(i, gen(generic::INVALID_OPCODE), 0, 0),
+            Some(FcType::Connect) => self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0),
+            _ => self.finish(x, i, gen(generic::INVALID_OPCODE), 0, 0),
         }
     }
 }

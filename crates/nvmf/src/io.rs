@@ -4,16 +4,12 @@
 use pollux_nvme::Transport;
 use pollux_spec::fabrics::Sgl;
 use pollux_spec::status::generic;
-use pollux_spec::tcp::{PduLayout, PduType, R2T};
 use pollux_spec::{Sqe, Status};
-use zerocopy::IntoBytes;
 
 use crate::model;
-use crate::qpair::gen;
-use crate::tcp::conn::{Conn, St};
-use crate::tcp::sock::Wire;
+use crate::qpair::{gen, Qpair, QueueTransport, St};
 
-impl<W: Wire, T: Transport> Conn<W, T> {
+impl<T: Transport> Qpair<T> {
     /// The SGL of a command moving `want` bytes; `to_host`: its data goes
     /// to the host. In-capsule data (`icd` bytes) is only for writes.
     pub(crate) fn data_sgl(sqe: &Sqe, want: u32, to_host: bool, icd: u32) -> Result<Sgl, Status> {
@@ -30,13 +26,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
     }
 
-    pub(crate) fn nvm(&mut self, i: u16, sqe: &Sqe, icd: u32) {
+    pub(crate) fn nvm<X: QueueTransport>(&mut self, x: &mut X, i: u16, sqe: &Sqe, icd: u32) {
         let Some(q) = self.io.as_ref() else {
-            return self.finish(i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+            return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
         };
         let cmd = match q.check(sqe) {
             Ok(c) => c,
-            Err(st) => return self.finish(i, st, 0, 0),
+            Err(st) => return self.finish(x, i, st, 0, 0),
         };
         let xfer = model::io_xfer_len(&cmd) as u32;
         let to_host = model::io_to_host(&cmd);
@@ -44,11 +40,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         s.io = Some(cmd);
         s.xfer = xfer;
         if xfer == 0 {
-            return self.submit(i, None);
+            return self.submit(x, i, None);
         }
         let sgl = match Self::data_sgl(sqe, xfer, to_host, self.icd_max.min(icd)) {
             Ok(s) => s,
-            Err(st) => return self.finish(i, st, 0, 0),
+            Err(st) => return self.finish(x, i, st, 0, 0),
         };
         match sgl {
             Sgl::InCapsule { .. } => {
@@ -56,7 +52,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 if let Some(b) = s.buf.as_mut() {
                     b.set_len(xfer as usize);
                 }
-                self.submit(i, Some(xfer));
+                self.submit(x, i, Some(xfer));
             }
             Sgl::Transport { .. } => {
                 // A buffer from the pool, or wait for one (after those
@@ -64,53 +60,46 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 if !self.waiting.is_empty() || !self.slot_buf(i, xfer as usize, true) {
                     self.wait_buf(i);
                 } else if to_host {
-                    self.submit(i, Some(xfer));
+                    self.submit(x, i, Some(xfer));
                 } else {
-                    self.transfer(i);
+                    self.transfer(x, i);
                 }
             }
-            Sgl::Address { .. } => self.finish(i, gen(generic::SGL_TYPE_INVALID), 0, 0),
+            Sgl::Address { .. } => self.finish(x, i, gen(generic::SGL_TYPE_INVALID), 0, 0),
         }
     }
 
     /// Slot `i` has its data buffer: a read goes to the bdev, a write
-    /// asks for its data (R2T).
-    pub(crate) fn transfer(&mut self, i: u16) {
+    /// gets its data from the host (R2T, for TCP).
+    pub(crate) fn transfer<X: QueueTransport>(&mut self, x: &mut X, i: u16) {
         let s = &mut self.slots[i as usize];
         let xfer = s.xfer;
         if s.io.is_some_and(|c| model::io_to_host(&c)) {
-            return self.submit(i, Some(xfer));
+            return self.submit(x, i, Some(xfer));
         }
-        s.st = St::AwaitH2C;
-        s.got = 0;
-        s.r2t_at = Some(self.now);
-        self.r2t_out += 1;
-        let r = R2T::new(s.cid, i, 0, xfer, self.digests.header);
-        let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
-        if let Some(l) = l {
-            self.tx.push_header(r.as_bytes(), &l);
-        }
+        s.st = St::AwaitData;
+        x.receive_data(self, i);
     }
 
-    /// All H2C data of slot `i` is in.
-    pub(crate) fn write_data_in(&mut self, i: u16) {
-        self.r2t_out = self.r2t_out.saturating_sub(1);
+    /// All the data of slot `i`'s write is in (`err`: a transport error
+    /// seen on the way, the command's status then).
+    pub(crate) fn data_in<X: QueueTransport>(&mut self, x: &mut X, i: u16) {
         let s = &self.slots[i as usize];
         if let Some(st) = s.err {
-            return self.finish(i, st, 0, 0);
+            return self.finish(x, i, st, 0, 0);
         }
         let xfer = s.xfer;
-        self.submit(i, Some(xfer));
+        self.submit(x, i, Some(xfer));
     }
 
     /// Hands slot `i`'s command (with its first `len` buffer bytes as
     /// data) to the I/O queue.
-    pub(crate) fn submit(&mut self, i: u16, len: Option<u32>) {
+    pub(crate) fn submit<X: QueueTransport>(&mut self, x: &mut X, i: u16, len: Option<u32>) {
         let (Some(q), Some(s)) = (self.io.as_mut(), self.slots.get_mut(i as usize)) else {
             return;
         };
         let Some(cmd) = s.io else {
-            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+            return self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
         };
         let seg = match len {
             Some(n) => match s.buf.take() {
@@ -119,14 +108,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     s.lent = Some(lent);
                     Some(seg)
                 }
-                None => return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0),
+                None => return self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0),
             },
             None => None,
         };
         s.st = St::Bdev;
         // SAFETY: the segment is the slot's buffer, now `Lent`: nothing
         // touches it until `poll` delivers tag `i` (then it is reclaimed)
-        // or the queue is dropped (first, in `Drop for Conn`).
+        // or the queue is dropped (first, in `Drop for Qpair`).
         let r = unsafe { q.submit(i as u32, &cmd, seg) };
         if r.is_err() {
             // Refused before it started: the buffer is ours again.
@@ -135,11 +124,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 // segment.
                 s.buf = Some(unsafe { l.reclaim() });
             }
-            self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+            self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
         }
     }
 
-    pub(crate) fn poll_io(&mut self) -> bool {
+    /// Reaps the I/O queue's completions: a read's data goes to the host,
+    /// the others complete; true if there were any.
+    pub(crate) fn poll_io<X: QueueTransport>(&mut self, x: &mut X) -> bool {
         let Some(q) = self.io.as_mut() else {
             return false;
         };
@@ -161,9 +152,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             let read = s.io.is_some_and(|c| model::io_to_host(&c));
             if st.is_success() && read && s.xfer > 0 {
                 let len = s.xfer;
-                self.send_data(i, len);
+                x.send_data(self, i, len);
             } else {
-                self.finish(i, st, 0, 0);
+                self.finish(x, i, st, 0, 0);
             }
         }
         done.clear();

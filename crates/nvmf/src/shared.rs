@@ -37,11 +37,13 @@ impl<T: Transport> SubsysEntry<T> {
     }
 }
 
-/// Where a queue's connection lives: runtime thread and connection id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a queue's connection lives: runtime thread and connection id,
+/// and how its transport closes it there.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnRef {
     pub thread: usize,
     pub conn: u64,
+    pub close: fn(&mut ThreadCtx, u64),
 }
 
 pub(crate) struct CtrlEntry<T: Transport = NoNvme> {
@@ -134,6 +136,56 @@ impl<T: Transport> Shared<T> {
     pub fn table(&self) -> MutexGuard<'_, CtrlTable<T>> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
     }
+
+    /// Removes controller `cntlid` and closes its I/O queues' connections
+    /// (on their threads).
+    pub fn teardown(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let entry = self.table().map.remove(&cntlid);
+        let Some(e) = entry else {
+            return;
+        };
+        tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
+        for (_, r) in e.io {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    thread = r.thread,
+                    "closing an I/O queue of controller {cntlid}: {err}"
+                );
+            }
+        }
+    }
+
+    /// Closes the I/O queues' connections of controller `cntlid` (on
+    /// their threads), which a reset or shutdown stops: each leaves the
+    /// controller's entry as it closes (`Qpair::detach`), and the
+    /// controller completes the reset or shutdown once none is left (see
+    /// `model::Ctrl`).
+    pub fn stop_io_queues(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let queues = match self.table().map.get(&cntlid) {
+            Some(e) => e.io.clone(),
+            None => return,
+        };
+        tracing::info!(
+            cntlid,
+            io_queues = queues.len(),
+            "controller reset or shut down: closing its I/O queues"
+        );
+        for (qid, r) in queues {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    cntlid,
+                    qid,
+                    thread = r.thread,
+                    "closing an I/O queue: {err}"
+                );
+                if let Some(e) = self.table().map.get_mut(&cntlid) {
+                    e.io.retain(|(q, _)| *q != qid);
+                }
+            }
+        }
+    }
 }
 
 /// A connection's place among those bound to an NVM subsystem
@@ -171,57 +223,4 @@ impl Drop for DataSlot<'_> {
 /// Locks a controller (poison taken over, as the table).
 pub(crate) fn lock<T: Transport>(c: &Mutex<Ctrl<T>>) -> MutexGuard<'_, Ctrl<T>> {
     c.lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// Removes controller `cntlid` and closes its I/O queues' connections
-/// (on their threads).
-pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
-    let entry = shared.table().map.remove(&cntlid);
-    let Some(e) = entry else {
-        return;
-    };
-    tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
-    for (_, r) in e.io {
-        let conn = r.conn;
-        if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::tcp::server::close_conn::<T>(ctx, conn)
-        }) {
-            tracing::warn!(
-                thread = r.thread,
-                "closing an I/O queue of controller {cntlid}: {err}"
-            );
-        }
-    }
-}
-
-/// Closes the I/O queues' connections of controller `cntlid` (on their
-/// threads), which a reset or shutdown stops: each leaves the controller's
-/// entry as it closes (`Conn::detach`), and the controller completes the
-/// reset or shutdown once none is left (see `model::Ctrl`).
-pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
-    let queues = match shared.table().map.get(&cntlid) {
-        Some(e) => e.io.clone(),
-        None => return,
-    };
-    tracing::info!(
-        cntlid,
-        io_queues = queues.len(),
-        "controller reset or shut down: closing its I/O queues"
-    );
-    for (qid, r) in queues {
-        let conn = r.conn;
-        if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::tcp::server::close_conn::<T>(ctx, conn)
-        }) {
-            tracing::warn!(
-                cntlid,
-                qid,
-                thread = r.thread,
-                "closing an I/O queue: {err}"
-            );
-            if let Some(e) = shared.table().map.get_mut(&cntlid) {
-                e.io.retain(|(q, _)| *q != qid);
-            }
-        }
-    }
 }

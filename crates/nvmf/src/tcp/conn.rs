@@ -1,4 +1,7 @@
-//! One NVMe/TCP connection (one queue), owned by one runtime thread.
+//! One NVMe/TCP connection (one queue), owned by one runtime thread: a
+//! [`Conn`] is the core's queue pair ([`Qpair`]: slots, buffers,
+//! commands) and its TCP half ([`Tcp`]: socket, PDUs, send queue), which
+//! implements what the core asks of a transport ([`QueueTransport`]).
 //!
 //! Receive: as much as the socket has goes into the connection's receive
 //! buffer in one `read` (large data straight into the command's buffer
@@ -9,8 +12,8 @@
 //! Connect data, or nowhere) with its data digest computed on the way.
 //! A PDU never has to fit the receive buffer.
 //!
-//! Commands: each queue has SQSIZE + 1 command slots; a slot's index is
-//! the R2T transfer tag. Writes arrive in the capsule or through one R2T
+//! Commands: each queue has SQSIZE + 1 command slots (the core's); a
+//! slot's index is the R2T transfer tag. Writes arrive in the capsule or through one R2T
 //! covering the whole transfer (H2CData PDUs must arrive in order, within
 //! the command's data); reads go out as one C2HData PDU, with the SUCCESS
 //! flag and no response capsule when the host disabled SQ flow control.
@@ -29,8 +32,9 @@
 //! Backpressure: nothing more is read while 64 KiB are queued to send, so
 //! a host that does not read cannot grow the connection's memory.
 //!
-//! Data buffers come from the target's pool (`pool`) through the thread's
-//! cache and go back when the command ends. A command whose data needs a
+//! Data buffers come from the transport's pool (`pool`) through the
+//! thread's cache and go back when the command ends (the core's
+//! `Qpair` takes and gives them). A command whose data needs a
 //! buffer the pool cannot give now (an R2T write or a read) waits, in
 //! order, and its R2T goes out (or its read starts) once one is there.
 //! The thread's timer completes a command whose R2T data has not arrived
@@ -47,24 +51,21 @@
 //!
 //! The socket is reached through [`Wire`] only; the tests (`fuzz`) drive
 //! the same machine over memory.
-use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::rc::Rc;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use pollux_bdev::NoNvme;
 use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
-use pollux_spec::fabrics::CONNECT_DATA_LEN;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{CheckMemo, DataDigest, Digests, Fes, PduError, PduHeader, Role, RxConfig};
-use pollux_spec::{Sqe, Status};
+use pollux_spec::Status;
 
-use crate::buf::{AlignedBuf, Lent};
-use crate::model::{Ctrl, IoCmd, IoQ};
 use crate::pool::Cache;
-use crate::shared::{Shared, SubsysId};
+use crate::qpair::{Bound, Qpair, St};
+use crate::shared::Shared;
 use crate::tcp::queue::Tx;
 use crate::tcp::sock::Wire;
 
@@ -83,7 +84,7 @@ pub(crate) const QUIET_STRIDE: u32 = 16;
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Sink {
     Discard,
-    /// The Connect data (`Conn::scratch`).
+    /// The Connect data (`Qpair::scratch`).
     Scratch,
     Slot(u16),
 }
@@ -91,20 +92,20 @@ pub(crate) enum Sink {
 /// The part of a PDU after its header, being received.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct Body {
-    pub(crate) pdu: PduHeader,
-    pub(crate) pad: u32,
-    pub(crate) left: u32,
-    pub(crate) data_len: u32,
-    pub(crate) sink: Sink,
+    pub pdu: PduHeader,
+    pub pad: u32,
+    pub left: u32,
+    pub data_len: u32,
+    pub sink: Sink,
     /// The command slot the PDU belongs to (also when its data is
     /// discarded).
-    pub(crate) slot: Option<u16>,
+    pub slot: Option<u16>,
     /// Where the next byte goes in the sink.
-    pub(crate) off: u32,
-    pub(crate) dg: DataDigest,
-    pub(crate) want_dd: bool,
-    pub(crate) dd: [u8; 4],
-    pub(crate) dd_have: u8,
+    pub off: u32,
+    pub dg: DataDigest,
+    pub want_dd: bool,
+    pub dd: [u8; 4],
+    pub dd_have: u8,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -143,173 +144,72 @@ impl std::fmt::Display for Stage {
     }
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum St {
-    Free,
-    /// Capsule data arriving.
-    Recv,
-    /// Waiting for a data buffer from the pool (in `Conn::waiting`).
-    WaitBuf,
-    /// R2T sent, H2CData arriving.
-    AwaitH2C,
-    /// Lent to the I/O queue.
-    Bdev,
-    /// Data (and response) queued for the socket.
-    Tx,
-    /// An Asynchronous Event Request held by the controller.
-    Held,
-}
-
-pub(crate) struct Slot {
-    pub(crate) st: St,
-    pub(crate) cid: u16,
-    pub(crate) sqe: Sqe,
-    pub(crate) buf: Option<AlignedBuf>,
-    pub(crate) lent: Option<Lent>,
-    /// Bytes of data the command moves.
-    pub(crate) xfer: u32,
+/// A command slot's H2C transfer (the slot's index is its TTAG).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct H2c {
     /// H2C bytes received.
-    pub(crate) got: u32,
-    pub(crate) io: Option<IoCmd>,
-    /// A transport error seen while receiving the data.
-    pub(crate) err: Option<Status>,
+    pub got: u32,
     /// When its R2T was queued (data timeout).
-    pub(crate) r2t_at: Option<Instant>,
+    pub r2t_at: Option<Instant>,
 }
 
-impl Slot {
-    pub(crate) fn new() -> Slot {
-        Slot {
-            st: St::Free,
-            cid: 0,
-            sqe: Sqe::default(),
-            buf: None,
-            lent: None,
-            xfer: 0,
-            got: 0,
-            io: None,
-            err: None,
-            r2t_at: None,
-        }
-    }
-}
-
-pub(crate) enum Bound<T: Transport> {
-    None,
-    Admin {
-        cntlid: u16,
-        ctrl: Arc<Mutex<Ctrl<T>>>,
-        subsys: SubsysId,
-    },
-    Io {
-        cntlid: u16,
-        qid: u16,
-    },
+/// The TCP half of a connection: the socket, the receive buffer and PDU
+/// state, the send queue. Its methods take the connection's [`Qpair`]
+/// beside it.
+pub(crate) struct Tcp<W: Wire> {
+    pub sock: W,
+    pub phase: Phase,
+    /// When the current handshake stage began: accepted (waiting for
+    /// ICReq), then ICResp queued (waiting for the queue's Connect).
+    pub stage_since: Instant,
+    /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
+    pub quiet: u32,
+    /// When data last arrived (or the connection was accepted): the
+    /// longest idle unbound connection is evicted first.
+    pub last_rx: Instant,
+    /// Slots with an R2T out (data timeout).
+    pub r2t_out: u32,
+    /// Each slot's H2C transfer (as many as the queue's slots).
+    pub h2c: Vec<H2c>,
+    /// Since when the socket has taken nothing of a non-empty send queue.
+    pub tx_stalled_since: Option<Instant>,
+    pub rxcfg: RxConfig,
+    /// The last header that passed its check (most PDUs are alike).
+    pub memo: CheckMemo,
+    pub digests: Digests,
+    pub hpda: u8,
+    pub rx: Vec<u8>,
+    pub rs: usize,
+    pub re: usize,
+    pub rxst: RxState,
+    pub tx: Tx,
+    /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
+    /// zeroed array of `MAX_IOV` on every flush; grows on first use).
+    pub iov: Vec<libc::iovec>,
+    pub linger_until: Option<Instant>,
+    pub fin_sent: bool,
+    pub draining: bool,
+    /// A C2HTermReq is queued: nothing more is sent after it (commands
+    /// still completing are dropped).
+    pub terminated: bool,
 }
 
 /// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]);
 /// `T`: the NVMe transport of the namespaces' bdevs (the target's).
+///
+/// The queue pair is dropped first (its bdev requests waited for, its
+/// buffers taken back), then the TCP half, which sends nothing more: the
+/// two are private to this file and never part.
 pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
-    pub(crate) id: u64,
-    /// Dropped first (a bdev may still hold slot buffers).
-    pub(crate) io: Option<IoQ<T>>,
-    pub(crate) sock: W,
-    pub(crate) local: SocketAddr,
-    pub(crate) peer: SocketAddr,
-    pub(crate) shared: Arc<Shared<T>>,
-    pub(crate) thread: usize,
-    pub(crate) phase: Phase,
-    pub(crate) now: Instant,
-    /// When the current handshake stage began: accepted (waiting for
-    /// ICReq), then ICResp queued (waiting for the queue's Connect).
-    pub(crate) stage_since: Instant,
-    /// Polls since the last receive that got data (see [`QUIET_AFTER`]).
-    pub(crate) quiet: u32,
-    /// When data last arrived (or the connection was accepted): the
-    /// longest idle unbound connection is evicted first.
-    pub(crate) last_rx: Instant,
-    /// The connection holds a place among those bound to an NVM
-    /// subsystem (`Shared::data_conns`).
-    pub(crate) data_slot: bool,
-    /// This thread's free data buffers (and through it, the pool).
-    pub(crate) cache: Rc<Cache>,
-    /// Bytes of data buffers the connection holds.
-    pub(crate) held: usize,
-    /// Counted among the pool's active connections (fair share).
-    pub(crate) pool_active: bool,
-    /// Slots waiting for a data buffer, in arrival order.
-    pub(crate) waiting: VecDeque<u16>,
-    /// Counted among the pool's waiting connections.
-    pub(crate) wait_counted: bool,
-    /// Slots with an R2T out (data timeout).
-    pub(crate) r2t_out: u32,
-    /// Since when the socket has taken nothing of a non-empty send queue.
-    pub(crate) tx_stalled_since: Option<Instant>,
-    pub(crate) rxcfg: RxConfig,
-    /// The last header that passed its check (most PDUs are alike).
-    pub(crate) memo: CheckMemo,
-    pub(crate) digests: Digests,
-    pub(crate) hpda: u8,
-    pub(crate) rx: Vec<u8>,
-    pub(crate) rs: usize,
-    pub(crate) re: usize,
-    pub(crate) rxst: RxState,
-    pub(crate) tx: Tx,
-    /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
-    /// zeroed array of `MAX_IOV` on every flush; grows on first use).
-    pub(crate) iov: Vec<libc::iovec>,
-    pub(crate) bound: Bound<T>,
-    pub(crate) slots: Vec<Slot>,
-    pub(crate) free: Vec<u16>,
-    pub(crate) done: Vec<(u32, Status)>,
-    pub(crate) sqhd: u16,
-    pub(crate) entries: u16,
-    pub(crate) qid: u16,
-    pub(crate) flow_off: bool,
-    pub(crate) icd_max: u32,
-    pub(crate) scratch: Vec<u8>,
-    pub(crate) kato: Duration,
-    pub(crate) last_admin: Instant,
-    pub(crate) linger_until: Option<Instant>,
-    pub(crate) fin_sent: bool,
-    pub(crate) draining: bool,
-    /// A C2HTermReq is queued: nothing more is sent after it (commands
-    /// still completing are dropped).
-    pub(crate) terminated: bool,
-}
-
-impl<W: Wire, T: Transport> Drop for Conn<W, T> {
-    fn drop(&mut self) {
-        // The I/O queue waits for (or completes) its requests before the
-        // slot buffers they use are freed.
-        self.io.take();
-        self.give_back_data_slot();
-        self.abandon_waiting();
-        for i in 0..self.slots.len() {
-            let s = &mut self.slots[i];
-            let lent = s.lent.take();
-            let mut buf = s.buf.take();
-            if let Some(l) = lent {
-                // SAFETY: the I/O queue is gone (it waited for its
-                // requests), and the socket copied what it was sent (the
-                // rest is never sent).
-                buf = Some(unsafe { l.reclaim() });
-            }
-            if let Some(b) = buf {
-                self.give_buf(b);
-            }
-        }
-        if std::mem::take(&mut self.pool_active) {
-            self.cache.pool().set_active(false);
-        }
-    }
+    qp: Qpair<T>,
+    tcp: Tcp<W>,
 }
 
 /// A fatal protocol error: the TermReq's FES and FEI.
 pub(crate) struct Fatal {
-    pub(crate) fes: Fes,
-    pub(crate) fei: u32,
-    pub(crate) why: String,
+    pub fes: Fes,
+    pub fei: u32,
+    pub why: String,
 }
 
 impl From<PduError> for Fatal {
@@ -319,6 +219,14 @@ impl From<PduError> for Fatal {
             fei: e.fei(),
             why: e.to_string(),
         }
+    }
+}
+
+pub(crate) fn internal(what: &str) -> Fatal {
+    Fatal {
+        fes: Fes::INVALID_HEADER_FIELD,
+        fei: 0,
+        why: format!("internal: {what}"),
     }
 }
 
@@ -348,9 +256,10 @@ impl<T: Transport> Conn<TcpStream, T> {
 
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
-        self.sock.as_fd()
+        self.tcp.sock.as_fd()
     }
 }
+
 impl<W: Wire, T: Transport> Conn<W, T> {
     /// A connection over `sock` (non-blocking, set up), between the
     /// addresses `(local, peer)`, its data buffers from `cache`.
@@ -364,26 +273,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         now: Instant,
     ) -> Conn<W, T> {
         let rx = vec![0u8; shared.opts.rx_buffer];
-        let icd_max = shared.opts.admin_in_capsule_data_size;
-        let mut c = Conn {
-            id,
-            io: None,
+        let mut tcp = Tcp {
             sock,
-            local,
-            peer,
-            thread,
             phase: Phase::Init,
-            now,
             stage_since: now,
             quiet: 0,
             last_rx: now,
-            data_slot: false,
-            cache,
-            held: 0,
-            pool_active: false,
-            waiting: VecDeque::new(),
-            wait_counted: false,
             r2t_out: 0,
+            h2c: Vec::new(),
             tx_stalled_since: None,
             rxcfg: RxConfig::initial(Role::Controller),
             memo: CheckMemo::default(),
@@ -395,30 +292,25 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             rxst: RxState::Header,
             tx: Tx::default(),
             iov: Vec::new(),
-            bound: Bound::None,
-            slots: Vec::new(),
-            free: Vec::new(),
-            done: Vec::new(),
-            sqhd: 0,
-            entries: 1,
-            qid: 0,
-            flow_off: false,
-            icd_max,
-            scratch: Vec::with_capacity(CONNECT_DATA_LEN as usize),
-            kato: Duration::ZERO,
-            last_admin: now,
             linger_until: None,
             fin_sent: false,
             draining: false,
             terminated: false,
-            shared,
         };
-        c.rxcfg.max_plen = 128;
-        c
+        tcp.rxcfg.max_plen = 128;
+        Conn {
+            qp: Qpair::new(id, (local, peer), shared, cache, thread, now),
+            tcp,
+        }
+    }
+
+    /// The connection's id (unique on its thread).
+    pub fn id(&self) -> u64 {
+        self.qp.id
     }
 
     pub fn is_closed(&self) -> bool {
-        self.phase == Phase::Closed
+        self.tcp.phase == Phase::Closed
     }
 
     /// Nothing of this connection is at a bdev any more: dropping it does
@@ -427,13 +319,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// backend never holds the thread, and the other connections on it,
     /// while a connection goes away.
     pub fn is_settled(&self) -> bool {
-        self.io.as_ref().is_none_or(|q| q.outstanding() == 0)
+        self.qp.is_settled()
     }
 
     /// The socket (tests drive the machine over memory through it).
     #[cfg(test)]
     pub(crate) fn wire(&mut self) -> &mut W {
-        &mut self.sock
+        &mut self.tcp.sock
     }
 
     /// What the connection holds that a peer's bytes could grow: bytes
@@ -442,53 +334,128 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     #[cfg(test)]
     pub(crate) fn footprint(&self) -> [usize; 6] {
         [
-            self.tx.bytes.len(),
-            self.tx.pending().len(),
-            self.scratch.capacity(),
-            self.slots.len(),
-            self.rx.len(),
-            self.held,
+            self.tcp.tx.bytes.len(),
+            self.tcp.tx.pending().len(),
+            self.qp.scratch.capacity(),
+            self.qp.slots.len(),
+            self.tcp.rx.len(),
+            self.qp.held,
         ]
     }
 
     /// Commands wait for data buffers.
     #[cfg(test)]
     pub(crate) fn is_waiting(&self) -> bool {
-        !self.waiting.is_empty()
+        !self.qp.waiting.is_empty()
     }
 
     /// Work is pending that no socket readiness will announce: the
     /// thread must not sleep.
     pub fn needs_poll(&self) -> bool {
-        !self.tx.is_empty()
-            || self.io.as_ref().is_some_and(|q| q.outstanding() > 0)
-            || !self.waiting.is_empty()
+        self.tcp.needs_poll(&self.qp)
     }
 
     /// One pass: completions, receive (then the completions of what it
     /// received, if any finished at once), send.
+    #[inline]
     pub fn poll(&mut self, ctx: &mut ThreadCtx) -> bool {
+        self.tcp.poll(ctx, &mut self.qp)
+    }
+
+    /// Shutdown of the target: stop taking commands.
+    pub fn drain(&mut self) {
+        self.tcp.draining = true;
+        // Commands still waiting for a data buffer are not started.
+        self.qp.abandon_waiting();
+    }
+
+    /// Keep Alive Timeout expired on an admin queue.
+    pub fn kato_expired(&self, now: Instant) -> bool {
+        self.tcp.phase == Phase::Ready && self.qp.kato_expired(now)
+    }
+
+    /// The handshake stage this connection has spent longer in than the
+    /// transport options allow, if any, and that limit.
+    pub fn handshake_expired(&self, now: Instant) -> Option<(Stage, Duration)> {
+        let o = &self.qp.shared.opts;
+        let (stage, limit) = match self.tcp.phase {
+            Phase::Init => (Stage::IcReq, o.icreq_timeout),
+            Phase::Ready if matches!(self.qp.bound, Bound::None) => {
+                (Stage::Connect, o.connect_timeout)
+            }
+            _ => return None,
+        };
+        (now.saturating_duration_since(self.tcp.stage_since) > limit).then_some((stage, limit))
+    }
+
+    /// The host's address.
+    pub fn peer(&self) -> SocketAddr {
+        self.qp.peer
+    }
+
+    /// Open and not bound to an NVM subsystem: in its handshake, a
+    /// discovery controller's queue, or closing. These have their own
+    /// budget (`max_unbound_connections`).
+    pub fn is_unbound(&self) -> bool {
+        self.tcp.phase != Phase::Closed && !self.qp.data_slot
+    }
+
+    /// Closing (its last bytes going out, or waiting for the host's FIN).
+    pub fn is_closing(&self) -> bool {
+        self.tcp.phase == Phase::Closing
+    }
+
+    /// When data last arrived (or the connection was accepted).
+    pub fn last_rx(&self) -> Instant {
+        self.tcp.last_rx
+    }
+
+    /// The thread's timer (every 100 ms): see [`Tcp::tick`].
+    pub fn tick(&mut self, ctx: &mut ThreadCtx, now: Instant) {
+        self.tcp.tick(ctx, &mut self.qp, now);
+    }
+
+    /// Linger deadline passed.
+    pub fn linger_over(&self, now: Instant) -> bool {
+        self.tcp.linger_over(now)
+    }
+
+    /// Closes at once (controller torn down elsewhere, or linger over).
+    pub fn close_now(&mut self, ctx: &mut ThreadCtx, why: &str) {
+        self.tcp.close_now(ctx, &mut self.qp, why);
+    }
+}
+
+impl<W: Wire> Tcp<W> {
+    /// Work is pending that no socket readiness will announce.
+    #[inline]
+    pub(crate) fn needs_poll<T: Transport>(&self, qp: &Qpair<T>) -> bool {
+        !self.tx.is_empty() || qp.has_work()
+    }
+
+    /// One pass of the connection whose queue pair is `qp`.
+    pub(crate) fn poll<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
         if self.phase == Phase::Closed {
-            return self.settle();
+            return qp.settle();
         }
-        self.now = ctx.now();
+        qp.now = ctx.now();
         let mut busy = false;
-        if self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
-            busy |= self.poll_io();
+        if qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+            busy |= qp.poll_io(self);
         }
-        if !self.waiting.is_empty() {
-            busy |= self.serve_waiting();
+        if !qp.waiting.is_empty() {
+            busy |= qp.serve_waiting(self);
         }
         if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
             if self.quiet <= QUIET_AFTER {
-                let got = self.receive(ctx);
+                let got = self.receive(ctx, qp);
                 busy |= got;
                 self.quiet = if got { 0 } else { self.quiet + 1 };
                 // What the commands just received finished at once (null,
                 // RAM) goes out with this pass's send, not the next one's:
                 // at QD 1 that saves a pass and an empty receive per I/O.
-                if got && self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
-                    self.poll_io();
+                if got && qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+                    qp.poll_io(self);
                 }
             } else if self.quiet == QUIET_AFTER + QUIET_STRIDE {
                 self.quiet = QUIET_AFTER;
@@ -497,68 +464,17 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             }
         }
         if !self.tx.is_empty() {
-            busy |= self.flush(ctx);
+            busy |= self.flush(ctx, qp);
         }
         match self.phase {
-            Phase::Closing => busy |= self.closing(ctx),
+            Phase::Closing => busy |= self.closing(ctx, qp),
             // Shutdown: finish what is in flight, then close.
-            Phase::Ready | Phase::Init if self.draining && !self.needs_poll() => {
-                self.begin_close(ctx, "target shutting down");
+            Phase::Ready | Phase::Init if self.draining && !self.needs_poll(qp) => {
+                self.begin_close(ctx, qp, "target shutting down");
             }
             _ => {}
         }
         busy
-    }
-
-    /// Shutdown of the target: stop taking commands.
-    pub fn drain(&mut self) {
-        self.draining = true;
-        // Commands still waiting for a data buffer are not started.
-        self.abandon_waiting();
-    }
-
-    /// Keep Alive Timeout expired on an admin queue.
-    pub fn kato_expired(&self, now: Instant) -> bool {
-        matches!(self.bound, Bound::Admin { .. })
-            && self.phase == Phase::Ready
-            && !self.kato.is_zero()
-            && now.saturating_duration_since(self.last_admin) > self.kato
-    }
-
-    /// The handshake stage this connection has spent longer in than the
-    /// transport options allow, if any, and that limit.
-    pub fn handshake_expired(&self, now: Instant) -> Option<(Stage, Duration)> {
-        let o = &self.shared.opts;
-        let (stage, limit) = match self.phase {
-            Phase::Init => (Stage::IcReq, o.icreq_timeout),
-            Phase::Ready if matches!(self.bound, Bound::None) => {
-                (Stage::Connect, o.connect_timeout)
-            }
-            _ => return None,
-        };
-        (now.saturating_duration_since(self.stage_since) > limit).then_some((stage, limit))
-    }
-
-    /// The host's address.
-    pub fn peer(&self) -> SocketAddr {
-        self.peer
-    }
-
-    /// Open and not bound to an NVM subsystem: in its handshake, a
-    /// discovery controller's queue, or closing. These have their own
-    /// budget (`max_unbound_connections`).
-    pub fn is_unbound(&self) -> bool {
-        self.phase != Phase::Closed && !self.data_slot
-    }
-
-    /// Closing (its last bytes going out, or waiting for the host's FIN).
-    pub fn is_closing(&self) -> bool {
-        self.phase == Phase::Closing
-    }
-
-    /// When data last arrived (or the connection was accepted).
-    pub fn last_rx(&self) -> Instant {
-        self.last_rx
     }
 
     /// The thread's timer (every 100 ms): completes commands whose R2T
@@ -567,8 +483,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// back once the response is sent), closes the connection if its host
     /// has taken nothing of the send queue for as long, and leaves the
     /// pool's active connections when it holds no buffer.
-    pub fn tick(&mut self, ctx: &mut ThreadCtx, now: Instant) {
-        let limit = self.shared.opts.data_timeout;
+    pub(crate) fn tick<T: Transport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
+        now: Instant,
+    ) {
+        let limit = qp.shared.opts.data_timeout;
         if self.r2t_out > 0 && self.phase == Phase::Ready && !self.terminated {
             // (Not the transfer whose data is arriving right now.)
             let arriving = match self.rxst {
@@ -576,11 +497,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 RxState::Header => None,
             };
             let mut expired = 0u32;
-            for i in 0..self.slots.len() as u16 {
-                let s = &self.slots[i as usize];
-                let late = s.st == St::AwaitH2C
+            for i in 0..qp.slots.len() as u16 {
+                let late = qp.slots[i as usize].st == St::AwaitData
                     && arriving != Some(i)
-                    && s.r2t_at
+                    && self.h2c[i as usize]
+                        .r2t_at
                         .is_some_and(|at| now.saturating_duration_since(at) > limit);
                 if late {
                     self.r2t_out -= 1;
@@ -591,13 +512,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                         generic::TRANSIENT_TRANSPORT_ERROR,
                         false,
                     );
-                    self.finish(i, st, 0, 0);
+                    qp.finish(self, i, st, 0, 0);
                 }
             }
             if expired > 0 {
                 tracing::warn!(
-                    peer = %self.peer,
-                    conn = self.id,
+                    peer = %qp.peer,
+                    conn = qp.id,
                     commands = expired,
                     timeout_ms = limit.as_millis() as u64,
                     "the data asked for with R2T did not arrive in time: commands completed with Transient Transport Error"
@@ -609,51 +530,54 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             .is_some_and(|at| now.saturating_duration_since(at) > limit);
         if stalled && !self.tx.is_empty() && self.phase == Phase::Ready {
             tracing::warn!(
-                peer = %self.peer,
-                conn = self.id,
+                peer = %qp.peer,
+                conn = qp.id,
                 timeout_ms = limit.as_millis() as u64,
                 "the host has taken nothing of what is queued for it in time; closing the connection"
             );
-            self.close_now(ctx, "send queue stalled");
+            self.close_now(ctx, qp, "send queue stalled");
         }
-        if self.cache.pool().pressed() {
-            // Others wait: the pages idle slots keep go back.
-            self.give_back_kept();
-        }
-        if self.pool_active && self.held == 0 && self.waiting.is_empty() {
-            self.pool_active = false;
-            self.cache.pool().set_active(false);
-        }
+        qp.tick_buffers();
     }
 
     /// Linger deadline passed.
-    pub fn linger_over(&self, now: Instant) -> bool {
+    pub(crate) fn linger_over(&self, now: Instant) -> bool {
         self.linger_until.is_some_and(|d| now >= d)
     }
 
     /// Closes at once (controller torn down elsewhere, or linger over).
-    pub fn close_now(&mut self, ctx: &mut ThreadCtx, why: &str) {
+    pub(crate) fn close_now<T: Transport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
+        why: &str,
+    ) {
         if self.phase != Phase::Closed {
-            tracing::debug!(peer = %self.peer, conn = self.id, why, "connection closed");
-            self.detach(ctx);
+            tracing::debug!(peer = %qp.peer, conn = qp.id, why, "connection closed");
+            qp.detach(ctx);
             let _ = self.sock.shutdown(Shutdown::Both);
             self.phase = Phase::Closed;
         }
     }
 
     /// Graceful close: send what is queued, FIN, wait for the host's FIN.
-    pub fn begin_close(&mut self, ctx: &mut ThreadCtx, why: &str) {
+    pub(crate) fn begin_close<T: Transport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
+        why: &str,
+    ) {
         if matches!(self.phase, Phase::Closing | Phase::Closed) {
             return;
         }
-        tracing::debug!(peer = %self.peer, conn = self.id, why, "closing connection");
-        self.detach(ctx);
+        tracing::debug!(peer = %qp.peer, conn = qp.id, why, "closing connection");
+        qp.detach(ctx);
         self.phase = Phase::Closing;
-        self.linger_until = Some(self.now + LINGER);
+        self.linger_until = Some(qp.now + LINGER);
     }
 
-    pub(crate) fn closing(&mut self, ctx: &mut ThreadCtx) -> bool {
-        if !self.tx.is_empty() || self.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+    fn closing<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
+        if !self.tx.is_empty() || qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             return false;
         }
         if !self.fin_sent {
@@ -667,24 +591,16 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         for _ in 0..READS_PER_POLL {
             match self.sock.recv2(&mut self.rx[..], &mut []) {
                 Ok(Some(0)) | Err(_) => {
-                    self.close_now(ctx, "closed");
+                    self.close_now(ctx, qp, "closed");
                     return true;
                 }
                 Ok(Some(_)) => busy = true,
                 Ok(None) => break,
             }
         }
-        if self.linger_over(self.now) {
-            self.close_now(ctx, "linger time over");
+        if self.linger_over(qp.now) {
+            self.close_now(ctx, qp, "linger time over");
         }
         busy
-    }
-}
-
-pub(crate) fn internal(what: &str) -> Fatal {
-    Fatal {
-        fes: Fes::INVALID_HEADER_FIELD,
-        fei: 0,
-        why: format!("internal: {what}"),
     }
 }

@@ -12,10 +12,8 @@ use pollux_spec::tcp::{
 use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
-use crate::qpair::gen;
-use crate::tcp::conn::{
-    internal, Body, Bound, Conn, Fatal, Phase, RxState, Sink, St, READS_PER_POLL,
-};
+use crate::qpair::{gen, Bound, Qpair, St};
+use crate::tcp::conn::{internal, Body, Fatal, H2c, Phase, RxState, Sink, Tcp, READS_PER_POLL};
 use crate::tcp::sock::Wire;
 
 /// Data at least this large is received straight into its buffer.
@@ -25,12 +23,11 @@ pub(crate) const DIRECT_MIN: u32 = 8 << 10;
 /// cannot make the queue grow (commands on a bound queue are limited by
 /// its slots, but a queue not yet connected answers without a slot).
 pub(crate) const TX_BACKLOG_MAX: usize = 64 << 10;
-impl<W: Wire, T: Transport> Conn<W, T> {
-    // ------------------------------------------------------------------
-    // Receive
-    // ------------------------------------------------------------------
 
-    pub(crate) fn receive(&mut self, ctx: &mut ThreadCtx) -> bool {
+impl<W: Wire> Tcp<W> {
+    /// Reads what the socket has (a few reads at most) and handles the
+    /// PDUs in it; true if anything arrived.
+    pub(crate) fn receive<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
         let mut busy = false;
         for _ in 0..READS_PER_POLL {
             if self.tx.bytes.len() >= TX_BACKLOG_MAX {
@@ -45,7 +42,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 self.rs = 0;
             }
             // (bytes read in all, of them into the receive buffer)
-            let r = if let Some(r) = self.direct_receive() {
+            let r = if let Some(r) = self.direct_receive(qp) {
                 r
             } else if self.re == self.rx.len() {
                 break;
@@ -55,14 +52,14 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             };
             match r {
                 Ok(Some((0, _))) => {
-                    self.close_now(ctx, "host closed the connection");
+                    self.close_now(ctx, qp, "host closed the connection");
                     return true;
                 }
                 Ok(Some((_, n))) => {
                     self.re += n;
-                    self.last_rx = self.now;
+                    self.last_rx = qp.now;
                     busy = true;
-                    self.process(ctx);
+                    self.process(ctx, qp);
                     if self.phase != Phase::Ready && self.phase != Phase::Init {
                         break;
                     }
@@ -73,7 +70,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
                 Ok(None) => break,
                 Err(e) => {
-                    self.close_now(ctx, &format!("receive failed: {e}"));
+                    self.close_now(ctx, qp, &format!("receive failed: {e}"));
                     return true;
                 }
             }
@@ -86,8 +83,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Returns the bytes read in all and those that went to the receive
     /// buffer (which starts empty).
     #[allow(clippy::type_complexity)]
-    pub(crate) fn direct_receive(&mut self) -> Option<std::io::Result<Option<(usize, usize)>>> {
-        if !self.shared.opts.direct_receive || self.rs != self.re {
+    fn direct_receive<T: Transport>(
+        &mut self,
+        qp: &mut Qpair<T>,
+    ) -> Option<std::io::Result<Option<(usize, usize)>>> {
+        if !qp.shared.opts.direct_receive || self.rs != self.re {
             return None;
         }
         let RxState::Body(b) = &mut self.rxst else {
@@ -99,7 +99,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         if b.pad != 0 || b.left < DIRECT_MIN {
             return None;
         }
-        let buf = self.slots.get_mut(i as usize)?.buf.as_mut()?;
+        let buf = qp.slots.get_mut(i as usize)?.buf.as_mut()?;
         let dst = buf
             .as_mut_slice()
             .get_mut(b.off as usize..(b.off + b.left) as usize)?;
@@ -120,7 +120,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     }
 
     /// Parses and handles every complete piece in the receive buffer.
-    pub(crate) fn process(&mut self, ctx: &mut ThreadCtx) {
+    fn process<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) {
         while matches!(self.phase, Phase::Init | Phase::Ready) {
             match self.rxst {
                 RxState::Header => {
@@ -135,13 +135,13 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     let layout = match self.memo.check(&ch, &self.rxcfg) {
                         Ok(l) => l,
                         Err(PduError::TermReqLength { plen, .. }) => {
-                            self.close_now(ctx, &format!("host TermReq with PLEN {plen}"));
+                            self.close_now(ctx, qp, &format!("host TermReq with PLEN {plen}"));
                             return;
                         }
                         Err(e) => {
                             let n = avail.min(ch.hlen.max(8) as usize);
                             let hb = self.rx[at..at + n].to_vec();
-                            return self.fatal(ctx, e.into(), &hb);
+                            return self.fatal(ctx, qp, e.into(), &hb);
                         }
                     };
                     let hl = layout.header_len() as usize;
@@ -154,20 +154,20 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                         Ok(p) => p,
                         Err(e) => {
                             let hb = self.rx[at..at + hl].to_vec();
-                            return self.fatal(ctx, e.into(), &hb);
+                            return self.fatal(ctx, qp, e.into(), &hb);
                         }
                     };
                     self.rs += hl;
-                    if let Err(f) = self.on_header(ctx, pdu, &layout) {
+                    if let Err(f) = self.on_header(ctx, qp, pdu, &layout) {
                         // Handling a header never writes the receive
                         // buffer (only `receive` and `closing` do).
                         let end = at + layout.hlen as usize;
                         let hb = self.rx.get(at..end).map(<[u8]>::to_vec).unwrap_or_default();
-                        return self.fatal(ctx, f, &hb);
+                        return self.fatal(ctx, qp, f, &hb);
                     }
                 }
                 RxState::Body(mut b) => {
-                    let done = self.consume_body(&mut b);
+                    let done = self.consume_body(qp, &mut b);
                     if !done {
                         self.rxst = RxState::Body(b);
                         return;
@@ -175,9 +175,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     self.rxst = RxState::Header;
                     let ok = !b.want_dd || b.dg.value() == u32::from_le_bytes(b.dd);
                     if !ok {
-                        tracing::warn!(peer = %self.peer, "data digest error");
+                        tracing::warn!(peer = %qp.peer, "data digest error");
                     }
-                    self.on_body(ctx, &b, ok);
+                    self.on_body(ctx, qp, &b, ok);
                 }
             }
         }
@@ -185,7 +185,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     /// Takes what the receive buffer has of a PDU's padding, data and
     /// data digest; true once all of it is in.
-    pub(crate) fn consume_body(&mut self, b: &mut Body) -> bool {
+    fn consume_body<T: Transport>(&mut self, qp: &mut Qpair<T>, b: &mut Body) -> bool {
         let avail = self.re - self.rs;
         let n = (b.pad as usize).min(avail);
         self.rs += n;
@@ -201,9 +201,9 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             }
             match b.sink {
                 Sink::Discard => {}
-                Sink::Scratch => self.scratch.extend_from_slice(src),
+                Sink::Scratch => qp.scratch.extend_from_slice(src),
                 Sink::Slot(i) => {
-                    let dst = self.slots[i as usize]
+                    let dst = qp.slots[i as usize]
                         .buf
                         .as_mut()
                         .and_then(|d| d.as_mut_slice().get_mut(b.off as usize..b.off as usize + n));
@@ -232,13 +232,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         true
     }
 
-    pub(crate) fn body(
-        pdu: PduHeader,
-        layout: &PduLayout,
-        sink: Sink,
-        slot: Option<u16>,
-        off: u32,
-    ) -> Body {
+    fn body(pdu: PduHeader, layout: &PduLayout, sink: Sink, slot: Option<u16>, off: u32) -> Body {
         Body {
             pdu,
             slot,
@@ -254,9 +248,10 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         }
     }
 
-    pub(crate) fn on_header(
+    fn on_header<T: Transport>(
         &mut self,
         ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
         pdu: PduHeader,
         layout: &PduLayout,
     ) -> Result<(), Fatal> {
@@ -264,7 +259,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             PduHeader::IcReq(r) => {
                 self.digests = r.digests();
                 self.hpda = r.hpda;
-                let o = &self.shared.opts;
+                let o = &qp.shared.opts;
                 let resp = IcResp::new(0, self.digests, o.max_h2c_data);
                 let l = PduLayout::new(PduType::IcResp, Digests::NONE, 0, 0)
                     .ok_or_else(|| internal("ICResp layout"))?;
@@ -278,57 +273,49 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     .plen_for(PduType::CapsuleCmd, icd)
                     .max(self.rxcfg.plen_for(PduType::H2CData, o.max_h2c_data));
                 self.phase = Phase::Ready;
-                self.stage_since = self.now;
-                tracing::debug!(peer = %self.peer, digests = ?self.digests, hpda = r.hpda, maxr2t = r.maxr2t, "connection initialized");
+                self.stage_since = qp.now;
+                tracing::debug!(peer = %qp.peer, digests = ?self.digests, hpda = r.hpda, maxr2t = r.maxr2t, "connection initialized");
                 Ok(())
             }
             PduHeader::TermReq(t) => {
-                tracing::warn!(peer = %self.peer, fes = %t.fes(), fei = t.fei(), "host terminated the connection (H2CTermReq)");
-                self.begin_close(ctx, "H2CTermReq");
+                tracing::warn!(peer = %qp.peer, fes = %t.fes(), fei = t.fei(), "host terminated the connection (H2CTermReq)");
+                self.begin_close(ctx, qp, "H2CTermReq");
                 Ok(())
             }
             PduHeader::CapsuleCmd(c) => {
                 let sqe = c.sqe();
                 let dl = layout.data_len;
-                let sink = if matches!(self.bound, Bound::None) {
-                    if FcType::of(&sqe) == Some(FcType::Connect) && dl <= self.icd_max {
-                        self.scratch.clear();
+                let sink = if matches!(qp.bound, Bound::None) {
+                    if FcType::of(&sqe) == Some(FcType::Connect) && dl <= qp.icd_max {
+                        qp.scratch.clear();
                         Sink::Scratch
                     } else {
                         Sink::Discard
                     }
                 } else {
-                    let Some(i) = self.free.pop() else {
+                    let Some(i) = qp.take_slot(&sqe) else {
                         return Err(Fatal {
                             fes: Fes::PDU_SEQUENCE_ERROR,
                             fei: 0,
                             why: format!(
                                 "command capsule beyond the queue's {} entries",
-                                self.entries
+                                qp.entries
                             ),
                         });
                     };
-                    let s = &mut self.slots[i as usize];
-                    s.st = St::Recv;
-                    s.cid = sqe.cid;
-                    s.sqe = sqe;
-                    s.err = None;
-                    s.got = 0;
-                    s.xfer = 0;
-                    s.io = None;
                     // In-capsule data is arriving: its buffer does not
                     // wait for the pool's budget (bounded by the slots).
                     let err = if dl == 0 {
                         None
-                    } else if dl > self.icd_max {
+                    } else if dl > qp.icd_max {
                         Some(gen(generic::SGL_OFFSET_INVALID))
-                    } else if self.slot_buf(i, dl as usize, false) {
+                    } else if qp.slot_buf(i, dl as usize, false) {
                         None
                     } else {
                         Some(gen(generic::INTERNAL_ERROR))
                     };
                     if let Some(e) = err {
-                        self.slots[i as usize].err = Some(e);
+                        qp.slots[i as usize].err = Some(e);
                         self.rxst =
                             RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
                         return Ok(());
@@ -341,7 +328,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 };
                 if layout.data_len == 0 && layout.pad_len() == 0 {
                     // Nothing follows the header: the command is in.
-                    self.capsule_in(ctx, &sqe, sink, slot, 0, true);
+                    self.capsule_in(ctx, qp, &sqe, sink, slot, 0, true);
                 } else {
                     self.rxst = RxState::Body(Self::body(pdu, layout, sink, slot, 0));
                 }
@@ -354,7 +341,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     fei: field.offset(),
                     why,
                 };
-                let Some(s) = self.slots.get(i).filter(|s| s.st == St::AwaitH2C) else {
+                let Some(s) = qp.slots.get(i).filter(|s| s.st == St::AwaitData) else {
                     return Err(bad(
                         Field::Ttag,
                         format!("H2CData for TTAG {} with no transfer outstanding", h.ttag),
@@ -369,7 +356,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                         ),
                     ));
                 }
-                check_data_range(PduType::H2CData, h.datao, h.datal, s.got, s.xfer)?;
+                check_data_range(PduType::H2CData, h.datao, h.datal, self.h2c[i].got, s.xfer)?;
                 self.rxst = RxState::Body(Self::body(
                     pdu,
                     layout,
@@ -384,20 +371,28 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     }
 
     /// A PDU is complete (`ok`: its data digest matched, or it had none).
-    pub(crate) fn on_body(&mut self, ctx: &mut ThreadCtx, b: &Body, ok: bool) {
+    fn on_body<T: Transport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
+        b: &Body,
+        ok: bool,
+    ) {
         match b.pdu {
             PduHeader::CapsuleCmd(c) => {
-                self.capsule_in(ctx, &c.sqe(), b.sink, b.slot, b.data_len, ok);
+                self.capsule_in(ctx, qp, &c.sqe(), b.sink, b.slot, b.data_len, ok);
             }
             PduHeader::H2CData(h) => {
                 let i = h.ttag;
-                let s = &mut self.slots[i as usize];
-                s.got += h.datal;
+                let t = &mut self.h2c[i as usize];
+                t.got += h.datal;
+                let s = &mut qp.slots[i as usize];
                 if !ok {
                     s.err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
                 }
-                if s.got == s.xfer {
-                    self.write_data_in(i);
+                if t.got == s.xfer {
+                    self.r2t_out = self.r2t_out.saturating_sub(1);
+                    qp.data_in(self, i);
                 }
             }
             _ => {}
@@ -406,9 +401,11 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 
     /// A command capsule is in, with its `data_len` bytes of in-capsule
     /// data (`ok`: their digest matched, or there was none).
-    pub(crate) fn capsule_in(
+    #[allow(clippy::too_many_arguments)]
+    fn capsule_in<T: Transport>(
         &mut self,
         ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
         sqe: &Sqe,
         sink: Sink,
         slot: Option<u16>,
@@ -416,20 +413,17 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         ok: bool,
     ) {
         match (sink, slot) {
-            (Sink::Slot(i), _) => {
-                if !ok {
-                    self.slots[i as usize].err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
+            (Sink::Slot(i), _) => qp.capsule(ctx, self, i, data_len, ok),
+            // A command whose data was refused (its slot holds the
+            // status).
+            (Sink::Discard, Some(i)) => qp.capsule(ctx, self, i, 0, true),
+            _ => {
+                qp.unbound_command(ctx, self, sqe, ok);
+                // A Connect accepted gave the queue its slots.
+                if self.h2c.len() != qp.slots.len() {
+                    self.h2c = vec![H2c::default(); qp.slots.len()];
                 }
-                self.advance_sqhd();
-                self.command(ctx, i, data_len);
             }
-            (Sink::Discard, Some(i)) => {
-                // A command whose data was refused (its slot holds the
-                // status).
-                self.advance_sqhd();
-                self.command(ctx, i, 0);
-            }
-            _ => self.unbound_command(ctx, sqe, ok),
         }
     }
 }

@@ -83,7 +83,7 @@ pub(crate) fn close_conn<T: Transport>(ctx: &mut ThreadCtx, id: u64) {
         return;
     };
     with(&tab, |t| {
-        if let Some(c) = t.conns.iter_mut().find(|c| c.id == id) {
+        if let Some(c) = t.conns.iter_mut().find(|c| c.id() == id) {
             c.close_now(ctx, "controller torn down");
         }
     });
@@ -145,12 +145,12 @@ pub(crate) fn init<T: Transport>(
             for c in t.conns.iter_mut() {
                 c.tick(ctx, now);
                 if c.kato_expired(now) {
-                    tracing::warn!(conn = c.id, "keep alive timeout expired");
+                    tracing::warn!(conn = c.id(), "keep alive timeout expired");
                     c.close_now(ctx, "keep alive timeout");
                 } else if let Some((stage, limit)) = c.handshake_expired(now) {
                     tracing::warn!(
                         peer = %c.peer(),
-                        conn = c.id,
+                        conn = c.id(),
                         stage = ?stage,
                         timeout_ms = limit.as_millis() as u64,
                         "handshake timeout: {stage}; closing the connection"
@@ -375,7 +375,7 @@ fn evict_unbound<T: Transport>(ctx: &mut ThreadCtx, t: &mut Table<T>, now: Insta
         return;
     };
     let (peer, idle) = (c.peer(), now.saturating_duration_since(c.last_rx()));
-    tracing::debug!(%peer, conn = c.id, idle_ms = idle.as_millis() as u64, "unbound connection evicted");
+    tracing::debug!(%peer, conn = c.id(), idle_ms = idle.as_millis() as u64, "unbound connection evicted");
     c.close_now(ctx, "evicted: unbound connection budget full");
     t.evicted += 1;
     if t.evict_logged

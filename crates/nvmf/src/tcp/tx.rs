@@ -1,41 +1,37 @@
-//! Send: response capsules, C2HData, C2HTermReq queued, and everything
+//! Send: what the core asks of the connection ([`QueueTransport`]:
+//! response capsules, C2HData, R2T, close), C2HTermReq, and everything
 //! queued flushed with one `sendmsg` per poll.
 use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
-    flags, C2HData, CapsuleResp, DataDigest, PduLayout, PduType, Role, TermReq, TERM_REQ_MAX_DATA,
+    flags, C2HData, CapsuleResp, DataDigest, PduLayout, PduType, Role, TermReq, R2T,
+    TERM_REQ_MAX_DATA,
 };
-use pollux_spec::Status;
+use pollux_spec::{Cqe, Status};
 use zerocopy::IntoBytes;
 
-use crate::qpair::gen;
-use crate::tcp::conn::{Conn, Fatal, St};
+use crate::qpair::{gen, Qpair, QueueTransport, St};
+use crate::tcp::conn::{Fatal, H2c, Phase, Tcp};
 use crate::tcp::queue::Seg;
 use crate::tcp::sock::{self, Wire};
 
-impl<W: Wire, T: Transport> Conn<W, T> {
+impl<W: Wire> QueueTransport for Tcp<W> {
     /// Queues a response capsule; frees slot `slot` (if any) once sent.
-    pub(crate) fn respond(
-        &mut self,
-        slot: Option<u16>,
-        cid: u16,
-        status: Status,
-        dw0: u32,
-        dw1: u32,
-    ) {
+    #[inline]
+    fn respond<T: Transport>(&mut self, qp: &mut Qpair<T>, slot: Option<u16>, cqe: &Cqe) {
         if self.terminated {
             if let Some(i) = slot {
-                self.release(i);
+                qp.release(i);
             }
             return;
         }
-        let r = CapsuleResp::new(self.cqe(cid, status, dw0, dw1), self.digests.header);
+        let r = CapsuleResp::new(*cqe, self.digests.header);
         if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
             self.tx.push_header(r.as_bytes(), &l);
         }
         if let Some(i) = slot {
-            self.slots[i as usize].st = St::Tx;
+            qp.slots[i as usize].st = St::Tx;
             self.tx.push(Seg::Release { slot: i });
         }
     }
@@ -43,18 +39,19 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// Sends the first `len` bytes of slot `i`'s buffer as the command's
     /// data, then its successful completion (SUCCESS flag without SQ
     /// flow control, else a response capsule).
-    pub(crate) fn send_data(&mut self, i: u16, len: u32) {
+    #[inline]
+    fn send_data<T: Transport>(&mut self, qp: &mut Qpair<T>, i: u16, len: u32) {
         if self.terminated {
-            return self.release(i);
+            return qp.release(i);
         }
-        let success = self.flow_off;
-        let cid = self.slots[i as usize].cid;
+        let success = qp.flow_off;
+        let cid = qp.slots[i as usize].cid;
         let Some((h, l)) = C2HData::new(cid, 0, len, true, success, self.digests, self.hpda) else {
-            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+            return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
         };
-        let s = &mut self.slots[i as usize];
+        let s = &mut qp.slots[i as usize];
         let Some(b) = s.buf.take() else {
-            return self.finish(i, gen(generic::INTERNAL_ERROR), 0, 0);
+            return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
         };
         let dd = l.ddgst.then(|| {
             let mut d = DataDigest::new();
@@ -73,7 +70,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
             self.tx.push_bytes(&d.to_le_bytes());
         }
         if !success {
-            let r = CapsuleResp::new(self.cqe(cid, Status::SUCCESS, 0, 0), self.digests.header);
+            let r = CapsuleResp::new(qp.cqe(cid, Status::SUCCESS, 0, 0), self.digests.header);
             if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
                 self.tx.push_header(r.as_bytes(), &l);
             }
@@ -82,24 +79,78 @@ impl<W: Wire, T: Transport> Conn<W, T> {
         debug_assert!(h.ch.flags & flags::LAST_PDU != 0);
     }
 
+    /// Asks for slot `i`'s data with one R2T covering the whole transfer
+    /// (its H2CData PDUs must then arrive in order, within it).
+    #[inline]
+    fn receive_data<T: Transport>(&mut self, qp: &mut Qpair<T>, i: u16) {
+        let s = &qp.slots[i as usize];
+        self.h2c[i as usize] = H2c {
+            got: 0,
+            r2t_at: Some(qp.now),
+        };
+        self.r2t_out += 1;
+        let r = R2T::new(s.cid, i, 0, s.xfer, self.digests.header);
+        let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
+        if let Some(l) = l {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+    }
+
+    fn close<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>, why: &str) {
+        self.begin_close(ctx, qp, why);
+    }
+
+    #[inline]
+    fn can_send(&self) -> bool {
+        self.phase == Phase::Ready && !self.terminated
+    }
+
+    fn close_queue<T: Transport>(ctx: &mut ThreadCtx, conn: u64) {
+        crate::tcp::server::close_conn::<T>(ctx, conn);
+    }
+}
+
+impl<W: Wire> Tcp<W> {
     /// Queues a C2HTermReq for a protocol error and closes.
-    pub(crate) fn fatal(&mut self, ctx: &mut ThreadCtx, f: Fatal, header: &[u8]) {
-        tracing::warn!(peer = %self.peer, fes = %f.fes, fei = f.fei, "protocol error: {}; terminating the connection", f.why);
+    pub(crate) fn fatal<T: Transport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair<T>,
+        f: Fatal,
+        header: &[u8],
+    ) {
+        tracing::warn!(peer = %qp.peer, fes = %f.fes, fei = f.fei, "protocol error: {}; terminating the connection", f.why);
         let n = header.len().min(TERM_REQ_MAX_DATA as usize);
         let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
         self.tx.push_bytes(t.as_bytes());
         self.tx.push_bytes(&header[..n]);
         self.terminated = true;
-        self.begin_close(ctx, "protocol error");
+        self.begin_close(ctx, qp, "protocol error");
     }
 
-    pub(crate) fn flush(&mut self, ctx: &mut ThreadCtx) -> bool {
+    /// Slot `i`'s response (and data) went out: its buffer comes back from
+    /// the send queue and the slot is free.
+    #[inline]
+    fn release_sent<T: Transport>(qp: &mut Qpair<T>, i: u16) {
+        let s = &mut qp.slots[i as usize];
+        if let Some(l) = s.lent.take() {
+            // SAFETY: the buffer was lent to the send queue (the core
+            // takes back what it lends to the bdev before it completes a
+            // command), and every byte of it queued there was handed to
+            // the kernel by a copying send, which has returned: the
+            // slot's Release segment follows them.
+            s.buf = Some(unsafe { l.reclaim() });
+        }
+        qp.release(i);
+    }
+
+    pub(crate) fn flush<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
         let mut busy = false;
-        let max_iov = self.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
+        let max_iov = qp.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
             while let Some(Seg::Release { slot }) = self.tx.front() {
                 self.tx.pop_front();
-                self.release(slot);
+                Self::release_sent(qp, slot);
             }
             if self.tx.is_empty() {
                 self.tx.bytes.clear();
@@ -132,14 +183,15 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 }
             }
             // SAFETY: the iovecs point into `tx.bytes` (not modified until
-            // the call returns) and into lent slot buffers (released only
-            // once sent).
+            // the call returns) and into lent slot buffers (taken back
+            // only once sent, or when the connection, with this queue, is
+            // dropped).
             let r = unsafe { self.sock.send_iov(&self.iov) };
             let sent = match r {
                 Ok(0) => {
                     // (The data timeout closes a queue stalled too long.)
                     if self.tx_stalled_since.is_none() {
-                        self.tx_stalled_since = Some(self.now);
+                        self.tx_stalled_since = Some(qp.now);
                     }
                     break;
                 }
@@ -148,18 +200,18 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                     k
                 }
                 Err(e) => {
-                    self.close_now(ctx, &format!("send failed: {e}"));
+                    self.close_now(ctx, qp, &format!("send failed: {e}"));
                     return true;
                 }
             };
             busy = true;
-            self.advance(sent);
+            self.advance(qp, sent);
         }
         busy
     }
 
     /// `sent` bytes of the queue went out.
-    pub(crate) fn advance(&mut self, mut sent: usize) {
+    fn advance<T: Transport>(&mut self, qp: &mut Qpair<T>, mut sent: usize) {
         while sent > 0 {
             let Some(seg) = self.tx.front() else {
                 break;
@@ -168,7 +220,7 @@ impl<W: Wire, T: Transport> Conn<W, T> {
                 Seg::Bytes { len, .. } | Seg::Data { len, .. } => len,
                 Seg::Release { slot } => {
                     self.tx.pop_front();
-                    self.release(slot);
+                    Self::release_sent(qp, slot);
                     continue;
                 }
             };
