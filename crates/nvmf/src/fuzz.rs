@@ -57,7 +57,7 @@ use proptest::prelude::Rng as _;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use zerocopy::IntoBytes;
 
-use crate::pool::Cache;
+use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
 use crate::tcp::sock::Wire;
@@ -184,6 +184,8 @@ impl Wire for MemWire {
 /// I/O-queue cases, a shadow of its namespace.
 struct Env {
     shared: Arc<Shared>,
+    /// The transport's data buffer pool.
+    pool: Arc<Pool>,
     /// The data buffers' cache of this environment's connections.
     cache: Rc<Cache>,
     local: SocketAddr,
@@ -1408,10 +1410,11 @@ fn bring_up(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) {
     env.admin = Some(conn);
 }
 
-fn env_for(shared: Arc<Shared>, local: SocketAddr) -> Env {
-    let cache = Rc::new(Cache::new(shared.pool.clone(), 1 << 20));
+fn env_for((shared, pool, local): (Arc<Shared>, Arc<Pool>, SocketAddr)) -> Env {
+    let cache = Rc::new(Cache::new(pool.clone(), 1 << 20));
     Env {
         shared,
+        pool,
         cache,
         local,
         cntlid: 0,
@@ -1442,14 +1445,14 @@ fn fuzz_conn() {
         io_unit_size: 64 << 10,
         ..Default::default()
     });
-    let sa = (a.shared(), a.listen_addrs()[0]);
-    let sb = (b.shared(), b.listen_addrs()[0]);
+    let sa = (a.shared(), a.pool(), a.listen_addrs()[0]);
+    let sb = (b.shared(), b.pool(), b.listen_addrs()[0]);
     let start = std::time::Instant::now();
     // All cases on the target's runtime thread (connections are not Send).
     let r = a
         .runtime()
         .call(0, move |ctx| {
-            let mut envs = [env_for(sa.0, sa.1), env_for(sb.0, sb.1)];
+            let mut envs = [env_for(sa), env_for(sb)];
             let mut st = Stats::default();
             for i in 0..cases {
                 let mut s = [0u8; 32];
@@ -1466,7 +1469,7 @@ fn fuzz_conn() {
                     // The case's connection is gone: every data buffer it
                     // took is back (cached or freed), and the strict ones
                     // stayed within the pool.
-                    let (used, cached) = (e.shared.pool.used(), e.cache.bytes());
+                    let (used, cached) = (e.pool.used(), e.cache.bytes());
                     if used != cached {
                         fail(format!(
                             "data buffers leaked: {used} bytes charged, {cached} cached"
@@ -1516,10 +1519,10 @@ fn fuzz_conn() {
 /// controller up).
 fn on_target(f: impl FnOnce(&mut ThreadCtx, &mut Env, &mut TestRng) + Send + 'static) {
     let t = target(crate::TransportOptions::default());
-    let (sh, local) = (t.shared(), t.listen_addrs()[0]);
+    let (sh, pool, local) = (t.shared(), t.pool(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local);
+            let mut env = env_for((sh, pool, local));
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             bring_up(ctx, &mut env, &mut rng);
             f(ctx, &mut env, &mut rng);
@@ -1628,10 +1631,10 @@ fn handshake_deadlines_follow_the_stages() {
         connect_timeout: two,
         ..Default::default()
     });
-    let (sh, local) = (t.shared(), t.listen_addrs()[0]);
+    let (sh, pool, local) = (t.shared(), t.pool(), t.listen_addrs()[0]);
     t.runtime()
         .call(0, move |ctx| {
-            let mut env = env_for(sh, local);
+            let mut env = env_for((sh, pool, local));
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             let t0 = ctx.now();
             let accepted = t0.checked_sub(Duration::from_secs(3)).expect("instant");

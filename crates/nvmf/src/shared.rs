@@ -14,7 +14,6 @@ use pollux_runtime::ThreadCtx;
 
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
-use crate::pool::Pool;
 
 /// Which subsystem a controller belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -101,16 +100,9 @@ pub(crate) struct Shared<T: Transport = NoNvme> {
     /// Every bound listener.
     pub listeners: Vec<SocketAddr>,
     pub ctrls: Mutex<CtrlTable<T>>,
-    /// Open connections (accept refuses beyond `opts.max_connections +
-    /// opts.max_unbound_connections`).
-    pub conns: AtomicUsize,
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).
     pub data_conns: AtomicUsize,
-    /// The data buffers' budget.
-    pub pool: Arc<Pool>,
-    /// Core of each runtime thread.
-    pub cores: Vec<usize>,
 }
 
 impl<T: Transport> Shared<T> {

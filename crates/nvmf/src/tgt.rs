@@ -11,10 +11,8 @@ use pollux_spec::fabrics::DISCOVERY_NQN;
 
 use crate::config::{ConfigError, TargetConfig};
 use crate::model::{ModelError, Subsys, SubsysParams};
-use crate::pool::Pool;
 use crate::shared::{Shared, SubsysEntry};
-use crate::tcp::server::init;
-use crate::tcp::sock;
+use crate::tcp::server::{init, Listeners, TcpShared};
 
 /// Why a target did not start.
 #[derive(Debug, thiserror::Error)]
@@ -52,6 +50,8 @@ fn default_serial(nqn: &str) -> String {
 pub struct Target<T: Transport = NoNvme> {
     rt: RuntimeHandle,
     shared: Arc<Shared<T>>,
+    /// The TCP transport's (connections, data buffer pool).
+    tcp: Arc<TcpShared>,
 }
 
 impl<T: Transport> Target<T> {
@@ -64,44 +64,13 @@ impl<T: Transport> Target<T> {
     ) -> Result<Target<T>, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
-        // Each connection is a descriptor: take what the hard limit allows.
-        match sock::raise_nofile() {
-            Ok((before, after)) => {
-                let want = (o.max_connections as u64).saturating_add(64);
-                if after < want {
-                    tracing::warn!(
-                        limit = after,
-                        max_connections = o.max_connections,
-                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
-                    );
-                } else if before != after {
-                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
-                }
-            }
-            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
-        }
-        // Bind each distinct address once; port 0 becomes a real port.
-        let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
-        for s in &cfg.subsystems {
-            for &addr in &s.listeners {
-                if bound.iter().any(|(a, _, _)| *a == addr) {
-                    continue;
-                }
-                let l = TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|source| TargetError::Listen { addr, source })?;
-                let real = l
-                    .local_addr()
-                    .map_err(|source| TargetError::Listen { addr, source })?;
-                bound.push((addr, real, l));
-            }
-        }
-        let real = |a: &SocketAddr| {
-            bound
+        let listen = Listeners::bind(
+            cfg.subsystems
                 .iter()
-                .find(|(c, _, _)| c == a)
-                .map_or(*a, |(_, r, _)| *r)
-        };
+                .flat_map(|s| s.listeners.iter().copied()),
+            &o,
+        )
+        .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
         for s in &cfg.subsystems {
             let p = SubsysParams {
@@ -123,7 +92,7 @@ impl<T: Transport> Target<T> {
                 model,
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
-                listeners: s.listeners.iter().map(real).collect(),
+                listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
             });
         }
         let dp = SubsysParams {
@@ -141,22 +110,18 @@ impl<T: Transport> Target<T> {
                 nqn: DISCOVERY_NQN.into(),
                 source,
             })?;
-        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
+        let tcp = Arc::new(TcpShared::new(&o, cores));
         let shared = Arc::new(Shared {
             opts: o,
             subsystems,
             discovery,
-            listeners: bound.iter().map(|(_, r, _)| *r).collect(),
+            listeners: listen.addrs(),
             ctrls: Mutex::default(),
-            conns: Default::default(),
             data_conns: Default::default(),
-            pool: Arc::new(Pool::new(pool_bytes)),
-            cores: cores.to_vec(),
         });
-        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
-            bound.into_iter().map(|(_, _, l)| l).collect(),
-        )));
-        let sh = shared.clone();
+        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> =
+            Arc::new(Mutex::new(Some(listen.into_listeners())));
+        let (sh, tc) = (shared.clone(), tcp.clone());
         let rt = Runtime::start_with(cores, rt_opts, move |ctx| {
             let ls = if ctx.index() == 0 {
                 listeners
@@ -167,12 +132,12 @@ impl<T: Transport> Target<T> {
             } else {
                 Vec::new()
             };
-            init(ctx, sh.clone(), ls);
+            init(ctx, sh.clone(), tc.clone(), ls);
         })?;
         for a in &shared.listeners {
             tracing::info!(listen = %a, "NVMe/TCP target listening");
         }
-        Ok(Target { rt, shared })
+        Ok(Target { rt, shared, tcp })
     }
 
     /// The addresses listened on (configured port 0 resolved).
@@ -192,6 +157,12 @@ impl<T: Transport> Target<T> {
         self.shared.clone()
     }
 
+    /// The data buffer pool (tests check what connections give back).
+    #[cfg(test)]
+    pub(crate) fn pool(&self) -> Arc<crate::pool::Pool> {
+        self.tcp.pool.clone()
+    }
+
     /// The runtime (tests run connections on its threads).
     #[cfg(test)]
     pub(crate) fn runtime(&self) -> &RuntimeHandle {
@@ -202,12 +173,12 @@ impl<T: Transport> Target<T> {
     /// threads), and the pool's limit (`num_shared_buffers` x
     /// `io_unit_size`; in-capsule and admin data may pass it).
     pub fn buffer_bytes(&self) -> (usize, usize) {
-        (self.shared.pool.used(), self.shared.pool.limit())
+        (self.tcp.pool.used(), self.tcp.pool.limit())
     }
 
     /// Connections open.
     pub fn connections(&self) -> usize {
-        self.shared.conns.load(Relaxed)
+        self.tcp.conns.load(Relaxed)
     }
 
     /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).

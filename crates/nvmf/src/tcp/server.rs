@@ -1,4 +1,6 @@
-//! The target on the runtime: listeners, placement of connections on
+//! The TCP transport on the runtime: listeners (bound at start), what
+//! its threads share ([`TcpShared`]: the connection count, the data
+//! buffer pool, the threads' cores), placement of connections on
 //! threads, each thread's connection table and poller, idle sleep in
 //! epoll on the sockets, Keep Alive expiry, handshake timeouts (a
 //! connection without ICReq, or whose queue is not connected, in time is
@@ -13,9 +15,10 @@
 //! or to the next thread round robin.
 use std::any::Any;
 use std::cell::RefCell;
-use std::net::{TcpListener, TcpStream};
+use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,13 +26,102 @@ use std::time::{Duration, Instant};
 use pollux_nvme::Transport;
 use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::pool::Cache;
+use crate::config::TransportOptions;
+use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
 use crate::tcp::sock;
 
+/// What every runtime thread of the TCP transport shares.
+pub(crate) struct TcpShared {
+    /// Open connections (accept refuses beyond `opts.max_connections +
+    /// opts.max_unbound_connections`).
+    pub conns: AtomicUsize,
+    /// The data buffers' budget (the transport's resource: each thread
+    /// takes from it through its cache).
+    pub pool: Arc<Pool>,
+    /// Core of each runtime thread.
+    pub cores: Vec<usize>,
+}
+
+impl TcpShared {
+    pub fn new(o: &TransportOptions, cores: &[usize]) -> TcpShared {
+        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
+        TcpShared {
+            conns: AtomicUsize::new(0),
+            pool: Arc::new(Pool::new(pool_bytes)),
+            cores: cores.to_vec(),
+        }
+    }
+}
+
+/// The listeners of a target being started: each distinct configured
+/// address bound once (a port 0 becomes a real port).
+pub(crate) struct Listeners {
+    /// (configured address, bound address, listener)
+    bound: Vec<(SocketAddr, SocketAddr, TcpListener)>,
+}
+
+impl Listeners {
+    /// Binds `addrs` (non-blocking), after raising the descriptor limit
+    /// (each connection is a descriptor). The address that failed, and
+    /// why.
+    pub fn bind(
+        addrs: impl IntoIterator<Item = SocketAddr>,
+        o: &TransportOptions,
+    ) -> Result<Listeners, (SocketAddr, std::io::Error)> {
+        // Each connection is a descriptor: take what the hard limit allows.
+        match sock::raise_nofile() {
+            Ok((before, after)) => {
+                let want = (o.max_connections as u64).saturating_add(64);
+                if after < want {
+                    tracing::warn!(
+                        limit = after,
+                        max_connections = o.max_connections,
+                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
+                    );
+                } else if before != after {
+                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
+                }
+            }
+            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        }
+        // Bind each distinct address once; port 0 becomes a real port.
+        let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
+        for addr in addrs {
+            if bound.iter().any(|(a, _, _)| *a == addr) {
+                continue;
+            }
+            let l = TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| (addr, e))?;
+            let real = l.local_addr().map_err(|e| (addr, e))?;
+            bound.push((addr, real, l));
+        }
+        Ok(Listeners { bound })
+    }
+
+    /// The address a configured one is bound to.
+    pub fn real(&self, a: &SocketAddr) -> SocketAddr {
+        self.bound
+            .iter()
+            .find(|(c, _, _)| c == a)
+            .map_or(*a, |(_, r, _)| *r)
+    }
+
+    /// Every bound address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.bound.iter().map(|(_, r, _)| *r).collect()
+    }
+
+    pub fn into_listeners(self) -> Vec<TcpListener> {
+        self.bound.into_iter().map(|(_, _, l)| l).collect()
+    }
+}
+
 struct Table<T: Transport> {
     shared: Arc<Shared<T>>,
+    tcp: Arc<TcpShared>,
     /// This thread's free data buffers.
     cache: Rc<Cache>,
     conns: Vec<Conn<TcpStream, T>>,
@@ -89,9 +181,12 @@ pub(crate) fn close_conn<T: Transport>(ctx: &mut ThreadCtx, id: u64) {
     });
 }
 
+/// Sets up runtime thread `ctx` (its connection table, pollers, timer
+/// and drain); `listeners` (thread 0's) are accepted from here.
 pub(crate) fn init<T: Transport>(
     ctx: &mut ThreadCtx,
     shared: Arc<Shared<T>>,
+    tcp: Arc<TcpShared>,
     listeners: Vec<TcpListener>,
 ) {
     for l in &listeners {
@@ -103,11 +198,12 @@ pub(crate) fn init<T: Transport>(
     let accepting = !listeners.is_empty();
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
     let cache = Rc::new(Cache::new(
-        shared.pool.clone(),
+        tcp.pool.clone(),
         usize::try_from(cache_bytes).unwrap_or(usize::MAX),
     ));
     let tab: TableRef<T> = Rc::new(RefCell::new(Table {
         shared,
+        tcp,
         cache,
         conns: Vec::new(),
         next_id: 0,
@@ -139,7 +235,7 @@ pub(crate) fn init<T: Transport>(
         let now = ctx.now();
         with(&t, |t| {
             // Others wait for buffers: give back what this thread caches.
-            if t.shared.pool.pressed() {
+            if t.tcp.pool.pressed() {
                 t.cache.trim();
             }
             for c in t.conns.iter_mut() {
@@ -189,7 +285,7 @@ fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
             if t.conns[k].is_closed() && t.conns[k].is_settled() {
                 let c = t.conns.swap_remove(k);
                 let _ = ctx.unregister_wake_fd(c.as_fd());
-                t.shared.conns.fetch_sub(1, Relaxed);
+                t.tcp.conns.fetch_sub(1, Relaxed);
                 drop(c);
             } else {
                 k += 1;
@@ -277,10 +373,10 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
             t.accept_warned = false;
             t.accept_backoff = Duration::ZERO;
         }
-        Some(t.shared.clone())
+        Some((t.shared.clone(), t.tcp.clone()))
     })
     .flatten();
-    let Some(shared) = shared else {
+    let Some((shared, tcp)) = shared else {
         return Poll::Idle;
     };
     if got.is_empty() {
@@ -291,7 +387,7 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     let max = shared.opts.max_connections + shared.opts.max_unbound_connections;
     for s in got {
         let peer = s.peer_addr().ok();
-        if shared.conns.load(Relaxed) >= max {
+        if tcp.conns.load(Relaxed) >= max {
             tracing::warn!(
                 ?peer,
                 max,
@@ -299,11 +395,11 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
             );
             continue;
         }
-        shared.conns.fetch_add(1, Relaxed);
+        tcp.conns.fetch_add(1, Relaxed);
         let n = ctx.thread_count();
         let by_cpu = if shared.opts.incoming_cpu {
             sock::incoming_cpu(s.as_raw_fd())
-                .and_then(|cpu| shared.cores.iter().position(|&c| c == cpu))
+                .and_then(|cpu| tcp.cores.iter().position(|&c| c == cpu))
         } else {
             None
         };
@@ -317,7 +413,7 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
         tracing::debug!(?peer, thread, "connection accepted");
         if let Err(e) = ctx.send(thread, move |ctx| adopt::<T>(ctx, s)) {
             tracing::warn!(thread, "connection dropped: {e}");
-            shared.conns.fetch_sub(1, Relaxed);
+            tcp.conns.fetch_sub(1, Relaxed);
         }
     }
     Poll::Busy
@@ -332,7 +428,7 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
     };
     with(&tab, |t| {
         if ctx.is_shutting_down() {
-            t.shared.conns.fetch_sub(1, Relaxed);
+            t.tcp.conns.fetch_sub(1, Relaxed);
             return;
         }
         evict_unbound(ctx, t, now);
@@ -347,7 +443,7 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
             }
             Err(e) => {
                 tracing::warn!("connection set-up: {e}");
-                t.shared.conns.fetch_sub(1, Relaxed);
+                t.tcp.conns.fetch_sub(1, Relaxed);
             }
         }
     });
