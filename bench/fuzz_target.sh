@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Runs the NVMe/TCP target's connection machine over many structured,
-# mutated PDU sequences (crates/nvmf/src/fuzz.rs, test fuzz_conn): each
+# mutated PDU sequences (crates/nvmf/tests/fuzz/, test fuzz_conn): each
 # case is one connection driven over memory by a host model (ICReq,
 # Connect, capsules, in-capsule and R2T/H2CData writes, reads, Keep Alive,
 # Disconnect, and mutations: truncation, oversized PLEN, wrong order, stray
@@ -24,7 +24,7 @@ trap 'rm -f "$out"' EXIT
 cargo build -j 1 --release -p pollux-nvmf --tests --quiet
 status=0
 POLLUX_FUZZ_CASES="$cases" POLLUX_FUZZ_SEED="$seed" \
-	cargo test -j 1 --release -p pollux-nvmf --lib --quiet fuzz::fuzz_conn -- --exact --nocapture \
+	cargo test -j 1 --release -p pollux-nvmf --test fuzz --quiet fuzz_conn -- --exact --nocapture \
 	>"$out" 2>&1 || status=$?
 if [ "$status" -ne 0 ]; then
 	cat "$out"

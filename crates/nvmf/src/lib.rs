@@ -40,14 +40,14 @@ mod buf;
 pub mod config;
 mod discovery;
 mod fabrics;
-#[cfg(test)]
-mod fuzz;
 mod io;
 mod model;
 mod pool;
 mod qpair;
 mod shared;
 mod tcp;
+#[doc(hidden)]
+pub mod testing;
 mod tgt;
 
 pub use config::{

@@ -152,19 +152,16 @@ impl<T: Transport> Target<T> {
 
     /// What the target's threads share (tests drive connections over
     /// memory with it).
-    #[cfg(test)]
     pub(crate) fn shared(&self) -> Arc<Shared<T>> {
         self.shared.clone()
     }
 
     /// The data buffer pool (tests check what connections give back).
-    #[cfg(test)]
     pub(crate) fn pool(&self) -> Arc<crate::pool::Pool> {
         self.tcp.pool.clone()
     }
 
     /// The runtime (tests run connections on its threads).
-    #[cfg(test)]
     pub(crate) fn runtime(&self) -> &RuntimeHandle {
         &self.rt
     }

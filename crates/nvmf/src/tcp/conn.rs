@@ -127,7 +127,7 @@ pub(crate) enum Phase {
 
 /// A handshake stage a connection can time out in.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) enum Stage {
+pub enum Stage {
     /// Accepted, no ICReq yet (`icreq_timeout`).
     IcReq,
     /// ICResp sent, the queue not connected yet: no Connect, or only
@@ -323,7 +323,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     }
 
     /// The socket (tests drive the machine over memory through it).
-    #[cfg(test)]
     pub(crate) fn wire(&mut self) -> &mut W {
         &mut self.tcp.sock
     }
@@ -331,7 +330,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     /// What the connection holds that a peer's bytes could grow: bytes
     /// queued to send, send segments, the Connect data buffer, command
     /// slots, the receive buffer, data buffer bytes.
-    #[cfg(test)]
     pub(crate) fn footprint(&self) -> [usize; 6] {
         [
             self.tcp.tx.bytes.len(),
@@ -344,7 +342,6 @@ impl<W: Wire, T: Transport> Conn<W, T> {
     }
 
     /// Commands wait for data buffers.
-    #[cfg(test)]
     pub(crate) fn is_waiting(&self) -> bool {
         !self.qp.waiting.is_empty()
     }

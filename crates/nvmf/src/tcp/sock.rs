@@ -8,7 +8,7 @@ use std::os::fd::{AsRawFd, RawFd};
 /// What a connection needs of its socket. The target's sockets are
 /// `TcpStream`s; the connection tests drive the same machine over
 /// memory.
-pub(crate) trait Wire {
+pub trait Wire {
     /// As [`recv2`].
     fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>>;
 

@@ -1,6 +1,8 @@
-//! Structured fuzzing of the connection machine (`conn`), over memory.
+//! Structured fuzzing of the NVMe/TCP connection machine (`tcp::conn`),
+//! over memory, through the crate's hidden test surface
+//! (`pollux_nvmf::testing`).
 //!
-//! Each case is one connection: a [`Conn`] over a [`MemWire`] (bytes in,
+//! Each case is one connection: a [`TestConn`] over a [`MemWire`] (bytes in,
 //! bytes out, a send buffer of limited room, end of stream, reset) on a
 //! runtime thread of a real target with a
 //! RAM namespace. A host model ([`Host`]) drives it with a structured
@@ -36,8 +38,6 @@ use std::cell::Cell;
 use std::collections::HashMap;
 use std::io;
 use std::net::{Shutdown, SocketAddr};
-use std::rc::Rc;
-use std::sync::Arc;
 
 use pollux_bdev::Bdev;
 use pollux_runtime::ThreadCtx;
@@ -57,11 +57,8 @@ use proptest::prelude::Rng as _;
 use proptest::test_runner::{RngAlgorithm, TestRng};
 use zerocopy::IntoBytes;
 
-use crate::pool::{Cache, Pool};
-use crate::shared::Shared;
-use crate::tcp::conn::Conn;
-use crate::tcp::sock::Wire;
-use crate::{NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig};
+use pollux_nvmf::testing::{self, Buffers, TestConn, Wire};
+use pollux_nvmf::{NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 
 const SUB: &str = "nqn.2024-01.io.pollux:fuzz";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:ffffffff-0000-0000-0000-00000000f022";
@@ -78,7 +75,7 @@ const CLOSE_POLLS: usize = 10_000;
 // ----------------------------------------------------------------------
 
 /// A socket in memory.
-pub(crate) struct MemWire {
+struct MemWire {
     inp: Vec<u8>,
     pos: usize,
     /// The host closed its side (after `inp`).
@@ -183,20 +180,18 @@ impl Wire for MemWire {
 /// One target variant: its shared state, the admin controller kept up for
 /// I/O-queue cases, a shadow of its namespace.
 struct Env {
-    shared: Arc<Shared>,
-    /// The transport's data buffer pool.
-    pool: Arc<Pool>,
+    /// The target's state its connections share.
+    tgt: testing::Env,
     /// The data buffers' cache of this environment's connections.
-    cache: Rc<Cache>,
-    local: SocketAddr,
+    cache: Buffers,
     cntlid: u16,
     /// The admin connection of `cntlid` (kept open).
-    admin: Option<Conn<MemWire>>,
+    admin: Option<TestConn<MemWire>>,
     shadow: Vec<u8>,
     known: Vec<bool>,
 }
 
-fn target(opts: crate::TransportOptions) -> Target {
+fn target(opts: pollux_nvmf::TransportOptions) -> Target {
     let mut cfg = TargetConfig {
         transport: opts,
         ..Default::default()
@@ -302,7 +297,7 @@ enum Pred {
 struct Host<'a> {
     env: &'a mut Env,
     rng: &'a mut TestRng,
-    c: Conn<MemWire>,
+    c: TestConn<MemWire>,
     /// Parse configuration of the target's PDUs.
     rx: RxConfig,
     /// The target's receive configuration, mirrored.
@@ -359,15 +354,9 @@ fn fail(msg: String) -> ! {
 impl<'a> Host<'a> {
     fn new(env: &'a mut Env, rng: &'a mut TestRng, ctx: &ThreadCtx, room: usize) -> Host<'a> {
         let peer: SocketAddr = "127.0.0.1:9".parse().expect("address");
-        let c = Conn::with_wire(
-            1,
-            MemWire::new(room),
-            (env.local, peer),
-            env.shared.clone(),
-            env.cache.clone(),
-            ctx.index(),
-            ctx.now(),
-        );
+        let c = env
+            .tgt
+            .conn(ctx, &env.cache, MemWire::new(room), peer, ctx.now());
         let mut tgt = RxConfig::initial(Role::Controller);
         tgt.max_plen = 128;
         Host {
@@ -484,7 +473,7 @@ impl<'a> Host<'a> {
                 0
             };
             if stuck == 100 {
-                let late = ctx.now() + self.env.shared.opts.data_timeout * 2;
+                let late = ctx.now() + self.env.tgt.opts().data_timeout * 2;
                 trace(|| "data timeout".into());
                 self.c.tick(ctx, late);
             }
@@ -664,7 +653,7 @@ impl<'a> Host<'a> {
                     self.bound = true;
                     self.io = !admin;
                     self.entries = entries;
-                    let o = &self.env.shared.opts;
+                    let o = self.env.tgt.opts();
                     self.icd = if admin {
                         o.admin_in_capsule_data_size
                     } else {
@@ -921,7 +910,7 @@ impl<'a> Host<'a> {
         if p == Pred::Accept {
             self.tgt.established = true;
             self.tgt.digests = self.dg;
-            let o = &self.env.shared.opts;
+            let o = self.env.tgt.opts();
             self.tgt.maxh2cdata = o.max_h2c_data;
             let icd = o.admin_in_capsule_data_size.max(o.in_capsule_data_size);
             self.tgt.max_plen = self
@@ -1410,13 +1399,11 @@ fn bring_up(ctx: &mut ThreadCtx, env: &mut Env, rng: &mut TestRng) {
     env.admin = Some(conn);
 }
 
-fn env_for((shared, pool, local): (Arc<Shared>, Arc<Pool>, SocketAddr)) -> Env {
-    let cache = Rc::new(Cache::new(pool.clone(), 1 << 20));
+fn env_for(tgt: testing::Env) -> Env {
+    let cache = tgt.cache(1 << 20);
     Env {
-        shared,
-        pool,
+        tgt,
         cache,
-        local,
         cntlid: 0,
         admin: None,
         shadow: vec![0; BLOCKS as usize * 512],
@@ -1437,20 +1424,18 @@ fn fuzz_conn() {
     // Two variants: defaults (64 KiB receive buffer, direct receive), and
     // a 4 KiB receive buffer without direct receive, with a data buffer
     // pool of one 128 KiB transfer (commands wait for buffers).
-    let a = target(crate::TransportOptions::default());
-    let b = target(crate::TransportOptions {
+    let a = target(pollux_nvmf::TransportOptions::default());
+    let b = target(pollux_nvmf::TransportOptions {
         rx_buffer: 4096,
         direct_receive: false,
         num_shared_buffers: 2,
         io_unit_size: 64 << 10,
         ..Default::default()
     });
-    let sa = (a.shared(), a.pool(), a.listen_addrs()[0]);
-    let sb = (b.shared(), b.pool(), b.listen_addrs()[0]);
+    let (sa, sb) = (testing::Env::of(&a), testing::Env::of(&b));
     let start = std::time::Instant::now();
     // All cases on the target's runtime thread (connections are not Send).
-    let r = a
-        .runtime()
+    let r = testing::runtime(&a)
         .call(0, move |ctx| {
             let mut envs = [env_for(sa), env_for(sb)];
             let mut st = Stats::default();
@@ -1469,7 +1454,7 @@ fn fuzz_conn() {
                     // The case's connection is gone: every data buffer it
                     // took is back (cached or freed), and the strict ones
                     // stayed within the pool.
-                    let (used, cached) = (e.pool.used(), e.cache.bytes());
+                    let (used, cached) = (e.tgt.pool_used(), e.cache.bytes());
                     if used != cached {
                         fail(format!(
                             "data buffers leaked: {used} bytes charged, {cached} cached"
@@ -1518,11 +1503,11 @@ fn fuzz_conn() {
 /// Runs `f` on a target's runtime thread with one environment (its admin
 /// controller up).
 fn on_target(f: impl FnOnce(&mut ThreadCtx, &mut Env, &mut TestRng) + Send + 'static) {
-    let t = target(crate::TransportOptions::default());
-    let (sh, pool, local) = (t.shared(), t.pool(), t.listen_addrs()[0]);
-    t.runtime()
+    let t = target(pollux_nvmf::TransportOptions::default());
+    let e = testing::Env::of(&t);
+    testing::runtime(&t)
         .call(0, move |ctx| {
-            let mut env = env_for((sh, pool, local));
+            let mut env = env_for(e);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             bring_up(ctx, &mut env, &mut rng);
             f(ctx, &mut env, &mut rng);
@@ -1623,32 +1608,27 @@ fn a_host_that_never_reads_cannot_grow_the_send_queue() {
 /// a refused Connect do not count; an accepted Connect ends the deadline.
 #[test]
 fn handshake_deadlines_follow_the_stages() {
-    use crate::tcp::conn::Stage;
+    use pollux_nvmf::testing::Stage;
     use std::time::Duration;
     let two = Duration::from_secs(2);
-    let t = target(crate::TransportOptions {
+    let t = target(pollux_nvmf::TransportOptions {
         icreq_timeout: two,
         connect_timeout: two,
         ..Default::default()
     });
-    let (sh, pool, local) = (t.shared(), t.pool(), t.listen_addrs()[0]);
-    t.runtime()
+    let e = testing::Env::of(&t);
+    testing::runtime(&t)
         .call(0, move |ctx| {
-            let mut env = env_for((sh, pool, local));
+            let mut env = env_for(e);
             let mut rng = TestRng::deterministic_rng(RngAlgorithm::ChaCha);
             let t0 = ctx.now();
             let accepted = t0.checked_sub(Duration::from_secs(3)).expect("instant");
             let mut h = Host::new(&mut env, &mut rng, ctx, usize::MAX);
             let peer: SocketAddr = "127.0.0.1:9".parse().expect("address");
-            h.c = Conn::with_wire(
-                1,
-                MemWire::new(usize::MAX),
-                (local, peer),
-                h.env.shared.clone(),
-                h.env.cache.clone(),
-                ctx.index(),
-                accepted,
-            );
+            h.c = h
+                .env
+                .tgt
+                .conn(ctx, &h.env.cache, MemWire::new(usize::MAX), peer, accepted);
             assert_eq!(h.c.handshake_expired(accepted + two), None, "not yet due");
             assert_eq!(h.c.handshake_expired(t0), Some((Stage::IcReq, two)));
             h.icreq(ctx, Digests::NONE, false);
