@@ -1,12 +1,12 @@
 //! One NVMe/TCP connection (one queue), owned by one runtime thread: a
 //! [`Conn`] is the core's queue pair ([`Qpair`]: slots, buffers,
 //! commands) and its TCP half ([`Tcp`]: socket, PDUs, send queue), which
-//! implements what the core asks of a transport ([`QueueTransport`]).
+//! implements what the core asks of a transport ([`QueueTransport`](crate::qpair::QueueTransport)).
 //!
 //! Receive: as much as the socket has goes into the connection's receive
 //! buffer in one `read` (large data straight into the command's buffer
 //! with one `readv` when `direct_receive` is on), and PDUs are parsed out
-//! of it: the common header is checked ([`CommonHeader::check`]), the
+//! of it: the common header is checked ([`CommonHeader::check`](pollux_spec::tcp::CommonHeader::check)), the
 //! header parsed ([`PduHeader::parse`], header digest included), then the
 //! PDU's data streams to where it belongs (a command's buffer, the
 //! Connect data, or nowhere) with its data digest computed on the way.
