@@ -13,7 +13,7 @@ use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::Result;
 use pollux_nvme::{CompletionQueue, CqeSink, WireCounters};
 
-use crate::mmio::Doorbell;
+use crate::doorbell::Doorbell;
 use crate::platform::irq::IrqFd;
 use crate::sq::Shadow;
 

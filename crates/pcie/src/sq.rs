@@ -12,7 +12,7 @@ use pollux_nvme::{SubmissionQueue, SubmitError, WireCounters};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
 use pollux_spec::Sqe;
 
-use crate::mmio::Doorbell;
+use crate::doorbell::Doorbell;
 use crate::prp;
 
 /// Shadow doorbell and event index slots of one queue (in host memory

@@ -13,7 +13,8 @@ use pollux_spec::regs::{self, Aqa};
 use pollux_spec::Sqe;
 
 use crate::cq::{CqConfig, PcieCq};
-use crate::mmio::{Doorbell, Mmio};
+use crate::doorbell::Doorbell;
+use crate::mmio::Mmio;
 use crate::platform::Platform;
 use crate::sq::{PcieSq, Shadow, SqConfig};
 
