@@ -1,6 +1,8 @@
-//! The doorbell register of one queue, for the hot path: a `Doorbell`
-//! holds the platform that maps BAR0, so it cannot outlive the mapping.
-//! Only this crate makes and rings doorbells:
+//! Doorbells, for the hot path: the doorbell register of one queue (a
+//! `Doorbell` holds the platform that maps BAR0, so it cannot outlive the
+//! mapping) and its shadow doorbell slots (`Shadow`, in the pages of
+//! Doorbell Buffer Config, `DbBuf`). Only this crate makes and rings
+//! doorbells:
 //!
 //! ```compile_fail
 //! # fn f(ctrl: &pollux_pcie::Controller) {
@@ -9,9 +11,10 @@
 //! # }
 //! ```
 use std::ptr::NonNull;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{fence, AtomicU32, Ordering};
 use std::sync::Arc;
 
+use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::Result;
 
 use crate::platform::Platform;
@@ -50,6 +53,69 @@ impl Doorbell {
 impl std::fmt::Debug for Doorbell {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Doorbell").field("reg", &self.reg).finish()
+    }
+}
+
+/// Shadow doorbell and event index slots of one queue (in host memory
+/// shared with the controller, see `DbBuf`).
+pub(crate) struct Shadow {
+    pub(crate) value: NonNull<AtomicU32>,
+    pub(crate) event: NonNull<AtomicU32>,
+    /// Keeps the shadow pages alive.
+    pub(crate) _pages: Arc<DbBuf>,
+}
+
+/// NVMe's (and Linux's `nvme_dbbuf_need_event`) rule: an MMIO write is
+/// needed iff the event index lies in [old, new).
+#[inline(always)]
+pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
+    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
+}
+
+impl Shadow {
+    /// Zeroes the shadow value and event index (before the queue exists).
+    pub(crate) fn clear(&self) {
+        // SAFETY: see `publish`.
+        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
+        v.store(0, Ordering::Release);
+        e.store(0, Ordering::Release);
+    }
+
+    /// Publishes `new` (the previous value was `old`); true if the MMIO
+    /// doorbell must be written too.
+    #[inline(always)]
+    pub(crate) fn publish(&self, new: u32, old: u32) -> bool {
+        // SAFETY: both point into the shadow/event pages that `_pages` keeps
+        // alive; they are 4-byte aligned slots inside one 4 KiB page.
+        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
+        v.store(new, Ordering::Release);
+        // The device must see the new value before we read its event index
+        // (Linux: mb() in nvme_dbbuf_update_and_check_event).
+        fence(Ordering::SeqCst);
+        need_event(e.load(Ordering::Acquire) as u16, new as u16, old as u16)
+    }
+}
+
+/// Shadow doorbell and event index pages (Doorbell Buffer Config).
+pub(crate) struct DbBuf {
+    pub(crate) shadow: DmaBuffer,
+    pub(crate) eventidx: DmaBuffer,
+}
+
+impl DbBuf {
+    /// Zeroes both pages with atomic stores: queue pairs of other threads
+    /// may be publishing to their slots at the same time.
+    pub(crate) fn clear(&self) {
+        for buf in [&self.shadow, &self.eventidx] {
+            for i in 0..buf.len() / 4 {
+                // SAFETY: each buffer is at least one 4 KiB page, 4-byte
+                // aligned; every access to these pages is atomic.
+                unsafe {
+                    std::sync::atomic::AtomicU32::from_ptr(buf.as_ptr().cast::<u32>().add(i))
+                }
+                .store(0, std::sync::atomic::Ordering::Release);
+            }
+        }
     }
 }
 
@@ -118,5 +184,17 @@ mod tests {
         db.write(1);
         drop(db);
         assert!(weak.upgrade().is_none(), "and releases it when dropped");
+    }
+
+    #[test]
+    fn need_event_matches_linux() {
+        // Event index inside [old, new): MMIO needed.
+        assert!(need_event(5, 6, 5));
+        assert!(need_event(5, 10, 3));
+        // Event index behind old (device polls): not needed.
+        assert!(!need_event(4, 10, 5));
+        assert!(!need_event(u16::MAX, 3, 0));
+        // Event index at or past new: not needed.
+        assert!(!need_event(10, 10, 5));
     }
 }
