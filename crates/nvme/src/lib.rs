@@ -5,7 +5,7 @@
 //! (`admin`), and I/O queue pairs — trackers and CIDs, request splitting,
 //! the software backlog, timeouts, abort and reset recovery (`qpair`), with
 //! the submit path in `submit` and the poll path in `poll`. A transport
-//! (`transport::Transport`: PCIe in `pollux-pcie`, TCP next) supplies the
+//! (`transport::Transport`: PCIe in `pollux-pcie`, TCP in `pollux-tcp`) supplies the
 //! wire: rings and doorbells, or a connection. The queue pair is generic
 //! over it and monomorphised: no `dyn` call per I/O.
 //!
