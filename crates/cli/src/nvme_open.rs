@@ -19,8 +19,8 @@ use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
-use pollux_pcie::platform::soft::SoftMode;
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_softnvme::SoftMode;
 use pollux_softnvme::{DeviceThread, SoftDevice};
 use serde_json::Value;
 

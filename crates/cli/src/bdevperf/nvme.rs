@@ -5,8 +5,8 @@
 //! emulated controllers stepped inline with `--inline`.
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::SoftMode;
 use pollux_pcie::QpairOptions;
+use pollux_softnvme::SoftMode;
 
 use super::BdevperfArgs;
 pub use crate::nvme_open::NvmeTransport;

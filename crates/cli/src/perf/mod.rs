@@ -16,9 +16,9 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{Controller, ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use serde_json::json;
 
 use pattern::{Mix, Pattern};

@@ -501,9 +501,9 @@ pub fn run(
 mod tests {
     use super::*;
     use crate::perf::pattern::Mix;
-    use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
     use pollux_pcie::ControllerOptions;
     use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig};
+    use pollux_softnvme::{SoftMode, SoftPlatform};
     use std::sync::mpsc;
 
     /// Blocks in the namespace the tests use (512-byte LBAs).

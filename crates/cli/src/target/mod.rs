@@ -348,7 +348,7 @@ fn serve_nvme<T: NvmeTransport>(
     device_core: Option<usize>,
 ) -> Result<(), TargetCliError> {
     let opener = std::cell::RefCell::new(NvmeOpener::<T>::new(
-        pollux_pcie::platform::soft::SoftMode::Threaded,
+        pollux_softnvme::SoftMode::Threaded,
         device_core,
         1,
         pollux_pcie::QpairOptions::default(),
