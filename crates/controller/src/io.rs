@@ -52,10 +52,11 @@ use pollux_spec::{NvmOpcode, Sqe, Status};
 use zerocopy::FromBytes;
 
 use crate::ctrl::Controller;
-use crate::stage::{self, Staged};
+use crate::stage::Staged;
 use crate::stats::{IoErrorRecord, IoStats, Registry, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
+use crate::user_data::{Kind, UserData, KID};
 use crate::ControllerError;
 
 mod multi;
@@ -130,19 +131,6 @@ pub struct IoQueueOptions {
     /// Asynchronous commands outstanding at most (0: synchronous use
     /// only, `submit` refuses).
     pub depth: u32,
-}
-
-/// The `user_data` of an asynchronous request: the tag (bits 0..32), the
-/// kind (bits 32..34: [`K_READ`], [`K_WRITE`], [`K_OTHER`]) and, for
-/// reads and writes, the blocks (bits 34..52), for the counts.
-/// (Kind 3 is a staged piece's: `stage::K_PART`.)
-pub(crate) const K_READ: u64 = 0;
-pub(crate) const K_WRITE: u64 = 1;
-const K_OTHER: u64 = 2;
-
-#[inline(always)]
-pub(crate) fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
-    tag as u64 | kind << 32 | nlb << 34
 }
 
 /// One I/O queue's execution context (see the module doc). Used from one
@@ -579,7 +567,8 @@ impl<T: Transport> IoQueue<T> {
                 let write = cmd.op == IoOp::Write;
                 match self.ns.get_mut(idx) {
                     Some(ns) if !ns.misaligned(segs) => {
-                        let u = ud(tag, if write { K_WRITE } else { K_READ }, cmd.nlb);
+                        let kind = if write { Kind::Write } else { Kind::Read };
+                        let u = UserData::new(tag, kind, cmd.nlb).raw();
                         let mut io = ns.ch.io();
                         // SAFETY: forwarded contract (until delivered).
                         let r = unsafe {
@@ -602,7 +591,7 @@ impl<T: Transport> IoQueue<T> {
                 }
             }
             IoOp::Flush => match self.ns.get_mut(idx) {
-                Some(ns) => match ns.ch.flush_cache(ud(tag, K_OTHER, 0)) {
+                Some(ns) => match ns.ch.flush_cache(UserData::new(tag, Kind::Other, 0).raw()) {
                     Ok(()) => return Ok(()),
                     Err(e) => {
                         tracing::error!(nsid = cmd.nsid, error = %e, "flush failed");
@@ -623,7 +612,7 @@ impl<T: Transport> IoQueue<T> {
             }
             IoOp::WriteZeroes { dealloc } => match self.ns.get_mut(idx) {
                 Some(ns) => {
-                    let u = ud(tag, K_OTHER, 0);
+                    let u = UserData::new(tag, Kind::Other, 0).raw();
                     let r = if dealloc {
                         ns.ch.unmap(cmd.slba, cmd.nlb, u)
                     } else {
@@ -742,7 +731,7 @@ impl<T: Transport> IoQueue<T> {
             let nsid = i as u32 + 1;
             let shift = ch.shift;
             while let Some((u, r)) = ch.stash.pop_front() {
-                f(u as u32, finish(stats, &rep, nsid, shift, u, r));
+                f(u.tag(), finish(stats, &rep, nsid, shift, u, r));
                 n += 1;
             }
             if ch.staging.is_some() {
@@ -754,10 +743,8 @@ impl<T: Transport> IoQueue<T> {
             }
             ch.ch
                 .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    f(
-                        c.user_data as u32,
-                        finish(stats, &rep, nsid, shift, c.user_data, c.result),
-                    );
+                    let u = UserData::from_raw(c.user_data);
+                    f(u.tag(), finish(stats, &rep, nsid, shift, u, c.result));
                     n += 1;
                 });
         }
@@ -783,7 +770,8 @@ fn poll_staged<T: Transport>(
     let mut n = 0;
     if ch.outstanding() > 0 {
         ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-            let (u, r) = if stage::is_part(c.user_data) {
+            let u = UserData::from_raw(c.user_data);
+            let (u, r) = if u.is_part() {
                 // SAFETY: `IoQueue::submit`'s contract holds for the
                 // command until this delivers it.
                 match unsafe { st.complete(c) } {
@@ -791,9 +779,9 @@ fn poll_staged<T: Transport>(
                     None => return,
                 }
             } else {
-                (c.user_data, c.result)
+                (u, c.result)
             };
-            f(u as u32, finish(stats, rep, nsid, shift, u, r));
+            f(u.tag(), finish(stats, rep, nsid, shift, u, r));
             n += 1;
         });
     }
@@ -802,7 +790,7 @@ fn poll_staged<T: Transport>(
         // SAFETY: as above, for the waiting commands.
         unsafe {
             st.resume(&mut io, &mut |(u, r)| {
-                f(u as u32, finish(stats, rep, nsid, shift, u, r));
+                f(u.tag(), finish(stats, rep, nsid, shift, u, r));
                 n += 1;
             })
         };
@@ -825,19 +813,17 @@ fn finish(
     rep: &Report<'_>,
     nsid: u32,
     shift: u32,
-    u: u64,
+    u: UserData,
     r: Result<u32, IoError>,
 ) -> Status {
-    let kind = (u >> 32) & 3;
-    let nlb = (u >> 34) & 0x3_FFFF;
     match r {
         Ok(_) => {
-            if kind == K_READ {
+            if u.is(Kind::Read) {
                 stats.reads += 1;
-                stats.bytes_read += nlb << shift;
-            } else if kind == K_WRITE {
+                stats.bytes_read += u.blocks() << shift;
+            } else if u.is(Kind::Write) {
                 stats.writes += 1;
-                stats.bytes_written += nlb << shift;
+                stats.bytes_written += u.blocks() << shift;
             }
             Status::SUCCESS
         }
@@ -848,17 +834,17 @@ fn finish(
 /// The status of a failed asynchronous request, logged and reported.
 #[cold]
 #[inline(never)]
-fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
-    let tag = u as u32;
+fn failed(rep: &Report<'_>, nsid: u32, u: UserData, e: &IoError) -> Status {
+    let tag = u.tag();
     tracing::error!(nsid, tag, error = %e, "namespace I/O failed");
-    let st = Status::media(if (u >> 32) & 3 == K_READ {
+    let st = Status::media(if u.is(Kind::Read) {
         media::UNRECOVERED_READ_ERROR
     } else {
         media::WRITE_FAULT
     });
     // A piece of a multi-request command: the command is reported once
     // it is over (`multi`).
-    if let Some(sqid) = rep.sqid.filter(|_| tag & multi::KID == 0) {
+    if let Some(sqid) = rep.sqid.filter(|_| tag & KID == 0) {
         let (cid, lba) = rep
             .info
             .get(tag as usize)

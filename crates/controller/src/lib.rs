@@ -37,7 +37,8 @@
 //! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
 //! `IoQueue`; `io::multi`: commands run as several bdev requests, a
 //! piece per poll), `store` (a queue's channel to a namespace's bdev, bounce
-//! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART), `error`.
+//! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART),
+//! `user_data` (the layout of the queue's bdev requests' `user_data`), `error`.
 
 pub mod admin;
 mod aer;
@@ -50,6 +51,7 @@ mod stage;
 mod stats;
 mod store;
 mod subsystem;
+mod user_data;
 
 pub use admin::identify::{ns_ids, FABRICS_SGLS};
 pub use admin::{AdminEnv, AdminOutcome, AfterSend, ADMIN_XFER_LIMIT};

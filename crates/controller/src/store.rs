@@ -33,7 +33,8 @@ use pollux_bdev::{
 use pollux_nvme::Transport;
 use pollux_spec::cmd::RwFlags;
 
-use crate::stage::{self, Staging};
+use crate::stage::{Finished, Staging};
+use crate::user_data::UserData;
 
 /// Bytes of the bounce buffer of a namespace channel (a multiple of every
 /// LBA size offered).
@@ -46,10 +47,6 @@ pub(crate) const RAM_ZERO_PIECE: u64 = 16 << 20;
 /// Blocks of an NVMe namespace per such request: 16 commands of the bdev
 /// layer's 65536 blocks (it submits a request's commands at once).
 pub(crate) const NVME_ZERO_PIECE: u64 = 16 << 16;
-
-/// The `user_data` of synchronous requests (bit 62: no asynchronous
-/// request's `user_data` has it; bit 63 is the bdev layer's).
-pub(crate) const SYNC_UD: u64 = 1 << 62;
 
 // An I/O queue may be built on one thread and moved to the one that runs
 // it; it must not hide a channel that is not `Send`.
@@ -94,7 +91,7 @@ pub(crate) struct NsChan<T: Transport = NoNvme> {
     bounce: Bounce,
     /// Completions of asynchronous requests met while waiting for a
     /// synchronous one (delivered by the next `IoQueue::poll`).
-    pub stash: VecDeque<(u64, Result<u32, IoError>)>,
+    pub stash: VecDeque<Finished>,
     /// An NVMe bdev's asynchronous reads and writes (a queue with a
     /// depth).
     pub staging: Option<Staging>,
@@ -172,7 +169,7 @@ impl<T: Transport> NsChan<T> {
         } = self;
         loop {
             ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                if c.user_data == SYNC_UD {
+                if c.user_data == UserData::SYNC.raw() {
                     res = Some(c.result);
                 } else {
                     stash_async(stash, staging, c);
@@ -237,9 +234,9 @@ impl<T: Transport> NsChan<T> {
         // emulator touches them meanwhile.
         unsafe {
             if write {
-                io.writev_raw_with(lba, segs, flags, SYNC_UD)?
+                io.writev_raw_with(lba, segs, flags, UserData::SYNC.raw())?
             } else {
-                io.readv_raw_with(lba, segs, flags, SYNC_UD)?
+                io.readv_raw_with(lba, segs, flags, UserData::SYNC.raw())?
             }
         }
         Ok(self.wait()?)
@@ -287,9 +284,9 @@ impl<T: Transport> NsChan<T> {
             // again: it is re-borrowed below).
             unsafe {
                 if write {
-                    io.writev_raw_with(at, &seg, flags, SYNC_UD)?
+                    io.writev_raw_with(at, &seg, flags, UserData::SYNC.raw())?
                 } else {
-                    io.readv_raw_with(at, &seg, flags, SYNC_UD)?
+                    io.readv_raw_with(at, &seg, flags, UserData::SYNC.raw())?
                 }
             }
             self.wait()?;
@@ -344,9 +341,9 @@ impl<T: Transport> NsChan<T> {
             }
             let mut io = self.ch.io();
             let r = if write {
-                io.write_with(at, buf, flags, SYNC_UD)
+                io.write_with(at, buf, flags, UserData::SYNC.raw())
             } else {
-                io.read_with(at, buf, flags, SYNC_UD)
+                io.read_with(at, buf, flags, UserData::SYNC.raw())
             };
             if let Err(refused) = r {
                 self.put_piece(k, refused.data);
@@ -386,7 +383,7 @@ impl<T: Transport> NsChan<T> {
         } = self;
         loop {
             ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                if c.user_data == SYNC_UD {
+                if c.user_data == UserData::SYNC.raw() {
                     res = Some(c.result);
                     data = c.data;
                 } else {
@@ -402,7 +399,7 @@ impl<T: Transport> NsChan<T> {
 
     /// Makes written data durable (synchronously).
     pub fn flush(&mut self) -> Result<(), StoreError> {
-        self.ch.flush_cache(SYNC_UD)?;
+        self.ch.flush_cache(UserData::SYNC.raw())?;
         Ok(self.wait()?)
     }
 
@@ -410,9 +407,9 @@ impl<T: Transport> NsChan<T> {
     /// (they read back as zeroes either way). Synchronously.
     pub fn zero(&mut self, lba: u64, nlb: u64, dealloc: bool) -> Result<(), StoreError> {
         if dealloc {
-            self.ch.unmap(lba, nlb, SYNC_UD)?
+            self.ch.unmap(lba, nlb, UserData::SYNC.raw())?
         } else {
-            self.ch.write_zeroes(lba, nlb, SYNC_UD)?
+            self.ch.write_zeroes(lba, nlb, UserData::SYNC.raw())?
         }
         Ok(self.wait()?)
     }
@@ -424,13 +421,9 @@ impl<T: Transport> NsChan<T> {
 /// its last piece is in).
 #[cold]
 #[inline(never)]
-fn stash_async(
-    stash: &mut VecDeque<(u64, Result<u32, IoError>)>,
-    staging: &mut Option<Staging>,
-    c: Completion,
-) {
+fn stash_async(stash: &mut VecDeque<Finished>, staging: &mut Option<Staging>, c: Completion) {
     match staging {
-        Some(st) if stage::is_part(c.user_data) => {
+        Some(st) if UserData::from_raw(c.user_data).is_part() => {
             // SAFETY: `IoQueue::submit`'s contract holds for staged
             // commands until they are delivered, which the stash's next
             // poll does.
@@ -438,7 +431,7 @@ fn stash_async(
                 stash.push_back(done);
             }
         }
-        _ => stash.push_back((c.user_data, c.result)),
+        _ => stash.push_back((UserData::from_raw(c.user_data), c.result)),
     }
 }
 

@@ -27,11 +27,8 @@ use pollux_spec::status::{generic, media};
 use pollux_spec::Status;
 use zerocopy::FromBytes;
 
-use super::{copy_from_segs, gen, lba_ok, ud, IoCmd, IoOp, IoQueue, Seg, K_OTHER};
-
-/// The tag bit of these commands' bdev requests (tags of `submit` are
-/// below it).
-pub(crate) const KID: u32 = 1 << 31;
+use super::{copy_from_segs, gen, lba_ok, IoCmd, IoOp, IoQueue, Seg};
+use crate::user_data::{Kind, UserData, KID};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
@@ -221,7 +218,7 @@ impl<T: Transport> IoQueue<T> {
     fn pump(&mut self, slot: usize) -> Option<Multi> {
         let IoQueue { ns, multi, .. } = self;
         let m = multi.slots.get_mut(slot)?.as_mut()?;
-        let kid = ud(KID | slot as u32, K_OTHER, 0);
+        let kid = UserData::new(KID | slot as u32, Kind::Other, 0).raw();
         while !m.failed && (m.out == 0 || m.work == Work::Flush) {
             let Some(&(i, slba, nlb)) = m.todo.last() else {
                 // Every piece is back: the flush that makes them durable.
