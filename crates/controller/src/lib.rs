@@ -38,11 +38,13 @@
 //! `IoQueue`; `io::multi`: commands run as several bdev requests, a
 //! piece per poll), `store` (a queue's channel to a namespace's bdev, bounce
 //! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART),
-//! `user_data` (the layout of the queue's bdev requests' `user_data`), `error`.
+//! `user_data` (the layout of the queue's bdev requests' `user_data`), `cursor` (a
+//! position in host data segments, for copies in pieces), `error`.
 
 pub mod admin;
 mod aer;
 mod ctrl;
+mod cursor;
 mod errlog;
 mod error;
 mod io;

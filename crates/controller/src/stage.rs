@@ -41,7 +41,7 @@ use pollux_bdev::{Bdev, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, Sub
 use pollux_nvme::Transport;
 use pollux_spec::cmd::RwFlags;
 
-use crate::store::Cursor;
+use crate::cursor::Cursor;
 use crate::user_data::{Kind, UserData};
 
 /// Largest piece (bytes; smaller when the largest transfer is).
