@@ -33,7 +33,8 @@
 //! ends in an NVMe status, never a panic.
 //!
 //! Module map: `subsystem`, `ctrl` (the controller state, register
-//! reactions, errors and events), `regs` (CAP/VS/CC/CSTS), `admin` (+
+//! reactions, errors and events), `features` (the values of the features
+//! and their defaults), `regs` (CAP/VS/CC/CSTS), `admin` (+
 //! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
 //! `IoQueue`; `io::multi`: commands run as several bdev requests, a
 //! piece per poll), `store` (a queue's channel to a namespace's bdev, bounce
@@ -47,6 +48,7 @@ mod ctrl;
 mod cursor;
 mod errlog;
 mod error;
+mod features;
 mod io;
 mod regs;
 mod stage;
