@@ -33,7 +33,7 @@ impl<'a> Cursor<'a> {
     /// (`to_host`) `len` bytes at `dev` into them.
     ///
     /// # Safety
-    /// As `NsChan::rw`; the segments total at least what is left to copy;
+    /// As `NsChan::rw_bounce`; the segments total at least what is left to copy;
     /// `dev` is valid for `len` bytes (for writes unless `to_host`) and
     /// disjoint from host memory.
     unsafe fn copy(&mut self, dev: *mut u8, len: usize, to_host: bool) {

@@ -2,16 +2,14 @@
 //! namespace's bdev ([`NsChan`]).
 //!
 //! Reads and writes lend the command's data segments to the bdev
-//! (`readv_raw`/`writev_raw`: no copy). The synchronous form polls the
-//! channel until the request completes: null and RAM finish within the
-//! call (`readv_raw_now`); io_uring completes asynchronously and is
-//! polled for (one command at a time: a slow file stalls the queue). The
-//! asynchronous form (`IoQueue::submit`) submits and returns; its
-//! completions come out of `IoQueue::poll`. The bdev takes only segments
-//! of whole blocks (and aligned to its buffer alignment): a command whose
-//! data starts at an offset that is not a multiple of the LBA size has
-//! such segments, and only such a command goes through a block-aligned
-//! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
+//! (`readv_raw`/`writev_raw`: no copy; `IoQueue::start`). The bdev takes
+//! only segments of whole blocks (and aligned to its buffer alignment):
+//! [`NsChan::misaligned`] tells. A command whose data starts at an offset
+//! that is not a multiple of the LBA size has such segments, and only
+//! such a command goes through a block-aligned bounce buffer, [`BOUNCE`]
+//! bytes at a time, synchronously ([`NsChan::rw_bounce`]: the channel is
+//! polled until each request is back; completions of other requests met
+//! meanwhile are stashed for `IoQueue::poll`).
 //!
 //! An NVMe bdev (`Bdev<T>` with a real transport `T`) takes no lent host
 //! memory, only its controller's DMA buffers (`IoBuf`s): its segments
@@ -198,56 +196,14 @@ impl<T: Transport> NsChan<T> {
 
     /// Reads (`write` false) or writes whole blocks at `lba` from or to
     /// the segments, which total a whole number of blocks, synchronously,
-    /// with `flags` (a FUA write returns once durable).
+    /// with `flags` (a FUA write returns once durable), through the bounce
+    /// buffer, `BOUNCE` bytes per request (an NVMe bdev: through its DMA
+    /// pieces, `rw_pieces`): for segments the bdev cannot take
+    /// (`misaligned`).
     ///
     /// # Safety
     /// The segments are valid memory (writable for reads), untouched by
     /// anything else until this returns.
-    #[inline(always)]
-    pub unsafe fn rw(
-        &mut self,
-        write: bool,
-        lba: u64,
-        segs: &[Seg],
-        flags: RwFlags,
-    ) -> Result<(), StoreError> {
-        if self.misaligned(segs) {
-            // SAFETY: forwarded contract.
-            return unsafe { self.rw_bounce(write, lba, segs, flags) };
-        }
-        // Null and RAM finish within the call (no queued completion).
-        // SAFETY: the segments are mapped host memory for the call (the
-        // caller's contract).
-        let now = unsafe {
-            if write {
-                self.ch.writev_raw_now_with(lba, segs, flags)
-            } else {
-                self.ch.readv_raw_now_with(lba, segs, flags)
-            }
-        };
-        if let Some(r) = now {
-            return Ok(r?);
-        }
-        let mut io = self.ch.io();
-        // SAFETY: the segments are mapped host memory (the caller's
-        // contract) and stay so until `wait` has delivered the completion:
-        // the controller lock is held throughout, and nothing in the
-        // emulator touches them meanwhile.
-        unsafe {
-            if write {
-                io.writev_raw_with(lba, segs, flags, UserData::SYNC.raw())?
-            } else {
-                io.readv_raw_with(lba, segs, flags, UserData::SYNC.raw())?
-            }
-        }
-        Ok(self.wait()?)
-    }
-
-    /// `rw` through the bounce buffer, `BOUNCE` bytes per request (an
-    /// NVMe bdev: through its DMA pieces, `rw_pieces`).
-    ///
-    /// # Safety
-    /// As `rw`.
     #[cold]
     #[inline(never)]
     pub unsafe fn rw_bounce(
@@ -303,12 +259,12 @@ impl<T: Transport> NsChan<T> {
         Ok(())
     }
 
-    /// `rw` of `total` bytes (whole blocks) at `lba` through an NVMe
+    /// `rw_bounce` of `total` bytes (whole blocks) at `lba` through an NVMe
     /// bdev's DMA pieces: each command moves the largest piece that fits,
     /// synchronously.
     ///
     /// # Safety
-    /// As `rw`; `cur` is at the start of the command's segments.
+    /// As `rw_bounce`; `cur` is at the start of the command's segments.
     #[cold]
     #[inline(never)]
     unsafe fn rw_pieces(
@@ -396,23 +352,6 @@ impl<T: Transport> NsChan<T> {
             }
             std::hint::spin_loop();
         }
-    }
-
-    /// Makes written data durable (synchronously).
-    pub fn flush(&mut self) -> Result<(), StoreError> {
-        self.ch.flush_cache(UserData::SYNC.raw())?;
-        Ok(self.wait()?)
-    }
-
-    /// Zeroes `nlb` blocks at `lba`; `dealloc`: deallocates them instead
-    /// (they read back as zeroes either way). Synchronously.
-    pub fn zero(&mut self, lba: u64, nlb: u64, dealloc: bool) -> Result<(), StoreError> {
-        if dealloc {
-            self.ch.unmap(lba, nlb, UserData::SYNC.raw())?
-        } else {
-            self.ch.write_zeroes(lba, nlb, UserData::SYNC.raw())?
-        }
-        Ok(self.wait()?)
     }
 }
 

@@ -1,9 +1,9 @@
-//! Commands an asynchronous I/O queue runs as several bdev requests, a
-//! bounded amount at a time: Dataset Management (a deallocate per range),
-//! Write Zeroes over more blocks than one request of its namespace covers
-//! (`NsChan::zero_piece`) or with Force Unit Access (a flush of its
-//! namespace once every piece is back), and Flush of every namespace
-//! (NSID FFFFFFFFh).
+//! Commands an I/O queue runs as several bdev requests, a bounded amount
+//! at a time (`IoQueue::exec` polls until they are over): Dataset
+//! Management (a deallocate per range), Write Zeroes over more blocks than
+//! one request of its namespace covers (`NsChan::zero_piece`) or with
+//! Force Unit Access (a flush of its namespace once every piece is back),
+//! and Flush of every namespace (NSID FFFFFFFFh).
 //!
 //! None of them runs to completion within `IoQueue::submit` or
 //! `IoQueue::poll`: a command has at most one request in flight per
@@ -19,8 +19,8 @@
 //! command is outstanding: the read/write path pays one test per poll).
 //! A command completes once its last request is back: with success, or,
 //! if a request failed or was refused (the rest are then not sent), with
-//! its kind's failure: Internal Error for Dataset Management (as the
-//! synchronous path), Write Fault for the others.
+//! its kind's failure: Internal Error for Dataset Management, Write Fault
+//! for the others.
 use pollux_nvme::Transport;
 use pollux_spec::cmd::DsmRange;
 use pollux_spec::status::{generic, media};
@@ -110,14 +110,14 @@ impl Multis {
 }
 
 impl<T: Transport> IoQueue<T> {
-    /// `submit` of a Dataset Management, a Flush of every namespace or a
+    /// `start` of a Dataset Management, a Flush of every namespace or a
     /// Write Zeroes larger than one piece: its status if it ends within
     /// the call (nothing to do, refused), else None (`poll` delivers it).
     ///
     /// # Safety
     /// As `submit` (a Dataset Management's ranges are read within the
     /// call).
-    pub(super) unsafe fn submit_multi(
+    pub(super) unsafe fn start_multi(
         &mut self,
         tag: u32,
         cmd: &IoCmd,
