@@ -493,6 +493,7 @@ impl<T: Transport> IoQueue<T> {
     /// The segments are valid memory for their lengths (writable for a
     /// read), touched by nothing else until `poll` has delivered `tag`
     /// or the queue has been dropped.
+    #[inline(always)]
     pub unsafe fn submit(
         &mut self,
         tag: u32,
