@@ -78,3 +78,20 @@ impl<'a> Cursor<'a> {
         unsafe { self.copy(src.as_ptr().cast_mut(), src.len(), true) }
     }
 }
+
+/// Copies the segments' bytes into `dst` (up to `dst.len()`).
+///
+/// # Safety
+/// As `IoQueue::exec`.
+pub(crate) unsafe fn copy_from_segs(segs: &[Seg], mut dst: &mut [u8]) {
+    for s in segs {
+        if dst.is_empty() {
+            break;
+        }
+        let n = s.len.min(dst.len());
+        // SAFETY: the segment is valid for `s.len >= n` bytes (the
+        // caller's contract); `dst` is ours, disjoint from it.
+        unsafe { std::ptr::copy_nonoverlapping(s.ptr, dst.as_mut_ptr(), n) };
+        dst = &mut dst[n..];
+    }
+}

@@ -45,16 +45,18 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
+use pollux_bdev::{Completion, Io, NoNvme, RawSeg as Seg};
 use pollux_nvme::Transport;
 use pollux_spec::cmd::{DsmRange, RwFlags, DSM_ATTR_DEALLOCATE};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 
+use crate::command::{IoCmd, IoOp};
+use crate::completion::{finish, poll_staged, Report};
 use crate::ctrl::Controller;
 use crate::stage::Staged;
-use crate::stats::{IoErrorRecord, IoStats, Registry, StatsHandle};
+use crate::stats::{IoErrorRecord, IoStats, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
 use crate::user_data::{Kind, UserData, KID};
@@ -75,57 +77,6 @@ const WZ_DEAC: u32 = 1 << 25;
 #[inline(always)]
 fn gen(sc: u8) -> Status {
     Status::generic(sc)
-}
-
-/// What a checked command does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoOp {
-    Read,
-    Write,
-    /// Flush one namespace.
-    Flush,
-    /// Flush every namespace (NSID FFFFFFFFh).
-    FlushAll,
-    /// Write Zeroes; `dealloc`: DEAC set.
-    WriteZeroes {
-        dealloc: bool,
-    },
-    /// Dataset Management with `nr` ranges (the data);
-    /// `deallocate`: AD set (else hints only).
-    Dsm {
-        nr: usize,
-        deallocate: bool,
-    },
-}
-
-/// A command that passed [`IoQueue::check`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IoCmd {
-    pub op: IoOp,
-    /// The namespace (1-based; 0xFFFFFFFF for `FlushAll`).
-    pub nsid: u32,
-    pub slba: u64,
-    /// Logical blocks (1's based).
-    pub nlb: u64,
-    /// Bytes of data the command moves (0: none).
-    pub xfer_len: usize,
-    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access, which
-    /// every write has while the volatile write cache is disabled); none
-    /// for the others.
-    pub flags: RwFlags,
-    /// The command identifier, for the Error Information log: the SQE's
-    /// from [`IoQueue::check_reported`], FFFFh ("not available") from
-    /// [`IoQueue::check`].
-    pub cid: u16,
-}
-
-impl IoCmd {
-    /// The data goes to the host (a read); else, when `xfer_len` is not
-    /// 0, it comes from the host.
-    #[inline(always)]
-    pub fn to_host(&self) -> bool {
-        self.op == IoOp::Read
-    }
 }
 
 /// Options of an I/O queue.
@@ -767,53 +718,6 @@ impl<T: Transport> IoQueue<T> {
     }
 }
 
-/// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
-/// back (a command's status once its last piece is in), then waiting
-/// commands start if pieces allow.
-fn poll_staged<T: Transport>(
-    ns: &mut NsChan<T>,
-    stats: &mut IoStats,
-    rep: &Report<'_>,
-    nsid: u32,
-    f: &mut impl FnMut(u32, Status),
-) -> usize {
-    let shift = ns.shift;
-    let NsChan { ch, staging, .. } = ns;
-    let Some(st) = staging else {
-        return 0;
-    };
-    let mut n = 0;
-    if ch.outstanding() > 0 {
-        ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-            let u = UserData::from_raw(c.user_data);
-            let (u, r) = if u.is_part() {
-                // SAFETY: `IoQueue::submit`'s contract holds for the
-                // command until this delivers it.
-                match unsafe { st.complete(c) } {
-                    Some(done) => done,
-                    None => return,
-                }
-            } else {
-                (u, c.result)
-            };
-            f(u.tag(), finish(stats, rep, nsid, shift, u, r));
-            n += 1;
-        });
-    }
-    if st.waiting() > 0 {
-        let mut io = ch.io();
-        // SAFETY: as above, for the waiting commands.
-        unsafe {
-            st.resume(&mut io, &mut |(u, r)| {
-                f(u.tag(), finish(stats, rep, nsid, shift, u, r));
-                n += 1;
-            })
-        };
-        ch.flush();
-    }
-    n
-}
-
 /// The two forms of `IoQueue::start`: what becomes of a status known
 /// within the call.
 trait Form {
@@ -856,68 +760,6 @@ impl Form for Waited {
     }
 }
 
-/// Where `poll` reports failed commands (see `IoQueue::report_errors`).
-struct Report<'a> {
-    registry: &'a Registry,
-    sqid: Option<u16>,
-    info: &'a [(u16, u64)],
-}
-
-/// The status of a finished asynchronous request, counted.
-#[inline]
-fn finish(
-    stats: &mut IoStats,
-    rep: &Report<'_>,
-    nsid: u32,
-    shift: u32,
-    u: UserData,
-    r: Result<u32, IoError>,
-) -> Status {
-    match r {
-        Ok(_) => {
-            if u.is(Kind::Read) {
-                stats.reads += 1;
-                stats.bytes_read += u.blocks() << shift;
-            } else if u.is(Kind::Write) {
-                stats.writes += 1;
-                stats.bytes_written += u.blocks() << shift;
-            }
-            Status::SUCCESS
-        }
-        Err(e) => failed(rep, nsid, u, &e),
-    }
-}
-
-/// The status of a failed asynchronous request, logged and reported.
-#[cold]
-#[inline(never)]
-fn failed(rep: &Report<'_>, nsid: u32, u: UserData, e: &IoError) -> Status {
-    let tag = u.tag();
-    tracing::error!(nsid, tag, error = %e, "namespace I/O failed");
-    let st = Status::media(if u.is(Kind::Read) {
-        media::UNRECOVERED_READ_ERROR
-    } else {
-        media::WRITE_FAULT
-    });
-    // A piece of a multi-request command: the command is reported once
-    // it is over (`multi`).
-    if let Some(sqid) = rep.sqid.filter(|_| tag & KID == 0) {
-        let (cid, lba) = rep
-            .info
-            .get(tag as usize)
-            .copied()
-            .unwrap_or((ERROR_LOG_NOT_SPECIFIC, 0));
-        rep.registry.push_error(IoErrorRecord {
-            sqid,
-            cid,
-            status: st,
-            nsid,
-            lba,
-        });
-    }
-    st
-}
-
 /// Counts a successful read or write of `bytes`.
 #[inline(always)]
 fn count(stats: &mut IoStats, write: bool, bytes: usize) {
@@ -949,21 +791,4 @@ fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
     } else {
         media::UNRECOVERED_READ_ERROR
     })
-}
-
-/// Copies the segments' bytes into `dst` (up to `dst.len()`).
-///
-/// # Safety
-/// As `IoQueue::exec`.
-unsafe fn copy_from_segs(segs: &[Seg], mut dst: &mut [u8]) {
-    for s in segs {
-        if dst.is_empty() {
-            break;
-        }
-        let n = s.len.min(dst.len());
-        // SAFETY: the segment is valid for `s.len >= n` bytes (the
-        // caller's contract); `dst` is ours, disjoint from it.
-        unsafe { std::ptr::copy_nonoverlapping(s.ptr, dst.as_mut_ptr(), n) };
-        dst = &mut dst[n..];
-    }
 }

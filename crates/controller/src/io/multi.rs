@@ -27,7 +27,9 @@ use pollux_spec::status::{generic, media};
 use pollux_spec::Status;
 use zerocopy::FromBytes;
 
-use super::{copy_from_segs, gen, lba_ok, IoCmd, IoOp, IoQueue, Seg};
+use super::{gen, lba_ok, IoQueue, Seg};
+use crate::command::{IoCmd, IoOp};
+use crate::cursor::copy_from_segs;
 use crate::user_data::{Kind, UserData, KID};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
