@@ -65,5 +65,6 @@ pub use never::NoNvme;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
 pub use pollux_spec::cmd::RwFlags;
+pub use split::USER_DATA_RESERVED;
 pub use stats::{BdevStats, LatencySummary};
 pub use uring::UringOptions;
