@@ -5,7 +5,6 @@
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
 pub(crate) mod clock;
 pub(crate) mod pattern;
-mod trid;
 pub(crate) mod verify;
 mod worker;
 
@@ -22,6 +21,7 @@ use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, 
 use serde_json::json;
 
 use pattern::{Mix, Pattern};
+use pollux_host::trid;
 pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
 pub use worker::{pin_to, thread_cpu_time};
 use worker::{AnyJob, AnyQp, JobCtx, Latency, WorkerCtl, WorkerResult};
