@@ -16,7 +16,8 @@ use pollux_spec::fabrics::{adrfam, subtype, trtype, DiscoveryLogEntry, DISCOVERY
 use pollux_spec::tcp::{DEFAULT_PORT, DISCOVERY_PORT};
 use serde_json::json;
 
-use crate::perf::{parse_with_limits, Trid};
+use crate::perf::Trid;
+use pollux_host::trid;
 
 #[derive(Args, Debug)]
 pub struct DiscoverArgs {
@@ -73,7 +74,7 @@ fn unreachable_hint(port: u16, defaulted: bool) -> String {
 /// it is [`DISCOVERY_PORT`], not the I/O controllers' 4420.
 fn discovery_options(words: &[String]) -> Result<(pollux_tcp::TcpOptions, bool), DiscoverError> {
     let s = words.join(" ");
-    let (t, _) = parse_with_limits(&s)?;
+    let t = trid::parse(&s)?;
     let Trid::Tcp(mut t) = t else {
         return Err(DiscoverError::NotTcp(s));
     };

@@ -24,7 +24,8 @@ use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{DeviceThread, SoftDevice};
 use serde_json::Value;
 
-use crate::perf::{open_device, parse_with_limits, Ctrl, SoftLimits, Trid};
+use crate::perf::{open_device, Ctrl, Trid};
+use pollux_host::trid;
 
 /// SPDK's optional `bdev_nvme_attach_controller` parameters that are not
 /// transport ID keys here (ignored with a warning).
@@ -137,36 +138,30 @@ impl<T: NvmeTransport> NvmeOpener<T> {
     /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
     pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<T>>, OpenError> {
         let what = format!("--nvme '{trid}'");
-        let (t, limits) = parse_with_limits(trid).map_err(|e| OpenError {
+        let t = trid::parse(trid).map_err(|e| OpenError {
             what: what.clone(),
             why: e.to_string(),
         })?;
-        self.open(name, &t, limits, what)
+        self.open(name, &t, what)
     }
 
     /// `bdev_nvme_attach_controller` from `-c`.
     pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<T>>, OpenError> {
-        let (t, limits) = attach_trid(att)?;
-        self.open(&att.name, &t, limits, attach_what(att))
+        let t = attach_trid(att)?;
+        self.open(&att.name, &t, attach_what(att))
     }
 
-    fn open(
-        &mut self,
-        name: &str,
-        t: &Trid,
-        limits: SoftLimits,
-        what: String,
-    ) -> Result<Vec<Bdev<T>>, OpenError> {
+    fn open(&mut self, name: &str, t: &Trid, what: String) -> Result<Vec<Bdev<T>>, OpenError> {
         let fail = |why: String| OpenError {
             what: what.clone(),
             why,
         };
-        if matches!(self.mode, SoftMode::Inline) && !matches!(t, Trid::Soft { .. }) {
+        if matches!(self.mode, SoftMode::Inline) && !matches!(t, Trid::Soft(_)) {
             return Err(fail(
                 "only an emulated controller (trtype:soft) can be stepped inline (--inline)".into(),
             ));
         }
-        if matches!(t, Trid::Soft { .. })
+        if matches!(t, Trid::Soft(_))
             && matches!(self.mode, SoftMode::Threaded)
             && self.dev_thread.is_none()
         {
@@ -178,7 +173,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         // Enough queue pairs for every job on the namespaces known up
         // front (the controller may grant fewer: channels then fail, named).
         let nns = match t {
-            Trid::Soft { namespaces, .. } => *namespaces as usize,
+            Trid::Soft(s) => s.namespaces as usize,
             Trid::Pcie { .. } | Trid::Tcp(_) => 1,
         };
         let mut copts = ControllerOptions::default();
@@ -186,7 +181,6 @@ impl<T: NvmeTransport> NvmeOpener<T> {
             (nns * self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
         let d = open_device(
             t,
-            limits,
             self.ctrls.len(),
             self.mode,
             self.dev_thread.as_ref(),
@@ -234,7 +228,7 @@ fn attach_what(att: &NvmeAttach) -> String {
 
 /// The transport ID of a `bdev_nvme_attach_controller` entry (see the
 /// module docs); the TRID parser refuses keys it does not know.
-pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
+pub fn attach_trid(att: &NvmeAttach) -> Result<Trid, OpenError> {
     let fail = |why: String| OpenError {
         what: attach_what(att),
         why,
@@ -280,7 +274,7 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
         }
         s.push_str(&format!(" {k}:{v}"));
     }
-    parse_with_limits(&s).map_err(|e| fail(e.to_string()))
+    trid::parse(&s).map_err(|e| fail(e.to_string()))
 }
 
 /// SPDK's reconnect parameter `k` of a TCP controller as the TRID's
@@ -341,7 +335,7 @@ mod tests {
 
     #[test]
     fn attach_parameters_become_a_trid() {
-        let (t, l) = attach_trid(&att(
+        let t = attach_trid(&att(
             "soft",
             None,
             &[
@@ -352,18 +346,12 @@ mod tests {
             ],
         ))
         .unwrap();
-        assert!(matches!(
-            t,
-            Trid::Soft {
-                size: 1048576,
-                namespaces: 2,
-                ..
-            }
-        ));
-        assert_eq!(l.mdts, Some(1));
+        let Trid::Soft(t) = t else { panic!("{t:?}") };
+        assert_eq!((t.size, t.namespaces), (1048576, 2));
+        assert_eq!(t.limits.mdts, Some(1));
         // SPDK's fabrics and protection parameters mean nothing to a
         // local controller: ignored.
-        let (t, _) = attach_trid(&att(
+        let t = attach_trid(&att(
             "PCIe",
             Some("0000:0a:00.0"),
             &[("prchk_reftag", false.into()), ("subnqn", "x".into())],
@@ -376,7 +364,7 @@ mod tests {
             }
         );
         // For TCP they are the transport ID's keys.
-        let (t, _) = attach_trid(&att(
+        let t = attach_trid(&att(
             "TCP",
             Some("127.0.0.1"),
             &[
@@ -396,7 +384,7 @@ mod tests {
             (600, 10, -1)
         );
         let tcp = |p: &[(&str, Value)]| attach_trid(&att("tcp", Some("127.0.0.1"), p));
-        let (t, _) = tcp(&[
+        let t = tcp(&[
             ("ctrlr_loss_timeout_sec", (-1).into()),
             ("reconnect_delay_sec", 2.into()),
             ("fast_io_fail_timeout_sec", 5.into()),
@@ -407,7 +395,7 @@ mod tests {
             (t.ctrl_loss_tmo, t.reconnect_delay, t.fast_io_fail_tmo),
             (-1, 2, 5)
         );
-        let (t, _) = tcp(&[
+        let t = tcp(&[
             ("ctrlr_loss_timeout_sec", 0.into()),
             ("reconnect_delay_sec", 0.into()),
             ("fast_io_fail_timeout_sec", 0.into()),

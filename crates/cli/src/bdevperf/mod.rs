@@ -374,12 +374,10 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
     }
     if has_nvme {
         // One transport per run: TCP if any --nvme names it.
-        let tcp = a.nvme.iter().any(|t| {
-            matches!(
-                crate::perf::parse_with_limits(t),
-                Ok((crate::perf::Trid::Tcp(_), _))
-            )
-        });
+        let tcp = a
+            .nvme
+            .iter()
+            .any(|t| matches!(pollux_host::trid::parse(t), Ok(crate::perf::Trid::Tcp(_))));
         if tcp {
             run_nvme::<pollux_tcp::TcpTransport>(&a, cfg.as_ref(), &cores, &online)
         } else {

@@ -22,7 +22,7 @@ use serde_json::json;
 
 use pattern::{Mix, Pattern};
 use pollux_host::trid;
-pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
+pub use trid::{parse_size, Backend, SoftTrid, Trid, TridError};
 pub use worker::{pin_to, thread_cpu_time};
 use worker::{AnyJob, AnyQp, JobCtx, Latency, WorkerCtl, WorkerResult};
 
@@ -340,20 +340,20 @@ pub(crate) struct Device {
 
 pub(crate) fn open_device(
     t: &Trid,
-    limits: trid::SoftLimits,
     idx: usize,
     mode: SoftMode,
     thread: Option<&DeviceThread>,
     opts: &ControllerOptions,
 ) -> Result<Device, PerfError> {
     match t {
-        Trid::Soft {
+        Trid::Soft(SoftTrid {
             backend,
             path,
             size,
             lba_shift,
             namespaces,
-        } => {
+            limits,
+        }) => {
             let backend_cfg = match backend {
                 Backend::Null => BackendConfig::Null,
                 Backend::Ram => BackendConfig::Ram,
@@ -375,7 +375,7 @@ pub(crate) fn open_device(
                 serial: format!("SOFT{idx:04}"),
                 ..SoftConfig::default()
             };
-            limits.apply(&mut cfg);
+            crate::emulator::apply_limits(limits, &mut cfg);
             let dev = SoftDevice::new(cfg)?;
             // The device must run before bring-up can talk to it.
             if let Some(th) = thread {
@@ -449,7 +449,7 @@ fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
 
 /// Option checks against the transport IDs, before any device exists.
 fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
-    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft { .. })) {
+    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
         ));
@@ -461,10 +461,10 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
     }
     if a.verify {
         for (i, t) in trids.iter().enumerate() {
-            if let Trid::Soft {
+            if let Trid::Soft(SoftTrid {
                 backend: Backend::Null,
                 ..
-            } = t
+            }) = t
             {
                 let which = match a.transport.get(i) {
                     Some(s) => format!("-r '{s}' uses backend:null"),
@@ -703,28 +703,19 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
 pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let online = online_cpus();
     let cores = check_args(&a, &online)?;
-    let (trids, limits): (Vec<Trid>, Vec<trid::SoftLimits>) = if a.transport.is_empty() {
-        let t = Trid::Soft {
-            backend: Backend::Null,
-            path: None,
-            size: 1 << 40,
-            lba_shift: 9,
-            namespaces: 1,
-        };
-        (vec![t], vec![trid::SoftLimits::default()])
+    let trids: Vec<Trid> = if a.transport.is_empty() {
+        vec![Trid::Soft(SoftTrid::default())]
     } else {
         a.transport
             .iter()
-            .map(|s| trid::parse_with_limits(s))
+            .map(|s| trid::parse(s))
             .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .unzip()
     };
     check_trids(&a, &trids)?;
 
     // The device thread must outlive the controllers (their orderly
     // shutdown needs it), so it is declared first and dropped last.
-    let needs_thread = !a.inline && trids.iter().any(|t| matches!(t, Trid::Soft { .. }));
+    let needs_thread = !a.inline && trids.iter().any(|t| matches!(t, Trid::Soft(_)));
     let device_core = a
         .device_core
         .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
@@ -746,7 +737,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         io_queues: trids
             .iter()
             .map(|t| match t {
-                Trid::Soft { namespaces, .. } => *namespaces as u64,
+                Trid::Soft(s) => s.namespaces as u64,
                 Trid::Pcie { .. } | Trid::Tcp(_) => 1,
             })
             .max()
@@ -757,14 +748,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     };
     let mut devices = Vec::new();
     for (i, t) in trids.iter().enumerate() {
-        devices.push(open_device(
-            t,
-            limits[i],
-            i,
-            mode,
-            dev_thread.as_ref(),
-            &copts,
-        )?);
+        devices.push(open_device(t, i, mode, dev_thread.as_ref(), &copts)?);
     }
     let plans = check_devices(&a, &devices)?;
     let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;

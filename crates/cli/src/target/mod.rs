@@ -21,9 +21,10 @@ use pollux_target::{
 
 use crate::bdevperf::parse_mask;
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
+use crate::perf::parse_size;
 use crate::perf::{check_cores, online_cpus};
-use crate::perf::{parse_size, parse_with_limits};
 use nvme::Kind;
+use pollux_host::trid;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -314,7 +315,7 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     // The transport type of the NVMe bdevs, from every source.
     let mut kinds = Vec::new();
     if let Some(t) = &a.nvme {
-        let (trid, _) = parse_with_limits(t).map_err(|e| bad("--nvme", t, e.to_string()))?;
+        let trid = trid::parse(t).map_err(|e| bad("--nvme", t, e.to_string()))?;
         kinds.push((Kind::of(&trid), format!("--nvme '{t}'")));
     }
     if let Some(path) = &a.config {

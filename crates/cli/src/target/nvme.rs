@@ -19,7 +19,7 @@ pub enum Kind {
 impl Kind {
     pub fn of(t: &Trid) -> Kind {
         match t {
-            Trid::Soft { .. } | Trid::Pcie { .. } => Kind::Pcie,
+            Trid::Soft(_) | Trid::Pcie { .. } => Kind::Pcie,
             Trid::Tcp(_) => Kind::Tcp,
         }
     }
