@@ -1,8 +1,104 @@
-//! The emulated controller (`trtype:soft`) behind the host library: what
-//! the CLI builds from a [`SoftTrid`] with `pollux-softnvme`. The one
-//! place that knows the emulator.
-use pollux_host::trid::SoftLimits;
-use pollux_softnvme::SoftConfig;
+//! The emulated controller (`trtype:soft`) behind the host library: the
+//! CLI's [`Emulator`], which builds a `pollux-softnvme` device from a
+//! [`SoftTrid`] and hands the host library its platform. The one place
+//! that knows the emulator's platform (`SoftPlatform`).
+//!
+//! Devices run on one pinned device thread, started with the first of
+//! them, or are stepped inline by the caller (`pollux perf --inline`,
+//! `pollux bdevperf --inline`). Drop the emulator after the controllers
+//! made through it: their orderly shutdown needs the device thread.
+use std::sync::Arc;
+
+use pollux_host::trid::{Backend, SoftLimits, SoftTrid};
+use pollux_host::{Emulator, EmulatorError};
+use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
+use pollux_pcie::platform::Platform;
+use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+
+/// Emulated controllers of one run: see the module docs.
+pub struct SoftEmulator {
+    inline: bool,
+    device_core: Option<usize>,
+    made: Vec<Arc<SoftDevice>>,
+    /// Last: dropped after the devices.
+    thread: Option<DeviceThread>,
+}
+
+impl SoftEmulator {
+    /// `inline`: the caller steps the devices; else they run on a device
+    /// thread pinned to `device_core` (None: not pinned).
+    pub fn new(inline: bool, device_core: Option<usize>) -> SoftEmulator {
+        SoftEmulator {
+            inline,
+            device_core,
+            made: Vec::new(),
+            thread: None,
+        }
+    }
+
+    /// Whether the caller steps the devices.
+    pub fn inline(&self) -> bool {
+        self.inline
+    }
+
+    /// The devices made so far, in order.
+    pub fn devices(&self) -> &[Arc<SoftDevice>] {
+        &self.made
+    }
+
+    /// Starts the device thread now (else the first device starts it), so
+    /// that a thread that cannot start is reported before anything opens.
+    pub fn start_thread(&mut self) -> std::io::Result<()> {
+        if self.thread.is_none() && !self.inline {
+            self.thread = Some(DeviceThread::spawn(self.device_core)?);
+        }
+        Ok(())
+    }
+}
+
+/// The emulator's configuration for `t`; `index` numbers the serial.
+fn soft_config(t: &SoftTrid, index: usize) -> Result<SoftConfig, EmulatorError> {
+    let backend = match t.backend {
+        Backend::Null => BackendConfig::Null,
+        Backend::Ram => BackendConfig::Ram,
+        Backend::File => BackendConfig::File {
+            path: t.path.clone().ok_or("file backend needs path:")?,
+        },
+    };
+    let ns = (0..t.namespaces)
+        .map(|_| NamespaceConfig {
+            backend: backend.clone(),
+            lba_shift: t.lba_shift,
+            size_bytes: t.size,
+        })
+        .collect();
+    let mut cfg = SoftConfig {
+        namespaces: ns,
+        serial: format!("SOFT{index:04}"),
+        ..SoftConfig::default()
+    };
+    apply_limits(&t.limits, &mut cfg);
+    Ok(cfg)
+}
+
+impl Emulator for SoftEmulator {
+    fn platform(&mut self, t: &SoftTrid) -> Result<Box<dyn Platform>, EmulatorError> {
+        let dev = SoftDevice::new(soft_config(t, self.made.len())?)?;
+        let mode = if self.inline {
+            SoftMode::Inline
+        } else {
+            self.start_thread()
+                .map_err(|e| format!("device thread: {e}"))?;
+            // The device must run before bring-up can talk to it.
+            if let Some(th) = &self.thread {
+                th.attach(dev.clone());
+            }
+            SoftMode::Threaded
+        };
+        self.made.push(dev.clone());
+        Ok(Box::new(SoftPlatform::new(dev, mode)))
+    }
+}
 
 /// Writes the limits of a `trtype:soft` transport ID that were given into
 /// `cfg` (the others keep the emulator's defaults).

@@ -1,6 +1,6 @@
 //! NVMe controllers behind bdevs, for `pollux bdevperf` and `pollux
-//! target`: `--nvme TRID` (perf's transport ID syntax) and
-//! `bdev_nvme_attach_controller` in `-c`, over perf's device opening
+//! target`: `--nvme TRID` (the host library's transport ID syntax) and
+//! `bdev_nvme_attach_controller` in `-c`, opened by the host library
 //! (emulated controllers on a device thread or stepped inline, devices
 //! bound to vfio-pci / uio_pci_generic, NVMe/TCP controllers).
 //!
@@ -19,13 +19,12 @@ use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
-use pollux_pcie::platform::soft::SoftMode;
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
-use pollux_softnvme::{DeviceThread, SoftDevice};
+use pollux_host::{trid, Controller, ControllerOptions, QpairOptions, Trid};
+use pollux_pcie::Pcie;
+use pollux_softnvme::SoftDevice;
 use serde_json::Value;
 
-use crate::perf::{open_device, Ctrl, Trid};
-use pollux_host::trid;
+use crate::emulator::SoftEmulator;
 
 /// SPDK's optional `bdev_nvme_attach_controller` parameters that are not
 /// transport ID keys here (ignored with a warning).
@@ -67,14 +66,14 @@ pub trait NvmeTransport: pollux_nvme::Transport {
     /// Its trtypes, for messages.
     const TRTYPES: &'static str;
     /// The controller if it is of this transport, else handed back.
-    fn take(c: Ctrl) -> Result<pollux_nvme::Controller<Self>, Ctrl>;
+    fn take(c: Controller) -> Result<pollux_nvme::Controller<Self>, Controller>;
 }
 
 impl NvmeTransport for Pcie {
     const TRTYPES: &'static str = "trtype:soft/pcie";
-    fn take(c: Ctrl) -> Result<pollux_pcie::Controller, Ctrl> {
+    fn take(c: Controller) -> Result<pollux_pcie::Controller, Controller> {
         match c {
-            Ctrl::Pcie(c) => Ok(c),
+            Controller::Pcie(c) => Ok(c),
             other => Err(other),
         }
     }
@@ -82,44 +81,38 @@ impl NvmeTransport for Pcie {
 
 impl NvmeTransport for pollux_tcp::TcpTransport {
     const TRTYPES: &'static str = "trtype:tcp";
-    fn take(c: Ctrl) -> Result<pollux_tcp::Controller, Ctrl> {
+    fn take(c: Controller) -> Result<pollux_tcp::Controller, Controller> {
         match c {
-            Ctrl::Tcp(c) => Ok(c),
+            Controller::Tcp(c) => Ok(c),
             other => Err(other),
         }
     }
 }
 
-/// Opens controllers and keeps them (and the device thread) alive for the
-/// run. Fields drop in order: controllers, then emulated devices, then the
-/// device thread their orderly shutdown needs. Drop it after whatever
-/// holds its bdevs.
+/// Opens controllers and keeps them (and the emulated devices and their
+/// thread) alive for the run. Fields drop in order: controllers, then the
+/// emulator, whose device thread their orderly shutdown needs. Drop it
+/// after whatever holds its bdevs.
 pub struct NvmeOpener<T: NvmeTransport> {
     ctrls: Vec<Arc<pollux_nvme::Controller<T>>>,
-    softs: Vec<Arc<SoftDevice>>,
-    dev_thread: Option<DeviceThread>,
-    mode: SoftMode,
-    device_core: Option<usize>,
+    emu: SoftEmulator,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
     qopts: QpairOptions,
 }
 
 impl<T: NvmeTransport> NvmeOpener<T> {
-    /// `mode`: emulated controllers stepped inline or on a device thread
-    /// pinned to `device_core` (None: not pinned).
+    /// `inline`: emulated controllers stepped by the caller, else on a
+    /// device thread pinned to `device_core` (None: not pinned).
     pub fn new(
-        mode: SoftMode,
+        inline: bool,
         device_core: Option<usize>,
         per_ns: usize,
         qopts: QpairOptions,
     ) -> NvmeOpener<T> {
         NvmeOpener {
             ctrls: Vec::new(),
-            softs: Vec::new(),
-            dev_thread: None,
-            mode,
-            device_core,
+            emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
         }
@@ -132,7 +125,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
 
     /// The emulated controllers (stepped by the caller in inline mode).
     pub fn soft_devices(&self) -> Vec<Arc<SoftDevice>> {
-        self.softs.clone()
+        self.emu.devices().to_vec()
     }
 
     /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
@@ -156,19 +149,15 @@ impl<T: NvmeTransport> NvmeOpener<T> {
             what: what.clone(),
             why,
         };
-        if matches!(self.mode, SoftMode::Inline) && !matches!(t, Trid::Soft(_)) {
+        if self.emu.inline() && !matches!(t, Trid::Soft(_)) {
             return Err(fail(
                 "only an emulated controller (trtype:soft) can be stepped inline (--inline)".into(),
             ));
         }
-        if matches!(t, Trid::Soft(_))
-            && matches!(self.mode, SoftMode::Threaded)
-            && self.dev_thread.is_none()
-        {
-            self.dev_thread = Some(
-                DeviceThread::spawn(self.device_core)
-                    .map_err(|e| fail(format!("emulated controller thread: {e}")))?,
-            );
+        if matches!(t, Trid::Soft(_)) {
+            self.emu
+                .start_thread()
+                .map_err(|e| fail(format!("emulated controller thread: {e}")))?;
         }
         // Enough queue pairs for every job on the namespaces known up
         // front (the controller may grant fewer: channels then fail, named).
@@ -179,27 +168,19 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         let mut copts = ControllerOptions::default();
         copts.io_queues =
             (nns * self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
-        let d = open_device(
-            t,
-            self.ctrls.len(),
-            self.mode,
-            self.dev_thread.as_ref(),
-            &copts,
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let ctrl = Arc::new(T::take(d.ctrl).map_err(|other| {
+        let c =
+            pollux_host::connect_with(t, &copts, &mut self.emu).map_err(|e| fail(e.to_string()))?;
+        let name_of = c.describe();
+        let ctrl = Arc::new(T::take(c).map_err(|other| {
             let theirs = match other {
-                Ctrl::Pcie(_) => "trtype:soft/pcie",
-                Ctrl::Tcp(_) => "trtype:tcp",
+                Controller::Pcie(_) => "trtype:soft/pcie",
+                Controller::Tcp(_) => "trtype:tcp",
             };
             fail(format!(
                 "{theirs} cannot be mixed with {} controllers in one run",
                 T::TRTYPES
             ))
         })?);
-        if let Some(s) = d.soft {
-            self.softs.push(s);
-        }
         self.ctrls.push(ctrl.clone());
         let mut bdevs = Vec::new();
         for ns in ctrl.namespaces() {
@@ -215,7 +196,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         if bdevs.is_empty() {
             return Err(fail(format!(
                 "controller {} has no active namespace",
-                d.name
+                name_of
             )));
         }
         Ok(bdevs)

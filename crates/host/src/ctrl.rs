@@ -107,6 +107,15 @@ pub enum DmaMemory {
     Huge,
 }
 
+impl DmaMemory {
+    /// Bytes of free 2 MiB hugepages on this machine (0 if unknown).
+    pub fn free_huge_bytes() -> u64 {
+        pollux_pcie::platform::hugemem::free_hugepages()
+            .unwrap_or(0)
+            .saturating_mul(pollux_pcie::platform::hugemem::HUGE_PAGE_SIZE as u64)
+    }
+}
+
 impl Trid {
     /// The memory DMA buffers of this controller take: for PCIe, by the
     /// driver the device is bound to now.

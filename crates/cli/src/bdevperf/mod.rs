@@ -31,10 +31,10 @@ use crate::perf::clock::LatClock;
 use crate::perf::pattern::{Mix, Pattern};
 use crate::perf::verify::{Verify, Written, MAX_UNITS};
 use crate::perf::{
-    check_cores, check_run_options, human_bytes, mem_available, online_cpus, parse_cores,
-    parse_size, PerfError,
+    check_cores, check_run_options, human_bytes, mem_available, online_cpus, parse_cores, PerfError,
 };
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
+use pollux_host::trid::parse_size;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -377,7 +377,7 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
         let tcp = a
             .nvme
             .iter()
-            .any(|t| matches!(pollux_host::trid::parse(t), Ok(crate::perf::Trid::Tcp(_))));
+            .any(|t| matches!(pollux_host::trid::parse(t), Ok(pollux_host::Trid::Tcp(_))));
         if tcp {
             run_nvme::<pollux_tcp::TcpTransport>(&a, cfg.as_ref(), &cores, &online)
         } else {

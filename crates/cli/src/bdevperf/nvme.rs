@@ -5,8 +5,7 @@
 //! emulated controllers stepped inline with `--inline`.
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::SoftMode;
-use pollux_pcie::QpairOptions;
+use pollux_host::QpairOptions;
 
 use super::BdevperfArgs;
 pub use crate::nvme_open::NvmeTransport;
@@ -19,17 +18,12 @@ pub fn opener<T: NvmeTransport>(
     cores: &[usize],
     online: &[usize],
 ) -> NvmeOpener<T> {
-    let mode = if a.inline {
-        SoftMode::Inline
-    } else {
-        SoftMode::Threaded
-    };
     let device_core = a
         .device_core
         .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
     let per_ns = if a.every_core { cores.len() } else { 1 };
     NvmeOpener::new(
-        mode,
+        a.inline,
         device_core,
         per_ns,
         QpairOptions {

@@ -21,10 +21,10 @@ use pollux_target::{
 
 use crate::bdevperf::parse_mask;
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
-use crate::perf::parse_size;
 use crate::perf::{check_cores, online_cpus};
 use nvme::Kind;
 use pollux_host::trid;
+use pollux_host::trid::parse_size;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -349,10 +349,10 @@ fn serve_nvme<T: NvmeTransport>(
     device_core: Option<usize>,
 ) -> Result<(), TargetCliError> {
     let opener = std::cell::RefCell::new(NvmeOpener::<T>::new(
-        pollux_pcie::platform::soft::SoftMode::Threaded,
+        false,
         device_core,
         1,
-        pollux_pcie::QpairOptions::default(),
+        pollux_host::QpairOptions::default(),
     ));
     let cfg = config::<T>(
         a,

@@ -5,7 +5,7 @@
 use serde_json::Value;
 
 use super::TargetCliError;
-use crate::perf::Trid;
+use pollux_host::Trid;
 
 /// Which transport type a target's NVMe bdevs use.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
