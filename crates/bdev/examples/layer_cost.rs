@@ -9,9 +9,9 @@
 use std::sync::Arc;
 
 use pollux_bdev::{Bdev, ChannelOptions, Completion, Io, IoBuf};
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 const DEPTH: u64 = 128;
 const BS: usize = 4096;

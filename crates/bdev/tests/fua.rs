@@ -18,9 +18,9 @@ use std::time::Duration;
 use pollux_bdev::{
     Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, RawSeg, RwFlags, UringOptions,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 fn fill(b: &mut IoBuf, seed: u8) {
     for (i, x) in b.as_mut_slice().iter_mut().enumerate() {

@@ -5,11 +5,11 @@ use std::time::Duration;
 use pollux_bdev::{
     Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, IoError, SubmitError,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{
     BackendConfig, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig, SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::{NvmOpcode, Sqe};
 
 type B = Bdev<Pcie>;

@@ -11,9 +11,9 @@ use std::sync::Arc;
 
 use pollux_host::trid::{Backend, SoftLimits, SoftTrid};
 use pollux_host::{Emulator, EmulatorError};
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::platform::Platform;
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 /// Emulated controllers of one run: see the module docs.
 pub struct SoftEmulator {

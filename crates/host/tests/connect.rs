@@ -9,9 +9,9 @@ use pollux_host::{
     connect, connect_with, Completion, ConnectError, Controller, ControllerOptions, Emulator,
     EmulatorError, Handler, IoBuf, Namespace, QpairOptions, QueuePair, SoftTrid, Submitter, Trid,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::platform::Platform;
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 const NQN: &str = "nqn.2024-01.io.pollux:host";
 

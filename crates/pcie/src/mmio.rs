@@ -184,18 +184,57 @@ mod tests {
     /// every other handle is gone still hits mapped memory. Before,
     /// `Doorbell` was `Copy` with no lifetime, so this was a use after
     /// unmap.
-    #[cfg(feature = "soft")]
     #[test]
     fn doorbell_outlives_every_other_handle() {
-        use crate::platform::soft::{SoftMode, SoftPlatform};
-        let dev = pollux_softnvme::SoftDevice::new(pollux_softnvme::SoftConfig::default()).unwrap();
-        let weak = std::sync::Arc::downgrade(&dev);
-        let p: Arc<dyn Platform> = Arc::new(SoftPlatform::new(dev, SoftMode::Inline));
+        /// Stands in for a platform: its BAR0 is memory it owns, and it
+        /// tells when it is dropped (so the BAR with it).
+        struct Bar {
+            bar: Mmio,
+            regs: NonNull<u32>,
+            _alive: Arc<()>,
+        }
+        // SAFETY: `regs` is owned by `Bar` (freed in its drop) and only
+        // accessed atomically through `bar`.
+        unsafe impl Send for Bar {}
+        // SAFETY: as above.
+        unsafe impl Sync for Bar {}
+        impl Drop for Bar {
+            fn drop(&mut self) {
+                // SAFETY: made by `Box::into_raw` of a 2048-word slice below,
+                // freed once, here.
+                drop(unsafe {
+                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.regs.as_ptr(), 2048))
+                });
+            }
+        }
+        impl Platform for Bar {
+            fn describe(&self) -> String {
+                "test BAR".into()
+            }
+            fn bar0(&self) -> &Mmio {
+                &self.bar
+            }
+            fn alloc_dma(&self, _: usize) -> Result<pollux_nvme::DmaBuffer> {
+                Err(Error::Unsupported("no DMA".into()))
+            }
+        }
+        let regs = Box::into_raw(vec![0u32; 2048].into_boxed_slice()).cast::<u32>();
+        let regs = NonNull::new(regs).unwrap();
+        let alive = Arc::new(());
+        let weak = Arc::downgrade(&alive);
+        // SAFETY: 8 KiB, 4-byte aligned, freed only when `Bar` drops (after
+        // `bar`, which it owns, is gone).
+        let bar = unsafe { Mmio::new(regs.cast(), 8192) };
+        let p: Arc<dyn Platform> = Arc::new(Bar {
+            bar,
+            regs,
+            _alive: alive,
+        });
         let db = Doorbell::new(&p, pollux_spec::regs::off::DOORBELL_BASE).unwrap();
         drop(p);
         assert!(
             weak.upgrade().is_some(),
-            "the doorbell keeps the device (and its BAR) alive"
+            "the doorbell keeps the platform (and its BAR) alive"
         );
         db.write(1);
         drop(db);

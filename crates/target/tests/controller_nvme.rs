@@ -13,12 +13,12 @@ use pollux_controller::{
     AdminEnv, AdminOutcome, Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits,
     Namespace, Personality, Subsystem,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{
     BackendConfig, DeviceThread, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig,
     SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::log::{lid, ErrorLogEntry, SmartLog};
 use pollux_spec::status::{media, sct};
 use pollux_spec::{NvmOpcode, Sqe, Status};

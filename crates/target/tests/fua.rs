@@ -21,9 +21,9 @@ use pollux_controller::{
     Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits, Namespace, Personality,
     Subsystem,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::fabrics::SglDescriptor;
 use pollux_spec::features::fid;
 use pollux_spec::tcp::{Digests, H2CData};

@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_bdev::Bdev;
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
 use pollux_spec::fabrics::{PropertySize, SglDescriptor};
 use pollux_spec::features::fid;

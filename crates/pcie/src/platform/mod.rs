@@ -13,8 +13,6 @@ pub mod hugemem;
 pub mod irq;
 #[cfg(target_os = "linux")]
 pub mod pci;
-#[cfg(feature = "soft")]
-pub mod soft;
 #[cfg(target_os = "linux")]
 pub mod uio;
 #[cfg(target_os = "linux")]
