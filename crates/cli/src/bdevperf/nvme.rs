@@ -8,16 +8,11 @@ use std::time::Duration;
 use pollux_host::QpairOptions;
 
 use super::BdevperfArgs;
-pub use crate::nvme_open::NvmeTransport;
 use crate::nvme_open::{NvmeOpener, OpenError};
 
 /// The opener of a bdevperf run on `cores` (`online`: the machine's cores,
 /// for the emulated controllers' thread when `--device-core` is not given).
-pub fn opener<T: NvmeTransport>(
-    a: &BdevperfArgs,
-    cores: &[usize],
-    online: &[usize],
-) -> NvmeOpener<T> {
+pub fn opener(a: &BdevperfArgs, cores: &[usize], online: &[usize]) -> NvmeOpener {
     let device_core = a
         .device_core
         .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
