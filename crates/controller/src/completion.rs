@@ -2,7 +2,6 @@
 //! status, counted for SMART, a failure logged and reported (`Report`);
 //! an NVMe namespace's staged pieces taken back first (`poll_staged`).
 use pollux_bdev::{Completion, Io, IoError};
-use pollux_nvme::Transport;
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::media;
 use pollux_spec::Status;
@@ -14,8 +13,8 @@ use crate::user_data::{Kind, UserData, KID};
 /// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
 /// back (a command's status once its last piece is in), then waiting
 /// commands start if pieces allow.
-pub(crate) fn poll_staged<T: Transport>(
-    ns: &mut NsChan<T>,
+pub(crate) fn poll_staged(
+    ns: &mut NsChan,
     stats: &mut IoStats,
     rep: &Report<'_>,
     nsid: u32,
@@ -28,7 +27,7 @@ pub(crate) fn poll_staged<T: Transport>(
     };
     let mut n = 0;
     if ch.outstanding() > 0 {
-        ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+        ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
             let u = UserData::from_raw(c.user_data);
             let (u, r) = if u.is_part() {
                 // SAFETY: `IoQueue::submit`'s contract holds for the

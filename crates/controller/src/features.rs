@@ -6,7 +6,6 @@ use pollux_spec::features::{
 };
 
 use crate::subsystem::Subsystem;
-use pollux_nvme::Transport;
 
 /// Default over-temperature threshold, Kelvin (70 °C).
 pub const DEFAULT_TEMP_OVER: u16 = 343;
@@ -38,7 +37,7 @@ pub(crate) struct Features {
 }
 
 impl Features {
-    pub fn defaults<T: Transport>(subsys: &Subsystem<T>) -> Features {
+    pub fn defaults(subsys: &Subsystem) -> Features {
         let max = subsys.limits().max_io_queues;
         Features {
             queues: NumberOfQueues::new(max, max),

@@ -45,8 +45,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use pollux_bdev::{Completion, Io, NoNvme, RawSeg as Seg};
-use pollux_nvme::Transport;
+use pollux_bdev::{Completion, Io, RawSeg as Seg};
 use pollux_spec::cmd::{DsmRange, RwFlags, DSM_ATTR_DEALLOCATE};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
@@ -90,8 +89,8 @@ pub struct IoQueueOptions {
 /// One I/O queue's execution context (see the module doc). Used from one
 /// thread at a time. `T`: the NVMe transport of the namespaces' bdevs
 /// (the subsystem's).
-pub struct IoQueue<T: Transport = NoNvme> {
-    ns: Vec<NsChan<T>>,
+pub struct IoQueue {
+    ns: Vec<NsChan>,
     scratch: Vec<u8>,
     max_xfer: usize,
     /// SQE flags that must be 0: FUSE, and on PCIe PSDT.
@@ -114,7 +113,7 @@ pub struct IoQueue<T: Transport = NoNvme> {
     multi: multi::Multis,
 }
 
-impl<T: Transport> std::fmt::Debug for IoQueue<T> {
+impl std::fmt::Debug for IoQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoQueue")
             .field("namespaces", &self.ns.len())
@@ -125,21 +124,21 @@ impl<T: Transport> std::fmt::Debug for IoQueue<T> {
     }
 }
 
-impl<T: Transport> Drop for IoQueue<T> {
+impl Drop for IoQueue {
     fn drop(&mut self) {
         self.publish();
         self.handle.registry.retire(&self.handle.published);
     }
 }
 
-impl<T: Transport> IoQueue<T> {
+impl IoQueue {
     /// A queue of a controller of `subsys` counting through `handle`
     /// (`Controller::io_stats_handle`): one channel per namespace.
     pub fn new(
-        subsys: &Arc<Subsystem<T>>,
+        subsys: &Arc<Subsystem>,
         handle: StatsHandle,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue<T>, ControllerError> {
+    ) -> Result<IoQueue, ControllerError> {
         let max_xfer = subsys.limits().max_transfer().unwrap_or(usize::MAX);
         let mut ns = Vec::with_capacity(subsys.namespaces().len());
         for (i, n) in subsys.namespaces().iter().enumerate() {
@@ -231,9 +230,9 @@ impl<T: Transport> IoQueue<T> {
     /// A queue for `ctrl` (`IoQueue::new` with its subsystem and a new
     /// stats handle).
     pub fn for_controller(
-        ctrl: &Controller<T>,
+        ctrl: &Controller,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue<T>, ControllerError> {
+    ) -> Result<IoQueue, ControllerError> {
         IoQueue::new(ctrl.subsystem(), ctrl.io_stats_handle(), opts)
     }
 
@@ -251,7 +250,7 @@ impl<T: Transport> IoQueue<T> {
 
     /// The namespace channel for `nsid` (1-based), if it exists.
     #[inline(always)]
-    fn ns_of(&self, nsid: u32) -> Option<&NsChan<T>> {
+    fn ns_of(&self, nsid: u32) -> Option<&NsChan> {
         self.ns.get((nsid as usize).wrapping_sub(1))
     }
 
@@ -707,12 +706,11 @@ impl<T: Transport> IoQueue<T> {
             if ch.ch.outstanding() == 0 {
                 continue;
             }
-            ch.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    let u = UserData::from_raw(c.user_data);
-                    f(u.tag(), finish(stats, &rep, nsid, shift, u, c.result));
-                    n += 1;
-                });
+            ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
+                let u = UserData::from_raw(c.user_data);
+                f(u.tag(), finish(stats, &rep, nsid, shift, u, c.result));
+                n += 1;
+            });
         }
         n
     }
@@ -727,7 +725,7 @@ trait Form {
     /// The command is in flight: its status comes from a poll.
     const PENDING: Self::Out;
     /// The command is over with `st`.
-    fn known<T: Transport>(q: &mut IoQueue<T>, tag: u32, cmd: &IoCmd, st: Status) -> Self::Out;
+    fn known(q: &mut IoQueue, tag: u32, cmd: &IoCmd, st: Status) -> Self::Out;
 }
 
 /// `submit`'s: the status waits in `done` for the next `poll`.
@@ -739,7 +737,7 @@ impl Form for Queued {
     const PENDING: () = ();
 
     #[inline(always)]
-    fn known<T: Transport>(q: &mut IoQueue<T>, tag: u32, cmd: &IoCmd, st: Status) {
+    fn known(q: &mut IoQueue, tag: u32, cmd: &IoCmd, st: Status) {
         let st = q.at_once(cmd, st);
         // At most `depth` are in flight, so this never grows the ring.
         q.done.push_back((tag, st));
@@ -755,7 +753,7 @@ impl Form for Waited {
     const PENDING: Option<Status> = None;
 
     #[inline(always)]
-    fn known<T: Transport>(q: &mut IoQueue<T>, _: u32, cmd: &IoCmd, st: Status) -> Option<Status> {
+    fn known(q: &mut IoQueue, _: u32, cmd: &IoCmd, st: Status) -> Option<Status> {
         Some(q.at_once(cmd, st))
     }
 }

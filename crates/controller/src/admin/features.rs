@@ -36,7 +36,6 @@ use super::{gen, ok, spec, AdminEnv, AdminResult};
 use crate::ctrl::Controller;
 use crate::features::Features;
 use crate::subsystem::Personality;
-use pollux_nvme::Transport;
 
 /// TMPSEL value meaning "all sensors".
 const TMPSEL_ALL: u8 = 0xF;
@@ -59,7 +58,7 @@ fn supported(f: u8, p: &Personality) -> bool {
     }
 }
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     pub(crate) fn get_features(&mut self, sqe: &Sqe) -> AdminResult {
         let f = cdw10_fid(sqe.cdw10);
         if !supported(f, self.subsys.personality()) {
