@@ -6,8 +6,8 @@ use std::sync::Arc;
 
 use pollux_host::{Controller, Namespace, QpairOptions, QueuePair};
 
-use crate::bdev::ChannelOptions;
 use crate::data::Completion;
+use crate::options::ChannelOptions;
 
 pub(crate) struct NvmeShared {
     pub ctrl: Arc<Controller>,

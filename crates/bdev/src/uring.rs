@@ -85,9 +85,9 @@ use pollux_nvme::dma::{DmaRelease, Iova};
 use pollux_nvme::{DmaBuffer, IoBuf};
 use pollux_spec::cmd::RwFlags;
 
-use crate::bdev::ChannelOptions;
 use crate::data::{Completion, Data, RawSeg};
 use crate::error::{Error, IoError, Refused, Result, SubmitError};
+use crate::options::ChannelOptions;
 
 /// How an io_uring bdev opens its file and sets up its rings.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -363,7 +363,7 @@ pub(crate) fn open(name: &str, path: &Path, opts: UringOptions) -> Result<Opened
         }
         None => dev_size - dev_size % bs,
     };
-    crate::bdev::check_geometry(name, block_size, size / bs)?;
+    crate::info::check_geometry(name, block_size, size / bs)?;
     if !blockdev && size > dev_size {
         file.set_len(size)
             .map_err(|e| oserr("extend to the size", e))?;
