@@ -59,6 +59,7 @@ impl Bdev {
                     unmap: true,
                     reset: true,
                     nvme_passthru: false,
+                    host_memory: true,
                 },
             },
             backend: Shared::Local(Arc::new(LocalShared {
@@ -136,6 +137,7 @@ impl Bdev {
                 unmap: true,
                 reset: true,
                 nvme_passthru: true,
+                host_memory: false,
             },
         };
         Ok(Bdev(Arc::new(Inner {
@@ -169,6 +171,7 @@ impl Bdev {
                     unmap: true,
                     reset: true,
                     nvme_passthru: false,
+                    host_memory: true,
                 },
             },
             backend: Shared::Uring(Arc::new(o.shared)),

@@ -753,8 +753,9 @@ impl<'a> Io<'a> {
 
     /// `readv` into memory the caller lends instead of owned buffers (a C
     /// API, an emulated controller reading guest pages). Host-memory
-    /// backends only (null, RAM, io_uring); NVMe refuses it (it needs DMA
-    /// memory: use owned buffers). The completion carries `Data::None`.
+    /// backends only (`Caps::host_memory`: null, RAM, io_uring); NVMe
+    /// refuses it (it needs DMA memory: use owned buffers). The completion
+    /// carries `Data::None`.
     ///
     /// # Safety
     /// Every segment must be valid for writes of its length and must not

@@ -10,6 +10,11 @@ pub struct Caps {
     pub reset: bool,
     /// NVMe commands pass through (`Io::nvme_passthru`, checked).
     pub nvme_passthru: bool,
+    /// Requests take any host memory, including memory the caller lends
+    /// (`Io::readv_raw` / `writev_raw`). False: data buffers must be the
+    /// bdev's own DMA memory from `Bdev::alloc_buf` (NVMe), so a caller
+    /// with memory of its own stages it through such buffers.
+    pub host_memory: bool,
 }
 
 /// A block device's description, fixed when it is created.
