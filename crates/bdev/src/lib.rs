@@ -52,6 +52,7 @@ mod local;
 pub mod mem;
 mod nvme;
 mod options;
+pub mod params;
 mod poll;
 mod split;
 pub mod stats;

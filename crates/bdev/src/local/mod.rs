@@ -9,6 +9,8 @@
 //!
 //! A RAM disk may simulate a volatile write cache (a testing aid for
 //! durability: [`VolatileCache`]).
+pub(crate) mod config;
+
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};

@@ -2,6 +2,8 @@
 //! per channel. Requests map one to one onto the queue pair's (which
 //! splits what exceeds the controller's transfer size itself); the layer
 //! adds only a vector split and the conversion of the completion.
+pub(crate) mod config;
+
 use std::sync::Arc;
 
 use pollux_host::{Controller, Namespace, QpairOptions, QueuePair};

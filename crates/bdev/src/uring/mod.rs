@@ -71,6 +71,7 @@
 //! arrives, so a channel dropped with requests in flight asks the kernel
 //! to cancel them and waits for every CQE before any buffer is freed.
 mod chan;
+pub(crate) mod config;
 mod open;
 mod options;
 mod pool;
