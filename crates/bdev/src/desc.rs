@@ -1,6 +1,7 @@
 //! `Desc` (an opened bdev) and the channels taken from it.
 use crate::bdev::{Bdev, Shared};
-use crate::channel::{ChanBe, Channel, Common};
+use crate::channel::{ChanBe, Channel};
+use crate::common::Common;
 use crate::error::{Error, Result};
 use crate::local::LocalChan;
 use crate::nvme::NvmeChan;

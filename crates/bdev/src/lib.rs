@@ -42,6 +42,7 @@
 //! with an error.
 mod bdev;
 mod channel;
+mod common;
 pub mod config;
 mod data;
 mod desc;

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use pollux_host::{Controller, Namespace, QpairOptions, QueuePair};
 
 use crate::data::Completion;
+use crate::error::{Refused, SubmitError};
 use crate::options::ChannelOptions;
 
 pub(crate) struct NvmeShared {
@@ -50,5 +51,33 @@ impl NvmeChan {
                 deferred: Vec::new(),
             },
         })
+    }
+}
+
+/// A request the driver refused, in the layer's terms, with its buffer.
+#[cold]
+#[inline(never)]
+pub(crate) fn nvme_refused(r: pollux_nvme::Refused, shift: u32) -> Refused {
+    Refused::new(from_nvme(r.error, 1 << shift), r.buf.into())
+}
+
+/// The same error in the layer's terms where one exists.
+#[cold]
+pub(crate) fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
+    use pollux_nvme::SubmitError as N;
+    match e {
+        N::LbaOutOfRange { lba, nlb, nsze } => SubmitError::OutOfRange {
+            lba,
+            nlb: nlb as u64,
+            num_blocks: nsze,
+        },
+        N::ZeroLength => SubmitError::ZeroLength,
+        N::BufferLength { got, .. } if got % block_size as usize != 0 => {
+            SubmitError::NotBlockMultiple {
+                len: got,
+                block_size,
+            }
+        }
+        e => SubmitError::Nvme(e),
     }
 }
