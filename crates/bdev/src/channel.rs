@@ -16,12 +16,9 @@ use crate::common::Common;
 use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
 use crate::local::{LocalChan, LocalOp};
-use crate::nvme::{from_nvme, nvme_refused, NvmeChan, NvmeSide};
-use crate::split::{Parents, MAX_CHILDREN};
+use crate::nvme::{self, from_nvme, nvme_refused, NvmeChan, NvmeSide};
+use crate::split::MAX_CHILDREN;
 use crate::uring::{Op as UringOp, UringChan};
-
-/// Most blocks of one NVMe Write Zeroes or deallocate command.
-const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
 
 // Boxing the queue pair would add a dependent load to every request.
 #[allow(clippy::large_enum_variant)]
@@ -496,7 +493,9 @@ impl<'a> Io<'a> {
                 Data::Vec(Box::new(bufs)),
                 ud,
             ),
-            IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, flags, ud),
+            IoBe::Nvme(sub, side) => {
+                nvme::submit_vec(self.c, sub, side, write, lba, bufs, flags, ud)
+            }
             IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, flags, ud),
         };
         match r {
@@ -509,56 +508,6 @@ impl<'a> Io<'a> {
                 Err(e)
             }
         }
-    }
-
-    /// A vector on NVMe: one command per buffer under a parent. If a
-    /// command is refused after others were sent, the rest are not sent
-    /// and the parent completes with the error once the sent ones finish.
-    fn nvme_vec(
-        &mut self,
-        write: bool,
-        lba: u64,
-        bufs: Vec<IoBuf>,
-        flags: RwFlags,
-        ud: u64,
-    ) -> Result<(), Refused> {
-        let IoBe::Nvme(sub, side) = &mut self.be else {
-            return Err(Refused::new(SubmitError::Failed, Data::Vec(Box::new(bufs))));
-        };
-        let n = bufs.len();
-        let shift = self.c.shift;
-        let parent = self.c.parents.open(ud, n as u32, n);
-        let mut at = lba;
-        let mut it = bufs.into_iter().enumerate();
-        while let Some((i, b)) = it.next() {
-            let nlb = (b.len() >> shift) as u32;
-            let cud = Parents::child_data(parent, i);
-            let r = if write {
-                sub.write_with(&side.ns, at, nlb, b, flags, cud)
-            } else {
-                sub.read_with(&side.ns, at, nlb, b, flags, cud)
-            };
-            at += nlb as u64;
-            if let Err(r) = r {
-                let error = from_nvme(r.error, 1 << shift);
-                if i == 0 {
-                    // Nothing sent: refuse the whole request.
-                    let mut back: Vec<IoBuf> = r.buf.into_iter().collect();
-                    back.extend(it.map(|(_, b)| b));
-                    self.c.parents.discard(parent);
-                    return Err(Refused::new(error, Data::Vec(Box::new(back))));
-                }
-                tracing::warn!(%error, index = i, "vector request partly refused; failing it");
-                let fail = Err(IoError::Failed);
-                let mut last = self.c.parents.child_done(parent, i, fail, r.buf);
-                for (j, b) in it.by_ref() {
-                    last = self.c.parents.child_done(parent, j, fail, Some(b));
-                }
-                debug_assert!(last.is_none(), "sent children are still outstanding");
-                return Ok(());
-            }
-        }
-        Ok(())
     }
 
     /// `readv` into memory the caller lends instead of owned buffers (a C
@@ -717,57 +666,7 @@ impl<'a> Io<'a> {
                 let op = if unmap { UringOp::Punch } else { UringOp::Zero };
                 u.other(op, lba << shift, nlb << shift, ud)
             }
-            IoBe::Nvme(sub, side) => {
-                let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
-                if chunks == 1 {
-                    // One command: no parent.
-                    let r = if unmap {
-                        sub.deallocate(&side.ns, lba, nlb as u32, ud)
-                    } else {
-                        sub.write_zeroes(&side.ns, lba, nlb as u32, false, ud)
-                    };
-                    r.map_err(|e| from_nvme(e, 1 << shift))
-                } else if chunks as usize > MAX_CHILDREN {
-                    Err(SubmitError::TooManySegments {
-                        n: chunks as usize,
-                        max: MAX_CHILDREN,
-                    })
-                } else {
-                    let parent = self.c.parents.open(ud, chunks as u32, 0);
-                    let mut sent = 0u64;
-                    let mut res = Ok(());
-                    for i in 0..chunks {
-                        let at = lba + i * NVME_MAX_ZERO_BLOCKS;
-                        let n = (nlb - i * NVME_MAX_ZERO_BLOCKS).min(NVME_MAX_ZERO_BLOCKS) as u32;
-                        let cud = Parents::child_data(parent, i as usize);
-                        let r = if unmap {
-                            sub.deallocate(&side.ns, at, n, cud)
-                        } else {
-                            sub.write_zeroes(&side.ns, at, n, false, cud)
-                        };
-                        if let Err(e) = r {
-                            res = Err(from_nvme(e, 1 << shift));
-                            break;
-                        }
-                        sent += 1;
-                    }
-                    if let Err(e) = res {
-                        if sent == 0 {
-                            self.c.parents.discard(parent);
-                        } else {
-                            // Some went out: the parent reports the failure
-                            // once they finish.
-                            for j in sent..chunks {
-                                let f = Err(IoError::Failed);
-                                self.c.parents.child_done(parent, j as usize, f, None);
-                            }
-                            tracing::warn!(%e, "zeroing partly refused; failing it");
-                            res = Ok(());
-                        }
-                    }
-                    res
-                }
-            }
+            IoBe::Nvme(sub, side) => nvme::zero(self.c, sub, side, lba, nlb, ud, unmap),
         };
         self.other_done(r, ud)
     }

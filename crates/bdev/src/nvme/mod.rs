@@ -6,11 +6,18 @@ pub(crate) mod config;
 
 use std::sync::Arc;
 
-use pollux_host::{Controller, Namespace, QpairOptions, QueuePair};
+use pollux_host::{Controller, Namespace, QpairOptions, QueuePair, Submitter};
+use pollux_nvme::IoBuf;
+use pollux_spec::cmd::RwFlags;
 
-use crate::data::Completion;
-use crate::error::{Refused, SubmitError};
+use crate::common::Common;
+use crate::data::{Completion, Data};
+use crate::error::{IoError, Refused, SubmitError};
 use crate::options::ChannelOptions;
+use crate::split::{Parents, MAX_CHILDREN};
+
+/// Most blocks of one NVMe Write Zeroes or deallocate command.
+const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
 
 pub(crate) struct NvmeShared {
     pub ctrl: Arc<Controller>,
@@ -79,5 +86,118 @@ pub(crate) fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitE
             }
         }
         e => SubmitError::Nvme(e),
+    }
+}
+
+/// A vector on NVMe: one command per buffer under a parent. If a
+/// command is refused after others were sent, the rest are not sent
+/// and the parent completes with the error once the sent ones finish.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn submit_vec(
+    c: &mut Common,
+    sub: &mut Submitter<'_>,
+    side: &mut NvmeSide,
+    write: bool,
+    lba: u64,
+    bufs: Vec<IoBuf>,
+    flags: RwFlags,
+    ud: u64,
+) -> Result<(), Refused> {
+    let n = bufs.len();
+    let shift = c.shift;
+    let parent = c.parents.open(ud, n as u32, n);
+    let mut at = lba;
+    let mut it = bufs.into_iter().enumerate();
+    while let Some((i, b)) = it.next() {
+        let nlb = (b.len() >> shift) as u32;
+        let cud = Parents::child_data(parent, i);
+        let r = if write {
+            sub.write_with(&side.ns, at, nlb, b, flags, cud)
+        } else {
+            sub.read_with(&side.ns, at, nlb, b, flags, cud)
+        };
+        at += nlb as u64;
+        if let Err(r) = r {
+            let error = from_nvme(r.error, 1 << shift);
+            if i == 0 {
+                // Nothing sent: refuse the whole request.
+                let mut back: Vec<IoBuf> = r.buf.into_iter().collect();
+                back.extend(it.map(|(_, b)| b));
+                c.parents.discard(parent);
+                return Err(Refused::new(error, Data::Vec(Box::new(back))));
+            }
+            tracing::warn!(%error, index = i, "vector request partly refused; failing it");
+            let fail = Err(IoError::Failed);
+            let mut last = c.parents.child_done(parent, i, fail, r.buf);
+            for (j, b) in it.by_ref() {
+                last = c.parents.child_done(parent, j, fail, Some(b));
+            }
+            debug_assert!(last.is_none(), "sent children are still outstanding");
+            return Ok(());
+        }
+    }
+    Ok(())
+}
+
+/// Write Zeroes or deallocate on NVMe: one command per
+/// `NVME_MAX_ZERO_BLOCKS` blocks, under a parent when there are several.
+pub(crate) fn zero(
+    c: &mut Common,
+    sub: &mut Submitter<'_>,
+    side: &mut NvmeSide,
+    lba: u64,
+    nlb: u64,
+    ud: u64,
+    unmap: bool,
+) -> Result<(), SubmitError> {
+    let shift = c.shift;
+    let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
+    if chunks == 1 {
+        // One command: no parent.
+        let r = if unmap {
+            sub.deallocate(&side.ns, lba, nlb as u32, ud)
+        } else {
+            sub.write_zeroes(&side.ns, lba, nlb as u32, false, ud)
+        };
+        r.map_err(|e| from_nvme(e, 1 << shift))
+    } else if chunks as usize > MAX_CHILDREN {
+        Err(SubmitError::TooManySegments {
+            n: chunks as usize,
+            max: MAX_CHILDREN,
+        })
+    } else {
+        let parent = c.parents.open(ud, chunks as u32, 0);
+        let mut sent = 0u64;
+        let mut res = Ok(());
+        for i in 0..chunks {
+            let at = lba + i * NVME_MAX_ZERO_BLOCKS;
+            let n = (nlb - i * NVME_MAX_ZERO_BLOCKS).min(NVME_MAX_ZERO_BLOCKS) as u32;
+            let cud = Parents::child_data(parent, i as usize);
+            let r = if unmap {
+                sub.deallocate(&side.ns, at, n, cud)
+            } else {
+                sub.write_zeroes(&side.ns, at, n, false, cud)
+            };
+            if let Err(e) = r {
+                res = Err(from_nvme(e, 1 << shift));
+                break;
+            }
+            sent += 1;
+        }
+        if let Err(e) = res {
+            if sent == 0 {
+                c.parents.discard(parent);
+            } else {
+                // Some went out: the parent reports the failure
+                // once they finish.
+                for j in sent..chunks {
+                    let f = Err(IoError::Failed);
+                    c.parents.child_done(parent, j as usize, f, None);
+                }
+                tracing::warn!(%e, "zeroing partly refused; failing it");
+                res = Ok(());
+            }
+        }
+        res
     }
 }
