@@ -7,7 +7,7 @@ use pollux_host::{Controller, QpairOptions};
 use pollux_nvme::IoBuf;
 
 use crate::error::{Error, Result};
-use crate::info::{check_geometry, random_uuid, BdevInfo, Caps};
+use crate::info::{check_geometry, BdevInfo};
 use crate::local::{LocalShared, RamStore, VolatileCache};
 use crate::nvme::NvmeShared;
 use crate::stats::{BdevStats, Registry};
@@ -45,23 +45,7 @@ impl Bdev {
     ) -> Bdev {
         let is_ram = ram.is_some();
         Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size,
-                num_blocks,
-                buf_align: 1,
-                max_transfer: u32::MAX,
-                backend: if is_ram { "ram" } else { "null" },
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                    host_memory: true,
-                },
-            },
+            info: crate::local::describe(name, block_size, num_blocks, is_ram),
             backend: Shared::Local(Arc::new(LocalShared {
                 failed: Default::default(),
                 ram,
@@ -123,23 +107,7 @@ impl Bdev {
             ),
         })?;
         check_geometry(name, ns.lba_size(), ns.nsze())?;
-        let info = BdevInfo {
-            name: name.to_string(),
-            uuid: random_uuid(),
-            block_size: ns.lba_size(),
-            num_blocks: ns.nsze(),
-            buf_align: 4,
-            max_transfer: ctrl.max_transfer(),
-            backend: "nvme",
-            caps: Caps {
-                flush: true,
-                write_zeroes: true,
-                unmap: true,
-                reset: true,
-                nvme_passthru: true,
-                host_memory: false,
-            },
-        };
+        let info = crate::nvme::describe(name, &ctrl, &ns);
         Ok(Bdev(Arc::new(Inner {
             info,
             backend: Shared::Nvme(NvmeShared { ctrl, ns, qopts }),
@@ -157,23 +125,7 @@ impl Bdev {
     ) -> Result<Bdev> {
         let o = crate::uring::open(name, path.as_ref(), opts)?;
         Ok(Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size: o.block_size,
-                num_blocks: o.num_blocks,
-                buf_align: o.buf_align,
-                max_transfer: o.max_transfer,
-                backend: "uring",
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                    host_memory: true,
-                },
-            },
+            info: crate::uring::describe(name, &o),
             backend: Shared::Uring(Arc::new(o.shared)),
             stats: Default::default(),
         })))

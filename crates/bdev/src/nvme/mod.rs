@@ -13,11 +13,33 @@ use pollux_spec::cmd::RwFlags;
 use crate::common::Common;
 use crate::data::{Completion, Data};
 use crate::error::{IoError, Refused, SubmitError};
+use crate::info::{random_uuid, BdevInfo, Caps};
 use crate::options::ChannelOptions;
 use crate::split::{Parents, MAX_CHILDREN};
 
 /// Most blocks of one NVMe Write Zeroes or deallocate command.
 const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
+
+/// The description of namespace `ns` of `ctrl` as a bdev.
+pub(crate) fn describe(name: &str, ctrl: &Controller, ns: &Namespace) -> BdevInfo {
+    BdevInfo {
+        name: name.to_string(),
+        uuid: random_uuid(),
+        block_size: ns.lba_size(),
+        num_blocks: ns.nsze(),
+        buf_align: 4,
+        max_transfer: ctrl.max_transfer(),
+        backend: "nvme",
+        caps: Caps {
+            flush: true,
+            write_zeroes: true,
+            unmap: true,
+            reset: true,
+            nvme_passthru: true,
+            host_memory: false,
+        },
+    }
+}
 
 pub(crate) struct NvmeShared {
     pub ctrl: Arc<Controller>,

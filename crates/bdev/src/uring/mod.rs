@@ -82,7 +82,7 @@ mod submit;
 mod tests;
 
 pub(crate) use chan::UringChan;
-pub(crate) use open::{open, UringShared};
+pub(crate) use open::{describe, open, UringShared};
 pub use options::UringOptions;
 pub(crate) use options::REAP_BATCH;
 pub(crate) use slot::Op;

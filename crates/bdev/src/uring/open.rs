@@ -13,6 +13,7 @@ use pollux_nvme::IoBuf;
 use super::options::{UringOptions, ZCHUNK};
 use super::pool::Pool;
 use crate::error::{Error, Result};
+use crate::info::{random_uuid, BdevInfo, Caps};
 
 const BLKSSZGET: libc::c_ulong = 0x1268;
 const BLKGETSIZE64: libc::c_ulong = 0x8008_1272;
@@ -24,6 +25,27 @@ pub(crate) struct Opened {
     pub buf_align: u32,
     pub max_transfer: u32,
     pub shared: UringShared,
+}
+
+/// The description of an opened file or block device as a bdev.
+pub(crate) fn describe(name: &str, o: &Opened) -> BdevInfo {
+    BdevInfo {
+        name: name.to_string(),
+        uuid: random_uuid(),
+        block_size: o.block_size,
+        num_blocks: o.num_blocks,
+        buf_align: o.buf_align,
+        max_transfer: o.max_transfer,
+        backend: "uring",
+        caps: Caps {
+            flush: true,
+            write_zeroes: true,
+            unmap: true,
+            reset: true,
+            nvme_passthru: false,
+            host_memory: true,
+        },
+    }
 }
 
 /// What the channels of an io_uring bdev share.
