@@ -111,22 +111,22 @@ impl NsChan {
         max_xfer: usize,
     ) -> Result<NsChan, pollux_bdev::Error> {
         let info = bdev.info();
-        let nvme = info.backend == "nvme";
+        let dma_only = !info.caps.host_memory;
         let (shift, len_mask, addr_mask) = (
             info.block_shift(),
             info.block_size as usize - 1,
-            if nvme {
+            if dma_only {
                 usize::MAX
             } else {
                 info.buf_align.max(1) as usize - 1
             },
         );
-        let bounce = if nvme {
+        let bounce = if dma_only {
             Bounce::Pieces(dma_pieces(bdev)?)
         } else {
             Bounce::Host(bdev.alloc_buf(BOUNCE)?)
         };
-        let staging = if nvme && depth > 0 {
+        let staging = if dma_only && depth > 0 {
             Some(Staging::new(bdev, depth, max_xfer)?)
         } else {
             None
