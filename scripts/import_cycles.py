@@ -9,7 +9,7 @@ Each file under src/ is a module (`src/a/b.rs` and `src/a/b/mod.rs` are
 `self::` or the name of a child module the file declares (`mod x;`). Paths are resolved to the longest module prefix, so
 `crate::a::b::Item` is a dependency on `a::b` when that module exists.
 The crate root (lib.rs, main.rs) is left out: it declares and re-exports
-everything by design. A module and the modules declared inside it are one
+everything by design; so are re-exports (`pub use`) anywhere. A module and the modules declared inside it are one
 unit of the graph only if they are in one file (inline `mod x { .. }`
 blocks, such as tests).
 
@@ -158,7 +158,7 @@ def deps_of(key, path, mods):
     # child modules declared here (`mod x;`) are named without a prefix
     children = [c for c in re.findall(r"\bmod\s+(" + IDENT + r")\s*;", src) if key + (c,) in mods]
     roots = ["crate", "super", "self"] + children
-    token = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{|\buse\s+([^;]*);|(?<![:\w])((?:" + "|".join(roots) + r")(?:\s*::\s*" + IDENT + r")+)|[{}]")
+    token = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{|\bpub(?:\s*\([^)]*\))?\s+use\s+[^;]*;|\buse\s+([^;]*);|(?<![:\w])((?:" + "|".join(roots) + r")(?:\s*::\s*" + IDENT + r")+)|[{}]")
     for m in token.finditer(src):
         cur = list(key) + [s for s, _ in scope]
         if m.group(1):
@@ -176,8 +176,10 @@ def deps_of(key, path, mods):
             continue
         if m.group(2) is not None:
             paths = expand_use(m.group(2))
-        else:
+        elif m.group(3) is not None:
             paths = [re.sub(r"\s+", "", m.group(3))]
+        else:
+            continue  # a re-export (`pub use`) is a facade, not a dependency
         for p in paths:
             if p.startswith("::"):
                 continue
