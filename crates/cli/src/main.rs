@@ -3,6 +3,7 @@ use clap::{Parser, Subcommand};
 
 mod bdevperf;
 mod discover;
+mod emulator;
 mod nvme_open;
 mod perf;
 mod pingpong;

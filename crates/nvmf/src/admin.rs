@@ -1,6 +1,5 @@
 //! Admin commands on an admin queue: the controller model's, and the
 //! Discovery Log Page of a discovery controller.
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{Sgl, LID_DISCOVERY};
 use pollux_spec::status::generic;
@@ -10,7 +9,7 @@ use crate::model::Admin;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, St};
 use crate::shared::{lock, SubsysId};
 
-impl<T: Transport> Qpair<T> {
+impl Qpair {
     pub(crate) fn admin<X: QueueTransport>(
         &mut self,
         ctx: &mut ThreadCtx,

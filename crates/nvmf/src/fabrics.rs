@@ -4,7 +4,6 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
     fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
@@ -19,7 +18,7 @@ use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
 use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
 
-impl<T: Transport> Qpair<T> {
+impl Qpair {
     /// A command on a queue not yet connected: only Connect.
     /// (`ok`: the Connect data's digest matched, or there was none; the
     /// data is in `scratch`.)
@@ -133,7 +132,7 @@ impl<T: Transport> Qpair<T> {
         let me = ConnRef {
             thread: self.thread,
             conn: self.id,
-            close: X::close_queue::<T>,
+            close: X::close_queue,
         };
         let cntlid;
         if cmd.qid == 0 {

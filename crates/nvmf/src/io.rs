@@ -1,7 +1,6 @@
 //! NVM I/O commands: the SGL checks, a data buffer from the pool (or a
 //! wait for one), the data asked for (writes), submission to the I/O
 //! queue and its completions.
-use pollux_nvme::Transport;
 use pollux_spec::fabrics::Sgl;
 use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
@@ -9,7 +8,7 @@ use pollux_spec::{Sqe, Status};
 use crate::model;
 use crate::qpair::{gen, Qpair, QueueTransport, St};
 
-impl<T: Transport> Qpair<T> {
+impl Qpair {
     /// The SGL of a command moving `want` bytes; `to_host`: its data goes
     /// to the host. In-capsule data (`icd` bytes) is only for writes.
     pub(crate) fn data_sgl(sqe: &Sqe, want: u32, to_host: bool, icd: u32) -> Result<Sgl, Status> {

@@ -30,9 +30,8 @@
 //!   Page 70h listing the subsystems the connecting host may reach.
 //! - **Configuration** ([`TargetConfig`]): SPDK's JSON shape, or built in
 //!   code.
-//! - **NVMe namespaces**: the target is generic over the NVMe transport
-//!   `T` of its bdevs (`Target<T>`, `TargetConfig<T>`; `NoNvme` when none
-//!   is an NVMe namespace), one per target, monomorphised; an NVMe
+//! - **NVMe namespaces**: bdevs of NVMe namespaces on any host transport
+//!   (PCIe, the emulated controller, TCP), side by side; an NVMe
 //!   namespace's data is staged through its controller's DMA memory
 //!   (`pollux-controller`'s `store`), synchronously.
 //!

@@ -17,8 +17,6 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{CONNECT_DATA_LEN, FABRICS_OPCODE};
 use pollux_spec::status::generic;
@@ -47,20 +45,20 @@ pub(crate) trait QueueTransport {
     /// Queues `cqe`, the completion of the command in `slot` (`None`: a
     /// command answered without a slot, as Connect is); the slot is given
     /// back ([`Qpair::release`]) once it is sent.
-    fn respond<T: Transport>(&mut self, qp: &mut Qpair<T>, slot: Option<u16>, cqe: &Cqe);
+    fn respond(&mut self, qp: &mut Qpair, slot: Option<u16>, cqe: &Cqe);
 
     /// Sends the first `len` bytes of `slot`'s buffer to the host, then
     /// the command's successful completion ([`Qpair::cqe`]); the slot is
     /// given back once they are sent.
-    fn send_data<T: Transport>(&mut self, qp: &mut Qpair<T>, slot: u16, len: u32);
+    fn send_data(&mut self, qp: &mut Qpair, slot: u16, len: u32);
 
     /// Gets `slot`'s data (its `xfer` bytes, into its buffer) from the
     /// host; once all of it is in, the transport calls
     /// [`Qpair::data_in`].
-    fn receive_data<T: Transport>(&mut self, qp: &mut Qpair<T>, slot: u16);
+    fn receive_data(&mut self, qp: &mut Qpair, slot: u16);
 
     /// Closes the connection once what is queued is sent (Disconnect).
-    fn close<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>, why: &str);
+    fn close(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, why: &str);
 
     /// The connection still takes responses and data (up, and no fatal
     /// error sent).
@@ -70,7 +68,7 @@ pub(crate) trait QueueTransport {
     /// going away (the controller table keeps it in a [`ConnRef`]).
     ///
     /// [`ConnRef`]: crate::shared::ConnRef
-    fn close_queue<T: Transport>(ctx: &mut ThreadCtx, conn: u64);
+    fn close_queue(ctx: &mut ThreadCtx, conn: u64);
 }
 
 /// A command slot's state.
@@ -122,11 +120,11 @@ impl Slot {
 }
 
 /// What Connect bound the queue to.
-pub(crate) enum Bound<T: Transport> {
+pub(crate) enum Bound {
     None,
     Admin {
         cntlid: u16,
-        ctrl: Arc<Mutex<Ctrl<T>>>,
+        ctrl: Arc<Mutex<Ctrl>>,
         subsys: SubsysId,
     },
     Io {
@@ -135,20 +133,19 @@ pub(crate) enum Bound<T: Transport> {
     },
 }
 
-/// One queue pair; `T`: the NVMe transport of the namespaces' bdevs (the
-/// target's).
+/// One queue pair.
 ///
 /// Owned by its transport's connection, which drops it together with
 /// whatever points into its lent buffers (the send queue) and sends
 /// nothing after: dropping it takes back every buffer.
-pub(crate) struct Qpair<T: Transport = NoNvme> {
+pub(crate) struct Qpair {
     pub id: u64,
     /// Dropped first (a bdev may still hold slot buffers).
-    pub io: Option<IoQ<T>>,
+    pub io: Option<IoQ>,
     /// The listener's address the host connected to, and the host's.
     pub local: SocketAddr,
     pub peer: SocketAddr,
-    pub shared: Arc<Shared<T>>,
+    pub shared: Arc<Shared>,
     pub thread: usize,
     /// The time of this poll (no clock read on the I/O path).
     pub now: Instant,
@@ -165,7 +162,7 @@ pub(crate) struct Qpair<T: Transport = NoNvme> {
     pub waiting: VecDeque<u16>,
     /// Counted among the pool's waiting connections.
     pub wait_counted: bool,
-    pub bound: Bound<T>,
+    pub bound: Bound,
     pub slots: Vec<Slot>,
     pub free: Vec<u16>,
     pub done: Vec<(u32, Status)>,
@@ -182,7 +179,7 @@ pub(crate) struct Qpair<T: Transport = NoNvme> {
     pub last_admin: Instant,
 }
 
-impl<T: Transport> Drop for Qpair<T> {
+impl Drop for Qpair {
     fn drop(&mut self) {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
@@ -210,18 +207,18 @@ impl<T: Transport> Drop for Qpair<T> {
     }
 }
 
-impl<T: Transport> Qpair<T> {
+impl Qpair {
     /// A queue not connected yet, of connection `id` on runtime thread
     /// `thread`, between the addresses `(local, peer)`, its data buffers
     /// from `cache`.
     pub fn new(
         id: u64,
         (local, peer): (SocketAddr, SocketAddr),
-        shared: Arc<Shared<T>>,
+        shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> Qpair<T> {
+    ) -> Qpair {
         let icd_max = shared.opts.admin_in_capsule_data_size;
         Qpair {
             id,

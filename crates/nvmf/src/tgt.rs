@@ -4,8 +4,6 @@ use std::net::{SocketAddr, TcpListener};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
@@ -45,23 +43,22 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
-/// A running NVMe/TCP target. `T`: the NVMe transport of its bdevs
-/// ([`NoNvme`] when none is an NVMe namespace).
-pub struct Target<T: Transport = NoNvme> {
+/// A running NVMe/TCP target.
+pub struct Target {
     rt: RuntimeHandle,
-    shared: Arc<Shared<T>>,
+    shared: Arc<Shared>,
     /// The TCP transport's (connections, data buffer pool).
     tcp: Arc<TcpShared>,
 }
 
-impl<T: Transport> Target<T> {
+impl Target {
     /// Binds the listeners, builds the subsystems and starts one runtime
     /// thread per core of `cores` serving connections.
     pub fn start(
-        cfg: TargetConfig<T>,
+        cfg: TargetConfig,
         cores: &[usize],
         rt_opts: RuntimeOptions,
-    ) -> Result<Target<T>, TargetError> {
+    ) -> Result<Target, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
         let listen = Listeners::bind(
@@ -152,7 +149,7 @@ impl<T: Transport> Target<T> {
 
     /// What the target's threads share (tests drive connections over
     /// memory with it).
-    pub(crate) fn shared(&self) -> Arc<Shared<T>> {
+    pub(crate) fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
 

@@ -5,31 +5,20 @@
 //! emulated controllers stepped inline with `--inline`.
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::SoftMode;
-use pollux_pcie::QpairOptions;
+use pollux_host::QpairOptions;
 
 use super::BdevperfArgs;
-pub use crate::nvme_open::NvmeTransport;
 use crate::nvme_open::{NvmeOpener, OpenError};
 
 /// The opener of a bdevperf run on `cores` (`online`: the machine's cores,
 /// for the emulated controllers' thread when `--device-core` is not given).
-pub fn opener<T: NvmeTransport>(
-    a: &BdevperfArgs,
-    cores: &[usize],
-    online: &[usize],
-) -> NvmeOpener<T> {
-    let mode = if a.inline {
-        SoftMode::Inline
-    } else {
-        SoftMode::Threaded
-    };
+pub fn opener(a: &BdevperfArgs, cores: &[usize], online: &[usize]) -> NvmeOpener {
     let device_core = a
         .device_core
         .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
     let per_ns = if a.every_core { cores.len() } else { 1 };
     NvmeOpener::new(
-        mode,
+        a.inline,
         device_core,
         per_ns,
         QpairOptions {

@@ -5,7 +5,6 @@
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
 pub(crate) mod clock;
 pub(crate) mod pattern;
-mod trid;
 pub(crate) mod verify;
 mod worker;
 
@@ -16,15 +15,16 @@ use std::time::{Duration, Instant};
 
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
-use pollux_pcie::{Controller, ControllerOptions, QpairOptions};
-use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions};
+use pollux_softnvme::SoftDevice;
 use serde_json::json;
 
+use crate::emulator::SoftEmulator;
 use pattern::{Mix, Pattern};
-pub use trid::{parse_size, parse_with_limits, Backend, SoftLimits, Trid, TridError};
+use pollux_host::trid;
+use trid::{parse_size, Backend, SoftTrid, Trid};
 pub use worker::{pin_to, thread_cpu_time};
-use worker::{AnyJob, AnyQp, JobCtx, Latency, WorkerCtl, WorkerResult};
+use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -117,9 +117,9 @@ pub enum PerfError {
     #[error("{0}")]
     Trid(#[from] trid::TridError),
     #[error("{0}")]
-    Driver(#[from] pollux_pcie::Error),
-    #[error("emulated controller: {0}")]
-    Soft(#[from] pollux_softnvme::SoftError),
+    Driver(#[from] pollux_host::Error),
+    #[error("{0}")]
+    Connect(#[from] pollux_host::ConnectError),
     #[error("{0}")]
     Io(#[from] std::io::Error),
     #[error("invalid arguments: {0}")]
@@ -292,138 +292,41 @@ pub(crate) fn online_cpus() -> Vec<usize> {
     }
 }
 
-/// A controller on any transport (the control path: a match per call).
-pub(crate) enum Ctrl {
-    Pcie(Controller),
-    Tcp(pollux_tcp::Controller),
-}
-
-macro_rules! with_ctrl {
-    ($c:expr, $x:ident => $e:expr) => {
-        match $c {
-            Ctrl::Pcie($x) => $e,
-            Ctrl::Tcp($x) => $e,
-        }
-    };
-}
-
-impl Ctrl {
-    pub fn cap(&self) -> pollux_spec::regs::Cap {
-        with_ctrl!(self, c => c.cap())
-    }
-    pub fn namespaces(&self) -> &[pollux_nvme::Namespace] {
-        with_ctrl!(self, c => c.namespaces())
-    }
-    pub fn io_queues(&self) -> u16 {
-        with_ctrl!(self, c => c.io_queues())
-    }
-    pub fn max_transfer(&self) -> u32 {
-        with_ctrl!(self, c => c.max_transfer())
-    }
-    pub fn alloc_dma(&self, len: usize) -> pollux_nvme::error::Result<pollux_nvme::DmaBuffer> {
-        with_ctrl!(self, c => c.alloc_dma(len))
-    }
-    fn alloc_qpair(&self, o: QpairOptions) -> pollux_nvme::error::Result<AnyQp> {
-        Ok(match self {
-            Ctrl::Pcie(c) => AnyQp::Pcie(c.alloc_qpair(o)?),
-            Ctrl::Tcp(c) => AnyQp::Tcp(c.alloc_qpair(o)?),
-        })
-    }
-}
-
 pub(crate) struct Device {
     pub name: String,
-    pub ctrl: Ctrl,
+    pub ctrl: Controller,
+    /// The emulated device behind an emulated controller.
     pub soft: Option<Arc<SoftDevice>>,
-    mem: MemSource,
+    mem: DmaMemory,
 }
 
+/// Opens the controller `t` names (`trtype:soft` through `emu`), the
+/// `idx`-th of the run (its name in the report).
 pub(crate) fn open_device(
     t: &Trid,
-    limits: trid::SoftLimits,
     idx: usize,
-    mode: SoftMode,
-    thread: Option<&DeviceThread>,
+    emu: &mut SoftEmulator,
     opts: &ControllerOptions,
 ) -> Result<Device, PerfError> {
-    match t {
-        Trid::Soft {
-            backend,
-            path,
-            size,
-            lba_shift,
-            namespaces,
-        } => {
-            let backend_cfg = match backend {
-                Backend::Null => BackendConfig::Null,
-                Backend::Ram => BackendConfig::Ram,
-                Backend::File => BackendConfig::File {
-                    path: path
-                        .clone()
-                        .ok_or_else(|| PerfError::Args("file backend needs path:".into()))?,
-                },
-            };
-            let ns = (0..*namespaces)
-                .map(|_| NamespaceConfig {
-                    backend: backend_cfg.clone(),
-                    lba_shift: *lba_shift,
-                    size_bytes: *size,
-                })
-                .collect();
-            let mut cfg = SoftConfig {
-                namespaces: ns,
-                serial: format!("SOFT{idx:04}"),
-                ..SoftConfig::default()
-            };
-            limits.apply(&mut cfg);
-            let dev = SoftDevice::new(cfg)?;
-            // The device must run before bring-up can talk to it.
-            if let Some(th) = thread {
-                th.attach(dev.clone());
-            }
-            let ctrl =
-                pollux_pcie::open(Box::new(SoftPlatform::new(dev.clone(), mode)), opts.clone())?;
-            let b = match backend {
+    let ctrl = pollux_host::connect_with(t, opts, emu)?;
+    let (name, soft) = match t {
+        Trid::Soft(s) => {
+            let b = match s.backend {
                 Backend::Null => "null",
                 Backend::Ram => "ram",
                 Backend::File => "file",
             };
-            Ok(Device {
-                name: format!("soft{idx} ({b})"),
-                ctrl: Ctrl::Pcie(ctrl),
-                soft: Some(dev),
-                mem: MemSource::Anon,
-            })
+            (format!("soft{idx} ({b})"), emu.devices().last().cloned())
         }
-        Trid::Pcie { traddr } => {
-            let platform = pollux_pcie::platform::open_pcie(traddr)?;
-            let ctrl = pollux_pcie::open(platform, opts.clone())?;
-            // open_pcie chose the platform by the bound driver.
-            let uio = pollux_pcie::platform::pci::normalize_bdf(traddr)
-                .and_then(|b| pollux_pcie::platform::pci::current_driver(&b))
-                .is_ok_and(|d| d.as_deref() == Some("uio_pci_generic"));
-            Ok(Device {
-                name: format!("pcie {}", ctrl.describe()),
-                ctrl: Ctrl::Pcie(ctrl),
-                soft: None,
-                mem: if uio {
-                    MemSource::Huge
-                } else {
-                    MemSource::HugeThenAnon
-                },
-            })
-        }
-        Trid::Tcp(t) => {
-            let o = t.options(None)?;
-            let ctrl = pollux_tcp::open(o, opts.clone())?;
-            Ok(Device {
-                name: ctrl.describe(),
-                ctrl: Ctrl::Tcp(ctrl),
-                soft: None,
-                mem: MemSource::Anon,
-            })
-        }
-    }
+        Trid::Pcie { .. } => (format!("pcie {}", ctrl.describe()), None),
+        Trid::Tcp(_) => (ctrl.describe(), None),
+    };
+    Ok(Device {
+        name,
+        ctrl,
+        soft,
+        mem: t.dma_memory(),
+    })
 }
 
 /// Option checks that need no device: each names the option and its value.
@@ -449,7 +352,7 @@ fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
 
 /// Option checks against the transport IDs, before any device exists.
 fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
-    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft { .. })) {
+    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
         ));
@@ -461,10 +364,10 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
     }
     if a.verify {
         for (i, t) in trids.iter().enumerate() {
-            if let Trid::Soft {
+            if let Trid::Soft(SoftTrid {
                 backend: Backend::Null,
                 ..
-            } = t
+            }) = t
             {
                 let which = match a.transport.get(i) {
                     Some(s) => format!("-r '{s}' uses backend:null"),
@@ -570,18 +473,6 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
     Ok(plans)
 }
 
-/// Where a device's DMA memory comes from.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum MemSource {
-    /// Anonymous 4 KiB pages (the emulated controller).
-    Anon,
-    /// 2 MiB hugepages while free ones last, then 4 KiB pages (VFIO).
-    HugeThenAnon,
-    /// 2 MiB hugepages only (UIO: buffers over 4 KiB must be physically
-    /// contiguous).
-    Huge,
-}
-
 /// `MemAvailable` from /proc/meminfo, in bytes.
 pub(crate) fn mem_available() -> Option<u64> {
     let s = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -629,9 +520,9 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
         match d.mem {
-            MemSource::Anon => anon = anon.saturating_add(bytes),
-            MemSource::Huge => huge = huge.saturating_add(bytes),
-            MemSource::HugeThenAnon => huge_or_anon = huge_or_anon.saturating_add(bytes),
+            DmaMemory::Anon => anon = anon.saturating_add(bytes),
+            DmaMemory::Huge => huge = huge.saturating_add(bytes),
+            DmaMemory::HugeThenAnon => huge_or_anon = huge_or_anon.saturating_add(bytes),
         }
         if a.verify {
             // One bit per I/O unit, shared by the queue pairs of a namespace.
@@ -652,11 +543,7 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
             ""
         }
     );
-    let free_huge = || {
-        pollux_pcie::platform::hugemem::free_hugepages()
-            .unwrap_or(0)
-            .saturating_mul(pollux_pcie::platform::hugemem::HUGE_PAGE_SIZE as u64)
-    };
+    let free_huge = DmaMemory::free_huge_bytes;
     if huge > 0 {
         let avail = free_huge();
         // Buffers are carved from whole 2 MiB pages.
@@ -703,41 +590,26 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
 pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let online = online_cpus();
     let cores = check_args(&a, &online)?;
-    let (trids, limits): (Vec<Trid>, Vec<trid::SoftLimits>) = if a.transport.is_empty() {
-        let t = Trid::Soft {
-            backend: Backend::Null,
-            path: None,
-            size: 1 << 40,
-            lba_shift: 9,
-            namespaces: 1,
-        };
-        (vec![t], vec![trid::SoftLimits::default()])
+    let trids: Vec<Trid> = if a.transport.is_empty() {
+        vec![Trid::Soft(SoftTrid::default())]
     } else {
         a.transport
             .iter()
-            .map(|s| trid::parse_with_limits(s))
+            .map(|s| trid::parse(s))
             .collect::<Result<Vec<_>, _>>()?
-            .into_iter()
-            .unzip()
     };
     check_trids(&a, &trids)?;
 
-    // The device thread must outlive the controllers (their orderly
-    // shutdown needs it), so it is declared first and dropped last.
-    let needs_thread = !a.inline && trids.iter().any(|t| matches!(t, Trid::Soft { .. }));
+    // The emulator (its device thread) must outlive the controllers
+    // (their orderly shutdown needs it), so it is declared first and
+    // dropped last.
     let device_core = a
         .device_core
         .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
-    let dev_thread = if needs_thread {
-        Some(DeviceThread::spawn(device_core)?)
-    } else {
-        None
-    };
-    let mode = if a.inline {
-        SoftMode::Inline
-    } else {
-        SoftMode::Threaded
-    };
+    let mut emu = SoftEmulator::new(a.inline, device_core);
+    if trids.iter().any(|t| matches!(t, Trid::Soft(_))) {
+        emu.start_thread()?;
+    }
     let defaults = ControllerOptions::default();
     let copts = ControllerOptions {
         shadow_doorbells: !a.no_shadow_doorbell,
@@ -746,7 +618,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         io_queues: trids
             .iter()
             .map(|t| match t {
-                Trid::Soft { namespaces, .. } => *namespaces as u64,
+                Trid::Soft(s) => s.namespaces as u64,
                 Trid::Pcie { .. } | Trid::Tcp(_) => 1,
             })
             .max()
@@ -757,14 +629,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     };
     let mut devices = Vec::new();
     for (i, t) in trids.iter().enumerate() {
-        devices.push(open_device(
-            t,
-            limits[i],
-            i,
-            mode,
-            dev_thread.as_ref(),
-            &copts,
-        )?);
+        devices.push(open_device(t, i, &mut emu, &copts)?);
     }
     let plans = check_devices(&a, &devices)?;
     let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;
@@ -798,7 +663,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
 
     let lat_clock = clock::LatClock::new();
     // Jobs: every (device, namespace, qpair) round-robin over the workers.
-    let mut per_worker: Vec<Vec<AnyJob>> = (0..cores.len()).map(|_| Vec::new()).collect();
+    let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
     for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
@@ -815,7 +680,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 // queue holds wait in the queue pair's backlog.
                 let depth = a.queue_depth as usize;
                 // One allocation, one owned piece per slot.
-                let bufs = pollux_pcie::IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
+                let bufs = IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
                     .chunks(io)
                     .into_iter()
                     .map(Some)
@@ -875,7 +740,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
                     retry: Vec::new(),
                 };
-                per_worker[w].push(qp.into_job(ctx));
+                per_worker[w].push(Job { qp, ctx });
                 njobs += 1;
             }
         }
@@ -955,7 +820,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         lat_clock.source(),
     );
     drop(devices);
-    drop(dev_thread);
+    drop(emu);
     Ok(summary)
 }
 

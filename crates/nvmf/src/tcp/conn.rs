@@ -56,8 +56,6 @@ use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{CheckMemo, DataDigest, Digests, Fes, PduError, PduHeader, Role, RxConfig};
@@ -194,14 +192,13 @@ pub(crate) struct Tcp<W: Wire> {
     pub terminated: bool,
 }
 
-/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]);
-/// `T`: the NVMe transport of the namespaces' bdevs (the target's).
+/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
 ///
 /// The queue pair is dropped first (its bdev requests waited for, its
 /// buffers taken back), then the TCP half, which sends nothing more: the
 /// two are private to this file and never part.
-pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
-    qp: Qpair<T>,
+pub(crate) struct Conn<W: Wire = TcpStream> {
+    qp: Qpair,
     tcp: Tcp<W>,
 }
 
@@ -230,15 +227,15 @@ pub(crate) fn internal(what: &str) -> Fatal {
     }
 }
 
-impl<T: Transport> Conn<TcpStream, T> {
+impl Conn<TcpStream> {
     pub fn new(
         id: u64,
         sock: TcpStream,
-        shared: Arc<Shared<T>>,
+        shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> std::io::Result<Conn<TcpStream, T>> {
+    ) -> std::io::Result<Conn<TcpStream>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let local = sock.local_addr()?;
@@ -260,18 +257,18 @@ impl<T: Transport> Conn<TcpStream, T> {
     }
 }
 
-impl<W: Wire, T: Transport> Conn<W, T> {
+impl<W: Wire> Conn<W> {
     /// A connection over `sock` (non-blocking, set up), between the
     /// addresses `(local, peer)`, its data buffers from `cache`.
     pub(crate) fn with_wire(
         id: u64,
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
-        shared: Arc<Shared<T>>,
+        shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> Conn<W, T> {
+    ) -> Conn<W> {
         let rx = vec![0u8; shared.opts.rx_buffer];
         let mut tcp = Tcp {
             sock,
@@ -426,12 +423,12 @@ impl<W: Wire, T: Transport> Conn<W, T> {
 impl<W: Wire> Tcp<W> {
     /// Work is pending that no socket readiness will announce.
     #[inline]
-    pub(crate) fn needs_poll<T: Transport>(&self, qp: &Qpair<T>) -> bool {
+    pub(crate) fn needs_poll(&self, qp: &Qpair) -> bool {
         !self.tx.is_empty() || qp.has_work()
     }
 
     /// One pass of the connection whose queue pair is `qp`.
-    pub(crate) fn poll<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
+    pub(crate) fn poll(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         if self.phase == Phase::Closed {
             return qp.settle();
         }
@@ -480,12 +477,7 @@ impl<W: Wire> Tcp<W> {
     /// back once the response is sent), closes the connection if its host
     /// has taken nothing of the send queue for as long, and leaves the
     /// pool's active connections when it holds no buffer.
-    pub(crate) fn tick<T: Transport>(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
-        now: Instant,
-    ) {
+    pub(crate) fn tick(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, now: Instant) {
         let limit = qp.shared.opts.data_timeout;
         if self.r2t_out > 0 && self.phase == Phase::Ready && !self.terminated {
             // (Not the transfer whose data is arriving right now.)
@@ -543,12 +535,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     /// Closes at once (controller torn down elsewhere, or linger over).
-    pub(crate) fn close_now<T: Transport>(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
-        why: &str,
-    ) {
+    pub(crate) fn close_now(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, why: &str) {
         if self.phase != Phase::Closed {
             tracing::debug!(peer = %qp.peer, conn = qp.id, why, "connection closed");
             qp.detach(ctx);
@@ -558,12 +545,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     /// Graceful close: send what is queued, FIN, wait for the host's FIN.
-    pub(crate) fn begin_close<T: Transport>(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
-        why: &str,
-    ) {
+    pub(crate) fn begin_close(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, why: &str) {
         if matches!(self.phase, Phase::Closing | Phase::Closed) {
             return;
         }
@@ -573,7 +555,7 @@ impl<W: Wire> Tcp<W> {
         self.linger_until = Some(qp.now + LINGER);
     }
 
-    fn closing<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
+    fn closing(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         if !self.tx.is_empty() || qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             return false;
         }

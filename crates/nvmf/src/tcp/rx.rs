@@ -1,7 +1,6 @@
 //! Receive: as much as the socket has, PDUs parsed out of it (common
 //! header checked, header parsed, data streamed to where it belongs with
 //! its digest computed on the way), ICReq, command capsules and H2CData.
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::FcType;
 use pollux_spec::status::generic;
@@ -27,7 +26,7 @@ pub(crate) const TX_BACKLOG_MAX: usize = 64 << 10;
 impl<W: Wire> Tcp<W> {
     /// Reads what the socket has (a few reads at most) and handles the
     /// PDUs in it; true if anything arrived.
-    pub(crate) fn receive<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
+    pub(crate) fn receive(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         let mut busy = false;
         for _ in 0..READS_PER_POLL {
             if self.tx.bytes.len() >= TX_BACKLOG_MAX {
@@ -83,9 +82,9 @@ impl<W: Wire> Tcp<W> {
     /// Returns the bytes read in all and those that went to the receive
     /// buffer (which starts empty).
     #[allow(clippy::type_complexity)]
-    fn direct_receive<T: Transport>(
+    fn direct_receive(
         &mut self,
-        qp: &mut Qpair<T>,
+        qp: &mut Qpair,
     ) -> Option<std::io::Result<Option<(usize, usize)>>> {
         if !qp.shared.opts.direct_receive || self.rs != self.re {
             return None;
@@ -120,7 +119,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     /// Parses and handles every complete piece in the receive buffer.
-    fn process<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) {
+    fn process(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) {
         while matches!(self.phase, Phase::Init | Phase::Ready) {
             match self.rxst {
                 RxState::Header => {
@@ -185,7 +184,7 @@ impl<W: Wire> Tcp<W> {
 
     /// Takes what the receive buffer has of a PDU's padding, data and
     /// data digest; true once all of it is in.
-    fn consume_body<T: Transport>(&mut self, qp: &mut Qpair<T>, b: &mut Body) -> bool {
+    fn consume_body(&mut self, qp: &mut Qpair, b: &mut Body) -> bool {
         let avail = self.re - self.rs;
         let n = (b.pad as usize).min(avail);
         self.rs += n;
@@ -248,10 +247,10 @@ impl<W: Wire> Tcp<W> {
         }
     }
 
-    fn on_header<T: Transport>(
+    fn on_header(
         &mut self,
         ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
+        qp: &mut Qpair,
         pdu: PduHeader,
         layout: &PduLayout,
     ) -> Result<(), Fatal> {
@@ -371,13 +370,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     /// A PDU is complete (`ok`: its data digest matched, or it had none).
-    fn on_body<T: Transport>(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
-        b: &Body,
-        ok: bool,
-    ) {
+    fn on_body(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, b: &Body, ok: bool) {
         match b.pdu {
             PduHeader::CapsuleCmd(c) => {
                 self.capsule_in(ctx, qp, &c.sqe(), b.sink, b.slot, b.data_len, ok);
@@ -402,10 +395,10 @@ impl<W: Wire> Tcp<W> {
     /// A command capsule is in, with its `data_len` bytes of in-capsule
     /// data (`ok`: their digest matched, or there was none).
     #[allow(clippy::too_many_arguments)]
-    fn capsule_in<T: Transport>(
+    fn capsule_in(
         &mut self,
         ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
+        qp: &mut Qpair,
         sqe: &Sqe,
         sink: Sink,
         slot: Option<u16>,

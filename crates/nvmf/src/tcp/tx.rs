@@ -1,7 +1,6 @@
 //! Send: what the core asks of the connection ([`QueueTransport`]:
 //! response capsules, C2HData, R2T, close), C2HTermReq, and everything
 //! queued flushed with one `sendmsg` per poll.
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::{
@@ -19,7 +18,7 @@ use crate::tcp::sock::{self, Wire};
 impl<W: Wire> QueueTransport for Tcp<W> {
     /// Queues a response capsule; frees slot `slot` (if any) once sent.
     #[inline]
-    fn respond<T: Transport>(&mut self, qp: &mut Qpair<T>, slot: Option<u16>, cqe: &Cqe) {
+    fn respond(&mut self, qp: &mut Qpair, slot: Option<u16>, cqe: &Cqe) {
         if self.terminated {
             if let Some(i) = slot {
                 qp.release(i);
@@ -40,7 +39,7 @@ impl<W: Wire> QueueTransport for Tcp<W> {
     /// data, then its successful completion (SUCCESS flag without SQ
     /// flow control, else a response capsule).
     #[inline]
-    fn send_data<T: Transport>(&mut self, qp: &mut Qpair<T>, i: u16, len: u32) {
+    fn send_data(&mut self, qp: &mut Qpair, i: u16, len: u32) {
         if self.terminated {
             return qp.release(i);
         }
@@ -82,7 +81,7 @@ impl<W: Wire> QueueTransport for Tcp<W> {
     /// Asks for slot `i`'s data with one R2T covering the whole transfer
     /// (its H2CData PDUs must then arrive in order, within it).
     #[inline]
-    fn receive_data<T: Transport>(&mut self, qp: &mut Qpair<T>, i: u16) {
+    fn receive_data(&mut self, qp: &mut Qpair, i: u16) {
         let s = &qp.slots[i as usize];
         self.h2c[i as usize] = H2c {
             got: 0,
@@ -96,7 +95,7 @@ impl<W: Wire> QueueTransport for Tcp<W> {
         }
     }
 
-    fn close<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>, why: &str) {
+    fn close(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, why: &str) {
         self.begin_close(ctx, qp, why);
     }
 
@@ -105,20 +104,14 @@ impl<W: Wire> QueueTransport for Tcp<W> {
         self.phase == Phase::Ready && !self.terminated
     }
 
-    fn close_queue<T: Transport>(ctx: &mut ThreadCtx, conn: u64) {
-        crate::tcp::server::close_conn::<T>(ctx, conn);
+    fn close_queue(ctx: &mut ThreadCtx, conn: u64) {
+        crate::tcp::server::close_conn(ctx, conn);
     }
 }
 
 impl<W: Wire> Tcp<W> {
     /// Queues a C2HTermReq for a protocol error and closes.
-    pub(crate) fn fatal<T: Transport>(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair<T>,
-        f: Fatal,
-        header: &[u8],
-    ) {
+    pub(crate) fn fatal(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, f: Fatal, header: &[u8]) {
         tracing::warn!(peer = %qp.peer, fes = %f.fes, fei = f.fei, "protocol error: {}; terminating the connection", f.why);
         let n = header.len().min(TERM_REQ_MAX_DATA as usize);
         let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
@@ -131,7 +124,7 @@ impl<W: Wire> Tcp<W> {
     /// Slot `i`'s response (and data) went out: its buffer comes back from
     /// the send queue and the slot is free.
     #[inline]
-    fn release_sent<T: Transport>(qp: &mut Qpair<T>, i: u16) {
+    fn release_sent(qp: &mut Qpair, i: u16) {
         let s = &mut qp.slots[i as usize];
         if let Some(l) = s.lent.take() {
             // SAFETY: the buffer was lent to the send queue (the core
@@ -144,7 +137,7 @@ impl<W: Wire> Tcp<W> {
         qp.release(i);
     }
 
-    pub(crate) fn flush<T: Transport>(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair<T>) -> bool {
+    pub(crate) fn flush(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         let mut busy = false;
         let max_iov = qp.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
@@ -211,7 +204,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     /// `sent` bytes of the queue went out.
-    fn advance<T: Transport>(&mut self, qp: &mut Qpair<T>, mut sent: usize) {
+    fn advance(&mut self, qp: &mut Qpair, mut sent: usize) {
         while sent > 0 {
             let Some(seg) = self.tx.front() else {
                 break;

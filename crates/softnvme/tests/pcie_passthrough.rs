@@ -8,12 +8,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{
     Completion, Controller, ControllerOptions, DmaBuffer, Error, IoBuf, QpairOptions, QueuePair,
     SubmitError,
 };
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::{AdminOpcode, NvmOpcode, Sqe};
 
 const VICTIM: u8 = 0xEE;

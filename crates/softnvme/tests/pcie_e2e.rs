@@ -1,18 +1,20 @@
 //! Driver + emulated controller, end to end, in inline (deterministic) mode:
 //! the device is stepped by the test thread whenever the driver waits, so
 //! every result here is reproducible.
-mod common;
-use common::Borrowed;
+// The borrowed-buffer helpers, shared with pollux-pcie's hardware tests.
+#[path = "../../pcie/tests/common/mod.rs"]
+mod borrowed;
+use borrowed::Borrowed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{
     Completion, Controller, ControllerOptions, IoError, QpairOptions, QueuePair, SubmitError,
 };
 use pollux_softnvme::{
     BackendConfig, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig, SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::status::{generic, media};
 use pollux_spec::{AdminOpcode, NvmOpcode, Status};
 

@@ -1,17 +1,19 @@
 //! Regression tests for defects found when the driver was used as a hostile
 //! user would (issue "One host core for every transport"). Each failed
 //! before its fix. Inline (deterministic) emulated controller.
-mod common;
-use common::Borrowed;
+// The borrowed-buffer helpers, shared with pollux-pcie's hardware tests.
+#[path = "../../pcie/tests/common/mod.rs"]
+mod borrowed;
+use borrowed::Borrowed;
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{Completion, Controller, ControllerOptions, IoError, QpairOptions, QueuePair};
 use pollux_softnvme::{
     BackendConfig, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig, SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::{AdminOpcode, NvmOpcode};
 
 fn cfg(mdts: u8, size: u64) -> SoftConfig {

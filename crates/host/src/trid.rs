@@ -4,14 +4,16 @@
 //! traddr:127.0.0.1 trsvcid:4420 subnqn:nqn... hostnqn:... hdgst:1 ddgst:1
 //! ctrl_loss_tmo:600 reconnect_delay:10 fast_io_fail_tmo:-1`.
 //!
-//! The controller limits of an emulated controller (`mdts:`, `mqes:`) are
-//! parsed into [`SoftLimits`] by [`parse_with_limits`]; plain
-//! `str::parse::<Trid>()` refuses them (naming the key) rather than
-//! silently ignoring them, for callers that do not apply them.
+//! `trtype:soft` (an emulated controller) parses into a plain
+//! [`SoftTrid`], its controller limits (`mdts:`, `mqes:`) included: the
+//! emulator the caller supplies (`crate::Emulator`) builds the controller
+//! from all of it, so no key is dropped on the way.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use pollux_softnvme::{SoftConfig, MAX_MDTS};
+/// Largest `mdts:` of an emulated controller (4 KiB << 16 = 256 MiB), the
+/// emulator's own bound.
+pub const MAX_MDTS: u8 = 16;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TridError {
@@ -29,15 +31,10 @@ pub enum TridError {
     },
     #[error("transport ID: trtype:{0} needs {1}")]
     Missing(&'static str, &'static str),
-    #[error(
-        "transport ID: key '{key}' is valid for trtype:soft but not applied here \
-         (the caller must parse with parse_with_limits)"
-    )]
-    NotApplied { key: &'static str },
 }
 
 /// Controller limits of a `trtype:soft` transport ID; `None` keeps the
-/// [`SoftConfig`] default.
+/// emulator's default.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct SoftLimits {
     /// `mdts:N`: maximum data transfer `4 KiB << N` (Identify MDTS);
@@ -49,16 +46,6 @@ pub struct SoftLimits {
 }
 
 impl SoftLimits {
-    /// Writes the limits that were given into `cfg`.
-    pub fn apply(&self, cfg: &mut SoftConfig) {
-        if let Some(m) = self.mdts {
-            cfg.mdts = m;
-        }
-        if let Some(q) = self.mqes {
-            cfg.mqes = q;
-        }
-    }
-
     /// Takes `mdts` and `mqes` out of `kv`, validated.
     fn take(kv: &mut BTreeMap<String, String>) -> Result<SoftLimits, TridError> {
         let mdts = kv
@@ -98,17 +85,42 @@ pub enum Backend {
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Trid {
-    Soft {
-        backend: Backend,
-        path: Option<PathBuf>,
-        size: u64,
-        lba_shift: u8,
-        namespaces: u32,
-    },
-    Pcie {
-        traddr: String,
-    },
+    Soft(SoftTrid),
+    Pcie { traddr: String },
     Tcp(TcpTrid),
+}
+
+/// An emulated controller's transport ID (`trtype:soft`): what its
+/// emulator builds.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SoftTrid {
+    /// `backend:null|ram|file` (default null).
+    pub backend: Backend,
+    /// `path:` of `backend:file`.
+    pub path: Option<PathBuf>,
+    /// `size:` of each namespace in bytes (default 1 TiB for null, 1 GiB
+    /// for RAM, the file's for a file).
+    pub size: u64,
+    /// `lbads:512|4096`, as a shift (9 or 12).
+    pub lba_shift: u8,
+    /// `ns:N` namespaces, `1..=32` (default 1).
+    pub namespaces: u32,
+    /// `mdts:`, `mqes:`.
+    pub limits: SoftLimits,
+}
+
+impl Default for SoftTrid {
+    /// `trtype:soft`: one 1 TiB null namespace of 512-byte blocks.
+    fn default() -> SoftTrid {
+        SoftTrid {
+            backend: Backend::Null,
+            path: None,
+            size: 1 << 40,
+            lba_shift: 9,
+            namespaces: 1,
+            limits: SoftLimits::default(),
+        }
+    }
 }
 
 /// An NVMe/TCP transport ID.
@@ -343,23 +355,14 @@ pub fn parse_size(s: &str) -> Result<u64, String> {
 impl std::str::FromStr for Trid {
     type Err = TridError;
 
-    /// Parses a transport ID without controller limits: `mdts:` / `mqes:`
-    /// are refused ([`TridError::NotApplied`]), never ignored.
+    /// Parses a transport ID (the module docs show the keys).
     fn from_str(s: &str) -> Result<Self, TridError> {
-        let (t, limits) = parse_with_limits(s)?;
-        if limits.mdts.is_some() {
-            return Err(TridError::NotApplied { key: "mdts" });
-        }
-        if limits.mqes.is_some() {
-            return Err(TridError::NotApplied { key: "mqes" });
-        }
-        Ok(t)
+        parse(s)
     }
 }
 
-/// Parses a transport ID and, for `trtype:soft`, its controller limits
-/// (`mdts:`, `mqes:`; empty for other transports).
-pub fn parse_with_limits(s: &str) -> Result<(Trid, SoftLimits), TridError> {
+/// Parses a transport ID (the module docs show the keys).
+pub fn parse(s: &str) -> Result<Trid, TridError> {
     let mut kv = BTreeMap::new();
     for tok in s.split_whitespace() {
         let (k, v) = tok
@@ -440,16 +443,14 @@ pub fn parse_with_limits(s: &str) -> Result<(Trid, SoftLimits), TridError> {
                     trtype: "soft",
                 });
             }
-            Ok((
-                Trid::Soft {
-                    backend,
-                    path,
-                    size,
-                    lba_shift,
-                    namespaces,
-                },
+            Ok(Trid::Soft(SoftTrid {
+                backend,
+                path,
+                size,
+                lba_shift,
+                namespaces,
                 limits,
-            ))
+            }))
         }
         "pcie" => {
             let traddr = kv
@@ -461,9 +462,9 @@ pub fn parse_with_limits(s: &str) -> Result<(Trid, SoftLimits), TridError> {
                     trtype: "pcie",
                 });
             }
-            Ok((Trid::Pcie { traddr }, SoftLimits::default()))
+            Ok(Trid::Pcie { traddr })
         }
-        "tcp" => Ok((Trid::Tcp(parse_tcp(&mut kv)?), SoftLimits::default())),
+        "tcp" => Ok(Trid::Tcp(parse_tcp(&mut kv)?)),
         o => Err(TridError::UnknownType(o.into())),
     }
 }
@@ -477,26 +478,29 @@ mod tests {
         let t: Trid = "trtype:soft".parse().unwrap();
         assert_eq!(
             t,
-            Trid::Soft {
+            Trid::Soft(SoftTrid {
                 backend: Backend::Null,
                 path: None,
                 size: 1 << 40,
                 lba_shift: 9,
-                namespaces: 1
-            }
+                namespaces: 1,
+                limits: SoftLimits::default(),
+            })
         );
+        assert_eq!(t, Trid::Soft(SoftTrid::default()));
         let t: Trid = "trtype:SOFT backend:ram size:64MiB lbads:4096 ns:3"
             .parse()
             .unwrap();
         assert_eq!(
             t,
-            Trid::Soft {
+            Trid::Soft(SoftTrid {
                 backend: Backend::Ram,
                 path: None,
                 size: 64 << 20,
                 lba_shift: 12,
-                namespaces: 3
-            }
+                namespaces: 3,
+                limits: SoftLimits::default(),
+            })
         );
     }
 
@@ -539,55 +543,38 @@ mod tests {
         ));
     }
 
+    /// `mdts:` and `mqes:` travel in the transport ID to the emulator
+    /// (the CLI's emulator applies them: its tests check the controller).
     #[test]
-    fn soft_limits_map_to_the_controller() {
-        let (t, l) = parse_with_limits("trtype:soft backend:ram size:1MiB mdts:1 mqes:3").unwrap();
-        assert!(matches!(
-            t,
-            Trid::Soft {
-                backend: Backend::Ram,
-                ..
-            }
-        ));
+    fn soft_limits_are_part_of_the_trid() {
+        let t = parse("trtype:soft backend:ram size:1MiB mdts:1 mqes:3").unwrap();
+        let Trid::Soft(t) = t else { panic!("{t:?}") };
+        assert_eq!(t.backend, Backend::Ram);
         assert_eq!(
-            l,
+            t.limits,
             SoftLimits {
                 mdts: Some(1),
                 mqes: Some(3)
             }
         );
-        let mut cfg = SoftConfig::default();
-        l.apply(&mut cfg);
-        assert_eq!(cfg.mdts, 1);
-        assert_eq!(4096usize << cfg.mdts, 8 << 10, "mdts:1 is 8 KiB");
-        assert_eq!(cfg.mqes, 3);
-        let dev = pollux_softnvme::SoftDevice::new(cfg).expect("valid config");
-        let (bar, _) = dev.bar0();
-        // SAFETY: BAR0 is page aligned and valid while `dev` lives; CAP is
-        // at offset 0, accessed as an aligned atomic.
-        let cap = unsafe { &*bar.as_ptr().cast::<std::sync::atomic::AtomicU32>() }
-            .load(std::sync::atomic::Ordering::Acquire);
-        let cap = pollux_spec::regs::Cap(cap as u64);
-        assert_eq!(cap.mqes(), 3, "mqes:3 gives 4-entry queues");
-
-        // Unset limits keep the defaults.
-        let (_, l) = parse_with_limits("trtype:soft").unwrap();
-        assert_eq!(l, SoftLimits::default());
-        let mut cfg = SoftConfig::default();
-        l.apply(&mut cfg);
-        assert_eq!(cfg.mdts, SoftConfig::default().mdts);
-        assert_eq!(cfg.mqes, SoftConfig::default().mqes);
-
-        // The extremes the parser accepts are valid controller configs.
+        // Unset limits keep the emulator's defaults.
+        let Trid::Soft(t) = parse("trtype:soft").unwrap() else {
+            panic!()
+        };
+        assert_eq!(t.limits, SoftLimits::default());
+        // The extremes the parser accepts.
         for (s, mdts, mqes) in [
             ("trtype:soft mdts:0 mqes:1", 0, 1),
-            ("trtype:soft MDTS:16 MQES:65535", 16, 65535),
+            ("trtype:soft MDTS:16 MQES:65535", MAX_MDTS, 65535),
         ] {
-            let (_, l) = parse_with_limits(s).unwrap();
-            assert_eq!((l.mdts, l.mqes), (Some(mdts), Some(mqes)), "{s}");
-            let mut cfg = SoftConfig::default();
-            l.apply(&mut cfg);
-            pollux_softnvme::SoftDevice::new(cfg).unwrap_or_else(|e| panic!("{s}: {e}"));
+            let Trid::Soft(t) = parse(s).unwrap() else {
+                panic!("{s}")
+            };
+            assert_eq!(
+                (t.limits.mdts, t.limits.mqes),
+                (Some(mdts), Some(mqes)),
+                "{s}"
+            );
         }
     }
 
@@ -601,7 +588,7 @@ mod tests {
             ("trtype:soft mqes:65536", "mqes"),
             ("trtype:soft mqes:many", "mqes"),
         ] {
-            match parse_with_limits(s) {
+            match parse(s) {
                 Err(e @ TridError::BadValue { key: k, .. }) => {
                     assert_eq!(k, key, "{s}");
                     let msg = e.to_string();
@@ -610,23 +597,12 @@ mod tests {
                 other => panic!("{s}: {other:?}"),
             }
         }
-        // Not a PCIe key.
-        assert!(matches!(
-            parse_with_limits("trtype:pcie traddr:0000:00:01.0 mdts:1"),
-            Err(TridError::UnknownKey { .. })
-        ));
-        // A caller that does not apply limits refuses them, never drops them.
-        for (s, key) in [
-            ("trtype:soft mdts:1", "mdts"),
-            ("trtype:soft mqes:3", "mqes"),
+        // Keys of an emulated controller only, never dropped elsewhere.
+        for s in [
+            "trtype:pcie traddr:0000:00:01.0 mdts:1",
+            "trtype:tcp traddr:127.0.0.1 mqes:3",
         ] {
-            match s.parse::<Trid>() {
-                Err(e @ TridError::NotApplied { key: k }) => {
-                    assert_eq!(k, key);
-                    assert!(e.to_string().contains(key));
-                }
-                other => panic!("{s}: {other:?}"),
-            }
+            assert!(matches!(parse(s), Err(TridError::UnknownKey { .. })), "{s}");
         }
     }
 

@@ -5,9 +5,9 @@
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{Controller, ControllerOptions, IoBuf, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 fn open() -> (DeviceThread, Arc<SoftDevice>, Controller) {
     let dev = SoftDevice::new(SoftConfig {

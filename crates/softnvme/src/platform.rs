@@ -1,5 +1,6 @@
 //! Emulated-controller platform: BAR0 and an IOMMU served by an in-process
-//! `pollux_softnvme::SoftDevice`.
+//! [`SoftDevice`], for `pollux_pcie`'s driver (this crate implements its
+//! [`Platform`] trait; `pollux_pcie` knows nothing of the emulator).
 //!
 //! DMA memory is anonymous mmap'd memory registered in the device's IOMMU
 //! table at IOVAs from a bump allocator that starts far from any host
@@ -25,12 +26,12 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
-use pollux_softnvme::{SoftClaim, SoftDevice};
+use pollux_pcie::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
+use pollux_pcie::error::{Error, Result};
+use pollux_pcie::mmio::Mmio;
+use pollux_pcie::platform::{hugemem, irq, Platform};
 
-use super::Platform;
-use crate::dma::{DmaBuffer, DmaRelease, Iova, PAGE_SIZE};
-use crate::error::{Error, Result};
-use crate::mmio::Mmio;
+use crate::{SoftClaim, SoftDevice};
 
 /// First IOVA handed out (1 TiB): far above user-space addresses of small
 /// test programs and distinct from any pointer value we allocate.
@@ -42,6 +43,30 @@ pub enum SoftMode {
     Inline,
 }
 
+/// The emulated controller's platform: open `pollux_pcie`'s driver on it.
+///
+/// ```
+/// use pollux_pcie::{ControllerOptions, QpairOptions};
+/// use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice, SoftMode, SoftPlatform};
+/// let ns = NamespaceConfig { backend: BackendConfig::Ram, lba_shift: 9, size_bytes: 1 << 20 };
+/// let cfg = SoftConfig { namespaces: vec![ns], ..SoftConfig::default() };
+/// let dev = SoftDevice::new(cfg).unwrap();
+/// let platform = Box::new(SoftPlatform::new(dev, SoftMode::Inline));
+/// let ctrl = pollux_pcie::open(platform, ControllerOptions::default()).unwrap();
+/// let ns = ctrl.namespaces()[0];
+/// let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
+/// let buf = pollux_pcie::IoBuf::new(ctrl.alloc_dma(4096).unwrap());
+/// qp.read(&ns, 0, 4096 >> ns.lba_shift(), buf, 7).unwrap();
+/// let mut got = None;
+/// while got.is_none() {
+///     qp.poll(u32::MAX, |_, c| got = Some(c));
+///     ctrl.relax();
+/// }
+/// let c = got.unwrap();
+/// assert_eq!(c.result, Ok(0));
+/// let data = c.buf.unwrap(); // the buffer comes back with the completion
+/// assert_eq!(data.len(), 4096);
+/// ```
 pub struct SoftPlatform {
     dev: Arc<SoftDevice>,
     bar: Mmio,
@@ -129,7 +154,7 @@ impl Platform for SoftPlatform {
 
     fn alloc_dma(&self, len: usize) -> Result<DmaBuffer> {
         let len = len.max(1).div_ceil(PAGE_SIZE) * PAGE_SIZE;
-        let ptr = super::hugemem::mmap_anon(len)
+        let ptr = hugemem::mmap_anon(len)
             .map_err(|e| Error::Dma(format!("mmap of {len} bytes failed: {e}")))?;
         let p = ptr.as_ptr().cast::<libc::c_void>();
         // Leave a one-page hole between buffers so an overrun fails translation.
@@ -152,12 +177,12 @@ impl Platform for SoftPlatform {
         self.dev.irq_vectors()
     }
 
-    fn enable_irq(&self, vector: u16) -> Result<super::irq::IrqFd> {
+    fn enable_irq(&self, vector: u16) -> Result<irq::IrqFd> {
         let fd = self
             .dev
             .irq_eventfd(vector)
             .map_err(|e| Error::Platform(format!("interrupt vector {vector}: {e}")))?;
-        super::irq::IrqFd::from_eventfd(fd)
+        irq::IrqFd::from_eventfd(fd)
     }
 
     fn relax(&self) {

@@ -5,13 +5,13 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
 use pollux_pcie::{
     Completion, Controller, ControllerOptions, IoBuf, IoError, QpairOptions, QueuePair, SubmitError,
 };
 use pollux_softnvme::{
     BackendConfig, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig, SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::NvmOpcode;
 
 fn open(mdts: u8) -> (Arc<SoftDevice>, Controller) {
