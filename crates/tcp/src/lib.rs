@@ -44,6 +44,7 @@ use std::time::Duration;
 
 use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::{Error, Result};
+use pollux_nvme::fabrics::{AdminLink, FabricsOptions};
 use pollux_nvme::{AdminExec, QueueSpec, Registers, Transport};
 use pollux_spec::fabrics::{
     DiscoveryLogEntry, DiscoveryLogHeader, PropertySize, DISCOVERY_NQN, LID_DISCOVERY,
@@ -54,8 +55,8 @@ use pollux_spec::tcp::Digests;
 use pollux_spec::Sqe;
 
 mod conn;
+mod fabric;
 pub mod hostnqn;
-mod link;
 mod mem;
 mod queue;
 
@@ -63,7 +64,7 @@ pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
 pub use queue::{TcpCq, TcpSq};
 
-use link::AdminLink;
+use fabric::TcpFabric;
 
 /// The controller handle over TCP.
 pub type Controller = pollux_nvme::Controller<TcpTransport>;
@@ -130,6 +131,27 @@ impl TcpOptions {
             sq_flow: false,
         }
     }
+
+    /// The connections' part (address, digests) and the fabrics core's.
+    fn split(self) -> (TcpFabric, FabricsOptions) {
+        let fabric = TcpFabric {
+            addr: self.addr,
+            digests: self.digests,
+            connect_timeout: self.connect_timeout,
+        };
+        let opts = FabricsOptions {
+            subnqn: self.subnqn,
+            hostnqn: self.hostnqn,
+            hostid: self.hostid,
+            kato_ms: self.kato_ms,
+            ctrl_loss_tmo: self.ctrl_loss_tmo,
+            reconnect_delay: self.reconnect_delay,
+            fast_io_fail_tmo: self.fast_io_fail_tmo,
+            admin_timeout: self.admin_timeout,
+            sq_flow: self.sq_flow,
+        };
+        (fabric, opts)
+    }
 }
 
 /// Resolves `traddr`/`trsvcid` into a socket address, naming them on error.
@@ -146,7 +168,7 @@ pub fn resolve(traddr: &str, trsvcid: &str) -> Result<SocketAddr> {
 
 /// A controller reached over NVMe/TCP: the control path. See the crate docs.
 pub struct TcpTransport {
-    link: Arc<AdminLink>,
+    link: Arc<AdminLink<TcpFabric>>,
     /// In-capsule data bytes for I/O writes (from Identify IOCCSZ).
     icd_max: AtomicU32,
     keepalive: Option<KeepAlive>,
@@ -171,20 +193,13 @@ impl TcpTransport {
     /// Connects the admin queue (ICReq/ICResp, Connect) and starts
     /// keep-alive. `Controller::new` (or [`open`]) does the rest.
     pub fn connect(opts: TcpOptions) -> Result<TcpTransport> {
-        pollux_spec::fabrics::validate_nqn(&opts.subnqn)
-            .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
-        pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
-            .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
-        if opts.reconnect_delay.is_zero() {
-            return Err(Error::InvalidArgument(
-                "reconnect_delay must not be zero".into(),
-            ));
-        }
-        let link = Arc::new(AdminLink::connect(opts.clone())?);
-        let keepalive = (opts.kato_ms > 0).then(|| {
+        let kato_ms = opts.kato_ms;
+        let (fabric, fopts) = opts.split();
+        let link = Arc::new(AdminLink::connect(fabric, fopts)?);
+        let keepalive = (kato_ms > 0).then(|| {
             let stop = Arc::new(AtomicBool::new(false));
             let (l, s) = (link.clone(), stop.clone());
-            let period = Duration::from_millis((opts.kato_ms / 2).max(1) as u64);
+            let period = Duration::from_millis((kato_ms / 2).max(1) as u64);
             let thread = std::thread::Builder::new()
                 .name("nvme-tcp-ka".into())
                 .spawn(move || {
@@ -268,8 +283,7 @@ impl Transport for TcpTransport {
     type Regs = TcpTransport;
 
     fn describe(&self) -> String {
-        let t = &self.link.target;
-        format!("tcp {} {}", t.addr, t.subnqn)
+        format!("tcp {} {}", self.link.fabric.addr, self.link.opts.subnqn)
     }
 
     fn regs(&self) -> &TcpTransport {
@@ -291,7 +305,7 @@ impl Transport for TcpTransport {
     }
 
     fn max_queue_entries(&self) -> u32 {
-        regs::Cap(self.link.cap).mqes() as u32 + 1
+        self.link.max_queue_entries()
     }
 
     unsafe fn admin_queues(&self, _entries: u16) -> Result<(TcpSq, TcpCq)> {
@@ -324,7 +338,7 @@ impl Transport for TcpTransport {
         _admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
     ) -> Result<(TcpSq, TcpCq)> {
-        let (mut conn, _) = self.link.target.connect_queue(
+        let (mut conn, _) = self.link.connect_queue(
             spec.qid,
             spec.sq_entries,
             self.cntlid(),
@@ -357,7 +371,6 @@ impl Transport for TcpTransport {
         let (depth, entries) = (q.depth(), q.sq_entries());
         let (mut conn, _) = self
             .link
-            .target
             .connect_queue(qid, entries, self.cntlid(), depth)?;
         conn.icd_max = self.icd_max.load(Ordering::Relaxed);
         q.attach(conn);

@@ -26,8 +26,9 @@ use pollux_nvme::{CompletionQueue, CqeSink, SubmissionQueue, WireCounters};
 use pollux_spec::Sqe;
 
 use crate::conn::{Conn, Data};
-use crate::link::{AdminLink, SubmitProblem, ADMIN_MAX_DATA};
+use crate::fabric::TcpFabric;
 use crate::mem;
+use pollux_nvme::fabrics::{AdminLink, ADMIN_MAX_DATA, ADMIN_SQ_ENTRIES};
 use pollux_spec::status::{path, sct};
 use pollux_spec::Status;
 
@@ -46,7 +47,7 @@ pub struct TcpSq(SqKind);
 
 enum SqKind {
     Io(IoSq),
-    Admin(Arc<AdminLink>),
+    Admin(Arc<AdminLink<TcpFabric>>),
 }
 
 struct IoSq {
@@ -61,7 +62,7 @@ pub struct TcpCq(CqKind);
 
 enum CqKind {
     Io(Box<IoCq>),
-    Admin(Arc<AdminLink>),
+    Admin(Arc<AdminLink<TcpFabric>>),
 }
 
 pub(crate) struct IoCq {
@@ -133,7 +134,7 @@ pub(crate) fn io_pair(
     )
 }
 
-pub(crate) fn admin_pair(link: Arc<AdminLink>) -> (TcpSq, TcpCq) {
+pub(crate) fn admin_pair(link: Arc<AdminLink<TcpFabric>>) -> (TcpSq, TcpCq) {
     (
         TcpSq(SqKind::Admin(link.clone())),
         TcpCq(CqKind::Admin(link)),
@@ -186,24 +187,7 @@ impl SubmissionQueue for TcpSq {
                         limit: q.ring.buffer().capacity(),
                     })
             }
-            SqKind::Admin(link) => {
-                if len > ADMIN_MAX_DATA {
-                    return Err(SubmitError::BufferLength {
-                        expected: ADMIN_MAX_DATA,
-                        got: len,
-                    });
-                }
-                link.push(cid, sqe, addr0, len as u32).map_err(|p| match p {
-                    SubmitProblem::Full => SubmitError::QueueFull {
-                        limit: crate::link::ADMIN_SLOTS,
-                    },
-                    SubmitProblem::TooLarge => SubmitError::BufferLength {
-                        expected: crate::link::ADMIN_ICD as usize,
-                        got: len,
-                    },
-                    SubmitProblem::Direction => SubmitError::BadBuffer,
-                })
-            }
+            SqKind::Admin(link) => link.push(cid, sqe, addr0, len),
         }
     }
 
@@ -439,7 +423,7 @@ impl CompletionQueue for TcpCq {
     fn entries(&self) -> u16 {
         match &self.0 {
             CqKind::Io(q) => q.entries,
-            CqKind::Admin(_) => crate::link::ADMIN_SQ_ENTRIES,
+            CqKind::Admin(_) => ADMIN_SQ_ENTRIES,
         }
     }
 
