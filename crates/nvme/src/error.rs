@@ -64,7 +64,7 @@ pub enum SubmitError {
     /// the command, with a buffer of another length.
     #[error(
         "{} (opcode {opc:#04x}) transfers {expected} bytes but the buffer is {got} bytes",
-        crate::passthru::cmd_name(*.opc, *.admin)
+        pollux_spec::cmd::command_name(*.opc, *.admin)
     )]
     PassthroughLength {
         opc: u8,
@@ -76,7 +76,7 @@ pub enum SubmitError {
     /// A passthrough command the driver cannot check (see `passthru`).
     #[error(
         "{} (opcode {opc:#04x}) refused: {why}; only the unsafe unchecked passthrough sends it",
-        crate::passthru::cmd_name(*.opc, *.admin)
+        pollux_spec::cmd::command_name(*.opc, *.admin)
     )]
     PassthroughUnchecked {
         opc: u8,

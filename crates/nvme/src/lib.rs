@@ -5,7 +5,7 @@
 //! (`admin`), and I/O queue pairs — trackers and CIDs, request splitting,
 //! the software backlog, timeouts, abort and reset recovery (`qpair`), with
 //! the submit path in `submit` and the poll path in `poll`. A transport
-//! (`transport::Transport`: PCIe in `pollux-pcie`, TCP next) supplies the
+//! (`transport::Transport`: PCIe in `pollux-pcie`, TCP in `pollux-tcp`) supplies the
 //! wire: rings and doorbells, or a connection. The queue pair is generic
 //! over it and monomorphised: no `dyn` call per I/O.
 //!
@@ -38,6 +38,7 @@ pub mod ctrl;
 pub mod dma;
 pub mod error;
 pub mod fabrics;
+mod namespace;
 mod passthru;
 mod poll;
 pub mod qpair;
@@ -45,9 +46,10 @@ mod submit;
 pub mod transport;
 
 pub use completion::{Completion, QpairStats};
-pub use ctrl::{Controller, ControllerOptions, Namespace, MAX_TRANSFER_CAP};
+pub use ctrl::{Controller, ControllerOptions, MAX_TRANSFER_CAP};
 pub use dma::{DmaBuffer, DmaSlice, IoBuf};
 pub use error::{Error, IoError, SubmitError};
+pub use namespace::Namespace;
 pub use pollux_spec::cmd::RwFlags;
 pub use qpair::{wait_readable, QpairOptions, QueuePair};
 pub use submit::{Handler, Refused, Submitter};

@@ -21,8 +21,8 @@ use pollux_spec::cmd::{AdminOpcode, NvmOpcode};
 use pollux_spec::features::{cdw10_fid, cdw10_sel, fid, sel};
 use pollux_spec::Sqe;
 
-use crate::ctrl::Namespace;
 use crate::error::SubmitError;
+use crate::namespace::Namespace;
 
 /// PSDT (flags bits 7:6): 0 = PRPs; a transport that uses SGLs sets it.
 const PSDT_MASK: u8 = 0xC0;
@@ -167,65 +167,6 @@ fn admin_transfer(sqe: &Sqe) -> Result<u64, Unknown> {
             return Err("admin command whose transfer the driver does not know");
         }
     })
-}
-
-/// The name of a command, for errors.
-pub(crate) fn cmd_name(opc: u8, admin: bool) -> &'static str {
-    if admin {
-        let Some(op) = AdminOpcode::from_u8(opc) else {
-            return "admin command";
-        };
-        use AdminOpcode as A;
-        match op {
-            A::DeleteIoSq => "Delete I/O Submission Queue",
-            A::CreateIoSq => "Create I/O Submission Queue",
-            A::GetLogPage => "Get Log Page",
-            A::DeleteIoCq => "Delete I/O Completion Queue",
-            A::CreateIoCq => "Create I/O Completion Queue",
-            A::Identify => "Identify",
-            A::Abort => "Abort",
-            A::SetFeatures => "Set Features",
-            A::GetFeatures => "Get Features",
-            A::AsyncEventRequest => "Asynchronous Event Request",
-            A::NamespaceManagement => "Namespace Management",
-            A::FirmwareCommit => "Firmware Commit",
-            A::FirmwareImageDownload => "Firmware Image Download",
-            A::DeviceSelfTest => "Device Self-test",
-            A::NamespaceAttachment => "Namespace Attachment",
-            A::KeepAlive => "Keep Alive",
-            A::DirectiveSend => "Directive Send",
-            A::DirectiveReceive => "Directive Receive",
-            A::VirtualizationManagement => "Virtualization Management",
-            A::NvmeMiSend => "NVMe-MI Send",
-            A::NvmeMiReceive => "NVMe-MI Receive",
-            A::DoorbellBufferConfig => "Doorbell Buffer Config",
-            A::FabricsCommand => "Fabrics command",
-            A::FormatNvm => "Format NVM",
-            A::SecuritySend => "Security Send",
-            A::SecurityReceive => "Security Receive",
-            A::Sanitize => "Sanitize",
-            A::GetLbaStatus => "Get LBA Status",
-        }
-    } else {
-        let Some(op) = NvmOpcode::from_u8(opc) else {
-            return "I/O command";
-        };
-        match op {
-            NvmOpcode::Flush => "Flush",
-            NvmOpcode::Write => "Write",
-            NvmOpcode::Read => "Read",
-            NvmOpcode::WriteUncorrectable => "Write Uncorrectable",
-            NvmOpcode::Compare => "Compare",
-            NvmOpcode::WriteZeroes => "Write Zeroes",
-            NvmOpcode::DatasetManagement => "Dataset Management",
-            NvmOpcode::Verify => "Verify",
-            NvmOpcode::ReservationRegister => "Reservation Register",
-            NvmOpcode::ReservationReport => "Reservation Report",
-            NvmOpcode::ReservationAcquire => "Reservation Acquire",
-            NvmOpcode::ReservationRelease => "Reservation Release",
-            NvmOpcode::Copy => "Copy",
-        }
-    }
 }
 
 fn check(opc: u8, admin: bool, t: Result<u64, Unknown>, got: usize) -> Result<(), SubmitError> {

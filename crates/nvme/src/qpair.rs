@@ -14,9 +14,10 @@ use pollux_spec::cmd::RwFlags;
 
 use crate::completion::Completion;
 use crate::completion::QpairStats;
-use crate::ctrl::{Controller, Namespace, Shared};
+use crate::ctrl::{Controller, Shared};
 use crate::dma::{DmaSlice, IoBuf};
 use crate::error::{Error, Result, SubmitError};
+use crate::namespace::Namespace;
 use crate::submit::{Core, QpState, Refused, Submitter, T_BUSY, T_TIMED_OUT};
 use crate::transport::{CompletionQueue, QueueSpec, SubmissionQueue, Transport, Tuning};
 

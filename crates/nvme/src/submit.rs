@@ -25,9 +25,9 @@ use pollux_spec::cmd::{NvmOpcode, RwFlags};
 use pollux_spec::{Sqe, Status};
 
 use crate::completion::{Completion, QpairStats};
-use crate::ctrl::Namespace;
 use crate::dma::{DmaSlice, IoBuf, SliceRef};
 use crate::error::{IoError, SubmitError};
+use crate::namespace::Namespace;
 use crate::transport::{SubmissionQueue, Transport};
 
 // Tracker flags.

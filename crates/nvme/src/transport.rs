@@ -1,4 +1,4 @@
-//! The seam between the host core and a transport (PCIe today, TCP next).
+//! The seam between the host core and a transport (PCIe, TCP).
 //!
 //! The core (`ctrl`, `qpair`, `submit`, `poll`) owns everything about
 //! commands that does not depend on how they travel: trackers and CIDs,

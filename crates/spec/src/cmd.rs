@@ -485,6 +485,66 @@ impl Sqe {
     }
 }
 
+/// The name of a command (for errors and logs): `admin` picks the admin
+/// or the NVM opcode table; an unknown opcode is named generically.
+pub fn command_name(opc: u8, admin: bool) -> &'static str {
+    if admin {
+        let Some(op) = AdminOpcode::from_u8(opc) else {
+            return "admin command";
+        };
+        use AdminOpcode as A;
+        match op {
+            A::DeleteIoSq => "Delete I/O Submission Queue",
+            A::CreateIoSq => "Create I/O Submission Queue",
+            A::GetLogPage => "Get Log Page",
+            A::DeleteIoCq => "Delete I/O Completion Queue",
+            A::CreateIoCq => "Create I/O Completion Queue",
+            A::Identify => "Identify",
+            A::Abort => "Abort",
+            A::SetFeatures => "Set Features",
+            A::GetFeatures => "Get Features",
+            A::AsyncEventRequest => "Asynchronous Event Request",
+            A::NamespaceManagement => "Namespace Management",
+            A::FirmwareCommit => "Firmware Commit",
+            A::FirmwareImageDownload => "Firmware Image Download",
+            A::DeviceSelfTest => "Device Self-test",
+            A::NamespaceAttachment => "Namespace Attachment",
+            A::KeepAlive => "Keep Alive",
+            A::DirectiveSend => "Directive Send",
+            A::DirectiveReceive => "Directive Receive",
+            A::VirtualizationManagement => "Virtualization Management",
+            A::NvmeMiSend => "NVMe-MI Send",
+            A::NvmeMiReceive => "NVMe-MI Receive",
+            A::DoorbellBufferConfig => "Doorbell Buffer Config",
+            A::FabricsCommand => "Fabrics command",
+            A::FormatNvm => "Format NVM",
+            A::SecuritySend => "Security Send",
+            A::SecurityReceive => "Security Receive",
+            A::Sanitize => "Sanitize",
+            A::GetLbaStatus => "Get LBA Status",
+        }
+    } else {
+        let Some(op) = NvmOpcode::from_u8(opc) else {
+            return "I/O command";
+        };
+        match op {
+            NvmOpcode::Flush => "Flush",
+            NvmOpcode::Write => "Write",
+            NvmOpcode::Read => "Read",
+            NvmOpcode::WriteUncorrectable => "Write Uncorrectable",
+            NvmOpcode::Compare => "Compare",
+            NvmOpcode::WriteZeroes => "Write Zeroes",
+            NvmOpcode::DatasetManagement => "Dataset Management",
+            NvmOpcode::Verify => "Verify",
+            NvmOpcode::ReservationRegister => "Reservation Register",
+            NvmOpcode::ReservationReport => "Reservation Report",
+            NvmOpcode::ReservationAcquire => "Reservation Acquire",
+            NvmOpcode::ReservationRelease => "Reservation Release",
+            NvmOpcode::Copy => "Copy",
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
