@@ -31,7 +31,7 @@ use pollux_spec::tcp::{
     Role, RxConfig, TermReq,
 };
 use pollux_spec::{Cqe, Sqe, Status};
-use zerocopy::{FromBytes, IntoBytes};
+use zerocopy::IntoBytes;
 
 use crate::mem;
 
@@ -1112,9 +1112,4 @@ fn on(b: bool) -> &'static str {
     } else {
         "off"
     }
-}
-
-/// Reads a value of `T` from the start of `bytes` (tests, discovery).
-pub(crate) fn read_as<T: FromBytes>(bytes: &[u8]) -> Option<T> {
-    T::read_from_prefix(bytes).ok().map(|(t, _)| t)
 }

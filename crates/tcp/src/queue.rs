@@ -28,9 +28,7 @@ use pollux_spec::Sqe;
 use crate::conn::{Conn, Data};
 use crate::fabric::TcpFabric;
 use crate::mem;
-use pollux_nvme::fabrics::{AdminLink, ADMIN_MAX_DATA, ADMIN_SQ_ENTRIES};
-use pollux_spec::status::{path, sct};
-use pollux_spec::Status;
+use pollux_nvme::fabrics::{self, AdminLink, ADMIN_MAX_DATA, ADMIN_SQ_ENTRIES};
 
 /// A command on its way from the SQ half to the CQ half.
 pub(crate) struct Cmd {
@@ -84,15 +82,11 @@ pub(crate) struct IoCq {
     /// The Dataset Management range of each CID's last deallocate (the
     /// connection copied it into the capsule; kept to send it again).
     ranges: Vec<[u8; 16]>,
-    /// Commands sent again `MAX_RETRIES` times already when yet another
-    /// reset came: they complete with Command Aborted By Host instead.
+    /// Commands sent again `fabrics::MAX_RETRIES` times already when yet
+    /// another reset came: they complete with Command Aborted By Host
+    /// instead (`fabrics::retry`).
     aborted: Vec<u16>,
 }
-
-/// Most times a command is sent again after resets (Linux's
-/// nvme_max_retries): a command that brings the connection down each
-/// time it is sent (a controller bug) fails instead of looping forever.
-pub(crate) const MAX_RETRIES: u8 = 5;
 
 /// A new I/O queue pair's halves around `conn`.
 #[allow(clippy::too_many_arguments)]
@@ -295,19 +289,19 @@ impl IoCq {
         if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
             for s in old.slots.iter().filter(|s| s.active && !s.internal) {
-                if s.tries >= MAX_RETRIES {
+                let Some(again_tries) = fabrics::retry(s.tries) else {
                     tracing::error!(
                         addr = %old.addr,
                         qid = old.qid,
                         cid = s.tag,
                         "command outstanding at {} resets in a row: aborted",
-                        MAX_RETRIES + 1
+                        fabrics::MAX_RETRIES + 1
                     );
                     self.aborted.push(s.tag);
                     continue;
-                }
+                };
                 if let Some(t) = tries.get_mut(s.tag as usize) {
-                    *t = s.tries + 1;
+                    *t = again_tries;
                 }
                 let (sqe, addr, len) = s.resend();
                 let range = (addr == 0 && len > 0)
@@ -344,7 +338,7 @@ impl IoCq {
     /// Completes the commands `attach` gave up on.
     #[cold]
     fn deliver_aborted<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
-        let st = Status::new(sct::PATH, path::ABORTED_BY_HOST, false).0;
+        let st = fabrics::aborted_status();
         let n = (max as usize).min(self.aborted.len());
         for cid in self.aborted.drain(..n) {
             sink.cqe(cid, st, 0);

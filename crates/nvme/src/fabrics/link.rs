@@ -20,8 +20,8 @@
 //! resets (on a thread of its own), and the reset reconnects or fails the
 //! controller for good. Reconnecting follows Linux's host: an attempt at
 //! once, then one every `reconnect_delay`, until `ctrl_loss_tmo` has passed
-//! (`ensure`); `fast_io_fail_tmo` after the start, `fail_fast` tells the
-//! queue pairs to fail the I/O they hold. Admin commands outstanding on a
+//! (`ensure`, on the schedule of `reconnect`); `fast_io_fail_tmo` after the
+//! start, `fail_fast` tells the queue pairs to fail the I/O they hold. Admin commands outstanding on a
 //! lost link complete with Host Pathing Error.
 //!
 //! Nothing waits for a reconnect on the mutex: the attempts and the waits
@@ -32,17 +32,16 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pollux_spec::fabrics::{
-    fabrics_sc, property_value, ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd,
-    PropertySize, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
-};
-use pollux_spec::regs::{self, Cc, Csts};
-use pollux_spec::status::{sct, Status};
+use pollux_spec::fabrics::{PropertySize, CNTLID_DYNAMIC};
+use pollux_spec::regs::{self, Cc};
 use pollux_spec::{Cqe, Sqe};
-use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result, SubmitError};
+use crate::fabrics::connect;
+use crate::fabrics::held::path_error;
 use crate::fabrics::options::FabricsOptions;
+use crate::fabrics::property;
+use crate::fabrics::reconnect::{Next, Schedule, Wait};
 use crate::fabrics::wire::{CapsuleData, Connection, Fabric};
 
 /// Command slots of the admin connection (the core's admin commands, and
@@ -53,88 +52,6 @@ pub const ADMIN_SQ_ENTRIES: u16 = 32;
 /// Most data bytes of one admin command.
 pub const ADMIN_MAX_DATA: usize = 64 << 10;
 const KEEP_ALIVE_OPCODE: u8 = 0x18;
-/// Longer than any reconnect waits (a bound on durations from the options).
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 86400);
-
-impl<F: Fabric> AdminLink<F> {
-    /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
-    /// 0xFFFF for the admin queue), returning it and the controller ID.
-    ///
-    /// I/O queues ask the controller to disable SQ flow control (it then
-    /// ends a read with C2HData's SUCCESS flag instead of a response
-    /// capsule; the host never needs SQHD: its trackers keep it within
-    /// the queue); a controller that refuses that CATTR bit is asked again
-    /// without it.
-    pub fn connect_queue(
-        &self,
-        qid: u16,
-        sq_entries: u16,
-        cntlid: u16,
-        slots: usize,
-    ) -> Result<(F::Conn, u16)> {
-        if qid == 0 || self.opts.sq_flow {
-            return self.connect_once(qid, sq_entries, cntlid, slots, 0);
-        }
-        match self.connect_once(qid, sq_entries, cntlid, slots, CATTR_DISABLE_SQ_FLOW) {
-            Err(Error::Nvme {
-                cmd: "Connect",
-                status,
-            }) if status.sct() == sct::COMMAND_SPECIFIC
-                && status.sc() == fabrics_sc::CONNECT_INVALID_PARAMETERS =>
-            {
-                tracing::debug!(addr = %self.fabric.addr(), qid, "SQ flow control disable refused; connecting with it");
-                self.connect_once(qid, sq_entries, cntlid, slots, 0)
-            }
-            r => r,
-        }
-    }
-
-    fn connect_once(
-        &self,
-        qid: u16,
-        sq_entries: u16,
-        cntlid: u16,
-        slots: usize,
-        cattr: u8,
-    ) -> Result<(F::Conn, u16)> {
-        let o = &self.opts;
-        let mut conn = self.fabric.open(qid, slots)?;
-        let kato = if qid == 0 { o.kato_ms } else { 0 };
-        let cmd = ConnectCmd::new(qid, sq_entries - 1, cattr, kato);
-        let data = ConnectData::new(o.hostid, cntlid, &o.subnqn, &o.hostnqn)
-            .map_err(|e| Error::InvalidArgument(format!("NQN: {e}")))?;
-        let (cqe, _) = conn.exchange(
-            0,
-            cmd.to_sqe(),
-            CapsuleData::Bytes(data.as_bytes()),
-            o.admin_timeout,
-            "Connect",
-        )?;
-        let st = cqe.status();
-        if !st.is_success() {
-            tracing::error!(
-                addr = %self.fabric.addr(),
-                qid,
-                subnqn = %o.subnqn,
-                hostnqn = %o.hostnqn,
-                dw0 = format_args!("{:#x}", cqe.dw0),
-                "Connect refused: {st}"
-            );
-            return Err(Error::Nvme {
-                cmd: "Connect",
-                status: st,
-            });
-        }
-        let got = cqe.dw0 as u16;
-        tracing::debug!(addr = %self.fabric.addr(), qid, cntlid = got, "connected");
-        Ok((conn, got))
-    }
-}
-
-/// Host Pathing Error: what a command gets when its connection is lost.
-pub fn path_error() -> u16 {
-    Status::new(sct::PATH, 0x70, false).0
-}
 
 /// A completion of one of the core's admin commands, received and not yet
 /// handed to the core.
@@ -260,6 +177,19 @@ impl<F: Fabric> AdminLink<F> {
         Ok(link)
     }
 
+    /// Opens a connection for queue `qid` of this association and sends
+    /// Connect (`cntlid`: 0xFFFF for the admin queue), returning it and
+    /// the controller ID (see `connect`).
+    pub fn connect_queue(
+        &self,
+        qid: u16,
+        sq_entries: u16,
+        cntlid: u16,
+        slots: usize,
+    ) -> Result<(F::Conn, u16)> {
+        connect::connect_queue(&self.fabric, &self.opts, qid, sq_entries, cntlid, slots)
+    }
+
     fn lock(&self) -> MutexGuard<'_, LinkState<F::Conn>> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
@@ -276,13 +206,12 @@ impl<F: Fabric> AdminLink<F> {
         if Self::alive(&self.lock()) {
             return Ok(());
         }
-        let o = &self.opts;
         let addr = self.fabric.addr();
         let start = Instant::now();
-        let mut attempt = 0u32;
+        let mut sched = Schedule::new(&self.opts);
         self.reconnecting.store(true, Ordering::Release);
         let r = loop {
-            attempt += 1;
+            let attempt = sched.attempt();
             self.attempts.fetch_add(1, Ordering::Relaxed);
             let e = match self.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS) {
                 Ok((conn, cntlid)) => {
@@ -300,64 +229,51 @@ impl<F: Fabric> AdminLink<F> {
                 }
                 Err(e) => e,
             };
-            // The next attempt on the schedule (none missed if one took
-            // long), bounded so no sum below overflows.
-            let next = o
-                .reconnect_delay
-                .saturating_mul(attempt)
-                .max(start.elapsed())
-                .min(FOREVER);
-            if o.ctrl_loss_tmo.is_some_and(|tmo| next > tmo) {
-                let tmo = o.ctrl_loss_tmo.unwrap_or_default();
-                tracing::error!(
-                    addr = %addr,
-                    attempt,
-                    "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
-                    tmo.as_secs_f64()
-                );
-                break Err(Error::Platform(format!(
-                    "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
-                    addr,
-                    tmo.as_secs_f64()
-                )));
-            }
+            let next = match sched.next(start.elapsed()) {
+                Next::At(next) => next,
+                Next::GiveUp(tmo) => {
+                    tracing::error!(
+                        addr = %addr,
+                        attempt,
+                        "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
+                        tmo.as_secs_f64()
+                    );
+                    break Err(Error::Platform(format!(
+                        "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
+                        addr,
+                        tmo.as_secs_f64()
+                    )));
+                }
+            };
             tracing::warn!(
                 addr = %addr,
                 attempt,
                 "reconnecting: {e}; next attempt in {:.1} s",
                 (next - start.elapsed()).as_secs_f64()
             );
-            self.wait_until(start, start + next);
+            self.wait_until(&mut sched, start, next);
         };
         self.fail_fast.store(false, Ordering::Release);
         self.reconnecting.store(false, Ordering::Release);
         r
     }
 
-    /// Sleeps until `at`, raising `fail_fast` when `fast_io_fail_tmo` after
-    /// `start` comes first.
-    fn wait_until(&self, start: Instant, at: Instant) {
+    /// Sleeps until the attempt `at` after `start`, raising `fail_fast`
+    /// when `fast_io_fail_tmo` comes first.
+    fn wait_until(&self, sched: &mut Schedule, start: Instant, at: Duration) {
         loop {
-            let now = Instant::now();
-            let mut wake = at;
-            if let Some(ff) = self.opts.fast_io_fail_tmo.map(|d| d.min(FOREVER)) {
-                if !self.fail_fast.load(Ordering::Acquire) {
-                    if now >= start + ff {
-                        tracing::warn!(
-                            addr = %self.fabric.addr(),
-                            "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
-                            ff.as_secs_f64()
-                        );
-                        self.fail_fast.store(true, Ordering::Release);
-                    } else {
-                        wake = wake.min(start + ff);
-                    }
+            match sched.wait(start.elapsed(), at) {
+                Wait::Attempt => return,
+                Wait::Sleep(d) => std::thread::sleep(d),
+                Wait::FailFast => {
+                    tracing::warn!(
+                        addr = %self.fabric.addr(),
+                        "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
+                        sched.fast_io_fail_tmo().unwrap_or_default().as_secs_f64()
+                    );
+                    self.fail_fast.store(true, Ordering::Release);
                 }
             }
-            if now >= at {
-                return;
-            }
-            std::thread::sleep(wake.saturating_duration_since(now));
         }
     }
 
@@ -480,19 +396,8 @@ impl<F: Fabric> AdminLink<F> {
         off: usize,
         size: PropertySize,
     ) -> Result<u64> {
-        let cqe = self.internal(
-            st,
-            PropertyGetCmd::new(off as u32, size).to_sqe(),
-            "Property Get",
-        )?;
-        let s = cqe.status();
-        if !s.is_success() {
-            return Err(Error::Nvme {
-                cmd: "Property Get",
-                status: s,
-            });
-        }
-        Ok(property_value(&cqe, size))
+        let cqe = self.internal(st, property::get(off, size), "Property Get")?;
+        property::got(&cqe, size)
     }
 
     fn property_set_locked(
@@ -502,19 +407,8 @@ impl<F: Fabric> AdminLink<F> {
         size: PropertySize,
         v: u64,
     ) -> Result<()> {
-        let cqe = self.internal(
-            st,
-            PropertySetCmd::new(off as u32, size, v).to_sqe(),
-            "Property Set",
-        )?;
-        let s = cqe.status();
-        if !s.is_success() {
-            return Err(Error::Nvme {
-                cmd: "Property Set",
-                status: s,
-            });
-        }
-        Ok(())
+        let cqe = self.internal(st, property::set(off, size, v), "Property Set")?;
+        property::set_done(&cqe)
     }
 
     /// A register read (see the module docs for a link that is down).
@@ -524,28 +418,19 @@ impl<F: Fabric> AdminLink<F> {
         }
         if self.lost.load(Ordering::Acquire) {
             // Without the mutex: a reset may be reconnecting.
-            return Ok(Self::down_value(off, false));
+            return Ok(property::down_value(off, false));
         }
         let mut st = self.lock();
         if !Self::alive(&st) {
-            return Ok(Self::down_value(off, st.torn_down));
+            return Ok(property::down_value(off, st.torn_down));
         }
         match self.property_get_locked(&mut st, off, size) {
             // The link died under the read: it reads as any lost link.
             Err(e) if !Self::alive(&st) => {
                 tracing::debug!(addr = %self.fabric.addr(), off, "register read: {e}");
-                Ok(Self::down_value(off, st.torn_down))
+                Ok(property::down_value(off, st.torn_down))
             }
             r => r,
-        }
-    }
-
-    /// A register of a link that is down: CSTS fatal if it was lost (0 if
-    /// the host closed it), all else 0.
-    fn down_value(off: usize, torn_down: bool) -> u64 {
-        match off {
-            regs::off::CSTS if !torn_down => Csts::CFS as u64,
-            _ => 0,
         }
     }
 
@@ -695,7 +580,7 @@ impl<F: Fabric> AdminLink<F> {
         }
     }
 
-    /// One keep-alive round (see `KeepAlive`): checks the answer to the
+    /// One keep-alive round (see `keepalive`): checks the answer to the
     /// last Keep Alive and sends the next.
     pub fn keep_alive(&self) {
         let mut st = self.lock();
