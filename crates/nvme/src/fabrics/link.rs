@@ -669,3 +669,6 @@ impl<F: Fabric> AdminLink<F> {
         regs::Cap(self.cap).mqes() as u32 + 1
     }
 }
+
+#[cfg(test)]
+mod tests;
