@@ -249,7 +249,9 @@ impl<F: Fabric> AdminLink<F> {
                 addr = %addr,
                 attempt,
                 "reconnecting: {e}; next attempt in {:.1} s",
-                (next - start.elapsed()).as_secs_f64()
+                // (At once when the attempt took longer than the schedule:
+                // `next` is then the time it failed, already past.)
+                next.saturating_sub(start.elapsed()).as_secs_f64()
             );
             self.wait_until(&mut sched, start, next);
         };

@@ -402,6 +402,42 @@ fn reconnect_retries_every_delay_then_gives_up_after_ctrl_loss_tmo() {
     assert!(!l.reconnecting.load(Ordering::Acquire));
 }
 
+/// Runs `f` with every log event recorded (so the arguments of each are
+/// evaluated, as under the CLI's subscriber): a global subscriber, since
+/// a thread's own would not reliably reach call sites other tests have
+/// already seen without one.
+fn logged<R>(f: impl FnOnce() -> R) -> R {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let sub = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_test_writer()
+            .finish();
+        let _ = tracing::subscriber::set_global_default(sub);
+    });
+    f()
+}
+
+#[test]
+fn an_attempt_slower_than_reconnect_delay_is_followed_by_the_next_at_once() {
+    logged(|| {
+        let f = Scripted::default();
+        let l = link(&f, opts());
+        lose(&f, &l);
+        {
+            let mut c = f.ctl();
+            c.fail_opens = 2;
+            // Each failing attempt takes longer than the 10 ms delay: the
+            // next is due at once (none missed), and there is no wait
+            // before it (the time left to it was a subtraction that
+            // overflowed: a panic under a subscriber).
+            c.open_delay = Duration::from_millis(30);
+        }
+        l.ensure().unwrap();
+        assert_eq!(l.attempts.load(Ordering::Relaxed), 3);
+    })
+}
+
 #[test]
 fn fast_io_fail_is_raised_while_reconnecting_and_cleared_after() {
     let f = Scripted::default();
