@@ -55,6 +55,7 @@ use pollux_spec::identify::IdentifyController;
 use pollux_spec::tcp::Digests;
 
 mod conn;
+pub mod engine;
 mod fabric;
 pub mod hostnqn;
 mod mem;
