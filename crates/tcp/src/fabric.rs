@@ -42,7 +42,7 @@ impl Fabric for TcpFabric {
     fn open(&self, qid: u16, slots: usize) -> Result<Conn> {
         let mut conn = Conn::connect(self.addr, qid, self.digests, slots, self.connect_timeout)
             .map_err(conn_error)?;
-        conn.icd_max = ADMIN_ICD;
+        conn.set_icd_max(ADMIN_ICD);
         Ok(conn)
     }
 
@@ -68,8 +68,9 @@ fn data(d: CapsuleData<'_>) -> Data<'_> {
 
 impl Connection for Conn {
     fn send(&mut self, wcid: u16, sqe: Sqe, d: CapsuleData<'_>) -> Result<()> {
-        self.submit(wcid, sqe, data(d), wcid, true)
-            .map_err(conn_error)
+        // SAFETY: no buffer address: capsule data is copied at once, data
+        // for the host comes back in the slot's bounce buffer.
+        unsafe { self.submit(wcid, sqe, data(d), wcid, true) }.map_err(conn_error)
     }
 
     fn flush(&mut self) -> Result<()> {
@@ -98,7 +99,7 @@ impl Connection for Conn {
     }
 
     fn forget(&mut self, wcid: u16) {
-        if let Some(s) = self.slots.get_mut(wcid as usize) {
+        if let Some(s) = self.slots_mut().get_mut(wcid as usize) {
             s.active = false;
         }
     }

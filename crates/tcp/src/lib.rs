@@ -312,7 +312,7 @@ impl Transport for TcpTransport {
             self.cntlid(),
             spec.depth as usize,
         )?;
-        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
         Ok(queue::io_pair(
             conn,
             spec.depth,
@@ -340,7 +340,7 @@ impl Transport for TcpTransport {
         let (mut conn, _) = self
             .link
             .connect_queue(qid, entries, self.cntlid(), depth)?;
-        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
         q.attach(conn);
         Ok(())
     }

@@ -258,7 +258,12 @@ impl IoCq {
                     *k = *r;
                 }
             }
-            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+            // SAFETY: the command came through `TcpSq::push`, whose caller
+            // keeps its buffer (checked to be this transport's) allocated
+            // and untouched until its completion is reaped from this CQ
+            // or the queue is restarted (which drops this connection).
+            let r = unsafe { conn.submit(c.cid, c.sqe, c.data(), c.cid, false) };
+            if r.is_err() {
                 // The connection is dead (`broken` makes the core reset):
                 // this command goes on the next one, and what remains in
                 // the ring after it.
@@ -288,7 +293,7 @@ impl IoCq {
         let mut tries = vec![0u8; self.depth as usize];
         if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
-            for s in old.slots.iter().filter(|s| s.active && !s.internal) {
+            for s in old.slots().iter().filter(|s| s.active && !s.internal) {
                 let Some(again_tries) = fabrics::retry(s.tries) else {
                     tracing::error!(
                         addr = %old.addr,
@@ -326,9 +331,13 @@ impl IoCq {
             );
         }
         for c in again {
-            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+            // SAFETY: commands outstanding at the reset, or pushed and not
+            // sent: the core keeps their buffers across the reset (the
+            // transport `reconnects`) until their completions are reaped.
+            let r = unsafe { conn.submit(c.cid, c.sqe, c.data(), c.cid, false) };
+            if r.is_err() {
                 self.held.push(c);
-            } else if let Some(s) = conn.slots.get_mut(c.cid as usize) {
+            } else if let Some(s) = conn.slots_mut().get_mut(c.cid as usize) {
                 s.tries = tries.get(c.cid as usize).copied().unwrap_or(0);
             }
         }
