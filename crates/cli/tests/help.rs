@@ -1,0 +1,155 @@
+//! `--help` of perf, bdevperf, target and pingpong lists every option with
+//! its spelling and default: the options they share are declared once and
+//! flattened into each tool, and none may get lost, renamed or change its
+//! default on the way.
+mod common;
+use common::pollux;
+
+/// Every option `pollux <cmd> --help` lists: its spelling (`-q,
+/// --queue-depth`, `--json`, `-C`) and its default, if it shows one.
+fn options(cmd: &str) -> Vec<(String, Option<String>)> {
+    let (code, out, err) = pollux(&[cmd, "--help"]);
+    assert_eq!(code, 0, "{cmd} --help: {err}");
+    let mut opts: Vec<(String, String)> = Vec::new();
+    for line in out.lines() {
+        let t = line.trim_start();
+        let indent = line.len() - t.len();
+        // An option's line: `  -q, --queue-depth <Q>  text` or
+        // `      --json  text`; its text may follow on the next lines.
+        if t.starts_with('-') && (indent == 2 || indent == 6) {
+            let spelling: Vec<&str> = t
+                .split_whitespace()
+                .take_while(|w| w.starts_with('-'))
+                .map(|w| w.trim_end_matches(','))
+                .collect();
+            opts.push((spelling.join(", "), t.to_string()));
+        } else if let Some((_, text)) = opts.last_mut() {
+            text.push(' ');
+            text.push_str(t);
+        }
+    }
+    opts.into_iter()
+        .map(|(spelling, text)| {
+            let default = text
+                .split_once("[default: ")
+                .map(|(_, d)| d.split_once(']').map_or(d, |(d, _)| d).trim().to_string());
+            (spelling, default)
+        })
+        .collect()
+}
+
+/// `cmd --help` lists exactly `want` (spelling, default), in any order.
+fn lists_exactly(cmd: &str, want: &[(&str, Option<&str>)]) {
+    let mut got = options(cmd);
+    got.sort();
+    let mut want: Vec<(String, Option<String>)> = want
+        .iter()
+        .map(|(s, d)| (s.to_string(), d.map(str::to_string)))
+        .collect();
+    want.push(("-h, --help".into(), None));
+    want.sort();
+    for w in &want {
+        assert!(got.contains(w), "{cmd} --help lacks {w:?}: {got:?}");
+    }
+    for g in &got {
+        assert!(want.contains(g), "{cmd} --help lists {g:?}, not expected");
+    }
+}
+
+/// Options perf and bdevperf both have.
+const SHARED: &[(&str, Option<&str>)] = &[
+    ("-q, --queue-depth", Some("128")),
+    ("-o, --io-size", Some("4096")),
+    ("-w, --workload", Some("randread")),
+    ("-M, --rwmixread", Some("50")),
+    ("-t, --time", Some("5")),
+    ("--io-count", None),
+    ("-L, --latency", None),
+    ("--inline", None),
+    ("--device-core", None),
+    ("--verify", None),
+    ("--json", None),
+    ("--timeout-ms", Some("30000")),
+];
+
+#[test]
+fn perf_help_lists_every_option() {
+    let mut want = SHARED.to_vec();
+    want.extend_from_slice(&[
+        ("-c, --cores", Some("0")),
+        ("-P, --qpairs", Some("1")),
+        ("-r, --transport", None),
+        ("--no-delayed-doorbell", None),
+        ("--sq-batch", Some("1")),
+        ("--no-lazy-cq", None),
+        ("--prefetch", None),
+        ("--nt-copy", None),
+        ("--interrupts", None),
+        ("--cq-line-batch", None),
+        ("--no-shadow-doorbell", None),
+    ]);
+    lists_exactly("perf", &want);
+}
+
+#[test]
+fn bdevperf_help_lists_every_option() {
+    let mut want = SHARED.to_vec();
+    want.extend_from_slice(&[
+        ("-m, --cpumask", Some("0x1")),
+        ("-c, --config", None),
+        ("-C", None),
+        ("-T, --bdev", None),
+        ("--null", None),
+        ("--ram", None),
+        ("--uring", None),
+        ("--iopoll", None),
+        ("--uring-yield", Some("16")),
+        ("--nvme", None),
+        ("--block-size", Some("512")),
+    ]);
+    lists_exactly("bdevperf", &want);
+}
+
+#[test]
+fn target_help_lists_every_option() {
+    lists_exactly(
+        "target",
+        &[
+            ("--listen", None),
+            ("--null", None),
+            ("--ram", None),
+            ("--uring", None),
+            ("--nvme", None),
+            ("--device-core", None),
+            ("--block-size", Some("512")),
+            ("--nqn", Some("nqn.2016-06.io.pollux:cnode1")),
+            ("--host", None),
+            ("--serial", None),
+            ("--model", None),
+            ("-m, --cpumask", Some("0x1")),
+            ("-c, --config", None),
+            ("--in-capsule-data-size", None),
+            ("--max-queue-depth", None),
+            ("--max-io-size", None),
+            ("--incoming-cpu", None),
+            ("--no-epoll-idle", None),
+            ("--no-direct-receive", None),
+            ("--num-shared-buffers", None),
+            ("--send-iov", None),
+            ("--handshake-timeout", None),
+        ],
+    );
+}
+
+#[test]
+fn pingpong_help_lists_every_option() {
+    lists_exactly(
+        "pingpong",
+        &[
+            ("-c, --cores", Some("0,1")),
+            ("--trips", Some("200000")),
+            ("--batches", Some("7")),
+            ("--json", None),
+        ],
+    );
+}
