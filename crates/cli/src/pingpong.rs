@@ -59,7 +59,8 @@ fn final_count(a: &PingpongArgs) -> Result<u64, String> {
 
 pub fn run(a: PingpongArgs) -> Result<(), String> {
     let end = final_count(&a)?;
-    let cores = crate::perf::parse_cores(&a.cores).map_err(|e| format!("-c {}: {e}", a.cores))?;
+    let cores =
+        crate::common::cores::parse_cores(&a.cores).map_err(|e| format!("-c {}: {e}", a.cores))?;
     if cores.len() != 2 {
         return Err(format!(
             "-c {}: pingpong needs exactly two cores (got {})",
@@ -67,7 +68,7 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
             cores.len()
         ));
     }
-    crate::perf::check_cores(&cores, &crate::perf::online_cpus())
+    crate::common::cores::check_cores(&cores, &crate::common::cores::online_cpus())
         .map_err(|e| format!("-c {}: {e}", a.cores))?;
     let line = Line(AtomicU64::new(0));
     let mut results = Vec::with_capacity(a.batches);

@@ -27,12 +27,13 @@ use pollux_nvme::Transport;
 use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
 
-use crate::perf::clock::LatClock;
-use crate::perf::pattern::{Mix, Pattern};
-use crate::perf::verify::{Verify, Written, MAX_UNITS};
-use crate::perf::{
-    check_cores, check_run_options, human_bytes, mem_available, online_cpus, parse_cores, PerfError,
-};
+use crate::common::clock::LatClock;
+use crate::common::cores::{check_cores, online_cpus, parse_mask};
+use crate::common::mem::{human_bytes, mem_available};
+use crate::common::opts::check_run_options;
+use crate::common::pattern::{Mix, Pattern};
+use crate::common::verify::{Verify, Written, MAX_UNITS};
+use crate::perf::PerfError;
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
 use pollux_host::trid::parse_size;
 
@@ -174,26 +175,6 @@ fn bad(
 /// What the caller needs after a run.
 pub struct Summary {
     pub errors: u64,
-}
-
-/// Parses SPDK's core mask forms: `0x3`, `[0,1]`, `[0-2,5]`, `0-1`, `0,2`.
-pub fn parse_mask(s: &str) -> Result<Vec<usize>, String> {
-    let t = s.trim();
-    let inner = match (t.strip_prefix('['), t.ends_with(']')) {
-        (Some(rest), true) => &rest[..rest.len() - 1],
-        (None, false) => t,
-        _ => return Err(format!("unbalanced brackets in '{s}'")),
-    };
-    parse_cores(inner)
-}
-
-/// A core list as a hex mask (`0x3`), for the report (cores below 128).
-fn mask_of(cores: &[usize]) -> String {
-    let m = cores
-        .iter()
-        .filter(|&&c| c < 128)
-        .fold(0u128, |m, &c| m | 1 << c);
-    format!("{m:#x}")
 }
 
 /// Option checks that need no bdev: each names the option and its value.
@@ -731,22 +712,4 @@ fn execute<T: Transport>(
         interrupted,
     );
     Ok(summary)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masks_in_spdk_forms() {
-        assert_eq!(parse_mask("0x3").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0,1]").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0-2,5]").unwrap(), vec![0, 1, 2, 5]);
-        assert_eq!(parse_mask("0-1").unwrap(), vec![0, 1]);
-        assert!(parse_mask("[0,1").is_err());
-        assert!(parse_mask("0,1]").is_err());
-        assert!(parse_mask("0x0").is_err());
-        assert_eq!(mask_of(&[0, 1]), "0x3");
-        assert_eq!(mask_of(&[4]), "0x10");
-    }
 }

@@ -9,7 +9,8 @@ use pollux_nvme::Transport;
 use serde_json::{json, Value};
 
 use super::job::JobResult;
-use super::{mask_of, BdevperfArgs, JobMeta, Summary};
+use super::{BdevperfArgs, JobMeta, Summary};
+use crate::common::cores::mask_of;
 
 /// A latency statistic in microseconds: `q` a quantile, `None` the mean.
 fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {

@@ -3,9 +3,6 @@
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
-pub(crate) mod clock;
-pub(crate) mod pattern;
-pub(crate) mod verify;
 mod worker;
 
 use std::collections::HashMap;
@@ -19,11 +16,15 @@ use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions}
 use pollux_softnvme::SoftDevice;
 use serde_json::json;
 
+use crate::common::cores::{check_cores, online_cpus, parse_cores};
+use crate::common::mem::{human_bytes, mem_available};
+use crate::common::opts::check_run_options;
+use crate::common::pattern::{Mix, Pattern};
+use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
-use pattern::{Mix, Pattern};
 use pollux_host::trid;
 use trid::{parse_size, Backend, SoftTrid, Trid};
-pub use worker::{pin_to, thread_cpu_time};
+pub use worker::pin_to;
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -150,146 +151,9 @@ fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<Strin
     }
 }
 
-/// A refused option: its name, its value, why.
-pub(crate) type BadOption = (&'static str, String, String);
-
-/// The checks `perf` and `bdevperf` share: I/O size (`-o`), how the run
-/// ends (`--io-count`, `-t`) and the command timeout (`--timeout-ms`).
-pub(crate) fn check_run_options(
-    io_size: u64,
-    io_count: Option<u64>,
-    time: u64,
-    timeout_ms: u64,
-) -> Result<(), BadOption> {
-    let bad = |o: &'static str, v: u64, why: String| Err((o, v.to_string(), why));
-    if io_size == 0 || !io_size.is_multiple_of(512) || io_size > 64 << 20 {
-        return bad(
-            "-o",
-            io_size,
-            "the I/O size must be a non-zero multiple of 512, at most 64 MiB".into(),
-        );
-    }
-    match io_count {
-        Some(0) => return bad("--io-count", 0, "must be at least 1".into()),
-        None if time == 0 => {
-            return bad(
-                "-t",
-                0,
-                "no time limit: give --io-count N to end the run after N I/Os".into(),
-            )
-        }
-        _ => {}
-    }
-    if timeout_ms > MAX_TIMEOUT_MS {
-        return bad(
-            "--timeout-ms",
-            timeout_ms,
-            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
-        );
-    }
-    Ok(())
-}
-
-/// `1234567` -> `1.2 MiB (1234567 bytes)`.
-pub(crate) fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut unit = "bytes";
-    for u in UNITS {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    if unit == "bytes" {
-        format!("{n} bytes")
-    } else {
-        format!("{v:.1} {unit} ({n} bytes)")
-    }
-}
-
-/// Longest `--timeout-ms` (one day): a bound keeps every deadline derived
-/// from it (`Instant + 2 x timeout`) far from overflow.
-pub const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
-
 /// What the caller needs after a run.
 pub struct Summary {
     pub errors: u64,
-}
-
-/// Parses `0,2-3` or `0x5` into core numbers.
-pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
-    let s = s.trim();
-    let mut cores = Vec::new();
-    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        let m = u64::from_str_radix(hex, 16).map_err(|_| format!("bad core mask '{s}'"))?;
-        cores.extend((0..64).filter(|b| m & (1 << b) != 0));
-    } else {
-        for part in s.split(',') {
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (a, b),
-                None => (part, part),
-            };
-            let a: usize = a.trim().parse().map_err(|_| format!("bad core '{part}'"))?;
-            let b: usize = b.trim().parse().map_err(|_| format!("bad core '{part}'"))?;
-            if a > b || b >= 1024 {
-                return Err(format!("bad core range '{part}'"));
-            }
-            cores.extend(a..=b);
-        }
-    }
-    cores.sort_unstable();
-    cores.dedup();
-    if cores.is_empty() {
-        return Err(format!("no cores in '{s}'"));
-    }
-    Ok(cores)
-}
-
-/// `[0, 1, 2, 5]` -> `0-2,5`.
-pub(crate) fn fmt_cores(cores: &[usize]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cores.len() {
-        let mut j = i;
-        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            cores[i].to_string()
-        } else {
-            format!("{}-{}", cores[i], cores[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
-/// Checks that every core in `cores` is one of `online` (the CPUs this
-/// process may run on); the error names the first one that is not.
-pub(crate) fn check_cores(cores: &[usize], online: &[usize]) -> Result<(), String> {
-    match cores.iter().find(|c| !online.contains(c)) {
-        Some(c) => Err(format!(
-            "core {c} is not available to this process (available: {})",
-            fmt_cores(online)
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The CPUs this process may run on.
-pub(crate) fn online_cpus() -> Vec<usize> {
-    // SAFETY: zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return vec![0];
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
 }
 
 pub(crate) struct Device {
@@ -471,14 +335,6 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
         plans.push(ns_plans);
     }
     Ok(plans)
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub(crate) fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Commands a queue pair of `d` holds for a run at `depth` (-q): the
@@ -1011,19 +867,4 @@ fn report(
         }
     }
     Summary { errors: t_err }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cores_parse() {
-        assert_eq!(parse_cores("0").unwrap(), vec![0]);
-        assert_eq!(parse_cores("0,2-3").unwrap(), vec![0, 2, 3]);
-        assert_eq!(parse_cores("0x5").unwrap(), vec![0, 2]);
-        assert!(parse_cores("3-1").is_err());
-        assert!(parse_cores("x").is_err());
-        assert!(parse_cores("0x0").is_err());
-    }
 }

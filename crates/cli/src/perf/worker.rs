@@ -15,11 +15,12 @@ use pollux_host::{
 };
 use pollux_softnvme::SoftDevice;
 
-use super::pattern::Pattern;
-use super::verify::Verify;
+use crate::common::clock::thread_cpu_time;
+use crate::common::pattern::Pattern;
+use crate::common::verify::Verify;
 
 pub struct Latency {
-    pub clock: super::clock::LatClock,
+    pub clock: crate::common::clock::LatClock,
     /// Submission time per slot, in clock ticks.
     pub submit: Vec<u64>,
     /// Latencies in clock ticks (converted to ns in the report).
@@ -310,18 +311,6 @@ pub fn pin_to(core: usize) {
     }
 }
 
-/// CPU time (user + system) this thread has used.
-pub fn thread_cpu_time() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
-        ru
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// With interrupts: after a round of polls that found nothing, sleep on
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
@@ -445,8 +434,8 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::pattern::Mix;
     use crate::emulator::SoftEmulator;
-    use crate::perf::pattern::Mix;
     use pollux_host::{ControllerOptions, SoftTrid, Trid};
     use std::sync::mpsc;
 

@@ -19,9 +19,8 @@ use pollux_target::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
-use crate::bdevperf::parse_mask;
+use crate::common::cores::{check_cores, online_cpus, parse_mask};
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
-use crate::perf::{check_cores, online_cpus};
 use nvme::Kind;
 use pollux_host::trid;
 use pollux_host::trid::parse_size;
