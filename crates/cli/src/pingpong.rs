@@ -57,6 +57,13 @@ fn final_count(a: &PingpongArgs) -> Result<u64, String> {
         })
 }
 
+/// Pins the calling thread to `core`; unpinned (with a warning) if refused.
+fn pin(core: usize) {
+    if let Err(e) = pollux_runtime::pin_to_core(core) {
+        tracing::warn!(core, "could not pin thread: {e}");
+    }
+}
+
 pub fn run(a: PingpongArgs) -> Result<(), String> {
     let end = final_count(&a)?;
     let cores =
@@ -76,7 +83,7 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
         let l = &line;
         let c1 = cores[1];
         s.spawn(move || {
-            crate::perf::pin_to(c1);
+            pin(c1);
             // Answer every odd value with the next even one. `want` stays
             // below `end` (even, at most u64::MAX - 1) before each answer.
             let mut want = 1u64;
@@ -88,7 +95,7 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
                 want += 2;
             }
         });
-        crate::perf::pin_to(cores[0]);
+        pin(cores[0]);
         // `v` reaches `end` after the last trip: no step overflows.
         let mut v = 0u64;
         for _ in 0..a.batches {

@@ -24,7 +24,6 @@ use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
 use pollux_host::trid;
 use trid::{parse_size, Backend, SoftTrid, Trid};
-pub use worker::pin_to;
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]

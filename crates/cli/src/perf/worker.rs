@@ -295,22 +295,6 @@ pub struct WorkerResult {
     pub drain_error: Option<String>,
 }
 
-pub fn pin_to(core: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // within it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                core,
-                "could not pin thread: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
 /// With interrupts: after a round of polls that found nothing, sleep on
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
@@ -347,7 +331,9 @@ pub fn run(
     interrupts: bool,
 ) -> WorkerResult {
     if let Some(c) = core {
-        pin_to(c);
+        if let Err(e) = pollux_runtime::pin_to_core(c) {
+            tracing::warn!(core = c, "could not pin thread: {e}");
+        }
     }
     let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
