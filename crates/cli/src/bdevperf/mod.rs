@@ -30,7 +30,7 @@ use pollux_softnvme::SoftDevice;
 use crate::common::clock::LatClock;
 use crate::common::cores::{check_cores, online_cpus, parse_mask};
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::check_run_options;
+use crate::common::opts::{check_run_options, BadOption};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
 use crate::perf::PerfError;
@@ -135,13 +135,8 @@ pub struct BdevperfArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum BdevperfError {
-    /// An option whose value cannot work, named with its value (if any).
-    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
-    BadOption {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    BadOption(#[from] BadOption),
     #[error("-c {path}: {source}")]
     Config {
         path: String,
@@ -165,11 +160,7 @@ fn bad(
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> BdevperfError {
-    BdevperfError::BadOption {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
+    BadOption::new(option, value, why).into()
 }
 
 /// What the caller needs after a run.
@@ -187,8 +178,7 @@ fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, Bdevperf
     if a.queue_depth == 0 || a.queue_depth > 65535 {
         return Err(bad("-q", a.queue_depth, "must be in 1..=65535"));
     }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
-        .map_err(|(option, value, why)| bad(option, value, why))?;
+    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)?;
     if a.inline && cores.len() != 1 {
         return Err(bad(
             "--inline",

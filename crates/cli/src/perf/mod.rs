@@ -18,7 +18,7 @@ use serde_json::json;
 
 use crate::common::cores::{check_cores, online_cpus, parse_cores};
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::check_run_options;
+use crate::common::opts::{check_run_options, BadOption};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
@@ -124,13 +124,8 @@ pub enum PerfError {
     Io(#[from] std::io::Error),
     #[error("invalid arguments: {0}")]
     Args(String),
-    /// An option whose value cannot work, named with its value (if any).
-    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
-    BadOption {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    BadOption(#[from] BadOption),
     /// The run would need more memory than the machine has.
     #[error("{what} need {} of {kind} memory, but {} is available ({source_}): lower -q, -o or -P, or use fewer namespaces or devices", human_bytes(*.need), human_bytes(*.avail))]
     Memory {
@@ -143,11 +138,7 @@ pub enum PerfError {
 }
 
 fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<String>) -> PerfError {
-    PerfError::BadOption {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
+    BadOption::new(option, value, why).into()
 }
 
 /// What the caller needs after a run.
@@ -205,8 +196,7 @@ fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
     }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
-        .map_err(|(option, value, why)| bad(option, value, why))?;
+    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)?;
     if a.inline && cores.len() != 1 {
         return Err(PerfError::Args("--inline steps the emulated controller on the worker thread: use exactly one worker core".into()));
     }

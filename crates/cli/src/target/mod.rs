@@ -20,6 +20,7 @@ use pollux_target::{
 };
 
 use crate::common::cores::{check_cores, online_cpus, parse_mask};
+use crate::common::opts::BadOption;
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
 use nvme::Kind;
 use pollux_host::trid;
@@ -107,12 +108,8 @@ pub struct TargetArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetCliError {
-    #[error("{option} {value}: {why}")]
-    Bad {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    Bad(#[from] BadOption),
     #[error(transparent)]
     Target(#[from] pollux_target::TargetError),
     #[error(transparent)]
@@ -130,11 +127,7 @@ fn bad(
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> TargetCliError {
-    TargetCliError::Bad {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
+    BadOption::new(option, value, why).into()
 }
 
 /// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
@@ -418,6 +411,23 @@ mod tests {
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
         )
+    }
+
+    /// An option refused without a value reads `option: why`, as in
+    /// perf and bdevperf (before: `option : why`).
+    #[test]
+    fn a_refusal_without_a_value_has_no_stray_space() {
+        let a = Cli::try_parse_from(["target"]).expect("arguments").a;
+        let e = config::<NoNvme>(
+            &a,
+            &mut |t: &str| Err(bad("--nvme", t, "none")),
+            &mut |n: &NvmeAttach| Err(n.name.clone()),
+        )
+        .expect_err("no namespace");
+        assert_eq!(
+            e.to_string(),
+            "--null/--ram/--uring/--nvme: give one namespace (or -c FILE)"
+        );
     }
 
     #[test]
