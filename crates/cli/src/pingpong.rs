@@ -8,9 +8,12 @@ use std::time::Instant;
 
 use clap::Args;
 
+use crate::common::cores::{cores_option, online_cpus};
+
 #[derive(Args, Debug)]
 pub struct PingpongArgs {
-    /// Two cores: the pinging and the answering thread.
+    /// Two cores: the pinging and the answering thread (a list, a range or a
+    /// hex mask).
     #[arg(short = 'c', long = "cores", default_value = "0,1")]
     pub cores: String,
     /// Round trips per batch.
@@ -66,8 +69,7 @@ fn pin(core: usize) {
 
 pub fn run(a: PingpongArgs) -> Result<(), String> {
     let end = final_count(&a)?;
-    let cores =
-        crate::common::cores::parse_cores(&a.cores).map_err(|e| format!("-c {}: {e}", a.cores))?;
+    let cores = cores_option("-c", &a.cores, &online_cpus()).map_err(|e| e.to_string())?;
     if cores.len() != 2 {
         return Err(format!(
             "-c {}: pingpong needs exactly two cores (got {})",
@@ -75,8 +77,6 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
             cores.len()
         ));
     }
-    crate::common::cores::check_cores(&cores, &crate::common::cores::online_cpus())
-        .map_err(|e| format!("-c {}: {e}", a.cores))?;
     let line = Line(AtomicU64::new(0));
     let mut results = Vec::with_capacity(a.batches);
     std::thread::scope(|s| {

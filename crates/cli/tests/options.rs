@@ -153,3 +153,54 @@ fn pingpong_help_lists_every_option() {
         ],
     );
 }
+
+/// The first core this process may run on (`Cpus_allowed_list`).
+fn first_core() -> usize {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .and_then(|l| l.trim().split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok())
+        .expect("a core")
+}
+
+/// Every tool reads a core list (perf's and pingpong's `-c`, bdevperf's
+/// and target's `-m`) in the same forms, SPDK's (`0x3`, `[0,1]`, `0-1`,
+/// `0,2`), and refuses a bad one in the same words. Before, perf and
+/// pingpong refused the bracket form.
+#[test]
+fn every_tool_reads_core_lists_alike() {
+    let one = format!("[{}]", first_core());
+    let runs: [&[&str]; 2] = [
+        &["perf", "--inline", "-c", &one],
+        &["bdevperf", "--null", "-m", &one],
+    ];
+    for args in runs {
+        let mut args = args.to_vec();
+        args.extend_from_slice(&["-t", "0", "--io-count", "100", "--json"]);
+        let (code, out, err) = pollux(&args);
+        assert_eq!(code, 0, "{args:?}: {err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("JSON");
+        assert_eq!(v["total"]["ios"], 100, "{args:?}: {out}");
+    }
+    let tools = [
+        ("perf", "-c"),
+        ("bdevperf", "-m"),
+        ("target", "-m"),
+        ("pingpong", "-c"),
+    ];
+    let bad = [
+        ("[0,1", "unbalanced brackets in '[0,1'"),
+        ("0x0", "no cores in '0x0'"),
+        ("3-1", "bad core range '3-1'"),
+        ("two", "bad core 'two'"),
+    ];
+    for (tool, opt) in tools {
+        for (v, why) in bad {
+            let (code, out, err) = pollux(&[tool, opt, v]);
+            assert_eq!(code, 2, "{tool} {opt} {v}: {out}{err}");
+            let want = format!("pollux {tool}: {opt} {v}: {why}\n");
+            assert_eq!(err, want, "{tool} {opt} {v}");
+        }
+    }
+}

@@ -28,7 +28,7 @@ use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::LatClock;
-use crate::common::cores::{check_cores, online_cpus, parse_mask};
+use crate::common::cores::{check_cores, cores_option, online_cpus};
 use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{check_run_options, BadOption};
 use crate::common::pattern::{Mix, Pattern};
@@ -170,8 +170,7 @@ pub struct Summary {
 
 /// Option checks that need no bdev: each names the option and its value.
 fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
-    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
-    check_cores(&cores, online).map_err(|e| bad("-m", &a.cpumask, e))?;
+    let cores = cores_option("-m", &a.cpumask, online)?;
     if let Some(c) = a.device_core {
         check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
     }

@@ -1,8 +1,31 @@
-//! Core lists: `-c` of perf and pingpong, `-m` of bdevperf and target.
+//! Core lists: `-c` of perf and pingpong, `-m` of bdevperf and target,
+//! all read by [`cores_option`] in the same forms.
 
-/// Parses `0,2-3` or `0x5` into core numbers.
+use super::opts::BadOption;
+
+/// The core list `value` of option `option` (`-c`, `-m`), parsed
+/// ([`parse_cores`]) and checked against `online`, the cores this process
+/// may run on; a refusal names the option and its value.
+pub fn cores_option(
+    option: &'static str,
+    value: &str,
+    online: &[usize],
+) -> Result<Vec<usize>, BadOption> {
+    let cores = parse_cores(value).map_err(|e| BadOption::new(option, value, e))?;
+    check_cores(&cores, online).map_err(|e| BadOption::new(option, value, e))?;
+    Ok(cores)
+}
+
+/// Parses a core list in SPDK's forms into sorted core numbers: a hex
+/// mask (`0x3`), a list of cores and ranges (`0,2`, `0-1`, `0,2-3`), the
+/// list also in brackets (`[0,1]`, `[0-2,5]`).
 pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
-    let s = s.trim();
+    let t = s.trim();
+    let s = match (t.strip_prefix('['), t.ends_with(']')) {
+        (Some(rest), true) => &rest[..rest.len() - 1],
+        (None, false) => t,
+        _ => return Err(format!("unbalanced brackets in '{s}'")),
+    };
     let mut cores = Vec::new();
     if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
         let m = u64::from_str_radix(hex, 16).map_err(|_| format!("bad core mask '{s}'"))?;
@@ -27,17 +50,6 @@ pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
         return Err(format!("no cores in '{s}'"));
     }
     Ok(cores)
-}
-
-/// Parses SPDK's core mask forms: `0x3`, `[0,1]`, `[0-2,5]`, `0-1`, `0,2`.
-pub fn parse_mask(s: &str) -> Result<Vec<usize>, String> {
-    let t = s.trim();
-    let inner = match (t.strip_prefix('['), t.ends_with(']')) {
-        (Some(rest), true) => &rest[..rest.len() - 1],
-        (None, false) => t,
-        _ => return Err(format!("unbalanced brackets in '{s}'")),
-    };
-    parse_cores(inner)
 }
 
 /// `[0, 1, 2, 5]` -> `0-2,5`.
@@ -110,14 +122,28 @@ mod tests {
 
     #[test]
     fn masks_in_spdk_forms() {
-        assert_eq!(parse_mask("0x3").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0,1]").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0-2,5]").unwrap(), vec![0, 1, 2, 5]);
-        assert_eq!(parse_mask("0-1").unwrap(), vec![0, 1]);
-        assert!(parse_mask("[0,1").is_err());
-        assert!(parse_mask("0,1]").is_err());
-        assert!(parse_mask("0x0").is_err());
+        assert_eq!(parse_cores("0x3").unwrap(), vec![0, 1]);
+        assert_eq!(parse_cores("[0,1]").unwrap(), vec![0, 1]);
+        assert_eq!(parse_cores("[0-2,5]").unwrap(), vec![0, 1, 2, 5]);
+        assert_eq!(parse_cores(" [2, 0] ").unwrap(), vec![0, 2]);
+        assert_eq!(parse_cores("0-1").unwrap(), vec![0, 1]);
+        assert!(parse_cores("[0,1").is_err());
+        assert!(parse_cores("0,1]").is_err());
+        assert!(parse_cores("[]").is_err());
+        assert!(parse_cores("0x0").is_err());
         assert_eq!(mask_of(&[0, 1]), "0x3");
         assert_eq!(mask_of(&[4]), "0x10");
+    }
+
+    #[test]
+    fn a_refused_core_list_names_the_option_and_its_value() {
+        assert_eq!(cores_option("-m", "[0,1]", &[0, 1]).unwrap(), vec![0, 1]);
+        let e = cores_option("-c", "[0,1", &[0, 1]).unwrap_err();
+        assert_eq!(e.to_string(), "-c [0,1: unbalanced brackets in '[0,1'");
+        let e = cores_option("-m", "0x4", &[0, 1]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "-m 0x4: core 2 is not available to this process (available: 0-1)"
+        );
     }
 }

@@ -16,7 +16,7 @@ use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions}
 use pollux_softnvme::SoftDevice;
 use serde_json::json;
 
-use crate::common::cores::{check_cores, online_cpus, parse_cores};
+use crate::common::cores::{check_cores, cores_option, online_cpus};
 use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{check_run_options, BadOption};
 use crate::common::pattern::{Mix, Pattern};
@@ -56,7 +56,7 @@ pub struct PerfArgs {
     /// Stop after this many I/Os in total (split evenly over queue pairs).
     #[arg(long = "io-count")]
     pub io_count: Option<u64>,
-    /// Worker cores: a list like 0,2-3 or a hex mask like 0x3. Default: core 0.
+    /// Worker cores: a hex mask (0x3), a list ([0,1] or 0,2-3) or a range (0-1). Default: core 0.
     #[arg(short = 'c', long = "cores", default_value = "0")]
     pub cores: String,
     /// Queue pairs per namespace.
@@ -185,8 +185,7 @@ pub(crate) fn open_device(
 
 /// Option checks that need no device: each names the option and its value.
 fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
-    let cores = parse_cores(&a.cores).map_err(|e| bad("-c", &a.cores, e))?;
-    check_cores(&cores, online).map_err(|e| bad("-c", &a.cores, e))?;
+    let cores = cores_option("-c", &a.cores, online)?;
     if let Some(c) = a.device_core {
         check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
     }

@@ -19,7 +19,7 @@ use pollux_target::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
-use crate::common::cores::{check_cores, online_cpus, parse_mask};
+use crate::common::cores::{check_cores, cores_option, online_cpus};
 use crate::common::opts::BadOption;
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
 use nvme::Kind;
@@ -298,9 +298,8 @@ pub fn config<T: Transport>(
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
-    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
     let online = online_cpus();
-    check_cores(&cores, &online).map_err(|e| bad("-m", &a.cpumask, e))?;
+    let cores = cores_option("-m", &a.cpumask, &online)?;
     if let Some(c) = a.device_core {
         check_cores(&[c], &online).map_err(|e| bad("--device-core", c, e))?;
     }
