@@ -204,3 +204,84 @@ fn every_tool_reads_core_lists_alike() {
         }
     }
 }
+
+/// The cores this process may run on (`Cpus_allowed_list`: `0-3,6`).
+fn allowed_cores() -> Vec<usize> {
+    let s = std::fs::read_to_string("/proc/self/status").expect("status");
+    let list = s
+        .lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list");
+    let mut cores = Vec::new();
+    for part in list.trim().split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        cores.extend(a.parse::<usize>().expect("core")..=b.parse().expect("core"));
+    }
+    cores
+}
+
+/// The message of a refused run of `pollux <args>`, without the tool's
+/// prefix.
+fn refusal(args: &[&str]) -> String {
+    let (code, out, err) = pollux(args);
+    assert_eq!(code, 2, "{args:?}: {out}{err}");
+    assert!(out.is_empty(), "{args:?}: no run: {out}");
+    let prefix = format!("pollux {}: ", args[0]);
+    err.strip_prefix(&prefix)
+        .or_else(|| err.lines().next())
+        .unwrap_or(&err)
+        .trim_end()
+        .to_string()
+}
+
+/// perf and bdevperf check the options they share (declared once) alike:
+/// the same message, naming the option and its value. Before, `-q 0` was
+/// "must be at least 1" in perf and "must be in 1..=65535" in bdevperf,
+/// and `--inline` on two cores two different sentences.
+#[test]
+fn perf_and_bdevperf_refuse_shared_options_alike() {
+    let cases: Vec<(Vec<&str>, &str)> = vec![
+        (vec!["-q", "0"], "-q 0: must be at least 1"),
+        (
+            vec!["-q", "65536"],
+            "error: invalid value '65536' for '--queue-depth <QUEUE_DEPTH>'",
+        ),
+        (vec!["-o", "1000"], "-o 1000: the I/O size must be"),
+        (vec!["-t", "0"], "-t 0: no time limit"),
+        (vec!["--io-count", "0"], "--io-count 0: must be at least 1"),
+        (
+            vec!["--timeout-ms", "86400001"],
+            "--timeout-ms 86400001: at most",
+        ),
+        (
+            vec!["--device-core", "1023"],
+            "--device-core 1023: core 1023 is not available",
+        ),
+        (
+            vec!["-M", "101"],
+            "error: invalid value '101' for '--rwmixread <RWMIXREAD>'",
+        ),
+    ];
+    for (args, want) in &cases {
+        let mut p = vec!["perf"];
+        p.extend_from_slice(args);
+        let mut b = vec!["bdevperf", "--null"];
+        b.extend_from_slice(args);
+        let (perf, bdevperf) = (refusal(&p), refusal(&b));
+        assert!(perf.starts_with(want), "perf {args:?}: {perf}");
+        assert_eq!(perf, bdevperf, "{args:?}");
+    }
+    // --inline needs one worker core: each tool names its own core option.
+    let cores = allowed_cores();
+    if cores.len() >= 2 {
+        let two = format!("{},{}", cores[0], cores[1]);
+        let perf = refusal(&["perf", "--inline", "-c", &two]);
+        let bdevperf = refusal(&["bdevperf", "--nvme", "trtype:soft", "--inline", "-m", &two]);
+        assert!(
+            perf.starts_with("--inline: ")
+                && perf.contains(&format!("-c must name exactly one worker core (got {two})")),
+            "{perf}"
+        );
+        assert_eq!(perf.replace("-c must", "-m must"), bdevperf);
+    }
+}

@@ -28,9 +28,9 @@ use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::LatClock;
-use crate::common::cores::{check_cores, cores_option, online_cpus};
+use crate::common::cores::online_cpus;
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::{check_run_options, BadOption};
+use crate::common::opts::{BadOption, CpumaskArgs, RunArgs};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
 use crate::perf::PerfError;
@@ -51,27 +51,10 @@ pub enum Workload {
 
 #[derive(Args, Debug, Clone)]
 pub struct BdevperfArgs {
-    /// Queue depth per job.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
-    pub queue_depth: u32,
-    /// I/O size in bytes (suffixes k, m allowed).
-    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
-    pub io_size: u64,
-    /// Workload pattern (verify: write, read back, compare).
-    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
-    pub workload: Workload,
-    /// Read percentage for rw/randrw.
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rwmixread: u8,
-    /// Run time in seconds.
-    #[arg(short = 't', long = "time", default_value_t = 5)]
-    pub time: u64,
-    /// Stop after this many I/Os in total (split evenly over the jobs).
-    #[arg(long = "io-count")]
-    pub io_count: Option<u64>,
-    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
-    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
-    pub cpumask: String,
+    #[command(flatten)]
+    pub run: RunArgs<Workload>,
+    #[command(flatten)]
+    pub cpumask: CpumaskArgs,
     /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
     /// bdev_uring_create, bdev_nvme_attach_controller).
     #[arg(short = 'c', long = "config")]
@@ -82,9 +65,6 @@ pub struct BdevperfArgs {
     /// Only run on this bdev.
     #[arg(short = 'T', long = "bdev")]
     pub bdev: Option<String>,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
     /// A null bdev (Null0, 1 TiB): stores nothing.
     #[arg(long)]
     pub null: bool,
@@ -112,21 +92,6 @@ pub struct BdevperfArgs {
     /// Block size of the --null and --ram bdevs.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,
-    /// Step the emulated NVMe controllers on the job's thread (deterministic; one core).
-    #[arg(long)]
-    pub inline: bool,
-    /// Core for the emulated controllers' device thread (default: the first online core outside -m).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
-    /// Tag every written block and check every read.
-    #[arg(long)]
-    pub verify: bool,
-    /// Print one JSON object on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// NVMe per-command timeout in milliseconds (0: none; at most one day).
-    #[arg(long = "timeout-ms", default_value_t = 30_000)]
-    pub timeout_ms: u64,
     /// Testing aid: fail each job's bdev (null/RAM) once the job completed
     /// this many I/Os.
     #[arg(long = "inject-failure-after", hide = true)]
@@ -170,25 +135,9 @@ pub struct Summary {
 
 /// Option checks that need no bdev: each names the option and its value.
 fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
-    let cores = cores_option("-m", &a.cpumask, online)?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    if a.queue_depth == 0 || a.queue_depth > 65535 {
-        return Err(bad("-q", a.queue_depth, "must be in 1..=65535"));
-    }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)?;
-    if a.inline && cores.len() != 1 {
-        return Err(bad(
-            "--inline",
-            "",
-            format!(
-                "the emulated controller is stepped on the job's thread: -m must name exactly one core (got {})",
-                a.cpumask
-            ),
-        ));
-    }
-    if a.inline && a.nvme.is_empty() && a.config.is_none() {
+    let cores = a.cpumask.cores(online)?;
+    a.run.check(online, &cores, "-m", &a.cpumask.cpumask)?;
+    if a.run.inline && a.nvme.is_empty() && a.config.is_none() {
         return Err(bad(
             "--inline",
             "",
@@ -335,7 +284,7 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
         ));
     }
     let has_nvme = !a.nvme.is_empty() || cfg.as_ref().is_some_and(Config::has_nvme);
-    if a.inline && !has_nvme {
+    if a.run.inline && !has_nvme {
         return Err(bad(
             "--inline",
             "",
@@ -385,18 +334,18 @@ fn run_nvme<T: nvme::NvmeTransport>(
     for c in opener.controllers() {
         // A queue holds CAP.MQES commands; the channel keeps the rest of
         // -q in the queue pair's software backlog.
-        let held = c.cap().mqes() as u32;
-        if held < a.queue_depth {
+        let held = c.cap().mqes();
+        if held < a.run.queue_depth {
             eprintln!(
                 "pollux bdevperf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
                 c.describe(),
-                held + 1,
-                a.queue_depth,
-                a.queue_depth - held
+                held as u32 + 1,
+                a.run.queue_depth,
+                a.run.queue_depth - held
             );
         }
     }
-    let inline = if a.inline {
+    let inline = if a.run.inline {
         opener.soft_devices()
     } else {
         Vec::new()
@@ -435,9 +384,9 @@ fn execute<T: Transport>(
     if bdevs.is_empty() {
         return Err(BdevperfError::Args("no bdevs to run on".into()));
     }
-    let io = a.io_size;
-    let depth = a.queue_depth as usize;
-    let verify_tags = a.verify || a.workload == Workload::Verify;
+    let io = a.run.io_size;
+    let depth = a.run.queue_depth as usize;
+    let verify_tags = a.run.verify || a.run.workload == Workload::Verify;
     let slices = if a.every_core { cores.len() as u64 } else { 1 };
     // Per bdev: blocks per I/O and I/O units per job.
     let mut plans = Vec::new();
@@ -468,7 +417,7 @@ fn execute<T: Transport>(
         }
         if verify_tags && info.backend == "null" {
             return Err(bad(
-                if a.verify { "--verify" } else { "-w verify" },
+                if a.run.verify { "--verify" } else { "-w verify" },
                 "",
                 format!(
                     "bdev {} is a null bdev, which keeps no data (reads return the buffer untouched): use --ram or a RAM-backed controller",
@@ -495,24 +444,24 @@ fn execute<T: Transport>(
         if need > avail {
             return Err(BdevperfError::Args(format!(
                 "-q {} x -o {io} x {njobs} job(s) need {} of buffers, but {} is available (MemAvailable): lower -q or -o",
-                a.queue_depth,
+                a.run.queue_depth,
                 human_bytes(need),
                 human_bytes(avail)
             )));
         }
     }
 
-    let (random, mix) = match a.workload {
+    let (random, mix) = match a.run.workload {
         Workload::Read => (false, Mix::AllRead),
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write | Workload::Verify => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
-        Workload::Rw => (false, Mix::from_percent(a.rwmixread)),
-        Workload::Randrw => (true, Mix::from_percent(a.rwmixread)),
+        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread)),
+        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread)),
     };
     let writes = !matches!(mix, Mix::AllRead);
     let lat_clock = LatClock::new();
-    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
+    let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     let (tx, rx) = mpsc::channel::<JobResult>();
     let mut per_thread: Vec<Vec<Job<T>>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut metas = Vec::new();
@@ -528,14 +477,14 @@ fn execute<T: Transport>(
             };
             let ch = desc
                 .channel(&ChannelOptions {
-                    depth: a.queue_depth,
+                    depth: a.run.queue_depth.into(),
                     latency: false,
                     nvme: None,
                 })
                 .map_err(|e| {
                     BdevperfError::Args(format!(
                         "a channel of -q {} for the job on core {}: {e}",
-                        a.queue_depth, cores[thread]
+                        a.run.queue_depth, cores[thread]
                     ))
                 })?;
             let bufs = b
@@ -544,11 +493,11 @@ fn execute<T: Transport>(
                 .into_iter()
                 .map(Some)
                 .collect();
-            let total = match a.io_count {
+            let total = match a.run.io_count {
                 Some(n) => n / njobs + u64::from((index as u64) < n % njobs),
                 None => u64::MAX,
             };
-            let latency = if a.latency {
+            let latency = if a.run.latency {
                 // Ticks: up to an hour at a few GHz.
                 let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
                     .map_err(|e| BdevperfError::Args(e.to_string()))?;
@@ -562,7 +511,7 @@ fn execute<T: Transport>(
             };
             let verify = verify_tags
                 .then(|| Verify::new(Written::new(units), b.info().block_shift() as u8, depth));
-            let write_read = (a.workload == Workload::Verify).then(|| WriteRead {
+            let write_read = (a.run.workload == Workload::Verify).then(|| WriteRead {
                 read_back: vec![false; depth],
             });
             let slow = latency.is_some() || verify.is_some() || write_read.is_some();
@@ -598,7 +547,11 @@ fn execute<T: Transport>(
                 ch,
                 ctx,
                 total,
-                time: a.io_count.is_none().then(|| Duration::from_secs(a.time)),
+                time: a
+                    .run
+                    .io_count
+                    .is_none()
+                    .then(|| Duration::from_secs(a.run.time)),
                 drain_timeout,
                 progress: p,
                 results: tx.clone(),

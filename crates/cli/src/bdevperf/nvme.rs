@@ -3,8 +3,6 @@
 //! (`crate::nvme_open`), with bdevperf's queue pair options: its queue
 //! depth and command timeout, one queue pair per job on each namespace,
 //! emulated controllers stepped inline with `--inline`.
-use std::time::Duration;
-
 use pollux_host::QpairOptions;
 
 use super::BdevperfArgs;
@@ -18,17 +16,15 @@ pub fn opener<T: NvmeTransport>(
     cores: &[usize],
     online: &[usize],
 ) -> NvmeOpener<T> {
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
+    let device_core = a.run.device.core(cores, online);
     let per_ns = if a.every_core { cores.len() } else { 1 };
     NvmeOpener::new(
-        a.inline,
+        a.run.inline,
         device_core,
         per_ns,
         QpairOptions {
-            depth: u16::try_from(a.queue_depth).unwrap_or(u16::MAX),
-            timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
+            depth: a.run.queue_depth,
+            timeout: a.run.timeout(),
             ..QpairOptions::default()
         },
     )

@@ -16,14 +16,14 @@ use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions}
 use pollux_softnvme::SoftDevice;
 use serde_json::json;
 
-use crate::common::cores::{check_cores, cores_option, online_cpus};
+use crate::common::cores::{cores_option, online_cpus};
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::{check_run_options, BadOption};
+use crate::common::opts::{BadOption, RunArgs};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
 use pollux_host::trid;
-use trid::{parse_size, Backend, SoftTrid, Trid};
+use trid::{Backend, SoftTrid, Trid};
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -38,51 +38,17 @@ pub enum Workload {
 
 #[derive(Args, Debug, Clone)]
 pub struct PerfArgs {
-    /// Queue depth per queue pair.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
-    pub queue_depth: u16,
-    /// I/O size in bytes (suffixes k, m allowed).
-    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
-    pub io_size: u64,
-    /// Workload pattern.
-    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
-    pub workload: Workload,
-    /// Read percentage for rw/randrw.
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rwmixread: u8,
-    /// Run time in seconds.
-    #[arg(short = 't', long = "time", default_value_t = 5)]
-    pub time: u64,
-    /// Stop after this many I/Os in total (split evenly over queue pairs).
-    #[arg(long = "io-count")]
-    pub io_count: Option<u64>,
+    #[command(flatten)]
+    pub run: RunArgs<Workload>,
     /// Worker cores: a hex mask (0x3), a list ([0,1] or 0,2-3) or a range (0-1). Default: core 0.
     #[arg(short = 'c', long = "cores", default_value = "0")]
     pub cores: String,
     /// Queue pairs per namespace.
     #[arg(short = 'P', long = "qpairs", default_value_t = 1)]
     pub qpairs: u16,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
     /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0' or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
     #[arg(short = 'r', long = "transport")]
     pub transport: Vec<String>,
-    /// Step the emulated controller inline on the worker thread (deterministic; one worker).
-    #[arg(long)]
-    pub inline: bool,
-    /// Core for the emulated controllers' device thread (default: the first online core without a worker).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
-    /// Tag every written block and check every read.
-    #[arg(long)]
-    pub verify: bool,
-    /// Print one JSON object on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Per-command timeout in milliseconds (0: none; at most one day).
-    #[arg(long = "timeout-ms", default_value_t = 30_000)]
-    pub timeout_ms: u64,
     /// Ring the SQ doorbell per command instead of once per poll.
     #[arg(long = "no-delayed-doorbell")]
     pub no_delayed_doorbell: bool,
@@ -186,35 +152,26 @@ pub(crate) fn open_device(
 /// Option checks that need no device: each names the option and its value.
 fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
     let cores = cores_option("-c", &a.cores, online)?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    if a.queue_depth == 0 {
-        return Err(bad("-q", 0, "must be at least 1"));
-    }
+    a.run.check(online, &cores, "-c", &a.cores)?;
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
-    }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)?;
-    if a.inline && cores.len() != 1 {
-        return Err(PerfError::Args("--inline steps the emulated controller on the worker thread: use exactly one worker core".into()));
     }
     Ok(cores)
 }
 
 /// Option checks against the transport IDs, before any device exists.
 fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
-    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
+    if a.run.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
         ));
     }
-    if a.inline && a.interrupts {
+    if a.run.inline && a.interrupts {
         return Err(PerfError::Args(
             "--interrupts needs a controller that runs by itself: not with --inline (the worker steps the device)".into(),
         ));
     }
-    if a.verify {
+    if a.run.verify {
         for (i, t) in trids.iter().enumerate() {
             if let Trid::Soft(SoftTrid {
                 backend: Backend::Null,
@@ -247,20 +204,20 @@ struct NsPlan {
 
 /// Option checks against the opened controllers and their namespaces.
 fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, PerfError> {
-    let io = a.io_size;
+    let io = a.run.io_size;
     let mut plans = Vec::new();
     for d in devices {
         // A queue holds CAP.MQES commands (MQES + 1 entries, one kept
         // empty); a deeper -q keeps the rest in the queue pair's software
         // backlog, as SPDK's perf does.
-        let held = qpair_depth(d, a.queue_depth);
-        if held < a.queue_depth {
+        let held = qpair_depth(d, a.run.queue_depth);
+        if held < a.run.queue_depth {
             eprintln!(
                 "pollux perf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
                 d.name,
                 held as u32 + 1,
-                a.queue_depth,
-                a.queue_depth - held
+                a.run.queue_depth,
+                a.run.queue_depth - held
             );
         }
         let nns = d.ctrl.namespaces().len() as u64;
@@ -306,7 +263,7 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
                     ),
                 ));
             }
-            if a.verify && units > verify::MAX_UNITS {
+            if a.run.verify && units > verify::MAX_UNITS {
                 return Err(bad(
                     "--verify",
                     "",
@@ -355,11 +312,11 @@ fn qpair_dma_bytes(d: &Device, depth: u64, slots: u64, io: u64) -> u64 {
 /// are populated (MAP_POPULATE) or pinned at allocation, so an impossible
 /// size would otherwise push the machine into swap or the OOM killer.
 fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Result<(), PerfError> {
-    let depth = a.queue_depth as u64;
+    let depth = a.run.queue_depth as u64;
     let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
     for (d, ns_plans) in devices.iter().zip(plans) {
-        let held = qpair_depth(d, a.queue_depth) as u64;
-        let per_qp = qpair_dma_bytes(d, held, depth, a.io_size);
+        let held = qpair_depth(d, a.run.queue_depth) as u64;
+        let per_qp = qpair_dma_bytes(d, held, depth, a.run.io_size);
         let n = ns_plans.len() as u64 * a.qpairs as u64;
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
@@ -368,7 +325,7 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
             DmaMemory::Huge => huge = huge.saturating_add(bytes),
             DmaMemory::HugeThenAnon => huge_or_anon = huge_or_anon.saturating_add(bytes),
         }
-        if a.verify {
+        if a.run.verify {
             // One bit per I/O unit, shared by the queue pairs of a namespace.
             for p in ns_plans {
                 anon = anon.saturating_add(p.units.div_ceil(64) * 8);
@@ -377,11 +334,11 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
     }
     let what = format!(
         "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace, {} device(s)){}",
-        a.queue_depth,
-        a.io_size,
+        a.run.queue_depth,
+        a.run.io_size,
         a.qpairs,
         devices.len(),
-        if a.verify {
+        if a.run.verify {
             " and the --verify bitmaps"
         } else {
             ""
@@ -447,10 +404,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     // The emulator (its device thread) must outlive the controllers
     // (their orderly shutdown needs it), so it is declared first and
     // dropped last.
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
-    let mut emu = SoftEmulator::new(a.inline, device_core);
+    let device_core = a.run.device.core(&cores, &online);
+    let mut emu = SoftEmulator::new(a.run.inline, device_core);
     if trids.iter().any(|t| matches!(t, Trid::Soft(_))) {
         emu.start_thread()?;
     }
@@ -483,7 +438,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     check_memory(&a, &devices, &plans)?;
 
     let qopts = QpairOptions {
-        depth: a.queue_depth,
+        depth: a.run.queue_depth,
         delayed_sq_doorbell: !a.no_delayed_doorbell,
         sq_doorbell_batch: a.sq_batch.max(1),
         lazy_cq_doorbell: !a.no_lazy_cq,
@@ -491,17 +446,17 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         nt_sqe_copy: a.nt_copy,
         cq_line_batch: a.cq_line_batch,
         interrupts: a.interrupts,
-        timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
+        timeout: a.run.timeout(),
         ..QpairOptions::default()
     };
-    let (random, mix) = match a.workload {
+    let (random, mix) = match a.run.workload {
         Workload::Read => (false, Mix::AllRead),
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
         Workload::Rw | Workload::Randrw => (
-            a.workload == Workload::Randrw,
-            Mix::from_percent(a.rwmixread),
+            a.run.workload == Workload::Randrw,
+            Mix::from_percent(a.run.rwmixread),
         ),
     };
 
@@ -512,28 +467,28 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let mut njobs = 0usize;
     for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
         for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
-            let io = a.io_size as usize;
+            let io = a.run.io_size as usize;
             let (nlb, units) = (plan.nlb, plan.units);
             for p in 0..a.qpairs {
                 let w = njobs % cores.len();
                 let qp = d.ctrl.alloc_qpair(QpairOptions {
-                    depth: qpair_depth(d, a.queue_depth),
+                    depth: qpair_depth(d, a.run.queue_depth),
                     ..qopts.clone()
                 })?;
                 // Slots (buffers) for -q I/Os; those beyond what the
                 // queue holds wait in the queue pair's backlog.
-                let depth = a.queue_depth as usize;
+                let depth = a.run.queue_depth as usize;
                 // One allocation, one owned piece per slot.
                 let bufs = IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
                     .chunks(io)
                     .into_iter()
                     .map(Some)
                     .collect();
-                let total = match a.io_count {
+                let total = match a.run.io_count {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
                 };
-                let verify = if a.verify {
+                let verify = if a.run.verify {
                     let w = written
                         .entry((di, ns.nsid()))
                         .or_insert_with(|| verify::Written::new(units))
@@ -542,7 +497,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 } else {
                     None
                 };
-                let latency = if a.latency {
+                let latency = if a.run.latency {
                     // Ticks: up to an hour at a few GHz.
                     let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
                         .map_err(|e| PerfError::Args(e.to_string()))?;
@@ -581,7 +536,11 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,
-                    slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
+                    slot_lba: if a.run.verify {
+                        vec![0; depth]
+                    } else {
+                        Vec::new()
+                    },
                     retry: Vec::new(),
                 };
                 per_worker[w].push(Job { qp, ctx });
@@ -590,7 +549,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         }
     }
 
-    let inline_devs: Vec<Arc<SoftDevice>> = if a.inline {
+    let inline_devs: Vec<Arc<SoftDevice>> = if a.run.inline {
         devices.iter().filter_map(|d| d.soft.clone()).collect()
     } else {
         Vec::new()
@@ -602,7 +561,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             progress: AtomicU64::new(0),
         })
         .collect();
-    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
+    let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -624,7 +583,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             }
             std::thread::sleep(Duration::from_millis(20));
             let el = t0.elapsed();
-            if a.time > 0 && el >= Duration::from_secs(a.time) {
+            if a.run.time > 0 && el >= Duration::from_secs(a.run.time) {
                 for c in &ctls {
                     c.stop.store(true, Ordering::Relaxed);
                 }
@@ -635,12 +594,12 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     .iter()
                     .map(|c| c.progress.load(Ordering::Relaxed))
                     .sum();
-                if !a.json {
+                if !a.run.json {
                     eprintln!(
                         "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s",
                         el.as_secs(),
                         now.saturating_sub(last) as f64,
-                        now.saturating_sub(last) as f64 * a.io_size as f64 / (1 << 20) as f64
+                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64
                     );
                 }
                 last = now;
@@ -772,12 +731,12 @@ fn report(
         .iter()
         .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled }))
         .collect();
-    if a.json {
+    if a.run.json {
         let out = json!({
             "config": {
-                "queue_depth": a.queue_depth, "io_size": a.io_size, "workload": format!("{:?}", a.workload).to_lowercase(),
-                "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
-                "inline": a.inline, "verify": a.verify, "latency": a.latency, "latency_clock": clock_source,
+                "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": format!("{:?}", a.run.workload).to_lowercase(),
+                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
+                "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
                 "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,
             },
@@ -827,7 +786,7 @@ fn report(
             fmt(total_hist.as_ref().map(|h| us(h.min()))),
             fmt(total_hist.as_ref().map(|h| us(h.max())))
         );
-        if a.latency {
+        if a.run.latency {
             println!(
                 "Latency percentiles (us): p50 {}  p99 {}",
                 fmt(lat(Some(0.5))),

@@ -19,8 +19,8 @@ use pollux_target::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
-use crate::common::cores::{check_cores, cores_option, online_cpus};
-use crate::common::opts::BadOption;
+use crate::common::cores::online_cpus;
+use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
 use crate::nvme_open::{NvmeOpener, NvmeTransport};
 use nvme::Kind;
 use pollux_host::trid;
@@ -46,10 +46,8 @@ pub struct TargetArgs {
     /// namespaces.
     #[arg(long = "nvme")]
     pub nvme: Option<String>,
-    /// Core of the emulated controllers' thread (trtype:soft; default: an
-    /// online core the target does not use, if any).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
+    #[command(flatten)]
+    pub device: DeviceCoreArgs,
     /// Block size of --null and --ram.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,
@@ -65,9 +63,8 @@ pub struct TargetArgs {
     /// Model number (quick mode).
     #[arg(long = "model")]
     pub model: Option<String>,
-    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
-    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
-    pub cpumask: String,
+    #[command(flatten)]
+    pub cpumask: CpumaskArgs,
     /// SPDK JSON configuration (bdev and nvmf subsystems).
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
@@ -299,10 +296,8 @@ pub fn config<T: Transport>(
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     let online = online_cpus();
-    let cores = cores_option("-m", &a.cpumask, &online)?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], &online).map_err(|e| bad("--device-core", c, e))?;
-    }
+    let cores = a.cpumask.cores(&online)?;
+    a.device.check(&online)?;
     // The transport type of the NVMe bdevs, from every source.
     let mut kinds = Vec::new();
     if let Some(t) = &a.nvme {
@@ -315,9 +310,7 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
             kinds.extend(nvme::config_kinds(&json).map_err(|e| bad("-c", path, e))?);
         }
     }
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
+    let device_core = a.device.core(&cores, &online);
     match nvme::one_kind(&kinds)? {
         None => {
             let none = |what: &str| format!("{what}: no NVMe transport in this target");
