@@ -8,7 +8,8 @@ use std::time::Instant;
 
 use clap::Args;
 
-use crate::common::cores::{cores_option, online_cpus};
+use crate::common::cores::online_cpus;
+use crate::common::opts::cores_option;
 
 #[derive(Args, Debug)]
 pub struct PingpongArgs {

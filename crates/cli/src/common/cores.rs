@@ -1,20 +1,5 @@
 //! Core lists: `-c` of perf and pingpong, `-m` of bdevperf and target,
-//! all read by [`cores_option`] in the same forms.
-
-use super::opts::BadOption;
-
-/// The core list `value` of option `option` (`-c`, `-m`), parsed
-/// ([`parse_cores`]) and checked against `online`, the cores this process
-/// may run on; a refusal names the option and its value.
-pub fn cores_option(
-    option: &'static str,
-    value: &str,
-    online: &[usize],
-) -> Result<Vec<usize>, BadOption> {
-    let cores = parse_cores(value).map_err(|e| BadOption::new(option, value, e))?;
-    check_cores(&cores, online).map_err(|e| BadOption::new(option, value, e))?;
-    Ok(cores)
-}
+//! all read by [`parse_cores`] in the same forms.
 
 /// Parses a core list in SPDK's forms into sorted core numbers: a hex
 /// mask (`0x3`), a list of cores and ranges (`0,2`, `0-1`, `0,2-3`), the
@@ -133,17 +118,5 @@ mod tests {
         assert!(parse_cores("0x0").is_err());
         assert_eq!(mask_of(&[0, 1]), "0x3");
         assert_eq!(mask_of(&[4]), "0x10");
-    }
-
-    #[test]
-    fn a_refused_core_list_names_the_option_and_its_value() {
-        assert_eq!(cores_option("-m", "[0,1]", &[0, 1]).unwrap(), vec![0, 1]);
-        let e = cores_option("-c", "[0,1", &[0, 1]).unwrap_err();
-        assert_eq!(e.to_string(), "-c [0,1: unbalanced brackets in '[0,1'");
-        let e = cores_option("-m", "0x4", &[0, 1]).unwrap_err();
-        assert_eq!(
-            e.to_string(),
-            "-m 0x4: core 2 is not available to this process (available: 0-1)"
-        );
     }
 }

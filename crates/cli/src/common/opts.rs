@@ -6,7 +6,7 @@
 use clap::{Args, ValueEnum};
 use pollux_host::trid::parse_size;
 
-use super::cores::{check_cores, cores_option};
+use super::cores::{check_cores, parse_cores};
 
 /// What a benchmark run does, declared once for perf and bdevperf: one
 /// job's queue depth, I/O size and pattern (`-q`, `-o`, `-w`, `-M`), when
@@ -135,6 +135,19 @@ impl CpumaskArgs {
     }
 }
 
+/// The core list `value` of option `option` (`-c`, `-m`), parsed
+/// ([`parse_cores`]) and checked against `online`, the cores this process
+/// may run on; a refusal names the option and its value.
+pub fn cores_option(
+    option: &'static str,
+    value: &str,
+    online: &[usize],
+) -> Result<Vec<usize>, BadOption> {
+    let cores = parse_cores(value).map_err(|e| BadOption::new(option, value, e))?;
+    check_cores(&cores, online).map_err(|e| BadOption::new(option, value, e))?;
+    Ok(cores)
+}
+
 /// An option whose value cannot work, named with its value (if any) and
 /// why: every tool refuses options with this error (`-q 0: must be at
 /// least 1`, `--inline: ...`).
@@ -213,5 +226,17 @@ mod tests {
         assert_eq!(e.to_string(), "--inline: needs one core");
         let e = check_run_options(1000, None, 5, 0).expect_err("-o 1000");
         assert_eq!((e.option, e.value.as_str()), ("-o", "1000"));
+    }
+
+    #[test]
+    fn a_refused_core_list_names_the_option_and_its_value() {
+        assert_eq!(cores_option("-m", "[0,1]", &[0, 1]).unwrap(), vec![0, 1]);
+        let e = cores_option("-c", "[0,1", &[0, 1]).unwrap_err();
+        assert_eq!(e.to_string(), "-c [0,1: unbalanced brackets in '[0,1'");
+        let e = cores_option("-m", "0x4", &[0, 1]).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "-m 0x4: core 2 is not available to this process (available: 0-1)"
+        );
     }
 }

@@ -16,9 +16,9 @@ use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions}
 use pollux_softnvme::SoftDevice;
 use serde_json::json;
 
-use crate::common::cores::{cores_option, online_cpus};
+use crate::common::cores::online_cpus;
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::{BadOption, RunArgs};
+use crate::common::opts::{cores_option, BadOption, RunArgs};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
