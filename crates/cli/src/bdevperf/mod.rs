@@ -33,7 +33,6 @@ use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{BadOption, CpumaskArgs, RunArgs};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
-use crate::perf::PerfError;
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
 use pollux_host::trid::parse_size;
 
@@ -110,8 +109,6 @@ pub enum BdevperfError {
     },
     #[error("{0}")]
     Bdev(#[from] pollux_bdev::Error),
-    #[error("{0}")]
-    Device(#[from] PerfError),
     #[error("{0}")]
     Driver(#[from] pollux_nvme::Error),
     #[error("runtime: {0}")]
