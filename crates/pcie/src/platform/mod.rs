@@ -104,13 +104,7 @@ pub fn quirks_for(ids: (u16, u16)) -> Quirks {
 pub fn open_pcie(bdf: &str) -> Result<Box<dyn Platform>> {
     use crate::error::Error;
     let bdf = pci::normalize_bdf(bdf)?;
-    let class = pci::class(&bdf)?;
-    if class != pci::NVME_CLASS {
-        return Err(Error::Platform(format!(
-            "{bdf} is not an NVMe controller (PCI class {class:#08x}, want {:#08x})",
-            pci::NVME_CLASS
-        )));
-    }
+    pci::Sysfs::default().nvme_controller(&bdf)?;
     match pci::current_driver(&bdf)?.as_deref() {
         Some("vfio-pci") => Ok(Box::new(vfio::VfioPlatform::open(&bdf)?)),
         Some("uio_pci_generic") => Ok(Box::new(uio::UioPlatform::open(&bdf)?)),
