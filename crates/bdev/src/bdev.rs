@@ -3,39 +3,36 @@
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use pollux_nvme::{Controller, IoBuf, QpairOptions, Transport};
+use pollux_host::{Controller, QpairOptions};
+use pollux_nvme::IoBuf;
 
 use crate::channel::{ChanBe, Channel, Common};
 use crate::error::{Error, Result};
 use crate::info::{random_uuid, BdevInfo, Caps};
 use crate::local::{LocalChan, LocalShared, RamStore, VolatileCache};
-use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeShared};
 use crate::stats::{BdevStats, Registry};
 use crate::uring::{UringChan, UringOptions, UringShared};
 
 /// A block device. Cheap to clone (shared); every thread that does I/O
 /// opens it and takes its own [`Channel`].
-///
-/// `T` is the NVMe transport of the `nvme` backend; a bdev without one
-/// uses the default [`NoNvme`].
-pub struct Bdev<T: Transport = NoNvme>(pub(crate) Arc<Inner<T>>);
+pub struct Bdev(pub(crate) Arc<Inner>);
 
-impl<T: Transport> Clone for Bdev<T> {
+impl Clone for Bdev {
     fn clone(&self) -> Self {
         Bdev(self.0.clone())
     }
 }
 
-pub(crate) struct Inner<T: Transport> {
+pub(crate) struct Inner {
     pub info: BdevInfo,
-    pub backend: Shared<T>,
+    pub backend: Shared,
     pub stats: Arc<Registry>,
 }
 
-pub(crate) enum Shared<T: Transport> {
+pub(crate) enum Shared {
     Local(Arc<LocalShared>),
-    Nvme(NvmeShared<T>),
+    Nvme(NvmeShared),
     Uring(Arc<UringShared>),
 }
 
@@ -87,14 +84,14 @@ pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Re
     Ok(())
 }
 
-impl<T: Transport> Bdev<T> {
+impl Bdev {
     fn local(
         name: &str,
         block_size: u32,
         num_blocks: u64,
         ram: Option<RamStore>,
         cache: Option<VolatileCache>,
-    ) -> Bdev<T> {
+    ) -> Bdev {
         let is_ram = ram.is_some();
         Bdev(Arc::new(Inner {
             info: BdevInfo {
@@ -124,13 +121,13 @@ impl<T: Transport> Bdev<T> {
 
     /// A bdev that stores nothing: writes are dropped, reads return the
     /// buffer untouched (SPDK's `bdev_null_create`).
-    pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+    pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         Ok(Bdev::local(name, block_size, num_blocks, None, None))
     }
 
     /// A RAM disk, zeroed (SPDK's `bdev_malloc_create`).
-    pub fn ram(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+    pub fn ram(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         let store = RamStore::new(num_blocks * block_size as u64).map_err(|source| Error::Os {
             name: name.to_string(),
@@ -145,11 +142,7 @@ impl<T: Transport> Bdev<T> {
     /// the simulated media, and [`Bdev::lose_volatile_cache`] drops what
     /// was not committed, as a power loss would. Costs a bit per block
     /// and a second copy of what is written.
-    pub fn ram_with_volatile_cache(
-        name: &str,
-        block_size: u32,
-        num_blocks: u64,
-    ) -> Result<Bdev<T>> {
+    pub fn ram_with_volatile_cache(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         let os = |source| Error::Os {
             name: name.to_string(),
@@ -169,12 +162,7 @@ impl<T: Transport> Bdev<T> {
 
     /// Namespace `nsid` of an NVMe controller; each channel gets its own
     /// I/O queue pair (`qopts`, with the channel's depth).
-    pub fn nvme(
-        name: &str,
-        ctrl: Arc<Controller<T>>,
-        nsid: u32,
-        qopts: QpairOptions,
-    ) -> Result<Bdev<T>> {
+    pub fn nvme(name: &str, ctrl: Arc<Controller>, nsid: u32, qopts: QpairOptions) -> Result<Bdev> {
         let ns = ctrl.namespace(nsid).ok_or_else(|| Error::Invalid {
             name: name.to_string(),
             msg: format!(
@@ -213,7 +201,7 @@ impl<T: Transport> Bdev<T> {
         name: &str,
         path: impl AsRef<std::path::Path>,
         opts: UringOptions,
-    ) -> Result<Bdev<T>> {
+    ) -> Result<Bdev> {
         let o = crate::uring::open(name, path.as_ref(), opts)?;
         Ok(Bdev(Arc::new(Inner {
             info: BdevInfo {
@@ -238,7 +226,7 @@ impl<T: Transport> Bdev<T> {
     }
 
     /// The same bdev with another UUID (before it is shared or opened).
-    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev<T>> {
+    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev> {
         match Arc::get_mut(&mut self.0) {
             Some(i) => {
                 i.info.uuid = uuid;
@@ -260,7 +248,7 @@ impl<T: Transport> Bdev<T> {
     }
 
     /// Opens the bdev; `write` allows writes, write zeroes and unmap.
-    pub fn open(&self, write: bool) -> Desc<T> {
+    pub fn open(&self, write: bool) -> Desc {
         Desc {
             bdev: self.clone(),
             write,
@@ -347,13 +335,13 @@ fn exact(b: IoBuf, len: usize) -> IoBuf {
 }
 
 /// An opened bdev: what channels are taken from.
-pub struct Desc<T: Transport = NoNvme> {
-    bdev: Bdev<T>,
+pub struct Desc {
+    bdev: Bdev,
     write: bool,
 }
 
-impl<T: Transport> Desc<T> {
-    pub fn bdev(&self) -> &Bdev<T> {
+impl Desc {
+    pub fn bdev(&self) -> &Bdev {
         &self.bdev
     }
 
@@ -362,7 +350,7 @@ impl<T: Transport> Desc<T> {
     }
 
     /// A channel for the calling thread: all I/O on it is lock-free.
-    pub fn channel(&self, opts: &ChannelOptions) -> Result<Channel<T>> {
+    pub fn channel(&self, opts: &ChannelOptions) -> Result<Channel> {
         let inner = &self.bdev.0;
         let name = || inner.info.name.clone();
         if opts.depth == 0 || opts.depth > 65535 {

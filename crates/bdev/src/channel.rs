@@ -8,7 +8,7 @@
 //! them anyway), so the layer adds no second copy of them.
 use std::sync::Arc;
 
-use pollux_nvme::{IoBuf, Transport};
+use pollux_nvme::IoBuf;
 use pollux_spec::cmd::RwFlags;
 use pollux_spec::Sqe;
 
@@ -18,7 +18,6 @@ use crate::error::{IoError, Refused, SubmitError};
 use crate::info::BdevInfo;
 use crate::latency::Latency;
 use crate::local::{LocalChan, LocalOp};
-use crate::never::NoNvme;
 use crate::nvme::{NvmeChan, NvmeSide};
 use crate::split::{Parents, CHILD, MAX_CHILDREN};
 use crate::stats::{ChanCounters, Registry};
@@ -216,33 +215,33 @@ fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
 
 // Boxing the queue pair would add a dependent load to every request.
 #[allow(clippy::large_enum_variant)]
-pub(crate) enum ChanBe<T: Transport> {
+pub(crate) enum ChanBe {
     Local(LocalChan),
-    Nvme(NvmeChan<T>),
+    Nvme(NvmeChan),
     Uring(UringChan),
 }
 
 /// A thread's channel to a bdev. All I/O on it is lock-free and
 /// atomic-free; it is `Send` (it may be built on one thread and moved to
 /// the one that uses it) but not shared: every call takes `&mut self`.
-pub struct Channel<T: Transport = NoNvme> {
+pub struct Channel {
     pub(crate) c: Common,
-    pub(crate) be: ChanBe<T>,
-    bdev: Bdev<T>,
+    pub(crate) be: ChanBe,
+    bdev: Bdev,
 }
 
-impl<T: Transport> Channel<T> {
-    pub(crate) fn new(c: Common, be: ChanBe<T>, bdev: Bdev<T>) -> Channel<T> {
+impl Channel {
+    pub(crate) fn new(c: Common, be: ChanBe, bdev: Bdev) -> Channel {
         Channel { c, be, bdev }
     }
 
-    pub fn bdev(&self) -> &Bdev<T> {
+    pub fn bdev(&self) -> &Bdev {
         &self.bdev
     }
 
     /// The submission view (what handlers get).
     #[inline(always)]
-    pub fn io(&mut self) -> Io<'_, T> {
+    pub fn io(&mut self) -> Io<'_> {
         let be = match &mut self.be {
             ChanBe::Local(l) => IoBe::Local(l),
             ChanBe::Nvme(n) => IoBe::Nvme(n.qp.submitter(), &mut n.side),
@@ -275,7 +274,7 @@ impl<T: Transport> Channel<T> {
     }
 
     /// The NVMe queue pair behind this channel (stats, interrupts), if any.
-    pub fn nvme_qpair(&mut self) -> Option<&mut pollux_nvme::QueuePair<T>> {
+    pub fn nvme_qpair(&mut self) -> Option<&mut pollux_host::QueuePair> {
         match &mut self.be {
             ChanBe::Nvme(n) => Some(&mut n.qp),
             ChanBe::Local(_) | ChanBe::Uring(_) => None,
@@ -380,7 +379,7 @@ impl<T: Transport> Channel<T> {
     }
 }
 
-impl<T: Transport> Channel<T> {
+impl Channel {
     /// `Io::readv_raw` finished within the call where the backend completes
     /// at submission (null, RAM): `Some(result)`, and no completion
     /// follows; `None` (nothing done) where it does not (NVMe, io_uring:
@@ -488,7 +487,7 @@ impl<T: Transport> Channel<T> {
     }
 }
 
-impl<T: Transport> Drop for Channel<T> {
+impl Drop for Channel {
     fn drop(&mut self) {
         if let Some(l) = &self.c.lat {
             self.c.reg.merge_latency(&l.hist);
@@ -498,20 +497,20 @@ impl<T: Transport> Drop for Channel<T> {
     }
 }
 
-pub(crate) enum IoBe<'a, T: Transport> {
+pub(crate) enum IoBe<'a> {
     Local(&'a mut LocalChan),
-    Nvme(pollux_nvme::Submitter<'a, T>, &'a mut NvmeSide<T>),
+    Nvme(pollux_host::Submitter<'a>, &'a mut NvmeSide),
     Uring(&'a mut UringChan),
 }
 
 /// A channel's submission half, borrowed: from [`Channel::io`], and in
 /// every completion handler.
-pub struct Io<'a, T: Transport = NoNvme> {
+pub struct Io<'a> {
     pub(crate) c: &'a mut Common,
-    pub(crate) be: IoBe<'a, T>,
+    pub(crate) be: IoBe<'a>,
 }
 
-impl<'a, T: Transport> Io<'a, T> {
+impl<'a> Io<'a> {
     /// Reads `buf.len()` bytes (whole blocks) at block `lba` into `buf`,
     /// which comes back in the completion.
     #[inline(always)]

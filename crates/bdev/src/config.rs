@@ -45,7 +45,6 @@
 //! created, there is nothing to wait for.
 use std::collections::BTreeMap;
 
-use pollux_nvme::Transport;
 use serde_json::{Map, Value};
 
 use crate::bdev::Bdev;
@@ -137,13 +136,13 @@ impl UringParams {
     /// Opens the bdev with O_DIRECT, as SPDK does; where the file system
     /// refuses O_DIRECT (tmpfs), through the page cache instead, with a
     /// warning. If both fail, the O_DIRECT error is returned.
-    pub fn create<T: Transport>(&self) -> crate::error::Result<Bdev<T>> {
+    pub fn create(&self) -> crate::error::Result<Bdev> {
         self.create_with(UringOptions::default())
     }
 
     /// `create` with `base`'s ring options (its block size is replaced by
     /// this entry's; `direct` is tried first whatever `base` says).
-    pub fn create_with<T: Transport>(&self, base: UringOptions) -> crate::error::Result<Bdev<T>> {
+    pub fn create_with(&self, base: UringOptions) -> crate::error::Result<Bdev> {
         let opts = UringOptions {
             block_size: self.block_size,
             direct: true,
@@ -232,10 +231,10 @@ pub struct Config {
 
 /// Parses `json` and creates its bdevs; NVMe controllers are opened by
 /// `attach`. See [`Config::parse`] and [`Config::create`].
-pub fn load<T: Transport, E>(
+pub fn load<E>(
     json: &str,
-    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
-) -> Result<Vec<Bdev<T>>>
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+) -> Result<Vec<Bdev>>
 where
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
@@ -570,14 +569,14 @@ impl Config {
     /// Creates the bdevs, in the configuration's order; `attach` opens each
     /// NVMe controller and returns its bdevs (named
     /// [`NvmeAttach::bdev_name`]).
-    pub fn create<T: Transport, E>(
+    pub fn create<E>(
         &self,
-        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
-    ) -> Result<Vec<Bdev<T>>>
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+    ) -> Result<Vec<Bdev>>
     where
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
-        let mut out: Vec<Bdev<T>> = Vec::new();
+        let mut out: Vec<Bdev> = Vec::new();
         for e in &self.entries {
             let method = e.method();
             let made = match e {
@@ -637,22 +636,21 @@ fn local(p: Params<'_>) -> Result<LocalParams> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::NoNvme;
 
     fn bdev_cfg(entries: &str) -> String {
         format!(r#"{{"subsystems":[{{"subsystem":"bdev","config":[{entries}]}}]}}"#)
     }
 
-    fn no_nvme(_: &NvmeAttach) -> Result<Vec<Bdev<NoNvme>>, String> {
+    fn no_nvme(_: &NvmeAttach) -> Result<Vec<Bdev>, String> {
         Err("no NVMe here".into())
     }
 
-    fn load_local(json: &str) -> Result<Vec<Bdev<NoNvme>>> {
+    fn load_local(json: &str) -> Result<Vec<Bdev>> {
         load(json, &mut no_nvme)
     }
 
     /// The error of a load that must fail (bdevs are not `Debug`).
-    fn err(r: Result<Vec<Bdev<NoNvme>>>, what: &str) -> ConfigError {
+    fn err(r: Result<Vec<Bdev>>, what: &str) -> ConfigError {
         match r {
             Err(e) => e,
             Ok(b) => panic!("{what}: accepted, made {} bdevs", b.len()),
@@ -713,7 +711,7 @@ mod tests {
         assert!(cfg.has_nvme());
         let mut seen = Vec::new();
         let bdevs = cfg
-            .create(&mut |a: &NvmeAttach| -> Result<Vec<Bdev<NoNvme>>, String> {
+            .create(&mut |a: &NvmeAttach| -> Result<Vec<Bdev>, String> {
                 seen.push(a.clone());
                 // Stand in for the controller's two namespaces.
                 Ok(vec![
@@ -733,7 +731,7 @@ mod tests {
 
         // A controller's bdev may not take a name already used.
         let e = err(
-            cfg.create(&mut |_: &NvmeAttach| -> Result<Vec<Bdev<NoNvme>>, String> {
+            cfg.create(&mut |_: &NvmeAttach| -> Result<Vec<Bdev>, String> {
                 Ok(vec![Bdev::null("n", 512, 8).map_err(|e| e.to_string())?])
             }),
             "clash",
@@ -957,8 +955,8 @@ mod tests {
             block_size: Some(512),
             uuid: None,
         };
-        let direct = Bdev::<NoNvme>::uring(&p.name, &p.filename, UringOptions::default());
-        let r = p.create::<NoNvme>();
+        let direct = Bdev::uring(&p.name, &p.filename, UringOptions::default());
+        let r = p.create();
         std::fs::remove_file(&f).unwrap();
         if direct.is_ok() {
             eprintln!("skipped: this /dev/shm takes O_DIRECT");

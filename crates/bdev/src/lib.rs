@@ -26,9 +26,9 @@
 //!
 //! # Backends
 //!
-//! One `enum`, one `match` per request: no `dyn` call. `nvme` (one queue
-//! pair per channel; the bdev is generic over the driver's transport `T`,
-//! [`NoNvme`] when there is none), `uring` (a regular file or a block
+//! One `enum`, one `match` per request: no `dyn` call. `nvme` (a
+//! namespace of a `pollux-host` controller on any transport, one queue
+//! pair per channel), `uring` (a regular file or a block
 //! device through io_uring, one ring per channel: [`UringOptions`]),
 //! `ram` and `null`.
 //!
@@ -49,7 +49,6 @@ pub mod info;
 mod latency;
 mod local;
 pub mod mem;
-mod never;
 mod nvme;
 mod poll;
 mod split;
@@ -61,7 +60,6 @@ pub use channel::{Channel, Io};
 pub use data::{Completion, Data, RawSeg};
 pub use error::{Error, IoError, Refused, SubmitError};
 pub use info::{BdevInfo, Caps};
-pub use never::NoNvme;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
 pub use pollux_spec::cmd::RwFlags;

@@ -4,33 +4,33 @@
 //! adds only a vector split and the conversion of the completion.
 use std::sync::Arc;
 
-use pollux_nvme::{Controller, Namespace, QpairOptions, QueuePair, Transport};
+use pollux_host::{Controller, Namespace, QpairOptions, QueuePair};
 
 use crate::bdev::ChannelOptions;
 use crate::data::Completion;
 
-pub(crate) struct NvmeShared<T: Transport> {
-    pub ctrl: Arc<Controller<T>>,
+pub(crate) struct NvmeShared {
+    pub ctrl: Arc<Controller>,
     pub ns: Namespace,
     pub qopts: QpairOptions,
 }
 
 /// The parts of an NVMe channel next to its queue pair (borrowed
 /// alongside the queue pair's submitter).
-pub(crate) struct NvmeSide<T: Transport> {
+pub(crate) struct NvmeSide {
     pub ns: Namespace,
-    pub ctrl: Arc<Controller<T>>,
+    pub ctrl: Arc<Controller>,
     /// Completions made by the layer (a reset), delivered at the next poll.
     pub deferred: Vec<Completion>,
 }
 
-pub(crate) struct NvmeChan<T: Transport> {
-    pub qp: QueuePair<T>,
-    pub side: NvmeSide<T>,
+pub(crate) struct NvmeChan {
+    pub qp: QueuePair,
+    pub side: NvmeSide,
 }
 
-impl<T: Transport> NvmeChan<T> {
-    pub fn open(sh: &NvmeShared<T>, opts: &ChannelOptions) -> pollux_nvme::error::Result<Self> {
+impl NvmeChan {
+    pub fn open(sh: &NvmeShared, opts: &ChannelOptions) -> pollux_nvme::error::Result<Self> {
         let mut q = opts.nvme.clone().unwrap_or_else(|| sh.qopts.clone());
         // The queue pair holds what the controller's queues hold (CAP.MQES
         // commands, one entry kept empty); a deeper channel keeps the rest

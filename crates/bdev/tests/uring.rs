@@ -457,7 +457,7 @@ fn transfers_beyond_a_gibibyte_are_refused() {
 fn bad_bdevs_are_refused_naming_the_culprit() {
     let f = temp("badbdev", true);
     let err = |o: UringOptions| -> String {
-        match Bdev::<pollux_bdev::NoNvme>::uring("ub", &f.0, o) {
+        match Bdev::uring("ub", &f.0, o) {
             Ok(_) => panic!("accepted"),
             Err(e) => e.to_string(),
         }
@@ -481,12 +481,12 @@ fn bad_bdevs_are_refused_naming_the_culprit() {
     assert!(e.contains("give UringOptions::size"), "{e}");
     assert!(e.contains(&*f.0.to_string_lossy()), "names the file: {e}");
     let missing = f.0.with_extension("missing");
-    let e = Bdev::<pollux_bdev::NoNvme>::uring("ub", &missing, opts(true, 1 << 20))
+    let e = Bdev::uring("ub", &missing, opts(true, 1 << 20))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains(&*missing.to_string_lossy()), "{e}");
-    let e = Bdev::<pollux_bdev::NoNvme>::uring("ub", std::env::temp_dir(), opts(false, 1 << 20))
+    let e = Bdev::uring("ub", std::env::temp_dir(), opts(false, 1 << 20))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

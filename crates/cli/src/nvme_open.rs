@@ -4,8 +4,8 @@
 //! (emulated controllers on a device thread or stepped inline, devices
 //! bound to vfio-pci / uio_pci_generic, NVMe/TCP controllers).
 //!
-//! A run's NVMe bdevs share one transport type (what uses them is
-//! monomorphised over it): PCIe and the emulated controller, or TCP.
+//! A run's NVMe bdevs may be of any transport, side by side: PCIe
+//! devices, emulated controllers and NVMe/TCP controllers.
 //!
 //! In `-c`, `trtype`, `traddr` and the other parameters are the TRID's
 //! keys (strings, numbers, booleans as 0/1); SPDK's reconnect parameters
@@ -20,7 +20,6 @@ use std::sync::Arc;
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
 use pollux_host::{trid, Controller, ControllerOptions, QpairOptions, Trid};
-use pollux_pcie::Pcie;
 use pollux_softnvme::SoftDevice;
 use serde_json::Value;
 
@@ -61,47 +60,19 @@ pub struct OpenError {
     pub why: String,
 }
 
-/// The transports NVMe bdevs of one run may use.
-pub trait NvmeTransport: pollux_nvme::Transport {
-    /// Its trtypes, for messages.
-    const TRTYPES: &'static str;
-    /// The controller if it is of this transport, else handed back.
-    fn take(c: Controller) -> Result<pollux_nvme::Controller<Self>, Controller>;
-}
-
-impl NvmeTransport for Pcie {
-    const TRTYPES: &'static str = "trtype:soft/pcie";
-    fn take(c: Controller) -> Result<pollux_pcie::Controller, Controller> {
-        match c {
-            Controller::Pcie(c) => Ok(c),
-            other => Err(other),
-        }
-    }
-}
-
-impl NvmeTransport for pollux_tcp::TcpTransport {
-    const TRTYPES: &'static str = "trtype:tcp";
-    fn take(c: Controller) -> Result<pollux_tcp::Controller, Controller> {
-        match c {
-            Controller::Tcp(c) => Ok(c),
-            other => Err(other),
-        }
-    }
-}
-
 /// Opens controllers and keeps them (and the emulated devices and their
 /// thread) alive for the run. Fields drop in order: controllers, then the
 /// emulator, whose device thread their orderly shutdown needs. Drop it
 /// after whatever holds its bdevs.
-pub struct NvmeOpener<T: NvmeTransport> {
-    ctrls: Vec<Arc<pollux_nvme::Controller<T>>>,
+pub struct NvmeOpener {
+    ctrls: Vec<Arc<Controller>>,
     emu: SoftEmulator,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
     qopts: QpairOptions,
 }
 
-impl<T: NvmeTransport> NvmeOpener<T> {
+impl NvmeOpener {
     /// `inline`: emulated controllers stepped by the caller, else on a
     /// device thread pinned to `device_core` (None: not pinned).
     pub fn new(
@@ -109,7 +80,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         device_core: Option<usize>,
         per_ns: usize,
         qopts: QpairOptions,
-    ) -> NvmeOpener<T> {
+    ) -> NvmeOpener {
         NvmeOpener {
             ctrls: Vec::new(),
             emu: SoftEmulator::new(inline, device_core),
@@ -119,7 +90,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
     }
 
     /// The controllers opened so far.
-    pub fn controllers(&self) -> &[Arc<pollux_nvme::Controller<T>>] {
+    pub fn controllers(&self) -> &[Arc<Controller>] {
         &self.ctrls
     }
 
@@ -129,7 +100,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
     }
 
     /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
-    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<T>>, OpenError> {
+    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev>, OpenError> {
         let what = format!("--nvme '{trid}'");
         let t = trid::parse(trid).map_err(|e| OpenError {
             what: what.clone(),
@@ -139,12 +110,12 @@ impl<T: NvmeTransport> NvmeOpener<T> {
     }
 
     /// `bdev_nvme_attach_controller` from `-c`.
-    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<T>>, OpenError> {
+    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev>, OpenError> {
         let t = attach_trid(att)?;
         self.open(&att.name, &t, attach_what(att))
     }
 
-    fn open(&mut self, name: &str, t: &Trid, what: String) -> Result<Vec<Bdev<T>>, OpenError> {
+    fn open(&mut self, name: &str, t: &Trid, what: String) -> Result<Vec<Bdev>, OpenError> {
         let fail = |why: String| OpenError {
             what: what.clone(),
             why,
@@ -168,19 +139,9 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         let mut copts = ControllerOptions::default();
         copts.io_queues =
             (nns * self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
-        let c =
-            pollux_host::connect_with(t, &copts, &mut self.emu).map_err(|e| fail(e.to_string()))?;
-        let name_of = c.describe();
-        let ctrl = Arc::new(T::take(c).map_err(|other| {
-            let theirs = match other {
-                Controller::Pcie(_) => "trtype:soft/pcie",
-                Controller::Tcp(_) => "trtype:tcp",
-            };
-            fail(format!(
-                "{theirs} cannot be mixed with {} controllers in one run",
-                T::TRTYPES
-            ))
-        })?);
+        let ctrl = Arc::new(
+            pollux_host::connect_with(t, &copts, &mut self.emu).map_err(|e| fail(e.to_string()))?,
+        );
         self.ctrls.push(ctrl.clone());
         let mut bdevs = Vec::new();
         for ns in ctrl.namespaces() {
@@ -196,7 +157,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         if bdevs.is_empty() {
             return Err(fail(format!(
                 "controller {} has no active namespace",
-                name_of
+                ctrl.describe()
             )));
         }
         Ok(bdevs)

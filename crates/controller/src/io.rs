@@ -43,8 +43,7 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use pollux_bdev::{Completion, Io, IoError, NoNvme, RawSeg as Seg};
-use pollux_nvme::Transport;
+use pollux_bdev::{Completion, Io, IoError, RawSeg as Seg};
 use pollux_spec::cmd::{DsmRange, RwFlags, DSM_ATTR_DEALLOCATE};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
@@ -146,10 +145,9 @@ pub(crate) fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
 }
 
 /// One I/O queue's execution context (see the module doc). Used from one
-/// thread at a time. `T`: the NVMe transport of the namespaces' bdevs
-/// (the subsystem's).
-pub struct IoQueue<T: Transport = NoNvme> {
-    ns: Vec<NsChan<T>>,
+/// thread at a time.
+pub struct IoQueue {
+    ns: Vec<NsChan>,
     scratch: Vec<u8>,
     max_xfer: usize,
     /// SQE flags that must be 0: FUSE, and on PCIe PSDT.
@@ -172,7 +170,7 @@ pub struct IoQueue<T: Transport = NoNvme> {
     multi: multi::Multis,
 }
 
-impl<T: Transport> std::fmt::Debug for IoQueue<T> {
+impl std::fmt::Debug for IoQueue {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IoQueue")
             .field("namespaces", &self.ns.len())
@@ -183,21 +181,21 @@ impl<T: Transport> std::fmt::Debug for IoQueue<T> {
     }
 }
 
-impl<T: Transport> Drop for IoQueue<T> {
+impl Drop for IoQueue {
     fn drop(&mut self) {
         self.publish();
         self.handle.registry.retire(&self.handle.published);
     }
 }
 
-impl<T: Transport> IoQueue<T> {
+impl IoQueue {
     /// A queue of a controller of `subsys` counting through `handle`
     /// (`Controller::io_stats_handle`): one channel per namespace.
     pub fn new(
-        subsys: &Arc<Subsystem<T>>,
+        subsys: &Arc<Subsystem>,
         handle: StatsHandle,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue<T>, ControllerError> {
+    ) -> Result<IoQueue, ControllerError> {
         let max_xfer = subsys.limits().max_transfer().unwrap_or(usize::MAX);
         let mut ns = Vec::with_capacity(subsys.namespaces().len());
         for (i, n) in subsys.namespaces().iter().enumerate() {
@@ -289,9 +287,9 @@ impl<T: Transport> IoQueue<T> {
     /// A queue for `ctrl` (`IoQueue::new` with its subsystem and a new
     /// stats handle).
     pub fn for_controller(
-        ctrl: &Controller<T>,
+        ctrl: &Controller,
         opts: IoQueueOptions,
-    ) -> Result<IoQueue<T>, ControllerError> {
+    ) -> Result<IoQueue, ControllerError> {
         IoQueue::new(ctrl.subsystem(), ctrl.io_stats_handle(), opts)
     }
 
@@ -309,7 +307,7 @@ impl<T: Transport> IoQueue<T> {
 
     /// The namespace channel for `nsid` (1-based), if it exists.
     #[inline(always)]
-    fn ns_of(&self, nsid: u32) -> Option<&NsChan<T>> {
+    fn ns_of(&self, nsid: u32) -> Option<&NsChan> {
         self.ns.get((nsid as usize).wrapping_sub(1))
     }
 
@@ -752,14 +750,13 @@ impl<T: Transport> IoQueue<T> {
             if ch.ch.outstanding() == 0 {
                 continue;
             }
-            ch.ch
-                .poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
-                    f(
-                        c.user_data as u32,
-                        finish(stats, &rep, nsid, shift, c.user_data, c.result),
-                    );
-                    n += 1;
-                });
+            ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
+                f(
+                    c.user_data as u32,
+                    finish(stats, &rep, nsid, shift, c.user_data, c.result),
+                );
+                n += 1;
+            });
         }
         n
     }
@@ -768,8 +765,8 @@ impl<T: Transport> IoQueue<T> {
 /// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
 /// back (a command's status once its last piece is in), then waiting
 /// commands start if pieces allow.
-fn poll_staged<T: Transport>(
-    ns: &mut NsChan<T>,
+fn poll_staged(
+    ns: &mut NsChan,
     stats: &mut IoStats,
     rep: &Report<'_>,
     nsid: u32,
@@ -782,7 +779,7 @@ fn poll_staged<T: Transport>(
     };
     let mut n = 0;
     if ch.outstanding() > 0 {
-        ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+        ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
             let (u, r) = if stage::is_part(c.user_data) {
                 // SAFETY: `IoQueue::submit`'s contract holds for the
                 // command until this delivers it.
@@ -879,7 +876,7 @@ fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
 /// layer has no FUA for zeroing): a flush of its namespace.
 #[cold]
 #[inline(never)]
-fn flush_for_fua<T: Transport>(ns: &mut NsChan<T>) -> Result<(), StoreError> {
+fn flush_for_fua(ns: &mut NsChan) -> Result<(), StoreError> {
     ns.flush()
 }
 

@@ -21,13 +21,13 @@
 //!   [`IoQueue::publish`] (plain stores; no lock, no atomic
 //!   read-modify-write on the I/O path).
 //!
-//! The three are generic over `T`, the NVMe transport of the namespaces'
-//! bdevs (`pollux_bdev::Bdev<T>`), `NoNvme` by default: a subsystem whose
-//! namespaces are NVMe namespaces (PCIe, TCP) is `Subsystem<Pcie>` etc.,
-//! monomorphised (no `dyn` call per I/O). Such namespaces take only their
-//! controller's DMA memory: their reads and writes are staged through DMA
-//! pieces each queue owns, many commands at once on an asynchronous queue
-//! (see `stage`), one at a time on a synchronous one (see `store`).
+//! Namespaces are bdevs (`pollux_bdev::Bdev`) of any backend, NVMe
+//! namespaces on any transport among them, in one subsystem (the bdev's
+//! one `match` per request picks the backend: no `dyn` call per I/O).
+//! NVMe namespaces take only their controller's DMA memory: their reads
+//! and writes are staged through DMA pieces each queue owns, many
+//! commands at once on an asynchronous queue (see `stage`), one at a time
+//! on a synchronous one (see `store`).
 //!
 //! Every field of a command comes from the untrusted host: every path
 //! ends in an NVMe status, never a panic.

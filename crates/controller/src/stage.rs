@@ -1,4 +1,4 @@
-//! Asynchronous reads and writes of an NVMe namespace (a `Bdev<T>` over
+//! Asynchronous reads and writes of an NVMe namespace (a `Bdev` over
 //! a real transport), staged through DMA bounce pieces: the NVMe bdev
 //! takes only its controller's DMA memory (`IoBuf`s), never lent host
 //! memory.
@@ -38,7 +38,6 @@
 use std::collections::VecDeque;
 
 use pollux_bdev::{Bdev, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, SubmitError};
-use pollux_nvme::Transport;
 use pollux_spec::cmd::RwFlags;
 
 use crate::store::Cursor;
@@ -151,11 +150,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// A pool for `depth` commands of at most `max_xfer` bytes on `bdev`.
-    pub fn new<T: Transport>(
-        bdev: &Bdev<T>,
-        depth: u32,
-        max_xfer: usize,
-    ) -> Result<Staging, pollux_bdev::Error> {
+    pub fn new(bdev: &Bdev, depth: u32, max_xfer: usize) -> Result<Staging, pollux_bdev::Error> {
         let shift = bdev.info().block_shift();
         let block = 1usize << shift;
         let chunk = STAGE_CHUNK.min(max_xfer).max(block);
@@ -254,9 +249,9 @@ impl Staging {
     /// [`complete`]: Staging::complete
     /// [`resume`]: Staging::resume
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn submit<T: Transport>(
+    pub unsafe fn submit(
         &mut self,
-        io: &mut Io<'_, T>,
+        io: &mut Io<'_>,
         tag: u32,
         write: bool,
         slba: u64,
@@ -311,7 +306,7 @@ impl Staging {
     ///
     /// # Safety
     /// As `submit`, for the segments recorded in slot `s`.
-    unsafe fn start<T: Transport>(&mut self, io: &mut Io<'_, T>, s: u32) -> Start {
+    unsafe fn start(&mut self, io: &mut Io<'_>, s: u32) -> Start {
         let shift = self.shift;
         let top = self.top();
         let slot = &self.slots[s as usize];
@@ -480,11 +475,7 @@ impl Staging {
     ///
     /// # Safety
     /// As `complete`.
-    pub unsafe fn resume<T: Transport>(
-        &mut self,
-        io: &mut Io<'_, T>,
-        done: &mut impl FnMut(Finished),
-    ) {
+    pub unsafe fn resume(&mut self, io: &mut Io<'_>, done: &mut impl FnMut(Finished)) {
         while let Some(&s) = self.waiting.front() {
             // SAFETY: forwarded contract.
             match unsafe { self.start(io, s) } {
@@ -509,10 +500,9 @@ impl Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pollux_bdev::NoNvme;
 
     fn pool(block: u32, depth: u32, max_xfer: usize) -> Staging {
-        let b: Bdev<NoNvme> = Bdev::ram("r", block, 1 << 16).unwrap();
+        let b: Bdev = Bdev::ram("r", block, 1 << 16).unwrap();
         Staging::new(&b, depth, max_xfer).unwrap()
     }
 
@@ -542,7 +532,7 @@ mod tests {
 
     #[test]
     fn a_refused_command_keeps_no_record() {
-        let b: Bdev<NoNvme> = Bdev::ram("r", 512, 1 << 16).unwrap();
+        let b: Bdev = Bdev::ram("r", 512, 1 << 16).unwrap();
         let mut p = Staging::new(&b, 2, 128 << 10).unwrap();
         let mut ch = b.open(true).channel(&Default::default()).unwrap();
         let mut buf = vec![0u8; 512 * 5];

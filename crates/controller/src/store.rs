@@ -13,7 +13,7 @@
 //! such segments, and only such a command goes through a block-aligned
 //! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
 //!
-//! An NVMe bdev (`Bdev<T>` with a real transport `T`) takes no lent host
+//! An NVMe bdev (a `Bdev` of an NVMe namespace) takes no lent host
 //! memory, only its controller's DMA buffers (`IoBuf`s): its segments
 //! always count as misaligned (the I/O path of the other backends is
 //! unchanged). Asynchronously (a queue with a depth), its reads and writes
@@ -27,10 +27,8 @@
 use std::collections::VecDeque;
 
 use pollux_bdev::{
-    Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, IoError, NoNvme, RawSeg as Seg,
-    SubmitError,
+    Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, SubmitError,
 };
-use pollux_nvme::Transport;
 use pollux_spec::cmd::RwFlags;
 
 use crate::stage::{self, Staging};
@@ -80,8 +78,8 @@ enum Bounce {
 }
 
 /// One queue's channel to a namespace's bdev.
-pub(crate) struct NsChan<T: Transport = NoNvme> {
-    pub ch: Channel<T>,
+pub(crate) struct NsChan {
+    pub ch: Channel,
     pub shift: u32,
     /// Size in blocks.
     pub nsze: u64,
@@ -107,15 +105,15 @@ pub(crate) struct NsChan<T: Transport = NoNvme> {
     pub zero_piece: u64,
 }
 
-impl<T: Transport> NsChan<T> {
+impl NsChan {
     /// `depth`: asynchronous requests at most (0: synchronous use only);
     /// `max_xfer`: the largest transfer of a command.
     pub fn new(
-        bdev: &Bdev<T>,
+        bdev: &Bdev,
         nsze: u64,
         depth: u32,
         max_xfer: usize,
-    ) -> Result<NsChan<T>, pollux_bdev::Error> {
+    ) -> Result<NsChan, pollux_bdev::Error> {
         let info = bdev.info();
         let nvme = info.backend == "nvme";
         let (shift, len_mask, addr_mask) = (
@@ -171,7 +169,7 @@ impl<T: Transport> NsChan<T> {
             ch, stash, staging, ..
         } = self;
         loop {
-            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
                 if c.user_data == SYNC_UD {
                     res = Some(c.result);
                 } else {
@@ -385,7 +383,7 @@ impl<T: Transport> NsChan<T> {
             ch, stash, staging, ..
         } = self;
         loop {
-            ch.poll(u32::MAX, &mut |_: &mut Io<'_, T>, c: Completion| {
+            ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
                 if c.user_data == SYNC_UD {
                     res = Some(c.result);
                     data = c.data;
@@ -444,7 +442,7 @@ fn stash_async(
 
 /// An NVMe bdev's DMA bounce pieces (see the module doc): `block << k`
 /// bytes for `k` in `0..=log2(BOUNCE / block)`, cut from one allocation.
-fn dma_pieces<T: Transport>(bdev: &Bdev<T>) -> Result<Vec<Option<IoBuf>>, pollux_bdev::Error> {
+fn dma_pieces(bdev: &Bdev) -> Result<Vec<Option<IoBuf>>, pollux_bdev::Error> {
     let block = bdev.info().block_size as usize;
     let top = (BOUNCE / block.max(1)).max(1).ilog2() as usize;
     let mut rest = bdev.alloc_buf((block << (top + 1)) - block)?;

@@ -5,7 +5,7 @@
 //! failing under outstanding commands.
 use std::sync::Arc;
 
-use pollux_bdev::{Bdev, NoNvme, RawSeg};
+use pollux_bdev::{Bdev, RawSeg};
 use pollux_controller::{
     AdminEnv, AdminOutcome, Controller, ControllerError, FabricsTraits, Identity, IoQueue,
     IoQueueOptions, Limits, Namespace, PcieTraits, Personality, Subsystem, FABRICS_SGLS,
@@ -233,12 +233,12 @@ fn subsystem_refuses_what_identify_cannot_report() {
     id.serial = String::new();
     let e = Subsystem::new(id, limits(5), pcie(), Vec::<Namespace>::new()).unwrap_err();
     assert!(e.to_string().contains("serial"), "{e}");
-    let e = Namespace::<NoNvme>::new(Bdev::ram("r2", 1024, 8).unwrap(), 0).unwrap_err();
+    let e = Namespace::new(Bdev::ram("r2", 1024, 8).unwrap(), 0).unwrap_err();
     assert!(
         e.to_string().contains("r2") && e.to_string().contains("1024"),
         "{e}"
     );
-    let e = Namespace::<NoNvme>::new(Bdev::ram("r3", 512, 8).unwrap(), 9).unwrap_err();
+    let e = Namespace::new(Bdev::ram("r3", 512, 8).unwrap(), 9).unwrap_err();
     assert!(e.to_string().contains("r3"), "{e}");
 }
 

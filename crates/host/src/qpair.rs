@@ -125,12 +125,12 @@ impl QueuePair {
 
     /// Polls until nothing is outstanding or queued, or `timeout` passes.
     /// Returns the completions seen.
-    pub fn drain<H: Handler>(
+    pub fn drain<F: FnMut(&mut Submitter<'_>, Completion)>(
         &mut self,
         timeout: Duration,
-        h: &mut H,
+        mut f: F,
     ) -> pollux_nvme::error::Result<u64> {
-        let mut s = Shim(h);
+        let mut s = Shim(&mut f);
         each!(self, q => q.drain(timeout, |sub: &mut pollux_nvme::Submitter<'_, _>, c| {
             pollux_nvme::Handler::complete(&mut s, sub, c)
         }))

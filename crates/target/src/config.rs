@@ -18,8 +18,7 @@
 //!
 //! The `bdev` subsystem is read by `pollux_bdev::config` (its methods and
 //! rules); its `bdev_nvme_attach_controller` entries are opened by the
-//! caller's function ([`TargetConfig::from_json_with`], a configuration
-//! of `TargetConfig<T>` for the controllers' transport `T`;
+//! caller's function ([`TargetConfig::from_json_with`];
 //! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
 //! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
 //! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`,
@@ -39,8 +38,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use pollux_bdev::config::NvmeAttach;
-use pollux_bdev::{Bdev, NoNvme};
-use pollux_nvme::Transport;
+use pollux_bdev::Bdev;
 use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
 use serde_json::{Map, Value};
 
@@ -360,18 +358,18 @@ impl SubsystemConfig {
     }
 }
 
-/// The whole target. `T`: the NVMe transport of its NVMe bdevs (one per
-/// target; [`NoNvme`] when it has none).
-pub struct TargetConfig<T: Transport = NoNvme> {
+/// The whole target.
+#[derive(Default)]
+pub struct TargetConfig {
     pub transport: TransportOptions,
     pub subsystems: Vec<SubsystemConfig>,
     /// The bdevs namespaces name.
-    pub bdevs: Vec<Bdev<T>>,
+    pub bdevs: Vec<Bdev>,
     /// Warnings met while reading (also logged).
     pub warnings: Vec<String>,
 }
 
-impl<T: Transport> Clone for TargetConfig<T> {
+impl Clone for TargetConfig {
     fn clone(&self) -> Self {
         TargetConfig {
             transport: self.transport.clone(),
@@ -382,18 +380,7 @@ impl<T: Transport> Clone for TargetConfig<T> {
     }
 }
 
-impl<T: Transport> Default for TargetConfig<T> {
-    fn default() -> Self {
-        TargetConfig {
-            transport: TransportOptions::default(),
-            subsystems: Vec::new(),
-            bdevs: Vec::new(),
-            warnings: Vec::new(),
-        }
-    }
-}
-
-impl<T: Transport> std::fmt::Debug for TargetConfig<T> {
+impl std::fmt::Debug for TargetConfig {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("TargetConfig")
             .field("transport", &self.transport)
@@ -406,7 +393,7 @@ impl<T: Transport> std::fmt::Debug for TargetConfig<T> {
     }
 }
 
-impl TargetConfig<NoNvme> {
+impl TargetConfig {
     /// Reads SPDK's JSON configuration (see the module docs) and creates
     /// its bdevs; `bdev_nvme_attach_controller` is refused (see
     /// [`TargetConfig::from_json_with`]).
@@ -420,7 +407,7 @@ impl TargetConfig<NoNvme> {
     }
 }
 
-impl<T: Transport> TargetConfig<T> {
+impl TargetConfig {
     /// Checks names, NQNs, namespaces and listeners against each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.transport.validate()?;
@@ -470,8 +457,8 @@ impl<T: Transport> TargetConfig<T> {
     }
 
     /// The namespaces' bdevs of subsystem `s` in NSID order.
-    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev<T>> {
-        let mut v: Vec<(u32, Bdev<T>)> = s
+    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev> {
+        let mut v: Vec<(u32, Bdev)> = s
             .namespaces
             .iter()
             .enumerate()
@@ -490,8 +477,8 @@ impl<T: Transport> TargetConfig<T> {
     /// (named `<name>n<nsid>`).
     pub fn from_json_with<E>(
         json: &str,
-        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, E>,
-    ) -> Result<TargetConfig<T>, ConfigError>
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+    ) -> Result<TargetConfig, ConfigError>
     where
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {

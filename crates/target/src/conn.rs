@@ -53,8 +53,6 @@ use std::rc::Rc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
     fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
@@ -292,11 +290,11 @@ impl Tx {
     }
 }
 
-enum Bound<T: Transport> {
+enum Bound {
     None,
     Admin {
         cntlid: u16,
-        ctrl: Arc<Mutex<Ctrl<T>>>,
+        ctrl: Arc<Mutex<Ctrl>>,
         subsys: SubsysId,
     },
     Io {
@@ -305,16 +303,15 @@ enum Bound<T: Transport> {
     },
 }
 
-/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]);
-/// `T`: the NVMe transport of the namespaces' bdevs (the target's).
-pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
+/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
+pub(crate) struct Conn<W: Wire = TcpStream> {
     pub id: u64,
     /// Dropped first (a bdev may still hold slot buffers).
-    io: Option<IoQ<T>>,
+    io: Option<IoQ>,
     sock: W,
     local: SocketAddr,
     peer: SocketAddr,
-    shared: Arc<Shared<T>>,
+    shared: Arc<Shared>,
     thread: usize,
     phase: Phase,
     now: Instant,
@@ -356,7 +353,7 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
     /// zeroed array of `MAX_IOV` on every flush; grows on first use).
     iov: Vec<libc::iovec>,
-    bound: Bound<T>,
+    bound: Bound,
     slots: Vec<Slot>,
     free: Vec<u16>,
     done: Vec<(u32, Status)>,
@@ -376,7 +373,7 @@ pub(crate) struct Conn<W: Wire = TcpStream, T: Transport = NoNvme> {
     terminated: bool,
 }
 
-impl<W: Wire, T: Transport> Drop for Conn<W, T> {
+impl<W: Wire> Drop for Conn<W> {
     fn drop(&mut self) {
         // The I/O queue waits for (or completes) its requests before the
         // slot buffers they use are freed.
@@ -420,15 +417,15 @@ impl From<PduError> for Fatal {
     }
 }
 
-impl<T: Transport> Conn<TcpStream, T> {
+impl Conn<TcpStream> {
     pub fn new(
         id: u64,
         sock: TcpStream,
-        shared: Arc<Shared<T>>,
+        shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> std::io::Result<Conn<TcpStream, T>> {
+    ) -> std::io::Result<Conn<TcpStream>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         let local = sock.local_addr()?;
@@ -450,18 +447,18 @@ impl<T: Transport> Conn<TcpStream, T> {
     }
 }
 
-impl<W: Wire, T: Transport> Conn<W, T> {
+impl<W: Wire> Conn<W> {
     /// A connection over `sock` (non-blocking, set up), between the
     /// addresses `(local, peer)`, its data buffers from `cache`.
     pub(crate) fn with_wire(
         id: u64,
         sock: W,
         (local, peer): (SocketAddr, SocketAddr),
-        shared: Arc<Shared<T>>,
+        shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> Conn<W, T> {
+    ) -> Conn<W> {
         let rx = vec![0u8; shared.opts.rx_buffer];
         let icd_max = shared.opts.admin_in_capsule_data_size;
         let mut c = Conn {
@@ -2121,7 +2118,7 @@ fn internal(what: &str) -> Fatal {
 
 /// Removes controller `cntlid` and closes its I/O queues' connections
 /// (on their threads).
-pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
+pub(crate) fn teardown(ctx: &mut ThreadCtx, shared: &Shared, cntlid: u16) {
     let entry = shared.table().map.remove(&cntlid);
     let Some(e) = entry else {
         return;
@@ -2129,9 +2126,7 @@ pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cn
     tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
     for (_, r) in e.io {
         let conn = r.conn;
-        if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::server::close_conn::<T>(ctx, conn)
-        }) {
+        if let Err(err) = ctx.send(r.thread, move |ctx| crate::server::close_conn(ctx, conn)) {
             tracing::warn!(
                 thread = r.thread,
                 "closing an I/O queue of controller {cntlid}: {err}"
@@ -2144,7 +2139,7 @@ pub(crate) fn teardown<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cn
 /// threads), which a reset or shutdown stops: each leaves the controller's
 /// entry as it closes (`Conn::detach`), and the controller completes the
 /// reset or shutdown once none is left (see `model::Ctrl`).
-pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<T>, cntlid: u16) {
+pub(crate) fn stop_io_queues(ctx: &mut ThreadCtx, shared: &Shared, cntlid: u16) {
     let queues = match shared.table().map.get(&cntlid) {
         Some(e) => e.io.clone(),
         None => return,
@@ -2156,9 +2151,7 @@ pub(crate) fn stop_io_queues<T: Transport>(ctx: &mut ThreadCtx, shared: &Shared<
     );
     for (qid, r) in queues {
         let conn = r.conn;
-        if let Err(err) = ctx.send(r.thread, move |ctx| {
-            crate::server::close_conn::<T>(ctx, conn)
-        }) {
+        if let Err(err) = ctx.send(r.thread, move |ctx| crate::server::close_conn(ctx, conn)) {
             tracing::warn!(
                 cntlid,
                 qid,

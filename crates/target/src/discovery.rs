@@ -1,7 +1,6 @@
 //! The Discovery Log Page (LID 70h) of the target's discovery
 //! controller: one entry per listener of each subsystem the connecting
 //! host may reach, nothing about the others.
-use pollux_nvme::Transport;
 use pollux_spec::fabrics::{
     adrfam, subtype, treq, DiscoveryLogEntry, DiscoveryLogHeader, TcpEndpoint,
 };
@@ -16,7 +15,7 @@ use crate::shared::Shared;
 const GENCTR: u64 = 1;
 
 /// The log page as `hostnqn` sees it.
-pub(crate) fn page<T: Transport>(shared: &Shared<T>, hostnqn: &str) -> Vec<u8> {
+pub(crate) fn page(shared: &Shared, hostnqn: &str) -> Vec<u8> {
     let mut entries = Vec::new();
     for s in shared.subsystems.iter().filter(|s| s.allows(hostnqn)) {
         for addr in &s.listeners {
@@ -63,7 +62,7 @@ pub(crate) fn page<T: Transport>(shared: &Shared<T>, hostnqn: &str) -> Vec<u8> {
 }
 
 /// Get Log Page 70h: NUMD and the byte offset (LPOL/LPOU) honoured.
-pub(crate) fn log_page<T: Transport>(shared: &Shared<T>, hostnqn: &str, sqe: &Sqe) -> Admin {
+pub(crate) fn log_page(shared: &Shared, hostnqn: &str, sqe: &Sqe) -> Admin {
     let numd = (sqe.cdw10 >> 16) as u64 | ((sqe.cdw11 & 0xFFFF) as u64) << 16;
     let len = (numd + 1) * 4;
     let offset = sqe.cdw12 as u64 | (sqe.cdw13 as u64) << 32;

@@ -19,9 +19,8 @@
 //! - **Command set**: `pollux-controller`, through `model` only.
 //! - **Configuration** ([`TargetConfig`]): SPDK's JSON shape, or built in
 //!   code.
-//! - **NVMe namespaces**: the target is generic over the NVMe transport
-//!   `T` of its bdevs (`Target<T>`, `TargetConfig<T>`; `NoNvme` when none
-//!   is an NVMe namespace), one per target, monomorphised; an NVMe
+//! - **NVMe namespaces**: bdevs of NVMe namespaces on any host transport
+//!   (PCIe, the emulated controller, TCP), side by side; an NVMe
 //!   namespace's data is staged through its controller's DMA memory
 //!   (`pollux-controller`'s `store`), synchronously.
 //!

@@ -13,12 +13,11 @@
 //! (CNTRLTYPE 2, no namespaces, no NVM command support).
 use std::sync::Arc;
 
-use pollux_bdev::{Bdev, NoNvme, RawSeg};
+use pollux_bdev::{Bdev, RawSeg};
 use pollux_controller::{
     AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoOp, IoQueue,
     IoQueueOptions, Limits, Namespace, Personality, Subsystem,
 };
-use pollux_nvme::Transport;
 use pollux_spec::cmd::{cns, RwFlags};
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::identify::{IdentifyController, CNTRLTYPE_DISCOVERY};
@@ -58,13 +57,12 @@ fn mdts_for(max_io_size: u32) -> u8 {
 }
 
 /// A subsystem of the model: NVM (with namespaces on bdevs) or discovery.
-/// `T`: the NVMe transport of its bdevs (the target's).
-pub(crate) struct Subsys<T: Transport = NoNvme> {
-    inner: Arc<Subsystem<T>>,
+pub(crate) struct Subsys {
+    inner: Arc<Subsystem>,
     discovery: bool,
 }
 
-impl<T: Transport> Clone for Subsys<T> {
+impl Clone for Subsys {
     fn clone(&self) -> Self {
         Subsys {
             inner: self.inner.clone(),
@@ -73,7 +71,7 @@ impl<T: Transport> Clone for Subsys<T> {
     }
 }
 
-impl<T: Transport> std::fmt::Debug for Subsys<T> {
+impl std::fmt::Debug for Subsys {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subsys")
             .field("inner", &self.inner)
@@ -82,12 +80,8 @@ impl<T: Transport> std::fmt::Debug for Subsys<T> {
     }
 }
 
-impl<T: Transport> Subsys<T> {
-    pub fn new(
-        p: &SubsysParams,
-        bdevs: Vec<Bdev<T>>,
-        discovery: bool,
-    ) -> Result<Subsys<T>, ModelError> {
+impl Subsys {
+    pub fn new(p: &SubsysParams, bdevs: Vec<Bdev>, discovery: bool) -> Result<Subsys, ModelError> {
         let namespaces = bdevs
             .into_iter()
             .map(|b| Namespace::new(b, 0))
@@ -178,25 +172,25 @@ enum Pending {
 /// move the change on; the shutdown's flush is asynchronous (one queue
 /// per controller, kept once made, polled there too). A shutdown
 /// notified while one is under way or done is ignored until a reset.
-pub(crate) struct Ctrl<T: Transport = NoNvme> {
-    inner: Controller<T>,
+pub(crate) struct Ctrl {
+    inner: Controller,
     discovery: bool,
     pending: Pending,
     /// The queue shutdown flushes go through (made at the first; kept,
     /// since dropping it waits for a flush in flight).
-    flushq: Option<IoQueue<T>>,
+    flushq: Option<IoQueue>,
     /// The tag of the latest shutdown's flush.
     flush_tag: u32,
 }
 
-impl<T: Transport> std::fmt::Debug for Ctrl<T> {
+impl std::fmt::Debug for Ctrl {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         self.inner.fmt(f)
     }
 }
 
-impl<T: Transport> Ctrl<T> {
-    pub fn new(s: &Subsys<T>, cntlid: u16) -> Ctrl<T> {
+impl Ctrl {
+    pub fn new(s: &Subsys, cntlid: u16) -> Ctrl {
         Ctrl {
             inner: Controller::new(s.inner.clone(), cntlid),
             discovery: s.discovery,
@@ -444,7 +438,7 @@ impl<T: Transport> Ctrl<T> {
     ///
     /// Its failed commands reach the controller's Error Information log
     /// and SMART's media error count, with their SQID and CID.
-    pub fn new_io_queue(&self, qid: u16, depth: u32) -> Result<IoQ<T>, ModelError> {
+    pub fn new_io_queue(&self, qid: u16, depth: u32) -> Result<IoQ, ModelError> {
         let mut q = IoQueue::for_controller(&self.inner, IoQueueOptions { depth })?;
         q.report_errors(qid);
         Ok(IoQ(q))
@@ -452,9 +446,9 @@ impl<T: Transport> Ctrl<T> {
 }
 
 /// One I/O queue's execution context.
-pub(crate) struct IoQ<T: Transport = NoNvme>(IoQueue<T>);
+pub(crate) struct IoQ(IoQueue);
 
-impl<T: Transport> IoQ<T> {
+impl IoQ {
     /// Checks a command (a refusal reaches the controller's Error
     /// Information log; the command keeps its CID for it).
     #[inline]

@@ -7,8 +7,7 @@
 //! Each runtime thread keeps its connections in its own table (its
 //! poller, timers and the messages sent to it are the only code touching
 //! it): the pollers and timers hold it, messages find it in a
-//! thread-local slot (typed by the target's transport `T`: one downcast
-//! per message, none per poll). Thread 0 also accepts: a new connection is sent to the
+//! thread-local slot (one downcast per message, none per poll). Thread 0 also accepts: a new connection is sent to the
 //! thread whose core receives its packets (`SO_INCOMING_CPU`, when on)
 //! or to the next thread round robin.
 use std::any::Any;
@@ -20,8 +19,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher, ThreadCtx};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
@@ -53,11 +50,11 @@ pub enum TargetError {
     Runtime(#[from] pollux_runtime::Error),
 }
 
-struct Table<T: Transport> {
-    shared: Arc<Shared<T>>,
+struct Table {
+    shared: Arc<Shared>,
     /// This thread's free data buffers.
     cache: Rc<Cache>,
-    conns: Vec<Conn<TcpStream, T>>,
+    conns: Vec<Conn<TcpStream>>,
     next_id: u64,
     rr: usize,
     listeners: Vec<TcpListener>,
@@ -79,32 +76,32 @@ struct Table<T: Transport> {
 /// Least time between two warnings about evicted unbound connections.
 const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
 
-type TableRef<T> = Rc<RefCell<Table<T>>>;
+type TableRef = Rc<RefCell<Table>>;
 
 thread_local! {
-    /// This thread's `TableRef<T>`, for messages.
+    /// This thread's `TableRef`, for messages.
     static TABLE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
 }
 
 /// `f` on the table, unless it is in use (a re-entrant call).
-fn with<T: Transport, R>(t: &TableRef<T>, f: impl FnOnce(&mut Table<T>) -> R) -> Option<R> {
+fn with<R>(t: &TableRef, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
     t.try_borrow_mut().ok().map(|mut g| f(&mut g))
 }
 
 /// This thread's table (messages; pollers and timers hold theirs).
-fn this_table<T: Transport>() -> Option<TableRef<T>> {
+fn this_table() -> Option<TableRef> {
     TABLE.with(|t| {
         t.try_borrow()
             .ok()?
             .as_ref()?
-            .downcast_ref::<TableRef<T>>()
+            .downcast_ref::<TableRef>()
             .cloned()
     })
 }
 
 /// Closes connection `id` of this thread (its controller went away).
-pub(crate) fn close_conn<T: Transport>(ctx: &mut ThreadCtx, id: u64) {
-    let Some(tab) = this_table::<T>() else {
+pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
+    let Some(tab) = this_table() else {
         return;
     };
     with(&tab, |t| {
@@ -124,21 +121,20 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
-/// A running NVMe/TCP target. `T`: the NVMe transport of its bdevs
-/// ([`NoNvme`] when none is an NVMe namespace).
-pub struct Target<T: Transport = NoNvme> {
+/// A running NVMe/TCP target.
+pub struct Target {
     rt: RuntimeHandle,
-    shared: Arc<Shared<T>>,
+    shared: Arc<Shared>,
 }
 
-impl<T: Transport> Target<T> {
+impl Target {
     /// Binds the listeners, builds the subsystems and starts one runtime
     /// thread per core of `cores` serving connections.
     pub fn start(
-        cfg: TargetConfig<T>,
+        cfg: TargetConfig,
         cores: &[usize],
         rt_opts: RuntimeOptions,
-    ) -> Result<Target<T>, TargetError> {
+    ) -> Result<Target, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
         // Each connection is a descriptor: take what the hard limit allows.
@@ -265,7 +261,7 @@ impl<T: Transport> Target<T> {
     /// What the target's threads share (tests drive connections over
     /// memory with it).
     #[cfg(test)]
-    pub(crate) fn shared(&self) -> Arc<Shared<T>> {
+    pub(crate) fn shared(&self) -> Arc<Shared> {
         self.shared.clone()
     }
 
@@ -304,7 +300,7 @@ impl<T: Transport> Target<T> {
     }
 }
 
-fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Vec<TcpListener>) {
+fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
             tracing::error!("listener wake-up: {e}");
@@ -317,7 +313,7 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
         shared.pool.clone(),
         usize::try_from(cache_bytes).unwrap_or(usize::MAX),
     ));
-    let tab: TableRef<T> = Rc::new(RefCell::new(Table {
+    let tab: TableRef = Rc::new(RefCell::new(Table {
         shared,
         cache,
         conns: Vec::new(),
@@ -387,7 +383,7 @@ fn init<T: Transport>(ctx: &mut ThreadCtx, shared: Arc<Shared<T>>, listeners: Ve
     });
 }
 
-fn poll<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
+fn poll(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
     let busy = with(tab, |t| {
         let mut busy = false;
         for c in t.conns.iter_mut() {
@@ -425,7 +421,7 @@ const ACCEPT_EVERY: Duration = Duration::from_micros(200);
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
+fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
     let now = ctx.now();
     let shared = with(tab, |t| {
@@ -526,7 +522,7 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
             .unwrap_or(0)
         });
         tracing::debug!(?peer, thread, "connection accepted");
-        if let Err(e) = ctx.send(thread, move |ctx| adopt::<T>(ctx, s)) {
+        if let Err(e) = ctx.send(thread, move |ctx| adopt(ctx, s)) {
             tracing::warn!(thread, "connection dropped: {e}");
             shared.conns.fetch_sub(1, Relaxed);
         }
@@ -534,10 +530,10 @@ fn accept<T: Transport>(ctx: &mut ThreadCtx, tab: &TableRef<T>) -> Poll {
     Poll::Busy
 }
 
-fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
+fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
     let now = ctx.now();
     let thread = ctx.index();
-    let Some(tab) = this_table::<T>() else {
+    let Some(tab) = this_table() else {
         tracing::warn!("connection dropped: this thread serves no target");
         return;
     };
@@ -568,7 +564,7 @@ fn adopt<T: Transport>(ctx: &mut ThreadCtx, s: TcpStream) {
 /// share of `max_unbound_connections`, the unbound connection (handshake,
 /// discovery, closing) that has received nothing for longest is closed,
 /// a closing one first. Data hosts' connections are never evicted.
-fn evict_unbound<T: Transport>(ctx: &mut ThreadCtx, t: &mut Table<T>, now: Instant) {
+fn evict_unbound(ctx: &mut ThreadCtx, t: &mut Table, now: Instant) {
     let share = t
         .shared
         .opts

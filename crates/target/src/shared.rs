@@ -8,9 +8,6 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
-
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
 use crate::pool::Pool;
@@ -22,15 +19,15 @@ pub(crate) enum SubsysId {
     Nvm(usize),
 }
 
-pub(crate) struct SubsysEntry<T: Transport = NoNvme> {
-    pub model: Subsys<T>,
+pub(crate) struct SubsysEntry {
+    pub model: Subsys,
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
     /// Bound addresses (a configured port 0 resolved).
     pub listeners: Vec<SocketAddr>,
 }
 
-impl<T: Transport> SubsysEntry<T> {
+impl SubsysEntry {
     pub fn allows(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
     }
@@ -43,35 +40,27 @@ pub(crate) struct ConnRef {
     pub conn: u64,
 }
 
-pub(crate) struct CtrlEntry<T: Transport = NoNvme> {
+pub(crate) struct CtrlEntry {
     pub subsys: SubsysId,
     pub hostnqn: String,
-    pub ctrl: Arc<Mutex<Ctrl<T>>>,
+    pub ctrl: Arc<Mutex<Ctrl>>,
     /// Connected I/O queues: (QID, connection).
     pub io: Vec<(u16, ConnRef)>,
 }
 
-pub(crate) struct CtrlTable<T: Transport = NoNvme> {
+#[derive(Default)]
+pub(crate) struct CtrlTable {
     next: u16,
-    pub map: HashMap<u16, CtrlEntry<T>>,
-}
-
-impl<T: Transport> Default for CtrlTable<T> {
-    fn default() -> Self {
-        CtrlTable {
-            next: 0,
-            map: HashMap::new(),
-        }
-    }
+    pub map: HashMap<u16, CtrlEntry>,
 }
 
 /// Highest dynamic controller ID (FFF0h and above are reserved).
 const MAX_CNTLID: u16 = 0xFFEF;
 
-impl<T: Transport> CtrlTable<T> {
+impl CtrlTable {
     /// Registers a controller under a fresh ID (1..=FFEFh), `None` when
     /// every ID is taken.
-    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry<T>) -> Option<u16> {
+    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry) -> Option<u16> {
         if self.map.len() >= MAX_CNTLID as usize {
             return None;
         }
@@ -90,14 +79,13 @@ impl<T: Transport> CtrlTable<T> {
     }
 }
 
-/// `T`: the NVMe transport of the namespaces' bdevs (one per target).
-pub(crate) struct Shared<T: Transport = NoNvme> {
+pub(crate) struct Shared {
     pub opts: TransportOptions,
-    pub subsystems: Vec<SubsysEntry<T>>,
-    pub discovery: Subsys<T>,
+    pub subsystems: Vec<SubsysEntry>,
+    pub discovery: Subsys,
     /// Every bound listener.
     pub listeners: Vec<SocketAddr>,
-    pub ctrls: Mutex<CtrlTable<T>>,
+    pub ctrls: Mutex<CtrlTable>,
     /// Open connections (accept refuses beyond `opts.max_connections +
     /// opts.max_unbound_connections`).
     pub conns: AtomicUsize,
@@ -110,7 +98,7 @@ pub(crate) struct Shared<T: Transport = NoNvme> {
     pub cores: Vec<usize>,
 }
 
-impl<T: Transport> Shared<T> {
+impl Shared {
     pub fn find(&self, nqn: &str) -> Option<SubsysId> {
         if nqn == self.discovery.nqn() {
             return Some(SubsysId::Discovery);
@@ -121,7 +109,7 @@ impl<T: Transport> Shared<T> {
             .map(SubsysId::Nvm)
     }
 
-    pub fn subsys(&self, id: SubsysId) -> &Subsys<T> {
+    pub fn subsys(&self, id: SubsysId) -> &Subsys {
         match id {
             SubsysId::Discovery => &self.discovery,
             SubsysId::Nvm(i) => &self.subsystems[i].model,
@@ -130,7 +118,7 @@ impl<T: Transport> Shared<T> {
 
     /// The controller table (a poisoned lock is taken over: the table
     /// stays consistent, each change is a single insert or remove).
-    pub fn table(&self) -> MutexGuard<'_, CtrlTable<T>> {
+    pub fn table(&self) -> MutexGuard<'_, CtrlTable> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
@@ -168,6 +156,6 @@ impl Drop for DataSlot<'_> {
 }
 
 /// Locks a controller (poison taken over, as the table).
-pub(crate) fn lock<T: Transport>(c: &Mutex<Ctrl<T>>) -> MutexGuard<'_, Ctrl<T>> {
+pub(crate) fn lock(c: &Mutex<Ctrl>) -> MutexGuard<'_, Ctrl> {
     c.lock().unwrap_or_else(|p| p.into_inner())
 }

@@ -106,12 +106,12 @@ fn nvme_attach_goes_to_the_callers_function() {
     assert_eq!(seen, [("Nvme7".to_string(), "soft".to_string(), 1)]);
     assert!(c.bdevs.iter().any(|b| b.name() == "Nvme7n1"));
     // A failing attach function is named with the controller.
-    let e = TargetConfig::<pollux_bdev::NoNvme>::from_json_with(
-        &with_attach,
-        &mut |_: &pollux_bdev::config::NvmeAttach| Err::<Vec<_>, _>("no such device".to_string()),
-    )
-    .unwrap_err()
-    .to_string();
+    let e =
+        TargetConfig::from_json_with(&with_attach, &mut |_: &pollux_bdev::config::NvmeAttach| {
+            Err::<Vec<_>, _>("no such device".to_string())
+        })
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("Nvme7") && e.contains("no such device"), "{e}");
 }
 

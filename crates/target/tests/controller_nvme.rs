@@ -1,4 +1,4 @@
-//! NVMe namespaces (a `Bdev<Pcie>` over the emulated controller on its
+//! NVMe namespaces (a `Bdev` over the emulated controller on its
 //! device thread) served by the controller model's asynchronous I/O
 //! queue: many commands in flight at once through the queue's DMA
 //! staging pool, data verified both ways at several sizes (one piece,
@@ -13,7 +13,7 @@ use pollux_controller::{
     AdminEnv, AdminOutcome, Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits,
     Namespace, Personality, Subsystem,
 };
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_pcie::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{
     BackendConfig, DeviceThread, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig,
     SoftDevice,
@@ -31,7 +31,7 @@ const NS_BYTES: u64 = 32 << 20;
 /// Fields drop in order: the model (its queues first, in the tests), the
 /// driver's controller, then the device and the thread that steps it.
 struct Rig {
-    ctrl: Controller<Pcie>,
+    ctrl: Controller,
     dev: Arc<SoftDevice>,
     _thread: DeviceThread,
 }
@@ -55,7 +55,7 @@ fn rig(lbads: u8, mdts: u8) -> Rig {
         ControllerOptions::default(),
     )
     .expect("bring-up");
-    let bdev = Bdev::nvme("Nvme0n1", Arc::new(nvme), 1, QpairOptions::default()).unwrap();
+    let bdev = Bdev::nvme("Nvme0n1", Arc::new(nvme.into()), 1, QpairOptions::default()).unwrap();
     let subsys = Subsystem::new(
         Identity {
             serial: "NVME0001".into(),
@@ -143,7 +143,7 @@ impl Cmd {
 /// Submits every command before polling any, checks that the bdev holds
 /// several at once when `concurrent`, then polls until each is delivered
 /// (exactly once); returns the statuses by tag.
-fn run(q: &mut IoQueue<Pcie>, cmds: &mut [Cmd], concurrent: bool) -> BTreeMap<u32, Status> {
+fn run(q: &mut IoQueue, cmds: &mut [Cmd], concurrent: bool) -> BTreeMap<u32, Status> {
     for c in cmds.iter_mut() {
         let cmd = q.check_reported(&c.sqe).expect("valid command");
         assert_eq!(cmd.xfer_len, c.buf.len());
@@ -187,7 +187,7 @@ const STAGED_SEGS: usize = 4;
 
 /// Writes `n` commands of `len` bytes (cut as `cuts`) at once, reads them
 /// back at once into other buffers (cut the same way) and compares.
-fn write_read(q: &mut IoQueue<Pcie>, lbads: u8, len: usize, n: u32, cuts: &[usize], seed: u32) {
+fn write_read(q: &mut IoQueue, lbads: u8, len: usize, n: u32, cuts: &[usize], seed: u32) {
     let concurrent = n > 1 && cuts.len() < STAGED_SEGS;
     let nlb = (len >> lbads) as u32;
     let lba = |i: u32| (i * nlb) as u64 + 7;
@@ -369,7 +369,7 @@ fn failing_backend_fails_each_command_once() {
 }
 
 /// Get Log Page `lid` of `len` bytes.
-fn log_page(c: &mut Controller<Pcie>, lid: u8, len: u32) -> Vec<u8> {
+fn log_page(c: &mut Controller, lid: u8, len: u32) -> Vec<u8> {
     match c.exec_admin(
         &Sqe::get_log_page(lid, 0, len, 0, 0, 0),
         AdminEnv::default(),

@@ -21,7 +21,7 @@ use pollux_controller::{
     Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits, Namespace, Personality,
     Subsystem,
 };
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_pcie::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::fabrics::SglDescriptor;
@@ -29,7 +29,7 @@ use pollux_spec::features::fid;
 use pollux_spec::tcp::{Digests, H2CData};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
-use pollux_tcp::{TcpOptions, TcpTransport};
+use pollux_tcp::TcpOptions;
 use zerocopy::IntoBytes;
 
 /// A target serving `bdev` as namespace 1 of `SUB1`, on a free port.
@@ -196,7 +196,7 @@ fn tcp_host_api_disables_the_write_cache() {
         b.as_mut_slice().copy_from_slice(&pattern(len, seed));
         b
     };
-    let run = |qp: &mut pollux_nvme::QueuePair<TcpTransport>, lba: u64, seed: u8| {
+    let run = |qp: &mut pollux_host::QueuePair, lba: u64, seed: u8| {
         qp.write(&ns, lba, 8, buf(seed, 4096), 1).unwrap();
         qp.write(&ns, lba + 8, 64, buf(seed + 1, 32768), 2).unwrap();
         let mut n = 0;
@@ -227,11 +227,15 @@ fn tcp_host_api_disables_the_write_cache() {
     assert_eq!(bdev.lose_volatile_cache(), Some(72));
 }
 
-fn tcp_host(t: &Target) -> Arc<pollux_tcp::Controller> {
+fn tcp_host(t: &Target) -> Arc<pollux_host::Controller> {
     let mut o = TcpOptions::new(t.listen_addrs()[0], SUB1);
     o.hostnqn = HOST_A.into();
     o.kato_ms = 0;
-    Arc::new(pollux_tcp::open(o, pollux_nvme::ControllerOptions::default()).expect("connect"))
+    Arc::new(
+        pollux_tcp::open(o, pollux_nvme::ControllerOptions::default())
+            .expect("connect")
+            .into(),
+    )
 }
 
 #[test]
@@ -272,7 +276,7 @@ fn tcp_host_api_sends_fua() {
         "only the plain write is lost"
     );
     // Through a bdev over the TCP controller.
-    let nb = Bdev::<TcpTransport>::nvme("tcp0n1", ctrl.clone(), 1, qo).unwrap();
+    let nb = Bdev::nvme("tcp0n1", ctrl.clone(), 1, qo).unwrap();
     let co = ChannelOptions {
         depth: 32,
         ..Default::default()
@@ -281,7 +285,7 @@ fn tcp_host_api_sends_fua() {
     let mut w = nb.alloc_buf(8192).unwrap();
     w.as_mut_slice().copy_from_slice(&pattern(8192, 4));
     ch.write_with(500, w, RwFlags::FUA, 7).unwrap();
-    let mut h = |_: &mut Io<'_, TcpTransport>, c: Completion| assert!(c.result.is_ok());
+    let mut h = |_: &mut Io<'_>, c: Completion| assert!(c.result.is_ok());
     assert!(ch.drain(&mut h, 50_000_000));
     assert_eq!(bdev.lose_volatile_cache(), Some(0));
     // What the FUA writes stored.
@@ -422,7 +426,7 @@ fn fua_write_to_a_buffered_file_is_on_disk_when_answered() {
 /// thread outlives the driver's controller (its shutdown needs the
 /// device).
 struct Rig {
-    ctrl: Controller<Pcie>,
+    ctrl: Controller,
     _thread: DeviceThread,
 }
 
@@ -443,7 +447,7 @@ fn nvme_controller(cache: &Bdev) -> Rig {
         ControllerOptions::default(),
     )
     .expect("bring-up");
-    let bdev = Bdev::nvme("Nvme0n1", Arc::new(nvme), 1, QpairOptions::default()).unwrap();
+    let bdev = Bdev::nvme("Nvme0n1", Arc::new(nvme.into()), 1, QpairOptions::default()).unwrap();
     let subsys = Subsystem::new(
         Identity {
             serial: "FUA0001".into(),

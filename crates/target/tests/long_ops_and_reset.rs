@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_bdev::Bdev;
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_pcie::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
@@ -47,7 +47,7 @@ fn ios() -> usize {
 /// an emulated controller (NSID 1) and a RAM one (NSID 2). Fields drop in
 /// order: the target (its queues), then the device and its thread.
 struct Rig {
-    target: Target<Pcie>,
+    target: Target,
     dev: Arc<SoftDevice>,
     thread: DeviceThread,
 }
@@ -69,9 +69,9 @@ fn rig() -> Rig {
         ControllerOptions::default(),
     )
     .expect("bring-up");
-    let mut cfg = TargetConfig::<Pcie>::default();
+    let mut cfg = TargetConfig::default();
     cfg.bdevs
-        .push(Bdev::nvme("Nvme0n1", Arc::new(nvme), 1, QpairOptions::default()).unwrap());
+        .push(Bdev::nvme("Nvme0n1", Arc::new(nvme.into()), 1, QpairOptions::default()).unwrap());
     cfg.bdevs
         .push(Bdev::ram("Malloc0", 512, RAM_BLOCKS).unwrap());
     let mut s = SubsystemConfig::new(SUB1);

@@ -22,8 +22,7 @@ use std::time::{Duration, Instant};
 use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
-use pollux_bdev::{Bdev, ChannelOptions, NoNvme, UringOptions};
-use pollux_nvme::Transport;
+use pollux_bdev::{Bdev, ChannelOptions, UringOptions};
 use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
 
@@ -173,12 +172,12 @@ fn fresh_name(prefix: &str, used: &mut Vec<String>) -> String {
 }
 
 /// The bdevs of the config file, then of the quick flags.
-fn make_bdevs<T: Transport>(
+fn make_bdevs(
     a: &BdevperfArgs,
     cfg: Option<&Config>,
-    nvme: &mut impl FnMut(&str, &str) -> Result<Vec<Bdev<T>>, BdevperfError>,
-    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, BdevperfError>,
-) -> Result<Vec<Bdev<T>>, BdevperfError> {
+    nvme: &mut impl FnMut(&str, &str) -> Result<Vec<Bdev>, BdevperfError>,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, BdevperfError>,
+) -> Result<Vec<Bdev>, BdevperfError> {
     let mut used: Vec<String> = Vec::new();
     let mut ctrl_names: Vec<String> = Vec::new();
     let mut bdevs = match cfg {
@@ -288,37 +287,18 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
             "steps emulated NVMe controllers, and no bdev is NVMe",
         ));
     }
-    if has_nvme {
-        // One transport per run: TCP if any --nvme names it.
-        let tcp = a
-            .nvme
-            .iter()
-            .any(|t| matches!(pollux_host::trid::parse(t), Ok(pollux_host::Trid::Tcp(_))));
-        if tcp {
-            run_nvme::<pollux_tcp::TcpTransport>(&a, cfg.as_ref(), &cores, &online)
-        } else {
-            run_nvme::<pollux_pcie::Pcie>(&a, cfg.as_ref(), &cores, &online)
-        }
-    } else {
-        let none = |_: &str| BdevperfError::Args("no NVMe controller here".into());
-        let bdevs: Vec<Bdev<NoNvme>> = make_bdevs(
-            &a,
-            cfg.as_ref(),
-            &mut |n: &str, _: &str| Err(none(n)),
-            &mut |att: &NvmeAttach| Err(none(&att.name)),
-        )?;
-        execute(&a, &cores, bdevs, Vec::new())
-    }
+    run_with(&a, cfg.as_ref(), &cores, &online)
 }
 
-/// A run whose NVMe bdevs use transport `T`.
-fn run_nvme<T: nvme::NvmeTransport>(
+/// A run: its bdevs, NVMe controllers of any transport among them, side
+/// by side.
+fn run_with(
     a: &BdevperfArgs,
     cfg: Option<&Config>,
     cores: &[usize],
     online: &[usize],
 ) -> Result<Summary, BdevperfError> {
-    let mut opener = nvme::opener::<T>(a, cores, online);
+    let mut opener = nvme::opener(a, cores, online);
     let bdevs = {
         let op = std::cell::RefCell::new(&mut opener);
         make_bdevs(
@@ -361,10 +341,10 @@ pub struct JobMeta {
 }
 
 /// Plans, starts and reports the jobs.
-fn execute<T: Transport>(
+fn execute(
     a: &BdevperfArgs,
     cores: &[usize],
-    mut bdevs: Vec<Bdev<T>>,
+    mut bdevs: Vec<Bdev>,
     inline: Vec<Arc<SoftDevice>>,
 ) -> Result<Summary, BdevperfError> {
     if let Some(name) = &a.bdev {
@@ -460,7 +440,7 @@ fn execute<T: Transport>(
     let lat_clock = LatClock::new();
     let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     let (tx, rx) = mpsc::channel::<JobResult>();
-    let mut per_thread: Vec<Vec<Job<T>>> = (0..cores.len()).map(|_| Vec::new()).collect();
+    let mut per_thread: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut metas = Vec::new();
     let mut progress = Vec::new();
     for (bi, (b, &(io_blocks, units))) in bdevs.iter().zip(&plans).enumerate() {

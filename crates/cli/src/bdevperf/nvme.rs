@@ -6,16 +6,11 @@
 use pollux_host::QpairOptions;
 
 use super::BdevperfArgs;
-pub use crate::nvme_open::NvmeTransport;
 use crate::nvme_open::{NvmeOpener, OpenError};
 
 /// The opener of a bdevperf run on `cores` (`online`: the machine's cores,
 /// for the emulated controllers' thread when `--device-core` is not given).
-pub fn opener<T: NvmeTransport>(
-    a: &BdevperfArgs,
-    cores: &[usize],
-    online: &[usize],
-) -> NvmeOpener<T> {
+pub fn opener(a: &BdevperfArgs, cores: &[usize], online: &[usize]) -> NvmeOpener {
     let device_core = a.run.device.core(cores, online);
     let per_ns = if a.every_core { cores.len() } else { 1 };
     NvmeOpener::new(

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 
 use hdrhistogram::Histogram;
 use pollux_bdev::{Bdev, BdevStats};
-use pollux_nvme::Transport;
 use serde_json::{json, Value};
 
 use super::job::JobResult;
@@ -22,12 +21,12 @@ fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
 }
 
 #[allow(clippy::too_many_arguments)]
-pub fn report<T: Transport>(
+pub fn report(
     a: &BdevperfArgs,
     cores: &[usize],
     metas: &[JobMeta],
     results: &[Option<JobResult>],
-    bdevs: &[Bdev<T>],
+    bdevs: &[Bdev],
     stats: &HashMap<String, BdevStats>,
     ns_per_tick: f64,
     clock_source: &str,

@@ -2,10 +2,9 @@
 //! (one subsystem, one namespace — or every namespace of the `--nvme`
 //! controller) or SPDK's JSON configuration (`-c`).
 //!
-//! The target is monomorphised over the transport of its NVMe bdevs,
-//! chosen from `--nvme` and `-c`'s `bdev_nvme_attach_controller` entries
-//! (see `nvme`): none, PCIe (with the emulated controller) or TCP.
-mod nvme;
+//! Its NVMe bdevs (`--nvme`, `-c`'s `bdev_nvme_attach_controller`
+//! entries) may be of any transport, side by side: PCIe devices, emulated
+//! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -13,17 +12,14 @@ use std::time::Duration;
 
 use clap::Args;
 use pollux_bdev::config::NvmeAttach;
-use pollux_bdev::{Bdev, NoNvme, UringOptions};
-use pollux_nvme::Transport;
+use pollux_bdev::{Bdev, UringOptions};
 use pollux_target::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
 use crate::common::cores::online_cpus;
 use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
-use crate::nvme_open::{NvmeOpener, NvmeTransport};
-use nvme::Kind;
-use pollux_host::trid;
+use crate::nvme_open::NvmeOpener;
 use pollux_host::trid::parse_size;
 
 #[derive(Args, Debug, Clone)]
@@ -111,9 +107,6 @@ pub enum TargetCliError {
     Target(#[from] pollux_target::TargetError),
     #[error(transparent)]
     Config(#[from] pollux_target::ConfigError),
-    /// NVMe controllers of two transport types.
-    #[error("{0}")]
-    Mixed(String),
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
@@ -152,11 +145,11 @@ fn size_opt(option: &'static str, v: &Option<String>) -> Result<Option<u64>, Tar
 
 /// The configuration the options describe (creates the bdevs): `nvme`
 /// opens `--nvme`'s controller, `attach` those of `-c`.
-pub fn config<T: Transport>(
+pub fn config(
     a: &TargetArgs,
-    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev<T>>, TargetCliError>,
-    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, String>,
-) -> Result<TargetConfig<T>, TargetCliError> {
+    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev>, TargetCliError>,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, String>,
+) -> Result<TargetConfig, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
         if quick || !a.listen.is_empty() || !a.host.is_empty() {
@@ -189,23 +182,22 @@ pub fn config<T: Transport>(
             ));
         }
         let bs = a.block_size;
-        let local =
-            |option: &'static str, v: &String, ram: bool| -> Result<Bdev<T>, TargetCliError> {
-                let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-                if bs == 0 || size % bs as u64 != 0 || size == 0 {
-                    return Err(bad(
-                        option,
-                        v,
-                        format!("not a non-zero multiple of the block size {bs}"),
-                    ));
-                }
-                let r = if ram {
-                    Bdev::ram("Malloc0", bs, size / bs as u64)
-                } else {
-                    Bdev::null("Null0", bs, size / bs as u64)
-                };
-                r.map_err(|e| bad(option, v, e.to_string()))
+        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
+            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+            if bs == 0 || size % bs as u64 != 0 || size == 0 {
+                return Err(bad(
+                    option,
+                    v,
+                    format!("not a non-zero multiple of the block size {bs}"),
+                ));
+            }
+            let r = if ram {
+                Bdev::ram("Malloc0", bs, size / bs as u64)
+            } else {
+                Bdev::null("Null0", bs, size / bs as u64)
             };
+            r.map_err(|e| bad(option, v, e.to_string()))
+        };
         let bdevs = if let Some(v) = &a.null {
             vec![local("--null", v, false)?]
         } else if let Some(v) = &a.ram {
@@ -298,48 +290,17 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     let online = online_cpus();
     let cores = a.cpumask.cores(&online)?;
     a.device.check(&online)?;
-    // The transport type of the NVMe bdevs, from every source.
-    let mut kinds = Vec::new();
-    if let Some(t) = &a.nvme {
-        let trid = trid::parse(t).map_err(|e| bad("--nvme", t, e.to_string()))?;
-        kinds.push((Kind::of(&trid), format!("--nvme '{t}'")));
-    }
-    if let Some(path) = &a.config {
-        // Unreadable: `config` names the file.
-        if let Ok(json) = std::fs::read_to_string(path) {
-            kinds.extend(nvme::config_kinds(&json).map_err(|e| bad("-c", path, e))?);
-        }
-    }
     let device_core = a.device.core(&cores, &online);
-    match nvme::one_kind(&kinds)? {
-        None => {
-            let none = |what: &str| format!("{what}: no NVMe transport in this target");
-            let cfg = config::<NoNvme>(
-                &a,
-                &mut |t: &str| Err(bad("--nvme", t, none("--nvme"))),
-                &mut |att: &NvmeAttach| Err(none(&att.name)),
-            )?;
-            serve(cfg, &cores)
-        }
-        Some(Kind::Pcie) => serve_nvme::<pollux_pcie::Pcie>(&a, &cores, device_core),
-        Some(Kind::Tcp) => serve_nvme::<pollux_tcp::TcpTransport>(&a, &cores, device_core),
-    }
-}
-
-/// A target whose NVMe bdevs use transport `T`.
-fn serve_nvme<T: NvmeTransport>(
-    a: &TargetArgs,
-    cores: &[usize],
-    device_core: Option<usize>,
-) -> Result<(), TargetCliError> {
-    let opener = std::cell::RefCell::new(NvmeOpener::<T>::new(
+    // NVMe controllers of any transport, side by side; opened as the
+    // configuration names them.
+    let opener = std::cell::RefCell::new(NvmeOpener::new(
         false,
         device_core,
         1,
         pollux_host::QpairOptions::default(),
     ));
-    let cfg = config::<T>(
-        a,
+    let cfg = config(
+        &a,
         &mut |t: &str| {
             opener
                 .borrow_mut()
@@ -351,7 +312,7 @@ fn serve_nvme<T: NvmeTransport>(
         },
         &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
     );
-    let r = cfg.and_then(|cfg| serve(cfg, cores));
+    let r = cfg.and_then(|cfg| serve(cfg, &cores));
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
     drop(opener);
@@ -359,7 +320,7 @@ fn serve_nvme<T: NvmeTransport>(
 }
 
 /// Starts the target, prints its addresses and runs until a signal.
-fn serve<T: Transport>(cfg: TargetConfig<T>, cores: &[usize]) -> Result<(), TargetCliError> {
+fn serve(cfg: TargetConfig, cores: &[usize]) -> Result<(), TargetCliError> {
     let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
@@ -398,7 +359,7 @@ mod tests {
         let mut argv = vec!["target", "--ram", "1MiB", "--listen", "127.0.0.1:0"];
         argv.extend_from_slice(extra);
         let a = Cli::try_parse_from(argv).expect("arguments").a;
-        config::<NoNvme>(
+        config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
@@ -410,7 +371,7 @@ mod tests {
     #[test]
     fn a_refusal_without_a_value_has_no_stray_space() {
         let a = Cli::try_parse_from(["target"]).expect("arguments").a;
-        let e = config::<NoNvme>(
+        let e = config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),

@@ -35,7 +35,6 @@ use pollux_spec::Sqe;
 use super::{gen, ok, spec, AdminEnv, AdminResult};
 use crate::ctrl::Controller;
 use crate::subsystem::{Personality, Subsystem};
-use pollux_nvme::Transport;
 
 /// Default over-temperature threshold, Kelvin (70 °C).
 pub const DEFAULT_TEMP_OVER: u16 = 343;
@@ -69,7 +68,7 @@ pub(crate) struct Features {
 }
 
 impl Features {
-    pub fn defaults<T: Transport>(subsys: &Subsystem<T>) -> Features {
+    pub fn defaults(subsys: &Subsystem) -> Features {
         let max = subsys.limits().max_io_queues;
         Features {
             queues: NumberOfQueues::new(max, max),
@@ -137,7 +136,7 @@ fn supported(f: u8, p: &Personality) -> bool {
     }
 }
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     pub(crate) fn get_features(&mut self, sqe: &Sqe) -> AdminResult {
         let f = cdw10_fid(sqe.cdw10);
         if !supported(f, self.subsys.personality()) {

@@ -21,7 +21,6 @@
 //! if a request failed or was refused (the rest are then not sent), with
 //! its kind's failure: Internal Error for Dataset Management (as the
 //! synchronous path), Write Fault for the others.
-use pollux_nvme::Transport;
 use pollux_spec::cmd::DsmRange;
 use pollux_spec::status::{generic, media};
 use pollux_spec::Status;
@@ -112,7 +111,7 @@ impl Multis {
     }
 }
 
-impl<T: Transport> IoQueue<T> {
+impl IoQueue {
     /// `submit` of a Dataset Management, a Flush of every namespace or a
     /// Write Zeroes larger than one piece: its status if it ends within
     /// the call (nothing to do, refused), else None (`poll` delivers it).
