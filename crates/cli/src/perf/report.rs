@@ -4,8 +4,13 @@
 use hdrhistogram::Histogram;
 use serde_json::json;
 
+use super::args::PerfArgs;
 use super::worker::WorkerResult;
-use super::{PerfArgs, Summary};
+
+/// What the caller needs after a run.
+pub struct Summary {
+    pub errors: u64,
+}
 
 /// A latency statistic in microseconds: `q` a quantile, `None` the mean.
 fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
