@@ -8,18 +8,17 @@
 //! with `-C` every core gets a job on every bdev, each on its own slice of
 //! the bdev. A job is one channel with `-q` buffers, driven by a poller on
 //! its core's runtime thread (see `job.rs`).
+mod args;
 mod job;
 mod nvme;
 mod report;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
 use pollux_bdev::{Bdev, ChannelOptions, UringOptions};
@@ -29,72 +28,15 @@ use pollux_softnvme::SoftDevice;
 use crate::common::clock::LatClock;
 use crate::common::cores::online_cpus;
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::{BadOption, CpumaskArgs, RunArgs};
+use crate::common::opts::BadOption;
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
+use crate::nvme_open::OpenError;
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
-use pollux_host::trid::parse_size;
+use report::JobMeta;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Workload {
-    Read,
-    Write,
-    Randread,
-    Randwrite,
-    Rw,
-    Randrw,
-    /// Write each unit, read it back and compare (sequential).
-    Verify,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct BdevperfArgs {
-    #[command(flatten)]
-    pub run: RunArgs<Workload>,
-    #[command(flatten)]
-    pub cpumask: CpumaskArgs,
-    /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
-    /// bdev_uring_create, bdev_nvme_attach_controller).
-    #[arg(short = 'c', long = "config")]
-    pub config: Option<PathBuf>,
-    /// Every core runs a job on every bdev (each on a slice of it).
-    #[arg(short = 'C')]
-    pub every_core: bool,
-    /// Only run on this bdev.
-    #[arg(short = 'T', long = "bdev")]
-    pub bdev: Option<String>,
-    /// A null bdev (Null0, 1 TiB): stores nothing.
-    #[arg(long)]
-    pub null: bool,
-    /// A RAM bdev of this size (Malloc<k>), repeatable.
-    #[arg(long, value_parser = parse_size)]
-    pub ram: Vec<u64>,
-    /// An io_uring bdev on this file or block device (Uring<k>), repeatable.
-    #[arg(long)]
-    pub uring: Vec<PathBuf>,
-    /// The --uring bdevs poll completions from the device
-    /// (IORING_SETUP_IOPOLL: O_DIRECT on a block device with poll queues,
-    /// e.g. nvme.poll_queues=N).
-    #[arg(long)]
-    pub iopoll: bool,
-    /// The --uring bdevs' pollers yield the core after this many empty
-    /// polls in a row with requests in flight (0: never), so an io-wq
-    /// worker or softirq on the same core can run.
-    #[arg(long, value_name = "POLLS", default_value_t = UringOptions::default().yield_after)]
-    pub uring_yield: u32,
-    /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
-    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0'
-    /// or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
-    #[arg(long)]
-    pub nvme: Vec<String>,
-    /// Block size of the --null and --ram bdevs.
-    #[arg(long = "block-size", default_value_t = 512)]
-    pub block_size: u32,
-    /// Testing aid: fail each job's bdev (null/RAM) once the job completed
-    /// this many I/Os.
-    #[arg(long = "inject-failure-after", hide = true)]
-    pub inject_failure_after: Option<u64>,
-}
+pub use args::{BdevperfArgs, Workload};
+pub use report::Summary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BdevperfError {
@@ -116,17 +58,18 @@ pub enum BdevperfError {
     Args(String),
 }
 
+impl From<OpenError> for BdevperfError {
+    fn from(e: OpenError) -> Self {
+        BdevperfError::Args(e.to_string())
+    }
+}
+
 fn bad(
     option: &'static str,
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> BdevperfError {
     BadOption::new(option, value, why).into()
-}
-
-/// What the caller needs after a run.
-pub struct Summary {
-    pub errors: u64,
 }
 
 /// Option checks that need no bdev: each names the option and its value.
@@ -332,12 +275,6 @@ fn run_with(
     // thread last (the opener's field order).
     drop(opener);
     r
-}
-
-/// One job's place: its bdev and core, for the report.
-pub struct JobMeta {
-    pub bdev: String,
-    pub core: usize,
 }
 
 /// Plans, starts and reports the jobs.

@@ -5,8 +5,8 @@
 //! emulated controllers stepped inline with `--inline`.
 use pollux_host::QpairOptions;
 
-use super::BdevperfArgs;
-use crate::nvme_open::{NvmeOpener, OpenError};
+use super::args::BdevperfArgs;
+use crate::nvme_open::NvmeOpener;
 
 /// The opener of a bdevperf run on `cores` (`online`: the machine's cores,
 /// for the emulated controllers' thread when `--device-core` is not given).
@@ -23,10 +23,4 @@ pub fn opener(a: &BdevperfArgs, cores: &[usize], online: &[usize]) -> NvmeOpener
             ..QpairOptions::default()
         },
     )
-}
-
-impl From<OpenError> for super::BdevperfError {
-    fn from(e: OpenError) -> Self {
-        super::BdevperfError::Args(e.to_string())
-    }
 }

@@ -7,9 +7,20 @@ use hdrhistogram::Histogram;
 use pollux_bdev::{Bdev, BdevStats};
 use serde_json::{json, Value};
 
+use super::args::BdevperfArgs;
 use super::job::JobResult;
-use super::{BdevperfArgs, JobMeta, Summary};
 use crate::common::cores::mask_of;
+
+/// What the caller needs after a run.
+pub struct Summary {
+    pub errors: u64,
+}
+
+/// One job's place: its bdev and core, for the report.
+pub struct JobMeta {
+    pub bdev: String,
+    pub core: usize,
+}
 
 /// A latency statistic in microseconds: `q` a quantile, `None` the mean.
 fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
