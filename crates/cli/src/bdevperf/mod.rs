@@ -151,7 +151,7 @@ pub enum BdevperfError {
     #[error("{0}")]
     Device(#[from] PerfError),
     #[error("{0}")]
-    Driver(#[from] pollux_nvme::Error),
+    Driver(#[from] pollux_host::Error),
     #[error("runtime: {0}")]
     Runtime(#[from] pollux_runtime::Error),
     #[error("{0}")]
