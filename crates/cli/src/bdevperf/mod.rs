@@ -51,7 +51,7 @@ pub enum BdevperfError {
     #[error("{0}")]
     Bdev(#[from] pollux_bdev::Error),
     #[error("{0}")]
-    Driver(#[from] pollux_nvme::Error),
+    Driver(#[from] pollux_host::Error),
     #[error("runtime: {0}")]
     Runtime(#[from] pollux_runtime::Error),
     #[error("{0}")]
