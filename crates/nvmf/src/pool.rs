@@ -146,7 +146,6 @@ impl Cache {
     }
 
     /// Bytes of free buffers cached.
-    #[cfg(test)]
     pub fn bytes(&self) -> usize {
         self.bytes.get()
     }

@@ -6,6 +6,7 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
 
 use pollux_bdev::Bdev;
+use pollux_nvmf::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use pollux_spec::fabrics::{
     ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd, PropertySize, SglDescriptor,
     CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
@@ -15,7 +16,6 @@ use pollux_spec::tcp::{
     PduLayout, Role, RxConfig, TermReq,
 };
 use pollux_spec::{Cqe, NvmOpcode, Sqe};
-use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use zerocopy::IntoBytes;
 
 pub const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:aaaaaaaa-0000-0000-0000-000000000001";
@@ -25,12 +25,12 @@ pub const SUB1: &str = "nqn.2024-01.io.pollux:sub1";
 /// A target with one subsystem (`SUB1`, any host) on a RAM bdev of
 /// `blocks` 512-byte blocks, listening on a free loopback port.
 pub fn ram_target(blocks: u64) -> Target {
-    ram_target_with(blocks, pollux_target::TransportOptions::default(), &[0])
+    ram_target_with(blocks, pollux_nvmf::TransportOptions::default(), &[0])
 }
 
 pub fn ram_target_with(
     blocks: u64,
-    opts: pollux_target::TransportOptions,
+    opts: pollux_nvmf::TransportOptions,
     cores: &[usize],
 ) -> Target {
     let mut cfg = TargetConfig {
@@ -39,7 +39,7 @@ pub fn ram_target_with(
     };
     cfg.bdevs.push(Bdev::ram("Malloc0", 512, blocks).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
-    s.namespaces.push(pollux_target::NamespaceConfig {
+    s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
     });

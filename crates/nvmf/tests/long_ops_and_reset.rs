@@ -19,6 +19,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use pollux_bdev::Bdev;
+use pollux_nvmf::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use pollux_pcie::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_softnvme::{SoftMode, SoftPlatform};
@@ -28,7 +29,6 @@ use pollux_spec::features::fid;
 use pollux_spec::regs::{shn, shst, Cc, Csts};
 use pollux_spec::tcp::{CapsuleCmd, Digests};
 use pollux_spec::{NvmOpcode, Sqe, Status};
-use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use zerocopy::IntoBytes;
 
 /// Blocks (512 B) of the emulated namespace (NSID 1) and of the RAM one
@@ -76,7 +76,7 @@ fn rig() -> Rig {
         .push(Bdev::ram("Malloc0", 512, RAM_BLOCKS).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
     for b in ["Nvme0n1", "Malloc0"] {
-        s.namespaces.push(pollux_target::NamespaceConfig {
+        s.namespaces.push(pollux_nvmf::NamespaceConfig {
             bdev: b.into(),
             nsid: None,
         });

@@ -8,9 +8,10 @@ use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use pollux_runtime::ThreadCtx;
+
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
-use crate::pool::Pool;
 
 /// Which subsystem a controller belongs to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -33,11 +34,13 @@ impl SubsysEntry {
     }
 }
 
-/// Where a queue's connection lives: runtime thread and connection id.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+/// Where a queue's connection lives: runtime thread and connection id,
+/// and how its transport closes it there.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnRef {
     pub thread: usize,
     pub conn: u64,
+    pub close: fn(&mut ThreadCtx, u64),
 }
 
 pub(crate) struct CtrlEntry {
@@ -86,16 +89,9 @@ pub(crate) struct Shared {
     /// Every bound listener.
     pub listeners: Vec<SocketAddr>,
     pub ctrls: Mutex<CtrlTable>,
-    /// Open connections (accept refuses beyond `opts.max_connections +
-    /// opts.max_unbound_connections`).
-    pub conns: AtomicUsize,
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).
     pub data_conns: AtomicUsize,
-    /// The data buffers' budget.
-    pub pool: Arc<Pool>,
-    /// Core of each runtime thread.
-    pub cores: Vec<usize>,
 }
 
 impl Shared {
@@ -120,6 +116,56 @@ impl Shared {
     /// stays consistent, each change is a single insert or remove).
     pub fn table(&self) -> MutexGuard<'_, CtrlTable> {
         self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes controller `cntlid` and closes its I/O queues' connections
+    /// (on their threads).
+    pub fn teardown(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let entry = self.table().map.remove(&cntlid);
+        let Some(e) = entry else {
+            return;
+        };
+        tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
+        for (_, r) in e.io {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    thread = r.thread,
+                    "closing an I/O queue of controller {cntlid}: {err}"
+                );
+            }
+        }
+    }
+
+    /// Closes the I/O queues' connections of controller `cntlid` (on
+    /// their threads), which a reset or shutdown stops: each leaves the
+    /// controller's entry as it closes (`Qpair::detach`), and the
+    /// controller completes the reset or shutdown once none is left (see
+    /// `model::Ctrl`).
+    pub fn stop_io_queues(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let queues = match self.table().map.get(&cntlid) {
+            Some(e) => e.io.clone(),
+            None => return,
+        };
+        tracing::info!(
+            cntlid,
+            io_queues = queues.len(),
+            "controller reset or shut down: closing its I/O queues"
+        );
+        for (qid, r) in queues {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    cntlid,
+                    qid,
+                    thread = r.thread,
+                    "closing an I/O queue: {err}"
+                );
+                if let Some(e) = self.table().map.get_mut(&cntlid) {
+                    e.io.retain(|(q, _)| *q != qid);
+                }
+            }
+        }
     }
 }
 

@@ -1,5 +1,5 @@
 //! SPDK-shaped JSON configuration: what is read, what is refused (named).
-use pollux_target::{ConfigError, TargetConfig};
+use pollux_nvmf::{ConfigError, TargetConfig};
 
 const GOOD: &str = r#"{"subsystems": [
   {"subsystem": "accel", "config": []},
@@ -37,7 +37,7 @@ fn spdk_configuration_is_read() {
     assert_eq!(c.transport.num_shared_buffers, 511);
     assert_eq!(c.transport.pool_bytes(), 511 * 8192);
     // It starts, listening on a real port.
-    let t = pollux_target::Target::start(c, &[0], Default::default()).unwrap();
+    let t = pollux_nvmf::Target::start(c, &[0], Default::default()).unwrap();
     assert_ne!(t.listen_addrs()[0].port(), 0);
 }
 
@@ -144,7 +144,7 @@ fn handshake_timeouts_are_read_and_bounded() {
         assert!(e.contains(p) && e.contains("nvmf_create_transport"), "{e}");
     }
     // Built in code: validate() names the option.
-    let mut o = pollux_target::TransportOptions {
+    let mut o = pollux_nvmf::TransportOptions {
         connect_timeout: Duration::ZERO,
         ..Default::default()
     };
@@ -159,7 +159,7 @@ fn handshake_timeouts_are_read_and_bounded() {
 #[test]
 fn send_iov_is_read_and_bounded() {
     let c = TargetConfig::from_json(GOOD).unwrap();
-    assert_eq!(c.transport.send_iov, pollux_target::MAX_SEND_IOV);
+    assert_eq!(c.transport.send_iov, pollux_nvmf::MAX_SEND_IOV);
     let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
     let c = TargetConfig::from_json(&with("\"send_iov\": 64")).unwrap();
     assert_eq!(c.transport.send_iov, 64);
@@ -173,7 +173,7 @@ fn send_iov_is_read_and_bounded() {
             "{e}"
         );
     }
-    let o = pollux_target::TransportOptions {
+    let o = pollux_nvmf::TransportOptions {
         send_iov: 0,
         ..Default::default()
     };
@@ -188,7 +188,7 @@ fn send_iov_is_read_and_bounded() {
 #[test]
 fn pool_data_timeout_and_unbound_budget_are_read_and_bounded() {
     use std::time::Duration;
-    let d = pollux_target::TransportOptions::default();
+    let d = pollux_nvmf::TransportOptions::default();
     assert_eq!(d.pool_bytes(), 511 * (128 << 10));
     assert_eq!(d.data_timeout, Duration::from_secs(30));
     let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));

@@ -21,7 +21,7 @@
 //! With `--empty-poll`, what one receive that finds nothing costs on this
 //! kernel, as `recv` and as `readv` (the target polls its sockets so).
 //!
-//! `cargo run --release -p pollux-target --example loopback_bound --
+//! `cargo run --release -p pollux-nvmf --example loopback_bound --
 //! [--batch N] [--bufs N] [--size BYTES] [--secs S] [--rtt | --qd N | --empty-poll] [--json]`
 use std::io::{IoSlice, Read, Write};
 use std::net::{TcpListener, TcpStream};

@@ -5,12 +5,12 @@ mod common;
 
 use common::*;
 use pollux_bdev::Bdev;
+use pollux_nvmf::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use pollux_spec::features::fid;
 use pollux_spec::log::{lid, ErrorLogEntry, SmartLog};
 use pollux_spec::status::{generic, media, sct};
 use pollux_spec::tcp::Digests;
 use pollux_spec::{NvmOpcode, Sqe};
-use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use zerocopy::FromBytes;
 
 fn log_page(c: &mut Client, lid: u8, len: u32) -> Vec<u8> {
@@ -39,7 +39,7 @@ fn failed_io_commands_show_in_the_error_log_and_smart() {
     let mut cfg = TargetConfig::default();
     cfg.bdevs.push(bdev.clone());
     let mut s = SubsystemConfig::new(SUB1);
-    s.namespaces.push(pollux_target::NamespaceConfig {
+    s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
     });

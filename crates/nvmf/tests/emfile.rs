@@ -41,7 +41,7 @@ impl Subscriber for Counter {
     fn event(&self, e: &Event<'_>) {
         let mut m = Message(String::new());
         e.record(&mut m);
-        if e.metadata().target().starts_with("pollux_target") && m.0.contains("accept") {
+        if e.metadata().target().starts_with("pollux_nvmf") && m.0.contains("accept") {
             ACCEPT_WARNINGS.fetch_add(1, Relaxed);
         }
     }

@@ -21,6 +21,7 @@ use pollux_controller::{
     Controller, FabricsTraits, Identity, IoQueue, IoQueueOptions, Limits, Namespace, Personality,
     Subsystem,
 };
+use pollux_nvmf::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use pollux_pcie::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, DeviceThread, NamespaceConfig, SoftConfig, SoftDevice};
 use pollux_softnvme::{SoftMode, SoftPlatform};
@@ -28,7 +29,6 @@ use pollux_spec::fabrics::SglDescriptor;
 use pollux_spec::features::fid;
 use pollux_spec::tcp::{Digests, H2CData};
 use pollux_spec::{NvmOpcode, Sqe, Status};
-use pollux_target::{RuntimeOptions, SubsystemConfig, Target, TargetConfig};
 use pollux_tcp::TcpOptions;
 use zerocopy::IntoBytes;
 
@@ -38,7 +38,7 @@ fn target_on(bdev: Bdev) -> Target {
     let name = bdev.name().to_string();
     cfg.bdevs.push(bdev);
     let mut s = SubsystemConfig::new(SUB1);
-    s.namespaces.push(pollux_target::NamespaceConfig {
+    s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: name,
         nsid: None,
     });
@@ -380,7 +380,7 @@ fn fua_write_to_a_buffered_file_is_on_disk_when_answered() {
         eprintln!("skipped: no directory on a file system with writeback");
         return;
     };
-    let path = dir.join(format!("pollux-target-fua-{}", std::process::id()));
+    let path = dir.join(format!("pollux-nvmf-fua-{}", std::process::id()));
     std::fs::File::create(&path).unwrap();
     let _rm = TempFile(path.clone());
     let o = UringOptions {

@@ -243,7 +243,7 @@ fn hostile_connections_do_not_disturb_a_verified_workload() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(3000);
-    let opts = pollux_target::TransportOptions {
+    let opts = pollux_nvmf::TransportOptions {
         max_connections: 4096,
         ..Default::default()
     };
@@ -332,7 +332,7 @@ fn a_discovery_flood_does_not_lock_data_hosts_out() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(1100);
-    let opts = pollux_target::TransportOptions::default();
+    let opts = pollux_nvmf::TransportOptions::default();
     let (max_data, max_unbound) = (opts.max_connections, opts.max_unbound_connections);
     let t = ram_target_with(8192, opts, &[0]);
     let addr = t.listen_addrs()[0];
@@ -471,7 +471,7 @@ fn hosts_that_never_send_r2t_data_cannot_grow_the_target() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let opts = pollux_target::TransportOptions {
+    let opts = pollux_nvmf::TransportOptions {
         data_timeout: Duration::from_secs(1),
         ..Default::default()
     };

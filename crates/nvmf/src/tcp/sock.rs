@@ -8,15 +8,19 @@ use std::os::fd::{AsRawFd, RawFd};
 /// What a connection needs of its socket. The target's sockets are
 /// `TcpStream`s; the connection tests drive the same machine over
 /// memory.
-pub(crate) trait Wire {
-    /// As [`recv2`].
+pub trait Wire {
+    /// Receives into `first` then `second`: bytes read, `Ok(None)` when
+    /// nothing is there now, `Ok(Some(0))` at end of stream (a socket's
+    /// is this module's `recv2`).
     fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>>;
 
-    /// As [`send_iov`].
+    /// Sends what the iovecs describe, in order: bytes taken, `Ok(0)`
+    /// when nothing can be taken now (a socket's is this module's
+    /// `send_iov`).
     ///
     /// # Safety
-    /// As [`send_iov`]: each iovec describes readable memory that stays
-    /// valid for the call.
+    /// Each iovec describes readable memory that stays valid for the
+    /// call.
     unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize>;
 
     /// `shutdown(2)`.

@@ -1,4 +1,6 @@
-//! The target on the runtime: listeners, placement of connections on
+//! The TCP transport on the runtime: listeners (bound at start), what
+//! its threads share ([`TcpShared`]: the connection count, the data
+//! buffer pool, the threads' cores), placement of connections on
 //! threads, each thread's connection table and poller, idle sleep in
 //! epoll on the sockets, Keep Alive expiry, handshake timeouts (a
 //! connection without ICReq, or whose queue is not connected, in time is
@@ -15,43 +17,109 @@ use std::cell::RefCell;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::fd::{AsFd, AsRawFd};
 use std::rc::Rc;
+use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use pollux_runtime::{Poll, Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher, ThreadCtx};
-use pollux_spec::fabrics::DISCOVERY_NQN;
+use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::config::{ConfigError, TargetConfig};
-use crate::conn::Conn;
-use crate::model::{ModelError, Subsys, SubsysParams};
+use crate::config::TransportOptions;
 use crate::pool::{Cache, Pool};
-use crate::shared::{Shared, SubsysEntry};
-use crate::sock;
+use crate::shared::Shared;
+use crate::tcp::conn::Conn;
+use crate::tcp::sock;
 
-/// Why a target did not start.
-#[derive(Debug, thiserror::Error)]
-pub enum TargetError {
-    #[error(transparent)]
-    Config(#[from] ConfigError),
-    #[error("subsystem '{nqn}': {source}")]
-    Model {
-        nqn: String,
-        #[source]
-        source: ModelError,
-    },
-    #[error("listening on {addr}: {source}")]
-    Listen {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
-    #[error(transparent)]
-    Runtime(#[from] pollux_runtime::Error),
+/// What every runtime thread of the TCP transport shares.
+pub(crate) struct TcpShared {
+    /// Open connections (accept refuses beyond `opts.max_connections +
+    /// opts.max_unbound_connections`).
+    pub conns: AtomicUsize,
+    /// The data buffers' budget (the transport's resource: each thread
+    /// takes from it through its cache).
+    pub pool: Arc<Pool>,
+    /// Core of each runtime thread.
+    pub cores: Vec<usize>,
+}
+
+impl TcpShared {
+    pub fn new(o: &TransportOptions, cores: &[usize]) -> TcpShared {
+        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
+        TcpShared {
+            conns: AtomicUsize::new(0),
+            pool: Arc::new(Pool::new(pool_bytes)),
+            cores: cores.to_vec(),
+        }
+    }
+}
+
+/// The listeners of a target being started: each distinct configured
+/// address bound once (a port 0 becomes a real port).
+pub(crate) struct Listeners {
+    /// (configured address, bound address, listener)
+    bound: Vec<(SocketAddr, SocketAddr, TcpListener)>,
+}
+
+impl Listeners {
+    /// Binds `addrs` (non-blocking), after raising the descriptor limit
+    /// (each connection is a descriptor). The address that failed, and
+    /// why.
+    pub fn bind(
+        addrs: impl IntoIterator<Item = SocketAddr>,
+        o: &TransportOptions,
+    ) -> Result<Listeners, (SocketAddr, std::io::Error)> {
+        // Each connection is a descriptor: take what the hard limit allows.
+        match sock::raise_nofile() {
+            Ok((before, after)) => {
+                let want = (o.max_connections as u64).saturating_add(64);
+                if after < want {
+                    tracing::warn!(
+                        limit = after,
+                        max_connections = o.max_connections,
+                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
+                    );
+                } else if before != after {
+                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
+                }
+            }
+            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
+        }
+        // Bind each distinct address once; port 0 becomes a real port.
+        let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
+        for addr in addrs {
+            if bound.iter().any(|(a, _, _)| *a == addr) {
+                continue;
+            }
+            let l = TcpListener::bind(addr)
+                .and_then(|l| l.set_nonblocking(true).map(|()| l))
+                .map_err(|e| (addr, e))?;
+            let real = l.local_addr().map_err(|e| (addr, e))?;
+            bound.push((addr, real, l));
+        }
+        Ok(Listeners { bound })
+    }
+
+    /// The address a configured one is bound to.
+    pub fn real(&self, a: &SocketAddr) -> SocketAddr {
+        self.bound
+            .iter()
+            .find(|(c, _, _)| c == a)
+            .map_or(*a, |(_, r, _)| *r)
+    }
+
+    /// Every bound address.
+    pub fn addrs(&self) -> Vec<SocketAddr> {
+        self.bound.iter().map(|(_, r, _)| *r).collect()
+    }
+
+    pub fn into_listeners(self) -> Vec<TcpListener> {
+        self.bound.into_iter().map(|(_, _, l)| l).collect()
+    }
 }
 
 struct Table {
     shared: Arc<Shared>,
+    tcp: Arc<TcpShared>,
     /// This thread's free data buffers.
     cache: Rc<Cache>,
     conns: Vec<Conn<TcpStream>>,
@@ -105,202 +173,20 @@ pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
         return;
     };
     with(&tab, |t| {
-        if let Some(c) = t.conns.iter_mut().find(|c| c.id == id) {
+        if let Some(c) = t.conns.iter_mut().find(|c| c.id() == id) {
             c.close_now(ctx, "controller torn down");
         }
     });
 }
 
-/// A serial number made from the NQN (at most 20 characters).
-fn default_serial(nqn: &str) -> String {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
-    for b in nqn.bytes() {
-        h ^= b as u64;
-        h = h.wrapping_mul(0x100_0000_01b3);
-    }
-    format!("PLX{:016X}", h)[..19].to_string()
-}
-
-/// A running NVMe/TCP target.
-pub struct Target {
-    rt: RuntimeHandle,
+/// Sets up runtime thread `ctx` (its connection table, pollers, timer
+/// and drain); `listeners` (thread 0's) are accepted from here.
+pub(crate) fn init(
+    ctx: &mut ThreadCtx,
     shared: Arc<Shared>,
-}
-
-impl Target {
-    /// Binds the listeners, builds the subsystems and starts one runtime
-    /// thread per core of `cores` serving connections.
-    pub fn start(
-        cfg: TargetConfig,
-        cores: &[usize],
-        rt_opts: RuntimeOptions,
-    ) -> Result<Target, TargetError> {
-        cfg.validate()?;
-        let o = cfg.transport.clone();
-        // Each connection is a descriptor: take what the hard limit allows.
-        match sock::raise_nofile() {
-            Ok((before, after)) => {
-                let want = (o.max_connections as u64).saturating_add(64);
-                if after < want {
-                    tracing::warn!(
-                        limit = after,
-                        max_connections = o.max_connections,
-                        "the descriptor limit (RLIMIT_NOFILE hard limit) is below max_connections + 64: accept will back off when it is reached"
-                    );
-                } else if before != after {
-                    tracing::debug!(before, after, "descriptor limit raised to the hard limit");
-                }
-            }
-            Err(e) => tracing::warn!("raising the descriptor limit (RLIMIT_NOFILE): {e}"),
-        }
-        // Bind each distinct address once; port 0 becomes a real port.
-        let mut bound: Vec<(SocketAddr, SocketAddr, TcpListener)> = Vec::new();
-        for s in &cfg.subsystems {
-            for &addr in &s.listeners {
-                if bound.iter().any(|(a, _, _)| *a == addr) {
-                    continue;
-                }
-                let l = TcpListener::bind(addr)
-                    .and_then(|l| l.set_nonblocking(true).map(|()| l))
-                    .map_err(|source| TargetError::Listen { addr, source })?;
-                let real = l
-                    .local_addr()
-                    .map_err(|source| TargetError::Listen { addr, source })?;
-                bound.push((addr, real, l));
-            }
-        }
-        let real = |a: &SocketAddr| {
-            bound
-                .iter()
-                .find(|(c, _, _)| c == a)
-                .map_or(*a, |(_, r, _)| *r)
-        };
-        let mut subsystems = Vec::new();
-        for s in &cfg.subsystems {
-            let p = SubsysParams {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone().unwrap_or_else(|| default_serial(&s.nqn)),
-                model: s.model.clone().unwrap_or_else(|| "pollux".into()),
-                queue_entries: o.max_queue_depth,
-                max_io_queues: o.max_io_qpairs_per_ctrlr,
-                max_io_size: o.max_io_size,
-                in_capsule_data: o.in_capsule_data_size,
-                kas: o.kas,
-            };
-            let model =
-                Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
-                    nqn: s.nqn.clone(),
-                    source,
-                })?;
-            subsystems.push(SubsysEntry {
-                model,
-                allow_any_host: s.allow_any_host,
-                hosts: s.hosts.clone(),
-                listeners: s.listeners.iter().map(real).collect(),
-            });
-        }
-        let dp = SubsysParams {
-            nqn: DISCOVERY_NQN.into(),
-            serial: "pollux-discovery".into(),
-            model: "pollux discovery".into(),
-            queue_entries: o.max_aq_depth,
-            max_io_queues: 1,
-            max_io_size: o.max_io_size,
-            in_capsule_data: 0,
-            kas: o.kas,
-        };
-        let discovery =
-            Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
-                nqn: DISCOVERY_NQN.into(),
-                source,
-            })?;
-        let pool_bytes = usize::try_from(o.pool_bytes()).unwrap_or(usize::MAX);
-        let shared = Arc::new(Shared {
-            opts: o,
-            subsystems,
-            discovery,
-            listeners: bound.iter().map(|(_, r, _)| *r).collect(),
-            ctrls: Mutex::default(),
-            conns: Default::default(),
-            data_conns: Default::default(),
-            pool: Arc::new(Pool::new(pool_bytes)),
-            cores: cores.to_vec(),
-        });
-        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> = Arc::new(Mutex::new(Some(
-            bound.into_iter().map(|(_, _, l)| l).collect(),
-        )));
-        let sh = shared.clone();
-        let rt = Runtime::start_with(cores, rt_opts, move |ctx| {
-            let ls = if ctx.index() == 0 {
-                listeners
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or_default()
-            } else {
-                Vec::new()
-            };
-            init(ctx, sh.clone(), ls);
-        })?;
-        for a in &shared.listeners {
-            tracing::info!(listen = %a, "NVMe/TCP target listening");
-        }
-        Ok(Target { rt, shared })
-    }
-
-    /// The addresses listened on (configured port 0 resolved).
-    pub fn listen_addrs(&self) -> &[SocketAddr] {
-        &self.shared.listeners
-    }
-
-    /// Controllers (host associations) alive.
-    pub fn controllers(&self) -> usize {
-        self.shared.table().map.len()
-    }
-
-    /// What the target's threads share (tests drive connections over
-    /// memory with it).
-    #[cfg(test)]
-    pub(crate) fn shared(&self) -> Arc<Shared> {
-        self.shared.clone()
-    }
-
-    /// The runtime (tests run connections on its threads).
-    #[cfg(test)]
-    pub(crate) fn runtime(&self) -> &RuntimeHandle {
-        &self.rt
-    }
-
-    /// Bytes of data buffers alive (in commands, or cached by the
-    /// threads), and the pool's limit (`num_shared_buffers` x
-    /// `io_unit_size`; in-capsule and admin data may pass it).
-    pub fn buffer_bytes(&self) -> (usize, usize) {
-        (self.shared.pool.used(), self.shared.pool.limit())
-    }
-
-    /// Connections open.
-    pub fn connections(&self) -> usize {
-        self.shared.conns.load(Relaxed)
-    }
-
-    /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).
-    pub fn stop_on_signals(&self) -> Result<SignalWatcher, TargetError> {
-        Ok(self.rt.stop_on_signals()?)
-    }
-
-    /// Waits until the target has shut down.
-    pub fn wait(&self) -> Result<(), TargetError> {
-        Ok(self.rt.wait()?)
-    }
-
-    /// Stops accepting, lets commands in flight finish and their
-    /// responses go out, closes every connection and joins the threads.
-    pub fn shutdown(&self) -> Result<(), TargetError> {
-        Ok(self.rt.shutdown()?)
-    }
-}
-
-fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
+    tcp: Arc<TcpShared>,
+    listeners: Vec<TcpListener>,
+) {
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
             tracing::error!("listener wake-up: {e}");
@@ -310,11 +196,12 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
     let accepting = !listeners.is_empty();
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
     let cache = Rc::new(Cache::new(
-        shared.pool.clone(),
+        tcp.pool.clone(),
         usize::try_from(cache_bytes).unwrap_or(usize::MAX),
     ));
     let tab: TableRef = Rc::new(RefCell::new(Table {
         shared,
+        tcp,
         cache,
         conns: Vec::new(),
         next_id: 0,
@@ -346,18 +233,18 @@ fn init(ctx: &mut ThreadCtx, shared: Arc<Shared>, listeners: Vec<TcpListener>) {
         let now = ctx.now();
         with(&t, |t| {
             // Others wait for buffers: give back what this thread caches.
-            if t.shared.pool.pressed() {
+            if t.tcp.pool.pressed() {
                 t.cache.trim();
             }
             for c in t.conns.iter_mut() {
                 c.tick(ctx, now);
                 if c.kato_expired(now) {
-                    tracing::warn!(conn = c.id, "keep alive timeout expired");
+                    tracing::warn!(conn = c.id(), "keep alive timeout expired");
                     c.close_now(ctx, "keep alive timeout");
                 } else if let Some((stage, limit)) = c.handshake_expired(now) {
                     tracing::warn!(
                         peer = %c.peer(),
-                        conn = c.id,
+                        conn = c.id(),
                         stage = ?stage,
                         timeout_ms = limit.as_millis() as u64,
                         "handshake timeout: {stage}; closing the connection"
@@ -396,7 +283,7 @@ fn poll(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
             if t.conns[k].is_closed() && t.conns[k].is_settled() {
                 let c = t.conns.swap_remove(k);
                 let _ = ctx.unregister_wake_fd(c.as_fd());
-                t.shared.conns.fetch_sub(1, Relaxed);
+                t.tcp.conns.fetch_sub(1, Relaxed);
                 drop(c);
             } else {
                 k += 1;
@@ -484,10 +371,10 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
             t.accept_warned = false;
             t.accept_backoff = Duration::ZERO;
         }
-        Some(t.shared.clone())
+        Some((t.shared.clone(), t.tcp.clone()))
     })
     .flatten();
-    let Some(shared) = shared else {
+    let Some((shared, tcp)) = shared else {
         return Poll::Idle;
     };
     if got.is_empty() {
@@ -498,7 +385,7 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
     let max = shared.opts.max_connections + shared.opts.max_unbound_connections;
     for s in got {
         let peer = s.peer_addr().ok();
-        if shared.conns.load(Relaxed) >= max {
+        if tcp.conns.load(Relaxed) >= max {
             tracing::warn!(
                 ?peer,
                 max,
@@ -506,11 +393,11 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
             );
             continue;
         }
-        shared.conns.fetch_add(1, Relaxed);
+        tcp.conns.fetch_add(1, Relaxed);
         let n = ctx.thread_count();
         let by_cpu = if shared.opts.incoming_cpu {
             sock::incoming_cpu(s.as_raw_fd())
-                .and_then(|cpu| shared.cores.iter().position(|&c| c == cpu))
+                .and_then(|cpu| tcp.cores.iter().position(|&c| c == cpu))
         } else {
             None
         };
@@ -524,7 +411,7 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
         tracing::debug!(?peer, thread, "connection accepted");
         if let Err(e) = ctx.send(thread, move |ctx| adopt(ctx, s)) {
             tracing::warn!(thread, "connection dropped: {e}");
-            shared.conns.fetch_sub(1, Relaxed);
+            tcp.conns.fetch_sub(1, Relaxed);
         }
     }
     Poll::Busy
@@ -539,7 +426,7 @@ fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
     };
     with(&tab, |t| {
         if ctx.is_shutting_down() {
-            t.shared.conns.fetch_sub(1, Relaxed);
+            t.tcp.conns.fetch_sub(1, Relaxed);
             return;
         }
         evict_unbound(ctx, t, now);
@@ -554,7 +441,7 @@ fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
             }
             Err(e) => {
                 tracing::warn!("connection set-up: {e}");
-                t.shared.conns.fetch_sub(1, Relaxed);
+                t.tcp.conns.fetch_sub(1, Relaxed);
             }
         }
     });
@@ -582,7 +469,7 @@ fn evict_unbound(ctx: &mut ThreadCtx, t: &mut Table, now: Instant) {
         return;
     };
     let (peer, idle) = (c.peer(), now.saturating_duration_since(c.last_rx()));
-    tracing::debug!(%peer, conn = c.id, idle_ms = idle.as_millis() as u64, "unbound connection evicted");
+    tracing::debug!(%peer, conn = c.id(), idle_ms = idle.as_millis() as u64, "unbound connection evicted");
     c.close_now(ctx, "evicted: unbound connection budget full");
     t.evicted += 1;
     if t.evict_logged

@@ -14,10 +14,10 @@ use std::net::{SocketAddr, TcpStream};
 use std::time::{Duration, Instant};
 
 use common::*;
+use pollux_nvmf::{Target, TransportOptions};
 use pollux_spec::features::fid;
 use pollux_spec::tcp::{Digests, IcReq};
 use pollux_spec::Sqe;
-use pollux_target::{Target, TransportOptions};
 use zerocopy::IntoBytes;
 
 /// How long a test waits for what must happen.

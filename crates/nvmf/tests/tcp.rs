@@ -104,7 +104,7 @@ fn io_round_trip(dg: Digests, flow_off: bool) {
     io_round_trip_on(ram_target(4096), dg, flow_off);
 }
 
-fn io_round_trip_on(t: pollux_target::Target, dg: Digests, flow_off: bool) {
+fn io_round_trip_on(t: pollux_nvmf::Target, dg: Digests, flow_off: bool) {
     let addr = t.listen_addrs()[0];
     let mut a = Client::connect(addr);
     a.ic(dg);
@@ -147,11 +147,11 @@ fn reads_end_in_a_response_capsule_with_sq_flow_control() {
     io_round_trip(Digests::NONE, false);
 }
 
-fn subsystem(nqn: &str, bdev: &str, hosts: &[&str]) -> pollux_target::SubsystemConfig {
-    let mut s = pollux_target::SubsystemConfig::new(nqn);
+fn subsystem(nqn: &str, bdev: &str, hosts: &[&str]) -> pollux_nvmf::SubsystemConfig {
+    let mut s = pollux_nvmf::SubsystemConfig::new(nqn);
     s.allow_any_host = hosts.is_empty();
     s.hosts = hosts.iter().map(|h| h.to_string()).collect();
-    s.namespaces.push(pollux_target::NamespaceConfig {
+    s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: bdev.into(),
         nsid: None,
     });
@@ -160,8 +160,8 @@ fn subsystem(nqn: &str, bdev: &str, hosts: &[&str]) -> pollux_target::SubsystemC
 }
 
 /// sub1: host A only; sub2: host B only; sub3: anyone.
-fn three_subsystems() -> pollux_target::Target {
-    let mut cfg = pollux_target::TargetConfig::default();
+fn three_subsystems() -> pollux_nvmf::Target {
+    let mut cfg = pollux_nvmf::TargetConfig::default();
     for n in ["M1", "M2", "M3"] {
         cfg.bdevs
             .push(pollux_bdev::Bdev::ram(n, 512, 1024).unwrap());
@@ -625,7 +625,7 @@ fn malformed_pdus_terminate_only_their_connection() {
 /// Each technique switched away from its default moves the same data.
 #[test]
 fn every_technique_switch_moves_data_intact() {
-    use pollux_target::TransportOptions;
+    use pollux_nvmf::TransportOptions;
     let base = TransportOptions::default();
     let cores: Vec<usize> = if std::thread::available_parallelism().map_or(1, |n| n.get()) > 1 {
         vec![0, 1]
