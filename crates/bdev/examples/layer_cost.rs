@@ -1,6 +1,6 @@
 //! The block-device layer's cost over NVMe: 4 KiB random reads at QD 128
 //! on an inline emulated controller (null backend), either through a bdev
-//! channel or straight through the driver's queue pair, with the same
+//! channel or straight through the host library's queue pair, with the same
 //! loop. Run under callgrind with two I/O counts and subtract to get the
 //! layer's instructions per I/O (bench/bench.py does).
 //!
@@ -9,9 +9,9 @@
 use std::sync::Arc;
 
 use pollux_bdev::{Bdev, ChannelOptions, Completion, Io, IoBuf};
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_host::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 const DEPTH: u64 = 128;
 const BS: usize = 4096;
@@ -23,7 +23,7 @@ struct Job {
     done: u64,
     errors: u64,
     /// The namespace read in `qpair` mode.
-    ns: Option<pollux_nvme::Namespace>,
+    ns: Option<pollux_host::Namespace>,
 }
 
 impl Job {
@@ -37,9 +37,9 @@ impl Job {
     }
 }
 
-impl pollux_bdev::Handler<Pcie> for Job {
+impl pollux_bdev::Handler for Job {
     #[inline(always)]
-    fn complete(&mut self, io: &mut Io<'_, Pcie>, c: Completion) {
+    fn complete(&mut self, io: &mut Io<'_>, c: Completion) {
         self.done += 1;
         if c.result.is_err() {
             self.errors += 1;
@@ -56,9 +56,9 @@ impl pollux_bdev::Handler<Pcie> for Job {
     }
 }
 
-impl pollux_nvme::Handler<Pcie> for Job {
+impl pollux_host::Handler for Job {
     #[inline(always)]
-    fn complete(&mut self, sub: &mut pollux_pcie::Submitter<'_>, c: pollux_nvme::Completion) {
+    fn complete(&mut self, sub: &mut pollux_host::Submitter<'_>, c: pollux_host::Completion) {
         self.done += 1;
         if c.result.is_err() {
             self.errors += 1;
@@ -90,10 +90,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         }],
         ..SoftConfig::default()
     })?;
-    let ctrl = Arc::new(pollux_pcie::open(
+    let ctrl = Arc::new(pollux_host::Controller::from(pollux_pcie::open(
         Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
         ControllerOptions::default(),
-    )?);
+    )?));
     let mut job = Job {
         rng: 12345,
         units: (1 << 21) / 8,
@@ -105,7 +105,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let t0 = std::time::Instant::now();
     match mode {
         "bdev" => {
-            let b: Bdev<Pcie> = Bdev::nvme("n1", ctrl.clone(), 1, QpairOptions::default())?;
+            let b: Bdev = Bdev::nvme("n1", ctrl.clone(), 1, QpairOptions::default())?;
             let mut ch = b.open(false).channel(&ChannelOptions::default())?;
             let bufs = b.alloc_buf(DEPTH as usize * BS)?.chunks(BS);
             for (i, buf) in bufs.into_iter().enumerate() {
@@ -118,7 +118,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
         }
         "null" => {
-            let b: Bdev<Pcie> = Bdev::null("null0", 512, 1 << 21)?;
+            let b: Bdev = Bdev::null("null0", 512, 1 << 21)?;
             let mut ch = b.open(false).channel(&ChannelOptions::default())?;
             let bufs = b.alloc_buf(DEPTH as usize * BS)?.chunks(BS);
             for (i, buf) in bufs.into_iter().enumerate() {

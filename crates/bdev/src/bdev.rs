@@ -1,118 +1,51 @@
-//! `Bdev` (a block device, shared by every thread that uses it), `Desc`
-//! (an opened bdev) and the backends' shared state.
+//! `Bdev` (a block device, shared by every thread that uses it) and the
+//! backends' shared state.
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
-use pollux_nvme::{Controller, IoBuf, QpairOptions, Transport};
+use pollux_host::{Controller, QpairOptions};
+use pollux_nvme::IoBuf;
 
-use crate::channel::{ChanBe, Channel, Common};
 use crate::error::{Error, Result};
-use crate::info::{random_uuid, BdevInfo, Caps};
-use crate::local::{LocalChan, LocalShared, RamStore, VolatileCache};
-use crate::never::NoNvme;
-use crate::nvme::{NvmeChan, NvmeShared};
+use crate::info::{check_geometry, BdevInfo};
+use crate::local::{LocalShared, RamStore, VolatileCache};
+use crate::nvme::NvmeShared;
 use crate::stats::{BdevStats, Registry};
-use crate::uring::{UringChan, UringOptions, UringShared};
+use crate::uring::{UringOptions, UringShared};
 
 /// A block device. Cheap to clone (shared); every thread that does I/O
 /// opens it and takes its own [`Channel`].
-///
-/// `T` is the NVMe transport of the `nvme` backend; a bdev without one
-/// uses the default [`NoNvme`].
-pub struct Bdev<T: Transport = NoNvme>(pub(crate) Arc<Inner<T>>);
+pub struct Bdev(pub(crate) Arc<Inner>);
 
-impl<T: Transport> Clone for Bdev<T> {
+impl Clone for Bdev {
     fn clone(&self) -> Self {
         Bdev(self.0.clone())
     }
 }
 
-pub(crate) struct Inner<T: Transport> {
+pub(crate) struct Inner {
     pub info: BdevInfo,
-    pub backend: Shared<T>,
+    pub backend: Shared,
     pub stats: Arc<Registry>,
 }
 
-pub(crate) enum Shared<T: Transport> {
+pub(crate) enum Shared {
     Local(Arc<LocalShared>),
-    Nvme(NvmeShared<T>),
+    Nvme(NvmeShared),
     Uring(Arc<UringShared>),
 }
 
-/// Options of one channel.
-#[derive(Clone, Debug)]
-pub struct ChannelOptions {
-    /// Most requests outstanding at once (an NVMe channel's queue depth).
-    pub depth: u32,
-    /// Track latency per request (reads the clock twice per I/O).
-    pub latency: bool,
-    /// NVMe backend: queue pair options other than the depth (None: the
-    /// bdev's defaults).
-    pub nvme: Option<QpairOptions>,
-}
-
-impl Default for ChannelOptions {
-    fn default() -> Self {
-        ChannelOptions {
-            depth: 128,
-            latency: false,
-            nvme: None,
-        }
-    }
-}
-
-pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
-    let bad = |msg: String| {
-        Err(Error::Invalid {
-            name: name.to_string(),
-            msg,
-        })
-    };
-    if name.is_empty() {
-        return bad("the name is empty".into());
-    }
-    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
-        return bad(format!(
-            "block size {block_size} is not a power of two between 512 and 65536"
-        ));
-    }
-    if num_blocks == 0 {
-        return bad("it has no blocks".into());
-    }
-    if num_blocks.checked_mul(block_size as u64).is_none() {
-        return bad(format!(
-            "{num_blocks} blocks of {block_size} bytes overflow"
-        ));
-    }
-    Ok(())
-}
-
-impl<T: Transport> Bdev<T> {
+impl Bdev {
     fn local(
         name: &str,
         block_size: u32,
         num_blocks: u64,
         ram: Option<RamStore>,
         cache: Option<VolatileCache>,
-    ) -> Bdev<T> {
+    ) -> Bdev {
         let is_ram = ram.is_some();
         Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size,
-                num_blocks,
-                buf_align: 1,
-                max_transfer: u32::MAX,
-                backend: if is_ram { "ram" } else { "null" },
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                },
-            },
+            info: crate::local::describe(name, block_size, num_blocks, is_ram),
             backend: Shared::Local(Arc::new(LocalShared {
                 failed: Default::default(),
                 ram,
@@ -124,13 +57,13 @@ impl<T: Transport> Bdev<T> {
 
     /// A bdev that stores nothing: writes are dropped, reads return the
     /// buffer untouched (SPDK's `bdev_null_create`).
-    pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+    pub fn null(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         Ok(Bdev::local(name, block_size, num_blocks, None, None))
     }
 
     /// A RAM disk, zeroed (SPDK's `bdev_malloc_create`).
-    pub fn ram(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev<T>> {
+    pub fn ram(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         let store = RamStore::new(num_blocks * block_size as u64).map_err(|source| Error::Os {
             name: name.to_string(),
@@ -145,11 +78,7 @@ impl<T: Transport> Bdev<T> {
     /// the simulated media, and [`Bdev::lose_volatile_cache`] drops what
     /// was not committed, as a power loss would. Costs a bit per block
     /// and a second copy of what is written.
-    pub fn ram_with_volatile_cache(
-        name: &str,
-        block_size: u32,
-        num_blocks: u64,
-    ) -> Result<Bdev<T>> {
+    pub fn ram_with_volatile_cache(name: &str, block_size: u32, num_blocks: u64) -> Result<Bdev> {
         check_geometry(name, block_size, num_blocks)?;
         let os = |source| Error::Os {
             name: name.to_string(),
@@ -169,12 +98,7 @@ impl<T: Transport> Bdev<T> {
 
     /// Namespace `nsid` of an NVMe controller; each channel gets its own
     /// I/O queue pair (`qopts`, with the channel's depth).
-    pub fn nvme(
-        name: &str,
-        ctrl: Arc<Controller<T>>,
-        nsid: u32,
-        qopts: QpairOptions,
-    ) -> Result<Bdev<T>> {
+    pub fn nvme(name: &str, ctrl: Arc<Controller>, nsid: u32, qopts: QpairOptions) -> Result<Bdev> {
         let ns = ctrl.namespace(nsid).ok_or_else(|| Error::Invalid {
             name: name.to_string(),
             msg: format!(
@@ -183,22 +107,7 @@ impl<T: Transport> Bdev<T> {
             ),
         })?;
         check_geometry(name, ns.lba_size(), ns.nsze())?;
-        let info = BdevInfo {
-            name: name.to_string(),
-            uuid: random_uuid(),
-            block_size: ns.lba_size(),
-            num_blocks: ns.nsze(),
-            buf_align: 4,
-            max_transfer: ctrl.max_transfer(),
-            backend: "nvme",
-            caps: Caps {
-                flush: true,
-                write_zeroes: true,
-                unmap: true,
-                reset: true,
-                nvme_passthru: true,
-            },
-        };
+        let info = crate::nvme::describe(name, &ctrl, &ns);
         Ok(Bdev(Arc::new(Inner {
             info,
             backend: Shared::Nvme(NvmeShared { ctrl, ns, qopts }),
@@ -213,32 +122,17 @@ impl<T: Transport> Bdev<T> {
         name: &str,
         path: impl AsRef<std::path::Path>,
         opts: UringOptions,
-    ) -> Result<Bdev<T>> {
+    ) -> Result<Bdev> {
         let o = crate::uring::open(name, path.as_ref(), opts)?;
         Ok(Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size: o.block_size,
-                num_blocks: o.num_blocks,
-                buf_align: o.buf_align,
-                max_transfer: o.max_transfer,
-                backend: "uring",
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                },
-            },
+            info: crate::uring::describe(name, &o),
             backend: Shared::Uring(Arc::new(o.shared)),
             stats: Default::default(),
         })))
     }
 
     /// The same bdev with another UUID (before it is shared or opened).
-    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev<T>> {
+    pub fn with_uuid(mut self, uuid: [u8; 16]) -> Result<Bdev> {
         match Arc::get_mut(&mut self.0) {
             Some(i) => {
                 i.info.uuid = uuid;
@@ -257,14 +151,6 @@ impl<T: Transport> Bdev<T> {
 
     pub fn name(&self) -> &str {
         &self.0.info.name
-    }
-
-    /// Opens the bdev; `write` allows writes, write zeroes and unmap.
-    pub fn open(&self, write: bool) -> Desc<T> {
-        Desc {
-            bdev: self.clone(),
-            write,
-        }
     }
 
     /// Statistics of every channel, live and closed.
@@ -343,45 +229,5 @@ fn exact(b: IoBuf, len: usize) -> IoBuf {
         b
     } else {
         b.truncate(len)
-    }
-}
-
-/// An opened bdev: what channels are taken from.
-pub struct Desc<T: Transport = NoNvme> {
-    bdev: Bdev<T>,
-    write: bool,
-}
-
-impl<T: Transport> Desc<T> {
-    pub fn bdev(&self) -> &Bdev<T> {
-        &self.bdev
-    }
-
-    pub fn writable(&self) -> bool {
-        self.write
-    }
-
-    /// A channel for the calling thread: all I/O on it is lock-free.
-    pub fn channel(&self, opts: &ChannelOptions) -> Result<Channel<T>> {
-        let inner = &self.bdev.0;
-        let name = || inner.info.name.clone();
-        if opts.depth == 0 || opts.depth > 65535 {
-            return Err(Error::Invalid {
-                name: name(),
-                msg: format!("channel depth {} is not in 1..=65535", opts.depth),
-            });
-        }
-        let be = match &inner.backend {
-            Shared::Local(l) => ChanBe::Local(LocalChan::new(l.clone(), opts.depth)),
-            Shared::Nvme(n) => {
-                ChanBe::Nvme(NvmeChan::open(n, opts).map_err(|source| Error::Nvme {
-                    name: name(),
-                    source,
-                })?)
-            }
-            Shared::Uring(u) => ChanBe::Uring(UringChan::open(u, opts, &inner.info.name)?),
-        };
-        let c = Common::new(&inner.info, self.write, inner.stats.clone(), opts.latency);
-        Ok(Channel::new(c, be, self.bdev.clone()))
     }
 }

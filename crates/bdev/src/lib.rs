@@ -26,9 +26,9 @@
 //!
 //! # Backends
 //!
-//! One `enum`, one `match` per request: no `dyn` call. `nvme` (one queue
-//! pair per channel; the bdev is generic over the driver's transport `T`,
-//! [`NoNvme`] when there is none), `uring` (a regular file or a block
+//! One `enum`, one `match` per request: no `dyn` call. `nvme` (a
+//! namespace of a `pollux-host` controller on any transport, one queue
+//! pair per channel), `uring` (a regular file or a block
 //! device through io_uring, one ring per channel: [`UringOptions`]),
 //! `ram` and `null`.
 //!
@@ -42,28 +42,33 @@
 //! with an error.
 mod bdev;
 mod channel;
+mod common;
 pub mod config;
 mod data;
+mod desc;
 pub mod error;
 pub mod info;
 mod latency;
 mod local;
 pub mod mem;
-mod never;
 mod nvme;
+mod options;
+pub mod params;
 mod poll;
 mod split;
 pub mod stats;
 mod uring;
 
-pub use bdev::{Bdev, ChannelOptions, Desc};
+pub use bdev::Bdev;
 pub use channel::{Channel, Io};
 pub use data::{Completion, Data, RawSeg};
+pub use desc::Desc;
 pub use error::{Error, IoError, Refused, SubmitError};
 pub use info::{BdevInfo, Caps};
-pub use never::NoNvme;
+pub use options::ChannelOptions;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
 pub use pollux_spec::cmd::RwFlags;
+pub use split::USER_DATA_RESERVED;
 pub use stats::{BdevStats, LatencySummary};
 pub use uring::UringOptions;

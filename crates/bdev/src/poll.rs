@@ -7,25 +7,24 @@
 use std::mem::MaybeUninit;
 
 use io_uring::cqueue;
-use pollux_nvme::Transport;
 
-use crate::channel::{ChanBe, Channel, Common, Io, IoBe};
+use crate::channel::{ChanBe, Channel, Io, IoBe};
+use crate::common::Common;
 use crate::data::{Completion, Data};
-use crate::never::NoNvme;
 use crate::nvme::NvmeSide;
 use crate::split::CHILD;
 use crate::uring::REAP_BATCH;
 
 /// Receives completions from [`Channel::poll`]. Closures
-/// `FnMut(&mut Io<T>, Completion)` implement it; a type implementing it
+/// `FnMut(&mut Io, Completion)` implement it; a type implementing it
 /// with an `#[inline(always)]` method is inlined into the poll loop.
-pub trait Handler<T: Transport = NoNvme> {
-    fn complete(&mut self, io: &mut Io<'_, T>, c: Completion);
+pub trait Handler {
+    fn complete(&mut self, io: &mut Io<'_>, c: Completion);
 }
 
-impl<T: Transport, F: FnMut(&mut Io<'_, T>, Completion)> Handler<T> for F {
+impl<F: FnMut(&mut Io<'_>, Completion)> Handler for F {
     #[inline(always)]
-    fn complete(&mut self, io: &mut Io<'_, T>, c: Completion) {
+    fn complete(&mut self, io: &mut Io<'_>, c: Completion) {
         self(io, c)
     }
 }
@@ -35,7 +34,7 @@ impl<T: Transport, F: FnMut(&mut Io<'_, T>, Completion)> Handler<T> for F {
 /// gets the channel's common part only, never the `Io` view, so the view
 /// stays in registers on the hot path.
 #[inline(always)]
-fn deliver<T: Transport, H: Handler<T>>(io: &mut Io<'_, T>, c: Completion, h: &mut H) {
+fn deliver<H: Handler>(io: &mut Io<'_>, c: Completion, h: &mut H) {
     let c = if (c.user_data | io.c.slow_bit) & CHILD != 0 {
         match slow(io.c, c) {
             Some(c) => c,
@@ -74,13 +73,13 @@ fn slow(cm: &mut Common, mut c: Completion) -> Option<Completion> {
 
 /// The NVMe queue pair's handler: converts each completion and passes it
 /// on with the layer's view.
-struct NvmeSink<'h, 'c, T: Transport, H> {
+struct NvmeSink<'h, 'c, H> {
     c: &'c mut Common,
-    side: &'c mut NvmeSide<T>,
+    side: &'c mut NvmeSide,
     h: &'h mut H,
 }
 
-impl<T: Transport, H: Handler<T>> pollux_nvme::Handler<T> for NvmeSink<'_, '_, T, H> {
+impl<H: Handler> pollux_host::Handler for NvmeSink<'_, '_, H> {
     /// `deliver` for NVMe, with the test made on the driver's completion
     /// before the layer's is built, so that it is built only where the
     /// handler takes it (and stays in registers). A request with one
@@ -88,7 +87,7 @@ impl<T: Transport, H: Handler<T>> pollux_nvme::Handler<T> for NvmeSink<'_, '_, T
     /// layer's completion is built as `Data::One`, so the handler's test
     /// of the variant folds away.
     #[inline(always)]
-    fn complete(&mut self, sub: &mut pollux_nvme::Submitter<'_, T>, c: pollux_nvme::Completion) {
+    fn complete(&mut self, sub: &mut pollux_host::Submitter<'_>, c: pollux_nvme::Completion) {
         let pollux_nvme::Completion {
             user_data,
             result,
@@ -110,19 +109,23 @@ impl<T: Transport, H: Handler<T>> pollux_nvme::Handler<T> for NvmeSink<'_, '_, T
                 };
                 self.h.complete(&mut io, c);
             }
-            buf => self.complete_other(sub, user_data, result, buf),
+            // The view by value: were the cold call handed the handler's
+            // view by reference, it would stay in memory and its
+            // transport be tested again per request (+6 instructions per
+            // I/O in `pollux bdevperf`).
+            buf => self.complete_other(sub.reborrow(), user_data, result, buf),
         }
     }
 }
 
-impl<T: Transport, H: Handler<T>> NvmeSink<'_, '_, T, H> {
+impl<H: Handler> NvmeSink<'_, '_, H> {
     /// The rest: a split child, a latency-tracked request, or a command
     /// without a buffer.
     #[cold]
     #[inline(never)]
     fn complete_other(
         &mut self,
-        sub: &mut pollux_nvme::Submitter<'_, T>,
+        mut sub: pollux_host::Submitter<'_>,
         user_data: u64,
         result: Result<u32, pollux_nvme::IoError>,
         buf: Option<pollux_nvme::IoBuf>,
@@ -151,12 +154,12 @@ impl<T: Transport, H: Handler<T>> NvmeSink<'_, '_, T, H> {
     }
 }
 
-impl<T: Transport> Channel<T> {
+impl Channel {
     /// Delivers up to `max` finished requests to `h` (which may submit
     /// more through the `Io` it is given) and tells the backend about new
     /// requests. Returns how many were delivered.
     #[inline(always)]
-    pub fn poll<H: Handler<T>>(&mut self, max: u32, h: &mut H) -> u32 {
+    pub fn poll<H: Handler>(&mut self, max: u32, h: &mut H) -> u32 {
         let n = match &mut self.be {
             ChanBe::Local(l) => {
                 let mut n = 0;
@@ -176,12 +179,12 @@ impl<T: Transport> Channel<T> {
                 if !nv.side.deferred.is_empty() {
                     n = deferred(&mut self.c, nv, h);
                 }
-                let mut sink = NvmeSink {
+                let sink = NvmeSink {
                     c: &mut self.c,
                     side: &mut nv.side,
                     h,
                 };
-                n + nv.qp.poll_with(max, &mut sink)
+                n + nv.qp.poll_owned(max, sink)
             }
             ChanBe::Uring(u) => {
                 // One io_uring_enter for what was queued since the last
@@ -222,7 +225,7 @@ impl<T: Transport> Channel<T> {
 
     /// Polls until nothing is outstanding (or `max_polls` polls passed);
     /// returns whether the channel is drained.
-    pub fn drain<H: Handler<T>>(&mut self, h: &mut H, max_polls: u64) -> bool {
+    pub fn drain<H: Handler>(&mut self, h: &mut H, max_polls: u64) -> bool {
         for _ in 0..max_polls {
             if self.outstanding() == 0 {
                 return true;
@@ -240,11 +243,7 @@ impl<T: Transport> Channel<T> {
 }
 
 #[cold]
-fn deferred<T: Transport, H: Handler<T>>(
-    c: &mut Common,
-    nv: &mut crate::nvme::NvmeChan<T>,
-    h: &mut H,
-) -> u32 {
+fn deferred<H: Handler>(c: &mut Common, nv: &mut crate::nvme::NvmeChan, h: &mut H) -> u32 {
     let list = std::mem::take(&mut nv.side.deferred);
     let n = list.len() as u32;
     for comp in list {

@@ -18,9 +18,9 @@ use std::time::Duration;
 use pollux_bdev::{
     Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, RawSeg, RwFlags, UringOptions,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_host::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice};
+use pollux_softnvme::{SoftMode, SoftPlatform};
 
 fn fill(b: &mut IoBuf, seed: u8) {
     for (i, x) in b.as_mut_slice().iter_mut().enumerate() {
@@ -33,9 +33,9 @@ fn expected(len: usize, seed: u8) -> Vec<u8> {
 }
 
 /// Polls until every request is back; the completions by user data.
-fn drain<T: pollux_nvme::Transport>(ch: &mut Channel<T>) -> Vec<Completion> {
+fn drain(ch: &mut Channel) -> Vec<Completion> {
     let mut out = Vec::new();
-    let mut h = |_: &mut Io<'_, T>, c: Completion| out.push(c);
+    let mut h = |_: &mut Io<'_>, c: Completion| out.push(c);
     assert!(ch.drain(&mut h, 50_000_000), "channel did not drain");
     out.sort_by_key(|c| c.user_data);
     for c in &out {
@@ -58,12 +58,7 @@ fn cached_ram(blocks: u64) -> Bdev {
     Bdev::ram_with_volatile_cache("Cache0", 512, blocks).unwrap()
 }
 
-fn read_back<T: pollux_nvme::Transport>(
-    b: &Bdev<T>,
-    ch: &mut Channel<T>,
-    lba: u64,
-    len: usize,
-) -> Vec<u8> {
+fn read_back(b: &Bdev, ch: &mut Channel, lba: u64, len: usize) -> Vec<u8> {
     ch.read(lba, b.alloc_buf(len).unwrap(), 99).unwrap();
     bytes(std::mem::take(&mut drain(ch)[0].data))
 }
@@ -374,7 +369,7 @@ fn uring_fua_read_commits_cached_writes_first() {
 // NVMe: the bit reaches the controller (emulated, inline), whose
 // namespace is a RAM disk with a simulated cache.
 
-fn nvme_over_cached_ram(mdts: u8) -> (Bdev, Arc<pollux_pcie::Controller>, Bdev<Pcie>) {
+fn nvme_over_cached_ram(mdts: u8) -> (Bdev, Arc<pollux_host::Controller>, Bdev) {
     let ram = cached_ram(8192);
     let dev = SoftDevice::new(SoftConfig {
         namespaces: vec![NamespaceConfig {
@@ -386,7 +381,7 @@ fn nvme_over_cached_ram(mdts: u8) -> (Bdev, Arc<pollux_pcie::Controller>, Bdev<P
         ..SoftConfig::default()
     })
     .unwrap();
-    let ctrl = Arc::new(
+    let ctrl = Arc::new(pollux_host::Controller::from(
         pollux_pcie::open(
             Box::new(SoftPlatform::new(dev, SoftMode::Inline)),
             ControllerOptions {
@@ -395,7 +390,7 @@ fn nvme_over_cached_ram(mdts: u8) -> (Bdev, Arc<pollux_pcie::Controller>, Bdev<P
             },
         )
         .unwrap(),
-    );
+    ));
     let b = Bdev::nvme("nvme0n1", ctrl.clone(), 1, QpairOptions::default()).unwrap();
     (ram, ctrl, b)
 }

@@ -5,15 +5,15 @@ use std::time::Duration;
 use pollux_bdev::{
     Bdev, Channel, ChannelOptions, Completion, Data, Io, IoBuf, IoError, SubmitError,
 };
-use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
+use pollux_host::{ControllerOptions, QpairOptions};
 use pollux_softnvme::{
     BackendConfig, FaultAction, FaultRule, NamespaceConfig, QueueSel, SoftConfig, SoftDevice,
 };
+use pollux_softnvme::{SoftMode, SoftPlatform};
 use pollux_spec::{NvmOpcode, Sqe};
 
-type B = Bdev<Pcie>;
-type Ch = Channel<Pcie>;
+type B = Bdev;
+type Ch = Channel;
 
 fn open(
     backend: BackendConfig,
@@ -43,7 +43,10 @@ fn open(
         timeout,
         ..QpairOptions::default()
     };
-    (dev, Bdev::nvme("nvme0n1", Arc::new(ctrl), 1, q).unwrap())
+    (
+        dev,
+        Bdev::nvme("nvme0n1", Arc::new(ctrl.into()), 1, q).unwrap(),
+    )
 }
 
 fn pattern(b: &B, len: usize, seed: u64) -> IoBuf {
@@ -56,7 +59,7 @@ fn pattern(b: &B, len: usize, seed: u64) -> IoBuf {
 
 fn drain(ch: &mut Ch) -> Vec<Completion> {
     let mut out = Vec::new();
-    let mut h = |_: &mut Io<'_, Pcie>, c: Completion| out.push(c);
+    let mut h = |_: &mut Io<'_>, c: Completion| out.push(c);
     assert!(ch.drain(&mut h, 10_000_000), "channel did not drain");
     out.sort_by_key(|c| c.user_data);
     out
@@ -79,6 +82,8 @@ fn data_round_trips_through_one_buffer_vectors_and_splits() {
         (512, 8192, "nvme")
     );
     assert!(info.caps.nvme_passthru);
+    // NVMe takes only its own DMA memory: callers stage borrowed memory.
+    assert!(!info.caps.host_memory);
     let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
     let w = pattern(&b, 64 << 10, 1);
     let expect = w.as_slice().to_vec();
@@ -253,9 +258,7 @@ fn a_failing_controller_completes_every_outstanding_request() {
     let mut c = Vec::new();
     let t0 = std::time::Instant::now();
     while c.len() < 96 && t0.elapsed() < Duration::from_secs(30) {
-        ch.poll(u32::MAX, &mut |_: &mut Io<'_, Pcie>, x: Completion| {
-            c.push(x)
-        });
+        ch.poll(u32::MAX, &mut |_: &mut Io<'_>, x: Completion| c.push(x));
         dev.step();
     }
     dev.clear_faults();

@@ -182,6 +182,7 @@ fn round_trip_direct_and_buffered() {
         let b: Bdev = Bdev::uring("u0", &f.0, opts(direct, 1 << 20)).unwrap();
         let i = b.info();
         assert_eq!(i.backend, "uring");
+        assert!(i.caps.host_memory);
         assert_eq!(i.size_bytes(), 1 << 20, "the file was extended to the size");
         assert_eq!(std::fs::metadata(&f.0).unwrap().len(), 1 << 20);
         if direct {
@@ -457,7 +458,7 @@ fn transfers_beyond_a_gibibyte_are_refused() {
 fn bad_bdevs_are_refused_naming_the_culprit() {
     let f = temp("badbdev", true);
     let err = |o: UringOptions| -> String {
-        match Bdev::<pollux_bdev::NoNvme>::uring("ub", &f.0, o) {
+        match Bdev::uring("ub", &f.0, o) {
             Ok(_) => panic!("accepted"),
             Err(e) => e.to_string(),
         }
@@ -481,12 +482,12 @@ fn bad_bdevs_are_refused_naming_the_culprit() {
     assert!(e.contains("give UringOptions::size"), "{e}");
     assert!(e.contains(&*f.0.to_string_lossy()), "names the file: {e}");
     let missing = f.0.with_extension("missing");
-    let e = Bdev::<pollux_bdev::NoNvme>::uring("ub", &missing, opts(true, 1 << 20))
+    let e = Bdev::uring("ub", &missing, opts(true, 1 << 20))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();
     assert!(e.contains(&*missing.to_string_lossy()), "{e}");
-    let e = Bdev::<pollux_bdev::NoNvme>::uring("ub", std::env::temp_dir(), opts(false, 1 << 20))
+    let e = Bdev::uring("ub", std::env::temp_dir(), opts(false, 1 << 20))
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

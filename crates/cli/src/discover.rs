@@ -16,7 +16,7 @@ use pollux_spec::fabrics::{adrfam, subtype, trtype, DiscoveryLogEntry, DISCOVERY
 use pollux_spec::tcp::{DEFAULT_PORT, DISCOVERY_PORT};
 use serde_json::json;
 
-use crate::perf::{parse_with_limits, Trid};
+use pollux_host::{trid, TcpTrid, Trid};
 
 #[derive(Args, Debug)]
 pub struct DiscoverArgs {
@@ -33,11 +33,11 @@ pub struct DiscoverArgs {
 #[derive(Debug, thiserror::Error)]
 pub enum DiscoverError {
     #[error(transparent)]
-    Trid(#[from] crate::perf::TridError),
+    Trid(#[from] pollux_host::TridError),
     #[error("transport ID '{0}': discovery needs trtype:tcp")]
     NotTcp(String),
     #[error("{0}")]
-    Driver(#[from] pollux_nvme::Error),
+    Connect(#[from] pollux_host::ConnectError),
     /// The connection to the discovery controller could not be set up.
     #[error("{source}; {}", unreachable_hint(addr.port(), *defaulted))]
     Unreachable {
@@ -45,7 +45,7 @@ pub enum DiscoverError {
         /// No `trsvcid:` was given (the discovery port was tried).
         defaulted: bool,
         #[source]
-        source: pollux_nvme::Error,
+        source: pollux_host::ConnectError,
     },
 }
 
@@ -68,12 +68,12 @@ fn unreachable_hint(port: u16, defaulted: bool) -> String {
     )
 }
 
-/// The discovery controller's connection options from the transport ID
-/// words given, and whether the port was defaulted (no `trsvcid:`): then
-/// it is [`DISCOVERY_PORT`], not the I/O controllers' 4420.
-fn discovery_options(words: &[String]) -> Result<(pollux_tcp::TcpOptions, bool), DiscoverError> {
+/// The discovery controller's transport ID from the words given, and
+/// whether the port was defaulted (no `trsvcid:`): then it is
+/// [`DISCOVERY_PORT`], not the I/O controllers' 4420.
+fn discovery_trid(words: &[String]) -> Result<(TcpTrid, bool), DiscoverError> {
     let s = words.join(" ");
-    let (t, _) = parse_with_limits(&s)?;
+    let t = trid::parse(&s)?;
     let Trid::Tcp(mut t) = t else {
         return Err(DiscoverError::NotTcp(s));
     };
@@ -85,17 +85,7 @@ fn discovery_options(words: &[String]) -> Result<(pollux_tcp::TcpOptions, bool),
     if !given {
         t.trsvcid = DISCOVERY_PORT;
     }
-    Ok((t.options(Some(DISCOVERY_NQN))?, !given))
-}
-
-/// Whether `e` is a failure to set up the connection (TCP connect, ICReq).
-fn is_connect_failure(e: &pollux_nvme::Error) -> bool {
-    let pollux_nvme::Error::Io(io) = e else {
-        return false;
-    };
-    io.get_ref()
-        .and_then(|r| r.downcast_ref::<pollux_tcp::ConnError>())
-        .is_some_and(|c| c.kind == pollux_tcp::ConnErrorKind::Connect)
+    Ok((t, !given))
 }
 
 fn name(v: u8, table: &[(u8, &'static str)]) -> String {
@@ -146,17 +136,17 @@ fn fields(e: &DiscoveryLogEntry) -> [(&'static str, String); 8] {
 }
 
 pub fn run(a: DiscoverArgs) -> Result<Vec<DiscoveryLogEntry>, DiscoverError> {
-    let (o, defaulted) = discovery_options(&a.trid)?;
-    let addr = o.addr;
-    let entries = pollux_tcp::discover(o).map_err(|source| {
-        if is_connect_failure(&source) {
+    let (t, defaulted) = discovery_trid(&a.trid)?;
+    let addr = t.options(Some(DISCOVERY_NQN))?.addr;
+    let entries = pollux_host::discover(&t).map_err(|source| {
+        if source.is_unreachable() {
             DiscoverError::Unreachable {
                 addr,
                 defaulted,
                 source,
             }
         } else {
-            DiscoverError::Driver(source)
+            DiscoverError::Connect(source)
         }
     })?;
     if a.json {
@@ -204,7 +194,8 @@ mod tests {
 
     #[test]
     fn the_port_defaults_to_the_discovery_port() {
-        let (o, defaulted) = discovery_options(&words("trtype:tcp traddr:127.0.0.1")).unwrap();
+        let (t, defaulted) = discovery_trid(&words("trtype:tcp traddr:127.0.0.1")).unwrap();
+        let o = t.options(Some(DISCOVERY_NQN)).unwrap();
         assert_eq!((o.addr.port(), defaulted), (8009, true));
         assert_eq!(o.subnqn, DISCOVERY_NQN);
         for (w, port) in [
@@ -213,11 +204,11 @@ mod tests {
             ("trtype:tcp traddr:127.0.0.1 TRSVCID=4421", 4421),
             ("trtype=tcp trsvcid=1234 traddr=::1 adrfam:ipv6", 1234),
         ] {
-            let (o, defaulted) = discovery_options(&words(w)).unwrap();
-            assert_eq!((o.addr.port(), defaulted), (port, false), "{w}");
+            let (t, defaulted) = discovery_trid(&words(w)).unwrap();
+            assert_eq!((t.trsvcid, defaulted), (port, false), "{w}");
         }
         // A bad port is still refused, naming the key.
-        let e = discovery_options(&words("trtype:tcp traddr:127.0.0.1 trsvcid:0"))
+        let e = discovery_trid(&words("trtype:tcp traddr:127.0.0.1 trsvcid:0"))
             .unwrap_err()
             .to_string();
         assert!(e.contains("trsvcid"), "{e}");

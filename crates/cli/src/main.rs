@@ -2,7 +2,9 @@
 use clap::{Parser, Subcommand};
 
 mod bdevperf;
+mod common;
 mod discover;
+mod emulator;
 mod nvme_open;
 mod perf;
 mod pingpong;

@@ -1,11 +1,11 @@
 //! NVMe controllers behind bdevs, for `pollux bdevperf` and `pollux
-//! target`: `--nvme TRID` (perf's transport ID syntax) and
-//! `bdev_nvme_attach_controller` in `-c`, over perf's device opening
+//! target`: `--nvme TRID` (the host library's transport ID syntax) and
+//! `bdev_nvme_attach_controller` in `-c`, opened by the host library
 //! (emulated controllers on a device thread or stepped inline, devices
 //! bound to vfio-pci / uio_pci_generic, NVMe/TCP controllers).
 //!
-//! A run's NVMe bdevs share one transport type (what uses them is
-//! monomorphised over it): PCIe and the emulated controller, or TCP.
+//! A run's NVMe bdevs may be of any transport, side by side: PCIe
+//! devices, emulated controllers and NVMe/TCP controllers.
 //!
 //! In `-c`, `trtype`, `traddr` and the other parameters are the TRID's
 //! keys (strings, numbers, booleans as 0/1); SPDK's reconnect parameters
@@ -19,12 +19,11 @@ use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
-use pollux_pcie::platform::soft::SoftMode;
-use pollux_pcie::{ControllerOptions, Pcie, QpairOptions};
-use pollux_softnvme::{DeviceThread, SoftDevice};
+use pollux_host::{trid, Controller, ControllerOptions, QpairOptions, Trid};
+use pollux_softnvme::SoftDevice;
 use serde_json::Value;
 
-use crate::perf::{open_device, parse_with_limits, Ctrl, SoftLimits, Trid};
+use crate::emulator::SoftEmulator;
 
 /// SPDK's optional `bdev_nvme_attach_controller` parameters that are not
 /// transport ID keys here (ignored with a warning).
@@ -61,151 +60,88 @@ pub struct OpenError {
     pub why: String,
 }
 
-/// The transports NVMe bdevs of one run may use.
-pub trait NvmeTransport: pollux_nvme::Transport {
-    /// Its trtypes, for messages.
-    const TRTYPES: &'static str;
-    /// The controller if it is of this transport, else handed back.
-    fn take(c: Ctrl) -> Result<pollux_nvme::Controller<Self>, Ctrl>;
-}
-
-impl NvmeTransport for Pcie {
-    const TRTYPES: &'static str = "trtype:soft/pcie";
-    fn take(c: Ctrl) -> Result<pollux_pcie::Controller, Ctrl> {
-        match c {
-            Ctrl::Pcie(c) => Ok(c),
-            other => Err(other),
-        }
-    }
-}
-
-impl NvmeTransport for pollux_tcp::TcpTransport {
-    const TRTYPES: &'static str = "trtype:tcp";
-    fn take(c: Ctrl) -> Result<pollux_tcp::Controller, Ctrl> {
-        match c {
-            Ctrl::Tcp(c) => Ok(c),
-            other => Err(other),
-        }
-    }
-}
-
-/// Opens controllers and keeps them (and the device thread) alive for the
-/// run. Fields drop in order: controllers, then emulated devices, then the
-/// device thread their orderly shutdown needs. Drop it after whatever
-/// holds its bdevs.
-pub struct NvmeOpener<T: NvmeTransport> {
-    ctrls: Vec<Arc<pollux_nvme::Controller<T>>>,
-    softs: Vec<Arc<SoftDevice>>,
-    dev_thread: Option<DeviceThread>,
-    mode: SoftMode,
-    device_core: Option<usize>,
+/// Opens controllers and keeps them (and the emulated devices and their
+/// thread) alive for the run. Fields drop in order: controllers, then the
+/// emulator, whose device thread their orderly shutdown needs. Drop it
+/// after whatever holds its bdevs.
+pub struct NvmeOpener {
+    ctrls: Vec<Arc<Controller>>,
+    emu: SoftEmulator,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
     qopts: QpairOptions,
 }
 
-impl<T: NvmeTransport> NvmeOpener<T> {
-    /// `mode`: emulated controllers stepped inline or on a device thread
-    /// pinned to `device_core` (None: not pinned).
+impl NvmeOpener {
+    /// `inline`: emulated controllers stepped by the caller, else on a
+    /// device thread pinned to `device_core` (None: not pinned).
     pub fn new(
-        mode: SoftMode,
+        inline: bool,
         device_core: Option<usize>,
         per_ns: usize,
         qopts: QpairOptions,
-    ) -> NvmeOpener<T> {
+    ) -> NvmeOpener {
         NvmeOpener {
             ctrls: Vec::new(),
-            softs: Vec::new(),
-            dev_thread: None,
-            mode,
-            device_core,
+            emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
         }
     }
 
     /// The controllers opened so far.
-    pub fn controllers(&self) -> &[Arc<pollux_nvme::Controller<T>>] {
+    pub fn controllers(&self) -> &[Arc<Controller>] {
         &self.ctrls
     }
 
     /// The emulated controllers (stepped by the caller in inline mode).
     pub fn soft_devices(&self) -> Vec<Arc<SoftDevice>> {
-        self.softs.clone()
+        self.emu.devices().to_vec()
     }
 
     /// `--nvme TRID`: controller `name`, bdevs `<name>n<nsid>`.
-    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev<T>>, OpenError> {
+    pub fn open_trid(&mut self, name: &str, trid: &str) -> Result<Vec<Bdev>, OpenError> {
         let what = format!("--nvme '{trid}'");
-        let (t, limits) = parse_with_limits(trid).map_err(|e| OpenError {
+        let t = trid::parse(trid).map_err(|e| OpenError {
             what: what.clone(),
             why: e.to_string(),
         })?;
-        self.open(name, &t, limits, what)
+        self.open(name, &t, what)
     }
 
     /// `bdev_nvme_attach_controller` from `-c`.
-    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev<T>>, OpenError> {
-        let (t, limits) = attach_trid(att)?;
-        self.open(&att.name, &t, limits, attach_what(att))
+    pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev>, OpenError> {
+        let t = attach_trid(att)?;
+        self.open(&att.name, &t, attach_what(att))
     }
 
-    fn open(
-        &mut self,
-        name: &str,
-        t: &Trid,
-        limits: SoftLimits,
-        what: String,
-    ) -> Result<Vec<Bdev<T>>, OpenError> {
+    fn open(&mut self, name: &str, t: &Trid, what: String) -> Result<Vec<Bdev>, OpenError> {
         let fail = |why: String| OpenError {
             what: what.clone(),
             why,
         };
-        if matches!(self.mode, SoftMode::Inline) && !matches!(t, Trid::Soft { .. }) {
+        if self.emu.inline() && !matches!(t, Trid::Soft(_)) {
             return Err(fail(
                 "only an emulated controller (trtype:soft) can be stepped inline (--inline)".into(),
             ));
         }
-        if matches!(t, Trid::Soft { .. })
-            && matches!(self.mode, SoftMode::Threaded)
-            && self.dev_thread.is_none()
-        {
-            self.dev_thread = Some(
-                DeviceThread::spawn(self.device_core)
-                    .map_err(|e| fail(format!("emulated controller thread: {e}")))?,
-            );
+        if matches!(t, Trid::Soft(_)) {
+            self.emu
+                .start_thread()
+                .map_err(|e| fail(format!("emulated controller thread: {e}")))?;
         }
         // Enough queue pairs for every job on the namespaces known up
         // front (the controller may grant fewer: channels then fail, named).
         let nns = match t {
-            Trid::Soft { namespaces, .. } => *namespaces as usize,
+            Trid::Soft(s) => s.namespaces as usize,
             Trid::Pcie { .. } | Trid::Tcp(_) => 1,
         };
         let mut copts = ControllerOptions::default();
         copts.io_queues =
             (nns * self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
-        let d = open_device(
-            t,
-            limits,
-            self.ctrls.len(),
-            self.mode,
-            self.dev_thread.as_ref(),
-            &copts,
-        )
-        .map_err(|e| fail(e.to_string()))?;
-        let ctrl = Arc::new(T::take(d.ctrl).map_err(|other| {
-            let theirs = match other {
-                Ctrl::Pcie(_) => "trtype:soft/pcie",
-                Ctrl::Tcp(_) => "trtype:tcp",
-            };
-            fail(format!(
-                "{theirs} cannot be mixed with {} controllers in one run",
-                T::TRTYPES
-            ))
-        })?);
-        if let Some(s) = d.soft {
-            self.softs.push(s);
-        }
+        let ctrl = Arc::new(
+            pollux_host::connect_with(t, &copts, &mut self.emu).map_err(|e| fail(e.to_string()))?,
+        );
         self.ctrls.push(ctrl.clone());
         let mut bdevs = Vec::new();
         for ns in ctrl.namespaces() {
@@ -221,7 +157,7 @@ impl<T: NvmeTransport> NvmeOpener<T> {
         if bdevs.is_empty() {
             return Err(fail(format!(
                 "controller {} has no active namespace",
-                d.name
+                ctrl.describe()
             )));
         }
         Ok(bdevs)
@@ -234,7 +170,7 @@ fn attach_what(att: &NvmeAttach) -> String {
 
 /// The transport ID of a `bdev_nvme_attach_controller` entry (see the
 /// module docs); the TRID parser refuses keys it does not know.
-pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
+pub fn attach_trid(att: &NvmeAttach) -> Result<Trid, OpenError> {
     let fail = |why: String| OpenError {
         what: attach_what(att),
         why,
@@ -280,7 +216,7 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<(Trid, SoftLimits), OpenError> {
         }
         s.push_str(&format!(" {k}:{v}"));
     }
-    parse_with_limits(&s).map_err(|e| fail(e.to_string()))
+    trid::parse(&s).map_err(|e| fail(e.to_string()))
 }
 
 /// SPDK's reconnect parameter `k` of a TCP controller as the TRID's
@@ -341,7 +277,7 @@ mod tests {
 
     #[test]
     fn attach_parameters_become_a_trid() {
-        let (t, l) = attach_trid(&att(
+        let t = attach_trid(&att(
             "soft",
             None,
             &[
@@ -352,18 +288,12 @@ mod tests {
             ],
         ))
         .unwrap();
-        assert!(matches!(
-            t,
-            Trid::Soft {
-                size: 1048576,
-                namespaces: 2,
-                ..
-            }
-        ));
-        assert_eq!(l.mdts, Some(1));
+        let Trid::Soft(t) = t else { panic!("{t:?}") };
+        assert_eq!((t.size, t.namespaces), (1048576, 2));
+        assert_eq!(t.limits.mdts, Some(1));
         // SPDK's fabrics and protection parameters mean nothing to a
         // local controller: ignored.
-        let (t, _) = attach_trid(&att(
+        let t = attach_trid(&att(
             "PCIe",
             Some("0000:0a:00.0"),
             &[("prchk_reftag", false.into()), ("subnqn", "x".into())],
@@ -376,7 +306,7 @@ mod tests {
             }
         );
         // For TCP they are the transport ID's keys.
-        let (t, _) = attach_trid(&att(
+        let t = attach_trid(&att(
             "TCP",
             Some("127.0.0.1"),
             &[
@@ -396,7 +326,7 @@ mod tests {
             (600, 10, -1)
         );
         let tcp = |p: &[(&str, Value)]| attach_trid(&att("tcp", Some("127.0.0.1"), p));
-        let (t, _) = tcp(&[
+        let t = tcp(&[
             ("ctrlr_loss_timeout_sec", (-1).into()),
             ("reconnect_delay_sec", 2.into()),
             ("fast_io_fail_timeout_sec", 5.into()),
@@ -407,7 +337,7 @@ mod tests {
             (t.ctrl_loss_tmo, t.reconnect_delay, t.fast_io_fail_tmo),
             (-1, 2, 5)
         );
-        let (t, _) = tcp(&[
+        let t = tcp(&[
             ("ctrlr_loss_timeout_sec", 0.into()),
             ("reconnect_delay_sec", 0.into()),
             ("fast_io_fail_timeout_sec", 0.into()),

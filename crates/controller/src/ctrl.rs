@@ -12,19 +12,16 @@ use pollux_spec::regs::{Cap, Csts, CAP_CSS_NVM};
 use pollux_spec::status::sct;
 use pollux_spec::Status;
 
-use crate::admin::features::Features;
 use crate::aer::AerState;
 use crate::errlog::ErrorLog;
+use crate::features::Features;
 use crate::regs::{CcChange, Registers};
 use crate::stats::{IoStats, Registry, StatsHandle};
 use crate::subsystem::{Personality, Subsystem};
-use pollux_bdev::NoNvme;
-use pollux_nvme::Transport;
 
 /// The controller state shared by the admin commands and the registers.
-/// `T`: the NVMe transport of the namespaces' bdevs (see [`Subsystem`]).
-pub struct Controller<T: Transport = NoNvme> {
-    pub(crate) subsys: Arc<Subsystem<T>>,
+pub struct Controller {
+    pub(crate) subsys: Arc<Subsystem>,
     pub(crate) cntlid: u16,
     pub(crate) regs: Registers,
     /// A shutdown was notified (processing stops until a reset).
@@ -40,7 +37,7 @@ pub struct Controller<T: Transport = NoNvme> {
     pub(crate) max_xfer: usize,
 }
 
-impl<T: Transport> std::fmt::Debug for Controller<T> {
+impl std::fmt::Debug for Controller {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Controller")
             .field("cntlid", &self.cntlid)
@@ -50,9 +47,9 @@ impl<T: Transport> std::fmt::Debug for Controller<T> {
     }
 }
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     /// A disabled controller (CC = 0, CSTS = 0) with ID `cntlid`.
-    pub fn new(subsys: Arc<Subsystem<T>>, cntlid: u16) -> Controller<T> {
+    pub fn new(subsys: Arc<Subsystem>, cntlid: u16) -> Controller {
         let l = *subsys.limits();
         let dstrd = match subsys.personality() {
             Personality::Pcie(p) => p.dstrd,
@@ -78,7 +75,7 @@ impl<T: Transport> Controller<T> {
         }
     }
 
-    pub fn subsystem(&self) -> &Arc<Subsystem<T>> {
+    pub fn subsystem(&self) -> &Arc<Subsystem> {
         &self.subsys
     }
 

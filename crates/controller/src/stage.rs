@@ -1,4 +1,4 @@
-//! Asynchronous reads and writes of an NVMe namespace (a `Bdev<T>` over
+//! Asynchronous reads and writes of an NVMe namespace (a `Bdev` over
 //! a real transport), staged through DMA bounce pieces: the NVMe bdev
 //! takes only its controller's DMA memory (`IoBuf`s), never lent host
 //! memory.
@@ -12,7 +12,7 @@
 //! power-of-two number of blocks each, falling back to smaller pieces
 //! when a class is empty, at most [`MAX_PARTS`] of them); each piece is
 //! one bdev request under the command's record (`user_data`: the record,
-//! [`K_PART`], the piece's offset). A write's data is gathered from the
+//! `Kind::Part`, the piece's offset). A write's data is gathered from the
 //! host segments at submission; a read's is scattered into them when its
 //! piece completes, so the record keeps the segments (up to
 //! [`HOST_SEGS`] of them, copied: the caller's segment list itself need
@@ -38,10 +38,10 @@
 use std::collections::VecDeque;
 
 use pollux_bdev::{Bdev, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, SubmitError};
-use pollux_nvme::Transport;
 use pollux_spec::cmd::RwFlags;
 
-use crate::store::Cursor;
+use crate::cursor::Cursor;
+use crate::user_data::{Kind, UserData};
 
 /// Largest piece (bytes; smaller when the largest transfer is).
 pub(crate) const STAGE_CHUNK: usize = 128 << 10;
@@ -54,21 +54,6 @@ pub(crate) const MAX_STAGED: usize = 1 << 20;
 pub(crate) const MAX_PARTS: usize = 16;
 /// Host segments a staged command may have (more: synchronous).
 pub(crate) const HOST_SEGS: usize = 4;
-
-/// The `user_data` kind (bits 32..34) of a staged command's piece; bits
-/// 0..32 hold its record, bits 34..62 the piece's offset in blocks.
-pub(crate) const K_PART: u64 = 3;
-
-#[inline(always)]
-fn part_ud(slot: usize, off_blocks: u64) -> u64 {
-    slot as u64 | K_PART << 32 | off_blocks << 34
-}
-
-/// A staged piece's completion (not a synchronous request's: bit 62).
-#[inline(always)]
-pub(crate) fn is_part(u: u64) -> bool {
-    (u >> 32) & 3 == K_PART && u & crate::store::SYNC_UD == 0
-}
 
 /// The host segments of a staged command, copied.
 #[derive(Clone, Copy)]
@@ -130,7 +115,7 @@ enum Start {
 
 /// A finished staged command: the `user_data` `IoQueue::poll` decodes
 /// (tag, kind, blocks) and the result.
-pub(crate) type Finished = (u64, Result<u32, IoError>);
+pub(crate) type Finished = (UserData, Result<u32, IoError>);
 
 /// One queue's staging for one NVMe namespace (see the module doc).
 pub(crate) struct Staging {
@@ -151,11 +136,7 @@ pub(crate) struct Staging {
 
 impl Staging {
     /// A pool for `depth` commands of at most `max_xfer` bytes on `bdev`.
-    pub fn new<T: Transport>(
-        bdev: &Bdev<T>,
-        depth: u32,
-        max_xfer: usize,
-    ) -> Result<Staging, pollux_bdev::Error> {
+    pub fn new(bdev: &Bdev, depth: u32, max_xfer: usize) -> Result<Staging, pollux_bdev::Error> {
         let shift = bdev.info().block_shift();
         let block = 1usize << shift;
         let chunk = STAGE_CHUNK.min(max_xfer).max(block);
@@ -254,9 +235,9 @@ impl Staging {
     /// [`complete`]: Staging::complete
     /// [`resume`]: Staging::resume
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn submit<T: Transport>(
+    pub unsafe fn submit(
         &mut self,
-        io: &mut Io<'_, T>,
+        io: &mut Io<'_>,
         tag: u32,
         write: bool,
         slba: u64,
@@ -311,7 +292,7 @@ impl Staging {
     ///
     /// # Safety
     /// As `submit`, for the segments recorded in slot `s`.
-    unsafe fn start<T: Transport>(&mut self, io: &mut Io<'_, T>, s: u32) -> Start {
+    unsafe fn start(&mut self, io: &mut Io<'_>, s: u32) -> Start {
         let shift = self.shift;
         let top = self.top();
         let slot = &self.slots[s as usize];
@@ -364,7 +345,7 @@ impl Staging {
                 // valid memory (the caller's contract); the piece is ours.
                 unsafe { cur.gather(b.as_mut_slice()) };
             }
-            let u = part_ud(s as usize, off);
+            let u = UserData::new(s, Kind::Part, off).raw();
             let r = if write {
                 io.write_with(slba + off, b, flags, u)
             } else {
@@ -403,15 +384,16 @@ impl Staging {
         self.free[k].push(b);
     }
 
-    /// A piece's completion (`is_part(c.user_data)`): scatters a read's
+    /// A piece's completion (`UserData::is_part`): scatters a read's
     /// data into the host segments, takes the piece back; the command's
     /// result once its last piece is back.
     ///
     /// # Safety
     /// The contract `submit` was called under holds for the command.
     pub unsafe fn complete(&mut self, c: Completion) -> Option<Finished> {
-        let s = c.user_data as u32;
-        let off = ((c.user_data >> 34) & ((1 << 28) - 1)) << self.shift;
+        let u = UserData::from_raw(c.user_data);
+        let s = u.tag();
+        let off = u.blocks() << self.shift;
         self.in_flight = self.in_flight.saturating_sub(1);
         let piece = match c.data {
             Data::One(b) => Some(b),
@@ -460,12 +442,8 @@ impl Staging {
     /// Command `s` is done: its record is free again.
     fn finish(&mut self, s: u32) -> Finished {
         let slot = &self.slots[s as usize];
-        let kind = if slot.write {
-            crate::io::K_WRITE
-        } else {
-            crate::io::K_READ
-        };
-        let u = crate::io::ud(slot.tag, kind, slot.nlb);
+        let kind = if slot.write { Kind::Write } else { Kind::Read };
+        let u = UserData::new(slot.tag, kind, slot.nlb);
         let r = match slot.err {
             None => Ok(0),
             Some(e) => Err(e),
@@ -480,11 +458,7 @@ impl Staging {
     ///
     /// # Safety
     /// As `complete`.
-    pub unsafe fn resume<T: Transport>(
-        &mut self,
-        io: &mut Io<'_, T>,
-        done: &mut impl FnMut(Finished),
-    ) {
+    pub unsafe fn resume(&mut self, io: &mut Io<'_>, done: &mut impl FnMut(Finished)) {
         while let Some(&s) = self.waiting.front() {
             // SAFETY: forwarded contract.
             match unsafe { self.start(io, s) } {
@@ -509,10 +483,9 @@ impl Staging {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use pollux_bdev::NoNvme;
 
     fn pool(block: u32, depth: u32, max_xfer: usize) -> Staging {
-        let b: Bdev<NoNvme> = Bdev::ram("r", block, 1 << 16).unwrap();
+        let b: Bdev = Bdev::ram("r", block, 1 << 16).unwrap();
         Staging::new(&b, depth, max_xfer).unwrap()
     }
 
@@ -542,7 +515,7 @@ mod tests {
 
     #[test]
     fn a_refused_command_keeps_no_record() {
-        let b: Bdev<NoNvme> = Bdev::ram("r", 512, 1 << 16).unwrap();
+        let b: Bdev = Bdev::ram("r", 512, 1 << 16).unwrap();
         let mut p = Staging::new(&b, 2, 128 << 10).unwrap();
         let mut ch = b.open(true).channel(&Default::default()).unwrap();
         let mut buf = vec![0u8; 512 * 5];

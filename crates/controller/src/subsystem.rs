@@ -3,15 +3,11 @@
 //! identity, the limits, the personality (PCIe or Fabrics) and the
 //! namespaces (NSID → bdev, LBA size, size in blocks).
 //!
-//! Generic over `T`, the NVMe transport of the namespaces' bdevs
-//! (`pollux_bdev::Bdev<T>`): [`NoNvme`] (the default) when they are null,
-//! RAM or io_uring bdevs, a host transport (PCIe, TCP) when some are NVMe
-//! namespaces. One `T` per subsystem, monomorphised: the I/O path makes no
-//! `dyn` call.
+//! A namespace is any bdev (`pollux_bdev::Bdev`): null, RAM, io_uring, or
+//! an NVMe namespace on any transport, side by side in one subsystem.
 use std::sync::Arc;
 
-use pollux_bdev::{Bdev, NoNvme};
-use pollux_nvme::Transport;
+use pollux_bdev::Bdev;
 
 use crate::ControllerError;
 
@@ -110,13 +106,13 @@ impl Personality {
 }
 
 /// One namespace: its bdev and geometry.
-pub struct Namespace<T: Transport = NoNvme> {
-    bdev: Bdev<T>,
+pub struct Namespace {
+    bdev: Bdev,
     lba_shift: u8,
     nsze: u64,
 }
 
-impl<T: Transport> Clone for Namespace<T> {
+impl Clone for Namespace {
     fn clone(&self) -> Self {
         Namespace {
             bdev: self.bdev.clone(),
@@ -126,7 +122,7 @@ impl<T: Transport> Clone for Namespace<T> {
     }
 }
 
-impl<T: Transport> std::fmt::Debug for Namespace<T> {
+impl std::fmt::Debug for Namespace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Namespace")
             .field("bdev", &self.bdev.name())
@@ -136,10 +132,10 @@ impl<T: Transport> std::fmt::Debug for Namespace<T> {
     }
 }
 
-impl<T: Transport> Namespace<T> {
+impl Namespace {
     /// The first `nsze` blocks of `bdev` (0: all of it), whose block size
     /// must be 512 or 4096 bytes (the LBA formats Identify reports).
-    pub fn new(bdev: Bdev<T>, nsze: u64) -> Result<Namespace<T>, ControllerError> {
+    pub fn new(bdev: Bdev, nsze: u64) -> Result<Namespace, ControllerError> {
         let info = bdev.info();
         let bad = |why: String| {
             Err(ControllerError::InvalidNamespace {
@@ -168,7 +164,7 @@ impl<T: Transport> Namespace<T> {
         })
     }
 
-    pub fn bdev(&self) -> &Bdev<T> {
+    pub fn bdev(&self) -> &Bdev {
         &self.bdev
     }
 
@@ -183,16 +179,15 @@ impl<T: Transport> Namespace<T> {
     }
 }
 
-/// What every controller of the subsystem shares. `T`: the NVMe
-/// transport of the namespaces' bdevs (see the module doc).
-pub struct Subsystem<T: Transport = NoNvme> {
+/// What every controller of the subsystem shares.
+pub struct Subsystem {
     identity: Identity,
     limits: Limits,
     personality: Personality,
-    namespaces: Vec<Namespace<T>>,
+    namespaces: Vec<Namespace>,
 }
 
-impl<T: Transport> std::fmt::Debug for Subsystem<T> {
+impl std::fmt::Debug for Subsystem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Subsystem")
             .field("identity", &self.identity)
@@ -207,15 +202,15 @@ fn ascii_ok(s: &str, max: usize) -> bool {
     s.len() <= max && s.bytes().all(|b| (0x20..0x7f).contains(&b))
 }
 
-impl<T: Transport> Subsystem<T> {
+impl Subsystem {
     /// Checks every bound the controller relies on. NSIDs are `1..=n` in
     /// the order given.
     pub fn new(
         identity: Identity,
         limits: Limits,
         personality: Personality,
-        namespaces: Vec<Namespace<T>>,
-    ) -> Result<Arc<Subsystem<T>>, ControllerError> {
+        namespaces: Vec<Namespace>,
+    ) -> Result<Arc<Subsystem>, ControllerError> {
         let bad = |m: String| Err(ControllerError::InvalidConfig(m));
         if identity.serial.is_empty() || !ascii_ok(&identity.serial, 20) {
             return bad("serial must be 1..=20 printable ASCII characters".into());
@@ -289,12 +284,12 @@ impl<T: Transport> Subsystem<T> {
     }
 
     /// The namespaces, NSID 1 first.
-    pub fn namespaces(&self) -> &[Namespace<T>] {
+    pub fn namespaces(&self) -> &[Namespace] {
         &self.namespaces
     }
 
     /// Namespace `nsid` (1-based), if it exists.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace<T>> {
+    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
         self.namespaces.get((nsid as usize).wrapping_sub(1))
     }
 }

@@ -1,21 +1,22 @@
 //! pollux-pcie — NVMe over PCIe: the transport under `pollux-nvme`'s host
 //! core.
 //!
-//! Layers, bottom up: `mmio` (BAR0 register access and doorbells) →
-//! `platform` (how BAR0 is mapped and DMA memory gets bus addresses:
-//! vfio-pci, uio_pci_generic, or the emulated controller) → `prp` (data
-//! pointers) → `sq` (the submission ring: the submit path's wire side) and
-//! `cq` (the completion ring: the poll path's wire side) → `transport`
-//! (`Pcie`, the `pollux_nvme::Transport`: admin queue registers, queue
-//! creation, shadow doorbells). Trackers, splitting, the backlog, timeouts
-//! and recovery live in `pollux-nvme`, written once for every transport.
+//! Layers, bottom up: `mmio` (BAR0 register access) → `platform` (how
+//! BAR0 is mapped and DMA memory gets bus addresses: vfio-pci or
+//! uio_pci_generic here; the emulated controller brings its own,
+//! `pollux_softnvme::SoftPlatform`) → `doorbell` (a queue's doorbell
+//! register, holding its platform, and its shadow doorbell slots) → `prp`
+//! (data pointers) → `sq` (the submission ring: the submit path's wire
+//! side) and `cq` (the completion ring: the poll path's wire side) →
+//! `transport` (`Pcie`, the `pollux_nvme::Transport`: admin queue
+//! registers, queue creation, shadow doorbells). Trackers, splitting, the
+//! backlog, timeouts and recovery live in `pollux-nvme`, written once for
+//! every transport.
 //!
 //! ```no_run
-//! # #[cfg(feature = "soft")] {
-//! use pollux_pcie::{platform::soft::{SoftMode, SoftPlatform}, ControllerOptions, QpairOptions};
-//! use pollux_softnvme::{SoftConfig, SoftDevice};
-//! let dev = SoftDevice::new(SoftConfig::default()).unwrap();
-//! let platform = Box::new(SoftPlatform::new(dev, SoftMode::Inline));
+//! use pollux_pcie::{ControllerOptions, QpairOptions};
+//! // A controller bound to vfio-pci or uio_pci_generic (`pollux setup bind`).
+//! let platform = pollux_pcie::platform::open_pcie("0000:01:00.0").unwrap();
 //! let ctrl = pollux_pcie::open(platform, ControllerOptions::default()).unwrap();
 //! let ns = ctrl.namespaces()[0];
 //! let mut qp = ctrl.alloc_qpair(QpairOptions::default()).unwrap();
@@ -30,9 +31,9 @@
 //! assert_eq!(c.result, Ok(0));
 //! let data = c.buf.unwrap(); // the buffer comes back with the completion
 //! assert_eq!(data.len(), 4096);
-//! # }
 //! ```
 pub mod cq;
+pub mod doorbell;
 pub mod mmio;
 pub mod platform;
 pub mod prp;

@@ -22,21 +22,11 @@
 //! ctrl.transport().platform().bar0().write32(0x1008, 5).unwrap(); // error: private (or unsafe)
 //! # }
 //! ```
-//!
-//! ```compile_fail
-//! # fn f(ctrl: &pollux_pcie::Controller) {
-//! let bell = pollux_pcie::mmio::Doorbell::new(ctrl.transport().platform(), 0x1008).unwrap(); // error[E0624]: private
-//! bell.write(5);
-//! # }
-//! ```
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 use pollux_nvme::error::{Error, Result};
 use pollux_nvme::Registers;
-
-use crate::platform::Platform;
 
 /// A mapped register window, borrowed from the platform that maps it.
 #[derive(Debug)]
@@ -69,7 +59,7 @@ impl Mmio {
     }
 
     /// The register at `off`, or an error naming the offset.
-    fn reg(&self, off: usize) -> Result<&AtomicU32> {
+    pub(crate) fn reg(&self, off: usize) -> Result<&AtomicU32> {
         if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > self.len) {
             return Err(Error::Platform(format!(
                 "register offset {off:#x} is outside BAR0 ({:#x} bytes) or unaligned",
@@ -120,43 +110,6 @@ impl Registers for Mmio {
     }
 }
 
-/// One doorbell register, for the hot path. It holds the platform that
-/// maps the BAR, so it can never outlive the mapping; bounds are checked
-/// once, when it is made. Only this crate makes and rings them (each
-/// queue its own).
-pub struct Doorbell {
-    reg: NonNull<AtomicU32>,
-    _platform: Arc<dyn Platform>,
-}
-
-// SAFETY: a doorbell is an atomic register in a mapping kept alive by
-// `_platform` (itself Send + Sync); writing it from any thread is fine.
-unsafe impl Send for Doorbell {}
-
-impl Doorbell {
-    /// The register at `off` of `platform`'s BAR0.
-    pub(crate) fn new(platform: &Arc<dyn Platform>, off: usize) -> Result<Doorbell> {
-        let reg = NonNull::from(platform.bar0().reg(off)?);
-        Ok(Doorbell {
-            reg,
-            _platform: platform.clone(),
-        })
-    }
-
-    #[inline(always)]
-    pub(crate) fn write(&self, v: u32) {
-        // SAFETY: points into BAR0 of `_platform`, which this doorbell keeps
-        // alive (and so mapped); bounds were checked in `new`.
-        unsafe { self.reg.as_ref() }.store(v, Ordering::Release)
-    }
-}
-
-impl std::fmt::Debug for Doorbell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Doorbell").field("reg", &self.reg).finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,27 +131,5 @@ mod tests {
         assert!(e.contains(&format!("{off:#x}")), "{e}");
         assert!(bar.write32(4095, 1).is_err(), "unaligned");
         assert!(bar.read64(usize::MAX - 3).is_err(), "overflowing offset");
-    }
-
-    /// A doorbell keeps the platform that maps BAR0 alive: writing it after
-    /// every other handle is gone still hits mapped memory. Before,
-    /// `Doorbell` was `Copy` with no lifetime, so this was a use after
-    /// unmap.
-    #[cfg(feature = "soft")]
-    #[test]
-    fn doorbell_outlives_every_other_handle() {
-        use crate::platform::soft::{SoftMode, SoftPlatform};
-        let dev = pollux_softnvme::SoftDevice::new(pollux_softnvme::SoftConfig::default()).unwrap();
-        let weak = std::sync::Arc::downgrade(&dev);
-        let p: Arc<dyn Platform> = Arc::new(SoftPlatform::new(dev, SoftMode::Inline));
-        let db = Doorbell::new(&p, pollux_spec::regs::off::DOORBELL_BASE).unwrap();
-        drop(p);
-        assert!(
-            weak.upgrade().is_some(),
-            "the doorbell keeps the device (and its BAR) alive"
-        );
-        db.write(1);
-        drop(db);
-        assert!(weak.upgrade().is_none(), "and releases it when dropped");
     }
 }

@@ -33,7 +33,8 @@
 //! Abort, Doorbell Buffer Config; the rest goes to the controller model),
 //! `backend` (a namespace's bdev: null, RAM, a file through io_uring, or
 //! one handed over), `fault` (injection), `irq` (interrupt vectors,
-//! coalescing), `stats`, `thread`, `device` (the public `SoftDevice`).
+//! coalescing), `stats`, `thread`, `device` (the public `SoftDevice`),
+//! `platform` (`SoftPlatform`: `pollux_pcie`'s driver on this device).
 
 mod admin;
 mod backend;
@@ -46,19 +47,22 @@ mod error;
 mod fault;
 mod iommu;
 mod irq;
+mod platform;
 pub mod prp;
 mod queue;
 mod stats;
 mod thread;
 
 pub use config::{
-    BackendConfig, NamespaceConfig, SoftConfig, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS, MAX_NAMESPACES,
+    BackendConfig, NamespaceConfig, SoftConfig, DEFERRED_LIMIT, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS,
+    MAX_NAMESPACES,
 };
 pub use device::{SoftClaim, SoftDevice};
 pub use error::SoftError;
-pub use fault::{FaultAction, FaultRule, QueueSel, DEFERRED_LIMIT, MAX_FAULT_RULES};
+pub use fault::{FaultAction, FaultRule, QueueSel, MAX_FAULT_RULES};
 pub use iommu::MAX_MAPPINGS;
 pub use irq::MAX_IRQ_VECTORS;
+pub use platform::{SoftMode, SoftPlatform};
 pub use pollux_controller::ERROR_LOG_ENTRIES;
 pub use stats::DeviceStats;
 pub use thread::DeviceThread;

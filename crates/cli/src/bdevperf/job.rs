@@ -15,13 +15,11 @@ use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
 use pollux_bdev::{Channel, Completion, Data, Handler, Io, IoBuf, IoError, Refused};
-use pollux_nvme::Transport;
 use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::perf::clock::LatClock;
-use crate::perf::pattern::Pattern;
-use crate::perf::thread_cpu_time;
-use crate::perf::verify::Verify;
+use crate::common::clock::{thread_cpu_time, LatClock};
+use crate::common::pattern::Pattern;
+use crate::common::verify::Verify;
 
 /// Polls between checks of the clock, the stop request and progress.
 pub const CHECK_EVERY: u64 = 256;
@@ -87,17 +85,17 @@ enum Next {
 /// (`SLOW` false: no test of it per I/O) and with it.
 pub struct Hot<'a, const SLOW: bool>(pub &'a mut JobCtx);
 
-impl<T: Transport, const SLOW: bool> Handler<T> for Hot<'_, SLOW> {
+impl<const SLOW: bool> Handler for Hot<'_, SLOW> {
     #[inline(always)]
-    fn complete(&mut self, io: &mut Io<'_, T>, c: Completion) {
-        self.0.complete::<T, SLOW>(io, c)
+    fn complete(&mut self, io: &mut Io<'_>, c: Completion) {
+        self.0.complete::<SLOW>(io, c)
     }
 }
 
 impl JobCtx {
     /// Polls `ch` with the handler this job needs.
     #[inline(always)]
-    pub fn poll<T: Transport>(&mut self, ch: &mut Channel<T>, max: u32) -> u32 {
+    pub fn poll(&mut self, ch: &mut Channel, max: u32) -> u32 {
         if self.slow {
             ch.poll(max, &mut Hot::<true>(self))
         } else {
@@ -106,7 +104,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    fn complete<T: Transport, const SLOW: bool>(&mut self, io: &mut Io<'_, T>, c: Completion) {
+    fn complete<const SLOW: bool>(&mut self, io: &mut Io<'_>, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -141,7 +139,7 @@ impl JobCtx {
 impl JobCtx {
     /// Submits slot `slot`'s next I/O from the pattern.
     #[inline(always)]
-    pub fn submit<T: Transport>(&mut self, io: &mut Io<'_, T>, slot: usize, buf: IoBuf) {
+    pub fn submit(&mut self, io: &mut Io<'_>, slot: usize, buf: IoBuf) {
         if self.slow {
             let (unit, is_read) = self.pat.next();
             let lba = self.base_lba + unit * self.io_blocks;
@@ -155,21 +153,14 @@ impl JobCtx {
 
     /// `submit` without the slow path (the caller knows it is off).
     #[inline(always)]
-    fn submit_fast<T: Transport>(&mut self, io: &mut Io<'_, T>, slot: usize, buf: IoBuf) {
+    fn submit_fast(&mut self, io: &mut Io<'_>, slot: usize, buf: IoBuf) {
         let (unit, is_read) = self.pat.next();
         let lba = self.base_lba + unit * self.io_blocks;
         self.send(io, slot, lba, is_read, buf)
     }
 
     #[inline(always)]
-    fn send<T: Transport>(
-        &mut self,
-        io: &mut Io<'_, T>,
-        slot: usize,
-        lba: u64,
-        is_read: bool,
-        buf: IoBuf,
-    ) {
+    fn send(&mut self, io: &mut Io<'_>, slot: usize, lba: u64, is_read: bool, buf: IoBuf) {
         let r = if is_read {
             io.read(lba, buf, slot as u64)
         } else {
@@ -183,7 +174,7 @@ impl JobCtx {
     /// Submits slot `slot`'s next I/O with the buffer parked for it (the
     /// first submission of a slot, and retries).
     #[cold]
-    pub fn submit_waiting<T: Transport>(&mut self, io: &mut Io<'_, T>, slot: usize) {
+    pub fn submit_waiting(&mut self, io: &mut Io<'_>, slot: usize) {
         match self.bufs[slot].take() {
             Some(buf) => self.submit(io, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
@@ -319,9 +310,9 @@ pub struct JobResult {
 }
 
 /// A job with its channel and run state: the poller's closure owns it.
-pub struct Job<T: Transport> {
+pub struct Job {
     pub index: usize,
-    pub ch: Channel<T>,
+    pub ch: Channel,
     pub ctx: JobCtx,
     /// I/Os this job does in total (`u64::MAX`: until stopped).
     pub total: u64,
@@ -332,8 +323,8 @@ pub struct Job<T: Transport> {
 }
 
 /// The state the poller keeps between polls.
-struct Run<T: Transport> {
-    job: Job<T>,
+struct Run {
+    job: Job,
     /// Completions delivered per poll at most (the queue depth).
     max: u32,
     polls: u64,
@@ -344,7 +335,7 @@ struct Run<T: Transport> {
     by_count: bool,
 }
 
-impl<T: Transport> Job<T> {
+impl Job {
     /// Registers the job on this thread: fills its queue, then polls it
     /// until it is done, reports its result and unregisters itself. A
     /// shutdown request (signal) stops it early, after draining.
@@ -382,8 +373,8 @@ impl<T: Transport> Job<T> {
     }
 }
 
-impl<T: Transport> Run<T> {
-    fn new(mut job: Job<T>, now: Instant) -> Run<T> {
+impl Run {
+    fn new(mut job: Job, now: Instant) -> Run {
         let cpu0 = thread_cpu_time();
         let depth = job.ctx.bufs.len() as u64;
         let fill = depth.min(job.total);
@@ -531,8 +522,8 @@ impl<T: Transport> Run<T> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perf::pattern::Mix;
-    use crate::perf::verify::Written;
+    use crate::common::pattern::Mix;
+    use crate::common::verify::Written;
     use pollux_bdev::{Bdev, ChannelOptions};
 
     /// Runs a `-w verify` job (write each unit, read it back) of `total`

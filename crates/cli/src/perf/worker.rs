@@ -10,19 +10,17 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use pollux_nvme::{
+use pollux_host::{
     Completion, Handler, IoBuf, Namespace, QpairStats, QueuePair, Refused, SubmitError, Submitter,
-    Transport,
 };
-use pollux_pcie::Pcie;
 use pollux_softnvme::SoftDevice;
-use pollux_tcp::TcpTransport;
 
-use super::pattern::Pattern;
-use super::verify::Verify;
+use crate::common::clock::thread_cpu_time;
+use crate::common::pattern::Pattern;
+use crate::common::verify::Verify;
 
 pub struct Latency {
-    pub clock: super::clock::LatClock,
+    pub clock: crate::common::clock::LatClock,
     /// Submission time per slot, in clock ticks.
     pub submit: Vec<u64>,
     /// Latencies in clock ticks (converted to ns in the report).
@@ -63,87 +61,40 @@ pub struct JobCtx {
     pub retry: Vec<usize>,
 }
 
-pub struct Job<T: Transport> {
-    pub qp: QueuePair<T>,
+/// A job: a queue pair (any transport: one match per poll, not per I/O,
+/// each transport's poll monomorphised) and what drives it. Not boxed:
+/// jobs sit in a worker's vector and never move while it runs.
+pub struct Job {
+    pub qp: QueuePair,
     pub ctx: JobCtx,
 }
 
-/// A job on any transport: one match per poll (not per I/O); each arm's
-/// poll is monomorphised for its transport. Not boxed: jobs sit in a
-/// worker's vector and never move while it runs, and a box would add a
-/// pointer chase to every poll of the PCIe hot loop.
-#[allow(clippy::large_enum_variant)]
-pub enum AnyJob {
-    Pcie(Job<Pcie>),
-    Tcp(Job<TcpTransport>),
-}
-
-/// A queue pair on any transport, before it becomes a job (moved once).
-#[allow(clippy::large_enum_variant)]
-pub enum AnyQp {
-    Pcie(QueuePair<Pcie>),
-    Tcp(QueuePair<TcpTransport>),
-}
-
-impl AnyQp {
-    pub fn into_job(self, ctx: JobCtx) -> AnyJob {
-        match self {
-            AnyQp::Pcie(qp) => AnyJob::Pcie(Job { qp, ctx }),
-            AnyQp::Tcp(qp) => AnyJob::Tcp(Job { qp, ctx }),
-        }
-    }
-}
-
-/// `$e` with `$j` bound to the job, whatever its transport.
-macro_rules! with_job {
-    ($job:expr, $j:ident => $e:expr) => {
-        match $job {
-            AnyJob::Pcie($j) => $e,
-            AnyJob::Tcp($j) => $e,
-        }
-    };
-}
-
-impl AnyJob {
-    fn ctx(&self) -> &JobCtx {
-        with_job!(self, j => &j.ctx)
-    }
-    fn ctx_mut(&mut self) -> &mut JobCtx {
-        with_job!(self, j => &mut j.ctx)
-    }
-    fn in_flight(&self) -> usize {
-        with_job!(self, j => j.qp.in_flight())
-    }
+impl Job {
     #[inline(always)]
     fn poll(&mut self) -> u32 {
-        with_job!(self, j => j.qp.poll_with(u32::MAX, &mut j.ctx))
+        self.qp.poll_with(u32::MAX, &mut self.ctx)
     }
+
     fn start(&mut self) {
-        with_job!(self, j => {
-            let Job { qp, ctx } = j;
-            // One I/O per slot (-q of them): what the queue cannot hold
-            // waits in the queue pair's backlog.
-            let fill = (ctx.bufs.len() as u64).min(ctx.total);
-            // Completion k resubmits while fill + k - 1 < total. Set before
-            // the first submission: a refused one decides by it too.
-            ctx.stop_at = ctx.total - fill;
-            for slot in 0..fill as usize {
-                ctx.submit_waiting(&mut qp.submitter(), slot);
-            }
-            qp.flush();
-        })
+        let Job { qp, ctx } = self;
+        // One I/O per slot (-q of them): what the queue cannot hold
+        // waits in the queue pair's backlog.
+        let fill = (ctx.bufs.len() as u64).min(ctx.total);
+        // Completion k resubmits while fill + k - 1 < total. Set before
+        // the first submission: a refused one decides by it too.
+        ctx.stop_at = ctx.total - fill;
+        for slot in 0..fill as usize {
+            ctx.submit_waiting(&mut qp.submitter(), slot);
+        }
+        qp.flush();
     }
+
     fn retry_failed(&mut self) {
-        with_job!(self, j => j.ctx.retry_failed(&mut j.qp))
+        self.ctx.retry_failed(&mut self.qp)
     }
-    fn arm(&mut self) -> pollux_nvme::error::Result<bool> {
-        with_job!(self, j => j.qp.arm())
-    }
-    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        with_job!(self, j => j.qp.interrupt_fd())
-    }
+
     fn into_result(self) -> JobResult {
-        let (ctx, qp) = with_job!(self, j => (j.ctx, j.qp.stats()));
+        let (ctx, qp) = (self.ctx, self.qp.stats());
         JobResult {
             label: ctx.label,
             ios: ctx.ios,
@@ -156,9 +107,9 @@ impl AnyJob {
     }
 }
 
-impl<T: Transport> Handler<T> for JobCtx {
+impl Handler for JobCtx {
     #[inline(always)]
-    fn complete(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
+    fn complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
         self.on_complete(sub, c)
     }
 }
@@ -169,7 +120,7 @@ impl JobCtx {
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
     /// waits (the first submission of a slot, and retries).
     #[cold]
-    pub fn submit_waiting<T: Transport>(&mut self, sub: &mut Submitter<'_, T>, slot: usize) {
+    pub fn submit_waiting(&mut self, sub: &mut Submitter<'_>, slot: usize) {
         match self.bufs[slot].take() {
             Some(buf) => self.submit(sub, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
@@ -177,12 +128,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn submit<T: Transport>(
-        &mut self,
-        sub: &mut Submitter<'_, T>,
-        slot: usize,
-        mut buf: IoBuf,
-    ) {
+    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize, mut buf: IoBuf) {
         let (unit, is_read) = self.pat.next();
         let lba = unit * self.nlb as u64;
         if self.slow {
@@ -218,7 +164,7 @@ impl JobCtx {
     /// completion can ever come to change that: the job gives up (its I/O
     /// count stops) instead of spinning or waiting forever.
     #[cold]
-    fn retry_failed<T: Transport>(&mut self, qp: &mut QueuePair<T>) {
+    fn retry_failed(&mut self, qp: &mut QueuePair) {
         let slots = std::mem::take(&mut self.retry);
         if self.stop_at == 0 {
             return; // stopped: nothing more is submitted
@@ -274,7 +220,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete<T: Transport>(&mut self, sub: &mut Submitter<'_, T>, c: Completion) {
+    pub fn on_complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -349,45 +295,17 @@ pub struct WorkerResult {
     pub drain_error: Option<String>,
 }
 
-pub fn pin_to(core: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // within it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                core,
-                "could not pin thread: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// CPU time (user + system) this thread has used.
-pub fn thread_cpu_time() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
-        ru
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// With interrupts: after a round of polls that found nothing, sleep on
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
 #[cold]
-fn sleep_on_interrupts(jobs: &mut [AnyJob], nap: Duration) {
+fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
     let mut ready = false;
     for j in jobs.iter_mut() {
-        match j.arm() {
+        match j.qp.arm() {
             Ok(armed) => ready |= !armed,
             Err(e) => {
-                j.ctx_mut().error(format!("interrupt: {e}"));
+                j.ctx.error(format!("interrupt: {e}"));
                 return;
             }
         }
@@ -395,8 +313,8 @@ fn sleep_on_interrupts(jobs: &mut [AnyJob], nap: Duration) {
     if ready {
         return;
     }
-    let fds: Vec<_> = jobs.iter().filter_map(|j| j.interrupt_fd()).collect();
-    if let Err(e) = pollux_nvme::wait_readable(&fds, Some(nap)) {
+    let fds: Vec<_> = jobs.iter().filter_map(|j| j.qp.interrupt_fd()).collect();
+    if let Err(e) = pollux_host::wait_readable(&fds, Some(nap)) {
         tracing::error!("waiting for interrupts: {e}");
     }
 }
@@ -406,14 +324,16 @@ fn sleep_on_interrupts(jobs: &mut [AnyJob], nap: Duration) {
 /// finds nothing, instead of spinning.
 pub fn run(
     core: Option<usize>,
-    mut jobs: Vec<AnyJob>,
+    mut jobs: Vec<Job>,
     inline: Vec<Arc<SoftDevice>>,
     ctl: &WorkerCtl,
     drain_timeout: Duration,
     interrupts: bool,
 ) -> WorkerResult {
     if let Some(c) = core {
-        pin_to(c);
+        if let Err(e) = pollux_runtime::pin_to_core(c) {
+            tracing::warn!(core = c, "could not pin thread: {e}");
+        }
     }
     let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
@@ -441,33 +361,33 @@ pub fn run(
             continue;
         }
         for job in jobs.iter_mut() {
-            if !job.ctx().retry.is_empty() {
+            if !job.ctx.retry.is_empty() {
                 job.retry_failed();
             }
         }
-        let ios: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
+        let ios: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
         ctl.progress.store(ios, Ordering::Relaxed);
         match stopped_at {
             None => {
                 // A slot owed a retry still has a submission to make.
                 let all_submitted = jobs
                     .iter()
-                    .all(|j| j.ctx().ios >= j.ctx().stop_at && j.ctx().retry.is_empty());
+                    .all(|j| j.ctx.ios >= j.ctx.stop_at && j.ctx.retry.is_empty());
                 let stop = ctl.stop.load(Ordering::Relaxed);
                 if stop || all_submitted {
                     by_count = !stop;
                     for j in jobs.iter_mut() {
-                        j.ctx_mut().stop_at = 0;
+                        j.ctx.stop_at = 0;
                     }
                     stopped_at = Some((Instant::now(), ios));
                 }
             }
             Some((at, _)) => {
-                if jobs.iter().all(|j| j.in_flight() == 0) {
+                if jobs.iter().all(|j| j.qp.in_flight() == 0) {
                     break;
                 }
                 if at.elapsed() > drain_timeout {
-                    let n: usize = jobs.iter().map(|j| j.in_flight()).sum();
+                    let n: usize = jobs.iter().map(|j| j.qp.in_flight()).sum();
                     drain_error = Some(format!(
                         "{n} I/Os still outstanding {drain_timeout:?} after the stop"
                     ));
@@ -484,7 +404,7 @@ pub fn run(
     } else {
         stop_time
     };
-    let total: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
+    let total: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
     let cpu = thread_cpu_time().saturating_sub(cpu0);
     WorkerResult {
         core,
@@ -492,7 +412,7 @@ pub fn run(
         wall: t0.elapsed(),
         elapsed: end.duration_since(t0),
         ios_in_window: if count_mode { total } else { stop_ios },
-        jobs: jobs.into_iter().map(AnyJob::into_result).collect(),
+        jobs: jobs.into_iter().map(Job::into_result).collect(),
         drain_error,
     }
 }
@@ -500,10 +420,9 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perf::pattern::Mix;
-    use pollux_pcie::platform::soft::{SoftMode, SoftPlatform};
-    use pollux_pcie::ControllerOptions;
-    use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig};
+    use crate::common::pattern::Mix;
+    use crate::emulator::SoftEmulator;
+    use pollux_host::{ControllerOptions, SoftTrid, Trid};
     use std::sync::mpsc;
 
     /// Blocks in the namespace the tests use (512-byte LBAs).
@@ -517,24 +436,18 @@ mod tests {
     fn run_job(depth: u16, total: u64, random: bool, units: u64, seq: u64) -> WorkerResult {
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
-            let dev = SoftDevice::new(SoftConfig {
-                namespaces: vec![NamespaceConfig {
-                    backend: BackendConfig::Null,
-                    lba_shift: 9,
-                    size_bytes: NSZE << 9,
-                }],
-                ..SoftConfig::default()
-            })
-            .unwrap();
-            let ctrl = pollux_pcie::open(
-                Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
-                ControllerOptions::default(),
-            )
-            .unwrap();
+            let mut emu = SoftEmulator::new(true, None);
+            let t = Trid::Soft(SoftTrid {
+                size: NSZE << 9,
+                ..SoftTrid::default()
+            });
+            let ctrl =
+                pollux_host::connect_with(&t, &ControllerOptions::default(), &mut emu).unwrap();
+            let dev = emu.devices()[0].clone();
             let ns = ctrl.namespaces()[0];
             assert_eq!(ns.nsze(), NSZE);
             let qp = ctrl
-                .alloc_qpair(pollux_pcie::QpairOptions {
+                .alloc_qpair(pollux_host::QpairOptions {
                     depth,
                     ..Default::default()
                 })
@@ -574,7 +487,7 @@ mod tests {
             };
             let r = run(
                 None,
-                vec![AnyJob::Pcie(Job { qp, ctx })],
+                vec![Job { qp, ctx }],
                 vec![dev],
                 &ctl,
                 Duration::from_secs(10),

@@ -1,11 +1,10 @@
-//! `pollux target`: an NVMe/TCP target (pollux-target) from quick flags
+//! `pollux target`: an NVMe/TCP target (pollux-nvmf) from quick flags
 //! (one subsystem, one namespace — or every namespace of the `--nvme`
 //! controller) or SPDK's JSON configuration (`-c`).
 //!
-//! The target is monomorphised over the transport of its NVMe bdevs,
-//! chosen from `--nvme` and `-c`'s `bdev_nvme_attach_controller` entries
-//! (see `nvme`): none, PCIe (with the emulated controller) or TCP.
-mod nvme;
+//! Its NVMe bdevs (`--nvme`, `-c`'s `bdev_nvme_attach_controller`
+//! entries) may be of any transport, side by side: PCIe devices, emulated
+//! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -13,17 +12,15 @@ use std::time::Duration;
 
 use clap::Args;
 use pollux_bdev::config::NvmeAttach;
-use pollux_bdev::{Bdev, NoNvme, UringOptions};
-use pollux_nvme::Transport;
-use pollux_target::{
+use pollux_bdev::{Bdev, UringOptions};
+use pollux_nvmf::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
-use crate::bdevperf::parse_mask;
-use crate::nvme_open::{NvmeOpener, NvmeTransport};
-use crate::perf::{check_cores, online_cpus};
-use crate::perf::{parse_size, parse_with_limits};
-use nvme::Kind;
+use crate::common::cores::online_cpus;
+use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
+use crate::nvme_open::NvmeOpener;
+use pollux_host::trid::parse_size;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -45,10 +42,8 @@ pub struct TargetArgs {
     /// namespaces.
     #[arg(long = "nvme")]
     pub nvme: Option<String>,
-    /// Core of the emulated controllers' thread (trtype:soft; default: an
-    /// online core the target does not use, if any).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
+    #[command(flatten)]
+    pub device: DeviceCoreArgs,
     /// Block size of --null and --ram.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,
@@ -64,9 +59,8 @@ pub struct TargetArgs {
     /// Model number (quick mode).
     #[arg(long = "model")]
     pub model: Option<String>,
-    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
-    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
-    pub cpumask: String,
+    #[command(flatten)]
+    pub cpumask: CpumaskArgs,
     /// SPDK JSON configuration (bdev and nvmf subsystems).
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
@@ -107,19 +101,12 @@ pub struct TargetArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetCliError {
-    #[error("{option} {value}: {why}")]
-    Bad {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
     #[error(transparent)]
-    Target(#[from] pollux_target::TargetError),
+    Bad(#[from] BadOption),
     #[error(transparent)]
-    Config(#[from] pollux_target::ConfigError),
-    /// NVMe controllers of two transport types.
-    #[error("{0}")]
-    Mixed(String),
+    Target(#[from] pollux_nvmf::TargetError),
+    #[error(transparent)]
+    Config(#[from] pollux_nvmf::ConfigError),
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
@@ -130,16 +117,12 @@ fn bad(
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> TargetCliError {
-    TargetCliError::Bad {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
+    BadOption::new(option, value, why).into()
 }
 
 /// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
 fn handshake_timeout(v: &str) -> Result<Duration, TargetCliError> {
-    let max = pollux_target::config::MAX_HANDSHAKE_TIMEOUT;
+    let max = pollux_nvmf::config::MAX_HANDSHAKE_TIMEOUT;
     let why = format!(
         "expected seconds (decimals allowed) from 0.001 to {}",
         max.as_secs()
@@ -162,11 +145,11 @@ fn size_opt(option: &'static str, v: &Option<String>) -> Result<Option<u64>, Tar
 
 /// The configuration the options describe (creates the bdevs): `nvme`
 /// opens `--nvme`'s controller, `attach` those of `-c`.
-pub fn config<T: Transport>(
+pub fn config(
     a: &TargetArgs,
-    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev<T>>, TargetCliError>,
-    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev<T>>, String>,
-) -> Result<TargetConfig<T>, TargetCliError> {
+    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev>, TargetCliError>,
+    attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, String>,
+) -> Result<TargetConfig, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
         if quick || !a.listen.is_empty() || !a.host.is_empty() {
@@ -199,23 +182,22 @@ pub fn config<T: Transport>(
             ));
         }
         let bs = a.block_size;
-        let local =
-            |option: &'static str, v: &String, ram: bool| -> Result<Bdev<T>, TargetCliError> {
-                let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-                if bs == 0 || size % bs as u64 != 0 || size == 0 {
-                    return Err(bad(
-                        option,
-                        v,
-                        format!("not a non-zero multiple of the block size {bs}"),
-                    ));
-                }
-                let r = if ram {
-                    Bdev::ram("Malloc0", bs, size / bs as u64)
-                } else {
-                    Bdev::null("Null0", bs, size / bs as u64)
-                };
-                r.map_err(|e| bad(option, v, e.to_string()))
+        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
+            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+            if bs == 0 || size % bs as u64 != 0 || size == 0 {
+                return Err(bad(
+                    option,
+                    v,
+                    format!("not a non-zero multiple of the block size {bs}"),
+                ));
+            }
+            let r = if ram {
+                Bdev::ram("Malloc0", bs, size / bs as u64)
+            } else {
+                Bdev::null("Null0", bs, size / bs as u64)
             };
+            r.map_err(|e| bad(option, v, e.to_string()))
+        };
         let bdevs = if let Some(v) = &a.null {
             vec![local("--null", v, false)?]
         } else if let Some(v) = &a.ram {
@@ -284,7 +266,7 @@ pub fn config<T: Transport>(
         t.send_iov = n;
     }
     cfg.validate().map_err(|e| match e {
-        pollux_target::ConfigError::Transport { option, value, why } => bad(
+        pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
                 "in_capsule_data_size" => "--in-capsule-data-size",
                 "max_queue_depth" => "--max-queue-depth",
@@ -295,7 +277,7 @@ pub fn config<T: Transport>(
             value,
             why,
         ),
-        pollux_target::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
+        pollux_nvmf::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
             bad("--nqn/--host", nqn, why)
         }
         other => TargetCliError::Config(other),
@@ -305,56 +287,20 @@ pub fn config<T: Transport>(
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
-    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
     let online = online_cpus();
-    check_cores(&cores, &online).map_err(|e| bad("-m", &a.cpumask, e))?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], &online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    // The transport type of the NVMe bdevs, from every source.
-    let mut kinds = Vec::new();
-    if let Some(t) = &a.nvme {
-        let (trid, _) = parse_with_limits(t).map_err(|e| bad("--nvme", t, e.to_string()))?;
-        kinds.push((Kind::of(&trid), format!("--nvme '{t}'")));
-    }
-    if let Some(path) = &a.config {
-        // Unreadable: `config` names the file.
-        if let Ok(json) = std::fs::read_to_string(path) {
-            kinds.extend(nvme::config_kinds(&json).map_err(|e| bad("-c", path, e))?);
-        }
-    }
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
-    match nvme::one_kind(&kinds)? {
-        None => {
-            let none = |what: &str| format!("{what}: no NVMe transport in this target");
-            let cfg = config::<NoNvme>(
-                &a,
-                &mut |t: &str| Err(bad("--nvme", t, none("--nvme"))),
-                &mut |att: &NvmeAttach| Err(none(&att.name)),
-            )?;
-            serve(cfg, &cores)
-        }
-        Some(Kind::Pcie) => serve_nvme::<pollux_pcie::Pcie>(&a, &cores, device_core),
-        Some(Kind::Tcp) => serve_nvme::<pollux_tcp::TcpTransport>(&a, &cores, device_core),
-    }
-}
-
-/// A target whose NVMe bdevs use transport `T`.
-fn serve_nvme<T: NvmeTransport>(
-    a: &TargetArgs,
-    cores: &[usize],
-    device_core: Option<usize>,
-) -> Result<(), TargetCliError> {
-    let opener = std::cell::RefCell::new(NvmeOpener::<T>::new(
-        pollux_pcie::platform::soft::SoftMode::Threaded,
+    let cores = a.cpumask.cores(&online)?;
+    a.device.check(&online)?;
+    let device_core = a.device.core(&cores, &online);
+    // NVMe controllers of any transport, side by side; opened as the
+    // configuration names them.
+    let opener = std::cell::RefCell::new(NvmeOpener::new(
+        false,
         device_core,
         1,
-        pollux_pcie::QpairOptions::default(),
+        pollux_host::QpairOptions::default(),
     ));
-    let cfg = config::<T>(
-        a,
+    let cfg = config(
+        &a,
         &mut |t: &str| {
             opener
                 .borrow_mut()
@@ -366,7 +312,7 @@ fn serve_nvme<T: NvmeTransport>(
         },
         &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
     );
-    let r = cfg.and_then(|cfg| serve(cfg, cores));
+    let r = cfg.and_then(|cfg| serve(cfg, &cores));
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
     drop(opener);
@@ -374,7 +320,7 @@ fn serve_nvme<T: NvmeTransport>(
 }
 
 /// Starts the target, prints its addresses and runs until a signal.
-fn serve<T: Transport>(cfg: TargetConfig<T>, cores: &[usize]) -> Result<(), TargetCliError> {
+fn serve(cfg: TargetConfig, cores: &[usize]) -> Result<(), TargetCliError> {
     let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
@@ -413,11 +359,28 @@ mod tests {
         let mut argv = vec!["target", "--ram", "1MiB", "--listen", "127.0.0.1:0"];
         argv.extend_from_slice(extra);
         let a = Cli::try_parse_from(argv).expect("arguments").a;
-        config::<NoNvme>(
+        config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
         )
+    }
+
+    /// An option refused without a value reads `option: why`, as in
+    /// perf and bdevperf (before: `option : why`).
+    #[test]
+    fn a_refusal_without_a_value_has_no_stray_space() {
+        let a = Cli::try_parse_from(["target"]).expect("arguments").a;
+        let e = config(
+            &a,
+            &mut |t: &str| Err(bad("--nvme", t, "none")),
+            &mut |n: &NvmeAttach| Err(n.name.clone()),
+        )
+        .expect_err("no namespace");
+        assert_eq!(
+            e.to_string(),
+            "--null/--ram/--uring/--nvme: give one namespace (or -c FILE)"
+        );
     }
 
     #[test]

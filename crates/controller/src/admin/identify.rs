@@ -23,11 +23,10 @@ use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
 use super::{gen, AdminResult, AfterKind};
-use crate::admin::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::ctrl::Controller;
 use crate::errlog::ERROR_LOG_ENTRIES;
+use crate::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::subsystem::Personality;
-use pollux_nvme::Transport;
 
 /// SGLS bit 0 (SGLs supported, no alignment requirement).
 const SGLS_SUPPORTED: u32 = 1 << 0;
@@ -64,7 +63,7 @@ pub fn ns_ids(serial: &str, nsid: u32) -> ([u8; 8], [u8; 16], [u8; 16]) {
     (eui, nguid, uuid)
 }
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     pub(crate) fn identify(&mut self, sqe: &Sqe) -> AdminResult {
         let cns_v = sqe.cdw10 as u8;
         let nsid = sqe.nsid;

@@ -16,17 +16,16 @@ use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
 use super::{gen, spec, AdminResult, AfterKind};
-use crate::admin::features::COMPOSITE_TEMP;
 use crate::ctrl::Controller;
+use crate::features::COMPOSITE_TEMP;
 use crate::subsystem::Personality;
-use pollux_nvme::Transport;
 
 /// Get Log Page CDW10 bit 15: Retain Asynchronous Event.
 const RAE: u32 = 1 << 15;
 /// Get Log Page CDW14 bit 23: offset type (index instead of bytes).
 const OT: u32 = 1 << 23;
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     pub(crate) fn get_log_page(&self, sqe: &Sqe) -> AdminResult {
         let log_id = sqe.cdw10 as u8;
         let rae = sqe.cdw10 & RAE != 0;

@@ -12,7 +12,6 @@ use pollux_spec::{AdminOpcode, Sqe, Status};
 
 use crate::ctrl::Controller;
 use crate::subsystem::Personality;
-use pollux_nvme::Transport;
 
 pub(crate) mod features;
 pub(crate) mod identify;
@@ -89,7 +88,7 @@ pub(crate) fn spec(sc: u8) -> AdminResult {
     }
 }
 
-impl<T: Transport> Controller<T> {
+impl Controller {
     /// Executes one admin command.
     ///
     /// PCIe: PSDT must be 0 (PRPs; SGLs are Invalid Field). Fabrics: the

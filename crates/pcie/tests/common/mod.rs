@@ -5,7 +5,8 @@
 //! (`read_dma`, `write_dma`, `raw_dma`) with its contract kept by every
 //! test: a buffer stays alive, and is neither read nor written by the
 //! test, until every request on it has completed (drained). The safe owned
-//! API (`IoBuf`) has tests of its own (`owned_buffers.rs`).
+//! API (`IoBuf`) has tests of its own (pollux-softnvme's
+//! `tests/pcie_owned_buffers.rs`).
 #![allow(dead_code)]
 use pollux_pcie::{DmaSlice, Namespace, Pcie, QueuePair, SubmitError, Submitter};
 use pollux_spec::Sqe;
