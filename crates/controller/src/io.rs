@@ -52,7 +52,7 @@ use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 
 use crate::command::{lba_ok, IoCmd, IoOp};
-use crate::completion::{finish, poll_staged, Report};
+use crate::completion::{count, finish, poll_staged, rw_failed, Report};
 use crate::ctrl::Controller;
 use crate::stage::Staged;
 use crate::stats::{IoErrorRecord, IoStats, StatsHandle};
@@ -791,31 +791,4 @@ impl Form for Waited {
     fn known(q: &mut IoQueue, _: u32, cmd: &IoCmd, st: Status) -> Option<Status> {
         Some(q.at_once(cmd, st))
     }
-}
-
-/// Counts a successful read or write of `bytes`.
-#[inline(always)]
-fn count(stats: &mut IoStats, write: bool, bytes: usize) {
-    if write {
-        stats.writes += 1;
-        stats.bytes_written += bytes as u64;
-    } else {
-        stats.reads += 1;
-        stats.bytes_read += bytes as u64;
-    }
-}
-
-/// The status of a failed read or write, logged. (Reported to the
-/// controller by `submit` when the queue reports errors; the emulator
-/// accounts it at completion: `Controller::note_error`.)
-#[cold]
-#[inline(never)]
-fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
-    let (slba, nlb) = (cmd.slba, cmd.nlb);
-    tracing::error!(nsid = cmd.nsid, slba, nlb, write, error = %e, "namespace I/O failed");
-    Status::media(if write {
-        media::WRITE_FAULT
-    } else {
-        media::UNRECOVERED_READ_ERROR
-    })
 }
