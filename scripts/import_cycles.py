@@ -5,11 +5,11 @@ Usage: scripts/import_cycles.py [CRATE_DIR ...]   (default: every crates/*)
 
 Each file under src/ is a module (`src/a/b.rs` and `src/a/b/mod.rs` are
 `a::b`). A file depends on another when it names an item there: a `use`
-(groups expanded) or an inline path starting `crate::`, `super::` or
-`self::`. Paths are resolved to the longest module prefix, so
+(groups expanded) or an inline path starting `crate::`, `super::`,
+`self::` or the name of a child module the file declares (`mod x;`). Paths are resolved to the longest module prefix, so
 `crate::a::b::Item` is a dependency on `a::b` when that module exists.
 The crate root (lib.rs, main.rs) is left out: it declares and re-exports
-everything by design. A module and the modules declared inside it are one
+everything by design; so are re-exports (`pub use`) anywhere. A module and the modules declared inside it are one
 unit of the graph only if they are in one file (inline `mod x { .. }`
 blocks, such as tests).
 
@@ -155,7 +155,10 @@ def deps_of(key, path, mods):
     # inline modules: track `mod x {` scopes by brace depth
     scope = []  # (name, depth at open)
     depth = 0
-    token = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{|\buse\s+([^;]*);|\b((?:crate|super|self)(?:\s*::\s*" + IDENT + r")+)|[{}]")
+    # child modules declared here (`mod x;`) are named without a prefix
+    children = [c for c in re.findall(r"\bmod\s+(" + IDENT + r")\s*;", src) if key + (c,) in mods]
+    roots = ["crate", "super", "self"] + children
+    token = re.compile(r"\bmod\s+(" + IDENT + r")\s*\{|\bpub(?:\s*\([^)]*\))?\s+use\s+[^;]*;|\buse\s+([^;]*);|(?<![:\w])((?:" + "|".join(roots) + r")(?:\s*::\s*" + IDENT + r")+)|[{}]")
     for m in token.finditer(src):
         cur = list(key) + [s for s, _ in scope]
         if m.group(1):
@@ -173,12 +176,15 @@ def deps_of(key, path, mods):
             continue
         if m.group(2) is not None:
             paths = expand_use(m.group(2))
-        else:
+        elif m.group(3) is not None:
             paths = [re.sub(r"\s+", "", m.group(3))]
+        else:
+            continue  # a re-export (`pub use`) is a facade, not a dependency
         for p in paths:
-            p = p.lstrip(":")
             if p.startswith("::"):
                 continue
+            if p.split("::")[0] in children and not scope:
+                p = "self::" + p
             r = resolve(p, tuple(cur), mods)
             if r is not None:
                 deps.add(r)

@@ -1,18 +1,17 @@
-//! `Bdev` (a block device, shared by every thread that uses it), `Desc`
-//! (an opened bdev) and the backends' shared state.
+//! `Bdev` (a block device, shared by every thread that uses it) and the
+//! backends' shared state.
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 
 use pollux_host::{Controller, QpairOptions};
 use pollux_nvme::IoBuf;
 
-use crate::channel::{ChanBe, Channel, Common};
 use crate::error::{Error, Result};
-use crate::info::{random_uuid, BdevInfo, Caps};
-use crate::local::{LocalChan, LocalShared, RamStore, VolatileCache};
-use crate::nvme::{NvmeChan, NvmeShared};
+use crate::info::{check_geometry, BdevInfo};
+use crate::local::{LocalShared, RamStore, VolatileCache};
+use crate::nvme::NvmeShared;
 use crate::stats::{BdevStats, Registry};
-use crate::uring::{UringChan, UringOptions, UringShared};
+use crate::uring::{UringOptions, UringShared};
 
 /// A block device. Cheap to clone (shared); every thread that does I/O
 /// opens it and takes its own [`Channel`].
@@ -36,54 +35,6 @@ pub(crate) enum Shared {
     Uring(Arc<UringShared>),
 }
 
-/// Options of one channel.
-#[derive(Clone, Debug)]
-pub struct ChannelOptions {
-    /// Most requests outstanding at once (an NVMe channel's queue depth).
-    pub depth: u32,
-    /// Track latency per request (reads the clock twice per I/O).
-    pub latency: bool,
-    /// NVMe backend: queue pair options other than the depth (None: the
-    /// bdev's defaults).
-    pub nvme: Option<QpairOptions>,
-}
-
-impl Default for ChannelOptions {
-    fn default() -> Self {
-        ChannelOptions {
-            depth: 128,
-            latency: false,
-            nvme: None,
-        }
-    }
-}
-
-pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
-    let bad = |msg: String| {
-        Err(Error::Invalid {
-            name: name.to_string(),
-            msg,
-        })
-    };
-    if name.is_empty() {
-        return bad("the name is empty".into());
-    }
-    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
-        return bad(format!(
-            "block size {block_size} is not a power of two between 512 and 65536"
-        ));
-    }
-    if num_blocks == 0 {
-        return bad("it has no blocks".into());
-    }
-    if num_blocks.checked_mul(block_size as u64).is_none() {
-        return bad(format!(
-            "{num_blocks} blocks of {block_size} bytes overflow"
-        ));
-    }
-    Ok(())
-}
-
 impl Bdev {
     fn local(
         name: &str,
@@ -94,22 +45,7 @@ impl Bdev {
     ) -> Bdev {
         let is_ram = ram.is_some();
         Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size,
-                num_blocks,
-                buf_align: 1,
-                max_transfer: u32::MAX,
-                backend: if is_ram { "ram" } else { "null" },
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                },
-            },
+            info: crate::local::describe(name, block_size, num_blocks, is_ram),
             backend: Shared::Local(Arc::new(LocalShared {
                 failed: Default::default(),
                 ram,
@@ -171,22 +107,7 @@ impl Bdev {
             ),
         })?;
         check_geometry(name, ns.lba_size(), ns.nsze())?;
-        let info = BdevInfo {
-            name: name.to_string(),
-            uuid: random_uuid(),
-            block_size: ns.lba_size(),
-            num_blocks: ns.nsze(),
-            buf_align: 4,
-            max_transfer: ctrl.max_transfer(),
-            backend: "nvme",
-            caps: Caps {
-                flush: true,
-                write_zeroes: true,
-                unmap: true,
-                reset: true,
-                nvme_passthru: true,
-            },
-        };
+        let info = crate::nvme::describe(name, &ctrl, &ns);
         Ok(Bdev(Arc::new(Inner {
             info,
             backend: Shared::Nvme(NvmeShared { ctrl, ns, qopts }),
@@ -204,22 +125,7 @@ impl Bdev {
     ) -> Result<Bdev> {
         let o = crate::uring::open(name, path.as_ref(), opts)?;
         Ok(Bdev(Arc::new(Inner {
-            info: BdevInfo {
-                name: name.to_string(),
-                uuid: random_uuid(),
-                block_size: o.block_size,
-                num_blocks: o.num_blocks,
-                buf_align: o.buf_align,
-                max_transfer: o.max_transfer,
-                backend: "uring",
-                caps: Caps {
-                    flush: true,
-                    write_zeroes: true,
-                    unmap: true,
-                    reset: true,
-                    nvme_passthru: false,
-                },
-            },
+            info: crate::uring::describe(name, &o),
             backend: Shared::Uring(Arc::new(o.shared)),
             stats: Default::default(),
         })))
@@ -245,14 +151,6 @@ impl Bdev {
 
     pub fn name(&self) -> &str {
         &self.0.info.name
-    }
-
-    /// Opens the bdev; `write` allows writes, write zeroes and unmap.
-    pub fn open(&self, write: bool) -> Desc {
-        Desc {
-            bdev: self.clone(),
-            write,
-        }
     }
 
     /// Statistics of every channel, live and closed.
@@ -331,45 +229,5 @@ fn exact(b: IoBuf, len: usize) -> IoBuf {
         b
     } else {
         b.truncate(len)
-    }
-}
-
-/// An opened bdev: what channels are taken from.
-pub struct Desc {
-    bdev: Bdev,
-    write: bool,
-}
-
-impl Desc {
-    pub fn bdev(&self) -> &Bdev {
-        &self.bdev
-    }
-
-    pub fn writable(&self) -> bool {
-        self.write
-    }
-
-    /// A channel for the calling thread: all I/O on it is lock-free.
-    pub fn channel(&self, opts: &ChannelOptions) -> Result<Channel> {
-        let inner = &self.bdev.0;
-        let name = || inner.info.name.clone();
-        if opts.depth == 0 || opts.depth > 65535 {
-            return Err(Error::Invalid {
-                name: name(),
-                msg: format!("channel depth {} is not in 1..=65535", opts.depth),
-            });
-        }
-        let be = match &inner.backend {
-            Shared::Local(l) => ChanBe::Local(LocalChan::new(l.clone(), opts.depth)),
-            Shared::Nvme(n) => {
-                ChanBe::Nvme(NvmeChan::open(n, opts).map_err(|source| Error::Nvme {
-                    name: name(),
-                    source,
-                })?)
-            }
-            Shared::Uring(u) => ChanBe::Uring(UringChan::open(u, opts, &inner.info.name)?),
-        };
-        let c = Common::new(&inner.info, self.write, inner.stats.clone(), opts.latency);
-        Ok(Channel::new(c, be, self.bdev.clone()))
     }
 }

@@ -6,212 +6,19 @@
 //! statistics, and handed to its backend by one `match`: no `dyn` call.
 //! For NVMe the range and length checks are the queue pair's own (it makes
 //! them anyway), so the layer adds no second copy of them.
-use std::sync::Arc;
 
 use pollux_nvme::IoBuf;
 use pollux_spec::cmd::RwFlags;
 use pollux_spec::Sqe;
 
 use crate::bdev::Bdev;
+use crate::common::Common;
 use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
-use crate::info::BdevInfo;
-use crate::latency::Latency;
 use crate::local::{LocalChan, LocalOp};
-use crate::nvme::{NvmeChan, NvmeSide};
-use crate::split::{Parents, CHILD, MAX_CHILDREN};
-use crate::stats::{ChanCounters, Registry};
+use crate::nvme::{self, from_nvme, nvme_refused, NvmeChan, NvmeSide};
+use crate::split::MAX_CHILDREN;
 use crate::uring::{Op as UringOp, UringChan};
-
-/// Most blocks of one NVMe Write Zeroes or deallocate command.
-const NVME_MAX_ZERO_BLOCKS: u64 = 65536;
-
-/// What every backend's channel shares: the checks' inputs, counters,
-/// latency slots and split parents.
-pub(crate) struct Common {
-    pub shift: u32,
-    pub num_blocks: u64,
-    pub writable: bool,
-    /// `CHILD` when latency is tracked, else 0: OR-ed into the user data so
-    /// one test sends both a reserved bit and latency tracking to the slow
-    /// path, at submission and completion.
-    pub slow_bit: u64,
-    /// This channel's counts, plain: published to `ctr` once per poll.
-    pub n: Counts,
-    pub ctr: Arc<ChanCounters>,
-    pub lat: Option<Box<Latency>>,
-    pub parents: Parents,
-    pub reg: Arc<Registry>,
-    pub backend: &'static str,
-}
-
-/// Per-channel counts (one writer).
-#[derive(Clone, Copy, Default)]
-pub(crate) struct Counts {
-    pub reads: u64,
-    pub writes: u64,
-    pub read_bytes: u64,
-    pub write_bytes: u64,
-    pub others: u64,
-    pub errors: u64,
-}
-
-impl Common {
-    pub fn new(info: &BdevInfo, writable: bool, reg: Arc<Registry>, latency: bool) -> Common {
-        let lat = if latency {
-            Latency::new().map(Box::new)
-        } else {
-            None
-        };
-        Common {
-            shift: info.block_shift(),
-            num_blocks: info.num_blocks,
-            writable,
-            slow_bit: if lat.is_some() { CHILD } else { 0 },
-            n: Counts::default(),
-            ctr: reg.register(),
-            lat,
-            parents: Parents::default(),
-            reg,
-            backend: info.backend,
-        }
-    }
-
-    /// Makes the counts visible to `Bdev::stats` (relaxed stores; this
-    /// thread is the only writer).
-    #[inline(always)]
-    pub fn publish(&self) {
-        self.publish_rw(false);
-        self.publish_rw(true);
-        let (c, n) = (&*self.ctr, &self.n);
-        set(&c.others, n.others);
-        set(&c.errors, n.errors);
-    }
-
-    /// Publishes the read (or write) counts and the error count.
-    #[inline(always)]
-    pub fn publish_rw(&self, write: bool) {
-        let (c, n) = (&*self.ctr, &self.n);
-        if write {
-            set(&c.writes, n.writes);
-            set(&c.write_bytes, n.write_bytes);
-        } else {
-            set(&c.reads, n.reads);
-            set(&c.read_bytes, n.read_bytes);
-        }
-    }
-
-    /// `[lba, lba + nlb)` inside the bdev.
-    #[inline(always)]
-    fn range(&self, lba: u64, nlb: u64) -> Result<(), SubmitError> {
-        match lba.checked_add(nlb) {
-            Some(end) if end <= self.num_blocks && nlb > 0 => Ok(()),
-            _ if nlb == 0 => Err(SubmitError::ZeroLength),
-            _ => Err(SubmitError::OutOfRange {
-                lba,
-                nlb,
-                num_blocks: self.num_blocks,
-            }),
-        }
-    }
-
-    /// Blocks in `len` bytes, which must be whole blocks.
-    #[inline(always)]
-    fn blocks(&self, len: usize) -> Result<u64, SubmitError> {
-        if len & ((1usize << self.shift) - 1) != 0 {
-            return Err(SubmitError::NotBlockMultiple {
-                len,
-                block_size: 1 << self.shift,
-            });
-        }
-        Ok((len >> self.shift) as u64)
-    }
-
-    /// Checks common to every request; returns the user data to carry.
-    #[inline(always)]
-    fn admit(&mut self, user_data: u64, writes: bool) -> Result<u64, SubmitError> {
-        if (user_data | self.slow_bit) & CHILD != 0 {
-            return self.admit_slow(user_data, writes);
-        }
-        if writes && !self.writable {
-            return Err(SubmitError::ReadOnly);
-        }
-        Ok(user_data)
-    }
-
-    #[cold]
-    #[inline(never)]
-    fn admit_slow(&mut self, user_data: u64, writes: bool) -> Result<u64, SubmitError> {
-        if user_data & CHILD != 0 {
-            return Err(SubmitError::ReservedUserData(user_data));
-        }
-        if writes && !self.writable {
-            return Err(SubmitError::ReadOnly);
-        }
-        Ok(match &mut self.lat {
-            None => user_data,
-            Some(l) => l.start(user_data),
-        })
-    }
-
-    /// The request carrying `carried` was refused after `admit`.
-    #[cold]
-    fn unadmit(&mut self, carried: u64) {
-        if let Some(l) = &mut self.lat {
-            l.cancel(carried);
-        }
-    }
-
-    #[inline(always)]
-    fn count(&mut self, write: bool, len: usize) {
-        let n = &mut self.n;
-        if write {
-            n.writes += 1;
-            n.write_bytes += len as u64;
-        } else {
-            n.reads += 1;
-            n.read_bytes += len as u64;
-        }
-    }
-
-    #[inline(always)]
-    fn count_other(&mut self) {
-        self.n.others += 1;
-    }
-}
-
-#[inline(always)]
-fn set(c: &std::sync::atomic::AtomicU64, v: u64) {
-    c.store(v, std::sync::atomic::Ordering::Relaxed);
-}
-
-/// A request the driver refused, in the layer's terms, with its buffer.
-#[cold]
-#[inline(never)]
-fn nvme_refused(r: pollux_nvme::Refused, shift: u32) -> Refused {
-    Refused::new(from_nvme(r.error, 1 << shift), r.buf.into())
-}
-
-/// The same error in the layer's terms where one exists.
-#[cold]
-fn from_nvme(e: pollux_nvme::SubmitError, block_size: u32) -> SubmitError {
-    use pollux_nvme::SubmitError as N;
-    match e {
-        N::LbaOutOfRange { lba, nlb, nsze } => SubmitError::OutOfRange {
-            lba,
-            nlb: nlb as u64,
-            num_blocks: nsze,
-        },
-        N::ZeroLength => SubmitError::ZeroLength,
-        N::BufferLength { got, .. } if got % block_size as usize != 0 => {
-            SubmitError::NotBlockMultiple {
-                len: got,
-                block_size,
-            }
-        }
-        e => SubmitError::Nvme(e),
-    }
-}
 
 // Boxing the queue pair would add a dependent load to every request.
 #[allow(clippy::large_enum_variant)]
@@ -686,7 +493,9 @@ impl<'a> Io<'a> {
                 Data::Vec(Box::new(bufs)),
                 ud,
             ),
-            IoBe::Nvme(..) => self.nvme_vec(write, lba, bufs, flags, ud),
+            IoBe::Nvme(sub, side) => {
+                nvme::submit_vec(self.c, sub, side, write, lba, bufs, flags, ud)
+            }
             IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, flags, ud),
         };
         match r {
@@ -701,60 +510,11 @@ impl<'a> Io<'a> {
         }
     }
 
-    /// A vector on NVMe: one command per buffer under a parent. If a
-    /// command is refused after others were sent, the rest are not sent
-    /// and the parent completes with the error once the sent ones finish.
-    fn nvme_vec(
-        &mut self,
-        write: bool,
-        lba: u64,
-        bufs: Vec<IoBuf>,
-        flags: RwFlags,
-        ud: u64,
-    ) -> Result<(), Refused> {
-        let IoBe::Nvme(sub, side) = &mut self.be else {
-            return Err(Refused::new(SubmitError::Failed, Data::Vec(Box::new(bufs))));
-        };
-        let n = bufs.len();
-        let shift = self.c.shift;
-        let parent = self.c.parents.open(ud, n as u32, n);
-        let mut at = lba;
-        let mut it = bufs.into_iter().enumerate();
-        while let Some((i, b)) = it.next() {
-            let nlb = (b.len() >> shift) as u32;
-            let cud = Parents::child_data(parent, i);
-            let r = if write {
-                sub.write_with(&side.ns, at, nlb, b, flags, cud)
-            } else {
-                sub.read_with(&side.ns, at, nlb, b, flags, cud)
-            };
-            at += nlb as u64;
-            if let Err(r) = r {
-                let error = from_nvme(r.error, 1 << shift);
-                if i == 0 {
-                    // Nothing sent: refuse the whole request.
-                    let mut back: Vec<IoBuf> = r.buf.into_iter().collect();
-                    back.extend(it.map(|(_, b)| b));
-                    self.c.parents.discard(parent);
-                    return Err(Refused::new(error, Data::Vec(Box::new(back))));
-                }
-                tracing::warn!(%error, index = i, "vector request partly refused; failing it");
-                let fail = Err(IoError::Failed);
-                let mut last = self.c.parents.child_done(parent, i, fail, r.buf);
-                for (j, b) in it.by_ref() {
-                    last = self.c.parents.child_done(parent, j, fail, Some(b));
-                }
-                debug_assert!(last.is_none(), "sent children are still outstanding");
-                return Ok(());
-            }
-        }
-        Ok(())
-    }
-
     /// `readv` into memory the caller lends instead of owned buffers (a C
     /// API, an emulated controller reading guest pages). Host-memory
-    /// backends only (null, RAM, io_uring); NVMe refuses it (it needs DMA
-    /// memory: use owned buffers). The completion carries `Data::None`.
+    /// backends only (`Caps::host_memory`: null, RAM, io_uring); NVMe
+    /// refuses it (it needs DMA memory: use owned buffers). The completion
+    /// carries `Data::None`.
     ///
     /// # Safety
     /// Every segment must be valid for writes of its length and must not
@@ -906,57 +666,7 @@ impl<'a> Io<'a> {
                 let op = if unmap { UringOp::Punch } else { UringOp::Zero };
                 u.other(op, lba << shift, nlb << shift, ud)
             }
-            IoBe::Nvme(sub, side) => {
-                let chunks = nlb.div_ceil(NVME_MAX_ZERO_BLOCKS);
-                if chunks == 1 {
-                    // One command: no parent.
-                    let r = if unmap {
-                        sub.deallocate(&side.ns, lba, nlb as u32, ud)
-                    } else {
-                        sub.write_zeroes(&side.ns, lba, nlb as u32, false, ud)
-                    };
-                    r.map_err(|e| from_nvme(e, 1 << shift))
-                } else if chunks as usize > MAX_CHILDREN {
-                    Err(SubmitError::TooManySegments {
-                        n: chunks as usize,
-                        max: MAX_CHILDREN,
-                    })
-                } else {
-                    let parent = self.c.parents.open(ud, chunks as u32, 0);
-                    let mut sent = 0u64;
-                    let mut res = Ok(());
-                    for i in 0..chunks {
-                        let at = lba + i * NVME_MAX_ZERO_BLOCKS;
-                        let n = (nlb - i * NVME_MAX_ZERO_BLOCKS).min(NVME_MAX_ZERO_BLOCKS) as u32;
-                        let cud = Parents::child_data(parent, i as usize);
-                        let r = if unmap {
-                            sub.deallocate(&side.ns, at, n, cud)
-                        } else {
-                            sub.write_zeroes(&side.ns, at, n, false, cud)
-                        };
-                        if let Err(e) = r {
-                            res = Err(from_nvme(e, 1 << shift));
-                            break;
-                        }
-                        sent += 1;
-                    }
-                    if let Err(e) = res {
-                        if sent == 0 {
-                            self.c.parents.discard(parent);
-                        } else {
-                            // Some went out: the parent reports the failure
-                            // once they finish.
-                            for j in sent..chunks {
-                                let f = Err(IoError::Failed);
-                                self.c.parents.child_done(parent, j as usize, f, None);
-                            }
-                            tracing::warn!(%e, "zeroing partly refused; failing it");
-                            res = Ok(());
-                        }
-                    }
-                    res
-                }
-            }
+            IoBe::Nvme(sub, side) => nvme::zero(self.c, sub, side, lba, nlb, ud, unmap),
         };
         self.other_done(r, ud)
     }

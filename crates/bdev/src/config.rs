@@ -43,13 +43,16 @@
 //! `bdev_nvme_set_hotplug`), which have nothing to tune here.
 //! `bdev_wait_for_examine` is accepted silently: bdevs here exist once
 //! created, there is nothing to wait for.
-use std::collections::BTreeMap;
-
 use serde_json::{Map, Value};
 
 use crate::bdev::Bdev;
-use crate::info::parse_uuid;
-use crate::UringOptions;
+use crate::local::config as local_config;
+pub use crate::local::config::LocalParams;
+use crate::nvme::config as nvme_config;
+pub use crate::nvme::config::NvmeAttach;
+pub use crate::params::ParamError;
+use crate::uring::config as uring_config;
+pub use crate::uring::config::UringParams;
 
 /// The methods of the `bdev` subsystem that create bdevs.
 pub const SUPPORTED_METHODS: &str =
@@ -80,20 +83,9 @@ pub enum ConfigError {
     NoBdevSubsystem,
     #[error("JSON configuration: method '{method}' (bdev subsystem, entry {index}) is not supported; supported: {SUPPORTED_METHODS}")]
     UnknownMethod { method: String, index: usize },
-    #[error("JSON configuration: {method}: unknown parameter '{param}' (known: {known})")]
-    UnknownParam {
-        method: String,
-        param: String,
-        known: String,
-    },
-    #[error("JSON configuration: {method}: missing required parameter '{param}'")]
-    MissingParam { method: String, param: &'static str },
-    #[error("JSON configuration: {method}: parameter '{param}': {why}")]
-    BadParam {
-        method: String,
-        param: String,
-        why: String,
-    },
+    /// A method's parameter is unknown, missing or ill-typed.
+    #[error("JSON configuration: {0}")]
+    Param(#[from] ParamError),
     #[error("JSON configuration: bdev name '{0}' is used twice")]
     DuplicateName(String),
     #[error("JSON configuration: {method} '{name}': {source}")]
@@ -112,85 +104,6 @@ pub enum ConfigError {
 }
 
 pub type Result<T, E = ConfigError> = std::result::Result<T, E>;
-
-/// `bdev_null_create` and `bdev_malloc_create`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct LocalParams {
-    pub name: String,
-    pub num_blocks: u64,
-    pub block_size: u32,
-    pub uuid: Option<[u8; 16]>,
-}
-
-/// `bdev_uring_create`.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UringParams {
-    pub name: String,
-    pub filename: String,
-    /// None (or 0 in the file): the file's own logical block size.
-    pub block_size: Option<u32>,
-    pub uuid: Option<[u8; 16]>,
-}
-
-impl UringParams {
-    /// Opens the bdev with O_DIRECT, as SPDK does; where the file system
-    /// refuses O_DIRECT (tmpfs), through the page cache instead, with a
-    /// warning. If both fail, the O_DIRECT error is returned.
-    pub fn create(&self) -> crate::error::Result<Bdev> {
-        self.create_with(UringOptions::default())
-    }
-
-    /// `create` with `base`'s ring options (its block size is replaced by
-    /// this entry's; `direct` is tried first whatever `base` says).
-    pub fn create_with(&self, base: UringOptions) -> crate::error::Result<Bdev> {
-        let opts = UringOptions {
-            block_size: self.block_size,
-            direct: true,
-            ..base
-        };
-        match Bdev::uring(&self.name, &self.filename, opts.clone()) {
-            Ok(b) => Ok(b),
-            Err(direct) => {
-                let buffered = UringOptions {
-                    direct: false,
-                    ..opts
-                };
-                match Bdev::uring(&self.name, &self.filename, buffered) {
-                    Ok(b) => {
-                        tracing::warn!(
-                            "bdev {}: {} opened through the page cache (O_DIRECT failed: {direct})",
-                            self.name,
-                            self.filename
-                        );
-                        Ok(b)
-                    }
-                    Err(_) => Err(direct),
-                }
-            }
-        }
-    }
-}
-
-/// `bdev_nvme_attach_controller`: what the caller needs to open the
-/// controller. Its bdevs are named [`bdev_name`](Self::bdev_name).
-#[derive(Clone, Debug, PartialEq)]
-pub struct NvmeAttach {
-    /// The controller's name, prefix of its bdevs' names.
-    pub name: String,
-    /// As given (`pcie`, `rdma`, ..., or a transport of the caller's own).
-    pub trtype: String,
-    pub traddr: Option<String>,
-    /// Every other parameter, unchanged: the caller interprets them and
-    /// refuses those it does not know.
-    pub params: BTreeMap<String, Value>,
-}
-
-impl NvmeAttach {
-    /// SPDK's name of namespace `nsid`'s bdev: `<name>n<nsid>`.
-    pub fn bdev_name(&self, nsid: u32) -> String {
-        format!("{}n{nsid}", self.name)
-    }
-}
 
 /// One method of the `bdev` subsystem that creates bdevs.
 #[derive(Clone, Debug, PartialEq)]
@@ -240,151 +153,6 @@ where
 {
     Config::parse(json)?.create(attach)
 }
-
-/// Reads the parameters of one method, remembering which were used.
-struct Params<'a> {
-    method: &'a str,
-    obj: &'a Map<String, Value>,
-    known: &'static [&'static str],
-}
-
-impl<'a> Params<'a> {
-    fn new(
-        method: &'a str,
-        obj: &'a Map<String, Value>,
-        known: &'static [&'static str],
-    ) -> Result<Params<'a>> {
-        if let Some(k) = obj.keys().find(|k| !known.contains(&k.as_str())) {
-            return Err(ConfigError::UnknownParam {
-                method: method.to_string(),
-                param: k.clone(),
-                known: known.join(", "),
-            });
-        }
-        Ok(Params { method, obj, known })
-    }
-
-    fn bad(&self, param: &str, why: impl Into<String>) -> ConfigError {
-        ConfigError::BadParam {
-            method: self.method.to_string(),
-            param: param.to_string(),
-            why: why.into(),
-        }
-    }
-
-    fn get(&self, param: &'static str) -> Option<&'a Value> {
-        debug_assert!(self.known.contains(&param));
-        self.obj.get(param).filter(|v| !v.is_null())
-    }
-
-    fn required<V>(&self, param: &'static str, v: Option<V>) -> Result<V> {
-        v.ok_or_else(|| ConfigError::MissingParam {
-            method: self.method.to_string(),
-            param,
-        })
-    }
-
-    fn opt_u64(&self, param: &'static str) -> Result<Option<u64>> {
-        match self.get(param) {
-            None => Ok(None),
-            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                self.bad(param, format!("expected a non-negative integer, got {v}"))
-            }),
-        }
-    }
-
-    fn opt_u32(&self, param: &'static str) -> Result<Option<u32>> {
-        match self.opt_u64(param)? {
-            None => Ok(None),
-            Some(n) => u32::try_from(n)
-                .map(Some)
-                .map_err(|_| self.bad(param, format!("{n} is too large"))),
-        }
-    }
-
-    fn opt_str(&self, param: &'static str) -> Result<Option<&'a str>> {
-        match self.get(param) {
-            None => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s)),
-            Some(v) => Err(self.bad(param, format!("expected a string, got {v}"))),
-        }
-    }
-
-    fn opt_bool(&self, param: &'static str) -> Result<Option<bool>> {
-        match self.get(param) {
-            None => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(v) => Err(self.bad(param, format!("expected true or false, got {v}"))),
-        }
-    }
-
-    fn name(&self, required: bool) -> Result<Option<String>> {
-        let n = self.opt_str("name")?;
-        if required {
-            self.required("name", n)?;
-        }
-        match n {
-            Some("") => Err(self.bad("name", "the name is empty")),
-            n => Ok(n.map(str::to_string)),
-        }
-    }
-
-    fn uuid(&self) -> Result<Option<[u8; 16]>> {
-        match self.opt_str("uuid")? {
-            None => Ok(None),
-            Some(s) => parse_uuid(s).map(Some).ok_or_else(|| {
-                self.bad(
-                    "uuid",
-                    format!("'{s}' is not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"),
-                )
-            }),
-        }
-    }
-
-    /// Metadata and protection information: only their "none" values.
-    fn no_metadata(&self) -> Result<()> {
-        if let Some(n) = self.opt_u32("md_size")?.filter(|&n| n != 0) {
-            return Err(self.bad(
-                "md_size",
-                format!("{n}: metadata is not supported (only 0)"),
-            ));
-        }
-        if let Some(n) = self.opt_u32("dif_type")?.filter(|&n| n != 0) {
-            return Err(self.bad(
-                "dif_type",
-                format!("{n}: protection information is not supported (only 0)"),
-            ));
-        }
-        if self.opt_bool("dif_is_head_of_md")? == Some(true) {
-            return Err(self.bad(
-                "dif_is_head_of_md",
-                "true: protection information is not supported (only false)",
-            ));
-        }
-        Ok(())
-    }
-}
-
-const NULL_PARAMS: &[&str] = &[
-    "name",
-    "num_blocks",
-    "block_size",
-    "uuid",
-    "md_size",
-    "dif_type",
-    "dif_is_head_of_md",
-];
-const MALLOC_PARAMS: &[&str] = &[
-    "name",
-    "num_blocks",
-    "block_size",
-    "uuid",
-    "optimal_io_boundary",
-    "md_size",
-    "dif_type",
-    "dif_is_head_of_md",
-];
-const URING_PARAMS: &[&str] = &["name", "filename", "block_size", "uuid"];
 
 /// Methods SPDK writes into the bdev subsystem that only tune SPDK itself.
 fn is_tuning(method: &str) -> bool {
@@ -458,47 +226,19 @@ impl Config {
             }
         };
         Ok(Some(match method {
-            "bdev_null_create" => Entry::Null(local(Params::new(method, obj, NULL_PARAMS)?)?),
+            "bdev_null_create" => Entry::Null(local_config::null_create(obj)?),
             "bdev_malloc_create" => {
-                let p = Params::new(method, obj, MALLOC_PARAMS)?;
-                if let Some(b) = p.opt_u64("optimal_io_boundary")?.filter(|&b| b != 0) {
+                let (p, boundary) = local_config::malloc_create(obj)?;
+                if let Some(b) = boundary {
                     self.warn(format!(
                         "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
                     ));
                 }
-                Entry::Malloc(local(p)?)
+                Entry::Malloc(p)
             }
-            "bdev_uring_create" => {
-                let p = Params::new(method, obj, URING_PARAMS)?;
-                Entry::Uring(UringParams {
-                    name: p.required("name", p.name(true)?)?,
-                    filename: p.required("filename", p.opt_str("filename")?)?.to_string(),
-                    block_size: p.opt_u32("block_size")?.filter(|&b| b != 0),
-                    uuid: p.uuid()?,
-                })
-            }
+            "bdev_uring_create" => Entry::Uring(uring_config::uring_create(obj)?),
             "bdev_nvme_attach_controller" => {
-                // Only these are read here; the rest go to the caller.
-                const OWN: &[&str] = &["name", "trtype", "traddr"];
-                let own: Map<String, Value> = obj
-                    .iter()
-                    .filter(|(k, _)| OWN.contains(&k.as_str()))
-                    .map(|(k, v)| (k.clone(), v.clone()))
-                    .collect();
-                let p = Params::new(method, &own, OWN)?;
-                let name = p.required("name", p.name(true)?)?;
-                let trtype = p.required("trtype", p.opt_str("trtype")?)?.to_string();
-                let traddr = p.opt_str("traddr")?.map(str::to_string);
-                Entry::NvmeAttach(NvmeAttach {
-                    name,
-                    trtype,
-                    traddr,
-                    params: obj
-                        .iter()
-                        .filter(|(k, _)| !OWN.contains(&k.as_str()))
-                        .map(|(k, v)| (k.clone(), v.clone()))
-                        .collect(),
-                })
+                Entry::NvmeAttach(nvme_config::attach_controller(obj)?)
             }
             "bdev_wait_for_examine" => return Ok(None),
             m if is_tuning(m) => {
@@ -623,19 +363,10 @@ impl Config {
     }
 }
 
-fn local(p: Params<'_>) -> Result<LocalParams> {
-    p.no_metadata()?;
-    Ok(LocalParams {
-        name: p.name(false)?.unwrap_or_default(),
-        num_blocks: p.required("num_blocks", p.opt_u64("num_blocks")?)?,
-        block_size: p.required("block_size", p.opt_u32("block_size")?)?,
-        uuid: p.uuid()?,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::UringOptions;
 
     fn bdev_cfg(entries: &str) -> String {
         format!(r#"{{"subsystems":[{{"subsystem":"bdev","config":[{entries}]}}]}}"#)
@@ -777,7 +508,7 @@ mod tests {
             ),
             (
                 r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 8589934592}}"#,
-                &["'block_size'", "too large"],
+                &["'block_size'", "0..=4294967295", "8589934592"],
             ),
             (
                 r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512, "uuid": "nope"}}"#,

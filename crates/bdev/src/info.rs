@@ -1,4 +1,5 @@
 //! What a block device is: its geometry, limits and capabilities.
+use crate::error::{Error, Result};
 
 /// Operations a backend supports beyond read and write.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -9,6 +10,11 @@ pub struct Caps {
     pub reset: bool,
     /// NVMe commands pass through (`Io::nvme_passthru`, checked).
     pub nvme_passthru: bool,
+    /// Requests take any host memory, including memory the caller lends
+    /// (`Io::readv_raw` / `writev_raw`). False: data buffers must be the
+    /// bdev's own DMA memory from `Bdev::alloc_buf` (NVMe), so a caller
+    /// with memory of its own stages it through such buffers.
+    pub host_memory: bool,
 }
 
 /// A block device's description, fixed when it is created.
@@ -89,4 +95,30 @@ pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
         *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2)?, 16).ok()?;
     }
     Some(u)
+}
+
+pub(crate) fn check_geometry(name: &str, block_size: u32, num_blocks: u64) -> Result<()> {
+    let bad = |msg: String| {
+        Err(Error::Invalid {
+            name: name.to_string(),
+            msg,
+        })
+    };
+    if name.is_empty() {
+        return bad("the name is empty".into());
+    }
+    if !block_size.is_power_of_two() || !(512..=65536).contains(&block_size) {
+        return bad(format!(
+            "block size {block_size} is not a power of two between 512 and 65536"
+        ));
+    }
+    if num_blocks == 0 {
+        return bad("it has no blocks".into());
+    }
+    if num_blocks.checked_mul(block_size as u64).is_none() {
+        return bad(format!(
+            "{num_blocks} blocks of {block_size} bytes overflow"
+        ));
+    }
+    Ok(())
 }

@@ -42,26 +42,33 @@
 //! with an error.
 mod bdev;
 mod channel;
+mod common;
 pub mod config;
 mod data;
+mod desc;
 pub mod error;
 pub mod info;
 mod latency;
 mod local;
 pub mod mem;
 mod nvme;
+mod options;
+pub mod params;
 mod poll;
 mod split;
 pub mod stats;
 mod uring;
 
-pub use bdev::{Bdev, ChannelOptions, Desc};
+pub use bdev::Bdev;
 pub use channel::{Channel, Io};
 pub use data::{Completion, Data, RawSeg};
+pub use desc::Desc;
 pub use error::{Error, IoError, Refused, SubmitError};
 pub use info::{BdevInfo, Caps};
+pub use options::ChannelOptions;
 pub use poll::Handler;
 pub use pollux_nvme::IoBuf;
 pub use pollux_spec::cmd::RwFlags;
+pub use split::USER_DATA_RESERVED;
 pub use stats::{BdevStats, LatencySummary};
 pub use uring::UringOptions;

@@ -8,7 +8,8 @@ use std::mem::MaybeUninit;
 
 use io_uring::cqueue;
 
-use crate::channel::{ChanBe, Channel, Common, Io, IoBe};
+use crate::channel::{ChanBe, Channel, Io, IoBe};
+use crate::common::Common;
 use crate::data::{Completion, Data};
 use crate::nvme::NvmeSide;
 use crate::split::CHILD;

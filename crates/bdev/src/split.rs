@@ -9,7 +9,11 @@ use pollux_nvme::IoBuf;
 use crate::data::{Completion, Data};
 use crate::error::IoError;
 
-pub(crate) const CHILD: u64 = 1 << 63;
+/// The bit of a request's `user_data` the layer keeps for itself (bit
+/// 63): a caller's `user_data` never has it (refused:
+/// `SubmitError::ReservedUserData`).
+pub const USER_DATA_RESERVED: u64 = 1 << 63;
+pub(crate) const CHILD: u64 = USER_DATA_RESERVED;
 const INDEX_BITS: u32 = 20;
 /// Most children of one parent.
 pub(crate) const MAX_CHILDREN: usize = 1 << INDEX_BITS;

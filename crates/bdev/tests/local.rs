@@ -173,6 +173,8 @@ fn stats_and_latency_across_channels_and_threads() {
 #[test]
 fn borrowed_memory_now_finishes_within_the_call_and_queues_nothing() {
     let b = ram(64);
+    assert!(b.info().caps.host_memory);
+    assert!(B::null("n", 512, 8).unwrap().info().caps.host_memory);
     let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
     let mut src = vec![7u8; 1024];
     let mut dst = vec![0u8; 1024];

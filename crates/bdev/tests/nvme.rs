@@ -82,6 +82,8 @@ fn data_round_trips_through_one_buffer_vectors_and_splits() {
         (512, 8192, "nvme")
     );
     assert!(info.caps.nvme_passthru);
+    // NVMe takes only its own DMA memory: callers stage borrowed memory.
+    assert!(!info.caps.host_memory);
     let mut ch = b.open(true).channel(&ChannelOptions::default()).unwrap();
     let w = pattern(&b, 64 << 10, 1);
     let expect = w.as_slice().to_vec();

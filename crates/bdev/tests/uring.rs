@@ -182,6 +182,7 @@ fn round_trip_direct_and_buffered() {
         let b: Bdev = Bdev::uring("u0", &f.0, opts(direct, 1 << 20)).unwrap();
         let i = b.info();
         assert_eq!(i.backend, "uring");
+        assert!(i.caps.host_memory);
         assert_eq!(i.size_bytes(), 1 << 20, "the file was extended to the size");
         assert_eq!(std::fs::metadata(&f.0).unwrap().len(), 1 << 20);
         if direct {

@@ -16,7 +16,8 @@ use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
-const NVME_CLASS: &str = "0x010802";
+use pollux_pcie::platform::pci::{Sysfs, SysfsError, NVME_CLASS};
+
 const USER_DRIVERS: [&str; 2] = ["vfio-pci", "uio_pci_generic"];
 
 #[derive(clap::Subcommand, Debug)]
@@ -46,6 +47,8 @@ pub enum SetupCommand {
 pub enum SetupError {
     #[error("{0}")]
     Msg(String),
+    #[error(transparent)]
+    Pci(#[from] SysfsError),
     #[error("{path}: {err}{hint}")]
     Io {
         path: PathBuf,
@@ -435,16 +438,17 @@ pub fn normalize_bdf(s: &str) -> Result<String, SetupError> {
 }
 
 impl Host {
-    fn pci_dev(&self, bdf: &str) -> PathBuf {
-        self.sys.join("bus/pci/devices").join(bdf)
+    /// The PCI devices and drivers of this host's sysfs.
+    fn pci(&self) -> Sysfs {
+        Sysfs::at(&self.sys)
     }
 
     /// Every NVMe controller, sorted by address.
     pub fn controllers(&self) -> Result<Vec<Controller>, SetupError> {
-        let dir = self.sys.join("bus/pci/devices");
+        let pci = self.pci();
         let mut out = Vec::new();
-        for bdf in dir_names(&dir) {
-            if read_trim(&dir.join(&bdf).join("class")).as_deref() == Some(NVME_CLASS) {
+        for bdf in pci.devices().unwrap_or_default() {
+            if pci.class(&bdf).ok() == Some(NVME_CLASS) {
                 out.push(self.controller(&bdf)?);
             }
         }
@@ -452,31 +456,13 @@ impl Host {
     }
 
     pub fn controller(&self, bdf: &str) -> Result<Controller, SetupError> {
-        let d = self.pci_dev(bdf);
-        if !d.exists() {
-            return Err(msg(format!(
-                "no PCI device {bdf} ({} does not exist); `pollux setup list` shows the \
-                 NVMe controllers",
-                d.display()
-            )));
-        }
-        let class = read_trim(&d.join("class")).unwrap_or_default();
-        if class != NVME_CLASS {
-            return Err(msg(format!(
-                "{bdf} is not an NVMe controller (PCI class {class}, want {NVME_CLASS})"
-            )));
-        }
-        let ids = format!(
-            "{}:{}",
-            read_trim(&d.join("vendor"))
-                .unwrap_or_default()
-                .trim_start_matches("0x"),
-            read_trim(&d.join("device"))
-                .unwrap_or_default()
-                .trim_start_matches("0x")
-        );
-        let driver = link_name(&d.join("driver"));
-        let iommu_group = link_name(&d.join("iommu_group")).and_then(|g| g.parse().ok());
+        let pci = self.pci();
+        let d = pci.nvme_controller(bdf)?;
+        let ids = pci
+            .ids(bdf)
+            .map_or_else(|_| "-".into(), |(v, dev)| format!("{v:04x}:{dev:04x}"));
+        let driver = pci.driver(bdf).ok().flatten();
+        let iommu_group = pci.iommu_group(bdf).ok().flatten();
         let kname = dir_names(&d.join("nvme")).into_iter().next();
         let ctrl_dir = kname.as_ref().map(|k| d.join("nvme").join(k));
         let model = ctrl_dir.as_ref().and_then(|c| read_trim(&c.join("model")));
@@ -758,7 +744,7 @@ impl Host {
                 errs.push(format!("modprobe {m}: {e}"));
             }
         }
-        if !self.sys.join("bus/pci/drivers").join(driver).exists() {
+        if !self.pci().has_driver(driver) {
             return Err(msg(format!(
                 "kernel driver {driver} is not available ({})",
                 errs.join("; ")
@@ -770,7 +756,7 @@ impl Host {
     fn wait_driver(&self, bdf: &str, want: Option<&str>) -> Option<String> {
         let start = Instant::now();
         loop {
-            let cur = link_name(&self.pci_dev(bdf).join("driver"));
+            let cur = self.pci().driver(bdf).ok().flatten();
             if cur.as_deref() == want || start.elapsed() >= self.bind_timeout {
                 return cur;
             }
@@ -780,13 +766,12 @@ impl Host {
 
     /// Moves `bdf` to `driver` (None: the kernel's default, i.e. nvme).
     fn rebind(&self, bdf: &str, driver: Option<&str>) -> Result<Option<String>, SetupError> {
-        let d = self.pci_dev(bdf);
-        self.write(&d.join("driver_override"), driver.unwrap_or("\n"))?;
-        if let Some(cur) = link_name(&d.join("driver")) {
-            let unbind = self.sys.join("bus/pci/drivers").join(&cur).join("unbind");
-            self.write(&unbind, bdf)?;
+        let pci = self.pci();
+        self.write(&pci.driver_override_path(bdf), driver.unwrap_or("\n"))?;
+        if let Some(cur) = pci.driver(bdf).ok().flatten() {
+            self.write(&pci.unbind_path(&cur), bdf)?;
         }
-        self.write(&self.sys.join("bus/pci/drivers_probe"), bdf)?;
+        self.write(&pci.drivers_probe_path(), bdf)?;
         Ok(self.wait_driver(bdf, Some(driver.unwrap_or("nvme"))))
     }
 
@@ -841,15 +826,17 @@ impl Host {
             if driver == "vfio-pci" {
                 if let Some(g) = c.iommu_group {
                     let _ = write!(out, " (/dev/vfio/{g})");
-                    let others: Vec<String> =
-                        dir_names(&self.sys.join(format!("kernel/iommu_groups/{g}/devices")))
-                            .into_iter()
-                            .filter(|o| *o != c.bdf)
-                            .filter(|o| {
-                                let dr = link_name(&self.pci_dev(o).join("driver"));
-                                !matches!(dr.as_deref(), None | Some("vfio-pci") | Some("pcieport"))
-                            })
-                            .collect();
+                    let pci = self.pci();
+                    let others: Vec<String> = pci
+                        .iommu_group_devices(g)
+                        .unwrap_or_default()
+                        .into_iter()
+                        .filter(|o| *o != c.bdf)
+                        .filter(|o| {
+                            let dr = pci.driver(o).ok().flatten();
+                            !matches!(dr.as_deref(), None | Some("vfio-pci") | Some("pcieport"))
+                        })
+                        .collect();
                     if !others.is_empty() {
                         let _ = write!(
                             out,
@@ -894,7 +881,7 @@ impl Host {
             .map(|bdf| self.controller(bdf))
             .collect::<Result<Vec<_>, _>>()?;
         if let Err(e) = (self.modprobe)("nvme") {
-            if !self.sys.join("bus/pci/drivers/nvme").exists() {
+            if !self.pci().has_driver("nvme") {
                 return Err(msg(format!("kernel nvme driver not available: {e}")));
             }
         }
@@ -951,7 +938,10 @@ impl Host {
     pub fn list(&self, out: &mut String) -> Result<(), SetupError> {
         let ctrls = self.controllers()?;
         if ctrls.is_empty() {
-            let _ = writeln!(out, "no NVMe controllers (PCI class {NVME_CLASS}) found");
+            let _ = writeln!(
+                out,
+                "no NVMe controllers (PCI class {NVME_CLASS:#08x}) found"
+            );
             return Ok(());
         }
         let _ = writeln!(
@@ -1032,8 +1022,8 @@ mod tests {
             mk(&sys.join("bus/pci/drivers/nvme"));
             mk(&sys.join("kernel/iommu_groups/3/devices"));
             for (bdf, class) in [
-                ("0000:01:00.0", NVME_CLASS),
-                ("0000:02:00.0", NVME_CLASS),
+                ("0000:01:00.0", "0x010802"),
+                ("0000:02:00.0", "0x010802"),
                 ("0000:03:00.0", "0x020000"),
             ] {
                 let d = sys.join("bus/pci/devices").join(bdf);

@@ -12,9 +12,9 @@ use pollux_spec::regs::{Cap, Csts, CAP_CSS_NVM};
 use pollux_spec::status::sct;
 use pollux_spec::Status;
 
-use crate::admin::features::Features;
 use crate::aer::AerState;
 use crate::errlog::ErrorLog;
+use crate::features::Features;
 use crate::regs::{CcChange, Registers};
 use crate::stats::{IoStats, Registry, StatsHandle};
 use crate::subsystem::{Personality, Subsystem};

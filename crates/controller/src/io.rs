@@ -6,9 +6,11 @@
 //! A command is first checked ([`IoQueue::check`]), which needs nothing
 //! but the SQE, then executed on its data segments, which the transport
 //! made (PCIe: PRPs through the IOMMU; TCP: capsule or C2H/H2C buffers):
-//! synchronously ([`IoQueue::exec`], what the emulator does) or
 //! asynchronously ([`IoQueue::submit`] with a tag, completions from
-//! [`IoQueue::poll`]).
+//! [`IoQueue::poll`]) or synchronously ([`IoQueue::exec`], what the
+//! emulator does: the same start under a tag of its own, then polls until
+//! that command is over). Each command is dispatched in one place,
+//! `IoQueue::start`, for both.
 //!
 //! Checks, in order: FUSE (fused commands are not supported) and, on
 //! PCIe, PSDT (SGLs are not: Invalid Field), opcode, NSID (Invalid
@@ -43,23 +45,27 @@
 use std::collections::VecDeque;
 use std::sync::Arc;
 
-use pollux_bdev::{Completion, Io, IoError, RawSeg as Seg};
+use pollux_bdev::{Completion, Io, RawSeg as Seg};
 use pollux_spec::cmd::{DsmRange, RwFlags, DSM_ATTR_DEALLOCATE};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
-use zerocopy::FromBytes;
 
+use crate::command::{IoCmd, IoOp};
+use crate::completion::{finish, poll_staged, Report};
 use crate::ctrl::Controller;
-use crate::stage::{self, Staged};
-use crate::stats::{IoErrorRecord, IoStats, Registry, StatsHandle};
+use crate::stage::Staged;
+use crate::stats::{IoErrorRecord, IoStats, StatsHandle};
 use crate::store::{NsChan, StoreError};
 use crate::subsystem::Subsystem;
+use crate::user_data::{Kind, UserData, KID};
 use crate::ControllerError;
 
 mod multi;
 
 const NSID_ALL: u32 = 0xFFFF_FFFF;
+/// The tag of `exec`'s command (`submit`'s are below it).
+const SYNC_TAG: u32 = KID - 1;
 /// SQE flags bits 1:0, FUSE.
 const FLAGS_FUSE: u8 = 0x03;
 /// SQE flags bits 7:6, PSDT.
@@ -72,57 +78,6 @@ fn gen(sc: u8) -> Status {
     Status::generic(sc)
 }
 
-/// What a checked command does.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum IoOp {
-    Read,
-    Write,
-    /// Flush one namespace.
-    Flush,
-    /// Flush every namespace (NSID FFFFFFFFh).
-    FlushAll,
-    /// Write Zeroes; `dealloc`: DEAC set.
-    WriteZeroes {
-        dealloc: bool,
-    },
-    /// Dataset Management with `nr` ranges (the data);
-    /// `deallocate`: AD set (else hints only).
-    Dsm {
-        nr: usize,
-        deallocate: bool,
-    },
-}
-
-/// A command that passed [`IoQueue::check`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct IoCmd {
-    pub op: IoOp,
-    /// The namespace (1-based; 0xFFFFFFFF for `FlushAll`).
-    pub nsid: u32,
-    pub slba: u64,
-    /// Logical blocks (1's based).
-    pub nlb: u64,
-    /// Bytes of data the command moves (0: none).
-    pub xfer_len: usize,
-    /// A Read's, Write's or Write Zeroes' flags (Force Unit Access, which
-    /// every write has while the volatile write cache is disabled); none
-    /// for the others.
-    pub flags: RwFlags,
-    /// The command identifier, for the Error Information log: the SQE's
-    /// from [`IoQueue::check_reported`], FFFFh ("not available") from
-    /// [`IoQueue::check`].
-    pub cid: u16,
-}
-
-impl IoCmd {
-    /// The data goes to the host (a read); else, when `xfer_len` is not
-    /// 0, it comes from the host.
-    #[inline(always)]
-    pub fn to_host(&self) -> bool {
-        self.op == IoOp::Read
-    }
-}
-
 /// Options of an I/O queue.
 #[derive(Clone, Copy, Debug, Default)]
 pub struct IoQueueOptions {
@@ -131,21 +86,9 @@ pub struct IoQueueOptions {
     pub depth: u32,
 }
 
-/// The `user_data` of an asynchronous request: the tag (bits 0..32), the
-/// kind (bits 32..34: [`K_READ`], [`K_WRITE`], [`K_OTHER`]) and, for
-/// reads and writes, the blocks (bits 34..52), for the counts.
-/// (Kind 3 is a staged piece's: `stage::K_PART`.)
-pub(crate) const K_READ: u64 = 0;
-pub(crate) const K_WRITE: u64 = 1;
-const K_OTHER: u64 = 2;
-
-#[inline(always)]
-pub(crate) fn ud(tag: u32, kind: u64, nlb: u64) -> u64 {
-    tag as u64 | kind << 32 | nlb << 34
-}
-
 /// One I/O queue's execution context (see the module doc). Used from one
-/// thread at a time.
+/// thread at a time. `T`: the NVMe transport of the namespaces' bdevs
+/// (the subsystem's).
 pub struct IoQueue {
     ns: Vec<NsChan>,
     scratch: Vec<u8>,
@@ -405,129 +348,71 @@ impl IoQueue {
 
     /// Executes a checked command synchronously on its data segments
     /// (`cmd.xfer_len` bytes in total; none for commands without data)
-    /// and returns its status.
+    /// and returns its status: it is started as `submit` starts it (one
+    /// dispatch for both), then polled for until it is over. Reads and
+    /// writes of null and RAM namespaces finish within the call (the
+    /// bdev's `readv_raw_now`); the others' requests are polled for, one
+    /// command at a time (a slow file stalls the queue). Never staged
+    /// (an NVMe namespace's data goes through its DMA bounce pieces,
+    /// `store`). Asynchronous commands that complete meanwhile are
+    /// delivered by the next `poll`. A failure is reported as
+    /// `submit`'s are, when the queue reports errors.
     ///
     /// # Safety
     /// The segments are valid memory for their lengths (writable for a
     /// read), touched by nothing else until this returns.
     #[inline(always)]
     pub unsafe fn exec(&mut self, cmd: &IoCmd, segs: &[Seg]) -> Status {
-        match cmd.op {
-            IoOp::Read | IoOp::Write => {
-                // SAFETY: forwarded contract.
-                unsafe { self.read_write(cmd, segs) }
-            }
-            IoOp::Flush | IoOp::FlushAll => self.flush(cmd.nsid),
-            IoOp::WriteZeroes { dealloc } => self.write_zeroes(cmd, dealloc),
-            IoOp::Dsm { nr, deallocate } => {
-                // SAFETY: forwarded contract.
-                unsafe { self.dsm(cmd.nsid, nr, deallocate, segs) }
-            }
+        // SAFETY: forwarded contract (the command is over when `wait`
+        // returns).
+        match unsafe { self.start::<Waited>(SYNC_TAG, cmd, segs) } {
+            Some(st) => st,
+            None => self.wait(),
         }
     }
 
-    /// # Safety
-    /// As `exec`.
-    #[inline(always)]
-    unsafe fn read_write(&mut self, cmd: &IoCmd, segs: &[Seg]) -> Status {
-        let write = cmd.op == IoOp::Write;
-        let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
-            return gen(generic::INVALID_NAMESPACE);
-        };
-        // SAFETY: forwarded contract.
-        if let Err(e) = unsafe { ns.rw(write, cmd.slba, segs, cmd.flags) } {
-            return rw_failed(cmd, write, &e);
-        }
-        let s = &mut self.stats;
-        if write {
-            s.writes += 1;
-            s.bytes_written += cmd.xfer_len as u64;
-        } else {
-            s.reads += 1;
-            s.bytes_read += cmd.xfer_len as u64;
-        }
-        Status::SUCCESS
-    }
-
-    /// Flushes namespace `nsid`, or all of them (NSID FFFFFFFFh).
-    fn flush(&mut self, nsid: u32) -> Status {
-        let result = if nsid == NSID_ALL {
-            self.ns.iter_mut().try_for_each(NsChan::flush)
-        } else {
-            match self.ns.get_mut((nsid as usize).wrapping_sub(1)) {
-                Some(ns) => ns.flush(),
-                None => return gen(generic::INVALID_NAMESPACE),
+    /// Polls until the synchronous command (`SYNC_TAG`) is over; returns
+    /// its status. The asynchronous commands that finish meanwhile go to
+    /// `done`, for the next `poll`.
+    #[inline(never)]
+    fn wait(&mut self) -> Status {
+        let mut done = std::mem::take(&mut self.done);
+        let mut sync = None;
+        loop {
+            self.poll_any(&mut |tag, st| {
+                if tag == SYNC_TAG {
+                    sync = Some(st);
+                } else {
+                    // At most `depth` are in flight: never grows the ring.
+                    done.push_back((tag, st));
+                }
+            });
+            if let Some(st) = sync {
+                self.done = done;
+                return st;
             }
-        };
-        match result {
-            Ok(()) => Status::SUCCESS,
-            Err(e) => {
-                tracing::error!(nsid, error = %e, "flush failed");
-                Status::media(media::WRITE_FAULT)
-            }
+            std::hint::spin_loop();
         }
     }
 
     /// Flushes every namespace, logging failures (a shutdown).
     pub fn flush_all(&mut self) {
-        for (i, ns) in self.ns.iter_mut().enumerate() {
-            if let Err(e) = ns.flush() {
-                tracing::error!(nsid = i + 1, error = %e, "flush at shutdown failed");
+        for nsid in 1..=self.ns.len() as u32 {
+            let cmd = IoCmd {
+                op: IoOp::Flush,
+                nsid,
+                slba: 0,
+                nlb: 0,
+                xfer_len: 0,
+                flags: RwFlags::NONE,
+                cid: ERROR_LOG_NOT_SPECIFIC,
+            };
+            // SAFETY: no data.
+            let st = unsafe { self.exec(&cmd, &[]) };
+            if !st.is_success() {
+                tracing::error!(nsid, status = ?st, "flush at shutdown failed");
             }
         }
-    }
-
-    fn write_zeroes(&mut self, cmd: &IoCmd, dealloc: bool) -> Status {
-        let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
-            return gen(generic::INVALID_NAMESPACE);
-        };
-        let mut r = ns.zero(cmd.slba, cmd.nlb, dealloc);
-        if r.is_ok() && cmd.flags.fua() {
-            r = flush_for_fua(ns);
-        }
-        match r {
-            Ok(()) => Status::SUCCESS,
-            Err(e) => {
-                tracing::error!(nsid = cmd.nsid, slba = cmd.slba, nlb = cmd.nlb, error = %e, "write zeroes failed");
-                Status::media(media::WRITE_FAULT)
-            }
-        }
-    }
-
-    /// # Safety
-    /// As `exec`.
-    unsafe fn dsm(&mut self, nsid: u32, nr: usize, deallocate: bool, segs: &[Seg]) -> Status {
-        let Some(ns) = self.ns.get_mut((nsid as usize).wrapping_sub(1)) else {
-            return gen(generic::INVALID_NAMESPACE);
-        };
-        let len = nr * core::mem::size_of::<DsmRange>();
-        self.scratch.clear();
-        self.scratch.resize(len, 0);
-        // SAFETY: forwarded contract.
-        unsafe { copy_from_segs(segs, &mut self.scratch) };
-        let ranges = self
-            .scratch
-            .chunks_exact(16)
-            .filter_map(|b| DsmRange::read_from_bytes(b).ok());
-        // Validate every range before touching any.
-        for r in ranges.clone() {
-            if !lba_ok(r.slba, r.nlb as u64, ns.nsze) {
-                return gen(generic::LBA_OUT_OF_RANGE);
-            }
-        }
-        if !deallocate {
-            return Status::SUCCESS; // hints only
-        }
-        for r in ranges {
-            if r.nlb == 0 {
-                continue;
-            }
-            if let Err(e) = ns.zero(r.slba, r.nlb as u64, true) {
-                tracing::error!(nsid, slba = r.slba, error = %e, "deallocate failed");
-                return gen(generic::INTERNAL_ERROR);
-            }
-        }
-        Status::SUCCESS
     }
 
     // ------------------------------------------------------------------
@@ -540,7 +425,7 @@ impl IoQueue {
     }
 
     /// Submits a checked command; its status comes out of
-    /// [`IoQueue::poll`] with `tag` (below 2^31). Reads, writes, flushes
+    /// [`IoQueue::poll`] with `tag` (below 2^31 - 1). Reads, writes, flushes
     /// of one namespace and write zeroes go to the bdev and return at once
     /// (an NVMe namespace's reads and writes through the queue's DMA
     /// staging pool, `stage`: they may wait there for pieces, and `poll`
@@ -558,6 +443,7 @@ impl IoQueue {
     /// The segments are valid memory for their lengths (writable for a
     /// read), touched by nothing else until `poll` has delivered `tag`
     /// or the queue has been dropped.
+    #[inline(always)]
     pub unsafe fn submit(
         &mut self,
         tag: u32,
@@ -567,41 +453,92 @@ impl IoQueue {
         if self.inflight >= self.depth {
             return Err(ControllerError::QueueFull { depth: self.depth });
         }
+        debug_assert!(tag < SYNC_TAG, "tag {tag:#x} is not below {SYNC_TAG:#x}");
         self.inflight += 1;
         if let Some(i) = self.info.get_mut(tag as usize) {
             *i = (cmd.cid, cmd.slba);
         }
+        // SAFETY: forwarded contract.
+        unsafe { self.start::<Queued>(tag, cmd, segs) };
+        Ok(())
+    }
+
+    /// The status of a command known when it starts, reported if it
+    /// failed.
+    #[inline(always)]
+    fn at_once(&self, cmd: &IoCmd, st: Status) -> Status {
+        if !st.is_success() {
+            self.report_failure(cmd.cid, st, cmd.nsid, cmd.slba);
+        }
+        st
+    }
+
+    /// Starts a checked command under `tag`: the one dispatch of every
+    /// command, for `submit` (`F` = [`Queued`]) and `exec` ([`Waited`]).
+    /// A status known within the call (refused, nothing to do, run to
+    /// completion) goes to `F::known`; a command in flight is
+    /// `F::PENDING` (its status comes from a poll, under `tag`).
+    /// Synchronously, reads and writes try the bdev's within-the-call path
+    /// first and are never staged.
+    ///
+    /// # Safety
+    /// As `submit` (`exec`: until the poll delivered `tag`).
+    #[inline(always)]
+    unsafe fn start<F: Form>(&mut self, tag: u32, cmd: &IoCmd, segs: &[Seg]) -> F::Out {
         let idx = (cmd.nsid as usize).wrapping_sub(1);
-        let sync = match cmd.op {
+        let st = match cmd.op {
             IoOp::Read | IoOp::Write => {
                 let write = cmd.op == IoOp::Write;
                 match self.ns.get_mut(idx) {
                     Some(ns) if !ns.misaligned(segs) => {
-                        let u = ud(tag, if write { K_WRITE } else { K_READ }, cmd.nlb);
-                        let mut io = ns.ch.io();
-                        // SAFETY: forwarded contract (until delivered).
-                        let r = unsafe {
-                            if write {
-                                io.writev_raw_with(cmd.slba, segs, cmd.flags, u)
-                            } else {
-                                io.readv_raw_with(cmd.slba, segs, cmd.flags, u)
+                        // Null and RAM finish within the call.
+                        let now = if F::SYNC {
+                            // SAFETY: forwarded contract.
+                            unsafe {
+                                if write {
+                                    ns.ch.writev_raw_now_with(cmd.slba, segs, cmd.flags)
+                                } else {
+                                    ns.ch.readv_raw_now_with(cmd.slba, segs, cmd.flags)
+                                }
                             }
+                        } else {
+                            None
                         };
-                        match r {
-                            Ok(()) => return Ok(()),
-                            Err(e) => rw_failed(cmd, write, &StoreError::Refused(e)),
+                        match now {
+                            Some(Ok(())) => {
+                                count(&mut self.stats, write, cmd.xfer_len);
+                                Status::SUCCESS
+                            }
+                            Some(Err(e)) => rw_failed(cmd, write, &StoreError::Refused(e)),
+                            None => {
+                                let kind = if write { Kind::Write } else { Kind::Read };
+                                let u = UserData::new(tag, kind, cmd.nlb).raw();
+                                let mut io = ns.ch.io();
+                                // SAFETY: forwarded contract (until delivered).
+                                let r = unsafe {
+                                    if write {
+                                        io.writev_raw_with(cmd.slba, segs, cmd.flags, u)
+                                    } else {
+                                        io.readv_raw_with(cmd.slba, segs, cmd.flags, u)
+                                    }
+                                };
+                                match r {
+                                    Ok(()) => return F::PENDING,
+                                    Err(e) => rw_failed(cmd, write, &StoreError::Refused(e)),
+                                }
+                            }
                         }
                     }
                     // SAFETY: forwarded contract.
-                    _ => match unsafe { self.submit_unlent(tag, cmd, segs) } {
+                    _ => match unsafe { self.start_unlent::<F>(tag, cmd, segs) } {
                         Some(st) => st,
-                        None => return Ok(()),
+                        None => return F::PENDING,
                     },
                 }
             }
             IoOp::Flush => match self.ns.get_mut(idx) {
-                Some(ns) => match ns.ch.flush_cache(ud(tag, K_OTHER, 0)) {
-                    Ok(()) => return Ok(()),
+                Some(ns) => match ns.ch.flush_cache(UserData::new(tag, Kind::Other, 0).raw()) {
+                    Ok(()) => return F::PENDING,
                     Err(e) => {
                         tracing::error!(nsid = cmd.nsid, error = %e, "flush failed");
                         Status::media(media::WRITE_FAULT)
@@ -614,21 +551,21 @@ impl IoQueue {
                     || self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
             {
                 // SAFETY: forwarded contract.
-                match unsafe { self.submit_multi(tag, cmd, segs) } {
+                match unsafe { self.start_multi(tag, cmd, segs) } {
                     Some(st) => st,
-                    None => return Ok(()),
+                    None => return F::PENDING,
                 }
             }
             IoOp::WriteZeroes { dealloc } => match self.ns.get_mut(idx) {
                 Some(ns) => {
-                    let u = ud(tag, K_OTHER, 0);
+                    let u = UserData::new(tag, Kind::Other, 0).raw();
                     let r = if dealloc {
                         ns.ch.unmap(cmd.slba, cmd.nlb, u)
                     } else {
                         ns.ch.write_zeroes(cmd.slba, cmd.nlb, u)
                     };
                     match r {
-                        Ok(()) => return Ok(()),
+                        Ok(()) => return F::PENDING,
                         Err(e) => {
                             tracing::error!(nsid = cmd.nsid, slba = cmd.slba, nlb = cmd.nlb, error = %e, "write zeroes failed");
                             Status::media(media::WRITE_FAULT)
@@ -640,47 +577,59 @@ impl IoQueue {
             IoOp::FlushAll | IoOp::Dsm { .. } => {
                 // SAFETY: forwarded contract (the ranges are read within
                 // the call).
-                match unsafe { self.submit_multi(tag, cmd, segs) } {
+                match unsafe { self.start_multi(tag, cmd, segs) } {
                     Some(st) => st,
-                    None => return Ok(()),
+                    None => return F::PENDING,
                 }
             }
         };
-        if !sync.is_success() {
-            self.report_failure(cmd.cid, sync, cmd.nsid, cmd.slba);
-        }
-        // At most `depth` are in flight, so this never grows the ring.
-        self.done.push_back((tag, sync));
-        Ok(())
+        F::known(self, tag, cmd, st)
     }
 
-    /// `submit` of a read or write whose segments the bdev cannot take:
-    /// staged when the namespace is an NVMe one and its pool covers the
-    /// command (`stage`; `None`: the status comes from `poll`), else run
-    /// within the call (its status).
+    /// `start` of a read or write whose segments the bdev cannot take:
+    /// staged when the namespace is an NVMe one, its pool covers the
+    /// command and it is not synchronous (`stage`; `None`: the status comes
+    /// from `poll`), else run within the call through the namespace's
+    /// bounce buffer (its status).
     ///
     /// # Safety
-    /// As `submit`.
+    /// As `start`.
     #[cold]
     #[inline(never)]
-    unsafe fn submit_unlent(&mut self, tag: u32, cmd: &IoCmd, segs: &[Seg]) -> Option<Status> {
+    unsafe fn start_unlent<F: Form>(
+        &mut self,
+        tag: u32,
+        cmd: &IoCmd,
+        segs: &[Seg],
+    ) -> Option<Status> {
         let write = cmd.op == IoOp::Write;
-        if let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) {
-            let NsChan { ch, staging, .. } = ns;
-            if let Some(st) = staging.as_mut().filter(|st| st.fits(cmd.nlb, segs.len())) {
-                let mut io = ch.io();
-                // SAFETY: forwarded contract (until delivered); the
-                // segments total `xfer_len`, `nlb` blocks.
-                let r =
-                    unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, cmd.flags, segs) };
-                return match r {
-                    Staged::Queued => None,
-                    Staged::Failed(e) => Some(rw_failed(cmd, write, &StoreError::Refused(e))),
-                };
-            }
+        let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
+            return Some(gen(generic::INVALID_NAMESPACE));
+        };
+        let NsChan { ch, staging, .. } = ns;
+        if let Some(st) = staging
+            .as_mut()
+            .filter(|st| !F::SYNC && st.fits(cmd.nlb, segs.len()))
+        {
+            let mut io = ch.io();
+            // SAFETY: forwarded contract (until delivered); the
+            // segments total `xfer_len`, `nlb` blocks.
+            let r = unsafe { st.submit(&mut io, tag, write, cmd.slba, cmd.nlb, cmd.flags, segs) };
+            return match r {
+                Staged::Queued => None,
+                Staged::Failed(e) => Some(rw_failed(cmd, write, &StoreError::Refused(e))),
+            };
         }
         // SAFETY: forwarded contract (within the call).
-        Some(unsafe { self.exec(cmd, segs) })
+        Some(
+            match unsafe { ns.rw_bounce(write, cmd.slba, segs, cmd.flags) } {
+                Ok(()) => {
+                    count(&mut self.stats, write, cmd.xfer_len);
+                    Status::SUCCESS
+                }
+                Err(e) => rw_failed(cmd, write, &e),
+            },
+        )
     }
 
     /// Commands of NVMe namespaces that waited for DMA staging pieces
@@ -705,13 +654,20 @@ impl IoQueue {
     /// delivered exactly once (a failed bdev completes all of them with
     /// media errors).
     pub fn poll(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
-        let n = if self.multi.idle() {
+        let n = self.poll_any(f);
+        self.inflight -= n as u32;
+        n
+    }
+
+    /// `poll` without the count of outstanding commands (`wait` uses it
+    /// too).
+    #[inline(always)]
+    fn poll_any(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        if self.multi.idle() {
             self.poll_requests(f)
         } else {
             self.poll_multi(f)
-        };
-        self.inflight -= n as u32;
-        n
+        }
     }
 
     /// `poll` of the bdev requests: their statuses (and the results known
@@ -740,7 +696,7 @@ impl IoQueue {
             let nsid = i as u32 + 1;
             let shift = ch.shift;
             while let Some((u, r)) = ch.stash.pop_front() {
-                f(u as u32, finish(stats, &rep, nsid, shift, u, r));
+                f(u.tag(), finish(stats, &rep, nsid, shift, u, r));
                 n += 1;
             }
             if ch.staging.is_some() {
@@ -751,10 +707,8 @@ impl IoQueue {
                 continue;
             }
             ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-                f(
-                    c.user_data as u32,
-                    finish(stats, &rep, nsid, shift, c.user_data, c.result),
-                );
+                let u = UserData::from_raw(c.user_data);
+                f(u.tag(), finish(stats, &rep, nsid, shift, u, c.result));
                 n += 1;
             });
         }
@@ -762,122 +716,58 @@ impl IoQueue {
     }
 }
 
-/// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
-/// back (a command's status once its last piece is in), then waiting
-/// commands start if pieces allow.
-fn poll_staged(
-    ns: &mut NsChan,
-    stats: &mut IoStats,
-    rep: &Report<'_>,
-    nsid: u32,
-    f: &mut impl FnMut(u32, Status),
-) -> usize {
-    let shift = ns.shift;
-    let NsChan { ch, staging, .. } = ns;
-    let Some(st) = staging else {
-        return 0;
-    };
-    let mut n = 0;
-    if ch.outstanding() > 0 {
-        ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-            let (u, r) = if stage::is_part(c.user_data) {
-                // SAFETY: `IoQueue::submit`'s contract holds for the
-                // command until this delivers it.
-                match unsafe { st.complete(c) } {
-                    Some(done) => done,
-                    None => return,
-                }
-            } else {
-                (c.user_data, c.result)
-            };
-            f(u as u32, finish(stats, rep, nsid, shift, u, r));
-            n += 1;
-        });
-    }
-    if st.waiting() > 0 {
-        let mut io = ch.io();
-        // SAFETY: as above, for the waiting commands.
-        unsafe {
-            st.resume(&mut io, &mut |(u, r)| {
-                f(u as u32, finish(stats, rep, nsid, shift, u, r));
-                n += 1;
-            })
-        };
-        ch.flush();
-    }
-    n
+/// The two forms of `IoQueue::start`: what becomes of a status known
+/// within the call.
+trait Form {
+    /// Synchronous (`exec`).
+    const SYNC: bool;
+    type Out;
+    /// The command is in flight: its status comes from a poll.
+    const PENDING: Self::Out;
+    /// The command is over with `st`.
+    fn known(q: &mut IoQueue, tag: u32, cmd: &IoCmd, st: Status) -> Self::Out;
 }
 
-/// Where `poll` reports failed commands (see `IoQueue::report_errors`).
-struct Report<'a> {
-    registry: &'a Registry,
-    sqid: Option<u16>,
-    info: &'a [(u16, u64)],
-}
+/// `submit`'s: the status waits in `done` for the next `poll`.
+struct Queued;
 
-/// The status of a finished asynchronous request, counted.
-#[inline]
-fn finish(
-    stats: &mut IoStats,
-    rep: &Report<'_>,
-    nsid: u32,
-    shift: u32,
-    u: u64,
-    r: Result<u32, IoError>,
-) -> Status {
-    let kind = (u >> 32) & 3;
-    let nlb = (u >> 34) & 0x3_FFFF;
-    match r {
-        Ok(_) => {
-            if kind == K_READ {
-                stats.reads += 1;
-                stats.bytes_read += nlb << shift;
-            } else if kind == K_WRITE {
-                stats.writes += 1;
-                stats.bytes_written += nlb << shift;
-            }
-            Status::SUCCESS
-        }
-        Err(e) => failed(rep, nsid, u, &e),
+impl Form for Queued {
+    const SYNC: bool = false;
+    type Out = ();
+    const PENDING: () = ();
+
+    #[inline(always)]
+    fn known(q: &mut IoQueue, tag: u32, cmd: &IoCmd, st: Status) {
+        let st = q.at_once(cmd, st);
+        // At most `depth` are in flight, so this never grows the ring.
+        q.done.push_back((tag, st));
     }
 }
 
-/// The status of a failed asynchronous request, logged and reported.
-#[cold]
-#[inline(never)]
-fn failed(rep: &Report<'_>, nsid: u32, u: u64, e: &IoError) -> Status {
-    let tag = u as u32;
-    tracing::error!(nsid, tag, error = %e, "namespace I/O failed");
-    let st = Status::media(if (u >> 32) & 3 == K_READ {
-        media::UNRECOVERED_READ_ERROR
+/// `exec`'s: the status is returned (None: `exec` polls for it).
+struct Waited;
+
+impl Form for Waited {
+    const SYNC: bool = true;
+    type Out = Option<Status>;
+    const PENDING: Option<Status> = None;
+
+    #[inline(always)]
+    fn known(q: &mut IoQueue, _: u32, cmd: &IoCmd, st: Status) -> Option<Status> {
+        Some(q.at_once(cmd, st))
+    }
+}
+
+/// Counts a successful read or write of `bytes`.
+#[inline(always)]
+fn count(stats: &mut IoStats, write: bool, bytes: usize) {
+    if write {
+        stats.writes += 1;
+        stats.bytes_written += bytes as u64;
     } else {
-        media::WRITE_FAULT
-    });
-    // A piece of a multi-request command: the command is reported once
-    // it is over (`multi`).
-    if let Some(sqid) = rep.sqid.filter(|_| tag & multi::KID == 0) {
-        let (cid, lba) = rep
-            .info
-            .get(tag as usize)
-            .copied()
-            .unwrap_or((ERROR_LOG_NOT_SPECIFIC, 0));
-        rep.registry.push_error(IoErrorRecord {
-            sqid,
-            cid,
-            status: st,
-            nsid,
-            lba,
-        });
+        stats.reads += 1;
+        stats.bytes_read += bytes as u64;
     }
-    st
-}
-
-/// Makes a Write Zeroes with FUA durable before it completes (the bdev
-/// layer has no FUA for zeroing): a flush of its namespace.
-#[cold]
-#[inline(never)]
-fn flush_for_fua(ns: &mut NsChan) -> Result<(), StoreError> {
-    ns.flush()
 }
 
 /// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.
@@ -899,21 +789,4 @@ fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
     } else {
         media::UNRECOVERED_READ_ERROR
     })
-}
-
-/// Copies the segments' bytes into `dst` (up to `dst.len()`).
-///
-/// # Safety
-/// As `IoQueue::exec`.
-unsafe fn copy_from_segs(segs: &[Seg], mut dst: &mut [u8]) {
-    for s in segs {
-        if dst.is_empty() {
-            break;
-        }
-        let n = s.len.min(dst.len());
-        // SAFETY: the segment is valid for `s.len >= n` bytes (the
-        // caller's contract); `dst` is ours, disjoint from it.
-        unsafe { std::ptr::copy_nonoverlapping(s.ptr, dst.as_mut_ptr(), n) };
-        dst = &mut dst[n..];
-    }
 }

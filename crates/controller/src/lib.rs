@@ -15,9 +15,9 @@
 //!   returning an [`AdminOutcome`] (complete, data to send, held, or the
 //!   transport's own command).
 //! - [`IoQueue`] (one per I/O queue, on the queue's thread): one bdev
-//!   channel per namespace; [`IoQueue::check`] then [`IoQueue::exec`]
-//!   (synchronous) or [`IoQueue::submit`] / [`IoQueue::poll`]
-//!   (asynchronous, tagged). Its counts reach SMART through
+//!   channel per namespace; [`IoQueue::check`] then [`IoQueue::submit`] /
+//!   [`IoQueue::poll`] (asynchronous, tagged) or [`IoQueue::exec`]
+//!   (synchronous: the same dispatch, then polled until over). Its counts reach SMART through
 //!   [`IoQueue::publish`] (plain stores; no lock, no atomic
 //!   read-modify-write on the I/O path).
 //!
@@ -33,30 +33,42 @@
 //! ends in an NVMe status, never a panic.
 //!
 //! Module map: `subsystem`, `ctrl` (the controller state, register
-//! reactions, errors and events), `regs` (CAP/VS/CC/CSTS), `admin` (+
-//! `identify`, `log`, `features`), `aer`, `errlog`, `io` (NVM commands,
-//! `IoQueue`; `io::multi`: commands run as several bdev requests, a
-//! piece per poll), `store` (a queue's channel to a namespace's bdev, bounce
-//! buffer), `stage` (an NVMe namespace's asynchronous DMA staging), `stats` (per-queue counts published for SMART), `error`.
+//! reactions, errors and events), `features` (the values of the features
+//! and their defaults), `regs` (CAP/VS/CC/CSTS), `admin` (+ `identify`,
+//! `log`, `features`), `aer`, `errlog`, `command` (a checked I/O
+//! command), `io` (NVM commands, `IoQueue`; `io::multi`: commands run as
+//! several bdev requests, a piece per poll), `completion` (what `poll`
+//! makes of a finished request), `store` (a queue's channel to a
+//! namespace's bdev, bounce buffer), `stage` (an NVMe namespace's
+//! asynchronous DMA staging), `stats` (per-queue counts published for
+//! SMART), `user_data` (the layout of the queue's bdev requests'
+//! `user_data`), `cursor` (host data segments: copies in pieces),
+//! `error`.
 
 pub mod admin;
 mod aer;
+mod command;
+mod completion;
 mod ctrl;
+mod cursor;
 mod errlog;
 mod error;
+mod features;
 mod io;
 mod regs;
 mod stage;
 mod stats;
 mod store;
 mod subsystem;
+mod user_data;
 
 pub use admin::identify::{ns_ids, FABRICS_SGLS};
 pub use admin::{AdminEnv, AdminOutcome, AfterSend, ADMIN_XFER_LIMIT};
+pub use command::{IoCmd, IoOp};
 pub use ctrl::Controller;
 pub use errlog::ERROR_LOG_ENTRIES;
 pub use error::ControllerError;
-pub use io::{IoCmd, IoOp, IoQueue, IoQueueOptions};
+pub use io::{IoQueue, IoQueueOptions};
 pub use regs::{CcChange, Registers};
 pub use stats::{IoStats, StatsHandle};
 pub use subsystem::{

@@ -12,7 +12,7 @@
 //! power-of-two number of blocks each, falling back to smaller pieces
 //! when a class is empty, at most [`MAX_PARTS`] of them); each piece is
 //! one bdev request under the command's record (`user_data`: the record,
-//! [`K_PART`], the piece's offset). A write's data is gathered from the
+//! `Kind::Part`, the piece's offset). A write's data is gathered from the
 //! host segments at submission; a read's is scattered into them when its
 //! piece completes, so the record keeps the segments (up to
 //! [`HOST_SEGS`] of them, copied: the caller's segment list itself need
@@ -40,7 +40,8 @@ use std::collections::VecDeque;
 use pollux_bdev::{Bdev, Completion, Data, Io, IoBuf, IoError, RawSeg as Seg, SubmitError};
 use pollux_spec::cmd::RwFlags;
 
-use crate::store::Cursor;
+use crate::cursor::Cursor;
+use crate::user_data::{Kind, UserData};
 
 /// Largest piece (bytes; smaller when the largest transfer is).
 pub(crate) const STAGE_CHUNK: usize = 128 << 10;
@@ -53,21 +54,6 @@ pub(crate) const MAX_STAGED: usize = 1 << 20;
 pub(crate) const MAX_PARTS: usize = 16;
 /// Host segments a staged command may have (more: synchronous).
 pub(crate) const HOST_SEGS: usize = 4;
-
-/// The `user_data` kind (bits 32..34) of a staged command's piece; bits
-/// 0..32 hold its record, bits 34..62 the piece's offset in blocks.
-pub(crate) const K_PART: u64 = 3;
-
-#[inline(always)]
-fn part_ud(slot: usize, off_blocks: u64) -> u64 {
-    slot as u64 | K_PART << 32 | off_blocks << 34
-}
-
-/// A staged piece's completion (not a synchronous request's: bit 62).
-#[inline(always)]
-pub(crate) fn is_part(u: u64) -> bool {
-    (u >> 32) & 3 == K_PART && u & crate::store::SYNC_UD == 0
-}
 
 /// The host segments of a staged command, copied.
 #[derive(Clone, Copy)]
@@ -129,7 +115,7 @@ enum Start {
 
 /// A finished staged command: the `user_data` `IoQueue::poll` decodes
 /// (tag, kind, blocks) and the result.
-pub(crate) type Finished = (u64, Result<u32, IoError>);
+pub(crate) type Finished = (UserData, Result<u32, IoError>);
 
 /// One queue's staging for one NVMe namespace (see the module doc).
 pub(crate) struct Staging {
@@ -359,7 +345,7 @@ impl Staging {
                 // valid memory (the caller's contract); the piece is ours.
                 unsafe { cur.gather(b.as_mut_slice()) };
             }
-            let u = part_ud(s as usize, off);
+            let u = UserData::new(s, Kind::Part, off).raw();
             let r = if write {
                 io.write_with(slba + off, b, flags, u)
             } else {
@@ -398,15 +384,16 @@ impl Staging {
         self.free[k].push(b);
     }
 
-    /// A piece's completion (`is_part(c.user_data)`): scatters a read's
+    /// A piece's completion (`UserData::is_part`): scatters a read's
     /// data into the host segments, takes the piece back; the command's
     /// result once its last piece is back.
     ///
     /// # Safety
     /// The contract `submit` was called under holds for the command.
     pub unsafe fn complete(&mut self, c: Completion) -> Option<Finished> {
-        let s = c.user_data as u32;
-        let off = ((c.user_data >> 34) & ((1 << 28) - 1)) << self.shift;
+        let u = UserData::from_raw(c.user_data);
+        let s = u.tag();
+        let off = u.blocks() << self.shift;
         self.in_flight = self.in_flight.saturating_sub(1);
         let piece = match c.data {
             Data::One(b) => Some(b),
@@ -455,12 +442,8 @@ impl Staging {
     /// Command `s` is done: its record is free again.
     fn finish(&mut self, s: u32) -> Finished {
         let slot = &self.slots[s as usize];
-        let kind = if slot.write {
-            crate::io::K_WRITE
-        } else {
-            crate::io::K_READ
-        };
-        let u = crate::io::ud(slot.tag, kind, slot.nlb);
+        let kind = if slot.write { Kind::Write } else { Kind::Read };
+        let u = UserData::new(slot.tag, kind, slot.nlb);
         let r = match slot.err {
             None => Ok(0),
             Some(e) => Err(e),

@@ -2,18 +2,16 @@
 //! namespace's bdev ([`NsChan`]).
 //!
 //! Reads and writes lend the command's data segments to the bdev
-//! (`readv_raw`/`writev_raw`: no copy). The synchronous form polls the
-//! channel until the request completes: null and RAM finish within the
-//! call (`readv_raw_now`); io_uring completes asynchronously and is
-//! polled for (one command at a time: a slow file stalls the queue). The
-//! asynchronous form (`IoQueue::submit`) submits and returns; its
-//! completions come out of `IoQueue::poll`. The bdev takes only segments
-//! of whole blocks (and aligned to its buffer alignment): a command whose
-//! data starts at an offset that is not a multiple of the LBA size has
-//! such segments, and only such a command goes through a block-aligned
-//! bounce buffer, [`BOUNCE`] bytes at a time, synchronously.
+//! (`readv_raw`/`writev_raw`: no copy; `IoQueue::start`). The bdev takes
+//! only segments of whole blocks (and aligned to its buffer alignment):
+//! [`NsChan::misaligned`] tells. A command whose data starts at an offset
+//! that is not a multiple of the LBA size has such segments, and only
+//! such a command goes through a block-aligned bounce buffer, [`BOUNCE`]
+//! bytes at a time, synchronously ([`NsChan::rw_bounce`]: the channel is
+//! polled until each request is back; completions of other requests met
+//! meanwhile are stashed for `IoQueue::poll`).
 //!
-//! An NVMe bdev (a `Bdev` of an NVMe namespace) takes no lent host
+//! An NVMe bdev (`Bdev` with a real transport `T`) takes no lent host
 //! memory, only its controller's DMA buffers (`IoBuf`s): its segments
 //! always count as misaligned (the I/O path of the other backends is
 //! unchanged). Asynchronously (a queue with a depth), its reads and writes
@@ -31,7 +29,9 @@ use pollux_bdev::{
 };
 use pollux_spec::cmd::RwFlags;
 
-use crate::stage::{self, Staging};
+use crate::cursor::Cursor;
+use crate::stage::{Finished, Staging};
+use crate::user_data::UserData;
 
 /// Bytes of the bounce buffer of a namespace channel (a multiple of every
 /// LBA size offered).
@@ -44,10 +44,6 @@ pub(crate) const RAM_ZERO_PIECE: u64 = 16 << 20;
 /// Blocks of an NVMe namespace per such request: 16 commands of the bdev
 /// layer's 65536 blocks (it submits a request's commands at once).
 pub(crate) const NVME_ZERO_PIECE: u64 = 16 << 16;
-
-/// The `user_data` of synchronous requests (bit 62: no asynchronous
-/// request's `user_data` has it; bit 63 is the bdev layer's).
-pub(crate) const SYNC_UD: u64 = 1 << 62;
 
 // An I/O queue may be built on one thread and moved to the one that runs
 // it; it must not hide a channel that is not `Send`.
@@ -92,7 +88,7 @@ pub(crate) struct NsChan {
     bounce: Bounce,
     /// Completions of asynchronous requests met while waiting for a
     /// synchronous one (delivered by the next `IoQueue::poll`).
-    pub stash: VecDeque<(u64, Result<u32, IoError>)>,
+    pub stash: VecDeque<Finished>,
     /// An NVMe bdev's asynchronous reads and writes (a queue with a
     /// depth).
     pub staging: Option<Staging>,
@@ -115,22 +111,22 @@ impl NsChan {
         max_xfer: usize,
     ) -> Result<NsChan, pollux_bdev::Error> {
         let info = bdev.info();
-        let nvme = info.backend == "nvme";
+        let dma_only = !info.caps.host_memory;
         let (shift, len_mask, addr_mask) = (
             info.block_shift(),
             info.block_size as usize - 1,
-            if nvme {
+            if dma_only {
                 usize::MAX
             } else {
                 info.buf_align.max(1) as usize - 1
             },
         );
-        let bounce = if nvme {
+        let bounce = if dma_only {
             Bounce::Pieces(dma_pieces(bdev)?)
         } else {
             Bounce::Host(bdev.alloc_buf(BOUNCE)?)
         };
-        let staging = if nvme && depth > 0 {
+        let staging = if dma_only && depth > 0 {
             Some(Staging::new(bdev, depth, max_xfer)?)
         } else {
             None
@@ -170,7 +166,7 @@ impl NsChan {
         } = self;
         loop {
             ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-                if c.user_data == SYNC_UD {
+                if c.user_data == UserData::SYNC.raw() {
                     res = Some(c.result);
                 } else {
                     stash_async(stash, staging, c);
@@ -198,56 +194,14 @@ impl NsChan {
 
     /// Reads (`write` false) or writes whole blocks at `lba` from or to
     /// the segments, which total a whole number of blocks, synchronously,
-    /// with `flags` (a FUA write returns once durable).
+    /// with `flags` (a FUA write returns once durable), through the bounce
+    /// buffer, `BOUNCE` bytes per request (an NVMe bdev: through its DMA
+    /// pieces, `rw_pieces`): for segments the bdev cannot take
+    /// (`misaligned`).
     ///
     /// # Safety
     /// The segments are valid memory (writable for reads), untouched by
     /// anything else until this returns.
-    #[inline(always)]
-    pub unsafe fn rw(
-        &mut self,
-        write: bool,
-        lba: u64,
-        segs: &[Seg],
-        flags: RwFlags,
-    ) -> Result<(), StoreError> {
-        if self.misaligned(segs) {
-            // SAFETY: forwarded contract.
-            return unsafe { self.rw_bounce(write, lba, segs, flags) };
-        }
-        // Null and RAM finish within the call (no queued completion).
-        // SAFETY: the segments are mapped host memory for the call (the
-        // caller's contract).
-        let now = unsafe {
-            if write {
-                self.ch.writev_raw_now_with(lba, segs, flags)
-            } else {
-                self.ch.readv_raw_now_with(lba, segs, flags)
-            }
-        };
-        if let Some(r) = now {
-            return Ok(r?);
-        }
-        let mut io = self.ch.io();
-        // SAFETY: the segments are mapped host memory (the caller's
-        // contract) and stay so until `wait` has delivered the completion:
-        // the controller lock is held throughout, and nothing in the
-        // emulator touches them meanwhile.
-        unsafe {
-            if write {
-                io.writev_raw_with(lba, segs, flags, SYNC_UD)?
-            } else {
-                io.readv_raw_with(lba, segs, flags, SYNC_UD)?
-            }
-        }
-        Ok(self.wait()?)
-    }
-
-    /// `rw` through the bounce buffer, `BOUNCE` bytes per request (an
-    /// NVMe bdev: through its DMA pieces, `rw_pieces`).
-    ///
-    /// # Safety
-    /// As `rw`.
     #[cold]
     #[inline(never)]
     pub unsafe fn rw_bounce(
@@ -285,9 +239,9 @@ impl NsChan {
             // again: it is re-borrowed below).
             unsafe {
                 if write {
-                    io.writev_raw_with(at, &seg, flags, SYNC_UD)?
+                    io.writev_raw_with(at, &seg, flags, UserData::SYNC.raw())?
                 } else {
-                    io.readv_raw_with(at, &seg, flags, SYNC_UD)?
+                    io.readv_raw_with(at, &seg, flags, UserData::SYNC.raw())?
                 }
             }
             self.wait()?;
@@ -303,12 +257,12 @@ impl NsChan {
         Ok(())
     }
 
-    /// `rw` of `total` bytes (whole blocks) at `lba` through an NVMe
+    /// `rw_bounce` of `total` bytes (whole blocks) at `lba` through an NVMe
     /// bdev's DMA pieces: each command moves the largest piece that fits,
     /// synchronously.
     ///
     /// # Safety
-    /// As `rw`; `cur` is at the start of the command's segments.
+    /// As `rw_bounce`; `cur` is at the start of the command's segments.
     #[cold]
     #[inline(never)]
     unsafe fn rw_pieces(
@@ -342,9 +296,9 @@ impl NsChan {
             }
             let mut io = self.ch.io();
             let r = if write {
-                io.write_with(at, buf, flags, SYNC_UD)
+                io.write_with(at, buf, flags, UserData::SYNC.raw())
             } else {
-                io.read_with(at, buf, flags, SYNC_UD)
+                io.read_with(at, buf, flags, UserData::SYNC.raw())
             };
             if let Err(refused) = r {
                 self.put_piece(k, refused.data);
@@ -384,7 +338,7 @@ impl NsChan {
         } = self;
         loop {
             ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-                if c.user_data == SYNC_UD {
+                if c.user_data == UserData::SYNC.raw() {
                     res = Some(c.result);
                     data = c.data;
                 } else {
@@ -397,23 +351,6 @@ impl NsChan {
             std::hint::spin_loop();
         }
     }
-
-    /// Makes written data durable (synchronously).
-    pub fn flush(&mut self) -> Result<(), StoreError> {
-        self.ch.flush_cache(SYNC_UD)?;
-        Ok(self.wait()?)
-    }
-
-    /// Zeroes `nlb` blocks at `lba`; `dealloc`: deallocates them instead
-    /// (they read back as zeroes either way). Synchronously.
-    pub fn zero(&mut self, lba: u64, nlb: u64, dealloc: bool) -> Result<(), StoreError> {
-        if dealloc {
-            self.ch.unmap(lba, nlb, SYNC_UD)?
-        } else {
-            self.ch.write_zeroes(lba, nlb, SYNC_UD)?
-        }
-        Ok(self.wait()?)
-    }
 }
 
 /// The completion of an asynchronous request met by a synchronous wait:
@@ -422,13 +359,9 @@ impl NsChan {
 /// its last piece is in).
 #[cold]
 #[inline(never)]
-fn stash_async(
-    stash: &mut VecDeque<(u64, Result<u32, IoError>)>,
-    staging: &mut Option<Staging>,
-    c: Completion,
-) {
+fn stash_async(stash: &mut VecDeque<Finished>, staging: &mut Option<Staging>, c: Completion) {
     match staging {
-        Some(st) if stage::is_part(c.user_data) => {
+        Some(st) if UserData::from_raw(c.user_data).is_part() => {
             // SAFETY: `IoQueue::submit`'s contract holds for staged
             // commands until they are delivered, which the stash's next
             // poll does.
@@ -436,7 +369,7 @@ fn stash_async(
                 stash.push_back(done);
             }
         }
-        _ => stash.push_back((c.user_data, c.result)),
+        _ => stash.push_back((UserData::from_raw(c.user_data), c.result)),
     }
 }
 
@@ -453,81 +386,4 @@ fn dma_pieces(bdev: &Bdev) -> Result<Vec<Option<IoBuf>>, pollux_bdev::Error> {
         rest = r;
     }
     Ok(pieces)
-}
-
-/// A position in a segment list, for copies in pieces.
-pub(crate) struct Cursor<'a> {
-    segs: &'a [Seg],
-    i: usize,
-    off: usize,
-}
-
-impl<'a> Cursor<'a> {
-    /// At the start of `segs`.
-    pub fn new(segs: &'a [Seg]) -> Cursor<'a> {
-        Cursor { segs, i: 0, off: 0 }
-    }
-
-    /// Moves `n` bytes on (touches no memory).
-    pub fn skip(&mut self, mut n: usize) {
-        while let Some(s) = self.segs.get(self.i) {
-            let here = s.len - self.off;
-            if n < here {
-                self.off += n;
-                return;
-            }
-            n -= here;
-            self.i += 1;
-            self.off = 0;
-        }
-    }
-
-    /// Copies the next `len` bytes of the segments to `dev`, or
-    /// (`to_host`) `len` bytes at `dev` into them.
-    ///
-    /// # Safety
-    /// As `NsChan::rw`; the segments total at least what is left to copy;
-    /// `dev` is valid for `len` bytes (for writes unless `to_host`) and
-    /// disjoint from host memory.
-    unsafe fn copy(&mut self, dev: *mut u8, len: usize, to_host: bool) {
-        let mut done = 0;
-        while done < len {
-            let Some(s) = self.segs.get(self.i) else {
-                debug_assert!(false, "segments shorter than the transfer");
-                return;
-            };
-            let n = (s.len - self.off).min(len - done);
-            // SAFETY: `off + n <= s.len` bytes of a mapped segment and
-            // `done + n <= len` bytes at `dev` (the caller's contract).
-            unsafe {
-                let host = s.ptr.add(self.off);
-                let dev = dev.add(done);
-                if to_host {
-                    std::ptr::copy_nonoverlapping(dev, host, n)
-                } else {
-                    std::ptr::copy_nonoverlapping(host, dev, n)
-                }
-            }
-            done += n;
-            self.off += n;
-            if self.off == s.len {
-                self.i += 1;
-                self.off = 0;
-            }
-        }
-    }
-
-    /// # Safety
-    /// As `copy`.
-    pub unsafe fn gather(&mut self, dst: &mut [u8]) {
-        // SAFETY: forwarded contract; `dst` is writable for its length.
-        unsafe { self.copy(dst.as_mut_ptr(), dst.len(), false) }
-    }
-
-    /// # Safety
-    /// As `copy`.
-    pub unsafe fn scatter(&mut self, src: &[u8]) {
-        // SAFETY: forwarded contract; `src` is only read (`to_host`).
-        unsafe { self.copy(src.as_ptr().cast_mut(), src.len(), true) }
-    }
 }

@@ -714,6 +714,45 @@ fn async_io_over_ram() {
     assert_eq!(&odd[4096..8192], &wbufs[5][..]);
 }
 
+/// `exec` on a queue with asynchronous commands outstanding: its own
+/// status comes back from the call; the others' completions met while it
+/// waited come out of the next `poll`, counted once.
+#[test]
+fn exec_among_outstanding_async_commands() {
+    let c = Controller::new(subsystem(fabrics(0), 1), 1);
+    let mut q = IoQueue::for_controller(&c, IoQueueOptions { depth: 4 }).unwrap();
+    let mut bufs: Vec<Vec<u8>> = (0..4u8).map(|i| vec![i + 1; 4096]).collect();
+    for (i, b) in bufs.iter_mut().enumerate() {
+        let cmd = q.check(&Sqe::rw(NvmOpcode::Write, 2, i as u64, 1)).unwrap();
+        let s = seg(b);
+        // SAFETY: the buffers live (untouched) until polled below.
+        unsafe { q.submit(10 + i as u32, &cmd, &s) }.unwrap();
+    }
+    // A flush and a Write Zeroes with FUA (several requests) on the same
+    // namespace: polled for within `exec`, which meets the writes.
+    assert_eq!(exec(&mut q, &Sqe::flush(2), &mut []), Status::SUCCESS);
+    let mut wz = Sqe::write_zeroes(2, 8, 4, false);
+    wz.cdw12 |= 1 << 30;
+    assert_eq!(exec(&mut q, &wz, &mut []), Status::SUCCESS);
+    assert_eq!(q.outstanding(), 4);
+    let mut b = vec![0u8; 4096];
+    assert!(exec(&mut q, &Sqe::rw(NvmOpcode::Read, 2, 2, 1), &mut b).is_success());
+    assert!(b.iter().all(|&x| x == 3));
+    let mut got = Vec::new();
+    while q.outstanding() > 0 {
+        q.poll(&mut |t, st| got.push((t, st)));
+    }
+    got.sort_by_key(|g| g.0);
+    assert_eq!(
+        got,
+        (10..14).map(|t| (t, Status::SUCCESS)).collect::<Vec<_>>()
+    );
+    let s = q.stats();
+    assert_eq!((s.writes, s.bytes_written), (4, 4 * 4096));
+    assert_eq!((s.reads, s.bytes_read), (1, 4096));
+    assert_eq!(q.poll(&mut |_, _| panic!("delivered twice")), 0);
+}
+
 #[test]
 fn io_refusals() {
     let c = Controller::new(subsystem(pcie(), 1), 1); // MDTS 8 KiB

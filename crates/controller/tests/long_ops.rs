@@ -255,3 +255,58 @@ fn a_failing_piece_fails_the_command_once() {
     let (st, _) = run(&mut q, &Sqe::flush(0xFFFF_FFFF), &mut []);
     assert_eq!(st, wf);
 }
+
+/// The same commands through `exec` (the emulator's synchronous queue,
+/// depth 0): one call runs them to completion, with the same statuses.
+#[test]
+fn synchronous_long_commands_complete_within_exec() {
+    let (sub, c) = controller();
+    let mut q = IoQueue::for_controller(&c, IoQueueOptions { depth: 0 }).unwrap();
+    let exec = |q: &mut IoQueue, sqe: &Sqe, data: &mut [u8]| {
+        let cmd = q.check(sqe).unwrap();
+        let s = seg(&mut data[..cmd.xfer_len]);
+        let segs: &[RawSeg] = if cmd.xfer_len == 0 { &[] } else { &s };
+        // SAFETY: `data` is ours for the call.
+        unsafe { q.exec(&cmd, segs) }
+    };
+    let blocks = (64 << 20) / 512u64;
+    for slba in [0, blocks - 8] {
+        fill(&mut q, 1, slba, 8, 0xA5);
+    }
+    let mut d = dsm_data(&[(0, blocks as u32)]);
+    let dsm = Sqe::dsm(1, 1, DSM_ATTR_DEALLOCATE, 0);
+    assert_eq!(exec(&mut q, &dsm, &mut d), Status::SUCCESS);
+    for slba in [0, blocks - 8] {
+        assert!(read(&mut q, 1, slba, 8).iter().all(|&b| b == 0));
+    }
+    let mut d = dsm_data(&[(0, 8), (blocks - 4, 8)]);
+    assert_eq!(
+        exec(&mut q, &Sqe::dsm(1, 2, DSM_ATTR_DEALLOCATE, 0), &mut d),
+        Status::generic(generic::LBA_OUT_OF_RANGE)
+    );
+    for slba in [0, 30_000, 65_535] {
+        fill(&mut q, 2, slba, 1, 0x5A);
+    }
+    let mut wz = Sqe::write_zeroes(2, 0, 65536, false);
+    wz.cdw12 |= 1 << 30; // FUA: a flush follows the pieces
+    assert_eq!(exec(&mut q, &wz, &mut []), Status::SUCCESS);
+    for slba in [0, 30_000, 65_535] {
+        assert!(read(&mut q, 2, slba, 1).iter().all(|&b| b == 0));
+    }
+    let all = Sqe::flush(0xFFFF_FFFF);
+    assert_eq!(exec(&mut q, &all, &mut []), Status::SUCCESS);
+    assert_eq!(q.outstanding(), 0);
+    assert_eq!(q.bdev_requests(), 0);
+    // A failed namespace: each fails with its kind's status.
+    assert!(sub.namespace(1).unwrap().bdev().inject_failure());
+    let mut d = dsm_data(&[(0, blocks as u32)]);
+    assert_eq!(
+        exec(&mut q, &dsm, &mut d),
+        Status::generic(generic::INTERNAL_ERROR)
+    );
+    let wf = Status::media(media::WRITE_FAULT);
+    let wz = Sqe::write_zeroes(1, 0, 65536, false);
+    assert_eq!(exec(&mut q, &wz, &mut []), wf);
+    assert_eq!(exec(&mut q, &all, &mut []), wf);
+    assert_eq!(exec(&mut q, &Sqe::flush(2), &mut []), Status::SUCCESS);
+}

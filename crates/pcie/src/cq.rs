@@ -13,9 +13,8 @@ use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::Result;
 use pollux_nvme::{CompletionQueue, CqeSink, WireCounters};
 
-use crate::mmio::Doorbell;
+use crate::doorbell::{Doorbell, Shadow};
 use crate::platform::irq::IrqFd;
-use crate::sq::Shadow;
 
 /// The completion half of a PCIe queue pair.
 pub struct PcieCq {

@@ -1,15 +1,17 @@
 //! pollux-pcie — NVMe over PCIe: the transport under `pollux-nvme`'s host
 //! core.
 //!
-//! Layers, bottom up: `mmio` (BAR0 register access and doorbells) →
-//! `platform` (how BAR0 is mapped and DMA memory gets bus addresses:
-//! vfio-pci or uio_pci_generic here; the emulated controller brings its
-//! own, `pollux_softnvme::SoftPlatform`) → `prp` (data
-//! pointers) → `sq` (the submission ring: the submit path's wire side) and
-//! `cq` (the completion ring: the poll path's wire side) → `transport`
-//! (`Pcie`, the `pollux_nvme::Transport`: admin queue registers, queue
-//! creation, shadow doorbells). Trackers, splitting, the backlog, timeouts
-//! and recovery live in `pollux-nvme`, written once for every transport.
+//! Layers, bottom up: `mmio` (BAR0 register access) → `platform` (how
+//! BAR0 is mapped and DMA memory gets bus addresses: vfio-pci or
+//! uio_pci_generic here; the emulated controller brings its own,
+//! `pollux_softnvme::SoftPlatform`) → `doorbell` (a queue's doorbell
+//! register, holding its platform, and its shadow doorbell slots) → `prp`
+//! (data pointers) → `sq` (the submission ring: the submit path's wire
+//! side) and `cq` (the completion ring: the poll path's wire side) →
+//! `transport` (`Pcie`, the `pollux_nvme::Transport`: admin queue
+//! registers, queue creation, shadow doorbells). Trackers, splitting, the
+//! backlog, timeouts and recovery live in `pollux-nvme`, written once for
+//! every transport.
 //!
 //! ```no_run
 //! use pollux_pcie::{ControllerOptions, QpairOptions};
@@ -31,6 +33,7 @@
 //! assert_eq!(data.len(), 4096);
 //! ```
 pub mod cq;
+pub mod doorbell;
 pub mod mmio;
 pub mod platform;
 pub mod prp;

@@ -22,21 +22,11 @@
 //! ctrl.transport().platform().bar0().write32(0x1008, 5).unwrap(); // error: private (or unsafe)
 //! # }
 //! ```
-//!
-//! ```compile_fail
-//! # fn f(ctrl: &pollux_pcie::Controller) {
-//! let bell = pollux_pcie::mmio::Doorbell::new(ctrl.transport().platform(), 0x1008).unwrap(); // error[E0624]: private
-//! bell.write(5);
-//! # }
-//! ```
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, Ordering};
-use std::sync::Arc;
 
 use pollux_nvme::error::{Error, Result};
 use pollux_nvme::Registers;
-
-use crate::platform::Platform;
 
 /// A mapped register window, borrowed from the platform that maps it.
 #[derive(Debug)]
@@ -69,7 +59,7 @@ impl Mmio {
     }
 
     /// The register at `off`, or an error naming the offset.
-    fn reg(&self, off: usize) -> Result<&AtomicU32> {
+    pub(crate) fn reg(&self, off: usize) -> Result<&AtomicU32> {
         if !off.is_multiple_of(4) || off.checked_add(4).is_none_or(|end| end > self.len) {
             return Err(Error::Platform(format!(
                 "register offset {off:#x} is outside BAR0 ({:#x} bytes) or unaligned",
@@ -120,43 +110,6 @@ impl Registers for Mmio {
     }
 }
 
-/// One doorbell register, for the hot path. It holds the platform that
-/// maps the BAR, so it can never outlive the mapping; bounds are checked
-/// once, when it is made. Only this crate makes and rings them (each
-/// queue its own).
-pub struct Doorbell {
-    reg: NonNull<AtomicU32>,
-    _platform: Arc<dyn Platform>,
-}
-
-// SAFETY: a doorbell is an atomic register in a mapping kept alive by
-// `_platform` (itself Send + Sync); writing it from any thread is fine.
-unsafe impl Send for Doorbell {}
-
-impl Doorbell {
-    /// The register at `off` of `platform`'s BAR0.
-    pub(crate) fn new(platform: &Arc<dyn Platform>, off: usize) -> Result<Doorbell> {
-        let reg = NonNull::from(platform.bar0().reg(off)?);
-        Ok(Doorbell {
-            reg,
-            _platform: platform.clone(),
-        })
-    }
-
-    #[inline(always)]
-    pub(crate) fn write(&self, v: u32) {
-        // SAFETY: points into BAR0 of `_platform`, which this doorbell keeps
-        // alive (and so mapped); bounds were checked in `new`.
-        unsafe { self.reg.as_ref() }.store(v, Ordering::Release)
-    }
-}
-
-impl std::fmt::Debug for Doorbell {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Doorbell").field("reg", &self.reg).finish()
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -178,66 +131,5 @@ mod tests {
         assert!(e.contains(&format!("{off:#x}")), "{e}");
         assert!(bar.write32(4095, 1).is_err(), "unaligned");
         assert!(bar.read64(usize::MAX - 3).is_err(), "overflowing offset");
-    }
-
-    /// A doorbell keeps the platform that maps BAR0 alive: writing it after
-    /// every other handle is gone still hits mapped memory. Before,
-    /// `Doorbell` was `Copy` with no lifetime, so this was a use after
-    /// unmap.
-    #[test]
-    fn doorbell_outlives_every_other_handle() {
-        /// Stands in for a platform: its BAR0 is memory it owns, and it
-        /// tells when it is dropped (so the BAR with it).
-        struct Bar {
-            bar: Mmio,
-            regs: NonNull<u32>,
-            _alive: Arc<()>,
-        }
-        // SAFETY: `regs` is owned by `Bar` (freed in its drop) and only
-        // accessed atomically through `bar`.
-        unsafe impl Send for Bar {}
-        // SAFETY: as above.
-        unsafe impl Sync for Bar {}
-        impl Drop for Bar {
-            fn drop(&mut self) {
-                // SAFETY: made by `Box::into_raw` of a 2048-word slice below,
-                // freed once, here.
-                drop(unsafe {
-                    Box::from_raw(std::ptr::slice_from_raw_parts_mut(self.regs.as_ptr(), 2048))
-                });
-            }
-        }
-        impl Platform for Bar {
-            fn describe(&self) -> String {
-                "test BAR".into()
-            }
-            fn bar0(&self) -> &Mmio {
-                &self.bar
-            }
-            fn alloc_dma(&self, _: usize) -> Result<pollux_nvme::DmaBuffer> {
-                Err(Error::Unsupported("no DMA".into()))
-            }
-        }
-        let regs = Box::into_raw(vec![0u32; 2048].into_boxed_slice()).cast::<u32>();
-        let regs = NonNull::new(regs).unwrap();
-        let alive = Arc::new(());
-        let weak = Arc::downgrade(&alive);
-        // SAFETY: 8 KiB, 4-byte aligned, freed only when `Bar` drops (after
-        // `bar`, which it owns, is gone).
-        let bar = unsafe { Mmio::new(regs.cast(), 8192) };
-        let p: Arc<dyn Platform> = Arc::new(Bar {
-            bar,
-            regs,
-            _alive: alive,
-        });
-        let db = Doorbell::new(&p, pollux_spec::regs::off::DOORBELL_BASE).unwrap();
-        drop(p);
-        assert!(
-            weak.upgrade().is_some(),
-            "the doorbell keeps the platform (and its BAR) alive"
-        );
-        db.write(1);
-        drop(db);
-        assert!(weak.upgrade().is_none(), "and releases it when dropped");
     }
 }

@@ -5,55 +5,14 @@
 //! non-temporal stores); PRPs beyond the second page go into the tracker's
 //! own slice of one per-queue list pool, found by index from the CID.
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{fence, AtomicU32, Ordering};
 
 use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::{SubmissionQueue, SubmitError, WireCounters};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
 use pollux_spec::Sqe;
 
-use crate::mmio::Doorbell;
+use crate::doorbell::{Doorbell, Shadow};
 use crate::prp;
-
-/// Shadow doorbell and event index slots of one queue (in host memory
-/// shared with the controller, see `transport::DbBuf`).
-pub(crate) struct Shadow {
-    pub(crate) value: NonNull<AtomicU32>,
-    pub(crate) event: NonNull<AtomicU32>,
-    /// Keeps the shadow pages alive.
-    pub(crate) _pages: std::sync::Arc<crate::transport::DbBuf>,
-}
-
-/// NVMe's (and Linux's `nvme_dbbuf_need_event`) rule: an MMIO write is
-/// needed iff the event index lies in [old, new).
-#[inline(always)]
-pub(crate) fn need_event(event: u16, new: u16, old: u16) -> bool {
-    new.wrapping_sub(event).wrapping_sub(1) < new.wrapping_sub(old)
-}
-
-impl Shadow {
-    /// Zeroes the shadow value and event index (before the queue exists).
-    pub(crate) fn clear(&self) {
-        // SAFETY: see `publish`.
-        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
-        v.store(0, Ordering::Release);
-        e.store(0, Ordering::Release);
-    }
-
-    /// Publishes `new` (the previous value was `old`); true if the MMIO
-    /// doorbell must be written too.
-    #[inline(always)]
-    pub(crate) fn publish(&self, new: u32, old: u32) -> bool {
-        // SAFETY: both point into the shadow/event pages that `_pages` keeps
-        // alive; they are 4-byte aligned slots inside one 4 KiB page.
-        let (v, e) = unsafe { (self.value.as_ref(), self.event.as_ref()) };
-        v.store(new, Ordering::Release);
-        // The device must see the new value before we read its event index
-        // (Linux: mb() in nvme_dbbuf_update_and_check_event).
-        fence(Ordering::SeqCst);
-        need_event(e.load(Ordering::Acquire) as u16, new as u16, old as u16)
-    }
-}
 
 /// Copies one SQE into its ring slot with non-temporal stores.
 #[inline(always)]
@@ -328,22 +287,5 @@ fn prp_error(e: prp::PrpError, iova: u64) -> SubmitError {
         prp::PrpError::NotPageAligned | prp::PrpError::ListTooSmall { .. } => {
             SubmitError::BadBuffer
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn need_event_matches_linux() {
-        // Event index inside [old, new): MMIO needed.
-        assert!(need_event(5, 6, 5));
-        assert!(need_event(5, 10, 3));
-        // Event index behind old (device polls): not needed.
-        assert!(!need_event(4, 10, 5));
-        assert!(!need_event(u16::MAX, 3, 0));
-        // Event index at or past new: not needed.
-        assert!(!need_event(10, 10, 5));
     }
 }

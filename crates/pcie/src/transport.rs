@@ -13,32 +13,10 @@ use pollux_spec::regs::{self, Aqa};
 use pollux_spec::Sqe;
 
 use crate::cq::{CqConfig, PcieCq};
-use crate::mmio::{Doorbell, Mmio};
+use crate::doorbell::{DbBuf, Doorbell, Shadow};
+use crate::mmio::Mmio;
 use crate::platform::Platform;
-use crate::sq::{PcieSq, Shadow, SqConfig};
-
-/// Shadow doorbell and event index pages (Doorbell Buffer Config).
-pub(crate) struct DbBuf {
-    shadow: DmaBuffer,
-    eventidx: DmaBuffer,
-}
-
-impl DbBuf {
-    /// Zeroes both pages with atomic stores: queue pairs of other threads
-    /// may be publishing to their slots at the same time.
-    fn clear(&self) {
-        for buf in [&self.shadow, &self.eventidx] {
-            for i in 0..buf.len() / 4 {
-                // SAFETY: each buffer is at least one 4 KiB page, 4-byte
-                // aligned; every access to these pages is atomic.
-                unsafe {
-                    std::sync::atomic::AtomicU32::from_ptr(buf.as_ptr().cast::<u32>().add(i))
-                }
-                .store(0, std::sync::atomic::Ordering::Release);
-            }
-        }
-    }
-}
+use crate::sq::{PcieSq, SqConfig};
 
 /// A PCIe NVMe controller reached through a `Platform` (vfio-pci,
 /// uio_pci_generic, or the emulated controller).

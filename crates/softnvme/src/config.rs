@@ -27,6 +27,8 @@ pub const MAX_IO_QUEUES: u16 = 1024;
 pub const MAX_DSTRD: u8 = 8;
 /// Largest MDTS accepted (4 KiB << 16 = 256 MiB).
 pub const MAX_MDTS: u8 = 16;
+/// Most commands deferred (delayed or dropped) at once per controller.
+pub const DEFERRED_LIMIT: usize = 4096;
 
 /// Configuration of one emulated controller.
 #[derive(Clone, Debug)]

@@ -16,12 +16,11 @@ use std::time::{Duration, Instant};
 
 use pollux_spec::{NvmOpcode, Sqe, Status};
 
+use crate::config::DEFERRED_LIMIT;
 use crate::queue::Completion;
 
 /// Most fault rules installed at once.
 pub const MAX_FAULT_RULES: usize = 256;
-/// Most commands deferred (delayed or dropped) at once per controller.
-pub const DEFERRED_LIMIT: usize = 4096;
 
 /// Which queues a rule applies to.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

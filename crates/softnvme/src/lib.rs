@@ -54,11 +54,12 @@ mod stats;
 mod thread;
 
 pub use config::{
-    BackendConfig, NamespaceConfig, SoftConfig, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS, MAX_NAMESPACES,
+    BackendConfig, NamespaceConfig, SoftConfig, DEFERRED_LIMIT, MAX_DSTRD, MAX_IO_QUEUES, MAX_MDTS,
+    MAX_NAMESPACES,
 };
 pub use device::{SoftClaim, SoftDevice};
 pub use error::SoftError;
-pub use fault::{FaultAction, FaultRule, QueueSel, DEFERRED_LIMIT, MAX_FAULT_RULES};
+pub use fault::{FaultAction, FaultRule, QueueSel, MAX_FAULT_RULES};
 pub use iommu::MAX_MAPPINGS;
 pub use irq::MAX_IRQ_VECTORS;
 pub use platform::{SoftMode, SoftPlatform};

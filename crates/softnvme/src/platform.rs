@@ -45,10 +45,12 @@ pub enum SoftMode {
 
 /// The emulated controller's platform: open `pollux_pcie`'s driver on it.
 ///
-/// ```no_run
+/// ```
 /// use pollux_pcie::{ControllerOptions, QpairOptions};
-/// use pollux_softnvme::{SoftConfig, SoftDevice, SoftMode, SoftPlatform};
-/// let dev = SoftDevice::new(SoftConfig::default()).unwrap();
+/// use pollux_softnvme::{BackendConfig, NamespaceConfig, SoftConfig, SoftDevice, SoftMode, SoftPlatform};
+/// let ns = NamespaceConfig { backend: BackendConfig::Ram, lba_shift: 9, size_bytes: 1 << 20 };
+/// let cfg = SoftConfig { namespaces: vec![ns], ..SoftConfig::default() };
+/// let dev = SoftDevice::new(cfg).unwrap();
 /// let platform = Box::new(SoftPlatform::new(dev, SoftMode::Inline));
 /// let ctrl = pollux_pcie::open(platform, ControllerOptions::default()).unwrap();
 /// let ns = ctrl.namespaces()[0];

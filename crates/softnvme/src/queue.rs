@@ -24,8 +24,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use pollux_spec::{Sqe, Status};
 
-use crate::config::MAX_IO_QUEUES;
-use crate::fault::DEFERRED_LIMIT;
+use crate::config::{DEFERRED_LIMIT, MAX_IO_QUEUES};
 
 /// Most completions a CQ's backlog can hold; never reached.
 ///

@@ -23,9 +23,9 @@ use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
 use super::{gen, AdminResult, AfterKind};
-use crate::admin::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::ctrl::Controller;
 use crate::errlog::ERROR_LOG_ENTRIES;
+use crate::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
 use crate::subsystem::Personality;
 
 /// SGLS bit 0 (SGLs supported, no alignment requirement).

@@ -16,8 +16,8 @@ use pollux_spec::Sqe;
 use zerocopy::IntoBytes;
 
 use super::{gen, spec, AdminResult, AfterKind};
-use crate::admin::features::COMPOSITE_TEMP;
 use crate::ctrl::Controller;
+use crate::features::COMPOSITE_TEMP;
 use crate::subsystem::Personality;
 
 /// Get Log Page CDW10 bit 15: Retain Asynchronous Event.

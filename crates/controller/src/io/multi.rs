@@ -1,9 +1,9 @@
-//! Commands an asynchronous I/O queue runs as several bdev requests, a
-//! bounded amount at a time: Dataset Management (a deallocate per range),
-//! Write Zeroes over more blocks than one request of its namespace covers
-//! (`NsChan::zero_piece`) or with Force Unit Access (a flush of its
-//! namespace once every piece is back), and Flush of every namespace
-//! (NSID FFFFFFFFh).
+//! Commands an I/O queue runs as several bdev requests, a bounded amount
+//! at a time (`IoQueue::exec` polls until they are over): Dataset
+//! Management (a deallocate per range), Write Zeroes over more blocks than
+//! one request of its namespace covers (`NsChan::zero_piece`) or with
+//! Force Unit Access (a flush of its namespace once every piece is back),
+//! and Flush of every namespace (NSID FFFFFFFFh).
 //!
 //! None of them runs to completion within `IoQueue::submit` or
 //! `IoQueue::poll`: a command has at most one request in flight per
@@ -19,18 +19,17 @@
 //! command is outstanding: the read/write path pays one test per poll).
 //! A command completes once its last request is back: with success, or,
 //! if a request failed or was refused (the rest are then not sent), with
-//! its kind's failure: Internal Error for Dataset Management (as the
-//! synchronous path), Write Fault for the others.
+//! its kind's failure: Internal Error for Dataset Management, Write Fault
+//! for the others.
 use pollux_spec::cmd::DsmRange;
 use pollux_spec::status::{generic, media};
 use pollux_spec::Status;
 use zerocopy::FromBytes;
 
-use super::{copy_from_segs, gen, lba_ok, ud, IoCmd, IoOp, IoQueue, Seg, K_OTHER};
-
-/// The tag bit of these commands' bdev requests (tags of `submit` are
-/// below it).
-pub(crate) const KID: u32 = 1 << 31;
+use super::{gen, lba_ok, IoQueue, Seg};
+use crate::command::{IoCmd, IoOp};
+use crate::cursor::copy_from_segs;
+use crate::user_data::{Kind, UserData, KID};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
@@ -112,14 +111,14 @@ impl Multis {
 }
 
 impl IoQueue {
-    /// `submit` of a Dataset Management, a Flush of every namespace or a
+    /// `start` of a Dataset Management, a Flush of every namespace or a
     /// Write Zeroes larger than one piece: its status if it ends within
     /// the call (nothing to do, refused), else None (`poll` delivers it).
     ///
     /// # Safety
     /// As `submit` (a Dataset Management's ranges are read within the
     /// call).
-    pub(super) unsafe fn submit_multi(
+    pub(super) unsafe fn start_multi(
         &mut self,
         tag: u32,
         cmd: &IoCmd,
@@ -220,7 +219,7 @@ impl IoQueue {
     fn pump(&mut self, slot: usize) -> Option<Multi> {
         let IoQueue { ns, multi, .. } = self;
         let m = multi.slots.get_mut(slot)?.as_mut()?;
-        let kid = ud(KID | slot as u32, K_OTHER, 0);
+        let kid = UserData::new(KID | slot as u32, Kind::Other, 0).raw();
         while !m.failed && (m.out == 0 || m.work == Work::Flush) {
             let Some(&(i, slba, nlb)) = m.todo.last() else {
                 // Every piece is back: the flush that makes them durable.

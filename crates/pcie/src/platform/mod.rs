@@ -12,11 +12,15 @@ use crate::mmio::Mmio;
 pub mod hugemem;
 pub mod irq;
 #[cfg(target_os = "linux")]
+mod open;
+#[cfg(target_os = "linux")]
 pub mod pci;
 #[cfg(target_os = "linux")]
 pub mod uio;
 #[cfg(target_os = "linux")]
 pub mod vfio;
+#[cfg(target_os = "linux")]
+pub use open::open_pcie;
 
 /// Controller quirks, handled in one place. Each flag says why it exists.
 ///
@@ -95,31 +99,5 @@ pub fn quirks_for(ids: (u16, u16)) -> Quirks {
         // QEMU: nothing beyond 4-byte register access (see `Quirks`).
         QEMU_NVME => Quirks::default(),
         _ => Quirks::default(),
-    }
-}
-
-/// Opens the PCIe controller at `bdf` (e.g. `0000:01:00.0`) through the
-/// user-space driver it is bound to: vfio-pci or uio_pci_generic.
-#[cfg(target_os = "linux")]
-pub fn open_pcie(bdf: &str) -> Result<Box<dyn Platform>> {
-    use crate::error::Error;
-    let bdf = pci::normalize_bdf(bdf)?;
-    let class = pci::class(&bdf)?;
-    if class != pci::NVME_CLASS {
-        return Err(Error::Platform(format!(
-            "{bdf} is not an NVMe controller (PCI class {class:#08x}, want {:#08x})",
-            pci::NVME_CLASS
-        )));
-    }
-    match pci::current_driver(&bdf)?.as_deref() {
-        Some("vfio-pci") => Ok(Box::new(vfio::VfioPlatform::open(&bdf)?)),
-        Some("uio_pci_generic") => Ok(Box::new(uio::UioPlatform::open(&bdf)?)),
-        Some(other) => Err(Error::Platform(format!(
-            "{bdf} is bound to the kernel driver {other}, not to vfio-pci or uio_pci_generic: \
-             run `pollux setup bind {bdf}` (it refuses controllers with mounted file systems)"
-        ))),
-        None => Err(Error::Platform(format!(
-            "{bdf} is not bound to any driver: run `pollux setup bind {bdf}`"
-        ))),
     }
 }

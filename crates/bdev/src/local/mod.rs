@@ -9,6 +9,8 @@
 //!
 //! A RAM disk may simulate a volatile write cache (a testing aid for
 //! durability: [`VolatileCache`]).
+pub(crate) mod config;
+
 use std::collections::VecDeque;
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
@@ -19,6 +21,28 @@ use pollux_spec::cmd::RwFlags;
 
 use crate::data::{Completion, Data, RawSeg};
 use crate::error::{IoError, Refused, SubmitError};
+use crate::info::{random_uuid, BdevInfo, Caps};
+
+/// A null (or, with `ram`, RAM) bdev's description.
+pub(crate) fn describe(name: &str, block_size: u32, num_blocks: u64, is_ram: bool) -> BdevInfo {
+    BdevInfo {
+        name: name.to_string(),
+        uuid: random_uuid(),
+        block_size,
+        num_blocks,
+        buf_align: 1,
+        max_transfer: u32::MAX,
+        backend: if is_ram { "ram" } else { "null" },
+        caps: Caps {
+            flush: true,
+            write_zeroes: true,
+            unmap: true,
+            reset: true,
+            nvme_passthru: false,
+            host_memory: true,
+        },
+    }
+}
 
 /// A RAM disk's memory: zeroed anonymous pages, as 64-bit words.
 pub(crate) struct RamStore {

@@ -1,0 +1,53 @@
+//! The decoder of `bdev_nvme_attach_controller` (see [`crate::config`]).
+use std::collections::BTreeMap;
+
+use serde_json::{Map, Value};
+
+use crate::params::{ParamError, Params};
+
+/// `bdev_nvme_attach_controller`: what the caller needs to open the
+/// controller. Its bdevs are named [`bdev_name`](Self::bdev_name).
+#[derive(Clone, Debug, PartialEq)]
+pub struct NvmeAttach {
+    /// The controller's name, prefix of its bdevs' names.
+    pub name: String,
+    /// As given (`pcie`, `rdma`, ..., or a transport of the caller's own).
+    pub trtype: String,
+    pub traddr: Option<String>,
+    /// Every other parameter, unchanged: the caller interprets them and
+    /// refuses those it does not know.
+    pub params: BTreeMap<String, Value>,
+}
+
+impl NvmeAttach {
+    /// SPDK's name of namespace `nsid`'s bdev: `<name>n<nsid>`.
+    pub fn bdev_name(&self, nsid: u32) -> String {
+        format!("{}n{nsid}", self.name)
+    }
+}
+
+/// `bdev_nvme_attach_controller`: its own parameters are read, the rest
+/// go to the caller unchanged.
+pub(crate) fn attach_controller(obj: &Map<String, Value>) -> Result<NvmeAttach, ParamError> {
+    // Only these are read here; the rest go to the caller.
+    const OWN: &[&str] = &["name", "trtype", "traddr"];
+    let own: Map<String, Value> = obj
+        .iter()
+        .filter(|(k, _)| OWN.contains(&k.as_str()))
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    let p = Params::with_known("bdev_nvme_attach_controller", &own, OWN)?;
+    let name = p.required("name", p.name(true)?)?.to_string();
+    let trtype = p.str_req("trtype")?.to_string();
+    let traddr = p.str_opt("traddr")?.map(str::to_string);
+    Ok(NvmeAttach {
+        name,
+        trtype,
+        traddr,
+        params: obj
+            .iter()
+            .filter(|(k, _)| !OWN.contains(&k.as_str()))
+            .map(|(k, v)| (k.clone(), v.clone()))
+            .collect(),
+    })
+}
