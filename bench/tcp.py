@@ -283,7 +283,7 @@ def main():
     if have_bound:
         bm, blo, bhi = med_range(bound)
         sm, slo, shi = med_range(share)
-        print(f"== 1b. what the kernel alone moves over loopback (crates/target/examples/loopback_bound.rs: a bare"
+        print(f"== 1b. what the kernel alone moves over loopback (crates/nvmf/examples/loopback_bound.rs: a bare"
               f" polling sender on core 0 of 24 B + 4 KiB PDUs, {BOUND_BATCH} per writev, to a bare reader on core 1, no requests"
               f" the other way), interleaved with the runs above")
         print(f"   bare kernel median {fmt(bm)} PDUs/s (range {fmt(blo)} .. {fmt(bhi)}); target/bare median {sm:.2f}"

@@ -13,5 +13,5 @@ if ! command -v valgrind >/dev/null && [[ $(id -u) -eq 0 ]]; then
     apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq valgrind >/dev/null
 fi
 cargo build --release --locked -p pollux-cli
-cargo build --release --locked -p pollux-target --example loopback_bound
+cargo build --release --locked -p pollux-nvmf --example loopback_bound
 exec python3 bench/tcp.py "$@"

@@ -1,6 +1,6 @@
 //! The host library over its transports: `connect` from a transport ID,
 //! the emulated controller through a caller's `Emulator`, an NVMe/TCP
-//! controller of a `pollux-target`, and queue pairs of both driven by one
+//! controller of a `pollux-nvmf`, and queue pairs of both driven by one
 //! handler type in one loop, with the data checked.
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,18 +45,18 @@ impl Emulator for Inline {
     }
 }
 
-fn ram_target() -> pollux_target::Target {
-    let mut cfg = pollux_target::TargetConfig::default();
+fn ram_target() -> pollux_nvmf::Target {
+    let mut cfg = pollux_nvmf::TargetConfig::default();
     cfg.bdevs
         .push(pollux_bdev::Bdev::ram("Malloc0", 512, 2048).unwrap());
-    let mut s = pollux_target::SubsystemConfig::new(NQN);
-    s.namespaces.push(pollux_target::NamespaceConfig {
+    let mut s = pollux_nvmf::SubsystemConfig::new(NQN);
+    s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);
-    pollux_target::Target::start(cfg, &[0], pollux_target::RuntimeOptions::default()).unwrap()
+    pollux_nvmf::Target::start(cfg, &[0], pollux_nvmf::RuntimeOptions::default()).unwrap()
 }
 
 /// Writes then reads back `n` blocks per queue pair, one request in

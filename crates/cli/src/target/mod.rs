@@ -1,4 +1,4 @@
-//! `pollux target`: an NVMe/TCP target (pollux-target) from quick flags
+//! `pollux target`: an NVMe/TCP target (pollux-nvmf) from quick flags
 //! (one subsystem, one namespace — or every namespace of the `--nvme`
 //! controller) or SPDK's JSON configuration (`-c`).
 //!
@@ -13,7 +13,7 @@ use std::time::Duration;
 use clap::Args;
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::{Bdev, UringOptions};
-use pollux_target::{
+use pollux_nvmf::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
@@ -104,9 +104,9 @@ pub enum TargetCliError {
     #[error(transparent)]
     Bad(#[from] BadOption),
     #[error(transparent)]
-    Target(#[from] pollux_target::TargetError),
+    Target(#[from] pollux_nvmf::TargetError),
     #[error(transparent)]
-    Config(#[from] pollux_target::ConfigError),
+    Config(#[from] pollux_nvmf::ConfigError),
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
@@ -122,7 +122,7 @@ fn bad(
 
 /// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
 fn handshake_timeout(v: &str) -> Result<Duration, TargetCliError> {
-    let max = pollux_target::config::MAX_HANDSHAKE_TIMEOUT;
+    let max = pollux_nvmf::config::MAX_HANDSHAKE_TIMEOUT;
     let why = format!(
         "expected seconds (decimals allowed) from 0.001 to {}",
         max.as_secs()
@@ -266,7 +266,7 @@ pub fn config(
         t.send_iov = n;
     }
     cfg.validate().map_err(|e| match e {
-        pollux_target::ConfigError::Transport { option, value, why } => bad(
+        pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
                 "in_capsule_data_size" => "--in-capsule-data-size",
                 "max_queue_depth" => "--max-queue-depth",
@@ -277,7 +277,7 @@ pub fn config(
             value,
             why,
         ),
-        pollux_target::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
+        pollux_nvmf::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
             bad("--nqn/--host", nqn, why)
         }
         other => TargetCliError::Config(other),

@@ -1,0 +1,300 @@
+//! Fabrics commands: Connect (admin and I/O queues, host allow lists,
+//! SQSIZE/QID checks, dynamic controller IDs), Property Get/Set and
+//! Disconnect.
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use pollux_runtime::ThreadCtx;
+use pollux_spec::fabrics::{
+    fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
+    ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+    CONNECT_DATA_LEN,
+};
+use pollux_spec::status::generic;
+use pollux_spec::{Sqe, Status};
+use zerocopy::FromBytes;
+
+use crate::model::Ctrl;
+use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
+use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
+
+impl Qpair {
+    /// A command on a queue not yet connected: only Connect.
+    /// (`ok`: the Connect data's digest matched, or there was none; the
+    /// data is in `scratch`.)
+    pub(crate) fn unbound_command<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        sqe: &Sqe,
+        ok: bool,
+    ) {
+        if FcType::of(sqe) != Some(FcType::Connect) {
+            return self.answer(x, sqe.cid, gen(generic::COMMAND_SEQUENCE_ERROR), 0);
+        }
+        if !ok {
+            return self.answer(x, sqe.cid, gen(generic::TRANSIENT_TRANSPORT_ERROR), 0);
+        }
+        match self.connect::<X>(ctx, sqe) {
+            Ok(cntlid) => {
+                let dw0 = ConnectResponse::Success { cntlid, authreq: 0 }.dw0();
+                self.advance_sqhd();
+                self.answer(x, sqe.cid, Status::SUCCESS, dw0);
+            }
+            Err((status, dw0)) => self.answer(x, sqe.cid, status, dw0),
+        }
+    }
+
+    /// Connect: binds the queue to a new controller (admin queue) or to
+    /// the host's controller (I/O queue), with its slots.
+    fn connect<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        sqe: &Sqe,
+    ) -> Result<u16, (Status, u32)> {
+        let cmd = ConnectCmd::from_sqe(sqe);
+        let invalid = |iattr, ipo| {
+            (
+                fabrics_status(fabrics_sc::CONNECT_INVALID_PARAMETERS),
+                ConnectResponse::InvalidParam { iattr, ipo }.dw0(),
+            )
+        };
+        use pollux_spec::fabrics::connect_ipo as ipo;
+        match Sgl::from_sqe(sqe) {
+            Ok(Sgl::InCapsule { offset: 0, len }) if len == CONNECT_DATA_LEN => {}
+            Ok(Sgl::InCapsule { offset: 0, .. }) => {
+                return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0))
+            }
+            Ok(Sgl::InCapsule { .. }) => return Err((gen(generic::SGL_OFFSET_INVALID), 0)),
+            Ok(_) => return Err((gen(generic::SGL_TYPE_INVALID), 0)),
+            Err(e) => return Err((e.status(), 0)),
+        }
+        if self.scratch.len() < CONNECT_DATA_LEN as usize {
+            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+        }
+        if cmd.recfmt != 0 {
+            return Err((fabrics_status(fabrics_sc::INCOMPATIBLE_FORMAT), 0));
+        }
+        let Ok(data) = ConnectData::read_from_bytes(&self.scratch[..CONNECT_DATA_LEN as usize])
+        else {
+            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+        };
+        let Ok(subnqn) = data.subnqn() else {
+            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+        };
+        // An empty HOSTNQN (SPDK's host sends one unless told a host NQN)
+        // is a host without a name: accepted where any host may connect,
+        // as SPDK's nvmf_tgt and Linux's nvmet do, refused by allow lists.
+        let hostnqn = match data.hostnqn() {
+            Ok(h) => h,
+            Err(pollux_spec::fabrics::NqnError::Empty) => "",
+            Err(_) => return Err(invalid(ParamIn::Data, ipo::DATA_HOSTNQN)),
+        };
+        let shared = self.shared.clone();
+        let Some(sid) = shared.find(subnqn) else {
+            tracing::info!(peer = %self.peer, subnqn, "Connect to an unknown subsystem");
+            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+        };
+        if let SubsysId::Nvm(k) = sid {
+            let e = &shared.subsystems[k];
+            if !e.listeners.contains(&self.local) {
+                tracing::info!(peer = %self.peer, subnqn, local = %self.local, "Connect on a listener of another subsystem");
+                return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+            }
+            if hostnqn.is_empty() && !e.allow_any_host {
+                tracing::warn!(peer = %self.peer, subnqn, "Connect with an empty host NQN refused: the subsystem allows only listed hosts");
+                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
+            }
+            if !e.allows(hostnqn) {
+                tracing::warn!(peer = %self.peer, subnqn, hostnqn, "Connect refused: host not allowed by the subsystem");
+                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
+            }
+        }
+        if cmd.sqsize == 0 {
+            return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+        }
+        // A queue of an NVM subsystem takes a place among the data hosts'
+        // connections (discovery and handshakes have their own budget).
+        let data_slot = match sid {
+            SubsysId::Discovery => None,
+            SubsysId::Nvm(_) => {
+                let max = shared.opts.max_connections;
+                match crate::shared::DataSlot::take(&shared.data_conns, max) {
+                    Some(d) => Some(d),
+                    None => {
+                        tracing::warn!(peer = %self.peer, subnqn, hostnqn, max_connections = max, "Connect refused: max_connections queues of NVM subsystems are connected");
+                        return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+                    }
+                }
+            }
+        };
+        let entries = cmd.queue_entries();
+        let me = ConnRef {
+            thread: self.thread,
+            conn: self.id,
+            close: X::close_queue,
+        };
+        let cntlid;
+        if cmd.qid == 0 {
+            if entries > shared.opts.max_aq_depth as u32 {
+                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            }
+            if data.cntlid != CNTLID_DYNAMIC {
+                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+            }
+            let model = shared.subsys(sid);
+            let host = hostnqn.to_string();
+            let mut slot_ctrl = None;
+            let kato = if sid == SubsysId::Discovery && cmd.kato == 0 {
+                DISCOVERY_KATO_MS
+            } else {
+                cmd.kato
+            };
+            let id = shared.table().insert(|id| {
+                let mut c = Ctrl::new(model, id);
+                c.set_kato(kato);
+                let c = Arc::new(Mutex::new(c));
+                slot_ctrl = Some(c.clone());
+                CtrlEntry {
+                    subsys: sid,
+                    hostnqn: host,
+                    ctrl: c,
+                    io: Vec::new(),
+                }
+            });
+            let (Some(id), Some(ctrl)) = (id, slot_ctrl) else {
+                return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+            };
+            cntlid = id;
+            self.kato = Duration::from_millis(kato as u64);
+            self.last_admin = self.now;
+            self.icd_max = shared.opts.admin_in_capsule_data_size;
+            self.bound = Bound::Admin {
+                cntlid,
+                ctrl,
+                subsys: sid,
+            };
+            tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = kato, "admin queue connected");
+        } else {
+            if sid == SubsysId::Discovery {
+                return Err((fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE), 0));
+            }
+            let mut t = shared.table();
+            let Some(e) = t
+                .map
+                .get_mut(&data.cntlid)
+                .filter(|e| e.subsys == sid && e.hostnqn == hostnqn)
+            else {
+                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+            };
+            let ctrl = lock(&e.ctrl);
+            if !ctrl.is_running() {
+                return Err((gen(generic::COMMAND_SEQUENCE_ERROR), 0));
+            }
+            if cmd.qid > ctrl.io_queues_granted() || e.io.iter().any(|(q, _)| *q == cmd.qid) {
+                return Err(invalid(ParamIn::Command, ipo::QID));
+            }
+            if entries > shared.subsys(sid).mqes() as u32 + 1 {
+                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            }
+            let q = match ctrl.new_io_queue(cmd.qid, entries) {
+                Ok(q) => q,
+                Err(err) => {
+                    tracing::error!(error = %err, "I/O queue not created");
+                    return Err((gen(generic::INTERNAL_ERROR), 0));
+                }
+            };
+            drop(ctrl);
+            e.io.push((cmd.qid, me));
+            cntlid = data.cntlid;
+            self.io = Some(q);
+            self.icd_max = shared.opts.in_capsule_data_size;
+            self.bound = Bound::Io {
+                cntlid,
+                qid: cmd.qid,
+            };
+            tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
+        }
+        let _ = ctx;
+        if let Some(d) = data_slot {
+            d.keep();
+            self.data_slot = true;
+        }
+        self.qid = cmd.qid;
+        self.entries = entries as u16;
+        self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
+        self.make_slots(entries);
+        self.sqhd = 0;
+        Ok(cntlid)
+    }
+
+    /// A Fabrics command on a connected queue: Property Get/Set and
+    /// Disconnect.
+    pub(crate) fn fabrics<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        i: u16,
+        sqe: &Sqe,
+    ) {
+        let Bound::Admin { ctrl, .. } = &self.bound else {
+            // Only Connect goes on an I/O queue, and only once.
+            let st = match FcType::of(sqe) {
+                Some(FcType::Disconnect) => {
+                    let _ = DisconnectCmd::from_sqe(sqe);
+                    self.finish(x, i, Status::SUCCESS, 0, 0);
+                    return x.close(ctx, self, "Disconnect");
+                }
+                Some(FcType::Connect) => gen(generic::COMMAND_SEQUENCE_ERROR),
+                _ => gen(generic::INVALID_OPCODE),
+            };
+            return self.finish(x, i, st, 0, 0);
+        };
+        let ctrl = ctrl.clone();
+        self.last_admin = self.now;
+        // The controller's I/O queues still connected (a reset or shutdown
+        // waits for them to close).
+        let io_queues = |c: &Self| match c.bound {
+            Bound::Admin { cntlid, .. } => {
+                c.shared.table().map.get(&cntlid).map_or(0, |e| e.io.len())
+            }
+            _ => 0,
+        };
+        match FcType::of(sqe) {
+            Some(FcType::PropertyGet) => {
+                let c = PropertyGetCmd::from_sqe(sqe);
+                let r = match c.size() {
+                    Some(sz) => {
+                        let n = io_queues(self);
+                        lock(&ctrl).property_get(c.ofst, sz, n)
+                    }
+                    None => Err(gen(generic::INVALID_FIELD)),
+                };
+                match r {
+                    Ok(v) => self.finish(x, i, Status::SUCCESS, v as u32, (v >> 32) as u32),
+                    Err(st) => self.finish(x, i, st, 0, 0),
+                }
+            }
+            Some(FcType::PropertySet) => {
+                let c = PropertySetCmd::from_sqe(sqe);
+                let r = match c.size() {
+                    Some(sz) => {
+                        let n = io_queues(self);
+                        lock(&ctrl).property_set(c.ofst, sz, c.value, n)
+                    }
+                    None => Err(gen(generic::INVALID_FIELD)),
+                };
+                if let (Ok(true), Bound::Admin { cntlid, .. }) = (r, &self.bound) {
+                    self.shared.stop_io_queues(ctx, *cntlid);
+                }
+                self.finish(x, i, r.err().unwrap_or(Status::SUCCESS), 0, 0);
+            }
+            Some(FcType::Disconnect) => {
+                self.finish(x, i, Status::SUCCESS, 0, 0);
+                x.close(ctx, self, "Disconnect");
+            }
+            Some(FcType::Connect) => self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0),
+            _ => self.finish(x, i, gen(generic::INVALID_OPCODE), 0, 0),
+        }
+    }
+}

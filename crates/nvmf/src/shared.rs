@@ -1,0 +1,207 @@
+//! What every runtime thread of a target shares: the configuration, the
+//! subsystems and the table of live controllers (associations). The
+//! table is behind a mutex, taken only at Connect, Disconnect, close and
+//! Keep Alive expiry — never on the I/O path.
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::AtomicUsize;
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use pollux_runtime::ThreadCtx;
+
+use crate::config::TransportOptions;
+use crate::model::{Ctrl, Subsys};
+
+/// Which subsystem a controller belongs to.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum SubsysId {
+    Discovery,
+    Nvm(usize),
+}
+
+pub(crate) struct SubsysEntry {
+    pub model: Subsys,
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    /// Bound addresses (a configured port 0 resolved).
+    pub listeners: Vec<SocketAddr>,
+}
+
+impl SubsysEntry {
+    pub fn allows(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+}
+
+/// Where a queue's connection lives: runtime thread and connection id,
+/// and how its transport closes it there.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct ConnRef {
+    pub thread: usize,
+    pub conn: u64,
+    pub close: fn(&mut ThreadCtx, u64),
+}
+
+pub(crate) struct CtrlEntry {
+    pub subsys: SubsysId,
+    pub hostnqn: String,
+    pub ctrl: Arc<Mutex<Ctrl>>,
+    /// Connected I/O queues: (QID, connection).
+    pub io: Vec<(u16, ConnRef)>,
+}
+
+#[derive(Default)]
+pub(crate) struct CtrlTable {
+    next: u16,
+    pub map: HashMap<u16, CtrlEntry>,
+}
+
+/// Highest dynamic controller ID (FFF0h and above are reserved).
+const MAX_CNTLID: u16 = 0xFFEF;
+
+impl CtrlTable {
+    /// Registers a controller under a fresh ID (1..=FFEFh), `None` when
+    /// every ID is taken.
+    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry) -> Option<u16> {
+        if self.map.len() >= MAX_CNTLID as usize {
+            return None;
+        }
+        loop {
+            self.next = if self.next >= MAX_CNTLID {
+                1
+            } else {
+                self.next + 1
+            };
+            if !self.map.contains_key(&self.next) {
+                let id = self.next;
+                self.map.insert(id, make(id));
+                return Some(id);
+            }
+        }
+    }
+}
+
+pub(crate) struct Shared {
+    pub opts: TransportOptions,
+    pub subsystems: Vec<SubsysEntry>,
+    pub discovery: Subsys,
+    /// Every bound listener.
+    pub listeners: Vec<SocketAddr>,
+    pub ctrls: Mutex<CtrlTable>,
+    /// Connections bound to an NVM subsystem (at most
+    /// `opts.max_connections`; see [`DataSlot`]).
+    pub data_conns: AtomicUsize,
+}
+
+impl Shared {
+    pub fn find(&self, nqn: &str) -> Option<SubsysId> {
+        if nqn == self.discovery.nqn() {
+            return Some(SubsysId::Discovery);
+        }
+        self.subsystems
+            .iter()
+            .position(|s| s.model.nqn() == nqn)
+            .map(SubsysId::Nvm)
+    }
+
+    pub fn subsys(&self, id: SubsysId) -> &Subsys {
+        match id {
+            SubsysId::Discovery => &self.discovery,
+            SubsysId::Nvm(i) => &self.subsystems[i].model,
+        }
+    }
+
+    /// The controller table (a poisoned lock is taken over: the table
+    /// stays consistent, each change is a single insert or remove).
+    pub fn table(&self) -> MutexGuard<'_, CtrlTable> {
+        self.ctrls.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Removes controller `cntlid` and closes its I/O queues' connections
+    /// (on their threads).
+    pub fn teardown(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let entry = self.table().map.remove(&cntlid);
+        let Some(e) = entry else {
+            return;
+        };
+        tracing::info!(cntlid, host = %e.hostnqn, io_queues = e.io.len(), "controller torn down");
+        for (_, r) in e.io {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    thread = r.thread,
+                    "closing an I/O queue of controller {cntlid}: {err}"
+                );
+            }
+        }
+    }
+
+    /// Closes the I/O queues' connections of controller `cntlid` (on
+    /// their threads), which a reset or shutdown stops: each leaves the
+    /// controller's entry as it closes (`Qpair::detach`), and the
+    /// controller completes the reset or shutdown once none is left (see
+    /// `model::Ctrl`).
+    pub fn stop_io_queues(&self, ctx: &mut ThreadCtx, cntlid: u16) {
+        let queues = match self.table().map.get(&cntlid) {
+            Some(e) => e.io.clone(),
+            None => return,
+        };
+        tracing::info!(
+            cntlid,
+            io_queues = queues.len(),
+            "controller reset or shut down: closing its I/O queues"
+        );
+        for (qid, r) in queues {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(err) = ctx.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(
+                    cntlid,
+                    qid,
+                    thread = r.thread,
+                    "closing an I/O queue: {err}"
+                );
+                if let Some(e) = self.table().map.get_mut(&cntlid) {
+                    e.io.retain(|(q, _)| *q != qid);
+                }
+            }
+        }
+    }
+}
+
+/// A connection's place among those bound to an NVM subsystem
+/// (`Shared::data_conns`), given back when dropped unless kept.
+pub(crate) struct DataSlot<'a>(Option<&'a AtomicUsize>);
+
+impl<'a> DataSlot<'a> {
+    /// A place, if fewer than `max` are taken.
+    pub fn take(n: &'a AtomicUsize, max: usize) -> Option<DataSlot<'a>> {
+        n.fetch_update(Relaxed, Relaxed, |v| (v < max).then_some(v + 1))
+            .ok()
+            .map(|_| DataSlot(Some(n)))
+    }
+
+    /// Keeps the place (the connection gives it back with
+    /// [`DataSlot::give_back`]).
+    pub fn keep(mut self) {
+        self.0 = None;
+    }
+
+    /// Gives back a place kept earlier.
+    pub fn give_back(n: &AtomicUsize) {
+        n.fetch_sub(1, Relaxed);
+    }
+}
+
+impl Drop for DataSlot<'_> {
+    fn drop(&mut self) {
+        if let Some(n) = self.0 {
+            n.fetch_sub(1, Relaxed);
+        }
+    }
+}
+
+/// Locks a controller (poison taken over, as the table).
+pub(crate) fn lock(c: &Mutex<Ctrl>) -> MutexGuard<'_, Ctrl> {
+    c.lock().unwrap_or_else(|p| p.into_inner())
+}

@@ -1,0 +1,193 @@
+//! The target: its subsystems and controllers, the runtime threads
+//! serving them, and its listeners.
+use std::net::{SocketAddr, TcpListener};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex};
+
+use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
+use pollux_spec::fabrics::DISCOVERY_NQN;
+
+use crate::config::{ConfigError, TargetConfig};
+use crate::model::{ModelError, Subsys, SubsysParams};
+use crate::shared::{Shared, SubsysEntry};
+use crate::tcp::server::{init, Listeners, TcpShared};
+
+/// Why a target did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum TargetError {
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("subsystem '{nqn}': {source}")]
+    Model {
+        nqn: String,
+        #[source]
+        source: ModelError,
+    },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error(transparent)]
+    Runtime(#[from] pollux_runtime::Error),
+}
+
+/// A serial number made from the NQN (at most 20 characters).
+fn default_serial(nqn: &str) -> String {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in nqn.bytes() {
+        h ^= b as u64;
+        h = h.wrapping_mul(0x100_0000_01b3);
+    }
+    format!("PLX{:016X}", h)[..19].to_string()
+}
+
+/// A running NVMe/TCP target.
+pub struct Target {
+    rt: RuntimeHandle,
+    shared: Arc<Shared>,
+    /// The TCP transport's (connections, data buffer pool).
+    tcp: Arc<TcpShared>,
+}
+
+impl Target {
+    /// Binds the listeners, builds the subsystems and starts one runtime
+    /// thread per core of `cores` serving connections.
+    pub fn start(
+        cfg: TargetConfig,
+        cores: &[usize],
+        rt_opts: RuntimeOptions,
+    ) -> Result<Target, TargetError> {
+        cfg.validate()?;
+        let o = cfg.transport.clone();
+        let listen = Listeners::bind(
+            cfg.subsystems
+                .iter()
+                .flat_map(|s| s.listeners.iter().copied()),
+            &o,
+        )
+        .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
+        let mut subsystems = Vec::new();
+        for s in &cfg.subsystems {
+            let p = SubsysParams {
+                nqn: s.nqn.clone(),
+                serial: s.serial.clone().unwrap_or_else(|| default_serial(&s.nqn)),
+                model: s.model.clone().unwrap_or_else(|| "pollux".into()),
+                queue_entries: o.max_queue_depth,
+                max_io_queues: o.max_io_qpairs_per_ctrlr,
+                max_io_size: o.max_io_size,
+                in_capsule_data: o.in_capsule_data_size,
+                kas: o.kas,
+            };
+            let model =
+                Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
+                    nqn: s.nqn.clone(),
+                    source,
+                })?;
+            subsystems.push(SubsysEntry {
+                model,
+                allow_any_host: s.allow_any_host,
+                hosts: s.hosts.clone(),
+                listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
+            });
+        }
+        let dp = SubsysParams {
+            nqn: DISCOVERY_NQN.into(),
+            serial: "pollux-discovery".into(),
+            model: "pollux discovery".into(),
+            queue_entries: o.max_aq_depth,
+            max_io_queues: 1,
+            max_io_size: o.max_io_size,
+            in_capsule_data: 0,
+            kas: o.kas,
+        };
+        let discovery =
+            Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
+                nqn: DISCOVERY_NQN.into(),
+                source,
+            })?;
+        let tcp = Arc::new(TcpShared::new(&o, cores));
+        let shared = Arc::new(Shared {
+            opts: o,
+            subsystems,
+            discovery,
+            listeners: listen.addrs(),
+            ctrls: Mutex::default(),
+            data_conns: Default::default(),
+        });
+        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> =
+            Arc::new(Mutex::new(Some(listen.into_listeners())));
+        let (sh, tc) = (shared.clone(), tcp.clone());
+        let rt = Runtime::start_with(cores, rt_opts, move |ctx| {
+            let ls = if ctx.index() == 0 {
+                listeners
+                    .lock()
+                    .unwrap_or_else(|p| p.into_inner())
+                    .take()
+                    .unwrap_or_default()
+            } else {
+                Vec::new()
+            };
+            init(ctx, sh.clone(), tc.clone(), ls);
+        })?;
+        for a in &shared.listeners {
+            tracing::info!(listen = %a, "NVMe/TCP target listening");
+        }
+        Ok(Target { rt, shared, tcp })
+    }
+
+    /// The addresses listened on (configured port 0 resolved).
+    pub fn listen_addrs(&self) -> &[SocketAddr] {
+        &self.shared.listeners
+    }
+
+    /// Controllers (host associations) alive.
+    pub fn controllers(&self) -> usize {
+        self.shared.table().map.len()
+    }
+
+    /// What the target's threads share (tests drive connections over
+    /// memory with it).
+    pub(crate) fn shared(&self) -> Arc<Shared> {
+        self.shared.clone()
+    }
+
+    /// The data buffer pool (tests check what connections give back).
+    pub(crate) fn pool(&self) -> Arc<crate::pool::Pool> {
+        self.tcp.pool.clone()
+    }
+
+    /// The runtime (tests run connections on its threads).
+    pub(crate) fn runtime(&self) -> &RuntimeHandle {
+        &self.rt
+    }
+
+    /// Bytes of data buffers alive (in commands, or cached by the
+    /// threads), and the pool's limit (`num_shared_buffers` x
+    /// `io_unit_size`; in-capsule and admin data may pass it).
+    pub fn buffer_bytes(&self) -> (usize, usize) {
+        (self.tcp.pool.used(), self.tcp.pool.limit())
+    }
+
+    /// Connections open.
+    pub fn connections(&self) -> usize {
+        self.tcp.conns.load(Relaxed)
+    }
+
+    /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).
+    pub fn stop_on_signals(&self) -> Result<SignalWatcher, TargetError> {
+        Ok(self.rt.stop_on_signals()?)
+    }
+
+    /// Waits until the target has shut down.
+    pub fn wait(&self) -> Result<(), TargetError> {
+        Ok(self.rt.wait()?)
+    }
+
+    /// Stops accepting, lets commands in flight finish and their
+    /// responses go out, closes every connection and joins the threads.
+    pub fn shutdown(&self) -> Result<(), TargetError> {
+        Ok(self.rt.shutdown()?)
+    }
+}

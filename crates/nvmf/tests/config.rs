@@ -1,0 +1,221 @@
+//! SPDK-shaped JSON configuration: what is read, what is refused (named).
+use pollux_nvmf::{ConfigError, TargetConfig};
+
+const GOOD: &str = r#"{"subsystems": [
+  {"subsystem": "accel", "config": []},
+  {"subsystem": "bdev", "config": [
+    {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 2048, "block_size": 512}},
+    {"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 2048, "block_size": 4096}}]},
+  {"subsystem": "nvmf", "config": [
+    {"method": "nvmf_set_max_subsystems", "params": {"max_subsystems": 1024}},
+    {"method": "nvmf_create_transport", "params": {"trtype": "TCP", "max_queue_depth": 64, "in_capsule_data_size": 8192, "max_io_size": 65536, "io_unit_size": 8192, "zcopy": true}},
+    {"method": "nvmf_create_subsystem", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "serial_number": "SPDK001", "model_number": "pollux model", "allow_any_host": false}},
+    {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "Null0", "nsid": 2}}},
+    {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "Malloc0", "nsid": 1}}},
+    {"method": "nvmf_subsystem_add_host", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "host": "nqn.2014-08.org.nvmexpress:uuid:1"}},
+    {"method": "nvmf_subsystem_add_listener", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1",
+      "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}}]}
+]}"#;
+
+#[test]
+fn spdk_configuration_is_read() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.max_queue_depth, 64);
+    assert_eq!(c.transport.in_capsule_data_size, 8192);
+    assert_eq!(c.transport.max_io_size, 65536);
+    // SPDK's `zcopy` (zero-copy with the bdev) is read and ignored, named.
+    assert!(c.warnings.iter().any(|w| w.contains("'zcopy' ignored")));
+    assert_eq!(c.bdevs.len(), 2);
+    let s = &c.subsystems[0];
+    assert_eq!(s.serial.as_deref(), Some("SPDK001"));
+    assert_eq!(s.model.as_deref(), Some("pollux model"));
+    assert!(!s.allow_any_host);
+    assert_eq!(s.hosts, ["nqn.2014-08.org.nvmexpress:uuid:1"]);
+    assert_eq!(s.listeners, ["127.0.0.1:0".parse().unwrap()]);
+    // The data buffer pool: SPDK's names and default count, its unit.
+    assert_eq!(c.transport.io_unit_size, 8192);
+    assert_eq!(c.transport.num_shared_buffers, 511);
+    assert_eq!(c.transport.pool_bytes(), 511 * 8192);
+    // It starts, listening on a real port.
+    let t = pollux_nvmf::Target::start(c, &[0], Default::default()).unwrap();
+    assert_ne!(t.listen_addrs()[0].port(), 0);
+}
+
+fn refused(from: &str, to: &str) -> String {
+    assert!(GOOD.contains(from), "{from}");
+    match TargetConfig::from_json(&GOOD.replace(from, to)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("accepted with {to}"),
+    }
+}
+
+#[test]
+fn bad_configurations_name_the_culprit() {
+    let e = refused("nvmf_subsystem_add_host", "nvmf_subsystem_add_hots");
+    assert!(e.contains("nvmf_subsystem_add_hots"), "{e}");
+    let e = refused("\"max_queue_depth\": 64", "\"max_queue_dept\": 64");
+    assert!(
+        e.contains("max_queue_dept") && e.contains("nvmf_create_transport"),
+        "{e}"
+    );
+    let e = refused("\"max_queue_depth\": 64", "\"max_queue_depth\": 1");
+    assert!(e.contains("max_queue_depth"), "{e}");
+    let e = refused("\"trtype\": \"TCP\", \"max", "\"trtype\": \"RDMA\", \"max");
+    assert!(e.contains("trtype") && e.contains("RDMA"), "{e}");
+    let e = refused("\"bdev_name\": \"Null0\"", "\"bdev_name\": \"Nope\"");
+    assert!(e.contains("Nope"), "{e}");
+    let e = refused("\"nsid\": 2", "\"nsid\": 3");
+    assert!(e.contains("NSID 3"), "{e}");
+    let e = refused("\"traddr\": \"127.0.0.1\"", "\"traddr\": \"localhost\"");
+    assert!(e.contains("traddr") && e.contains("localhost"), "{e}");
+    let e = refused("\"host\": \"nqn.2014", "\"host\": \"\\u0001nqn.2014");
+    assert!(e.contains("host NQN"), "{e}");
+    assert!(matches!(
+        TargetConfig::from_json(&GOOD.replace(
+            "Malloc0\", \"num_blocks\": 2048, \"block_size\": 512",
+            "Malloc0\", \"num_blocks\": 2048, \"block_size\": 513"
+        )),
+        Err(ConfigError::Bdev(_))
+    ));
+}
+
+/// `bdev_nvme_attach_controller`: `from_json` (no NVMe transport) refuses
+/// it naming the controller; `from_json_with` hands each entry to the
+/// caller's function and serves the bdevs it returns (`<name>n<nsid>`).
+#[test]
+fn nvme_attach_goes_to_the_callers_function() {
+    let with_attach = GOOD.replace(
+        r#"{"method": "bdev_null_create", "params": {"name": "Null0", "num_blocks": 2048, "block_size": 4096}}"#,
+        r#"{"method": "bdev_nvme_attach_controller", "params": {"name": "Nvme7", "trtype": "soft", "backend": "ram"}}"#,
+    )
+    .replace("\"bdev_name\": \"Null0\"", "\"bdev_name\": \"Nvme7n1\"");
+    assert_ne!(with_attach, GOOD);
+    let e = TargetConfig::from_json(&with_attach)
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Nvme7"), "{e}");
+    let mut seen = Vec::new();
+    let c: TargetConfig =
+        TargetConfig::from_json_with(&with_attach, &mut |a: &pollux_bdev::config::NvmeAttach| {
+            seen.push((a.name.clone(), a.trtype.clone(), a.params.len()));
+            pollux_bdev::Bdev::ram(&a.bdev_name(1), 512, 64)
+                .map(|b| vec![b])
+                .map_err(|e| e.to_string())
+        })
+        .unwrap();
+    assert_eq!(seen, [("Nvme7".to_string(), "soft".to_string(), 1)]);
+    assert!(c.bdevs.iter().any(|b| b.name() == "Nvme7n1"));
+    // A failing attach function is named with the controller.
+    let e =
+        TargetConfig::from_json_with(&with_attach, &mut |_: &pollux_bdev::config::NvmeAttach| {
+            Err::<Vec<_>, _>("no such device".to_string())
+        })
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("Nvme7") && e.contains("no such device"), "{e}");
+}
+
+/// The handshake timeouts (pollux-specific `nvmf_create_transport`
+/// parameters): 10 s each by default, read in milliseconds, 0 and more
+/// than an hour refused naming the parameter.
+#[test]
+fn handshake_timeouts_are_read_and_bounded() {
+    use std::time::Duration;
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.icreq_timeout, Duration::from_secs(10));
+    assert_eq!(c.transport.connect_timeout, Duration::from_secs(10));
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with(
+        "\"icreq_timeout_ms\": 250, \"connect_timeout_ms\": 3000",
+    ))
+    .unwrap();
+    assert_eq!(c.transport.icreq_timeout, Duration::from_millis(250));
+    assert_eq!(c.transport.connect_timeout, Duration::from_secs(3));
+    for (p, v) in [
+        ("icreq_timeout_ms", "0"),
+        ("connect_timeout_ms", "0"),
+        ("icreq_timeout_ms", "3600001"),
+        ("connect_timeout_ms", "\"10\""),
+    ] {
+        let e = TargetConfig::from_json(&with(&format!("\"{p}\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("{p} {v} accepted"))
+            .to_string();
+        assert!(e.contains(p) && e.contains("nvmf_create_transport"), "{e}");
+    }
+    // Built in code: validate() names the option.
+    let mut o = pollux_nvmf::TransportOptions {
+        connect_timeout: Duration::ZERO,
+        ..Default::default()
+    };
+    let e = o.validate().unwrap_err().to_string();
+    assert!(e.contains("connect_timeout_ms"), "{e}");
+    o.connect_timeout = Duration::from_secs(3601);
+    assert!(o.validate().is_err());
+}
+
+/// `send_iov` (pollux-specific `nvmf_create_transport` parameter): 512 by
+/// default, 1..=512 accepted, anything else refused naming it.
+#[test]
+fn send_iov_is_read_and_bounded() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.send_iov, pollux_nvmf::MAX_SEND_IOV);
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with("\"send_iov\": 64")).unwrap();
+    assert_eq!(c.transport.send_iov, 64);
+    for v in ["0", "513", "\"64\""] {
+        let e = TargetConfig::from_json(&with(&format!("\"send_iov\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("send_iov {v} accepted"))
+            .to_string();
+        assert!(
+            e.contains("send_iov") && e.contains("nvmf_create_transport"),
+            "{e}"
+        );
+    }
+    let o = pollux_nvmf::TransportOptions {
+        send_iov: 0,
+        ..Default::default()
+    };
+    let e = o.validate().unwrap_err().to_string();
+    assert!(e.contains("send_iov"), "{e}");
+}
+
+/// The data buffer pool (SPDK's `num_shared_buffers`, `io_unit_size`,
+/// `buf_cache_size`, UINT32_MAX meaning "pick one"), `data_timeout_ms` and
+/// `max_unbound_connections` (pollux-specific): read, and refused naming
+/// the parameter when out of bounds.
+#[test]
+fn pool_data_timeout_and_unbound_budget_are_read_and_bounded() {
+    use std::time::Duration;
+    let d = pollux_nvmf::TransportOptions::default();
+    assert_eq!(d.pool_bytes(), 511 * (128 << 10));
+    assert_eq!(d.data_timeout, Duration::from_secs(30));
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with(
+        "\"num_shared_buffers\": 64, \"buf_cache_size\": 4294967295, \"data_timeout_ms\": 500, \"max_unbound_connections\": 16",
+    ))
+    .unwrap();
+    let t = &c.transport;
+    assert_eq!(t.pool_bytes(), 64 * 8192);
+    assert_eq!(t.buf_cache_size, None);
+    assert_eq!(t.data_timeout, Duration::from_millis(500));
+    assert_eq!(t.max_unbound_connections, 16);
+    let c = TargetConfig::from_json(&with("\"buf_cache_size\": 32")).unwrap();
+    assert_eq!(c.transport.buf_cache_size, Some(32));
+    for (p, v) in [
+        // 4 x 8 KiB cannot hold one 64 KiB transfer.
+        ("num_shared_buffers", "4"),
+        ("num_shared_buffers", "0"),
+        ("io_unit_size", "1000"),
+        ("buf_cache_size", "1000"),
+        ("data_timeout_ms", "0"),
+        ("max_unbound_connections", "0"),
+    ] {
+        let e = TargetConfig::from_json(&with(&format!("\"{p}\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("{p} {v} accepted"))
+            .to_string();
+        assert!(e.contains(p), "{p} {v}: {e}");
+    }
+}
