@@ -123,6 +123,18 @@ held_perf() {  # held_perf vfio|uio: `pollux perf` is refused while another proc
     rm -f /tmp/hold; wait $holder
     check $1-perf-after-holder $P perf -r "$TRID" -t 1
 }
+mixed_bdevperf() {  # mixed_bdevperf vfio|uio: this PCIe controller and an NVMe/TCP one in one bdevperf
+    MNQN=nqn.2026-11.dev.pollux:guest-mixed
+    $P target --listen 127.0.0.1:4432 --ram 64MiB --nqn $MNQN -m 0x1 > /tmp/mixed-target.log 2>&1 &
+    mpid=$!
+    for i in $(seq 200); do grep -q listening /tmp/mixed-target.log 2>/dev/null && break; sleep 0.1; done
+    bdevperf $1-tcp-mixed-verify --nvme "$TRID" \
+        --nvme "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4432 subnqn:$MNQN" \
+        -w randrw -M 50 -q 8 -o 4096 -t 2 --verify -m 0x2
+    # Both bdevs ran: the PCIe controller's and the TCP one's.
+    check $1-tcp-mixed-both-bdevs sh -c 'grep -q "\"name\":\"Nvme0n1\"" /tmp/bp.json && grep -q "\"name\":\"Nvme1n1\"" /tmp/bp.json'
+    kill -TERM $mpid 2>/dev/null; wait $mpid 2>/dev/null
+}
 
 echo "controller $BDF, $(nproc) vCPUs, kernel $(uname -r), cmdline: $(cat /proc/cmdline)"
 check setup-hugepages $P setup hugepages 64
@@ -210,6 +222,7 @@ check wipe-vfio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf vfio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
 perf vfio-verify-sizes -w randrw -M 50 -q 8 -o 1m -t 2 --verify
 bdevperf vfio-bdevperf-verify --nvme "$TRID" -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+mixed_bdevperf vfio
 . /opt/target-nvme.sh   # pollux target serving this controller's namespace over TCP
 # Without root: an ordinary user (uid 1000, no capabilities) needs only
 # read/write access to /dev/vfio/vfio (0666) and the group node (root 0600
@@ -261,6 +274,7 @@ expect_fail uio-without-hugepages ".pollux setup hugepages" $P perf -r "$TRID" -
 $P setup hugepages 64 > /dev/null
 check wipe-uio env POLLUX_WIPE=1 $T --exact wipe_namespace --nocapture
 perf uio-verify -w randrw -M 50 -q 32 -o 4096 -t 3 --verify
+mixed_bdevperf uio
 # INTx through uio: data must be right. Not timed: QEMU 7.2 keeps the
 # INTx line asserted (tens of thousands of interrupts per I/O show in
 # /proc/interrupts), so a latency figure would measure the storm.

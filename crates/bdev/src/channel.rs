@@ -550,6 +550,7 @@ impl<'a> Io<'a> {
     ///
     /// # Safety
     /// As `readv_raw`.
+    #[inline]
     pub unsafe fn readv_raw_with(
         &mut self,
         lba: u64,
@@ -565,6 +566,7 @@ impl<'a> Io<'a> {
     ///
     /// # Safety
     /// As `writev_raw`.
+    #[inline]
     pub unsafe fn writev_raw_with(
         &mut self,
         lba: u64,

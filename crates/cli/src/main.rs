@@ -2,6 +2,7 @@
 use clap::{Parser, Subcommand};
 
 mod bdevperf;
+mod common;
 mod discover;
 mod emulator;
 mod nvme_open;

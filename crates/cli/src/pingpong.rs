@@ -8,9 +8,13 @@ use std::time::Instant;
 
 use clap::Args;
 
+use crate::common::cores::online_cpus;
+use crate::common::opts::cores_option;
+
 #[derive(Args, Debug)]
 pub struct PingpongArgs {
-    /// Two cores: the pinging and the answering thread.
+    /// Two cores: the pinging and the answering thread (a list, a range or a
+    /// hex mask).
     #[arg(short = 'c', long = "cores", default_value = "0,1")]
     pub cores: String,
     /// Round trips per batch.
@@ -57,9 +61,16 @@ fn final_count(a: &PingpongArgs) -> Result<u64, String> {
         })
 }
 
+/// Pins the calling thread to `core`; unpinned (with a warning) if refused.
+fn pin(core: usize) {
+    if let Err(e) = pollux_runtime::pin_to_core(core) {
+        tracing::warn!(core, "could not pin thread: {e}");
+    }
+}
+
 pub fn run(a: PingpongArgs) -> Result<(), String> {
     let end = final_count(&a)?;
-    let cores = crate::perf::parse_cores(&a.cores).map_err(|e| format!("-c {}: {e}", a.cores))?;
+    let cores = cores_option("-c", &a.cores, &online_cpus()).map_err(|e| e.to_string())?;
     if cores.len() != 2 {
         return Err(format!(
             "-c {}: pingpong needs exactly two cores (got {})",
@@ -67,15 +78,13 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
             cores.len()
         ));
     }
-    crate::perf::check_cores(&cores, &crate::perf::online_cpus())
-        .map_err(|e| format!("-c {}: {e}", a.cores))?;
     let line = Line(AtomicU64::new(0));
     let mut results = Vec::with_capacity(a.batches);
     std::thread::scope(|s| {
         let l = &line;
         let c1 = cores[1];
         s.spawn(move || {
-            crate::perf::pin_to(c1);
+            pin(c1);
             // Answer every odd value with the next even one. `want` stays
             // below `end` (even, at most u64::MAX - 1) before each answer.
             let mut want = 1u64;
@@ -87,7 +96,7 @@ pub fn run(a: PingpongArgs) -> Result<(), String> {
                 want += 2;
             }
         });
-        crate::perf::pin_to(cores[0]);
+        pin(cores[0]);
         // `v` reaches `end` after the last trip: no step overflows.
         let mut v = 0u64;
         for _ in 0..a.batches {

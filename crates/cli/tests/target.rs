@@ -401,12 +401,9 @@ fn default_depth_runs_against_a_default_target() {
 fn pollux_host_reads_log_pages_at_the_length_asked_for() {
     use pollux_spec::log::{lid, CommandEffectsLog, SmartLog};
     let t = Served::start(&[]);
-    let addr = format!("127.0.0.1:{}", t.port).parse().unwrap();
-    let c = pollux_tcp::open(
-        pollux_tcp::TcpOptions::new(addr, NQN),
-        pollux_nvme::ControllerOptions::default(),
-    )
-    .expect("bring-up");
+    let trid: pollux_host::Trid = t.trid("").parse().expect("transport ID");
+    let c =
+        pollux_host::connect(&trid, &pollux_host::ControllerOptions::default()).expect("bring-up");
     for (l, size) in [
         (lid::SMART, 512),
         (lid::FIRMWARE_SLOT, 512),

@@ -52,3 +52,9 @@ impl IoCmd {
         self.op == IoOp::Read
     }
 }
+
+/// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.
+#[inline(always)]
+pub(crate) fn lba_ok(slba: u64, nlb: u64, nsze: u64) -> bool {
+    slba.checked_add(nlb).is_some_and(|end| end <= nsze)
+}

@@ -1,13 +1,16 @@
 //! What `IoQueue::poll` makes of a finished bdev request: the command's
 //! status, counted for SMART, a failure logged and reported (`Report`);
 //! an NVMe namespace's staged pieces taken back first (`poll_staged`).
+//! Also the counts and failure status of reads and writes that end within
+//! `IoQueue::start` (`count`, `rw_failed`).
 use pollux_bdev::{Completion, Io, IoError};
 use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::media;
 use pollux_spec::Status;
 
+use crate::command::IoCmd;
 use crate::stats::{IoErrorRecord, IoStats, Registry};
-use crate::store::NsChan;
+use crate::store::{NsChan, StoreError};
 use crate::user_data::{Kind, UserData, KID};
 
 /// `IoQueue::poll` of an NVMe namespace's channel: staged pieces come
@@ -117,4 +120,31 @@ fn failed(rep: &Report<'_>, nsid: u32, u: UserData, e: &IoError) -> Status {
         });
     }
     st
+}
+
+/// Counts a successful read or write of `bytes`.
+#[inline(always)]
+pub(crate) fn count(stats: &mut IoStats, write: bool, bytes: usize) {
+    if write {
+        stats.writes += 1;
+        stats.bytes_written += bytes as u64;
+    } else {
+        stats.reads += 1;
+        stats.bytes_read += bytes as u64;
+    }
+}
+
+/// The status of a failed read or write, logged. (Reported to the
+/// controller by `submit` when the queue reports errors; the emulator
+/// accounts it at completion: `Controller::note_error`.)
+#[cold]
+#[inline(never)]
+pub(crate) fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
+    let (slba, nlb) = (cmd.slba, cmd.nlb);
+    tracing::error!(nsid = cmd.nsid, slba, nlb, write, error = %e, "namespace I/O failed");
+    Status::media(if write {
+        media::WRITE_FAULT
+    } else {
+        media::UNRECOVERED_READ_ERROR
+    })
 }

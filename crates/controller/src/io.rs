@@ -51,8 +51,8 @@ use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 
-use crate::command::{IoCmd, IoOp};
-use crate::completion::{finish, poll_staged, Report};
+use crate::command::{lba_ok, IoCmd, IoOp};
+use crate::completion::{count, finish, poll_staged, rw_failed, Report};
 use crate::ctrl::Controller;
 use crate::stage::Staged;
 use crate::stats::{IoErrorRecord, IoStats, StatsHandle};
@@ -551,7 +551,10 @@ impl IoQueue {
                     || self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
             {
                 // SAFETY: forwarded contract.
-                match unsafe { self.start_multi(tag, cmd, segs) } {
+                match unsafe {
+                    self.multi
+                        .start(&mut self.ns, &mut self.scratch, tag, cmd, segs)
+                } {
                     Some(st) => st,
                     None => return F::PENDING,
                 }
@@ -577,7 +580,10 @@ impl IoQueue {
             IoOp::FlushAll | IoOp::Dsm { .. } => {
                 // SAFETY: forwarded contract (the ranges are read within
                 // the call).
-                match unsafe { self.start_multi(tag, cmd, segs) } {
+                match unsafe {
+                    self.multi
+                        .start(&mut self.ns, &mut self.scratch, tag, cmd, segs)
+                } {
                     Some(st) => st,
                     None => return F::PENDING,
                 }
@@ -670,6 +676,35 @@ impl IoQueue {
         }
     }
 
+    /// `poll` while commands of several requests (`multi`) are
+    /// outstanding: their requests' completions go to them (the next
+    /// pieces out), the others to `f`, and so do the commands that are
+    /// over.
+    #[cold]
+    #[inline(never)]
+    fn poll_multi(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        let mut kids = std::mem::take(&mut self.multi.kids);
+        let mut n = self.poll_requests(&mut |tag, st| {
+            if tag & KID != 0 {
+                kids.push((tag, st));
+            } else {
+                f(tag, st);
+            }
+        });
+        n -= kids.len();
+        for (tag, st) in kids.drain(..) {
+            if let Some(m) = self.multi.kid_done(&mut self.ns, tag, st) {
+                if !m.status.is_success() {
+                    self.report_failure(m.cid, m.status, m.nsid, m.slba);
+                }
+                f(m.tag, m.status);
+                n += 1;
+            }
+        }
+        self.multi.kids = kids;
+        n
+    }
+
     /// `poll` of the bdev requests: their statuses (and the results known
     /// at submission) to `f`; returns how many.
     #[inline(always)]
@@ -756,37 +791,4 @@ impl Form for Waited {
     fn known(q: &mut IoQueue, _: u32, cmd: &IoCmd, st: Status) -> Option<Status> {
         Some(q.at_once(cmd, st))
     }
-}
-
-/// Counts a successful read or write of `bytes`.
-#[inline(always)]
-fn count(stats: &mut IoStats, write: bool, bytes: usize) {
-    if write {
-        stats.writes += 1;
-        stats.bytes_written += bytes as u64;
-    } else {
-        stats.reads += 1;
-        stats.bytes_read += bytes as u64;
-    }
-}
-
-/// `[slba, slba + nlb)` inside a namespace of `nsze` blocks.
-#[inline(always)]
-fn lba_ok(slba: u64, nlb: u64, nsze: u64) -> bool {
-    slba.checked_add(nlb).is_some_and(|end| end <= nsze)
-}
-
-/// The status of a failed read or write, logged. (Reported to the
-/// controller by `submit` when the queue reports errors; the emulator
-/// accounts it at completion: `Controller::note_error`.)
-#[cold]
-#[inline(never)]
-fn rw_failed(cmd: &IoCmd, write: bool, e: &StoreError) -> Status {
-    let (slba, nlb) = (cmd.slba, cmd.nlb);
-    tracing::error!(nsid = cmd.nsid, slba, nlb, write, error = %e, "namespace I/O failed");
-    Status::media(if write {
-        media::WRITE_FAULT
-    } else {
-        media::UNRECOVERED_READ_ERROR
-    })
 }

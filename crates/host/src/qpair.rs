@@ -94,6 +94,16 @@ impl<T: Wrap, H: Handler> pollux_nvme::Handler<T> for Shim<'_, H> {
     }
 }
 
+/// A [`Handler`] moved into the poll (see [`QueuePair::poll_owned`]).
+struct Owned<H>(H);
+
+impl<T: Wrap, H: Handler> pollux_nvme::Handler<T> for Owned<H> {
+    #[inline(always)]
+    fn complete(&mut self, sub: &mut pollux_nvme::Submitter<'_, T>, c: Completion) {
+        self.0.complete(&mut T::wrap(sub.reborrow()), c)
+    }
+}
+
 impl From<pollux_pcie::QueuePair> for QueuePair {
     fn from(q: pollux_pcie::QueuePair) -> QueuePair {
         QueuePair::Pcie(q)
@@ -121,6 +131,17 @@ impl QueuePair {
     #[inline(always)]
     pub fn poll_with<H: Handler>(&mut self, max: u32, h: &mut H) -> u32 {
         each!(self, q => q.poll_with(max, &mut Shim(h)))
+    }
+
+    /// `poll_with` with the handler moved in: for a handler made for one
+    /// poll (a layer's view of its own state, as the bdev layer's NVMe
+    /// sink). Each transport's loop gets a copy of its own, so the
+    /// compiler sees where each of its fields points (a handler shared by
+    /// the two loops through one `&mut` stays in memory, its fields loaded
+    /// per completion: +3 instructions per I/O in `pollux bdevperf`).
+    #[inline(always)]
+    pub fn poll_owned<H: Handler>(&mut self, max: u32, h: H) -> u32 {
+        each!(self, q => q.poll_with(max, &mut Owned(h)))
     }
 
     /// Polls until nothing is outstanding or queued, or `timeout` passes.

@@ -37,6 +37,7 @@ mod completion;
 pub mod ctrl;
 pub mod dma;
 pub mod error;
+pub mod fabrics;
 mod namespace;
 mod passthru;
 mod poll;

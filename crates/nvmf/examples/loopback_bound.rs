@@ -28,14 +28,8 @@ use std::net::{TcpListener, TcpStream};
 use std::time::{Duration, Instant};
 
 fn pin(core: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // within it; sched_setaffinity reads it for the calling thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            eprintln!("loopback_bound: cannot pin to core {core}; running unpinned");
-        }
+    if let Err(e) = pollux_runtime::pin_to_core(core) {
+        eprintln!("loopback_bound: {e}; running unpinned");
     }
 }
 

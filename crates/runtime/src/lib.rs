@@ -3,9 +3,10 @@
 //! # Model
 //!
 //! [`Runtime::start`] spawns one OS thread per entry of a core list and pins
-//! it there (`sched_setaffinity`; a failure is logged and the thread runs
-//! unpinned). Each thread owns its state outright — nothing is shared
-//! between threads except through messages — and runs a loop:
+//! it there ([`pin_to_core`], which pins any thread; a failure is logged
+//! and the thread runs unpinned). Each thread owns its state outright —
+//! nothing is shared between threads except through messages — and runs a
+//! loop:
 //!
 //! 1. read the clock once ([`ThreadCtx::now`]) and charge the previous
 //!    iteration to busy, idle or asleep time;
@@ -85,7 +86,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use reactor::{PollerId, PollerStats, ThreadCtx, ThreadStats, TimerId};
-pub use sys::EventFd;
+pub use sys::{pin_to_core, EventFd, PinError};
 
 use reactor::{lock, External, Prepared, Reactor, Shared, ThreadShared};
 

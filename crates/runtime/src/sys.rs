@@ -194,13 +194,39 @@ impl Epoll {
     }
 }
 
-/// Pins the calling thread to `core`.
-pub(crate) fn pin_to_core(core: usize) -> io::Result<()> {
-    if core >= libc::CPU_SETSIZE as usize {
-        return Err(io::Error::new(
-            io::ErrorKind::InvalidInput,
-            format!("core {core} is beyond CPU_SETSIZE ({})", libc::CPU_SETSIZE),
-        ));
+/// Why [`pin_to_core`] could not pin the calling thread.
+#[derive(Debug, thiserror::Error)]
+pub enum PinError {
+    /// The core number does not fit in a CPU set.
+    #[error("core {core} is beyond CPU_SETSIZE ({max})")]
+    OutOfRange { core: usize, max: usize },
+    /// The kernel refused (e.g. EINVAL: the core is offline or outside
+    /// this process's cgroup or affinity).
+    #[error("sched_setaffinity to core {core}: {source}")]
+    Affinity {
+        core: usize,
+        #[source]
+        source: io::Error,
+    },
+}
+
+impl From<PinError> for io::Error {
+    fn from(e: PinError) -> io::Error {
+        let kind = match &e {
+            PinError::OutOfRange { .. } => io::ErrorKind::InvalidInput,
+            PinError::Affinity { source, .. } => source.kind(),
+        };
+        io::Error::new(kind, e)
+    }
+}
+
+/// Pins the calling thread to `core` (`sched_setaffinity`): every pinned
+/// thread of pollux (runtime threads, the emulated controllers' device
+/// thread, perf's workers) is pinned by this function.
+pub fn pin_to_core(core: usize) -> Result<(), PinError> {
+    let max = libc::CPU_SETSIZE as usize;
+    if core >= max {
+        return Err(PinError::OutOfRange { core, max });
     }
     // SAFETY: cpu_set_t is plain data; all-zero is the empty set.
     let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
@@ -209,5 +235,7 @@ pub(crate) fn pin_to_core(core: usize) -> io::Result<()> {
     // SAFETY: `set` is a live cpu_set_t of the size passed; pid 0 is the
     // calling thread.
     let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) };
-    cvt(r).map(drop)
+    cvt(r)
+        .map(drop)
+        .map_err(|source| PinError::Affinity { core, source })
 }

@@ -535,3 +535,54 @@ fn no_message_lost_under_a_burst_from_many_senders() {
     assert_eq!(*last.lock().unwrap(), vec![RT_N, RT_N, EXT_N, EXT_N, EXT_N]);
     rt.shutdown().unwrap();
 }
+
+/// The cores the calling thread may run on, as the kernel lists them
+/// (`Cpus_allowed_list` of /proc/thread-self/status: `0-1`, `3`, ...).
+fn allowed_list() -> String {
+    let s = std::fs::read_to_string("/proc/thread-self/status").expect("status");
+    s.lines()
+        .find_map(|l| l.strip_prefix("Cpus_allowed_list:"))
+        .expect("Cpus_allowed_list")
+        .trim()
+        .to_string()
+}
+
+/// `pin_to_core` pins the calling thread (only it) to exactly that core,
+/// and a refusal says which core and why, leaving the thread as it was.
+#[test]
+fn pin_to_core_pins_the_calling_thread_or_says_why_not() {
+    use pollux_runtime::{pin_to_core, PinError};
+    let before = allowed_list();
+    let first: usize = before
+        .split(|c: char| !c.is_ascii_digit())
+        .next()
+        .and_then(|n| n.parse().ok())
+        .expect("a core");
+    std::thread::spawn(move || {
+        pin_to_core(first).expect("pin to an allowed core");
+        assert_eq!(allowed_list(), first.to_string());
+        match pin_to_core(100_000) {
+            Err(e @ PinError::OutOfRange { core: 100_000, .. }) => {
+                assert!(e.to_string().contains("100000"), "{e}")
+            }
+            other => panic!("core 100000: {other:?}"),
+        }
+        // A core no machine this small has: the kernel refuses (EINVAL).
+        if std::thread::available_parallelism().map_or(1, |n| n.get()) < 1000 {
+            match pin_to_core(1023) {
+                Err(e @ PinError::Affinity { core: 1023, .. }) => {
+                    assert!(e.to_string().contains("core 1023"), "{e}");
+                    assert_eq!(
+                        std::io::Error::from(e).kind(),
+                        std::io::ErrorKind::InvalidInput
+                    );
+                }
+                other => panic!("core 1023: {other:?}"),
+            }
+        }
+        assert_eq!(allowed_list(), first.to_string(), "unchanged by refusals");
+    })
+    .join()
+    .expect("pinned thread");
+    assert_eq!(allowed_list(), before, "other threads stay unpinned");
+}

@@ -47,25 +47,6 @@ impl std::fmt::Debug for DeviceThread {
     }
 }
 
-fn pin(cpu: usize) -> std::io::Result<()> {
-    if cpu >= libc::CPU_SETSIZE as usize {
-        return Err(std::io::Error::new(
-            std::io::ErrorKind::InvalidInput,
-            "cpu index too large",
-        ));
-    }
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes within
-    // it (index checked above); sched_setaffinity(0) targets this thread.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(cpu, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            return Err(std::io::Error::last_os_error());
-        }
-    }
-    Ok(())
-}
-
 impl DeviceThread {
     /// Starts the thread, pinned to `cpu` if given.
     pub fn spawn(cpu: Option<usize>) -> std::io::Result<DeviceThread> {
@@ -81,7 +62,7 @@ impl DeviceThread {
         let handle = std::thread::Builder::new()
             .name("softnvme".into())
             .spawn(move || {
-                let r = cpu.map_or(Ok(()), pin);
+                let r = cpu.map_or(Ok(()), |c| Ok(pollux_runtime::pin_to_core(c)?));
                 let ok = r.is_ok();
                 let _ = tx.send(r);
                 if ok {

@@ -29,11 +29,15 @@ fn cfg(mdts: u8, size: u64) -> SoftConfig {
 }
 
 fn open(cfg: SoftConfig) -> (Arc<SoftDevice>, Controller) {
+    open_with(cfg, Duration::from_millis(300))
+}
+
+fn open_with(cfg: SoftConfig, admin_timeout: Duration) -> (Arc<SoftDevice>, Controller) {
     let dev = SoftDevice::new(cfg).expect("soft device");
     let ctrl = pollux_pcie::open(
         Box::new(SoftPlatform::new(dev.clone(), SoftMode::Inline)),
         ControllerOptions {
-            admin_timeout: Duration::from_millis(300),
+            admin_timeout,
             ..ControllerOptions::default()
         },
     )
@@ -246,7 +250,10 @@ fn handler_swapping_its_submitter_keeps_cids_on_their_queue() {
 /// a reset are reaped, as Linux does, before the rest fail).
 #[test]
 fn success_after_timeout_is_a_success() {
-    let (dev, ctrl) = open(cfg(5, 4 << 20));
+    // The read's delay is 20 timeouts long, and the Abort's wait longer
+    // still, so a test thread descheduled for a while on a loaded machine
+    // still sees the timeout before the read's completion.
+    let (dev, ctrl) = open_with(cfg(5, 4 << 20), Duration::from_secs(3));
     let ns = ctrl.namespaces()[0];
     let mut qp = ctrl
         .alloc_qpair(QpairOptions {
@@ -265,7 +272,7 @@ fn success_after_timeout_is_a_success() {
         lba: None,
         skip: 0,
         count: Some(1),
-        action: FaultAction::Delay(Duration::from_millis(150)),
+        action: FaultAction::Delay(Duration::from_millis(1000)),
     });
     dev.add_fault(FaultRule {
         queue: QueueSel::Admin,

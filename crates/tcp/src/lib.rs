@@ -2,10 +2,16 @@
 //! (NVMe/TCP Transport Specification 1.0 and the fabrics parts of NVMe
 //! 2.0), on the same host core as PCIe.
 //!
+//! What is fabrics rather than TCP (Connect, Property Get/Set, Keep
+//! Alive, the reconnect policy, discovery) is the core's
+//! (`pollux_nvme::fabrics`); this crate is its wire (`fabric`: a
+//! connection per queue, set up with ICReq/ICResp, carrying capsules as
+//! PDUs).
+//!
 //! - **Admin queue**: one TCP connection (ICReq/ICResp, then fabrics
 //!   Connect on QID 0 with CNTLID 0xFFFF, host NQN, Host ID and subsystem
 //!   NQN in the 1024-byte Connect data). Registers (CAP, VS, CC, CSTS)
-//!   travel as Property Get/Set on it (`link`).
+//!   travel as Property Get/Set on it (the core's admin link).
 //! - **I/O queues**: one connection each (Connect with QID n and the
 //!   controller ID the admin Connect returned). Commands go out as command
 //!   capsules with an SGL: in-capsule data (descriptor 0x01) for writes up
@@ -30,32 +36,28 @@
 //!   sent again on the new connections (their buffers stay with the queue
 //!   pair), new ones wait in the backlog. If `fast_io_fail_tmo` passes
 //!   first, what is held fails with `FastFail`; if `ctrl_loss_tmo` passes,
-//!   with `ControllerFailed`. See `link` and `queue`.
+//!   with `ControllerFailed`. See `pollux_nvme::fabrics` and `queue`.
 //! - **Keep-alive**: a thread per controller sends Keep Alive every
-//!   KATO/2 on the admin connection (the admin path is a mutex-protected
-//!   control path, so the thread needs no cooperation from the I/O
-//!   threads, and a controller whose I/O threads are idle stays alive).
+//!   KATO/2 on the admin connection (`pollux_nvme::fabrics::KeepAlive`).
 //! - **Discovery**: [`discover`] reads the Discovery Log Page (0x70) from a
 //!   discovery controller.
 use std::net::{SocketAddr, ToSocketAddrs};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::{Error, Result};
+use pollux_nvme::fabrics::{self, AdminLink, FabricsOptions, KeepAlive};
 use pollux_nvme::{AdminExec, QueueSpec, Registers, Transport};
-use pollux_spec::fabrics::{
-    DiscoveryLogEntry, DiscoveryLogHeader, PropertySize, DISCOVERY_NQN, LID_DISCOVERY,
-};
+use pollux_spec::fabrics::{DiscoveryLogEntry, PropertySize, DISCOVERY_NQN};
 use pollux_spec::identify::IdentifyController;
-use pollux_spec::regs::{self, Cc, Csts};
 use pollux_spec::tcp::Digests;
-use pollux_spec::Sqe;
 
 mod conn;
+pub mod engine;
+mod fabric;
 pub mod hostnqn;
-mod link;
 mod mem;
 mod queue;
 
@@ -63,7 +65,7 @@ pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
 pub use queue::{TcpCq, TcpSq};
 
-use link::AdminLink;
+use fabric::TcpFabric;
 
 /// The controller handle over TCP.
 pub type Controller = pollux_nvme::Controller<TcpTransport>;
@@ -130,6 +132,27 @@ impl TcpOptions {
             sq_flow: false,
         }
     }
+
+    /// The connections' part (address, digests) and the fabrics core's.
+    fn split(self) -> (TcpFabric, FabricsOptions) {
+        let fabric = TcpFabric {
+            addr: self.addr,
+            digests: self.digests,
+            connect_timeout: self.connect_timeout,
+        };
+        let opts = FabricsOptions {
+            subnqn: self.subnqn,
+            hostnqn: self.hostnqn,
+            hostid: self.hostid,
+            kato_ms: self.kato_ms,
+            ctrl_loss_tmo: self.ctrl_loss_tmo,
+            reconnect_delay: self.reconnect_delay,
+            fast_io_fail_tmo: self.fast_io_fail_tmo,
+            admin_timeout: self.admin_timeout,
+            sq_flow: self.sq_flow,
+        };
+        (fabric, opts)
+    }
 }
 
 /// Resolves `traddr`/`trsvcid` into a socket address, naming them on error.
@@ -146,59 +169,19 @@ pub fn resolve(traddr: &str, trsvcid: &str) -> Result<SocketAddr> {
 
 /// A controller reached over NVMe/TCP: the control path. See the crate docs.
 pub struct TcpTransport {
-    link: Arc<AdminLink>,
+    link: Arc<AdminLink<TcpFabric>>,
     /// In-capsule data bytes for I/O writes (from Identify IOCCSZ).
     icd_max: AtomicU32,
     keepalive: Option<KeepAlive>,
-}
-
-struct KeepAlive {
-    stop: Arc<AtomicBool>,
-    thread: Option<std::thread::JoinHandle<()>>,
-}
-
-impl Drop for KeepAlive {
-    fn drop(&mut self) {
-        self.stop.store(true, Ordering::Release);
-        if let Some(t) = self.thread.take() {
-            t.thread().unpark();
-            let _ = t.join();
-        }
-    }
 }
 
 impl TcpTransport {
     /// Connects the admin queue (ICReq/ICResp, Connect) and starts
     /// keep-alive. `Controller::new` (or [`open`]) does the rest.
     pub fn connect(opts: TcpOptions) -> Result<TcpTransport> {
-        pollux_spec::fabrics::validate_nqn(&opts.subnqn)
-            .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
-        pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
-            .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
-        if opts.reconnect_delay.is_zero() {
-            return Err(Error::InvalidArgument(
-                "reconnect_delay must not be zero".into(),
-            ));
-        }
-        let link = Arc::new(AdminLink::connect(opts.clone())?);
-        let keepalive = (opts.kato_ms > 0).then(|| {
-            let stop = Arc::new(AtomicBool::new(false));
-            let (l, s) = (link.clone(), stop.clone());
-            let period = Duration::from_millis((opts.kato_ms / 2).max(1) as u64);
-            let thread = std::thread::Builder::new()
-                .name("nvme-tcp-ka".into())
-                .spawn(move || {
-                    while !s.load(Ordering::Acquire) {
-                        std::thread::park_timeout(period);
-                        if s.load(Ordering::Acquire) {
-                            break;
-                        }
-                        l.keep_alive();
-                    }
-                })
-                .ok();
-            KeepAlive { stop, thread }
-        });
+        let (fabric, fopts) = opts.split();
+        let link = Arc::new(AdminLink::connect(fabric, fopts)?);
+        let keepalive = KeepAlive::start(&link);
         Ok(TcpTransport {
             link,
             icd_max: AtomicU32::new(0),
@@ -268,8 +251,7 @@ impl Transport for TcpTransport {
     type Regs = TcpTransport;
 
     fn describe(&self) -> String {
-        let t = &self.link.target;
-        format!("tcp {} {}", t.addr, t.subnqn)
+        format!("tcp {} {}", self.link.fabric.addr, self.link.opts.subnqn)
     }
 
     fn regs(&self) -> &TcpTransport {
@@ -291,7 +273,7 @@ impl Transport for TcpTransport {
     }
 
     fn max_queue_entries(&self) -> u32 {
-        regs::Cap(self.link.cap).mqes() as u32 + 1
+        self.link.max_queue_entries()
     }
 
     unsafe fn admin_queues(&self, _entries: u16) -> Result<(TcpSq, TcpCq)> {
@@ -324,13 +306,13 @@ impl Transport for TcpTransport {
         _admin: &mut AdminExec<'_>,
         spec: &QueueSpec,
     ) -> Result<(TcpSq, TcpCq)> {
-        let (mut conn, _) = self.link.target.connect_queue(
+        let (mut conn, _) = self.link.connect_queue(
             spec.qid,
             spec.sq_entries,
             self.cntlid(),
             spec.depth as usize,
         )?;
-        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
         Ok(queue::io_pair(
             conn,
             spec.depth,
@@ -357,9 +339,8 @@ impl Transport for TcpTransport {
         let (depth, entries) = (q.depth(), q.sq_entries());
         let (mut conn, _) = self
             .link
-            .target
             .connect_queue(qid, entries, self.cntlid(), depth)?;
-        conn.icd_max = self.icd_max.load(Ordering::Relaxed);
+        conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
         q.attach(conn);
         Ok(())
     }
@@ -387,53 +368,7 @@ pub fn discover(mut opts: TcpOptions) -> Result<Vec<DiscoveryLogEntry>> {
         opts.subnqn = DISCOVERY_NQN.to_string();
     }
     opts.kato_ms = 0;
-    let t = TcpTransport::connect(opts)?;
-    let l = &t.link;
-    l.write(regs::off::CC, PropertySize::Four, Cc::standard(0).0 as u64)?;
-    l.write(
-        regs::off::CC,
-        PropertySize::Four,
-        Cc::standard(0).with_en(true).0 as u64,
-    )?;
-    let to = regs::Cap(l.cap).timeout_ms().max(500);
-    let start = std::time::Instant::now();
-    loop {
-        let csts = Csts(l.read(regs::off::CSTS, PropertySize::Four)? as u32);
-        if csts.rdy() {
-            break;
-        }
-        if csts.cfs() {
-            return Err(Error::ControllerFatal);
-        }
-        if start.elapsed().as_millis() as u64 > to {
-            return Err(Error::Timeout {
-                what: "discovery controller CSTS.RDY=1",
-                ms: to,
-            });
-        }
-        std::thread::sleep(Duration::from_millis(1));
-    }
-    let hdr_len = std::mem::size_of::<DiscoveryLogHeader>() as u32;
-    let get = |len: u32| {
-        l.exec_in(
-            Sqe::get_log_page(LID_DISCOVERY, 0, len, 0, 0, 0),
-            len,
-            "Get Log Page (Discovery)",
-        )
-    };
-    let head = get(hdr_len)?;
-    let h: DiscoveryLogHeader =
-        conn::read_as(&head).ok_or_else(|| Error::Platform("short discovery log header".into()))?;
-    let n = h.numrec.min(1024) as u32;
-    let entry = std::mem::size_of::<DiscoveryLogEntry>() as u32;
-    let all = get(hdr_len + n * entry)?;
-    let mut out = Vec::new();
-    for i in 0..n as usize {
-        let at = hdr_len as usize + i * entry as usize;
-        if let Some(e) = conn::read_as::<DiscoveryLogEntry>(&all[at..]) {
-            out.push(e);
-        }
-    }
-    l.shutdown();
-    Ok(out)
+    let (fabric, fopts) = opts.split();
+    let link = AdminLink::connect(fabric, fopts)?;
+    fabrics::discover(&link)
 }

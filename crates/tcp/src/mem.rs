@@ -67,3 +67,30 @@ pub(crate) fn alloc(len: usize) -> Result<DmaBuffer> {
     // frees it with the same layout.
     Ok(unsafe { DmaBuffer::from_raw(p, len, Iova::Contiguous(iova), Arc::new(Heap)) })
 }
+
+/// This transport's buffers as the engine reaches them (by tagged
+/// address).
+#[derive(Clone, Copy, Debug, Default)]
+pub(crate) struct TcpMem;
+
+impl crate::engine::memory::Memory for TcpMem {
+    #[inline(always)]
+    unsafe fn bytes<'a>(&self, addr: u64, len: usize) -> &'a [u8] {
+        // SAFETY: the caller's contract (a live buffer of this transport
+        // nothing writes meanwhile).
+        unsafe { slice(addr, len) }
+    }
+
+    #[inline(always)]
+    unsafe fn write(&self, addr: u64, src: &[u8]) {
+        // SAFETY: the caller's contract: `addr..+src.len()` lies in a live
+        // buffer of this transport nothing else touches meanwhile.
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), ptr(addr), src.len()) }
+    }
+
+    #[inline(always)]
+    unsafe fn zero(&self, addr: u64, len: usize) {
+        // SAFETY: as for `write`.
+        unsafe { std::ptr::write_bytes(ptr(addr), 0, len) }
+    }
+}

@@ -26,10 +26,9 @@ use pollux_nvme::{CompletionQueue, CqeSink, SubmissionQueue, WireCounters};
 use pollux_spec::Sqe;
 
 use crate::conn::{Conn, Data};
-use crate::link::{AdminLink, SubmitProblem, ADMIN_MAX_DATA};
+use crate::fabric::TcpFabric;
 use crate::mem;
-use pollux_spec::status::{path, sct};
-use pollux_spec::Status;
+use pollux_nvme::fabrics::{self, AdminLink, ADMIN_MAX_DATA, ADMIN_SQ_ENTRIES};
 
 /// A command on its way from the SQ half to the CQ half.
 pub(crate) struct Cmd {
@@ -46,7 +45,7 @@ pub struct TcpSq(SqKind);
 
 enum SqKind {
     Io(IoSq),
-    Admin(Arc<AdminLink>),
+    Admin(Arc<AdminLink<TcpFabric>>),
 }
 
 struct IoSq {
@@ -61,7 +60,7 @@ pub struct TcpCq(CqKind);
 
 enum CqKind {
     Io(Box<IoCq>),
-    Admin(Arc<AdminLink>),
+    Admin(Arc<AdminLink<TcpFabric>>),
 }
 
 pub(crate) struct IoCq {
@@ -83,15 +82,11 @@ pub(crate) struct IoCq {
     /// The Dataset Management range of each CID's last deallocate (the
     /// connection copied it into the capsule; kept to send it again).
     ranges: Vec<[u8; 16]>,
-    /// Commands sent again `MAX_RETRIES` times already when yet another
-    /// reset came: they complete with Command Aborted By Host instead.
+    /// Commands sent again `fabrics::MAX_RETRIES` times already when yet
+    /// another reset came: they complete with Command Aborted By Host
+    /// instead (`fabrics::retry`).
     aborted: Vec<u16>,
 }
-
-/// Most times a command is sent again after resets (Linux's
-/// nvme_max_retries): a command that brings the connection down each
-/// time it is sent (a controller bug) fails instead of looping forever.
-pub(crate) const MAX_RETRIES: u8 = 5;
 
 /// A new I/O queue pair's halves around `conn`.
 #[allow(clippy::too_many_arguments)]
@@ -133,7 +128,7 @@ pub(crate) fn io_pair(
     )
 }
 
-pub(crate) fn admin_pair(link: Arc<AdminLink>) -> (TcpSq, TcpCq) {
+pub(crate) fn admin_pair(link: Arc<AdminLink<TcpFabric>>) -> (TcpSq, TcpCq) {
     (
         TcpSq(SqKind::Admin(link.clone())),
         TcpCq(CqKind::Admin(link)),
@@ -186,24 +181,7 @@ impl SubmissionQueue for TcpSq {
                         limit: q.ring.buffer().capacity(),
                     })
             }
-            SqKind::Admin(link) => {
-                if len > ADMIN_MAX_DATA {
-                    return Err(SubmitError::BufferLength {
-                        expected: ADMIN_MAX_DATA,
-                        got: len,
-                    });
-                }
-                link.push(cid, sqe, addr0, len as u32).map_err(|p| match p {
-                    SubmitProblem::Full => SubmitError::QueueFull {
-                        limit: crate::link::ADMIN_SLOTS,
-                    },
-                    SubmitProblem::TooLarge => SubmitError::BufferLength {
-                        expected: crate::link::ADMIN_ICD as usize,
-                        got: len,
-                    },
-                    SubmitProblem::Direction => SubmitError::BadBuffer,
-                })
-            }
+            SqKind::Admin(link) => link.push(cid, sqe, addr0, len),
         }
     }
 
@@ -280,7 +258,12 @@ impl IoCq {
                     *k = *r;
                 }
             }
-            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+            // SAFETY: the command came through `TcpSq::push`, whose caller
+            // keeps its buffer (checked to be this transport's) allocated
+            // and untouched until its completion is reaped from this CQ
+            // or the queue is restarted (which drops this connection).
+            let r = unsafe { conn.submit(c.cid, c.sqe, c.data(), c.cid, false) };
+            if r.is_err() {
                 // The connection is dead (`broken` makes the core reset):
                 // this command goes on the next one, and what remains in
                 // the ring after it.
@@ -310,20 +293,20 @@ impl IoCq {
         let mut tries = vec![0u8; self.depth as usize];
         if let Some(old) = self.conn.take() {
             self.sends_before += old.sends;
-            for s in old.slots.iter().filter(|s| s.active && !s.internal) {
-                if s.tries >= MAX_RETRIES {
+            for s in old.slots().iter().filter(|s| s.active && !s.internal) {
+                let Some(again_tries) = fabrics::retry(s.tries) else {
                     tracing::error!(
                         addr = %old.addr,
                         qid = old.qid,
                         cid = s.tag,
                         "command outstanding at {} resets in a row: aborted",
-                        MAX_RETRIES + 1
+                        fabrics::MAX_RETRIES + 1
                     );
                     self.aborted.push(s.tag);
                     continue;
-                }
+                };
                 if let Some(t) = tries.get_mut(s.tag as usize) {
-                    *t = s.tries + 1;
+                    *t = again_tries;
                 }
                 let (sqe, addr, len) = s.resend();
                 let range = (addr == 0 && len > 0)
@@ -348,9 +331,13 @@ impl IoCq {
             );
         }
         for c in again {
-            if conn.submit(c.cid, c.sqe, c.data(), c.cid, false).is_err() {
+            // SAFETY: commands outstanding at the reset, or pushed and not
+            // sent: the core keeps their buffers across the reset (the
+            // transport `reconnects`) until their completions are reaped.
+            let r = unsafe { conn.submit(c.cid, c.sqe, c.data(), c.cid, false) };
+            if r.is_err() {
                 self.held.push(c);
-            } else if let Some(s) = conn.slots.get_mut(c.cid as usize) {
+            } else if let Some(s) = conn.slots_mut().get_mut(c.cid as usize) {
                 s.tries = tries.get(c.cid as usize).copied().unwrap_or(0);
             }
         }
@@ -360,7 +347,7 @@ impl IoCq {
     /// Completes the commands `attach` gave up on.
     #[cold]
     fn deliver_aborted<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
-        let st = Status::new(sct::PATH, path::ABORTED_BY_HOST, false).0;
+        let st = fabrics::aborted_status();
         let n = (max as usize).min(self.aborted.len());
         for cid in self.aborted.drain(..n) {
             sink.cqe(cid, st, 0);
@@ -439,7 +426,7 @@ impl CompletionQueue for TcpCq {
     fn entries(&self) -> u16 {
         match &self.0 {
             CqKind::Io(q) => q.entries,
-            CqKind::Admin(_) => crate::link::ADMIN_SQ_ENTRIES,
+            CqKind::Admin(_) => ADMIN_SQ_ENTRIES,
         }
     }
 

@@ -17,10 +17,9 @@ use hdrhistogram::Histogram;
 use pollux_bdev::{Channel, Completion, Data, Handler, Io, IoBuf, IoError, Refused};
 use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::perf::clock::LatClock;
-use crate::perf::pattern::Pattern;
-use crate::perf::thread_cpu_time;
-use crate::perf::verify::Verify;
+use crate::common::clock::{thread_cpu_time, LatClock};
+use crate::common::pattern::Pattern;
+use crate::common::verify::Verify;
 
 /// Polls between checks of the clock, the stop request and progress.
 pub const CHECK_EVERY: u64 = 256;
@@ -523,8 +522,8 @@ impl Run {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::perf::pattern::Mix;
-    use crate::perf::verify::Written;
+    use crate::common::pattern::Mix;
+    use crate::common::verify::Written;
     use pollux_bdev::{Bdev, ChannelOptions};
 
     /// Runs a `-w verify` job (write each unit, read it back) of `total`

@@ -8,138 +8,40 @@
 //! with `-C` every core gets a job on every bdev, each on its own slice of
 //! the bdev. A job is one channel with `-q` buffers, driven by a poller on
 //! its core's runtime thread (see `job.rs`).
+mod args;
 mod job;
 mod nvme;
 mod report;
 
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
 use pollux_bdev::{Bdev, ChannelOptions, UringOptions};
 use pollux_runtime::{Runtime, RuntimeOptions};
 use pollux_softnvme::SoftDevice;
 
-use crate::perf::clock::LatClock;
-use crate::perf::pattern::{Mix, Pattern};
-use crate::perf::verify::{Verify, Written, MAX_UNITS};
-use crate::perf::{
-    check_cores, check_run_options, human_bytes, mem_available, online_cpus, parse_cores, PerfError,
-};
+use crate::common::clock::LatClock;
+use crate::common::cores::online_cpus;
+use crate::common::mem::{human_bytes, mem_available};
+use crate::common::opts::BadOption;
+use crate::common::pattern::{Mix, Pattern};
+use crate::common::verify::{Verify, Written, MAX_UNITS};
+use crate::nvme_open::OpenError;
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
-use pollux_host::trid::parse_size;
+use report::JobMeta;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Workload {
-    Read,
-    Write,
-    Randread,
-    Randwrite,
-    Rw,
-    Randrw,
-    /// Write each unit, read it back and compare (sequential).
-    Verify,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct BdevperfArgs {
-    /// Queue depth per job.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
-    pub queue_depth: u32,
-    /// I/O size in bytes (suffixes k, m allowed).
-    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
-    pub io_size: u64,
-    /// Workload pattern (verify: write, read back, compare).
-    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
-    pub workload: Workload,
-    /// Read percentage for rw/randrw.
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rwmixread: u8,
-    /// Run time in seconds.
-    #[arg(short = 't', long = "time", default_value_t = 5)]
-    pub time: u64,
-    /// Stop after this many I/Os in total (split evenly over the jobs).
-    #[arg(long = "io-count")]
-    pub io_count: Option<u64>,
-    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
-    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
-    pub cpumask: String,
-    /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
-    /// bdev_uring_create, bdev_nvme_attach_controller).
-    #[arg(short = 'c', long = "config")]
-    pub config: Option<PathBuf>,
-    /// Every core runs a job on every bdev (each on a slice of it).
-    #[arg(short = 'C')]
-    pub every_core: bool,
-    /// Only run on this bdev.
-    #[arg(short = 'T', long = "bdev")]
-    pub bdev: Option<String>,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
-    /// A null bdev (Null0, 1 TiB): stores nothing.
-    #[arg(long)]
-    pub null: bool,
-    /// A RAM bdev of this size (Malloc<k>), repeatable.
-    #[arg(long, value_parser = parse_size)]
-    pub ram: Vec<u64>,
-    /// An io_uring bdev on this file or block device (Uring<k>), repeatable.
-    #[arg(long)]
-    pub uring: Vec<PathBuf>,
-    /// The --uring bdevs poll completions from the device
-    /// (IORING_SETUP_IOPOLL: O_DIRECT on a block device with poll queues,
-    /// e.g. nvme.poll_queues=N).
-    #[arg(long)]
-    pub iopoll: bool,
-    /// The --uring bdevs' pollers yield the core after this many empty
-    /// polls in a row with requests in flight (0: never), so an io-wq
-    /// worker or softirq on the same core can run.
-    #[arg(long, value_name = "POLLS", default_value_t = UringOptions::default().yield_after)]
-    pub uring_yield: u32,
-    /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
-    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0'
-    /// or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
-    #[arg(long)]
-    pub nvme: Vec<String>,
-    /// Block size of the --null and --ram bdevs.
-    #[arg(long = "block-size", default_value_t = 512)]
-    pub block_size: u32,
-    /// Step the emulated NVMe controllers on the job's thread (deterministic; one core).
-    #[arg(long)]
-    pub inline: bool,
-    /// Core for the emulated controllers' device thread (default: the first online core outside -m).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
-    /// Tag every written block and check every read.
-    #[arg(long)]
-    pub verify: bool,
-    /// Print one JSON object on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// NVMe per-command timeout in milliseconds (0: none; at most one day).
-    #[arg(long = "timeout-ms", default_value_t = 30_000)]
-    pub timeout_ms: u64,
-    /// Testing aid: fail each job's bdev (null/RAM) once the job completed
-    /// this many I/Os.
-    #[arg(long = "inject-failure-after", hide = true)]
-    pub inject_failure_after: Option<u64>,
-}
+pub use args::{BdevperfArgs, Workload};
+pub use report::Summary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BdevperfError {
-    /// An option whose value cannot work, named with its value (if any).
-    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
-    BadOption {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    BadOption(#[from] BadOption),
     #[error("-c {path}: {source}")]
     Config {
         path: String,
@@ -149,13 +51,17 @@ pub enum BdevperfError {
     #[error("{0}")]
     Bdev(#[from] pollux_bdev::Error),
     #[error("{0}")]
-    Device(#[from] PerfError),
-    #[error("{0}")]
-    Driver(#[from] pollux_nvme::Error),
+    Driver(#[from] pollux_host::Error),
     #[error("runtime: {0}")]
     Runtime(#[from] pollux_runtime::Error),
     #[error("{0}")]
     Args(String),
+}
+
+impl From<OpenError> for BdevperfError {
+    fn from(e: OpenError) -> Self {
+        BdevperfError::Args(e.to_string())
+    }
 }
 
 fn bad(
@@ -163,61 +69,14 @@ fn bad(
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> BdevperfError {
-    BdevperfError::BadOption {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
-}
-
-/// What the caller needs after a run.
-pub struct Summary {
-    pub errors: u64,
-}
-
-/// Parses SPDK's core mask forms: `0x3`, `[0,1]`, `[0-2,5]`, `0-1`, `0,2`.
-pub fn parse_mask(s: &str) -> Result<Vec<usize>, String> {
-    let t = s.trim();
-    let inner = match (t.strip_prefix('['), t.ends_with(']')) {
-        (Some(rest), true) => &rest[..rest.len() - 1],
-        (None, false) => t,
-        _ => return Err(format!("unbalanced brackets in '{s}'")),
-    };
-    parse_cores(inner)
-}
-
-/// A core list as a hex mask (`0x3`), for the report (cores below 128).
-fn mask_of(cores: &[usize]) -> String {
-    let m = cores
-        .iter()
-        .filter(|&&c| c < 128)
-        .fold(0u128, |m, &c| m | 1 << c);
-    format!("{m:#x}")
+    BadOption::new(option, value, why).into()
 }
 
 /// Option checks that need no bdev: each names the option and its value.
 fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
-    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
-    check_cores(&cores, online).map_err(|e| bad("-m", &a.cpumask, e))?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    if a.queue_depth == 0 || a.queue_depth > 65535 {
-        return Err(bad("-q", a.queue_depth, "must be in 1..=65535"));
-    }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
-        .map_err(|(option, value, why)| bad(option, value, why))?;
-    if a.inline && cores.len() != 1 {
-        return Err(bad(
-            "--inline",
-            "",
-            format!(
-                "the emulated controller is stepped on the job's thread: -m must name exactly one core (got {})",
-                a.cpumask
-            ),
-        ));
-    }
-    if a.inline && a.nvme.is_empty() && a.config.is_none() {
+    let cores = a.cpumask.cores(online)?;
+    a.run.check(online, &cores, "-m", &a.cpumask.cpumask)?;
+    if a.run.inline && a.nvme.is_empty() && a.config.is_none() {
         return Err(bad(
             "--inline",
             "",
@@ -364,7 +223,7 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
         ));
     }
     let has_nvme = !a.nvme.is_empty() || cfg.as_ref().is_some_and(Config::has_nvme);
-    if a.inline && !has_nvme {
+    if a.run.inline && !has_nvme {
         return Err(bad(
             "--inline",
             "",
@@ -395,18 +254,18 @@ fn run_with(
     for c in opener.controllers() {
         // A queue holds CAP.MQES commands; the channel keeps the rest of
         // -q in the queue pair's software backlog.
-        let held = c.cap().mqes() as u32;
-        if held < a.queue_depth {
+        let held = c.cap().mqes();
+        if held < a.run.queue_depth {
             eprintln!(
                 "pollux bdevperf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
                 c.describe(),
-                held + 1,
-                a.queue_depth,
-                a.queue_depth - held
+                held as u32 + 1,
+                a.run.queue_depth,
+                a.run.queue_depth - held
             );
         }
     }
-    let inline = if a.inline {
+    let inline = if a.run.inline {
         opener.soft_devices()
     } else {
         Vec::new()
@@ -416,12 +275,6 @@ fn run_with(
     // thread last (the opener's field order).
     drop(opener);
     r
-}
-
-/// One job's place: its bdev and core, for the report.
-pub struct JobMeta {
-    pub bdev: String,
-    pub core: usize,
 }
 
 /// Plans, starts and reports the jobs.
@@ -445,9 +298,9 @@ fn execute(
     if bdevs.is_empty() {
         return Err(BdevperfError::Args("no bdevs to run on".into()));
     }
-    let io = a.io_size;
-    let depth = a.queue_depth as usize;
-    let verify_tags = a.verify || a.workload == Workload::Verify;
+    let io = a.run.io_size;
+    let depth = a.run.queue_depth as usize;
+    let verify_tags = a.run.verify || a.run.workload == Workload::Verify;
     let slices = if a.every_core { cores.len() as u64 } else { 1 };
     // Per bdev: blocks per I/O and I/O units per job.
     let mut plans = Vec::new();
@@ -478,7 +331,7 @@ fn execute(
         }
         if verify_tags && info.backend == "null" {
             return Err(bad(
-                if a.verify { "--verify" } else { "-w verify" },
+                if a.run.verify { "--verify" } else { "-w verify" },
                 "",
                 format!(
                     "bdev {} is a null bdev, which keeps no data (reads return the buffer untouched): use --ram or a RAM-backed controller",
@@ -505,24 +358,24 @@ fn execute(
         if need > avail {
             return Err(BdevperfError::Args(format!(
                 "-q {} x -o {io} x {njobs} job(s) need {} of buffers, but {} is available (MemAvailable): lower -q or -o",
-                a.queue_depth,
+                a.run.queue_depth,
                 human_bytes(need),
                 human_bytes(avail)
             )));
         }
     }
 
-    let (random, mix) = match a.workload {
+    let (random, mix) = match a.run.workload {
         Workload::Read => (false, Mix::AllRead),
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write | Workload::Verify => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
-        Workload::Rw => (false, Mix::from_percent(a.rwmixread)),
-        Workload::Randrw => (true, Mix::from_percent(a.rwmixread)),
+        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread)),
+        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread)),
     };
     let writes = !matches!(mix, Mix::AllRead);
     let lat_clock = LatClock::new();
-    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
+    let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     let (tx, rx) = mpsc::channel::<JobResult>();
     let mut per_thread: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut metas = Vec::new();
@@ -538,14 +391,14 @@ fn execute(
             };
             let ch = desc
                 .channel(&ChannelOptions {
-                    depth: a.queue_depth,
+                    depth: a.run.queue_depth.into(),
                     latency: false,
                     nvme: None,
                 })
                 .map_err(|e| {
                     BdevperfError::Args(format!(
                         "a channel of -q {} for the job on core {}: {e}",
-                        a.queue_depth, cores[thread]
+                        a.run.queue_depth, cores[thread]
                     ))
                 })?;
             let bufs = b
@@ -554,11 +407,11 @@ fn execute(
                 .into_iter()
                 .map(Some)
                 .collect();
-            let total = match a.io_count {
+            let total = match a.run.io_count {
                 Some(n) => n / njobs + u64::from((index as u64) < n % njobs),
                 None => u64::MAX,
             };
-            let latency = if a.latency {
+            let latency = if a.run.latency {
                 // Ticks: up to an hour at a few GHz.
                 let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
                     .map_err(|e| BdevperfError::Args(e.to_string()))?;
@@ -572,7 +425,7 @@ fn execute(
             };
             let verify = verify_tags
                 .then(|| Verify::new(Written::new(units), b.info().block_shift() as u8, depth));
-            let write_read = (a.workload == Workload::Verify).then(|| WriteRead {
+            let write_read = (a.run.workload == Workload::Verify).then(|| WriteRead {
                 read_back: vec![false; depth],
             });
             let slow = latency.is_some() || verify.is_some() || write_read.is_some();
@@ -608,7 +461,11 @@ fn execute(
                 ch,
                 ctx,
                 total,
-                time: a.io_count.is_none().then(|| Duration::from_secs(a.time)),
+                time: a
+                    .run
+                    .io_count
+                    .is_none()
+                    .then(|| Duration::from_secs(a.run.time)),
                 drain_timeout,
                 progress: p,
                 results: tx.clone(),
@@ -711,22 +568,4 @@ fn execute(
         interrupted,
     );
     Ok(summary)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn masks_in_spdk_forms() {
-        assert_eq!(parse_mask("0x3").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0,1]").unwrap(), vec![0, 1]);
-        assert_eq!(parse_mask("[0-2,5]").unwrap(), vec![0, 1, 2, 5]);
-        assert_eq!(parse_mask("0-1").unwrap(), vec![0, 1]);
-        assert!(parse_mask("[0,1").is_err());
-        assert!(parse_mask("0,1]").is_err());
-        assert!(parse_mask("0x0").is_err());
-        assert_eq!(mask_of(&[0, 1]), "0x3");
-        assert_eq!(mask_of(&[4]), "0x10");
-    }
 }

@@ -3,34 +3,24 @@
 //! (`crate::nvme_open`), with bdevperf's queue pair options: its queue
 //! depth and command timeout, one queue pair per job on each namespace,
 //! emulated controllers stepped inline with `--inline`.
-use std::time::Duration;
-
 use pollux_host::QpairOptions;
 
-use super::BdevperfArgs;
-use crate::nvme_open::{NvmeOpener, OpenError};
+use super::args::BdevperfArgs;
+use crate::nvme_open::NvmeOpener;
 
 /// The opener of a bdevperf run on `cores` (`online`: the machine's cores,
 /// for the emulated controllers' thread when `--device-core` is not given).
 pub fn opener(a: &BdevperfArgs, cores: &[usize], online: &[usize]) -> NvmeOpener {
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
+    let device_core = a.run.device.core(cores, online);
     let per_ns = if a.every_core { cores.len() } else { 1 };
     NvmeOpener::new(
-        a.inline,
+        a.run.inline,
         device_core,
         per_ns,
         QpairOptions {
-            depth: u16::try_from(a.queue_depth).unwrap_or(u16::MAX),
-            timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
+            depth: a.run.queue_depth,
+            timeout: a.run.timeout(),
             ..QpairOptions::default()
         },
     )
-}
-
-impl From<OpenError> for super::BdevperfError {
-    fn from(e: OpenError) -> Self {
-        super::BdevperfError::Args(e.to_string())
-    }
 }

@@ -7,8 +7,20 @@ use hdrhistogram::Histogram;
 use pollux_bdev::{Bdev, BdevStats};
 use serde_json::{json, Value};
 
+use super::args::BdevperfArgs;
 use super::job::JobResult;
-use super::{mask_of, BdevperfArgs, JobMeta, Summary};
+use crate::common::cores::mask_of;
+
+/// What the caller needs after a run.
+pub struct Summary {
+    pub errors: u64,
+}
+
+/// One job's place: its bdev and core, for the report.
+pub struct JobMeta {
+    pub bdev: String,
+    pub core: usize,
+}
 
 /// A latency statistic in microseconds: `q` a quantile, `None` the mean.
 fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
@@ -32,7 +44,7 @@ pub fn report(
     interrupted: bool,
 ) -> Summary {
     let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
-    let mib = |iops: f64| iops * a.io_size as f64 / (1u64 << 20) as f64;
+    let mib = |iops: f64| iops * a.run.io_size as f64 / (1u64 << 20) as f64;
     let mut rows: Vec<Value> = Vec::new();
     let mut errors_list: Vec<String> = Vec::new();
     let mut total_hist: Option<Histogram<u64>> = None;
@@ -99,8 +111,8 @@ pub fn report(
         }));
     }
     let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
-    let workload = format!("{:?}", a.workload).to_lowercase();
-    if a.json {
+    let workload = format!("{:?}", a.run.workload).to_lowercase();
+    if a.run.json {
         let mut cores_json: Vec<_> = per_core
             .iter()
             .map(|(core, (iops, err, cpu, wall))| {
@@ -122,10 +134,10 @@ pub fn report(
             .collect();
         let out = json!({
             "config": {
-                "queue_depth": a.queue_depth, "io_size": a.io_size, "workload": workload,
-                "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count,
+                "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": workload,
+                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count,
                 "core_mask": mask_of(cores), "cores": cores, "every_core": a.every_core,
-                "inline": a.inline, "verify": a.verify, "latency": a.latency,
+                "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency,
                 "latency_clock": clock_source,
             },
             "bdevs": bdevs_json,
@@ -163,7 +175,7 @@ pub fn report(
             println!("Job: {name} (Core Mask {})", mask_of(&[core]));
             println!(
                 "\t workload: {workload}, depth: {}, IO size: {}",
-                a.queue_depth, a.io_size
+                a.run.queue_depth, a.run.io_size
             );
             if r["reported"] == false {
                 println!("\t {name:<22}: did not report");
@@ -196,7 +208,7 @@ pub fn report(
             f(total_hist.as_ref().map(|h| us(h.min()))),
             f(total_hist.as_ref().map(|h| us(h.max()))),
         );
-        if a.latency {
+        if a.run.latency {
             println!(
                 "Latency percentiles (us): p50 {}  p99 {}",
                 f(lat(Some(0.5))),

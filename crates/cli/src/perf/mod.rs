@@ -3,9 +3,8 @@
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
-pub(crate) mod clock;
-pub(crate) mod pattern;
-pub(crate) mod verify;
+mod args;
+mod report;
 mod worker;
 
 use std::collections::HashMap;
@@ -13,104 +12,22 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use clap::{Args, ValueEnum};
 use hdrhistogram::Histogram;
 use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions};
 use pollux_softnvme::SoftDevice;
-use serde_json::json;
 
+use crate::common::cores::online_cpus;
+use crate::common::mem::{human_bytes, mem_available};
+use crate::common::opts::{cores_option, BadOption};
+use crate::common::pattern::{Mix, Pattern};
+use crate::common::{clock, verify};
 use crate::emulator::SoftEmulator;
-use pattern::{Mix, Pattern};
 use pollux_host::trid;
-use trid::{parse_size, Backend, SoftTrid, Trid};
-pub use worker::{pin_to, thread_cpu_time};
+use trid::{Backend, SoftTrid, Trid};
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum Workload {
-    Read,
-    Write,
-    Randread,
-    Randwrite,
-    Rw,
-    Randrw,
-}
-
-#[derive(Args, Debug, Clone)]
-pub struct PerfArgs {
-    /// Queue depth per queue pair.
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
-    pub queue_depth: u16,
-    /// I/O size in bytes (suffixes k, m allowed).
-    #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
-    pub io_size: u64,
-    /// Workload pattern.
-    #[arg(short = 'w', long = "workload", value_enum, default_value_t = Workload::Randread)]
-    pub workload: Workload,
-    /// Read percentage for rw/randrw.
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rwmixread: u8,
-    /// Run time in seconds.
-    #[arg(short = 't', long = "time", default_value_t = 5)]
-    pub time: u64,
-    /// Stop after this many I/Os in total (split evenly over queue pairs).
-    #[arg(long = "io-count")]
-    pub io_count: Option<u64>,
-    /// Worker cores: a list like 0,2-3 or a hex mask like 0x3. Default: core 0.
-    #[arg(short = 'c', long = "cores", default_value = "0")]
-    pub cores: String,
-    /// Queue pairs per namespace.
-    #[arg(short = 'P', long = "qpairs", default_value_t = 1)]
-    pub qpairs: u16,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
-    /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0' or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
-    #[arg(short = 'r', long = "transport")]
-    pub transport: Vec<String>,
-    /// Step the emulated controller inline on the worker thread (deterministic; one worker).
-    #[arg(long)]
-    pub inline: bool,
-    /// Core for the emulated controllers' device thread (default: the first online core without a worker).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
-    /// Tag every written block and check every read.
-    #[arg(long)]
-    pub verify: bool,
-    /// Print one JSON object on stdout instead of the table.
-    #[arg(long)]
-    pub json: bool,
-    /// Per-command timeout in milliseconds (0: none; at most one day).
-    #[arg(long = "timeout-ms", default_value_t = 30_000)]
-    pub timeout_ms: u64,
-    /// Ring the SQ doorbell per command instead of once per poll.
-    #[arg(long = "no-delayed-doorbell")]
-    pub no_delayed_doorbell: bool,
-    /// SQ doorbell batching: ring once this many commands wait (or the controller holds fewer).
-    #[arg(long = "sq-batch", default_value_t = 1)]
-    pub sq_batch: u16,
-    /// Ring the CQ doorbell every poll instead of only when the controller needs room.
-    #[arg(long = "no-lazy-cq")]
-    pub no_lazy_cq: bool,
-    /// Prefetch the next completion's tracker (off by default: trackers are
-    /// 16 bytes and stay in L1).
-    #[arg(long = "prefetch")]
-    pub prefetch: bool,
-    /// Copy SQEs into the ring with non-temporal stores (off by default).
-    #[arg(long = "nt-copy")]
-    pub nt_copy: bool,
-    /// Sleep on the queue pairs' interrupts when a poll finds nothing,
-    /// instead of spinning (emulated controllers and vfio/uio devices).
-    #[arg(long = "interrupts")]
-    pub interrupts: bool,
-    /// Read the CQ a cache line (four entries) at a time onto the stack
-    /// before handling them (off by default; see README).
-    #[arg(long = "cq-line-batch")]
-    pub cq_line_batch: bool,
-    /// Don't use shadow doorbells even if the controller offers them.
-    #[arg(long = "no-shadow-doorbell")]
-    pub no_shadow_doorbell: bool,
-}
+pub use args::{PerfArgs, Workload};
+pub use report::Summary;
 
 #[derive(Debug, thiserror::Error)]
 pub enum PerfError {
@@ -124,13 +41,8 @@ pub enum PerfError {
     Io(#[from] std::io::Error),
     #[error("invalid arguments: {0}")]
     Args(String),
-    /// An option whose value cannot work, named with its value (if any).
-    #[error("{option}{}{value}: {why}", if value.is_empty() { "" } else { " " })]
-    BadOption {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    BadOption(#[from] BadOption),
     /// The run would need more memory than the machine has.
     #[error("{what} need {} of {kind} memory, but {} is available ({source_}): lower -q, -o or -P, or use fewer namespaces or devices", human_bytes(*.need), human_bytes(*.avail))]
     Memory {
@@ -143,153 +55,7 @@ pub enum PerfError {
 }
 
 fn bad(option: &'static str, value: impl std::fmt::Display, why: impl Into<String>) -> PerfError {
-    PerfError::BadOption {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
-}
-
-/// A refused option: its name, its value, why.
-pub(crate) type BadOption = (&'static str, String, String);
-
-/// The checks `perf` and `bdevperf` share: I/O size (`-o`), how the run
-/// ends (`--io-count`, `-t`) and the command timeout (`--timeout-ms`).
-pub(crate) fn check_run_options(
-    io_size: u64,
-    io_count: Option<u64>,
-    time: u64,
-    timeout_ms: u64,
-) -> Result<(), BadOption> {
-    let bad = |o: &'static str, v: u64, why: String| Err((o, v.to_string(), why));
-    if io_size == 0 || !io_size.is_multiple_of(512) || io_size > 64 << 20 {
-        return bad(
-            "-o",
-            io_size,
-            "the I/O size must be a non-zero multiple of 512, at most 64 MiB".into(),
-        );
-    }
-    match io_count {
-        Some(0) => return bad("--io-count", 0, "must be at least 1".into()),
-        None if time == 0 => {
-            return bad(
-                "-t",
-                0,
-                "no time limit: give --io-count N to end the run after N I/Os".into(),
-            )
-        }
-        _ => {}
-    }
-    if timeout_ms > MAX_TIMEOUT_MS {
-        return bad(
-            "--timeout-ms",
-            timeout_ms,
-            format!("at most {MAX_TIMEOUT_MS} (one day); 0 disables the command timeout"),
-        );
-    }
-    Ok(())
-}
-
-/// `1234567` -> `1.2 MiB (1234567 bytes)`.
-pub(crate) fn human_bytes(n: u64) -> String {
-    const UNITS: [&str; 5] = ["KiB", "MiB", "GiB", "TiB", "PiB"];
-    let mut v = n as f64;
-    let mut unit = "bytes";
-    for u in UNITS {
-        if v < 1024.0 {
-            break;
-        }
-        v /= 1024.0;
-        unit = u;
-    }
-    if unit == "bytes" {
-        format!("{n} bytes")
-    } else {
-        format!("{v:.1} {unit} ({n} bytes)")
-    }
-}
-
-/// Longest `--timeout-ms` (one day): a bound keeps every deadline derived
-/// from it (`Instant + 2 x timeout`) far from overflow.
-pub const MAX_TIMEOUT_MS: u64 = 24 * 3600 * 1000;
-
-/// What the caller needs after a run.
-pub struct Summary {
-    pub errors: u64,
-}
-
-/// Parses `0,2-3` or `0x5` into core numbers.
-pub fn parse_cores(s: &str) -> Result<Vec<usize>, String> {
-    let s = s.trim();
-    let mut cores = Vec::new();
-    if let Some(hex) = s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
-        let m = u64::from_str_radix(hex, 16).map_err(|_| format!("bad core mask '{s}'"))?;
-        cores.extend((0..64).filter(|b| m & (1 << b) != 0));
-    } else {
-        for part in s.split(',') {
-            let (a, b) = match part.split_once('-') {
-                Some((a, b)) => (a, b),
-                None => (part, part),
-            };
-            let a: usize = a.trim().parse().map_err(|_| format!("bad core '{part}'"))?;
-            let b: usize = b.trim().parse().map_err(|_| format!("bad core '{part}'"))?;
-            if a > b || b >= 1024 {
-                return Err(format!("bad core range '{part}'"));
-            }
-            cores.extend(a..=b);
-        }
-    }
-    cores.sort_unstable();
-    cores.dedup();
-    if cores.is_empty() {
-        return Err(format!("no cores in '{s}'"));
-    }
-    Ok(cores)
-}
-
-/// `[0, 1, 2, 5]` -> `0-2,5`.
-pub(crate) fn fmt_cores(cores: &[usize]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < cores.len() {
-        let mut j = i;
-        while j + 1 < cores.len() && cores[j + 1] == cores[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j {
-            cores[i].to_string()
-        } else {
-            format!("{}-{}", cores[i], cores[j])
-        });
-        i = j + 1;
-    }
-    out.join(",")
-}
-
-/// Checks that every core in `cores` is one of `online` (the CPUs this
-/// process may run on); the error names the first one that is not.
-pub(crate) fn check_cores(cores: &[usize], online: &[usize]) -> Result<(), String> {
-    match cores.iter().find(|c| !online.contains(c)) {
-        Some(c) => Err(format!(
-            "core {c} is not available to this process (available: {})",
-            fmt_cores(online)
-        )),
-        None => Ok(()),
-    }
-}
-
-/// The CPUs this process may run on.
-pub(crate) fn online_cpus() -> Vec<usize> {
-    // SAFETY: zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        if libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) != 0 {
-            return vec![0];
-        }
-        (0..libc::CPU_SETSIZE as usize)
-            .filter(|&c| libc::CPU_ISSET(c, &set))
-            .collect()
-    }
+    BadOption::new(option, value, why).into()
 }
 
 pub(crate) struct Device {
@@ -331,38 +97,27 @@ pub(crate) fn open_device(
 
 /// Option checks that need no device: each names the option and its value.
 fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
-    let cores = parse_cores(&a.cores).map_err(|e| bad("-c", &a.cores, e))?;
-    check_cores(&cores, online).map_err(|e| bad("-c", &a.cores, e))?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    if a.queue_depth == 0 {
-        return Err(bad("-q", 0, "must be at least 1"));
-    }
+    let cores = cores_option("-c", &a.cores, online)?;
+    a.run.check(online, &cores, "-c", &a.cores)?;
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
-    }
-    check_run_options(a.io_size, a.io_count, a.time, a.timeout_ms)
-        .map_err(|(option, value, why)| bad(option, value, why))?;
-    if a.inline && cores.len() != 1 {
-        return Err(PerfError::Args("--inline steps the emulated controller on the worker thread: use exactly one worker core".into()));
     }
     Ok(cores)
 }
 
 /// Option checks against the transport IDs, before any device exists.
 fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
-    if a.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
+    if a.run.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
         ));
     }
-    if a.inline && a.interrupts {
+    if a.run.inline && a.interrupts {
         return Err(PerfError::Args(
             "--interrupts needs a controller that runs by itself: not with --inline (the worker steps the device)".into(),
         ));
     }
-    if a.verify {
+    if a.run.verify {
         for (i, t) in trids.iter().enumerate() {
             if let Trid::Soft(SoftTrid {
                 backend: Backend::Null,
@@ -395,20 +150,20 @@ struct NsPlan {
 
 /// Option checks against the opened controllers and their namespaces.
 fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, PerfError> {
-    let io = a.io_size;
+    let io = a.run.io_size;
     let mut plans = Vec::new();
     for d in devices {
         // A queue holds CAP.MQES commands (MQES + 1 entries, one kept
         // empty); a deeper -q keeps the rest in the queue pair's software
         // backlog, as SPDK's perf does.
-        let held = qpair_depth(d, a.queue_depth);
-        if held < a.queue_depth {
+        let held = qpair_depth(d, a.run.queue_depth);
+        if held < a.run.queue_depth {
             eprintln!(
                 "pollux perf: {}: its I/O queues hold {held} commands (CAP.MQES + 1 = {} entries, one kept empty); -q {} keeps the other {} waiting in software",
                 d.name,
                 held as u32 + 1,
-                a.queue_depth,
-                a.queue_depth - held
+                a.run.queue_depth,
+                a.run.queue_depth - held
             );
         }
         let nns = d.ctrl.namespaces().len() as u64;
@@ -454,7 +209,7 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
                     ),
                 ));
             }
-            if a.verify && units > verify::MAX_UNITS {
+            if a.run.verify && units > verify::MAX_UNITS {
                 return Err(bad(
                     "--verify",
                     "",
@@ -471,14 +226,6 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
         plans.push(ns_plans);
     }
     Ok(plans)
-}
-
-/// `MemAvailable` from /proc/meminfo, in bytes.
-pub(crate) fn mem_available() -> Option<u64> {
-    let s = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = s.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    kib.checked_mul(1024)
 }
 
 /// Commands a queue pair of `d` holds for a run at `depth` (-q): the
@@ -511,11 +258,11 @@ fn qpair_dma_bytes(d: &Device, depth: u64, slots: u64, io: u64) -> u64 {
 /// are populated (MAP_POPULATE) or pinned at allocation, so an impossible
 /// size would otherwise push the machine into swap or the OOM killer.
 fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Result<(), PerfError> {
-    let depth = a.queue_depth as u64;
+    let depth = a.run.queue_depth as u64;
     let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
     for (d, ns_plans) in devices.iter().zip(plans) {
-        let held = qpair_depth(d, a.queue_depth) as u64;
-        let per_qp = qpair_dma_bytes(d, held, depth, a.io_size);
+        let held = qpair_depth(d, a.run.queue_depth) as u64;
+        let per_qp = qpair_dma_bytes(d, held, depth, a.run.io_size);
         let n = ns_plans.len() as u64 * a.qpairs as u64;
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
@@ -524,7 +271,7 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
             DmaMemory::Huge => huge = huge.saturating_add(bytes),
             DmaMemory::HugeThenAnon => huge_or_anon = huge_or_anon.saturating_add(bytes),
         }
-        if a.verify {
+        if a.run.verify {
             // One bit per I/O unit, shared by the queue pairs of a namespace.
             for p in ns_plans {
                 anon = anon.saturating_add(p.units.div_ceil(64) * 8);
@@ -533,11 +280,11 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
     }
     let what = format!(
         "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace, {} device(s)){}",
-        a.queue_depth,
-        a.io_size,
+        a.run.queue_depth,
+        a.run.io_size,
         a.qpairs,
         devices.len(),
-        if a.verify {
+        if a.run.verify {
             " and the --verify bitmaps"
         } else {
             ""
@@ -603,10 +350,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     // The emulator (its device thread) must outlive the controllers
     // (their orderly shutdown needs it), so it is declared first and
     // dropped last.
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
-    let mut emu = SoftEmulator::new(a.inline, device_core);
+    let device_core = a.run.device.core(&cores, &online);
+    let mut emu = SoftEmulator::new(a.run.inline, device_core);
     if trids.iter().any(|t| matches!(t, Trid::Soft(_))) {
         emu.start_thread()?;
     }
@@ -639,7 +384,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     check_memory(&a, &devices, &plans)?;
 
     let qopts = QpairOptions {
-        depth: a.queue_depth,
+        depth: a.run.queue_depth,
         delayed_sq_doorbell: !a.no_delayed_doorbell,
         sq_doorbell_batch: a.sq_batch.max(1),
         lazy_cq_doorbell: !a.no_lazy_cq,
@@ -647,17 +392,17 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         nt_sqe_copy: a.nt_copy,
         cq_line_batch: a.cq_line_batch,
         interrupts: a.interrupts,
-        timeout: (a.timeout_ms > 0).then(|| Duration::from_millis(a.timeout_ms)),
+        timeout: a.run.timeout(),
         ..QpairOptions::default()
     };
-    let (random, mix) = match a.workload {
+    let (random, mix) = match a.run.workload {
         Workload::Read => (false, Mix::AllRead),
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
         Workload::Rw | Workload::Randrw => (
-            a.workload == Workload::Randrw,
-            Mix::from_percent(a.rwmixread),
+            a.run.workload == Workload::Randrw,
+            Mix::from_percent(a.run.rwmixread),
         ),
     };
 
@@ -668,28 +413,28 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let mut njobs = 0usize;
     for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
         for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
-            let io = a.io_size as usize;
+            let io = a.run.io_size as usize;
             let (nlb, units) = (plan.nlb, plan.units);
             for p in 0..a.qpairs {
                 let w = njobs % cores.len();
                 let qp = d.ctrl.alloc_qpair(QpairOptions {
-                    depth: qpair_depth(d, a.queue_depth),
+                    depth: qpair_depth(d, a.run.queue_depth),
                     ..qopts.clone()
                 })?;
                 // Slots (buffers) for -q I/Os; those beyond what the
                 // queue holds wait in the queue pair's backlog.
-                let depth = a.queue_depth as usize;
+                let depth = a.run.queue_depth as usize;
                 // One allocation, one owned piece per slot.
                 let bufs = IoBuf::new(d.ctrl.alloc_dma(depth * io)?)
                     .chunks(io)
                     .into_iter()
                     .map(Some)
                     .collect();
-                let total = match a.io_count {
+                let total = match a.run.io_count {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
                 };
-                let verify = if a.verify {
+                let verify = if a.run.verify {
                     let w = written
                         .entry((di, ns.nsid()))
                         .or_insert_with(|| verify::Written::new(units))
@@ -698,7 +443,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 } else {
                     None
                 };
-                let latency = if a.latency {
+                let latency = if a.run.latency {
                     // Ticks: up to an hour at a few GHz.
                     let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
                         .map_err(|e| PerfError::Args(e.to_string()))?;
@@ -737,7 +482,11 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,
-                    slot_lba: if a.verify { vec![0; depth] } else { Vec::new() },
+                    slot_lba: if a.run.verify {
+                        vec![0; depth]
+                    } else {
+                        Vec::new()
+                    },
                     retry: Vec::new(),
                 };
                 per_worker[w].push(Job { qp, ctx });
@@ -746,7 +495,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         }
     }
 
-    let inline_devs: Vec<Arc<SoftDevice>> = if a.inline {
+    let inline_devs: Vec<Arc<SoftDevice>> = if a.run.inline {
         devices.iter().filter_map(|d| d.soft.clone()).collect()
     } else {
         Vec::new()
@@ -758,7 +507,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             progress: AtomicU64::new(0),
         })
         .collect();
-    let drain_timeout = Duration::from_millis(a.timeout_ms.max(1000).saturating_mul(2));
+    let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -780,7 +529,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             }
             std::thread::sleep(Duration::from_millis(20));
             let el = t0.elapsed();
-            if a.time > 0 && el >= Duration::from_secs(a.time) {
+            if a.run.time > 0 && el >= Duration::from_secs(a.run.time) {
                 for c in &ctls {
                     c.stop.store(true, Ordering::Relaxed);
                 }
@@ -791,12 +540,12 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     .iter()
                     .map(|c| c.progress.load(Ordering::Relaxed))
                     .sum();
-                if !a.json {
+                if !a.run.json {
                     eprintln!(
                         "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s",
                         el.as_secs(),
                         now.saturating_sub(last) as f64,
-                        now.saturating_sub(last) as f64 * a.io_size as f64 / (1 << 20) as f64
+                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64
                     );
                 }
                 last = now;
@@ -812,7 +561,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         .iter()
         .filter_map(|d| d.soft.as_ref().map(|s| (d.name.clone(), s.stats())))
         .collect();
-    let summary = report(
+    let summary = report::report(
         &a,
         &results,
         &device_stats,
@@ -822,208 +571,4 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     drop(devices);
     drop(emu);
     Ok(summary)
-}
-
-/// A latency statistic in microseconds: `q` a quantile, `None` the mean.
-fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
-    let ticks = match q {
-        Some(q) => h.value_at_quantile(q) as f64,
-        None => h.mean(),
-    };
-    ticks * ns_per_tick / 1000.0
-}
-
-fn report(
-    a: &PerfArgs,
-    results: &[WorkerResult],
-    device_stats: &[(String, pollux_softnvme::DeviceStats)],
-    ns_per_tick: f64,
-    clock_source: &str,
-) -> Summary {
-    let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
-    let mib = |ios: f64, io: usize| ios * io as f64 / (1u64 << 20) as f64;
-    let mut rows = Vec::new();
-    let mut total_hist: Option<Histogram<u64>> = None;
-    let (
-        mut t_ios,
-        mut t_err,
-        mut t_iops,
-        mut t_mib,
-        mut sq_db,
-        mut cq_db,
-        mut shadow,
-        mut submitted,
-    ) = (0u64, 0u64, 0f64, 0f64, 0u64, 0u64, 0u64, 0u64);
-    let mut cores_json = Vec::new();
-    let mut errors_list = Vec::new();
-    let mut max_elapsed = 0f64;
-    let mut max_cpu = 0f64;
-    for r in results {
-        let secs = r.elapsed.as_secs_f64().max(1e-9);
-        max_elapsed = max_elapsed.max(secs);
-        let all: u64 = r.jobs.iter().map(|j| j.ios).sum::<u64>().max(1);
-        let mut core_ios = 0f64;
-        let mut core_err = 0u64;
-        for j in &r.jobs {
-            // I/Os inside the measurement window, attributed by share.
-            let ios_w = r.ios_in_window as f64 * j.ios as f64 / all as f64;
-            let iops = ios_w / secs;
-            t_ios += j.ios;
-            t_err += j.errors;
-            core_err += j.errors;
-            core_ios += iops;
-            t_iops += iops;
-            t_mib += mib(iops, j.io_size);
-            sq_db += j.qp.sq_doorbells;
-            cq_db += j.qp.cq_doorbells;
-            shadow += j.qp.shadow_updates;
-            submitted += j.qp.submitted;
-            errors_list.extend(j.first_errors.iter().map(|e| format!("{}: {e}", j.label)));
-            if let Some(h) = &j.hist {
-                match &mut total_hist {
-                    None => total_hist = Some(h.clone()),
-                    Some(t) => {
-                        let _ = t.add(h);
-                    }
-                }
-            }
-            rows.push(json!({
-                "name": j.label,
-                "ios": j.ios,
-                "iops": iops,
-                "mib_s": mib(iops, j.io_size),
-                "errors": j.errors,
-                "avg_lat_us": j.hist.as_ref().map(|h| lat_us(h, None, ns_per_tick)),
-                "min_lat_us": j.hist.as_ref().map(|h| us(h.min())),
-                "max_lat_us": j.hist.as_ref().map(|h| us(h.max())),
-                "p99_lat_us": j.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
-                "sq_doorbells": j.qp.sq_doorbells,
-                "cq_doorbells": j.qp.cq_doorbells,
-                "shadow_updates": j.qp.shadow_updates,
-                "polls": j.qp.polls,
-                "queued": j.qp.queued,
-                "timeouts": j.qp.timeouts,
-            }));
-        }
-        if let Some(e) = &r.drain_error {
-            t_err += 1;
-            errors_list.push(e.clone());
-        }
-        let cpu_util = r.cpu.as_secs_f64() / r.wall.as_secs_f64().max(1e-9);
-        max_cpu = max_cpu.max(cpu_util);
-        cores_json.push(json!({
-            "core": r.core, "iops": core_ios, "seconds": secs, "errors": core_err,
-            "cpu_s": r.cpu.as_secs_f64(), "cpu_util": cpu_util,
-        }));
-    }
-    let per_io = |x: u64| {
-        if submitted == 0 {
-            0.0
-        } else {
-            x as f64 / submitted as f64
-        }
-    };
-    let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
-    let soft_json: Vec<_> = device_stats
-        .iter()
-        .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled }))
-        .collect();
-    if a.json {
-        let out = json!({
-            "config": {
-                "queue_depth": a.queue_depth, "io_size": a.io_size, "workload": format!("{:?}", a.workload).to_lowercase(),
-                "rwmixread": a.rwmixread, "time_s": a.time, "io_count": a.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
-                "inline": a.inline, "verify": a.verify, "latency": a.latency, "latency_clock": clock_source,
-                "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
-                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,
-            },
-            "devices": rows,
-            "cores": cores_json,
-            "emulated_controllers": soft_json,
-            "errors": errors_list,
-            "total": {
-                "iops": t_iops, "mib_s": t_mib, "ios": t_ios, "errors": t_err, "seconds": max_elapsed,
-                "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| us(h.min())),
-                "p50_lat_us": lat(Some(0.5)), "p99_lat_us": lat(Some(0.99)),
-                "max_lat_us": total_hist.as_ref().map(|h| us(h.max())),
-                "sq_doorbells_per_io": per_io(sq_db), "cq_doorbells_per_io": per_io(cq_db),
-                "shadow_updates_per_io": per_io(shadow),
-                "worker_cpu_util_max": max_cpu,
-            }
-        });
-        println!("{out}");
-    } else {
-        let bar = "=".repeat(110);
-        println!("{bar}");
-        println!("{:<62}{:>48}", "", "Latency(us)");
-        println!(
-            "{:<50}: {:>12} {:>10} {:>10} {:>10} {:>10}",
-            "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
-        );
-        for r in &rows {
-            let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
-            println!(
-                "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
-                r["name"].as_str().unwrap_or(""),
-                r["iops"].as_f64().unwrap_or(0.0),
-                r["mib_s"].as_f64().unwrap_or(0.0),
-                f("avg_lat_us"),
-                f("min_lat_us"),
-                f("max_lat_us")
-            );
-        }
-        println!("{bar}");
-        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!(
-            "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
-            "Total",
-            t_iops,
-            t_mib,
-            fmt(lat(None)),
-            fmt(total_hist.as_ref().map(|h| us(h.min()))),
-            fmt(total_hist.as_ref().map(|h| us(h.max())))
-        );
-        if a.latency {
-            println!(
-                "Latency percentiles (us): p50 {}  p99 {}",
-                fmt(lat(Some(0.5))),
-                fmt(lat(Some(0.99)))
-            );
-        }
-        println!(
-            "Doorbell writes per I/O: SQ {:.4}  CQ {:.4}  (shadow updates {:.4})",
-            per_io(sq_db),
-            per_io(cq_db),
-            per_io(shadow)
-        );
-        println!("I/Os: {t_ios}  errors: {t_err}");
-        println!(
-            "Worker CPU: {:.1}% of a core (busiest worker, getrusage){}",
-            max_cpu * 100.0,
-            if a.interrupts {
-                "; sleeping on interrupts when idle"
-            } else {
-                "; polling"
-            }
-        );
-        for e in &errors_list {
-            println!("error: {e}");
-        }
-    }
-    Summary { errors: t_err }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn cores_parse() {
-        assert_eq!(parse_cores("0").unwrap(), vec![0]);
-        assert_eq!(parse_cores("0,2-3").unwrap(), vec![0, 2, 3]);
-        assert_eq!(parse_cores("0x5").unwrap(), vec![0, 2]);
-        assert!(parse_cores("3-1").is_err());
-        assert!(parse_cores("x").is_err());
-        assert!(parse_cores("0x0").is_err());
-    }
 }

@@ -15,11 +15,12 @@ use pollux_host::{
 };
 use pollux_softnvme::SoftDevice;
 
-use super::pattern::Pattern;
-use super::verify::Verify;
+use crate::common::clock::thread_cpu_time;
+use crate::common::pattern::Pattern;
+use crate::common::verify::Verify;
 
 pub struct Latency {
-    pub clock: super::clock::LatClock,
+    pub clock: crate::common::clock::LatClock,
     /// Submission time per slot, in clock ticks.
     pub submit: Vec<u64>,
     /// Latencies in clock ticks (converted to ns in the report).
@@ -294,34 +295,6 @@ pub struct WorkerResult {
     pub drain_error: Option<String>,
 }
 
-pub fn pin_to(core: usize) {
-    // SAFETY: a zeroed cpu_set_t is a valid empty set; CPU_SET writes
-    // within it; sched_setaffinity reads it.
-    unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::CPU_SET(core, &mut set);
-        if libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &set) != 0 {
-            tracing::warn!(
-                core,
-                "could not pin thread: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-}
-
-/// CPU time (user + system) this thread has used.
-pub fn thread_cpu_time() -> Duration {
-    // SAFETY: getrusage fills the zeroed struct it is given.
-    let ru = unsafe {
-        let mut ru: libc::rusage = std::mem::zeroed();
-        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
-        ru
-    };
-    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
-    tv(ru.ru_utime) + tv(ru.ru_stime)
-}
-
 /// With interrupts: after a round of polls that found nothing, sleep on
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
@@ -358,7 +331,9 @@ pub fn run(
     interrupts: bool,
 ) -> WorkerResult {
     if let Some(c) = core {
-        pin_to(c);
+        if let Err(e) = pollux_runtime::pin_to_core(c) {
+            tracing::warn!(core = c, "could not pin thread: {e}");
+        }
     }
     let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
@@ -445,8 +420,8 @@ pub fn run(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::common::pattern::Mix;
     use crate::emulator::SoftEmulator;
-    use crate::perf::pattern::Mix;
     use pollux_host::{ControllerOptions, SoftTrid, Trid};
     use std::sync::mpsc;
 

@@ -17,9 +17,9 @@ use pollux_nvmf::{
     NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
-use crate::bdevperf::parse_mask;
+use crate::common::cores::online_cpus;
+use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
 use crate::nvme_open::NvmeOpener;
-use crate::perf::{check_cores, online_cpus};
 use pollux_host::trid::parse_size;
 
 #[derive(Args, Debug, Clone)]
@@ -42,10 +42,8 @@ pub struct TargetArgs {
     /// namespaces.
     #[arg(long = "nvme")]
     pub nvme: Option<String>,
-    /// Core of the emulated controllers' thread (trtype:soft; default: an
-    /// online core the target does not use, if any).
-    #[arg(long = "device-core")]
-    pub device_core: Option<usize>,
+    #[command(flatten)]
+    pub device: DeviceCoreArgs,
     /// Block size of --null and --ram.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,
@@ -61,9 +59,8 @@ pub struct TargetArgs {
     /// Model number (quick mode).
     #[arg(long = "model")]
     pub model: Option<String>,
-    /// Cores: a hex mask (0x3), a list ([0,1] or 0,1) or a range (0-1).
-    #[arg(short = 'm', long = "cpumask", default_value = "0x1")]
-    pub cpumask: String,
+    #[command(flatten)]
+    pub cpumask: CpumaskArgs,
     /// SPDK JSON configuration (bdev and nvmf subsystems).
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
@@ -104,12 +101,8 @@ pub struct TargetArgs {
 
 #[derive(Debug, thiserror::Error)]
 pub enum TargetCliError {
-    #[error("{option} {value}: {why}")]
-    Bad {
-        option: &'static str,
-        value: String,
-        why: String,
-    },
+    #[error(transparent)]
+    Bad(#[from] BadOption),
     #[error(transparent)]
     Target(#[from] pollux_nvmf::TargetError),
     #[error(transparent)]
@@ -124,11 +117,7 @@ fn bad(
     value: impl std::fmt::Display,
     why: impl Into<String>,
 ) -> TargetCliError {
-    TargetCliError::Bad {
-        option,
-        value: value.to_string(),
-        why: why.into(),
-    }
+    BadOption::new(option, value, why).into()
 }
 
 /// `--handshake-timeout SECS`: decimal seconds, 1 ms..=1 hour.
@@ -298,15 +287,10 @@ pub fn config(
 
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
-    let cores = parse_mask(&a.cpumask).map_err(|e| bad("-m", &a.cpumask, e))?;
     let online = online_cpus();
-    check_cores(&cores, &online).map_err(|e| bad("-m", &a.cpumask, e))?;
-    if let Some(c) = a.device_core {
-        check_cores(&[c], &online).map_err(|e| bad("--device-core", c, e))?;
-    }
-    let device_core = a
-        .device_core
-        .or_else(|| online.iter().copied().find(|c| !cores.contains(c)));
+    let cores = a.cpumask.cores(&online)?;
+    a.device.check(&online)?;
+    let device_core = a.device.core(&cores, &online);
     // NVMe controllers of any transport, side by side; opened as the
     // configuration names them.
     let opener = std::cell::RefCell::new(NvmeOpener::new(
@@ -380,6 +364,23 @@ mod tests {
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
         )
+    }
+
+    /// An option refused without a value reads `option: why`, as in
+    /// perf and bdevperf (before: `option : why`).
+    #[test]
+    fn a_refusal_without_a_value_has_no_stray_space() {
+        let a = Cli::try_parse_from(["target"]).expect("arguments").a;
+        let e = config(
+            &a,
+            &mut |t: &str| Err(bad("--nvme", t, "none")),
+            &mut |n: &NvmeAttach| Err(n.name.clone()),
+        )
+        .expect_err("no namespace");
+        assert_eq!(
+            e.to_string(),
+            "--null/--ram/--uring/--nvme: give one namespace (or -c FILE)"
+        );
     }
 
     #[test]

@@ -21,15 +21,21 @@
 //! if a request failed or was refused (the rest are then not sent), with
 //! its kind's failure: Internal Error for Dataset Management, Write Fault
 //! for the others.
+use pollux_bdev::RawSeg as Seg;
 use pollux_spec::cmd::DsmRange;
 use pollux_spec::status::{generic, media};
 use pollux_spec::Status;
 use zerocopy::FromBytes;
 
-use super::{gen, lba_ok, IoQueue, Seg};
-use crate::command::{IoCmd, IoOp};
+use crate::command::{lba_ok, IoCmd, IoOp};
 use crate::cursor::copy_from_segs;
+use crate::store::NsChan;
 use crate::user_data::{Kind, UserData, KID};
+
+#[inline(always)]
+fn gen(sc: u8) -> Status {
+    Status::generic(sc)
+}
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Work {
@@ -78,7 +84,16 @@ pub(crate) struct Multis {
     free: Vec<u32>,
     live: usize,
     /// Completions of their requests met by a poll (kept for reuse).
-    kids: Vec<(u32, Status)>,
+    pub kids: Vec<(u32, Status)>,
+}
+
+/// A command that is over ([`Multis::kid_done`]).
+pub(crate) struct Over {
+    pub tag: u32,
+    pub cid: u16,
+    pub nsid: u32,
+    pub slba: u64,
+    pub status: Status,
 }
 
 impl Multis {
@@ -110,16 +125,20 @@ impl Multis {
     }
 }
 
-impl IoQueue {
-    /// `start` of a Dataset Management, a Flush of every namespace or a
-    /// Write Zeroes larger than one piece: its status if it ends within
-    /// the call (nothing to do, refused), else None (`poll` delivers it).
+impl Multis {
+    /// `IoQueue::start` of a Dataset Management, a Flush of every
+    /// namespace or a Write Zeroes larger than one piece, over the queue's
+    /// namespaces `ns` (`scratch`: room for the ranges): its status if it
+    /// ends within the call (nothing to do, refused), else None (`poll`
+    /// delivers it).
     ///
     /// # Safety
-    /// As `submit` (a Dataset Management's ranges are read within the
-    /// call).
-    pub(super) unsafe fn start_multi(
+    /// As `IoQueue::submit` (a Dataset Management's ranges are read within
+    /// the call).
+    pub unsafe fn start(
         &mut self,
+        ns: &mut [NsChan],
+        scratch: &mut Vec<u8>,
         tag: u32,
         cmd: &IoCmd,
         segs: &[Seg],
@@ -131,9 +150,9 @@ impl IoQueue {
             IoOp::FlushAll => (
                 Work::Flush,
                 Status::media(media::WRITE_FAULT),
-                (0..self.ns.len()).rev().map(|i| (i, 0, 0)).collect(),
+                (0..ns.len()).rev().map(|i| (i, 0, 0)).collect(),
             ),
-            IoOp::WriteZeroes { dealloc } if idx < self.ns.len() => {
+            IoOp::WriteZeroes { dealloc } if idx < ns.len() => {
                 then_flush = cmd.flags.fua().then_some(idx);
                 (
                     Work::Zero { dealloc },
@@ -143,7 +162,7 @@ impl IoQueue {
             }
             IoOp::Dsm { nr, deallocate } => {
                 // SAFETY: forwarded contract.
-                match unsafe { self.dsm_ranges(cmd.nsid, nr, deallocate, segs) } {
+                match unsafe { dsm_ranges(ns, scratch, cmd.nsid, nr, deallocate, segs) } {
                     Ok(todo) => (
                         Work::Zero { dealloc: true },
                         gen(generic::INTERNAL_ERROR),
@@ -157,7 +176,7 @@ impl IoQueue {
         if todo.is_empty() && then_flush.is_none() {
             return Some(Status::SUCCESS);
         }
-        let slot = self.multi.insert(Multi {
+        let slot = self.insert(Multi {
             tag,
             cid: cmd.cid,
             nsid: cmd.nsid,
@@ -169,56 +188,13 @@ impl IoQueue {
             failed: false,
             fail,
         });
-        self.pump(slot).map(|m| m.status())
-    }
-
-    /// A Dataset Management's ranges to deallocate, as `todo` (none for
-    /// hints only); LBA Out of Range if any range is outside the
-    /// namespace (then nothing is touched).
-    ///
-    /// # Safety
-    /// As `exec`.
-    unsafe fn dsm_ranges(
-        &mut self,
-        nsid: u32,
-        nr: usize,
-        deallocate: bool,
-        segs: &[Seg],
-    ) -> Result<Vec<(usize, u64, u64)>, Status> {
-        let idx = (nsid as usize).wrapping_sub(1);
-        let Some(ns) = self.ns.get(idx) else {
-            return Err(gen(generic::INVALID_NAMESPACE));
-        };
-        let nsze = ns.nsze;
-        let len = nr * core::mem::size_of::<DsmRange>();
-        self.scratch.clear();
-        self.scratch.resize(len, 0);
-        // SAFETY: forwarded contract.
-        unsafe { copy_from_segs(segs, &mut self.scratch) };
-        let ranges = self
-            .scratch
-            .chunks_exact(16)
-            .filter_map(|b| DsmRange::read_from_bytes(b).ok());
-        if ranges.clone().any(|r| !lba_ok(r.slba, r.nlb as u64, nsze)) {
-            return Err(gen(generic::LBA_OUT_OF_RANGE));
-        }
-        if !deallocate {
-            return Ok(Vec::new()); // hints only
-        }
-        // Sent in the host's order: the last range first in the list.
-        let mut todo: Vec<_> = ranges
-            .filter(|r| r.nlb > 0)
-            .map(|r| (idx, r.slba, r.nlb as u64))
-            .collect();
-        todo.reverse();
-        Ok(todo)
+        self.pump(ns, slot).map(|m| m.status())
     }
 
     /// Sends what command `slot` may have in flight now; returns it once
     /// it is over (and forgets it).
-    fn pump(&mut self, slot: usize) -> Option<Multi> {
-        let IoQueue { ns, multi, .. } = self;
-        let m = multi.slots.get_mut(slot)?.as_mut()?;
+    fn pump(&mut self, ns: &mut [NsChan], slot: usize) -> Option<Multi> {
+        let m = self.slots.get_mut(slot)?.as_mut()?;
         let kid = UserData::new(KID | slot as u32, Kind::Other, 0).raw();
         while !m.failed && (m.out == 0 || m.work == Work::Flush) {
             let Some(&(i, slba, nlb)) = m.todo.last() else {
@@ -277,46 +253,73 @@ impl IoQueue {
         if m.out > 0 || (!m.failed && more) {
             return None;
         }
-        multi.remove(slot)
+        self.remove(slot)
     }
 
-    /// `poll` while such commands are outstanding: their requests'
-    /// completions go to them (the next pieces out), the others to `f`,
-    /// and so do the commands that are over.
-    #[cold]
-    #[inline(never)]
-    pub(super) fn poll_multi(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
-        let mut kids = std::mem::take(&mut self.multi.kids);
-        let mut n = self.poll_requests(&mut |tag, st| {
-            if tag & KID != 0 {
-                kids.push((tag, st));
-            } else {
-                f(tag, st);
+    /// The completion of request `tag` (with [`KID`]) of one of these
+    /// commands with `st`: its next pieces go out; the command once it is
+    /// over.
+    pub fn kid_done(&mut self, ns: &mut [NsChan], tag: u32, st: Status) -> Option<Over> {
+        let slot = (tag & !KID) as usize;
+        match self.slots.get_mut(slot).and_then(Option::as_mut) {
+            Some(m) => {
+                m.out -= 1;
+                m.failed |= !st.is_success();
             }
-        });
-        n -= kids.len();
-        for (tag, st) in kids.drain(..) {
-            let slot = (tag & !KID) as usize;
-            match self.multi.slots.get_mut(slot).and_then(Option::as_mut) {
-                Some(m) => {
-                    m.out -= 1;
-                    m.failed |= !st.is_success();
-                }
-                None => {
-                    tracing::error!(tag, "completion of an unknown multi-request command");
-                    continue;
-                }
-            }
-            if let Some(m) = self.pump(slot) {
-                let st = m.status();
-                if !st.is_success() {
-                    self.report_failure(m.cid, st, m.nsid, m.slba);
-                }
-                f(m.tag, st);
-                n += 1;
+            None => {
+                tracing::error!(tag, "completion of an unknown multi-request command");
+                return None;
             }
         }
-        self.multi.kids = kids;
-        n
+        let m = self.pump(ns, slot)?;
+        Some(Over {
+            tag: m.tag,
+            cid: m.cid,
+            nsid: m.nsid,
+            slba: m.slba,
+            status: m.status(),
+        })
     }
+}
+
+/// A Dataset Management's ranges to deallocate, as `todo` (none for
+/// hints only); LBA Out of Range if any range is outside the
+/// namespace (then nothing is touched).
+///
+/// # Safety
+/// As `IoQueue::exec`.
+unsafe fn dsm_ranges(
+    ns: &[NsChan],
+    scratch: &mut Vec<u8>,
+    nsid: u32,
+    nr: usize,
+    deallocate: bool,
+    segs: &[Seg],
+) -> Result<Vec<(usize, u64, u64)>, Status> {
+    let idx = (nsid as usize).wrapping_sub(1);
+    let Some(ns) = ns.get(idx) else {
+        return Err(gen(generic::INVALID_NAMESPACE));
+    };
+    let nsze = ns.nsze;
+    let len = nr * core::mem::size_of::<DsmRange>();
+    scratch.clear();
+    scratch.resize(len, 0);
+    // SAFETY: forwarded contract.
+    unsafe { copy_from_segs(segs, scratch) };
+    let ranges = scratch
+        .chunks_exact(16)
+        .filter_map(|b| DsmRange::read_from_bytes(b).ok());
+    if ranges.clone().any(|r| !lba_ok(r.slba, r.nlb as u64, nsze)) {
+        return Err(gen(generic::LBA_OUT_OF_RANGE));
+    }
+    if !deallocate {
+        return Ok(Vec::new()); // hints only
+    }
+    // Sent in the host's order: the last range first in the list.
+    let mut todo: Vec<_> = ranges
+        .filter(|r| r.nlb > 0)
+        .map(|r| (idx, r.slba, r.nlb as u64))
+        .collect();
+    todo.reverse();
+    Ok(todo)
 }

@@ -4,7 +4,7 @@
 //! read ~18 ns, and -L reads the clock twice per I/O (as SPDK's perf does
 //! with its tick counter). Ticks are converted to nanoseconds once, at the
 //! end, with a calibration taken over the whole run against `Instant`.
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 #[derive(Clone, Copy, Debug)]
 pub struct LatClock {
@@ -80,6 +80,18 @@ impl LatClock {
             "clock_gettime"
         }
     }
+}
+
+/// CPU time (user + system) this thread has used.
+pub fn thread_cpu_time() -> Duration {
+    // SAFETY: getrusage fills the zeroed struct it is given.
+    let ru = unsafe {
+        let mut ru: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_THREAD, &mut ru);
+        ru
+    };
+    let tv = |t: libc::timeval| Duration::new(t.tv_sec as u64, t.tv_usec as u32 * 1000);
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 #[cfg(test)]

@@ -20,8 +20,8 @@
 //! resets (on a thread of its own), and the reset reconnects or fails the
 //! controller for good. Reconnecting follows Linux's host: an attempt at
 //! once, then one every `reconnect_delay`, until `ctrl_loss_tmo` has passed
-//! (`ensure`); `fast_io_fail_tmo` after the start, `fail_fast` tells the
-//! queue pairs to fail the I/O they hold. Admin commands outstanding on a
+//! (`ensure`, on the schedule of `reconnect`); `fast_io_fail_tmo` after the
+//! start, `fail_fast` tells the queue pairs to fail the I/O they hold. Admin commands outstanding on a
 //! lost link complete with Host Pathing Error.
 //!
 //! Nothing waits for a reconnect on the mutex: the attempts and the waits
@@ -32,121 +32,26 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-use pollux_nvme::error::{Error, Result};
-use pollux_spec::fabrics::{
-    fabrics_sc, property_value, ConnectCmd, ConnectData, PropertyGetCmd, PropertySetCmd,
-    PropertySize, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
-};
-use pollux_spec::regs::{self, Cc, Csts};
-use pollux_spec::status::{sct, Status};
+use pollux_spec::fabrics::{PropertySize, CNTLID_DYNAMIC};
+use pollux_spec::regs::{self, Cc};
 use pollux_spec::{Cqe, Sqe};
-use zerocopy::IntoBytes;
 
-use crate::conn::{Conn, ConnError, Data, Slot};
-use crate::mem;
+use crate::error::{Error, Result, SubmitError};
+use crate::fabrics::connect;
+use crate::fabrics::held::path_error;
+use crate::fabrics::options::FabricsOptions;
+use crate::fabrics::property;
+use crate::fabrics::reconnect::{Next, Schedule, Wait};
+use crate::fabrics::wire::{CapsuleData, Connection, Fabric};
 
 /// Command slots of the admin connection (the core's admin commands, and
 /// the link's own: properties, keep-alive).
-pub(crate) const ADMIN_SLOTS: usize = 128;
+pub const ADMIN_SLOTS: usize = 128;
 /// Admin SQ size asked for in Connect (Linux's NVME_AQ_DEPTH).
-pub(crate) const ADMIN_SQ_ENTRIES: u16 = 32;
-/// In-capsule data allowed on the admin queue (Linux: NVME_TCP_ADMIN_CCSZ).
-pub(crate) const ADMIN_ICD: u32 = 8192;
+pub const ADMIN_SQ_ENTRIES: u16 = 32;
 /// Most data bytes of one admin command.
-pub(crate) const ADMIN_MAX_DATA: usize = 64 << 10;
+pub const ADMIN_MAX_DATA: usize = 64 << 10;
 const KEEP_ALIVE_OPCODE: u8 = 0x18;
-/// Longer than any reconnect waits (a bound on durations from the options).
-const FOREVER: Duration = Duration::from_secs(100 * 365 * 86400);
-
-/// Where and how to connect: what every connection of the controller needs.
-pub(crate) type Target = crate::TcpOptions;
-
-impl Target {
-    /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
-    /// 0xFFFF for the admin queue), returning it and the controller ID.
-    ///
-    /// I/O queues ask the controller to disable SQ flow control (it then
-    /// ends a read with C2HData's SUCCESS flag instead of a response
-    /// capsule; the host never needs SQHD: its trackers keep it within
-    /// the queue); a controller that refuses that CATTR bit is asked again
-    /// without it.
-    pub(crate) fn connect_queue(
-        &self,
-        qid: u16,
-        sq_entries: u16,
-        cntlid: u16,
-        slots: usize,
-    ) -> Result<(Conn, u16)> {
-        if qid == 0 || self.sq_flow {
-            return self.connect_once(qid, sq_entries, cntlid, slots, 0);
-        }
-        match self.connect_once(qid, sq_entries, cntlid, slots, CATTR_DISABLE_SQ_FLOW) {
-            Err(Error::Nvme {
-                cmd: "Connect",
-                status,
-            }) if status.sct() == sct::COMMAND_SPECIFIC
-                && status.sc() == fabrics_sc::CONNECT_INVALID_PARAMETERS =>
-            {
-                tracing::debug!(addr = %self.addr, qid, "SQ flow control disable refused; connecting with it");
-                self.connect_once(qid, sq_entries, cntlid, slots, 0)
-            }
-            r => r,
-        }
-    }
-
-    fn connect_once(
-        &self,
-        qid: u16,
-        sq_entries: u16,
-        cntlid: u16,
-        slots: usize,
-        cattr: u8,
-    ) -> Result<(Conn, u16)> {
-        let mut conn = Conn::connect(self.addr, qid, self.digests, slots, self.connect_timeout)
-            .map_err(conn_error)?;
-        conn.icd_max = ADMIN_ICD;
-        let kato = if qid == 0 { self.kato_ms } else { 0 };
-        let cmd = ConnectCmd::new(qid, sq_entries - 1, cattr, kato);
-        let data = ConnectData::new(self.hostid, cntlid, &self.subnqn, &self.hostnqn)
-            .map_err(|e| Error::InvalidArgument(format!("NQN: {e}")))?;
-        let (cqe, _) = conn
-            .exec_sync(
-                0,
-                cmd.to_sqe(),
-                Data::Bytes(data.as_bytes()),
-                self.admin_timeout,
-                "Connect",
-            )
-            .map_err(conn_error)?;
-        let st = cqe.status();
-        if !st.is_success() {
-            tracing::error!(
-                addr = %self.addr,
-                qid,
-                subnqn = %self.subnqn,
-                hostnqn = %self.hostnqn,
-                dw0 = format_args!("{:#x}", cqe.dw0),
-                "Connect refused: {st}"
-            );
-            return Err(Error::Nvme {
-                cmd: "Connect",
-                status: st,
-            });
-        }
-        let got = cqe.dw0 as u16;
-        tracing::debug!(addr = %self.addr, qid, cntlid = got, "connected");
-        Ok((conn, got))
-    }
-}
-
-pub(crate) fn conn_error(e: ConnError) -> Error {
-    Error::Io(std::io::Error::other(e))
-}
-
-/// Host Pathing Error: what a command gets when its connection is lost.
-pub(crate) fn path_error() -> u16 {
-    Status::new(sct::PATH, 0x70, false).0
-}
 
 /// A completion of one of the core's admin commands, received and not yet
 /// handed to the core.
@@ -158,11 +63,22 @@ struct Done {
     data: Option<Vec<u8>>,
 }
 
-pub(crate) struct LinkState {
-    pub conn: Option<Conn>,
-    pub cntlid: u16,
+/// Whose command a wire CID of the link carries.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Owner {
+    /// The link's own (properties, keep-alive).
+    Link,
+    /// The core's, with its tag (the core's CID).
+    Core(u16),
+}
+
+struct LinkState<C> {
+    conn: Option<C>,
+    cntlid: u16,
     /// The host disabled the controller and closed the link: CC/CSTS read 0.
     torn_down: bool,
+    /// The commands outstanding on the connection, by wire CID.
+    owners: Vec<Option<Owner>>,
     /// Completions of the core's commands, received (by whoever polled the
     /// link: the core's `reap`, a register access, the keep-alive thread)
     /// and handed to the core by `reap`.
@@ -181,10 +97,32 @@ pub(crate) struct LinkState {
     ka: Option<(u16, Instant)>,
 }
 
+impl<C: Connection> LinkState<C> {
+    /// A wire CID with nothing outstanding.
+    fn free_wcid(&self) -> Option<u16> {
+        self.owners
+            .iter()
+            .position(|o| o.is_none())
+            .map(|w| w as u16)
+    }
+
+    /// Sends a command on wire CID `w` for `owner` and flushes.
+    fn send(&mut self, w: u16, owner: Owner, sqe: Sqe, data: CapsuleData<'_>) -> Result<()> {
+        let Some(c) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        c.send(w, sqe, data)?;
+        self.owners[w as usize] = Some(owner);
+        c.flush()
+    }
+}
+
 /// The admin link. See the module docs.
-pub(crate) struct AdminLink {
-    pub target: Target,
-    st: Mutex<LinkState>,
+pub struct AdminLink<F: Fabric> {
+    /// How connections to the controller are made.
+    pub fabric: F,
+    pub opts: FabricsOptions,
+    st: Mutex<LinkState<F::Conn>>,
     /// The association was lost (set here, read by every I/O queue).
     pub lost: Arc<AtomicBool>,
     /// A reset is reconnecting (`ensure`).
@@ -197,16 +135,26 @@ pub(crate) struct AdminLink {
     pub cap: u64,
 }
 
-impl AdminLink {
-    pub fn connect(target: Target) -> Result<AdminLink> {
-        let (conn, cntlid) =
-            target.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)?;
+impl<F: Fabric> AdminLink<F> {
+    /// Connects the admin queue (Connect with CNTLID 0xFFFF) and reads CAP.
+    pub fn connect(fabric: F, opts: FabricsOptions) -> Result<AdminLink<F>> {
+        pollux_spec::fabrics::validate_nqn(&opts.subnqn)
+            .map_err(|e| Error::InvalidArgument(format!("subnqn '{}': {e}", opts.subnqn)))?;
+        pollux_spec::fabrics::validate_nqn(&opts.hostnqn)
+            .map_err(|e| Error::InvalidArgument(format!("hostnqn '{}': {e}", opts.hostnqn)))?;
+        if opts.reconnect_delay.is_zero() {
+            return Err(Error::InvalidArgument(
+                "reconnect_delay must not be zero".into(),
+            ));
+        }
         let mut link = AdminLink {
-            target,
+            fabric,
+            opts,
             st: Mutex::new(LinkState {
-                conn: Some(conn),
-                cntlid,
+                conn: None,
+                cntlid: 0,
                 torn_down: false,
+                owners: vec![None; ADMIN_SLOTS],
                 stash: VecDeque::new(),
                 internal: vec![None; ADMIN_SLOTS],
                 dest: None,
@@ -218,11 +166,31 @@ impl AdminLink {
             attempts: AtomicU64::new(0),
             cap: 0,
         };
+        let (conn, cntlid) =
+            link.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS)?;
+        {
+            let st = link.st.get_mut().unwrap_or_else(|p| p.into_inner());
+            st.conn = Some(conn);
+            st.cntlid = cntlid;
+        }
         link.cap = link.property_get(regs::off::CAP, PropertySize::Eight)?;
         Ok(link)
     }
 
-    pub fn lock(&self) -> MutexGuard<'_, LinkState> {
+    /// Opens a connection for queue `qid` of this association and sends
+    /// Connect (`cntlid`: 0xFFFF for the admin queue), returning it and
+    /// the controller ID (see `connect`).
+    pub fn connect_queue(
+        &self,
+        qid: u16,
+        sq_entries: u16,
+        cntlid: u16,
+        slots: usize,
+    ) -> Result<(F::Conn, u16)> {
+        connect::connect_queue(&self.fabric, &self.opts, qid, sq_entries, cntlid, slots)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, LinkState<F::Conn>> {
         self.st.lock().unwrap_or_else(|p| p.into_inner())
     }
 
@@ -238,97 +206,87 @@ impl AdminLink {
         if Self::alive(&self.lock()) {
             return Ok(());
         }
-        let t = &self.target;
+        let addr = self.fabric.addr();
         let start = Instant::now();
-        let mut attempt = 0u32;
+        let mut sched = Schedule::new(&self.opts);
         self.reconnecting.store(true, Ordering::Release);
         let r = loop {
-            attempt += 1;
+            let attempt = sched.attempt();
             self.attempts.fetch_add(1, Ordering::Relaxed);
-            let e = match t.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS) {
+            let e = match self.connect_queue(0, ADMIN_SQ_ENTRIES, CNTLID_DYNAMIC, ADMIN_SLOTS) {
                 Ok((conn, cntlid)) => {
                     let mut st = self.lock();
                     self.fail_outstanding(&mut st);
+                    // A new connection: no wire CID is in use.
+                    st.owners.fill(None);
                     st.conn = Some(conn);
                     st.cntlid = cntlid;
                     st.torn_down = false;
                     st.ka = None;
                     self.lost.store(false, Ordering::Release);
-                    tracing::info!(addr = %t.addr, cntlid, attempt, "reconnected (new association)");
+                    tracing::info!(addr = %addr, cntlid, attempt, "reconnected (new association)");
                     break Ok(());
                 }
                 Err(e) => e,
             };
-            // The next attempt on the schedule (none missed if one took
-            // long), bounded so no sum below overflows.
-            let next = t
-                .reconnect_delay
-                .saturating_mul(attempt)
-                .max(start.elapsed())
-                .min(FOREVER);
-            if t.ctrl_loss_tmo.is_some_and(|tmo| next > tmo) {
-                let tmo = t.ctrl_loss_tmo.unwrap_or_default();
-                tracing::error!(
-                    addr = %t.addr,
-                    attempt,
-                    "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
-                    tmo.as_secs_f64()
-                );
-                break Err(Error::Platform(format!(
-                    "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
-                    t.addr,
-                    tmo.as_secs_f64()
-                )));
-            }
+            let next = match sched.next(start.elapsed()) {
+                Next::At(next) => next,
+                Next::GiveUp(tmo) => {
+                    tracing::error!(
+                        addr = %addr,
+                        attempt,
+                        "reconnecting failed: {e}; ctrl_loss_tmo ({} s) has passed: giving up",
+                        tmo.as_secs_f64()
+                    );
+                    break Err(Error::Platform(format!(
+                        "no new association with {} within ctrl_loss_tmo ({} s, {attempt} attempts): {e}",
+                        addr,
+                        tmo.as_secs_f64()
+                    )));
+                }
+            };
             tracing::warn!(
-                addr = %t.addr,
+                addr = %addr,
                 attempt,
                 "reconnecting: {e}; next attempt in {:.1} s",
-                (next - start.elapsed()).as_secs_f64()
+                // (At once when the attempt took longer than the schedule:
+                // `next` is then the time it failed, already past.)
+                next.saturating_sub(start.elapsed()).as_secs_f64()
             );
-            self.wait_until(start, start + next);
+            self.wait_until(&mut sched, start, next);
         };
         self.fail_fast.store(false, Ordering::Release);
         self.reconnecting.store(false, Ordering::Release);
         r
     }
 
-    /// Sleeps until `at`, raising `fail_fast` when `fast_io_fail_tmo` after
-    /// `start` comes first.
-    fn wait_until(&self, start: Instant, at: Instant) {
+    /// Sleeps until the attempt `at` after `start`, raising `fail_fast`
+    /// when `fast_io_fail_tmo` comes first.
+    fn wait_until(&self, sched: &mut Schedule, start: Instant, at: Duration) {
         loop {
-            let now = Instant::now();
-            let mut wake = at;
-            if let Some(ff) = self.target.fast_io_fail_tmo.map(|d| d.min(FOREVER)) {
-                if !self.fail_fast.load(Ordering::Acquire) {
-                    if now >= start + ff {
-                        tracing::warn!(
-                            addr = %self.target.addr,
-                            "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
-                            ff.as_secs_f64()
-                        );
-                        self.fail_fast.store(true, Ordering::Release);
-                    } else {
-                        wake = wake.min(start + ff);
-                    }
+            match sched.wait(start.elapsed(), at) {
+                Wait::Attempt => return,
+                Wait::Sleep(d) => std::thread::sleep(d),
+                Wait::FailFast => {
+                    tracing::warn!(
+                        addr = %self.fabric.addr(),
+                        "still reconnecting after fast_io_fail_tmo ({} s): failing the I/O held",
+                        sched.fast_io_fail_tmo().unwrap_or_default().as_secs_f64()
+                    );
+                    self.fail_fast.store(true, Ordering::Release);
                 }
             }
-            if now >= at {
-                return;
-            }
-            std::thread::sleep(wake.saturating_duration_since(now));
         }
     }
 
     /// Every core command outstanding on the link completes with Host
     /// Pathing Error; the link's own are forgotten.
-    fn fail_outstanding(&self, st: &mut LinkState) {
+    fn fail_outstanding(&self, st: &mut LinkState<F::Conn>) {
         let Some(c) = st.conn.as_mut() else { return };
         let mut failed = Vec::new();
-        for s in c.slots.iter_mut().filter(|s| s.active) {
-            s.active = false;
-            if !s.internal {
-                failed.push(s.tag);
+        for o in st.owners.iter_mut() {
+            if let Some(Owner::Core(tag)) = o.take() {
+                failed.push(tag);
             }
         }
         c.forget_all();
@@ -344,38 +302,38 @@ impl AdminLink {
     }
 
     /// The link is dead: mark the association lost and fail its commands.
-    fn lose(&self, st: &mut LinkState) {
+    fn lose(&self, st: &mut LinkState<F::Conn>) {
         self.lost.store(true, Ordering::Release);
         self.fail_outstanding(st);
     }
 
-    fn alive(st: &LinkState) -> bool {
-        matches!(&st.conn, Some(c) if c.dead.is_none())
+    fn alive(st: &LinkState<F::Conn>) -> bool {
+        matches!(&st.conn, Some(c) if !c.is_dead())
     }
 
     /// Receives on the link: the link's own completions into `internal`,
     /// the core's into `stash` (with their data; see `dest`).
-    fn poll(&self, st: &mut LinkState) -> u32 {
+    fn poll(&self, st: &mut LinkState<F::Conn>) -> u32 {
         let LinkState {
             conn,
+            owners,
             internal,
             stash,
             ..
         } = st;
         let Some(c) = conn.as_mut() else { return 0 };
-        let (n, r) = c.poll(u32::MAX, &mut |wcid, s: &mut Slot, cqe: Cqe| {
-            if s.internal {
-                internal[wcid as usize] = Some(cqe);
-                return;
-            }
-            let data = (s.has_bounce() && cqe.status().is_success())
-                .then(|| std::mem::take(&mut s.bounce));
-            stash.push_back(Done {
-                tag: s.tag,
+        let (n, r) = c.poll(&mut |wcid, cqe: Cqe, data| match owners
+            .get_mut(wcid as usize)
+            .and_then(Option::take)
+        {
+            Some(Owner::Link) => internal[wcid as usize] = Some(cqe),
+            Some(Owner::Core(tag)) => stash.push_back(Done {
+                tag,
                 status: cqe.status >> 1,
                 dw0: cqe.dw0,
                 data,
-            });
+            }),
+            None => {}
         });
         if r.is_err() {
             self.lose(st);
@@ -384,28 +342,21 @@ impl AdminLink {
     }
 
     /// Runs one of the link's own commands and waits for its completion.
-    fn internal(&self, st: &mut LinkState, sqe: Sqe, what: &str) -> Result<Cqe> {
-        let timeout = self.target.admin_timeout;
-        let wcid = {
-            let Some(c) = st.conn.as_mut().filter(|c| c.dead.is_none()) else {
-                return Err(Error::Platform(format!(
-                    "{what}: no connection to {}",
-                    self.target.addr
-                )));
-            };
-            let Some(w) = c.slots.iter().position(|s| !s.active) else {
-                return Err(Error::Platform(format!("{what}: all admin slots busy")));
-            };
-            let w = w as u16;
-            if let Err(e) = c
-                .submit(w, sqe, Data::None, w, true)
-                .and_then(|_| c.flush_tx())
-            {
-                self.lose(st);
-                return Err(conn_error(e));
-            }
-            w
+    fn internal(&self, st: &mut LinkState<F::Conn>, sqe: Sqe, what: &str) -> Result<Cqe> {
+        let timeout = self.opts.admin_timeout;
+        if !Self::alive(st) {
+            return Err(Error::Platform(format!(
+                "{what}: no connection to {}",
+                self.fabric.addr()
+            )));
+        }
+        let Some(wcid) = st.free_wcid() else {
+            return Err(Error::Platform(format!("{what}: all admin slots busy")));
         };
+        if let Err(e) = st.send(wcid, Owner::Link, sqe, CapsuleData::None) {
+            self.lose(st);
+            return Err(e);
+        }
         st.internal[wcid as usize] = None;
         let start = Instant::now();
         loop {
@@ -416,13 +367,14 @@ impl AdminLink {
             if !Self::alive(st) {
                 return Err(Error::Platform(format!(
                     "{what}: connection to {} lost",
-                    self.target.addr
+                    self.fabric.addr()
                 )));
             }
             let el = start.elapsed();
             if el >= timeout {
+                st.owners[wcid as usize] = None;
                 if let Some(c) = st.conn.as_mut() {
-                    c.slots[wcid as usize].active = false;
+                    c.forget(wcid);
                 }
                 return Err(Error::Timeout {
                     what: "Property Get/Set or Keep Alive",
@@ -430,10 +382,7 @@ impl AdminLink {
                 });
             }
             if let Some(c) = st.conn.as_ref() {
-                let _ = pollux_nvme::wait_readable(
-                    &[c.fd()],
-                    Some((timeout - el).min(Duration::from_millis(10))),
-                );
+                c.wait((timeout - el).min(Duration::from_millis(10)));
             }
         }
     }
@@ -445,45 +394,23 @@ impl AdminLink {
 
     fn property_get_locked(
         &self,
-        st: &mut LinkState,
+        st: &mut LinkState<F::Conn>,
         off: usize,
         size: PropertySize,
     ) -> Result<u64> {
-        let cqe = self.internal(
-            st,
-            PropertyGetCmd::new(off as u32, size).to_sqe(),
-            "Property Get",
-        )?;
-        let s = cqe.status();
-        if !s.is_success() {
-            return Err(Error::Nvme {
-                cmd: "Property Get",
-                status: s,
-            });
-        }
-        Ok(property_value(&cqe, size))
+        let cqe = self.internal(st, property::get(off, size), "Property Get")?;
+        property::got(&cqe, size)
     }
 
     fn property_set_locked(
         &self,
-        st: &mut LinkState,
+        st: &mut LinkState<F::Conn>,
         off: usize,
         size: PropertySize,
         v: u64,
     ) -> Result<()> {
-        let cqe = self.internal(
-            st,
-            PropertySetCmd::new(off as u32, size, v).to_sqe(),
-            "Property Set",
-        )?;
-        let s = cqe.status();
-        if !s.is_success() {
-            return Err(Error::Nvme {
-                cmd: "Property Set",
-                status: s,
-            });
-        }
-        Ok(())
+        let cqe = self.internal(st, property::set(off, size, v), "Property Set")?;
+        property::set_done(&cqe)
     }
 
     /// A register read (see the module docs for a link that is down).
@@ -493,28 +420,19 @@ impl AdminLink {
         }
         if self.lost.load(Ordering::Acquire) {
             // Without the mutex: a reset may be reconnecting.
-            return Ok(Self::down_value(off, false));
+            return Ok(property::down_value(off, false));
         }
         let mut st = self.lock();
         if !Self::alive(&st) {
-            return Ok(Self::down_value(off, st.torn_down));
+            return Ok(property::down_value(off, st.torn_down));
         }
         match self.property_get_locked(&mut st, off, size) {
             // The link died under the read: it reads as any lost link.
             Err(e) if !Self::alive(&st) => {
-                tracing::debug!(addr = %self.target.addr, off, "register read: {e}");
-                Ok(Self::down_value(off, st.torn_down))
+                tracing::debug!(addr = %self.fabric.addr(), off, "register read: {e}");
+                Ok(property::down_value(off, st.torn_down))
             }
             r => r,
-        }
-    }
-
-    /// A register of a link that is down: CSTS fatal if it was lost (0 if
-    /// the host closed it), all else 0.
-    fn down_value(off: usize, torn_down: bool) -> u64 {
-        match off {
-            regs::off::CSTS if !torn_down => Csts::CFS as u64,
-            _ => 0,
         }
     }
 
@@ -527,7 +445,7 @@ impl AdminLink {
             }
             return Err(Error::Platform(format!(
                 "register {off:#x}: no connection to {}",
-                self.target.addr
+                self.fabric.addr()
             )));
         }
         let clearing_en = off == regs::off::CC && !Cc(v as u32).en();
@@ -548,15 +466,24 @@ impl AdminLink {
             self.fail_outstanding(&mut st);
             st.conn = None;
             st.torn_down = true;
-            tracing::debug!(addr = %self.target.addr, "controller disabled: association closed");
+            tracing::debug!(addr = %self.fabric.addr(), "controller disabled: association closed");
             return Ok(());
         }
         r
     }
 
-    /// Sends a core admin command (`tag`: the core's CID). Data: `dir`
-    /// from the opcode's transfer bits.
-    pub fn push(&self, tag: u16, sqe: Sqe, addr: u64, len: u32) -> Result<(), SubmitProblem> {
+    /// Sends a core admin command (`tag`: the core's CID) with `len` bytes
+    /// of data at bus address `addr` (a buffer of the fabric's, which the
+    /// core keeps for the command); the direction comes from the opcode's
+    /// transfer bits.
+    pub fn push(&self, tag: u16, sqe: Sqe, addr: u64, len: usize) -> Result<(), SubmitError> {
+        if len > ADMIN_MAX_DATA {
+            return Err(SubmitError::BufferLength {
+                expected: ADMIN_MAX_DATA,
+                got: len,
+            });
+        }
+        let len = len as u32;
         let mut st = self.lock();
         // The command pushed before is no longer waited for.
         st.dest = None;
@@ -571,29 +498,27 @@ impl AdminLink {
         }
         let xfer = sqe.opc & 3;
         if len > 0 && xfer != 1 && xfer != 2 {
-            return Err(SubmitProblem::Direction);
+            return Err(SubmitError::BadBuffer);
         }
-        let Some(c) = st.conn.as_mut() else {
-            return Ok(());
+        let Some(w) = st.free_wcid() else {
+            return Err(SubmitError::QueueFull { limit: ADMIN_SLOTS });
         };
-        let Some(w) = c.slots.iter().position(|s| !s.active) else {
-            return Err(SubmitProblem::Full);
-        };
-        let w = w as u16;
         let r = if len == 0 {
-            c.submit(w, sqe, Data::None, tag, false)
+            st.send(w, Owner::Core(tag), sqe, CapsuleData::None)
         } else if xfer == 1 {
-            if len > ADMIN_ICD {
-                return Err(SubmitProblem::TooLarge);
+            if len > F::ADMIN_ICD {
+                return Err(SubmitError::BufferLength {
+                    expected: F::ADMIN_ICD as usize,
+                    got: len as usize,
+                });
             }
-            // SAFETY: the core hands a buffer it keeps for this command;
-            // the bytes are copied into the capsule now.
-            let b = unsafe { mem::slice(addr, len as usize) };
-            c.submit(w, sqe, Data::Bytes(b), tag, false)
+            // SAFETY: the core hands a buffer of the fabric's that it keeps
+            // for this command; the bytes are copied into the capsule now.
+            let b = unsafe { self.fabric.host_bytes(addr, len as usize) };
+            st.send(w, Owner::Core(tag), sqe, CapsuleData::Bytes(b))
         } else {
-            c.submit(w, sqe, Data::InBounce { len }, tag, false)
+            st.send(w, Owner::Core(tag), sqe, CapsuleData::Bounce(len))
         };
-        let r = r.and_then(|_| c.flush_tx());
         if xfer == 2 && len > 0 {
             st.dest = Some((tag, addr, len));
         }
@@ -626,7 +551,7 @@ impl AdminLink {
                     // buffer is allocated and lent to this transport until
                     // the completion delivered just below; `l` is within
                     // it and within `data`.
-                    unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), mem::ptr(addr), l) };
+                    unsafe { self.fabric.copy_to_host(addr, &data[..l]) };
                     st.dest = None;
                 }
             }
@@ -646,17 +571,19 @@ impl AdminLink {
         let mut st = self.lock();
         st.stash.clear();
         st.dest = None;
-        if let Some(c) = st.conn.as_mut() {
-            for s in c.slots.iter_mut() {
-                if s.active && !s.internal {
-                    s.active = false;
+        let LinkState { conn, owners, .. } = &mut *st;
+        for (w, o) in owners.iter_mut().enumerate() {
+            if matches!(o, Some(Owner::Core(_))) {
+                *o = None;
+                if let Some(c) = conn.as_mut() {
+                    c.forget(w as u16);
                 }
             }
         }
     }
 
-    /// One keep-alive round (see `crate::keepalive`): checks the answer to
-    /// the last Keep Alive and sends the next.
+    /// One keep-alive round (see `keepalive`): checks the answer to the
+    /// last Keep Alive and sends the next.
     pub fn keep_alive(&self) {
         let mut st = self.lock();
         if !Self::alive(&st) || st.torn_down {
@@ -666,24 +593,19 @@ impl AdminLink {
         if let Some((w, since)) = st.ka {
             match st.internal[w as usize].take() {
                 Some(c) if !c.status().is_success() => {
-                    tracing::warn!(addr = %self.target.addr, "Keep Alive failed: {}", c.status());
+                    tracing::warn!(addr = %self.fabric.addr(), "Keep Alive failed: {}", c.status());
                     st.ka = None;
                 }
                 Some(_) => st.ka = None,
                 None => {
-                    if since.elapsed() >= Duration::from_millis(self.target.kato_ms as u64) {
+                    if since.elapsed() >= Duration::from_millis(self.opts.kato_ms as u64) {
                         tracing::error!(
-                            addr = %self.target.addr,
-                            kato_ms = self.target.kato_ms,
+                            addr = %self.fabric.addr(),
+                            kato_ms = self.opts.kato_ms,
                             "Keep Alive unanswered within KATO: association lost"
                         );
                         if let Some(c) = st.conn.as_mut() {
-                            c.dead.get_or_insert(ConnError {
-                                addr: c.addr,
-                                qid: 0,
-                                kind: crate::conn::ConnErrorKind::Timeout,
-                                what: "Keep Alive unanswered".into(),
-                            });
+                            c.expire("Keep Alive unanswered");
                         }
                         self.lose(&mut st);
                     }
@@ -691,16 +613,19 @@ impl AdminLink {
                 }
             }
         }
-        let LinkState { conn, internal, .. } = &mut *st;
-        let Some(c) = conn.as_mut() else { return };
-        let Some(w) = c.slots.iter().position(|s| !s.active) else {
+        if st.conn.is_none() {
+            return;
+        }
+        let Some(w) = st.free_wcid() else {
             return;
         };
-        let w = w as u16;
-        internal[w as usize] = None;
-        let r = c
-            .submit(w, Sqe::new(KEEP_ALIVE_OPCODE, 0), Data::None, w, true)
-            .and_then(|_| c.flush_tx());
+        st.internal[w as usize] = None;
+        let r = st.send(
+            w,
+            Owner::Link,
+            Sqe::new(KEEP_ALIVE_OPCODE, 0),
+            CapsuleData::None,
+        );
         if r.is_err() {
             self.lose(&mut st);
         } else {
@@ -712,19 +637,17 @@ impl AdminLink {
     /// bounce buffer (discovery: Identify, Get Log Page).
     pub fn exec_in(&self, sqe: Sqe, len: u32, what: &str) -> Result<Vec<u8>> {
         let mut st = self.lock();
-        let timeout = self.target.admin_timeout;
-        let Some(c) = st.conn.as_mut().filter(|c| c.dead.is_none()) else {
+        let timeout = self.opts.admin_timeout;
+        let Some(c) = st.conn.as_mut().filter(|c| !c.is_dead()) else {
             return Err(Error::Platform(format!("{what}: no connection")));
         };
-        let (cqe, data) = c
-            .exec_sync(
-                ADMIN_SLOTS as u16 - 1,
-                sqe,
-                Data::InBounce { len },
-                timeout,
-                what,
-            )
-            .map_err(conn_error)?;
+        let (cqe, data) = c.exchange(
+            ADMIN_SLOTS as u16 - 1,
+            sqe,
+            CapsuleData::Bounce(len),
+            timeout,
+            what,
+        )?;
         let s = cqe.status();
         if !s.is_success() {
             return Err(Error::Nvme {
@@ -742,12 +665,12 @@ impl AdminLink {
         st.conn = None;
         st.torn_down = true;
     }
+
+    /// The controller's CAP.MQES + 1.
+    pub fn max_queue_entries(&self) -> u32 {
+        regs::Cap(self.cap).mqes() as u32 + 1
+    }
 }
 
-/// Why the link refused an admin command.
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum SubmitProblem {
-    Full,
-    TooLarge,
-    Direction,
-}
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,57 @@
+//! `pollux perf`'s arguments: the shared run options (`common::opts`) and
+//! perf's own.
+use clap::{Args, ValueEnum};
+
+use crate::common::opts::RunArgs;
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Workload {
+    Read,
+    Write,
+    Randread,
+    Randwrite,
+    Rw,
+    Randrw,
+}
+
+#[derive(Args, Debug, Clone)]
+pub struct PerfArgs {
+    #[command(flatten)]
+    pub run: RunArgs<Workload>,
+    /// Worker cores: a hex mask (0x3), a list ([0,1] or 0,2-3) or a range (0-1). Default: core 0.
+    #[arg(short = 'c', long = "cores", default_value = "0")]
+    pub cores: String,
+    /// Queue pairs per namespace.
+    #[arg(short = 'P', long = "qpairs", default_value_t = 1)]
+    pub qpairs: u16,
+    /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0' or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
+    #[arg(short = 'r', long = "transport")]
+    pub transport: Vec<String>,
+    /// Ring the SQ doorbell per command instead of once per poll.
+    #[arg(long = "no-delayed-doorbell")]
+    pub no_delayed_doorbell: bool,
+    /// SQ doorbell batching: ring once this many commands wait (or the controller holds fewer).
+    #[arg(long = "sq-batch", default_value_t = 1)]
+    pub sq_batch: u16,
+    /// Ring the CQ doorbell every poll instead of only when the controller needs room.
+    #[arg(long = "no-lazy-cq")]
+    pub no_lazy_cq: bool,
+    /// Prefetch the next completion's tracker (off by default: trackers are
+    /// 16 bytes and stay in L1).
+    #[arg(long = "prefetch")]
+    pub prefetch: bool,
+    /// Copy SQEs into the ring with non-temporal stores (off by default).
+    #[arg(long = "nt-copy")]
+    pub nt_copy: bool,
+    /// Sleep on the queue pairs' interrupts when a poll finds nothing,
+    /// instead of spinning (emulated controllers and vfio/uio devices).
+    #[arg(long = "interrupts")]
+    pub interrupts: bool,
+    /// Read the CQ a cache line (four entries) at a time onto the stack
+    /// before handling them (off by default; see README).
+    #[arg(long = "cq-line-batch")]
+    pub cq_line_batch: bool,
+    /// Don't use shadow doorbells even if the controller offers them.
+    #[arg(long = "no-shadow-doorbell")]
+    pub no_shadow_doorbell: bool,
+}

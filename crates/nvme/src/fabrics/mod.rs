@@ -1,0 +1,35 @@
+//! The fabrics core of the host: what every NVMe over Fabrics transport
+//! shares, whatever carries its capsules.
+//!
+//! - `link`: the admin connection of an association, the control path:
+//!   the core's admin commands, the controller's registers, resets as new
+//!   associations, a lost association reconnected.
+//! - `connect`: fabrics Connect on every queue (and asking the controller
+//!   to disable SQ flow control on I/O queues).
+//! - `property`: registers as Property Get/Set.
+//! - `keepalive`: the Keep Alive thread.
+//! - `reconnect`: the reconnect policy (`ctrl_loss_tmo`, `reconnect_delay`,
+//!   `fast_io_fail_tmo`) as a schedule.
+//! - `held`: I/O held across a reconnect (retried, up to a limit).
+//! - `discovery`: reading a Discovery Log Page.
+//!
+//! A transport supplies the wire through two traits (`wire`): a
+//! [`Fabric`] opens a connection for a queue, a [`Connection`] exchanges
+//! capsules on it. NVMe/TCP (`pollux-tcp`) is one; the core imports no
+//! transport.
+mod connect;
+mod discovery;
+mod held;
+mod keepalive;
+mod link;
+mod options;
+mod property;
+mod reconnect;
+mod wire;
+
+pub use discovery::discover;
+pub use held::{aborted_status, path_error, retry, MAX_RETRIES};
+pub use keepalive::KeepAlive;
+pub use link::{AdminLink, ADMIN_MAX_DATA, ADMIN_SLOTS, ADMIN_SQ_ENTRIES};
+pub use options::FabricsOptions;
+pub use wire::{CapsuleData, Connection, Fabric};

@@ -1,0 +1,30 @@
+//! What every fabrics association needs, whatever the transport: names,
+//! Keep Alive, and the reconnect policy.
+use std::time::Duration;
+
+/// The transport-independent options of a fabrics controller.
+#[derive(Clone, Debug)]
+pub struct FabricsOptions {
+    /// Subsystem NQN (`subnqn`).
+    pub subnqn: String,
+    /// Host NQN (`hostnqn`).
+    pub hostnqn: String,
+    /// Host Identifier.
+    pub hostid: [u8; 16],
+    /// Keep Alive Timeout in ms (0: none); Keep Alive goes out every KATO/2.
+    pub kato_ms: u32,
+    /// How long a lost controller is reconnected before it is given up
+    /// (`ctrl_loss_tmo`; None: forever).
+    pub ctrl_loss_tmo: Option<Duration>,
+    /// Time between reconnect attempts (`reconnect_delay`; not zero; the
+    /// first attempt is immediate).
+    pub reconnect_delay: Duration,
+    /// I/O held while reconnecting fails once the reconnect has taken this
+    /// long (`fast_io_fail_tmo`; None: held until the reconnect ends).
+    pub fast_io_fail_tmo: Option<Duration>,
+    /// Bound on Connect and on Property Get/Set.
+    pub admin_timeout: Duration,
+    /// Keep SQ flow control on the I/O queues (`sqflow:1`); off, Connect
+    /// asks the controller to disable it.
+    pub sq_flow: bool,
+}

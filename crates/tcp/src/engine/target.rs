@@ -1,0 +1,419 @@
+//! The controller end of one NVMe/TCP connection, I/O-free: ICReq
+//! answered, command capsules and H2CData received (H2CData checked
+//! against the transfer its R2T asked for: TTAG outstanding, CCCID its
+//! command's, data in order and within the transfer), and R2T, C2HData,
+//! response capsules and Termination Requests queued to send. What a
+//! command means, and where its data goes, is the caller's: it gets the
+//! capsule's SQE and then its data as slices of its own input.
+//!
+//! Transfers are indexed by their R2T transfer tag (TTAG), which the
+//! caller picks (pollux's target uses the command's slot index).
+use pollux_spec::tcp::{
+    check_data_range, C2HData, CapsuleResp, DataDigest, Digests, Fes, Field, PduError, PduHeader,
+    PduLayout, PduType, Role, RxConfig, TermReq, R2T, TERM_REQ_MAX_DATA,
+};
+use pollux_spec::{Cqe, Sqe};
+use zerocopy::IntoBytes;
+
+use crate::engine::ic::{target_icresp, TargetLimits, TargetParams};
+use crate::engine::rx::{Event, Reassembler};
+use crate::engine::tx::SendQueue;
+
+/// A PDU whose body ended.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Ended {
+    /// A command capsule's in-capsule data is in.
+    Capsule { digest_ok: bool },
+    /// An H2CData PDU of transfer `ttag` is in; `complete`: all the data
+    /// its R2T asked for is (the transfer is over).
+    H2C {
+        ttag: u16,
+        digest_ok: bool,
+        complete: bool,
+    },
+    /// Anything else (a Termination Request's data).
+    Other,
+}
+
+/// What [`TargetQueue::next`] found.
+#[derive(Clone, Copy, Debug)]
+pub enum TargetEvent<'a> {
+    /// An ICReq, answered (the ICResp is queued).
+    Initialized(TargetParams),
+    /// The host terminated the connection (H2CTermReq).
+    TermReq(TermReq),
+    /// A command capsule with `data_len` bytes of in-capsule data. When
+    /// the whole PDU was there, `data` holds them and `end` says how the
+    /// PDU ended; otherwise (`None`, `None`) they follow as
+    /// [`TargetEvent::Data`].
+    Capsule {
+        sqe: Sqe,
+        data_len: u32,
+        data: Option<&'a [u8]>,
+        end: Option<Ended>,
+    },
+    /// Data for transfer `ttag` at `datao` (checked), `datal` bytes: in
+    /// `data` (and `end`) when the whole PDU was there, else following as
+    /// [`TargetEvent::Data`].
+    H2CData {
+        ttag: u16,
+        datao: u32,
+        datal: u32,
+        data: Option<&'a [u8]>,
+        end: Option<Ended>,
+    },
+    /// `bytes` of the current PDU's data, `offset` bytes into it; `end`:
+    /// the PDU is complete with them.
+    Data {
+        offset: u32,
+        bytes: &'a [u8],
+        end: Option<Ended>,
+    },
+    /// The current PDU is complete (its data digest came after its data).
+    End(Ended),
+}
+
+/// A protocol error that ends the connection.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum TargetError {
+    /// Answer with a C2HTermReq carrying `fes`, `fei` and `header` (the
+    /// offending header), then close ([`TargetQueue::terminate`]).
+    Fatal {
+        fes: Fes,
+        fei: u32,
+        why: String,
+        header: Vec<u8>,
+    },
+    /// A Termination Request with an impossible length: close without one
+    /// of our own.
+    TermReqLength { plen: u32 },
+}
+
+impl TargetError {
+    fn fatal(e: PduError, header: &[u8]) -> TargetError {
+        TargetError::Fatal {
+            fes: e.fes().unwrap_or(Fes::INVALID_HEADER_FIELD),
+            fei: e.fei(),
+            why: e.to_string(),
+            header: header.to_vec(),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct Xfer {
+    active: bool,
+    cccid: u16,
+    /// Bytes received so far.
+    got: u32,
+    len: u32,
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Body {
+    Capsule,
+    H2C { ttag: u16, datal: u32 },
+    Other,
+}
+
+/// The controller end of one connection. See the module docs.
+pub struct TargetQueue {
+    limits: TargetLimits,
+    rx: Reassembler,
+    params: Option<TargetParams>,
+    /// What is queued for the wire.
+    pub tx: SendQueue,
+    xfers: Vec<Xfer>,
+    body: Body,
+}
+
+impl TargetQueue {
+    /// A new connection (waiting for ICReq) that offers `limits`, with
+    /// `ttags` transfer tags (0..ttags).
+    pub fn new(limits: TargetLimits, ttags: usize) -> TargetQueue {
+        TargetQueue {
+            limits,
+            rx: Reassembler::new(RxConfig::initial(Role::Controller)),
+            params: None,
+            tx: SendQueue::with_capacity(4096),
+            xfers: vec![Xfer::default(); ttags],
+            body: Body::Other,
+        }
+    }
+
+    /// What was agreed in ICReq/ICResp (None before).
+    pub fn params(&self) -> Option<TargetParams> {
+        self.params
+    }
+
+    fn digests(&self) -> Digests {
+        self.params.map_or(Digests::NONE, |p| p.digests)
+    }
+
+    /// Inside a PDU's data (see `Reassembler::data_window`).
+    pub fn data_window(&self) -> Option<(u32, u32)> {
+        self.rx.data_window()
+    }
+
+    /// Data received straight into place (see `Reassembler::data_taken`).
+    pub fn data_taken(&mut self, bytes: &[u8]) {
+        self.rx.data_taken(bytes)
+    }
+
+    /// Consumes what it can of `input` (bytes received, not yet consumed):
+    /// how many bytes it took and the event they made (`None`: more bytes
+    /// needed).
+    pub fn next<'a>(
+        &mut self,
+        input: &'a [u8],
+    ) -> Result<(usize, Option<TargetEvent<'a>>), TargetError> {
+        let (used, ev) = match self.rx.next(input) {
+            Ok(x) => x,
+            Err(e) => {
+                return Err(match e.error {
+                    PduError::TermReqLength { plen, .. } => TargetError::TermReqLength { plen },
+                    // The header up to its HLEN (at least the 8 bytes of
+                    // the common header), with its digest if it has one.
+                    err => {
+                        let n = e.input.len().min(e.header_len.max(8));
+                        TargetError::fatal(err, &e.input[..n])
+                    }
+                });
+            }
+        };
+        let Some(ev) = ev else {
+            return Ok((used, None));
+        };
+        let out = match ev {
+            Event::Pdu {
+                layout,
+                raw,
+                data,
+                digest_ok,
+            } => {
+                let pdu = self.rx.parse(&layout, raw).map_err(|e| {
+                    // The header with its digest.
+                    TargetError::fatal(e.error, e.input)
+                })?;
+                let mut ev = self.header(pdu, &layout, raw)?;
+                // Header and data in one event.
+                match &mut ev {
+                    TargetEvent::Capsule { data: d, end, .. }
+                    | TargetEvent::H2CData { data: d, end, .. } => {
+                        *d = Some(data);
+                        *end = Some(self.end(digest_ok));
+                    }
+                    _ => {}
+                }
+                ev
+            }
+            Event::Header { layout, raw } => {
+                let pdu = self.rx.parse(&layout, raw).map_err(|e| {
+                    // The header with its digest.
+                    TargetError::fatal(e.error, e.input)
+                })?;
+                self.header(pdu, &layout, raw)?
+            }
+            Event::Data { offset, bytes, end } => TargetEvent::Data {
+                offset,
+                bytes,
+                end: end.map(|ok| self.end(ok)),
+            },
+            Event::End { digest_ok } => TargetEvent::End(self.end(digest_ok)),
+        };
+        Ok((used, Some(out)))
+    }
+
+    fn header<'a>(
+        &mut self,
+        pdu: PduHeader,
+        layout: &PduLayout,
+        raw: &[u8],
+    ) -> Result<TargetEvent<'a>, TargetError> {
+        self.body = Body::Other;
+        match pdu {
+            PduHeader::IcReq(r) => {
+                let (resp, params, cfg) = target_icresp(&r, &self.limits);
+                if let Some(l) = PduLayout::new(PduType::IcResp, Digests::NONE, 0, 0) {
+                    self.tx.push_header(resp.as_bytes(), &l);
+                }
+                self.rx.set_config(cfg);
+                self.params = Some(params);
+                Ok(TargetEvent::Initialized(params))
+            }
+            PduHeader::TermReq(t) => Ok(TargetEvent::TermReq(t)),
+            PduHeader::CapsuleCmd(c) => {
+                self.body = Body::Capsule;
+                Ok(TargetEvent::Capsule {
+                    sqe: c.sqe(),
+                    data_len: layout.data_len,
+                    data: None,
+                    end: None,
+                })
+            }
+            PduHeader::H2CData(h) => {
+                let header = &raw[..layout.hlen as usize];
+                let bad = |field: Field, why: String| TargetError::Fatal {
+                    fes: Fes::INVALID_HEADER_FIELD,
+                    fei: field.offset(),
+                    why,
+                    header: header.to_vec(),
+                };
+                let Some(x) = self.xfers.get(h.ttag as usize).filter(|x| x.active) else {
+                    return Err(bad(
+                        Field::Ttag,
+                        format!("H2CData for TTAG {} with no transfer outstanding", h.ttag),
+                    ));
+                };
+                if x.cccid != h.cccid {
+                    return Err(bad(
+                        Field::Cccid,
+                        format!(
+                            "H2CData CCCID {} does not match TTAG {}'s command {}",
+                            h.cccid, h.ttag, x.cccid
+                        ),
+                    ));
+                }
+                check_data_range(PduType::H2CData, h.datao, h.datal, x.got, x.len)
+                    .map_err(|e| TargetError::fatal(e, header))?;
+                self.body = Body::H2C {
+                    ttag: h.ttag,
+                    datal: h.datal,
+                };
+                Ok(TargetEvent::H2CData {
+                    ttag: h.ttag,
+                    datao: h.datao,
+                    datal: h.datal,
+                    data: None,
+                    end: None,
+                })
+            }
+            other => Err(TargetError::Fatal {
+                fes: Fes::INVALID_HEADER_FIELD,
+                fei: 0,
+                why: format!("internal: unexpected PDU {other:?}"),
+                header: raw[..layout.hlen as usize].to_vec(),
+            }),
+        }
+    }
+
+    fn end(&mut self, digest_ok: bool) -> Ended {
+        match std::mem::replace(&mut self.body, Body::Other) {
+            Body::Capsule => Ended::Capsule { digest_ok },
+            Body::H2C { ttag, datal } => {
+                let x = &mut self.xfers[ttag as usize];
+                x.got += datal;
+                let complete = x.got >= x.len;
+                if complete {
+                    x.active = false;
+                }
+                Ended::H2C {
+                    ttag,
+                    digest_ok,
+                    complete,
+                }
+            }
+            Body::Other => Ended::Other,
+        }
+    }
+
+    /// Asks for the `len` bytes of command `cccid`'s data with an R2T
+    /// tagged `ttag`, which must not have a transfer outstanding.
+    pub fn r2t(&mut self, ttag: u16, cccid: u16, len: u32) {
+        let digests = self.digests();
+        if let Some(x) = self.xfers.get_mut(ttag as usize) {
+            *x = Xfer {
+                active: true,
+                cccid,
+                got: 0,
+                len,
+            };
+        }
+        let r = R2T::new(cccid, ttag, 0, len, digests.header);
+        if let Some(l) = PduLayout::new(PduType::R2T, digests, 0, 0) {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+    }
+
+    /// Gives up transfer `ttag` (its data did not come in time): H2CData
+    /// for it is a protocol error from now on.
+    pub fn cancel(&mut self, ttag: u16) {
+        if let Some(x) = self.xfers.get_mut(ttag as usize) {
+            x.active = false;
+        }
+    }
+
+    /// True while transfer `ttag` waits for data.
+    pub fn awaiting(&self, ttag: u16) -> bool {
+        self.xfers.get(ttag as usize).is_some_and(|x| x.active)
+    }
+
+    /// Queues a response capsule, then a mark for `release` (if any).
+    pub fn respond(&mut self, cqe: Cqe, release: Option<u16>) {
+        let digests = self.digests();
+        let r = CapsuleResp::new(cqe, digests.header);
+        if let Some(l) = PduLayout::new(PduType::CapsuleResp, digests, 0, 0) {
+            self.tx.push_header(r.as_bytes(), &l);
+        }
+        if let Some(i) = release {
+            self.tx.push_mark(i);
+        }
+    }
+
+    /// Queues `data` as command `cid`'s data for the host, in C2HData PDUs
+    /// of at most `max_pdu` bytes, referenced where it lies (see
+    /// `SendQueue`); the last with SUCCESS when `success` is `None` (no
+    /// response capsule), else followed by the response capsule `success`
+    /// holds. Then a mark for `release`. False (nothing queued) if a PDU
+    /// cannot be built.
+    ///
+    /// # Safety
+    /// `data` must stay allocated, and nothing may write it, until the
+    /// mark for `release` is reached or the queue is cleared.
+    pub unsafe fn send_data(
+        &mut self,
+        cid: u16,
+        data: &[u8],
+        max_pdu: u32,
+        response: Option<Cqe>,
+        release: u16,
+    ) -> bool {
+        let digests = self.digests();
+        let hpda = self.params.map_or(0, |p| p.hpda);
+        let len = data.len() as u32;
+        let max = max_pdu.max(1);
+        let mut off = 0;
+        while off < len {
+            let l = (len - off).min(max);
+            let last = off + l == len;
+            let success = last && response.is_none();
+            let Some((h, layout)) = C2HData::new(cid, off, l, last, success, digests, hpda) else {
+                return false;
+            };
+            let piece = &data[off as usize..(off + l) as usize];
+            self.tx.push_header(h.as_bytes(), &layout);
+            self.tx
+                .push_ext(piece.as_ptr() as usize as u64, piece.len(), release);
+            if layout.ddgst {
+                let mut d = DataDigest::new();
+                d.update(piece);
+                self.tx.push_bytes(&d.value().to_le_bytes());
+            }
+            off += l;
+        }
+        if let Some(cqe) = response {
+            self.respond(cqe, None);
+        }
+        self.tx.push_mark(release);
+        true
+    }
+
+    /// Queues a C2HTermReq with `fes`, `fei` and (up to 128 bytes of) the
+    /// offending `header`. Nothing should be queued after it.
+    pub fn terminate(&mut self, fes: Fes, fei: u32, header: &[u8]) {
+        let n = header.len().min(TERM_REQ_MAX_DATA as usize);
+        let t = TermReq::new(Role::Controller, fes, fei, n);
+        self.tx.push_bytes(t.as_bytes());
+        self.tx.push_bytes(&header[..n]);
+    }
+}

@@ -1,0 +1,189 @@
+//! The controller end's checks of what the host sends, and its send
+//! queue.
+use super::*;
+
+/// The controller's checks of H2CData.
+fn ctl_awaiting_write() -> (Ctl, Digests) {
+    let d = Digests::NONE;
+    let mut ctl = Ctl::new(4096, 4096, false);
+    ctl.feed(ic::host_icreq(d).as_bytes()).unwrap();
+    ctl.out();
+    ctl.q.r2t(3, 9, 2048);
+    let mut sqe = Sqe::rw(NvmOpcode::Write, 1, 0, 4);
+    sqe.cid = 9;
+    ctl.writes.insert(3, (sqe, vec![0; 2048]));
+    let r2t = ctl.out();
+    let r = R2T::read_from_prefix(&r2t).unwrap().0;
+    assert_eq!((r.cccid, r.ttag, r.r2to, r.r2tl), (9, 3, 0, 2048));
+    (ctl, d)
+}
+
+fn h2c(cccid: u16, ttag: u16, datao: u32, len: u32, d: Digests) -> Vec<u8> {
+    let (h, l) = pollux_spec::tcp::H2CData::new(cccid, ttag, datao, len, true, d, 0).unwrap();
+    let mut v = h.as_bytes().to_vec();
+    v.resize(l.plen as usize, 0x42);
+    v
+}
+
+#[test]
+fn h2c_data_for_no_transfer_or_another_command_is_fatal() {
+    let (mut ctl, d) = ctl_awaiting_write();
+    let e = ctl.feed(&h2c(9, 4, 0, 512, d)).unwrap_err();
+    let TargetError::Fatal {
+        fes, fei, header, ..
+    } = e
+    else {
+        panic!("{e:?}")
+    };
+    assert_eq!(
+        (fes, fei),
+        (Fes::INVALID_HEADER_FIELD, Field::Ttag.offset())
+    );
+    assert_eq!(header.len(), 24);
+    let (mut ctl, d) = ctl_awaiting_write();
+    let e = ctl.feed(&h2c(8, 3, 0, 512, d)).unwrap_err();
+    assert!(matches!(e, TargetError::Fatal { fei, .. } if fei == Field::Cccid.offset()));
+    let (mut ctl, d) = ctl_awaiting_write();
+    let e = ctl.feed(&h2c(9, 3, 512, 512, d)).unwrap_err();
+    assert!(matches!(
+        e,
+        TargetError::Fatal {
+            fes: Fes::DATA_TRANSFER_OUT_OF_RANGE,
+            ..
+        }
+    ));
+    let (mut ctl, d) = ctl_awaiting_write();
+    let e = ctl.feed(&h2c(9, 3, 0, 4096, d)).unwrap_err();
+    assert!(matches!(
+        e,
+        TargetError::Fatal {
+            fes: Fes::DATA_TRANSFER_OUT_OF_RANGE,
+            ..
+        }
+    ));
+}
+
+#[test]
+fn h2c_data_completes_its_transfer_once_all_of_it_is_in() {
+    let (mut ctl, d) = ctl_awaiting_write();
+    ctl.feed(&h2c(9, 3, 0, 1024, d)).unwrap();
+    assert!(ctl.q.awaiting(3));
+    ctl.feed(&h2c(9, 3, 1024, 1024, d)).unwrap();
+    assert!(!ctl.q.awaiting(3));
+    // A response went out for CID 9.
+    let out = ctl.out();
+    let r = CapsuleResp::read_from_prefix(&out).unwrap().0;
+    assert_eq!(r.cqe.cid, 9);
+    // More data for it now is fatal.
+    assert!(ctl.feed(&h2c(9, 3, 2048, 512, d)).is_err());
+}
+
+#[test]
+fn a_cancelled_transfer_takes_no_more_data() {
+    let (mut ctl, d) = ctl_awaiting_write();
+    ctl.q.cancel(3);
+    assert!(ctl.feed(&h2c(9, 3, 0, 512, d)).is_err());
+}
+
+#[test]
+fn pdus_before_icreq_are_sequence_errors_and_a_bad_term_req_length_closes() {
+    let mut ctl = Ctl::new(4096, 4096, false);
+    let (cmd, _) = pollux_spec::tcp::CapsuleCmd::new(&Sqe::new(0, 0), 0, Digests::NONE, 0).unwrap();
+    let e = ctl.feed(cmd.as_bytes()).unwrap_err();
+    assert!(
+        matches!(
+            e,
+            TargetError::Fatal {
+                fes: Fes::PDU_SEQUENCE_ERROR,
+                ..
+            }
+        ),
+        "{e:?}"
+    );
+    let mut ctl = Ctl::new(4096, 4096, false);
+    let mut t = TermReq::new(Role::Host, Fes::PDU_SEQUENCE_ERROR, 0, 0);
+    t.ch.plen = 4000;
+    let e = ctl.feed(t.as_bytes()).unwrap_err();
+    assert_eq!(e, TargetError::TermReqLength { plen: 4000 });
+}
+
+#[test]
+fn the_host_terminating_is_an_event() {
+    let mut ctl = Ctl::new(4096, 4096, false);
+    ctl.feed(ic::host_icreq(Digests::NONE).as_bytes()).unwrap();
+    let t = TermReq::new(Role::Host, Fes::HEADER_DIGEST_ERROR, 0x1234, 0);
+    ctl.feed(t.as_bytes()).unwrap();
+    assert_eq!(ctl.terminated, Some((Fes::HEADER_DIGEST_ERROR, 0x1234)));
+}
+
+#[test]
+fn a_termination_request_carries_the_offending_header() {
+    let mut q = TargetQueue::new(
+        TargetLimits {
+            maxh2cdata: 4096,
+            icd: 0,
+        },
+        1,
+    );
+    q.terminate(Fes::INVALID_HEADER_FIELD, 4, &[0xCD; 200]);
+    let out = drain(&mut q.tx, &mut Vec::new());
+    assert_eq!(out.len(), 24 + 128);
+    let t = TermReq::read_from_prefix(&out).unwrap().0;
+    assert_eq!(
+        (t.fes(), t.fei(), t.data_len()),
+        (Fes::INVALID_HEADER_FIELD, 4, 128)
+    );
+}
+
+#[test]
+fn send_data_marks_come_after_the_data_and_the_response() {
+    let mut q = TargetQueue::new(
+        TargetLimits {
+            maxh2cdata: 4096,
+            icd: 0,
+        },
+        2,
+    );
+    let data = vec![7u8; 3000];
+    let resp = Cqe {
+        cid: 4,
+        ..Cqe::default()
+    };
+    // SAFETY: `data` outlives the drain below.
+    assert!(unsafe { q.send_data(4, &data, 1024, Some(resp), 1) });
+    let mut marks = Vec::new();
+    let out = drain(&mut q.tx, &mut marks);
+    assert_eq!(marks, vec![1]);
+    // Three C2HData PDUs (none with SUCCESS), then the response.
+    let l = PduLayout::new(PduType::C2HData, Digests::NONE, 0, 1024).unwrap();
+    assert_eq!(out.len(), 2 * l.plen as usize + 24 + 952 + 24);
+    let first = C2HData::read_from_prefix(&out).unwrap().0;
+    assert_eq!(first.ch.flags & (flags::LAST_PDU | flags::SUCCESS), 0);
+}
+
+#[test]
+fn the_send_queue_resumes_mid_segment_and_reports_marks_in_order() {
+    let mut q = SendQueue::default();
+    let ext = [9u8; 10];
+    q.push_bytes(b"abc");
+    q.push_bytes(b"def");
+    q.push_ext(ext.as_ptr() as usize as u64, ext.len(), 1);
+    q.push_mark(1);
+    q.push_bytes(b"xyz");
+    q.push_mark(2);
+    assert_eq!(q.segments().count(), 5, "abc and def merge");
+    let mut marks = Vec::new();
+    q.advance(4, |m| marks.push(m));
+    let mut iov = [IoSlice::new(&[]); 4];
+    // SAFETY: `ext` lives through the test.
+    let n = unsafe { q.iovecs(&Pointers, &mut iov) };
+    assert_eq!(n, 3);
+    assert_eq!(&*iov[0], b"ef");
+    assert_eq!(iov[1].len(), 10);
+    q.advance(2 + 10, |m| marks.push(m));
+    assert_eq!(marks, vec![1]);
+    q.advance(3, |m| marks.push(m));
+    assert_eq!(marks, vec![1, 2]);
+    assert!(q.is_empty());
+    assert_eq!(q.own_len(), 0);
+}
