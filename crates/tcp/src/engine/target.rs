@@ -141,6 +141,18 @@ impl TargetQueue {
         }
     }
 
+    /// Gives the queue `ttags` transfer tags (0..ttags), none outstanding
+    /// (a target learns how many commands a queue holds only at Connect).
+    pub fn set_transfers(&mut self, ttags: usize) {
+        self.xfers.clear();
+        self.xfers.resize(ttags, Xfer::default());
+    }
+
+    /// How many transfer tags the queue has.
+    pub fn transfers(&self) -> usize {
+        self.xfers.len()
+    }
+
     /// What was agreed in ICReq/ICResp (None before).
     pub fn params(&self) -> Option<TargetParams> {
         self.params

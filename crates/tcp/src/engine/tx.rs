@@ -136,6 +136,41 @@ impl SendQueue {
         k
     }
 
+    /// As [`iovecs`](Self::iovecs), but into `out` (cleared first, at
+    /// most `max` entries) as raw `libc::iovec`s, which carry no lifetime:
+    /// a caller that keeps the vector between sends (to spare allocating
+    /// or zeroing one per send) gets them this way. Returns how many.
+    ///
+    /// # Safety
+    /// As for [`iovecs`](Self::iovecs); and the iovecs are valid only
+    /// until the queue or any buffer they name changes.
+    #[inline]
+    pub unsafe fn iovecs_raw<M: Memory>(
+        &self,
+        mem: &M,
+        out: &mut Vec<libc::iovec>,
+        max: usize,
+    ) -> usize {
+        out.clear();
+        for (i, s) in self.segs.iter().enumerate() {
+            if out.len() == max {
+                break;
+            }
+            let skip = if i == 0 { self.head } else { 0 };
+            let b: &[u8] = match *s {
+                Seg::Own { start, len } => &self.bytes[start + skip..start + len],
+                // SAFETY: the caller's contract.
+                Seg::Ext { addr, len, .. } => unsafe { mem.bytes(addr + skip as u64, len - skip) },
+                Seg::Mark { .. } => continue,
+            };
+            out.push(libc::iovec {
+                iov_base: b.as_ptr() as *mut libc::c_void,
+                iov_len: b.len(),
+            });
+        }
+        out.len()
+    }
+
     /// `sent` bytes of the queue went out: drops what is sent, reporting
     /// each mark reached (those at the front even when `sent` is 0) to
     /// `mark`. When all is sent, the buffer starts over.

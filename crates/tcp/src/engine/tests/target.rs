@@ -187,3 +187,50 @@ fn the_send_queue_resumes_mid_segment_and_reports_marks_in_order() {
     assert!(q.is_empty());
     assert_eq!(q.own_len(), 0);
 }
+
+#[test]
+fn transfer_tags_can_be_given_later_and_start_idle() {
+    let mut ctl = Ctl::new(4096, 4096, false);
+    ctl.q.set_transfers(0);
+    assert_eq!(ctl.q.transfers(), 0);
+    ctl.feed(ic::host_icreq(Digests::NONE).as_bytes()).unwrap();
+    ctl.out();
+    // No tags yet: an R2T asks for nothing and H2CData is fatal.
+    ctl.q.r2t(0, 9, 512);
+    assert!(!ctl.q.awaiting(0));
+    ctl.out();
+    assert!(ctl.feed(&h2c(9, 0, 0, 512, Digests::NONE)).is_err());
+    let (mut ctl, _) = ctl_awaiting_write();
+    assert!(ctl.q.awaiting(3));
+    ctl.q.set_transfers(8);
+    assert_eq!(ctl.q.transfers(), 8);
+    assert!((0..8).all(|t| !ctl.q.awaiting(t)));
+}
+
+#[test]
+fn raw_iovecs_are_the_iovecs() {
+    let mut q = SendQueue::default();
+    let ext = [9u8; 10];
+    q.push_bytes(b"abc");
+    q.push_ext(ext.as_ptr() as usize as u64, ext.len(), 1);
+    q.push_mark(1);
+    q.push_bytes(b"xyz");
+    q.advance(1, |_| {});
+    let mut iov = [IoSlice::new(&[]); 4];
+    let mut raw = vec![libc::iovec {
+        iov_base: std::ptr::null_mut(),
+        iov_len: 99,
+    }];
+    // SAFETY: `ext` lives through the test.
+    let n = unsafe { q.iovecs(&Pointers, &mut iov) };
+    // SAFETY: as above.
+    let m = unsafe { q.iovecs_raw(&Pointers, &mut raw, 8) };
+    assert_eq!((n, m, raw.len()), (3, 3, 3));
+    for (a, b) in iov[..n].iter().zip(&raw) {
+        assert_eq!((a.as_ptr() as usize, a.len()), (b.iov_base as usize, b.iov_len));
+    }
+    // At most `max`.
+    // SAFETY: as above.
+    assert_eq!(unsafe { q.iovecs_raw(&Pointers, &mut raw, 2) }, 2);
+    assert_eq!(raw.len(), 2);
+}
