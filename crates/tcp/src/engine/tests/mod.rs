@@ -17,7 +17,7 @@ use crate::engine::host::{Data, HostErrorKind, HostQueue};
 use crate::engine::ic::{self, HostParams, TargetLimits};
 use crate::engine::memory::Pointers;
 use crate::engine::target::{Ended, TargetError, TargetEvent, TargetQueue};
-use crate::engine::tx::SendQueue;
+use crate::engine::tx::{Seg, SendQueue};
 
 mod host;
 mod props;
