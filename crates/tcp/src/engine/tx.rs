@@ -4,7 +4,6 @@
 //! queue's own buffer; a command's data is referenced where it lies, by
 //! address ([`Memory`]); a mark is reached once everything queued before
 //! it has been sent (the target frees a slot's buffer there).
-use std::collections::VecDeque;
 use std::io::IoSlice;
 
 use pollux_spec::tcp::{append_header, PduLayout};
@@ -26,7 +25,12 @@ pub enum Seg {
 #[derive(Debug, Default)]
 pub struct SendQueue {
     bytes: Vec<u8>,
-    segs: VecDeque<Seg>,
+    /// Segments; those before `first` are sent. Emptied (and `first`
+    /// reset) when the last one is: a queue that drains, as a
+    /// connection's does, needs no ring (a `Vec` and an index cost less
+    /// per PDU than a `VecDeque`).
+    segs: Vec<Seg>,
+    first: usize,
     /// Bytes of the front segment already sent.
     head: usize,
 }
@@ -35,7 +39,8 @@ impl SendQueue {
     pub fn with_capacity(bytes: usize) -> SendQueue {
         SendQueue {
             bytes: Vec::with_capacity(bytes),
-            segs: VecDeque::new(),
+            segs: Vec::new(),
+            first: 0,
             head: 0,
         }
     }
@@ -43,7 +48,7 @@ impl SendQueue {
     /// True if nothing is queued (marks included).
     #[inline]
     pub fn is_empty(&self) -> bool {
-        self.segs.is_empty()
+        self.first == self.segs.len()
     }
 
     /// Bytes in the queue's own buffer (queued headers and copies).
@@ -54,13 +59,19 @@ impl SendQueue {
 
     /// The segments not yet (fully) sent.
     pub fn segments(&self) -> impl Iterator<Item = &Seg> + '_ {
-        self.segs.iter()
+        self.pending().iter()
+    }
+
+    #[inline(always)]
+    fn pending(&self) -> &[Seg] {
+        &self.segs[self.first..]
     }
 
     /// Forgets everything queued.
     pub fn clear(&mut self) {
         self.segs.clear();
         self.bytes.clear();
+        self.first = 0;
         self.head = 0;
     }
 
@@ -75,13 +86,15 @@ impl SendQueue {
     /// Queues `bytes[start..start + len]`, just appended.
     #[inline]
     fn push_range(&mut self, start: usize, len: usize) {
-        if let Some(Seg::Own { start: s, len: l }) = self.segs.back_mut() {
+        // Only an unsent segment is ever last (a drained queue is
+        // emptied).
+        if let Some(Seg::Own { start: s, len: l }) = self.segs.last_mut() {
             if *s + *l == start {
                 *l += len;
                 return;
             }
         }
-        self.segs.push_back(Seg::Own { start, len });
+        self.segs.push(Seg::Own { start, len });
     }
 
     /// Queues a PDU header with its digest and the padding up to its data,
@@ -98,13 +111,13 @@ impl SendQueue {
     /// where they lie.
     #[inline]
     pub fn push_ext(&mut self, addr: u64, len: usize, slot: u16) {
-        self.segs.push_back(Seg::Ext { addr, len, slot });
+        self.segs.push(Seg::Ext { addr, len, slot });
     }
 
     /// Queues a mark for `slot`.
     #[inline]
     pub fn push_mark(&mut self, slot: u16) {
-        self.segs.push_back(Seg::Mark { slot });
+        self.segs.push(Seg::Mark { slot });
     }
 
     /// Fills `out` with the iovecs of what is queued (at most its length)
@@ -117,7 +130,7 @@ impl SendQueue {
     #[inline]
     pub unsafe fn iovecs<'s, M: Memory>(&'s self, mem: &M, out: &mut [IoSlice<'s>]) -> usize {
         let mut k = 0;
-        for (i, s) in self.segs.iter().enumerate() {
+        for (i, s) in self.pending().iter().enumerate() {
             if k == out.len() {
                 break;
             }
@@ -152,7 +165,7 @@ impl SendQueue {
         max: usize,
     ) -> usize {
         out.clear();
-        for (i, s) in self.segs.iter().enumerate() {
+        for (i, s) in self.pending().iter().enumerate() {
             if out.len() == max {
                 break;
             }
@@ -176,11 +189,11 @@ impl SendQueue {
     /// `mark`. When all is sent, the buffer starts over.
     #[inline]
     pub fn advance(&mut self, mut sent: usize, mut mark: impl FnMut(u16)) {
-        while let Some(&s) = self.segs.front() {
+        while let Some(&s) = self.segs.get(self.first) {
             let len = match s {
                 Seg::Own { len, .. } | Seg::Ext { len, .. } => len,
                 Seg::Mark { slot } => {
-                    self.segs.pop_front();
+                    self.first += 1;
                     mark(slot);
                     continue;
                 }
@@ -189,13 +202,15 @@ impl SendQueue {
             if sent >= left {
                 sent -= left;
                 self.head = 0;
-                self.segs.pop_front();
+                self.first += 1;
             } else {
                 self.head += sent;
                 break;
             }
         }
-        if self.segs.is_empty() {
+        if self.first == self.segs.len() {
+            self.segs.clear();
+            self.first = 0;
             self.bytes.clear();
             self.head = 0;
         }
@@ -209,12 +224,12 @@ impl SendQueue {
     /// The `Ext` segments of `slot` must name bytes of a live buffer that
     /// nothing writes during the call.
     pub unsafe fn detach<M: Memory>(&mut self, slot: u16, mem: &M) {
-        for i in 0..self.segs.len() {
+        for i in self.first..self.segs.len() {
             if let Seg::Ext { addr, len, slot: s } = self.segs[i] {
                 if s != slot {
                     continue;
                 }
-                let skip = if i == 0 { self.head } else { 0 };
+                let skip = if i == self.first { self.head } else { 0 };
                 let start = self.bytes.len();
                 // SAFETY: the caller's contract.
                 self.bytes
@@ -223,7 +238,7 @@ impl SendQueue {
                     start,
                     len: len - skip,
                 };
-                if i == 0 {
+                if i == self.first {
                     self.head = 0;
                 }
             }
