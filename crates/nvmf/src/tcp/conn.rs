@@ -100,9 +100,6 @@ pub(crate) struct Dest {
     pub base: u32,
     /// A command capsule's in-capsule data length.
     pub data_len: u32,
-    /// A command capsule's SQE (one on a queue not connected yet has no
-    /// slot to hold it).
-    pub sqe: Sqe,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -166,6 +163,9 @@ pub(crate) struct Tcp<W: Wire> {
     /// Where the data of the PDU arriving in pieces goes (between its
     /// header and its end).
     pub arriving: Option<Dest>,
+    /// The SQE of a command capsule arriving in pieces on a queue not
+    /// connected yet (no slot holds it).
+    pub unbound_sqe: Sqe,
     /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
     /// zeroed array of `MAX_IOV` on every flush; grows on first use).
     pub iov: Vec<libc::iovec>,
@@ -258,6 +258,7 @@ impl<W: Wire> Conn<W> {
             rs: 0,
             re: 0,
             arriving: None,
+            unbound_sqe: Sqe::default(),
             iov: Vec::new(),
             linger_until: None,
             fin_sent: false,

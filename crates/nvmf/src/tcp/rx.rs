@@ -10,7 +10,7 @@ use pollux_spec::fabrics::FcType;
 use pollux_spec::status::generic;
 use pollux_spec::tcp::Fes;
 use pollux_spec::Sqe;
-use pollux_tcp::engine::target::{Ended, TargetError, TargetEvent};
+use pollux_tcp::engine::target::{self, Ended, TargetError, TargetEvent};
 
 use crate::qpair::{gen, Bound, Qpair};
 use crate::tcp::conn::{Dest, Fatal, Phase, Sink, Tcp, READS_PER_POLL};
@@ -143,6 +143,7 @@ impl<W: Wire> Tcp<W> {
                     data,
                     end,
                 } => {
+                    let sqe = target::sqe_of(sqe);
                     let d = match capsule_dest(qp, &sqe, data_len) {
                         Ok(d) => d,
                         Err(f) => {
@@ -156,9 +157,14 @@ impl<W: Wire> Tcp<W> {
                     match (data, end) {
                         (Some(bytes), Some(e)) => {
                             put(qp, &d, 0, bytes);
-                            self.ended(ctx, qp, d, e);
+                            self.ended(ctx, qp, d, e, &sqe);
                         }
-                        _ => self.arriving = Some(d),
+                        _ => {
+                            if d.slot.is_none() {
+                                self.unbound_sqe = sqe;
+                            }
+                            self.arriving = Some(d);
+                        }
                     }
                 }
                 TargetEvent::H2CData {
@@ -173,12 +179,11 @@ impl<W: Wire> Tcp<W> {
                         slot: Some(ttag),
                         base: datao,
                         data_len: 0,
-                        sqe: Sqe::default(),
                     };
                     match (data, end) {
                         (Some(bytes), Some(e)) => {
                             put(qp, &d, 0, bytes);
-                            self.ended(ctx, qp, d, e);
+                            self.h2c_ended(qp, e);
                         }
                         _ => self.arriving = Some(d),
                     }
@@ -188,13 +193,15 @@ impl<W: Wire> Tcp<W> {
                         put(qp, &d, offset, bytes);
                         if let Some(e) = end {
                             self.arriving = None;
-                            self.ended(ctx, qp, d, e);
+                            let sqe = self.unbound_sqe;
+                            self.ended(ctx, qp, d, e, &sqe);
                         }
                     }
                 }
                 TargetEvent::End(e) => {
                     if let Some(d) = self.arriving.take() {
-                        self.ended(ctx, qp, d, e);
+                        let sqe = self.unbound_sqe;
+                        self.ended(ctx, qp, d, e, &sqe);
                     }
                 }
                 TargetEvent::Initialized(p) => {
@@ -210,16 +217,25 @@ impl<W: Wire> Tcp<W> {
         }
     }
 
-    /// A PDU whose data went to `d` is complete.
+    /// A PDU whose data went to `d` is complete (`sqe`: a command
+    /// capsule's, if it has no slot).
     #[inline(always)]
-    fn ended(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: Dest, e: Ended) {
+    fn ended(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: Dest, e: Ended, sqe: &Sqe) {
         match e {
             Ended::Capsule { digest_ok } => {
                 if !digest_ok {
                     tracing::warn!(peer = %qp.peer, "data digest error");
                 }
-                self.capsule_in(ctx, qp, &d, digest_ok);
+                self.capsule_in(ctx, qp, &d, sqe, digest_ok);
             }
+            _ => self.h2c_ended(qp, e),
+        }
+    }
+
+    /// An H2CData PDU is complete.
+    #[inline(always)]
+    fn h2c_ended(&mut self, qp: &mut Qpair, e: Ended) {
+        match e {
             Ended::H2C {
                 ttag,
                 digest_ok,
@@ -235,21 +251,21 @@ impl<W: Wire> Tcp<W> {
                     qp.data_in(self, ttag);
                 }
             }
-            Ended::Other => {}
+            Ended::Capsule { .. } | Ended::Other => {}
         }
     }
 
     /// A command capsule is in, with its in-capsule data (`ok`: their
     /// digest matched, or there was none).
     #[inline(always)]
-    fn capsule_in(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: &Dest, ok: bool) {
+    fn capsule_in(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: &Dest, sqe: &Sqe, ok: bool) {
         match (d.sink, d.slot) {
             (Sink::Slot(i), _) => qp.capsule(ctx, self, i, d.data_len, ok),
             // A command whose data was refused (its slot holds the
             // status).
             (Sink::Discard, Some(i)) => qp.capsule(ctx, self, i, 0, true),
             _ => {
-                qp.unbound_command(ctx, self, &d.sqe, ok);
+                qp.unbound_command(ctx, self, sqe, ok);
                 // A Connect accepted gave the queue its slots.
                 if self.eng.transfers() != qp.slots.len() {
                     self.eng.set_transfers(qp.slots.len());
@@ -271,7 +287,6 @@ fn capsule_dest(qp: &mut Qpair, sqe: &Sqe, dl: u32) -> Result<Dest, Fatal> {
         slot: None,
         base: 0,
         data_len: dl,
-        sqe: *sqe,
     };
     if matches!(qp.bound, Bound::None) {
         if FcType::of(sqe) == Some(FcType::Connect) && dl <= qp.icd_max {
