@@ -500,13 +500,19 @@ impl TargetQueue {
                 return false;
             };
             let piece = &data[off as usize..(off + l) as usize];
+            let addr = piece.as_ptr() as usize as u64;
             self.tx.push_header(h.as_bytes(), &layout);
-            self.tx
-                .push_ext(piece.as_ptr() as usize as u64, piece.len(), release);
             if layout.ddgst {
+                self.tx.push_ext(addr, piece.len(), release);
                 let mut d = DataDigest::new();
                 d.update(piece);
                 self.tx.push_bytes(&d.value().to_le_bytes());
+            } else if success {
+                // Nothing follows: the mark goes with the data.
+                self.tx.push_ext_marked(addr, piece.len(), release);
+                return true;
+            } else {
+                self.tx.push_ext(addr, piece.len(), release);
             }
             off += l;
         }

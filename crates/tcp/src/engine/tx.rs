@@ -15,8 +15,15 @@ use crate::engine::memory::Memory;
 pub enum Seg {
     /// `len` bytes of the queue's own buffer from `start`.
     Own { start: usize, len: usize },
-    /// `len` bytes at `addr` of the buffer of command slot `slot`.
-    Ext { addr: u64, len: usize, slot: u16 },
+    /// `len` bytes at `addr` of the buffer of command slot `slot`;
+    /// `mark`: a mark for `slot` is reached once they are sent (the last
+    /// thing of the slot's, without a [`Seg::Mark`] of its own).
+    Ext {
+        addr: u64,
+        len: usize,
+        slot: u16,
+        mark: bool,
+    },
     /// Nothing to send; reached once all before it is sent.
     Mark { slot: u16 },
 }
@@ -111,7 +118,26 @@ impl SendQueue {
     /// where they lie.
     #[inline]
     pub fn push_ext(&mut self, addr: u64, len: usize, slot: u16) {
-        self.segs.push(Seg::Ext { addr, len, slot });
+        self.segs.push(Seg::Ext {
+            addr,
+            len,
+            slot,
+            mark: false,
+        });
+    }
+
+    /// Queues `len` bytes at `addr` of slot `slot`'s buffer, then a mark
+    /// for `slot`, in one segment (as [`push_ext`](Self::push_ext) then
+    /// [`push_mark`](Self::push_mark), one segment fewer to queue, send and
+    /// drop).
+    #[inline]
+    pub fn push_ext_marked(&mut self, addr: u64, len: usize, slot: u16) {
+        self.segs.push(Seg::Ext {
+            addr,
+            len,
+            slot,
+            mark: true,
+        });
     }
 
     /// Queues a mark for `slot`.
@@ -190,8 +216,11 @@ impl SendQueue {
     #[inline]
     pub fn advance(&mut self, mut sent: usize, mut mark: impl FnMut(u16)) {
         while let Some(&s) = self.segs.get(self.first) {
-            let len = match s {
-                Seg::Own { len, .. } | Seg::Ext { len, .. } => len,
+            let (len, marks) = match s {
+                Seg::Own { len, .. } => (len, None),
+                Seg::Ext {
+                    len, slot, mark: m, ..
+                } => (len, m.then_some(slot)),
                 Seg::Mark { slot } => {
                     self.first += 1;
                     mark(slot);
@@ -203,6 +232,9 @@ impl SendQueue {
                 sent -= left;
                 self.head = 0;
                 self.first += 1;
+                if let Some(slot) = marks {
+                    mark(slot);
+                }
             } else {
                 self.head += sent;
                 break;
@@ -224,9 +256,17 @@ impl SendQueue {
     /// The `Ext` segments of `slot` must name bytes of a live buffer that
     /// nothing writes during the call.
     pub unsafe fn detach<M: Memory>(&mut self, slot: u16, mem: &M) {
-        for i in self.first..self.segs.len() {
-            if let Seg::Ext { addr, len, slot: s } = self.segs[i] {
+        let mut i = self.first;
+        while i < self.segs.len() {
+            if let Seg::Ext {
+                addr,
+                len,
+                slot: s,
+                mark,
+            } = self.segs[i]
+            {
                 if s != slot {
+                    i += 1;
                     continue;
                 }
                 let skip = if i == self.first { self.head } else { 0 };
@@ -241,7 +281,13 @@ impl SendQueue {
                 if i == self.first {
                     self.head = 0;
                 }
+                if mark {
+                    // Its mark, now a segment of its own, after it.
+                    i += 1;
+                    self.segs.insert(i, Seg::Mark { slot });
+                }
             }
+            i += 1;
         }
     }
 }

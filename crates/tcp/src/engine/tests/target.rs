@@ -297,3 +297,73 @@ fn the_send_queue_merges_unsent_bytes_and_restarts_when_drained() {
         vec![Seg::Own { start: 0, len: 2 }]
     );
 }
+
+/// A marked data segment reports its mark once its last byte is sent,
+/// not before; detached, its mark follows the copy.
+#[test]
+fn a_marked_data_segment_reports_its_mark_once_sent() {
+    let ext = [5u8; 10];
+    let mut q = SendQueue::default();
+    q.push_bytes(b"hd");
+    q.push_ext_marked(ext.as_ptr() as usize as u64, ext.len(), 7);
+    q.push_bytes(b"next");
+    assert_eq!(q.segments().count(), 3);
+    let mut marks = Vec::new();
+    q.advance(2 + 9, |m| marks.push(m));
+    assert!(marks.is_empty());
+    q.advance(1, |m| marks.push(m));
+    assert_eq!(marks, vec![7]);
+    q.advance(4, |m| marks.push(m));
+    assert!(q.is_empty());
+
+    let mut q = SendQueue::default();
+    q.push_ext_marked(ext.as_ptr() as usize as u64, ext.len(), 7);
+    q.push_bytes(b"x");
+    q.advance(3, |m| marks.push(m));
+    // SAFETY: `ext` lives through the test.
+    unsafe { q.detach(7, &Pointers) };
+    assert_eq!(
+        q.segments().copied().collect::<Vec<_>>(),
+        vec![
+            Seg::Own { start: 1, len: 7 },
+            Seg::Mark { slot: 7 },
+            Seg::Own { start: 0, len: 1 }
+        ]
+    );
+    let mut marks = Vec::new();
+    assert_eq!(drain(&mut q, &mut marks), [&[5u8; 7][..], b"x"].concat());
+    assert_eq!(marks, vec![7]);
+}
+
+/// Without a response capsule (SUCCESS in the last C2HData), the mark
+/// comes with the last data byte, with or without data digests.
+#[test]
+fn send_data_without_a_response_marks_after_the_last_byte() {
+    for dgst in [0, 2] {
+        let mut q = TargetQueue::new(
+            TargetLimits {
+                maxh2cdata: 4096,
+                icd: 0,
+            },
+            2,
+        );
+        let d = Digests::from_dgst(dgst);
+        let mut ctl_in = ic::host_icreq(d).as_bytes().to_vec();
+        let (n, _) = q.next(&ctl_in).unwrap();
+        ctl_in.drain(..n);
+        drain(&mut q.tx, &mut Vec::new());
+        let data = vec![3u8; 3000];
+        // SAFETY: `data` outlives the drain below.
+        assert!(unsafe { q.send_data(4, &data, 1024, None, 1) });
+        let mut marks = Vec::new();
+        let segs = q.tx.segments().count();
+        let out = drain(&mut q.tx, &mut marks);
+        assert_eq!(marks, vec![1]);
+        let l = PduLayout::new(PduType::C2HData, d, 0, 1024).unwrap();
+        let last = PduLayout::new(PduType::C2HData, d, 0, 952).unwrap();
+        assert_eq!(out.len(), 2 * l.plen as usize + last.plen as usize);
+        // Header and data per PDU; with digests, each digest and the next
+        // header share a segment, and a mark ends them.
+        assert_eq!(segs, if dgst == 0 { 6 } else { 8 });
+    }
+}
