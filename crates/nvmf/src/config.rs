@@ -34,10 +34,14 @@
 //! `nvmf_subsystem_add_host` (`nqn`, `host`). `nvmf_set_config`,
 //! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
 //! warning. Anything else is refused naming the method and parameter.
+//! Parameters are read by `pollux_bdev::params`, the reader of the bdev
+//! subsystem's methods too, so both are refused in the same words
+//! (`<method>: parameter 'namespace.nsid': expected ..., got ...`).
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::params::{ParamError, Params};
 use pollux_bdev::Bdev;
 use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
 use serde_json::{Map, Value};
@@ -53,16 +57,10 @@ pub enum ConfigError {
     Bdev(#[from] pollux_bdev::config::ConfigError),
     #[error("JSON configuration: method '{method}' (nvmf subsystem) is not supported; supported: nvmf_create_transport, nvmf_create_subsystem, nvmf_subsystem_add_ns, nvmf_subsystem_add_listener, nvmf_subsystem_add_host")]
     UnknownMethod { method: String },
-    #[error("{method}: unknown parameter '{param}'")]
-    UnknownParam { method: String, param: String },
-    #[error("{method}: missing required parameter '{param}'")]
-    MissingParam { method: String, param: String },
-    #[error("{method}: parameter '{param}': {why}")]
-    BadParam {
-        method: String,
-        param: String,
-        why: String,
-    },
+    /// A method's parameter is unknown, missing or ill-typed (read by
+    /// the bdev configuration's reader, worded as its errors are).
+    #[error("JSON configuration: {0}")]
+    Param(#[from] ParamError),
     #[error("subsystem '{nqn}': {why}")]
     Subsystem { nqn: String, why: String },
     #[error("transport option {option} = {value}: {why}")]
@@ -539,10 +537,7 @@ impl TargetConfig {
                 )))
             }
         };
-        let p = P {
-            method: &method,
-            obj: params,
-        };
+        let p = Params::new(&method, params);
         match method.as_str() {
             "nvmf_create_transport" => {
                 p.known(&[
@@ -575,7 +570,9 @@ impl TargetConfig {
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
-                    return Err(p.bad("trtype", format!("'{trtype}': only TCP is supported")));
+                    return Err(p
+                        .bad("trtype", format!("'{trtype}': only TCP is supported"))
+                        .into());
                 }
                 let t = &mut self.transport;
                 if let Some(v) = p.uint("max_queue_depth", 2, 4096)? {
@@ -627,7 +624,7 @@ impl TargetConfig {
                 if let Some(v) = p.uint("data_timeout_ms", 1, max_ms)? {
                     t.data_timeout = Duration::from_millis(v);
                 }
-                p.bool("zcopy")?;
+                p.bool_opt("zcopy")?;
                 for ignored in [
                     "sock_priority",
                     "abort_timeout_sec",
@@ -641,11 +638,13 @@ impl TargetConfig {
                         self.warn(format!("{method}: parameter '{ignored}' ignored"));
                     }
                 }
-                if p.bool("dif_insert_or_strip")? == Some(true) {
-                    return Err(p.bad(
-                        "dif_insert_or_strip",
-                        "protection information is not supported".into(),
-                    ));
+                if p.bool_opt("dif_insert_or_strip")? == Some(true) {
+                    return Err(p
+                        .bad(
+                            "dif_insert_or_strip",
+                            "protection information is not supported",
+                        )
+                        .into());
                 }
                 self.transport.validate()?;
             }
@@ -662,26 +661,22 @@ impl TargetConfig {
                     "max_cntlid",
                 ])?;
                 let nqn = p.str_req("nqn")?;
-                let mut s = SubsystemConfig::new(&nqn);
-                s.serial = p.str_opt("serial_number")?;
-                s.model = p.str_opt("model_number")?;
-                s.allow_any_host = p.bool("allow_any_host")?.unwrap_or(false);
+                let mut s = SubsystemConfig::new(nqn);
+                s.serial = p.str_opt("serial_number")?.map(str::to_string);
+                s.model = p.str_opt("model_number")?.map(str::to_string);
+                s.allow_any_host = p.bool_opt("allow_any_host")?.unwrap_or(false);
                 p.uint("max_namespaces", 0, 1024)?;
-                if p.bool("ana_reporting")? == Some(true) {
-                    return Err(p.bad("ana_reporting", "ANA is not supported".into()));
+                if p.bool_opt("ana_reporting")? == Some(true) {
+                    return Err(p.bad("ana_reporting", "ANA is not supported").into());
                 }
                 if self.subsystems.iter().any(|o| o.nqn == nqn) {
-                    return Err(p.bad("nqn", format!("'{nqn}' is created twice")));
+                    return Err(p.bad("nqn", format!("'{nqn}' is created twice")).into());
                 }
                 self.subsystems.push(s);
             }
             "nvmf_subsystem_add_ns" => {
                 p.known(&["nqn", "namespace", "tgt_name"])?;
-                let ns = p.obj_req("namespace")?;
-                let q = P {
-                    method: &format!("{method}: namespace"),
-                    obj: ns,
-                };
+                let q = p.object("namespace")?;
                 q.known(&[
                     "bdev_name",
                     "nsid",
@@ -692,10 +687,10 @@ impl TargetConfig {
                     "anagrpid",
                     "no_auto_visible",
                 ])?;
-                let bdev = q.str_req("bdev_name")?;
+                let bdev = q.str_req("bdev_name")?.to_string();
                 let nsid = q.uint("nsid", 1, 1024)?.map(|v| v as u32);
                 for ignored in ["uuid", "nguid", "eui64"] {
-                    if ns.contains_key(ignored) {
+                    if q.get(ignored).is_some() {
                         self.warn(format!(
                             "{method}: namespace.{ignored} ignored (identifiers derive from the serial number)"
                         ));
@@ -712,21 +707,19 @@ impl TargetConfig {
                     "secure_channel",
                     "ana_state",
                 ])?;
-                let la = p.obj_req("listen_address")?;
-                let q = P {
-                    method: &format!("{method}: listen_address"),
-                    obj: la,
-                };
+                let q = p.object("listen_address")?;
                 q.known(&["trtype", "adrfam", "traddr", "trsvcid"])?;
                 let trtype = q.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
-                    return Err(q.bad("trtype", format!("'{trtype}': only TCP is supported")));
+                    return Err(q
+                        .bad("trtype", format!("'{trtype}': only TCP is supported"))
+                        .into());
                 }
                 let traddr = q.str_req("traddr")?;
                 let ip: IpAddr = traddr
                     .parse()
                     .map_err(|_| q.bad("traddr", format!("'{traddr}' is not an IP address")))?;
-                let port = match la.get("trsvcid") {
+                let port = match q.get("trsvcid") {
                     None => 4420,
                     Some(Value::String(s)) => s
                         .parse::<u16>()
@@ -735,13 +728,22 @@ impl TargetConfig {
                         .as_u64()
                         .and_then(|v| u16::try_from(v).ok())
                         .ok_or_else(|| q.bad("trsvcid", format!("{n} is not a port number")))?,
-                    Some(_) => return Err(q.bad("trsvcid", "not a string".into())),
+                    Some(v) => {
+                        return Err(q
+                            .bad(
+                                "trsvcid",
+                                format!("expected a port number (a string or an integer), got {v}"),
+                            )
+                            .into())
+                    }
                 };
                 if let Some(f) = q.str_opt("adrfam")? {
                     let ok = (f.eq_ignore_ascii_case("ipv4") && ip.is_ipv4())
                         || (f.eq_ignore_ascii_case("ipv6") && ip.is_ipv6());
                     if !ok {
-                        return Err(q.bad("adrfam", format!("'{f}' does not match '{traddr}'")));
+                        return Err(q
+                            .bad("adrfam", format!("'{f}' does not match '{traddr}'"))
+                            .into());
                     }
                 }
                 let nqn = p.str_req("nqn")?;
@@ -769,13 +771,13 @@ impl TargetConfig {
                 ])?;
                 for k in ["psk", "dhchap_key", "dhchap_ctrlr_key"] {
                     if params.contains_key(k) {
-                        return Err(p.bad(k, "TLS and authentication are not supported".into()));
+                        return Err(p.bad(k, "TLS and authentication are not supported").into());
                     }
                 }
                 let host = p.str_req("host")?;
                 let s = self.subsystem_mut(&p)?;
-                if !s.hosts.contains(&host) {
-                    s.hosts.push(host);
+                if !s.hosts.iter().any(|h| h == host) {
+                    s.hosts.push(host.to_string());
                 }
             }
             "nvmf_set_config" | "nvmf_set_max_subsystems" | "nvmf_set_crdt" => {
@@ -786,9 +788,10 @@ impl TargetConfig {
         Ok(())
     }
 
-    fn subsystem_mut(&mut self, p: &P<'_>) -> Result<&mut SubsystemConfig, ConfigError> {
+    fn subsystem_mut(&mut self, p: &Params<'_>) -> Result<&mut SubsystemConfig, ConfigError> {
         let nqn = p.str_req("nqn")?;
-        self.subsystems
+        Ok(self
+            .subsystems
             .iter_mut()
             .find(|s| s.nqn == nqn)
             .ok_or_else(|| {
@@ -796,79 +799,6 @@ impl TargetConfig {
                     "nqn",
                     format!("no subsystem '{nqn}' (nvmf_create_subsystem first)"),
                 )
-            })
-    }
-}
-
-/// The parameters of one method.
-struct P<'a> {
-    method: &'a str,
-    obj: &'a Map<String, Value>,
-}
-
-impl P<'_> {
-    fn bad(&self, param: &str, why: String) -> ConfigError {
-        ConfigError::BadParam {
-            method: self.method.to_string(),
-            param: param.to_string(),
-            why,
-        }
-    }
-
-    fn known(&self, known: &[&str]) -> Result<(), ConfigError> {
-        for k in self.obj.keys() {
-            if !known.contains(&k.as_str()) {
-                return Err(ConfigError::UnknownParam {
-                    method: self.method.to_string(),
-                    param: k.clone(),
-                });
-            }
-        }
-        Ok(())
-    }
-
-    fn str_opt(&self, k: &str) -> Result<Option<String>, ConfigError> {
-        match self.obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::String(s)) => Ok(Some(s.clone())),
-            Some(_) => Err(self.bad(k, "not a string".into())),
-        }
-    }
-
-    fn str_req(&self, k: &str) -> Result<String, ConfigError> {
-        self.str_opt(k)?.ok_or_else(|| ConfigError::MissingParam {
-            method: self.method.to_string(),
-            param: k.to_string(),
-        })
-    }
-
-    fn obj_req(&self, k: &str) -> Result<&Map<String, Value>, ConfigError> {
-        match self.obj.get(k) {
-            Some(Value::Object(o)) => Ok(o),
-            None => Err(ConfigError::MissingParam {
-                method: self.method.to_string(),
-                param: k.to_string(),
-            }),
-            Some(_) => Err(self.bad(k, "not an object".into())),
-        }
-    }
-
-    fn bool(&self, k: &str) -> Result<Option<bool>, ConfigError> {
-        match self.obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Bool(b)) => Ok(Some(*b)),
-            Some(_) => Err(self.bad(k, "not a boolean".into())),
-        }
-    }
-
-    fn uint(&self, k: &str, min: u64, max: u64) -> Result<Option<u64>, ConfigError> {
-        match self.obj.get(k) {
-            None | Some(Value::Null) => Ok(None),
-            Some(Value::Number(n)) => match n.as_u64() {
-                Some(v) if (min..=max).contains(&v) => Ok(Some(v)),
-                _ => Err(self.bad(k, format!("{n} is not an integer in {min}..={max}"))),
-            },
-            Some(_) => Err(self.bad(k, "not a number".into())),
-        }
+            })?)
     }
 }
