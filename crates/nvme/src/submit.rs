@@ -619,8 +619,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
         flags: RwFlags,
         user_data: u64,
     ) -> Result<(), Refused> {
-        let d = buf.dma_slice();
-        if let Err(error) = check_rw(ns, self.core.ctrl, lba, nlb, d.len(), d.iova0()) {
+        let (len, iova0) = (buf.len(), buf.iova0());
+        if let Err(error) = check_rw(ns, self.core.ctrl, lba, nlb, len, iova0) {
             return Err(Refused {
                 error,
                 buf: Some(buf),
@@ -631,17 +631,16 @@ impl<'a, T: Transport> Submitter<'a, T> {
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.free.pop() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags);
-                // `move`: the closure holds a copy of the slice, so the
-                // slice need not live in memory on the one-page path
-                // (by reference it was spilled to the stack every I/O).
-                // SAFETY: `cid` was free; `d` describes `buf`, which goes
+                // The buffer's page table is looked up only past the first
+                // page (`iova`); `move`: the closure holds the reference,
+                // so nothing need live in memory on the one-page path (a
+                // slice by reference was spilled to the stack every I/O).
+                let at = buf.iova();
+                // SAFETY: `cid` was free; `at` describes `buf`, which goes
                 // into the tracker and comes back only with the completion;
-                // the Read or Write moves exactly `d.len()` bytes (checked:
+                // the Read or Write moves exactly `len` bytes (checked:
                 // NLB blocks of this controller's namespace).
-                return match unsafe {
-                    self.sq
-                        .push(cid, sqe, d.len(), d.iova0(), move |i| d.iova_at(i))
-                } {
+                return match unsafe { self.sq.push(cid, sqe, len, iova0, move |i| at.at(i)) } {
                     Ok(()) => {
                         self.core.claim_with_buf(cid, user_data, buf);
                         Ok(())
@@ -653,7 +652,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 };
             }
         }
-        let data = d.to_owned_ref();
+        let data = buf.dma_slice().to_owned_ref();
         let r = self.rw_slow(opc, ns, lba, nlb, data, Some(buf), flags, user_data);
         refused_owned(r)
     }
