@@ -6,7 +6,9 @@
 //!
 //! A parameter that is absent or `null` is absent. Every getter refuses a
 //! value of the wrong type or range with [`ParamError::Bad`], whose text
-//! says what was expected and what was found.
+//! says what was expected and what was found. A parameter that is itself
+//! an object (`namespace`, `listen_address`) is read by the [`Params`] of
+//! [`Params::object`], whose errors name its keys `object.key`.
 use serde_json::{Map, Value};
 
 use crate::info::parse_uuid;
@@ -35,13 +37,40 @@ pub enum ParamError {
 #[derive(Clone, Copy, Debug)]
 pub struct Params<'a> {
     method: &'a str,
+    /// The parameter this object is the value of ("" for the method's
+    /// own parameters): errors name keys `within.key`.
+    within: &'a str,
     obj: &'a Map<String, Value>,
 }
 
 impl<'a> Params<'a> {
     /// The `params` object of `method`, unchecked (see [`Params::known`]).
     pub fn new(method: &'a str, obj: &'a Map<String, Value>) -> Params<'a> {
-        Params { method, obj }
+        Params {
+            method,
+            within: "",
+            obj,
+        }
+    }
+
+    /// The object `param` (required), whose errors name its keys
+    /// `param.key` (one level: `param` must be the method's own).
+    pub fn object(&self, param: &'a str) -> Result<Params<'a>, ParamError> {
+        debug_assert!(self.within.is_empty(), "one level of objects");
+        Ok(Params {
+            method: self.method,
+            within: param,
+            obj: self.obj_req(param)?,
+        })
+    }
+
+    /// How errors name `param`.
+    fn key(&self, param: &str) -> String {
+        if self.within.is_empty() {
+            param.to_string()
+        } else {
+            format!("{}.{param}", self.within)
+        }
     }
 
     /// `new`, refusing any parameter not in `known`.
@@ -60,7 +89,7 @@ impl<'a> Params<'a> {
         match self.obj.keys().find(|k| !known.contains(&k.as_str())) {
             Some(k) => Err(ParamError::Unknown {
                 method: self.method.to_string(),
-                param: k.clone(),
+                param: self.key(k),
                 known: known.join(", "),
             }),
             None => Ok(()),
@@ -75,7 +104,7 @@ impl<'a> Params<'a> {
     pub fn bad(&self, param: &str, why: impl Into<String>) -> ParamError {
         ParamError::Bad {
             method: self.method.to_string(),
-            param: param.to_string(),
+            param: self.key(param),
             why: why.into(),
         }
     }
@@ -84,7 +113,7 @@ impl<'a> Params<'a> {
     pub fn missing(&self, param: &str) -> ParamError {
         ParamError::Missing {
             method: self.method.to_string(),
-            param: param.to_string(),
+            param: self.key(param),
         }
     }
 
@@ -233,5 +262,34 @@ mod tests {
             "m: unknown parameter 'b' (known: s, n)"
         );
         assert!(msg(p.uuid_opt("s").unwrap_err()).contains("'x' is not a UUID"));
+    }
+
+    #[test]
+    fn an_objects_errors_name_its_keys_within_it() {
+        let o = obj(r#"{"ns": {"id": 0, "x": 1}, "s": "x"}"#);
+        let p = Params::new("m", &o);
+        let q = p.object("ns").unwrap();
+        assert_eq!(q.method(), "m");
+        let msg = |e: ParamError| e.to_string();
+        assert_eq!(
+            msg(q.uint("id", 1, 9).unwrap_err()),
+            "m: parameter 'ns.id': expected an integer in 1..=9, got 0"
+        );
+        assert_eq!(
+            msg(q.str_req("name").unwrap_err()),
+            "m: missing required parameter 'ns.name'"
+        );
+        assert_eq!(
+            msg(q.known(&["id"]).unwrap_err()),
+            "m: unknown parameter 'ns.x' (known: id)"
+        );
+        assert_eq!(
+            msg(p.object("s").unwrap_err()),
+            "m: parameter 's': expected an object, got \"x\""
+        );
+        assert_eq!(
+            msg(p.object("none").unwrap_err()),
+            "m: missing required parameter 'none'"
+        );
     }
 }

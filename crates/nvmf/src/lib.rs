@@ -68,5 +68,7 @@ pub use config::{
     ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
 };
 pub use model::ModelError;
+/// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
+pub use pollux_bdev::params::ParamError;
 pub use pollux_runtime::RuntimeOptions;
 pub use tgt::{Target, TargetError};

@@ -1,6 +1,6 @@
 //! The target: its subsystems and controllers, the runtime threads
 //! serving them, and its listeners.
-use std::net::{SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 
@@ -116,18 +116,14 @@ impl Target {
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });
-        let listeners: Arc<Mutex<Option<Vec<TcpListener>>>> =
-            Arc::new(Mutex::new(Some(listen.into_listeners())));
+        // Thread 0 accepts.
+        let listeners = Arc::new(Mutex::new(Some(listen)));
         let (sh, tc) = (shared.clone(), tcp.clone());
         let rt = Runtime::start_with(cores, rt_opts, move |ctx| {
             let ls = if ctx.index() == 0 {
-                listeners
-                    .lock()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .take()
-                    .unwrap_or_default()
+                listeners.lock().unwrap_or_else(|p| p.into_inner()).take()
             } else {
-                Vec::new()
+                None
             };
             init(ctx, sh.clone(), tc.clone(), ls);
         })?;

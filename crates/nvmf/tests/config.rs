@@ -1,5 +1,5 @@
 //! SPDK-shaped JSON configuration: what is read, what is refused (named).
-use pollux_nvmf::{ConfigError, TargetConfig};
+use pollux_nvmf::{ConfigError, ParamError, TargetConfig};
 
 const GOOD: &str = r#"{"subsystems": [
   {"subsystem": "accel", "config": []},
@@ -77,6 +77,81 @@ fn bad_configurations_name_the_culprit() {
         )),
         Err(ConfigError::Bdev(_))
     ));
+}
+
+/// The nvmf methods' parameters are read by the one reader of every
+/// configuration (`pollux_bdev::params`): a bad value is refused naming
+/// the method, the key (`object.key` inside `namespace` and
+/// `listen_address`), what was expected and what was found, in the words
+/// a bdev method's bad value gets.
+#[test]
+fn bad_values_are_named_by_the_shared_reader() {
+    for (from, to, key, want) in [
+        (
+            "\"max_queue_depth\": 64",
+            "\"max_queue_depth\": \"64\"",
+            "max_queue_depth",
+            "nvmf_create_transport: parameter 'max_queue_depth': expected an integer in 2..=4096, got \"64\"",
+        ),
+        (
+            "\"allow_any_host\": false",
+            "\"allow_any_host\": \"no\"",
+            "allow_any_host",
+            "nvmf_create_subsystem: parameter 'allow_any_host': expected true or false, got \"no\"",
+        ),
+        (
+            "\"nsid\": 2",
+            "\"nsid\": 0",
+            "namespace.nsid",
+            "nvmf_subsystem_add_ns: parameter 'namespace.nsid': expected an integer in 1..=1024, got 0",
+        ),
+        (
+            "\"traddr\": \"127.0.0.1\"",
+            "\"traddr\": 127",
+            "listen_address.traddr",
+            "nvmf_subsystem_add_listener: parameter 'listen_address.traddr': expected a string, got 127",
+        ),
+        (
+            "\"trsvcid\": \"0\"",
+            "\"trsvcid\": true",
+            "listen_address.trsvcid",
+            "nvmf_subsystem_add_listener: parameter 'listen_address.trsvcid': expected a port number (a string or an integer), got true",
+        ),
+    ] {
+        let e = TargetConfig::from_json(&GOOD.replace(from, to))
+            .err()
+            .unwrap_or_else(|| panic!("accepted with {to}"));
+        match &e {
+            ConfigError::Param(ParamError::Bad { param, .. }) => assert_eq!(param, key),
+            other => panic!("{to}: {other:?}"),
+        }
+        assert_eq!(e.to_string(), format!("JSON configuration: {want}"));
+    }
+    // Unknown and missing keys, inside an object too.
+    let e = refused("\"host\": \"nqn", "\"hots\": \"nqn");
+    assert_eq!(
+        e,
+        "JSON configuration: nvmf_subsystem_add_host: unknown parameter 'hots' (known: nqn, host, tgt_name, psk, dhchap_key, dhchap_ctrlr_key)"
+    );
+    let e = refused("\"bdev_name\": \"Null0\"", "\"bdev\": \"Null0\"");
+    assert!(
+        e.starts_with("JSON configuration: nvmf_subsystem_add_ns: unknown parameter 'namespace.bdev' (known: bdev_name, nsid"),
+        "{e}"
+    );
+    let e = refused("\"bdev_name\": \"Null0\", ", "");
+    assert_eq!(
+        e,
+        "JSON configuration: nvmf_subsystem_add_ns: missing required parameter 'namespace.bdev_name'"
+    );
+    // A bdev method's bad value, in the same words.
+    let e = refused(
+        "\"Null0\", \"num_blocks\": 2048",
+        "\"Null0\", \"num_blocks\": \"2048\"",
+    );
+    assert_eq!(
+        e,
+        "JSON configuration: bdev_null_create: parameter 'num_blocks': expected a non-negative integer, got \"2048\""
+    );
 }
 
 /// `bdev_nvme_attach_controller`: `from_json` (no NVMe transport) refuses

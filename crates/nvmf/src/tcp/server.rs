@@ -111,10 +111,6 @@ impl Listeners {
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.bound.iter().map(|(_, r, _)| *r).collect()
     }
-
-    pub fn into_listeners(self) -> Vec<TcpListener> {
-        self.bound.into_iter().map(|(_, _, l)| l).collect()
-    }
 }
 
 struct Table {
@@ -185,8 +181,11 @@ pub(crate) fn init(
     ctx: &mut ThreadCtx,
     shared: Arc<Shared>,
     tcp: Arc<TcpShared>,
-    listeners: Vec<TcpListener>,
+    listeners: Option<Listeners>,
 ) {
+    let listeners: Vec<TcpListener> = listeners
+        .map(|l| l.bound.into_iter().map(|(_, _, l)| l).collect())
+        .unwrap_or_default();
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
             tracing::error!("listener wake-up: {e}");

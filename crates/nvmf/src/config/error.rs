@@ -1,0 +1,27 @@
+//! Why a configuration was refused.
+use pollux_bdev::params::ParamError;
+
+/// Why a configuration was refused; every message names the culprit.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("JSON configuration: {0}")]
+    Json(#[from] serde_json::Error),
+    #[error("JSON configuration: {0}")]
+    Shape(String),
+    #[error(transparent)]
+    Bdev(#[from] pollux_bdev::config::ConfigError),
+    #[error("JSON configuration: method '{method}' (nvmf subsystem) is not supported; supported: nvmf_create_transport, nvmf_create_subsystem, nvmf_subsystem_add_ns, nvmf_subsystem_add_listener, nvmf_subsystem_add_host")]
+    UnknownMethod { method: String },
+    /// A method's parameter is unknown, missing or ill-typed (read by
+    /// the bdev configuration's reader, worded as its errors are).
+    #[error("JSON configuration: {0}")]
+    Param(#[from] ParamError),
+    #[error("subsystem '{nqn}': {why}")]
+    Subsystem { nqn: String, why: String },
+    #[error("transport option {option} = {value}: {why}")]
+    Transport {
+        option: &'static str,
+        value: u64,
+        why: String,
+    },
+}

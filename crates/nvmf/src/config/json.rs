@@ -1,0 +1,362 @@
+//! Reading SPDK's JSON configuration into a [`TargetConfig`] (what is read:
+//! the docs of [`crate::config`]).
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
+
+use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::params::Params;
+use pollux_bdev::Bdev;
+use pollux_spec::fabrics::DISCOVERY_NQN;
+use serde_json::{Map, Value};
+
+use super::error::ConfigError;
+use super::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use super::transport::{MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+
+impl TargetConfig {
+    /// Reads SPDK's JSON configuration (see the module docs) and creates
+    /// its bdevs; `bdev_nvme_attach_controller` is refused (see
+    /// [`TargetConfig::from_json_with`]).
+    pub fn from_json(json: &str) -> Result<TargetConfig, ConfigError> {
+        TargetConfig::from_json_with(json, &mut |a: &NvmeAttach| {
+            Err::<Vec<Bdev>, String>(format!(
+                "controller '{}': this configuration is read without an NVMe transport (TargetConfig::from_json_with opens NVMe controllers)",
+                a.name
+            ))
+        })
+    }
+}
+impl TargetConfig {
+    /// Reads SPDK's JSON configuration (see the module docs) and creates
+    /// its bdevs; `attach` opens the controller of each
+    /// `bdev_nvme_attach_controller` and returns its namespaces' bdevs
+    /// (named `<name>n<nsid>`).
+    pub fn from_json_with<E>(
+        json: &str,
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+    ) -> Result<TargetConfig, ConfigError>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let doc: Value = serde_json::from_str(json)?;
+        let subsystems = pollux_bdev::config::subsystems(&doc)?;
+        let mut cfg = TargetConfig::default();
+        let mut bdev_doc = None;
+        let mut nvmf: &[Value] = &[];
+        for s in subsystems {
+            match s.get("subsystem").and_then(Value::as_str) {
+                Some("bdev") => bdev_doc = Some(s.clone()),
+                Some("nvmf") => {
+                    nvmf = s
+                        .get("config")
+                        .and_then(Value::as_array)
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[])
+                }
+                Some(other) => cfg.warn(format!("subsystem '{other}' ignored")),
+                None => {
+                    return Err(ConfigError::Shape(
+                        "a subsystem entry has no \"subsystem\" name".into(),
+                    ))
+                }
+            }
+        }
+        if let Some(b) = bdev_doc {
+            let only = serde_json::json!({ "subsystems": [b] }).to_string();
+            let bc = pollux_bdev::config::Config::parse(&only)?;
+            cfg.warnings.extend(bc.warnings.iter().cloned());
+            cfg.bdevs = bc.create(attach)?;
+        }
+        for e in nvmf {
+            cfg.apply(e)?;
+        }
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    fn warn(&mut self, w: String) {
+        tracing::warn!("{w}");
+        self.warnings.push(w);
+    }
+
+    fn apply(&mut self, e: &Value) -> Result<(), ConfigError> {
+        let method = e
+            .get("method")
+            .and_then(Value::as_str)
+            .ok_or_else(|| ConfigError::Shape("an nvmf entry has no \"method\" string".into()))?
+            .to_string();
+        let empty = Map::new();
+        let params = match e.get("params") {
+            None | Some(Value::Null) => &empty,
+            Some(Value::Object(o)) => o,
+            Some(_) => {
+                return Err(ConfigError::Shape(format!(
+                    "{method}: \"params\" is not an object"
+                )))
+            }
+        };
+        let p = Params::new(&method, params);
+        match method.as_str() {
+            "nvmf_create_transport" => {
+                p.known(&[
+                    "trtype",
+                    "tgt_name",
+                    "max_queue_depth",
+                    "max_io_qpairs_per_ctrlr",
+                    "max_qpairs_per_ctrlr",
+                    "in_capsule_data_size",
+                    "max_io_size",
+                    "io_unit_size",
+                    "max_aq_depth",
+                    "num_shared_buffers",
+                    "buf_cache_size",
+                    "dif_insert_or_strip",
+                    "c2h_success",
+                    "sock_priority",
+                    "abort_timeout_sec",
+                    "zcopy",
+                    "ack_timeout",
+                    "data_wr_pool_size",
+                    "control_msg_num",
+                    "disable_command_passthru",
+                    "kas",
+                    "icreq_timeout_ms",
+                    "connect_timeout_ms",
+                    "send_iov",
+                    "max_unbound_connections",
+                    "data_timeout_ms",
+                ])?;
+                let trtype = p.str_req("trtype")?;
+                if !trtype.eq_ignore_ascii_case("tcp") {
+                    return Err(p
+                        .bad("trtype", format!("'{trtype}': only TCP is supported"))
+                        .into());
+                }
+                let t = &mut self.transport;
+                if let Some(v) = p.uint("max_queue_depth", 2, 4096)? {
+                    t.max_queue_depth = v as u16;
+                }
+                if let Some(v) = p.uint("max_io_qpairs_per_ctrlr", 1, 65535)? {
+                    t.max_io_qpairs_per_ctrlr = v as u16;
+                }
+                if let Some(v) = p.uint("max_qpairs_per_ctrlr", 2, 65535)? {
+                    t.max_io_qpairs_per_ctrlr = (v - 1) as u16;
+                }
+                if let Some(v) = p.uint("in_capsule_data_size", 0, 1 << 20)? {
+                    t.in_capsule_data_size = v as u32;
+                }
+                if let Some(v) = p.uint("max_io_size", 4096, 16 << 20)? {
+                    t.max_io_size = v as u32;
+                }
+                if let Some(v) = p.uint("max_aq_depth", 2, 4096)? {
+                    t.max_aq_depth = v as u16;
+                }
+                if let Some(v) = p.uint("kas", 0, 65535)? {
+                    t.kas = v as u16;
+                }
+                let max_ms = MAX_HANDSHAKE_TIMEOUT.as_millis() as u64;
+                if let Some(v) = p.uint("icreq_timeout_ms", 1, max_ms)? {
+                    t.icreq_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("connect_timeout_ms", 1, max_ms)? {
+                    t.connect_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
+                    t.send_iov = v as usize;
+                }
+                if let Some(v) = p.uint("max_unbound_connections", 1, 1 << 20)? {
+                    t.max_unbound_connections = v as usize;
+                }
+                if let Some(v) = p.uint("num_shared_buffers", 1, u32::MAX as u64)? {
+                    t.num_shared_buffers = v as u32;
+                }
+                if let Some(v) = p.uint("io_unit_size", 4096, 16 << 20)? {
+                    t.io_unit_size = v as u32;
+                }
+                // SPDK writes UINT32_MAX for "pick one".
+                match p.uint("buf_cache_size", 0, u32::MAX as u64)? {
+                    Some(v) if v == u32::MAX as u64 => t.buf_cache_size = None,
+                    Some(v) => t.buf_cache_size = Some(v as u32),
+                    None => {}
+                }
+                if let Some(v) = p.uint("data_timeout_ms", 1, max_ms)? {
+                    t.data_timeout = Duration::from_millis(v);
+                }
+                p.bool_opt("zcopy")?;
+                for ignored in [
+                    "sock_priority",
+                    "abort_timeout_sec",
+                    "ack_timeout",
+                    "data_wr_pool_size",
+                    "control_msg_num",
+                    "c2h_success",
+                    "zcopy",
+                ] {
+                    if params.contains_key(ignored) {
+                        self.warn(format!("{method}: parameter '{ignored}' ignored"));
+                    }
+                }
+                if p.bool_opt("dif_insert_or_strip")? == Some(true) {
+                    return Err(p
+                        .bad(
+                            "dif_insert_or_strip",
+                            "protection information is not supported",
+                        )
+                        .into());
+                }
+                self.transport.validate()?;
+            }
+            "nvmf_create_subsystem" => {
+                p.known(&[
+                    "nqn",
+                    "serial_number",
+                    "model_number",
+                    "allow_any_host",
+                    "max_namespaces",
+                    "tgt_name",
+                    "ana_reporting",
+                    "min_cntlid",
+                    "max_cntlid",
+                ])?;
+                let nqn = p.str_req("nqn")?;
+                let mut s = SubsystemConfig::new(nqn);
+                s.serial = p.str_opt("serial_number")?.map(str::to_string);
+                s.model = p.str_opt("model_number")?.map(str::to_string);
+                s.allow_any_host = p.bool_opt("allow_any_host")?.unwrap_or(false);
+                p.uint("max_namespaces", 0, 1024)?;
+                if p.bool_opt("ana_reporting")? == Some(true) {
+                    return Err(p.bad("ana_reporting", "ANA is not supported").into());
+                }
+                if self.subsystems.iter().any(|o| o.nqn == nqn) {
+                    return Err(p.bad("nqn", format!("'{nqn}' is created twice")).into());
+                }
+                self.subsystems.push(s);
+            }
+            "nvmf_subsystem_add_ns" => {
+                p.known(&["nqn", "namespace", "tgt_name"])?;
+                let q = p.object("namespace")?;
+                q.known(&[
+                    "bdev_name",
+                    "nsid",
+                    "uuid",
+                    "nguid",
+                    "eui64",
+                    "ptpl_file",
+                    "anagrpid",
+                    "no_auto_visible",
+                ])?;
+                let bdev = q.str_req("bdev_name")?.to_string();
+                let nsid = q.uint("nsid", 1, 1024)?.map(|v| v as u32);
+                for ignored in ["uuid", "nguid", "eui64"] {
+                    if q.get(ignored).is_some() {
+                        self.warn(format!(
+                            "{method}: namespace.{ignored} ignored (identifiers derive from the serial number)"
+                        ));
+                    }
+                }
+                let s = self.subsystem_mut(&p)?;
+                s.namespaces.push(NamespaceConfig { bdev, nsid });
+            }
+            "nvmf_subsystem_add_listener" => {
+                p.known(&[
+                    "nqn",
+                    "listen_address",
+                    "tgt_name",
+                    "secure_channel",
+                    "ana_state",
+                ])?;
+                let q = p.object("listen_address")?;
+                q.known(&["trtype", "adrfam", "traddr", "trsvcid"])?;
+                let trtype = q.str_req("trtype")?;
+                if !trtype.eq_ignore_ascii_case("tcp") {
+                    return Err(q
+                        .bad("trtype", format!("'{trtype}': only TCP is supported"))
+                        .into());
+                }
+                let traddr = q.str_req("traddr")?;
+                let ip: IpAddr = traddr
+                    .parse()
+                    .map_err(|_| q.bad("traddr", format!("'{traddr}' is not an IP address")))?;
+                let port = match q.get("trsvcid") {
+                    None => 4420,
+                    Some(Value::String(s)) => s
+                        .parse::<u16>()
+                        .map_err(|_| q.bad("trsvcid", format!("'{s}' is not a port number")))?,
+                    Some(Value::Number(n)) => n
+                        .as_u64()
+                        .and_then(|v| u16::try_from(v).ok())
+                        .ok_or_else(|| q.bad("trsvcid", format!("{n} is not a port number")))?,
+                    Some(v) => {
+                        return Err(q
+                            .bad(
+                                "trsvcid",
+                                format!("expected a port number (a string or an integer), got {v}"),
+                            )
+                            .into())
+                    }
+                };
+                if let Some(f) = q.str_opt("adrfam")? {
+                    let ok = (f.eq_ignore_ascii_case("ipv4") && ip.is_ipv4())
+                        || (f.eq_ignore_ascii_case("ipv6") && ip.is_ipv6());
+                    if !ok {
+                        return Err(q
+                            .bad("adrfam", format!("'{f}' does not match '{traddr}'"))
+                            .into());
+                    }
+                }
+                let nqn = p.str_req("nqn")?;
+                let addr = SocketAddr::new(ip, port);
+                if nqn == DISCOVERY_NQN || nqn == "discovery" {
+                    // The discovery subsystem listens wherever any does.
+                    self.warn(format!(
+                        "{method}: discovery listener {addr} is served by the subsystems' listeners only"
+                    ));
+                    return Ok(());
+                }
+                let s = self.subsystem_mut(&p)?;
+                if !s.listeners.contains(&addr) {
+                    s.listeners.push(addr);
+                }
+            }
+            "nvmf_subsystem_add_host" => {
+                p.known(&[
+                    "nqn",
+                    "host",
+                    "tgt_name",
+                    "psk",
+                    "dhchap_key",
+                    "dhchap_ctrlr_key",
+                ])?;
+                for k in ["psk", "dhchap_key", "dhchap_ctrlr_key"] {
+                    if params.contains_key(k) {
+                        return Err(p.bad(k, "TLS and authentication are not supported").into());
+                    }
+                }
+                let host = p.str_req("host")?;
+                let s = self.subsystem_mut(&p)?;
+                if !s.hosts.iter().any(|h| h == host) {
+                    s.hosts.push(host.to_string());
+                }
+            }
+            "nvmf_set_config" | "nvmf_set_max_subsystems" | "nvmf_set_crdt" => {
+                self.warn(format!("{method} ignored"));
+            }
+            _ => return Err(ConfigError::UnknownMethod { method }),
+        }
+        Ok(())
+    }
+
+    fn subsystem_mut(&mut self, p: &Params<'_>) -> Result<&mut SubsystemConfig, ConfigError> {
+        let nqn = p.str_req("nqn")?;
+        Ok(self
+            .subsystems
+            .iter_mut()
+            .find(|s| s.nqn == nqn)
+            .ok_or_else(|| {
+                p.bad(
+                    "nqn",
+                    format!("no subsystem '{nqn}' (nvmf_create_subsystem first)"),
+                )
+            })?)
+    }
+}

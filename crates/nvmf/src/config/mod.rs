@@ -1,0 +1,47 @@
+//! The target's configuration: transport options, subsystems (NQN,
+//! serial, model, namespaces on bdevs, listeners, host allow list), and
+//! reading it from SPDK's JSON configuration shape:
+//!
+//! ```json
+//! {"subsystems": [
+//!   {"subsystem": "bdev", "config": [
+//!     {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 32768, "block_size": 512}}]},
+//!   {"subsystem": "nvmf", "config": [
+//!     {"method": "nvmf_create_transport", "params": {"trtype": "TCP", "in_capsule_data_size": 4096}},
+//!     {"method": "nvmf_create_subsystem", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "serial_number": "SPDK001", "allow_any_host": false}},
+//!     {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "namespace": {"bdev_name": "Malloc0", "nsid": 1}}},
+//!     {"method": "nvmf_subsystem_add_host", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1", "host": "nqn.2014-08.org.nvmexpress:uuid:1"}},
+//!     {"method": "nvmf_subsystem_add_listener", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1",
+//!       "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "4420"}}}]}
+//! ]}
+//! ```
+//!
+//! The `bdev` subsystem is read by `pollux_bdev::config` (its methods and
+//! rules); its `bdev_nvme_attach_controller` entries are opened by the
+//! caller's function ([`TargetConfig::from_json_with`];
+//! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
+//! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
+//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`,
+//! `num_shared_buffers`, `io_unit_size`, `buf_cache_size`; SPDK's
+//! other tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
+//! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
+//! the handshake timeouts of [`TransportOptions`], `send_iov`,
+//! `max_unbound_connections` and `data_timeout_ms`),
+//! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
+//! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
+//! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
+//! `listen_address.{trtype,adrfam,traddr,trsvcid}`),
+//! `nvmf_subsystem_add_host` (`nqn`, `host`). `nvmf_set_config`,
+//! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
+//! warning. Anything else is refused naming the method and parameter.
+//! Parameters are read by `pollux_bdev::params`, the reader of the bdev
+//! subsystem's methods too, so both are refused in the same words
+//! (`<method>: parameter 'namespace.nsid': expected ..., got ...`).
+mod error;
+mod json;
+mod target;
+mod transport;
+
+pub use error::ConfigError;
+pub use target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+pub use transport::{TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};

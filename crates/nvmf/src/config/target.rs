@@ -1,0 +1,145 @@
+//! The target: its subsystems, their namespaces, listeners and hosts,
+//! checked against each other and the bdevs.
+use std::net::SocketAddr;
+
+use pollux_bdev::Bdev;
+use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
+
+use super::error::ConfigError;
+use super::transport::TransportOptions;
+
+/// A namespace: a bdev by name, with an optional NSID.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    pub bdev: String,
+    pub nsid: Option<u32>,
+}
+
+/// One NVM subsystem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    pub nqn: String,
+    /// Serial number (default: made from the NQN).
+    pub serial: Option<String>,
+    /// Model number (default "pollux").
+    pub model: Option<String>,
+    /// Any host may connect; else only `hosts`.
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Where it is reachable (port 0: any free port, for tests).
+    pub listeners: Vec<SocketAddr>,
+}
+
+impl SubsystemConfig {
+    pub fn new(nqn: &str) -> SubsystemConfig {
+        SubsystemConfig {
+            nqn: nqn.to_string(),
+            serial: None,
+            model: None,
+            allow_any_host: true,
+            hosts: Vec::new(),
+            namespaces: Vec::new(),
+            listeners: Vec::new(),
+        }
+    }
+}
+
+/// The whole target.
+#[derive(Default)]
+pub struct TargetConfig {
+    pub transport: TransportOptions,
+    pub subsystems: Vec<SubsystemConfig>,
+    /// The bdevs namespaces name.
+    pub bdevs: Vec<Bdev>,
+    /// Warnings met while reading (also logged).
+    pub warnings: Vec<String>,
+}
+
+impl Clone for TargetConfig {
+    fn clone(&self) -> Self {
+        TargetConfig {
+            transport: self.transport.clone(),
+            subsystems: self.subsystems.clone(),
+            bdevs: self.bdevs.clone(),
+            warnings: self.warnings.clone(),
+        }
+    }
+}
+
+impl std::fmt::Debug for TargetConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TargetConfig")
+            .field("transport", &self.transport)
+            .field("subsystems", &self.subsystems)
+            .field(
+                "bdevs",
+                &self.bdevs.iter().map(|b| b.name()).collect::<Vec<_>>(),
+            )
+            .finish()
+    }
+}
+impl TargetConfig {
+    /// Checks names, NQNs, namespaces and listeners against each other.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.transport.validate()?;
+        for (i, s) in self.subsystems.iter().enumerate() {
+            let bad = |why: String| {
+                Err(ConfigError::Subsystem {
+                    nqn: s.nqn.clone(),
+                    why,
+                })
+            };
+            if let Err(e) = validate_nqn(&s.nqn) {
+                return bad(format!("invalid NQN: {e}"));
+            }
+            if s.nqn == DISCOVERY_NQN {
+                return bad("the discovery NQN is the target's own discovery subsystem".into());
+            }
+            if self.subsystems[..i].iter().any(|o| o.nqn == s.nqn) {
+                return bad("defined twice".into());
+            }
+            for h in &s.hosts {
+                if let Err(e) = validate_nqn(h) {
+                    return bad(format!("host NQN {h:?}: {e}"));
+                }
+            }
+            if s.listeners.is_empty() {
+                return bad("no listener (nvmf_subsystem_add_listener / --listen)".into());
+            }
+            let mut nsids: Vec<u32> = Vec::new();
+            for (k, ns) in s.namespaces.iter().enumerate() {
+                if !self.bdevs.iter().any(|b| b.name() == ns.bdev) {
+                    return bad(format!("namespace bdev '{}' does not exist", ns.bdev));
+                }
+                nsids.push(ns.nsid.unwrap_or(k as u32 + 1));
+            }
+            let mut sorted = nsids.clone();
+            sorted.sort_unstable();
+            for (k, id) in sorted.iter().enumerate() {
+                if *id != k as u32 + 1 {
+                    return bad(format!(
+                        "namespace IDs {nsids:?}: must be 1..={} without gaps (NSID {id})",
+                        sorted.len()
+                    ));
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The namespaces' bdevs of subsystem `s` in NSID order.
+    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev> {
+        let mut v: Vec<(u32, Bdev)> = s
+            .namespaces
+            .iter()
+            .enumerate()
+            .filter_map(|(k, ns)| {
+                let b = self.bdevs.iter().find(|b| b.name() == ns.bdev)?;
+                Some((ns.nsid.unwrap_or(k as u32 + 1), b.clone()))
+            })
+            .collect();
+        v.sort_by_key(|(id, _)| *id);
+        v.into_iter().map(|(_, b)| b).collect()
+    }
+}

@@ -1,0 +1,252 @@
+//! The transport options and the bounds the data path relies on.
+use std::time::Duration;
+
+use super::error::ConfigError;
+
+/// Transport options (SPDK's `nvmf_create_transport` names where SPDK has
+/// one) and the switches of the data path's techniques.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TransportOptions {
+    /// Entries of an I/O queue at most (CAP.MQES + 1).
+    pub max_queue_depth: u16,
+    /// Entries of the admin queue at most.
+    pub max_aq_depth: u16,
+    /// I/O queues per controller at most.
+    pub max_io_qpairs_per_ctrlr: u16,
+    /// In-capsule data bytes of an I/O command capsule (IOCCSZ).
+    pub in_capsule_data_size: u32,
+    /// In-capsule data bytes of an admin command capsule (NVMe/TCP: at
+    /// least 8 KiB).
+    pub admin_in_capsule_data_size: u32,
+    /// Largest transfer of one command (MDTS), a power of two ≥ 4 KiB.
+    pub max_io_size: u32,
+    /// MAXH2CDATA announced in ICResp.
+    pub max_h2c_data: u32,
+    /// Connections bound to an NVM subsystem (a Connect accepted) at
+    /// once at most; a Connect beyond is refused (Controller Busy).
+    pub max_connections: usize,
+    /// Connections not bound to an NVM subsystem (handshake not done, or
+    /// a discovery controller's) at once at most, split evenly between
+    /// the threads; a new connection beyond a thread's share closes the
+    /// one of them that has received nothing for longest, so such
+    /// connections cannot take data hosts' places (pollux-specific; JSON
+    /// `max_unbound_connections`).
+    pub max_unbound_connections: usize,
+    /// Keep Alive granularity, 100 ms units (KAS).
+    pub kas: u16,
+    /// Bytes of each connection's receive buffer.
+    pub rx_buffer: usize,
+    /// Place each connection on the runtime thread whose core receives
+    /// its packets (`SO_INCOMING_CPU`), else round robin.
+    pub incoming_cpu: bool,
+    /// Idle threads sleep in epoll on their sockets; off: they poll.
+    pub epoll_idle: bool,
+    /// Receive large data straight into the command's buffer (one
+    /// `readv` into buffer and receive buffer) instead of copying it.
+    pub direct_receive: bool,
+    /// Most iovecs in one `sendmsg` (1..=[`MAX_SEND_IOV`]; JSON
+    /// `send_iov`, pollux-specific). Each response is one or two (header,
+    /// data): fewer, larger sends cost the kernel less per byte.
+    pub send_iov: usize,
+    /// A connection whose ICReq has not arrived this long after it was
+    /// accepted is closed (pollux-specific; JSON `icreq_timeout_ms`).
+    pub icreq_timeout: Duration,
+    /// A connection whose queue is not connected (Fabrics Connect
+    /// accepted) this long after its ICResp is closed (pollux-specific;
+    /// JSON `connect_timeout_ms`).
+    pub connect_timeout: Duration,
+    /// Data buffers of the whole target: `num_shared_buffers` units of
+    /// `io_unit_size` bytes (SPDK's names). A command whose data needs a
+    /// buffer the budget cannot give waits (no R2T sent yet).
+    pub num_shared_buffers: u32,
+    pub io_unit_size: u32,
+    /// Free buffers each thread keeps, in `io_unit_size` units (SPDK's
+    /// `buf_cache_size`; None: SPDK's default, three quarters of the
+    /// pool split between the threads).
+    pub buf_cache_size: Option<u32>,
+    /// A command whose data (H2CData after its R2T) has not all arrived
+    /// this long after the R2T completes with Transient Transport Error,
+    /// and a connection whose host takes none of the data queued for it
+    /// this long is closed, so their buffers come back (pollux-specific;
+    /// JSON `data_timeout_ms`).
+    pub data_timeout: Duration,
+}
+
+/// Most iovecs in one `sendmsg`: a header and a data segment for each
+/// command of a queue of depth 256, so a full queue's responses go out in
+/// one call.
+pub const MAX_SEND_IOV: usize = 512;
+
+/// Longest handshake timeout accepted.
+pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3600);
+
+impl Default for TransportOptions {
+    fn default() -> Self {
+        TransportOptions {
+            max_queue_depth: 128,
+            max_aq_depth: 128,
+            max_io_qpairs_per_ctrlr: 127,
+            in_capsule_data_size: 4096,
+            admin_in_capsule_data_size: 8192,
+            max_io_size: 128 << 10,
+            max_h2c_data: 128 << 10,
+            max_connections: 1024,
+            max_unbound_connections: 256,
+            kas: 1,
+            rx_buffer: 64 << 10,
+            incoming_cpu: false,
+            epoll_idle: true,
+            direct_receive: true,
+            send_iov: MAX_SEND_IOV,
+            icreq_timeout: Duration::from_secs(10),
+            connect_timeout: Duration::from_secs(10),
+            num_shared_buffers: 511,
+            io_unit_size: 128 << 10,
+            buf_cache_size: None,
+            data_timeout: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Largest data buffer pool accepted.
+const MAX_POOL_BYTES: u64 = 1 << 40;
+
+impl TransportOptions {
+    /// Bytes of data buffers the target may hold (`num_shared_buffers` x
+    /// `io_unit_size`).
+    pub fn pool_bytes(&self) -> u64 {
+        self.num_shared_buffers as u64 * self.io_unit_size as u64
+    }
+
+    /// Bytes of free buffers each of `threads` threads may cache.
+    pub(crate) fn cache_bytes(&self, threads: usize) -> u64 {
+        let units = match self.buf_cache_size {
+            Some(c) => c as u64,
+            None => self.num_shared_buffers as u64 * 3 / 4 / threads.max(1) as u64,
+        };
+        units * self.io_unit_size as u64
+    }
+
+    /// Checks the bounds the data path relies on.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        let bad = |option, value: u64, why: &str| {
+            Err(ConfigError::Transport {
+                option,
+                value,
+                why: why.into(),
+            })
+        };
+        if !(2..=4096).contains(&self.max_queue_depth) {
+            return bad(
+                "max_queue_depth",
+                self.max_queue_depth as u64,
+                "must be 2..=4096",
+            );
+        }
+        if !(2..=4096).contains(&self.max_aq_depth) {
+            return bad("max_aq_depth", self.max_aq_depth as u64, "must be 2..=4096");
+        }
+        if self.max_io_qpairs_per_ctrlr == 0 {
+            return bad("max_io_qpairs_per_ctrlr", 0, "must be at least 1");
+        }
+        if !self.in_capsule_data_size.is_multiple_of(16) || self.in_capsule_data_size > (1 << 20) {
+            return bad(
+                "in_capsule_data_size",
+                self.in_capsule_data_size as u64,
+                "must be a multiple of 16 up to 1 MiB",
+            );
+        }
+        if self.admin_in_capsule_data_size < 8192 || self.admin_in_capsule_data_size > (1 << 20) {
+            return bad(
+                "admin_in_capsule_data_size",
+                self.admin_in_capsule_data_size as u64,
+                "must be 8 KiB..=1 MiB (NVMe/TCP admin capsules carry 8 KiB)",
+            );
+        }
+        if !self.max_io_size.is_power_of_two() || !(4096..=(16 << 20)).contains(&self.max_io_size) {
+            return bad(
+                "max_io_size",
+                self.max_io_size as u64,
+                "must be a power of two from 4 KiB to 16 MiB",
+            );
+        }
+        if self.max_h2c_data < 4096 || !self.max_h2c_data.is_multiple_of(4) {
+            return bad(
+                "max_h2c_data",
+                self.max_h2c_data as u64,
+                "must be a multiple of 4, at least 4096",
+            );
+        }
+        if self.max_connections == 0 {
+            return bad("max_connections", 0, "must be at least 1");
+        }
+        if self.max_unbound_connections == 0 {
+            return bad("max_unbound_connections", 0, "must be at least 1");
+        }
+        for (option, t) in [
+            ("icreq_timeout_ms", self.icreq_timeout),
+            ("connect_timeout_ms", self.connect_timeout),
+        ] {
+            if t < Duration::from_millis(1) || t > MAX_HANDSHAKE_TIMEOUT {
+                return bad(
+                    option,
+                    t.as_millis().min(u64::MAX as u128) as u64,
+                    "must be 1 ms..=1 hour",
+                );
+            }
+        }
+        if self.io_unit_size < 4096 || !self.io_unit_size.is_multiple_of(4096) {
+            return bad(
+                "io_unit_size",
+                self.io_unit_size as u64,
+                "must be a multiple of 4096",
+            );
+        }
+        if self.pool_bytes() < self.max_io_size as u64 {
+            return bad(
+                "num_shared_buffers",
+                self.num_shared_buffers as u64,
+                &format!(
+                    "num_shared_buffers x io_unit_size ({} bytes) must hold one max_io_size transfer ({} bytes)",
+                    self.pool_bytes(),
+                    self.max_io_size
+                ),
+            );
+        }
+        if self.pool_bytes() > MAX_POOL_BYTES {
+            return bad(
+                "num_shared_buffers",
+                self.num_shared_buffers as u64,
+                "num_shared_buffers x io_unit_size must be at most 1 TiB",
+            );
+        }
+        if let Some(c) = self.buf_cache_size {
+            if c > self.num_shared_buffers {
+                return bad(
+                    "buf_cache_size",
+                    c as u64,
+                    "must be at most num_shared_buffers",
+                );
+            }
+        }
+        if self.data_timeout < Duration::from_millis(1) || self.data_timeout > MAX_HANDSHAKE_TIMEOUT
+        {
+            return bad(
+                "data_timeout_ms",
+                self.data_timeout.as_millis().min(u64::MAX as u128) as u64,
+                "must be 1 ms..=1 hour",
+            );
+        }
+        if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {
+            return bad("send_iov", self.send_iov as u64, "must be 1..=512");
+        }
+        if self.rx_buffer < 4096 {
+            return bad(
+                "rx_buffer",
+                self.rx_buffer as u64,
+                "must be at least 4096 bytes",
+            );
+        }
+        Ok(())
+    }
+}
