@@ -368,7 +368,47 @@ impl IoBuf {
     /// The bus addresses of the range, for a submission.
     #[inline(always)]
     pub fn dma_slice(&self) -> DmaSlice<'_> {
-        let i = &*self.0;
+        self.0.dma_slice()
+    }
+
+    /// Bus address of the first byte (0 for an empty buffer).
+    #[inline(always)]
+    pub(crate) fn iova0(&self) -> u64 {
+        self.0.iova0
+    }
+
+    /// The bus addresses of the range, looked up only when asked for: a
+    /// submission that fits in the first page asks for none (where
+    /// `dma_slice` tests which kind of buffer this is for every one).
+    #[inline(always)]
+    pub(crate) fn iova(&self) -> BufIova<'_> {
+        BufIova(&self.0)
+    }
+
+    /// True if both handles are the same piece.
+    pub fn same(&self, other: &IoBuf) -> bool {
+        std::ptr::eq(&*self.0, &*other.0)
+    }
+}
+
+/// The bus addresses of an [`IoBuf`] (see [`IoBuf::iova`]): a reference to
+/// the buffer's description, so it can be moved into a closure without
+/// putting the `IoBuf` handle itself in memory.
+#[derive(Clone, Copy)]
+pub(crate) struct BufIova<'a>(&'a IoBufInner);
+
+impl BufIova<'_> {
+    /// Bus address of byte `i` of the range.
+    #[inline(always)]
+    pub(crate) fn at(self, i: usize) -> u64 {
+        self.0.dma_slice().iova_at(i)
+    }
+}
+
+impl IoBufInner {
+    #[inline(always)]
+    fn dma_slice(&self) -> DmaSlice<'_> {
+        let i = self;
         if i.contiguous {
             return DmaSlice {
                 iova0: i.iova0,
@@ -389,11 +429,6 @@ impl IoBuf {
             },
         }
     }
-
-    /// True if both handles are the same piece.
-    pub fn same(&self, other: &IoBuf) -> bool {
-        std::ptr::eq(&*self.0, &*other.0)
-    }
 }
 
 impl std::fmt::Debug for IoBuf {
@@ -403,5 +438,66 @@ impl std::fmt::Debug for IoBuf {
             .field("len", &self.0.len)
             .field("iova0", &self.0.iova0)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Frees what `scattered` allocated.
+    struct Freed;
+
+    impl DmaRelease for Freed {
+        fn release(&self, ptr: NonNull<u8>, len: usize, _iova: u64) {
+            let mem = std::ptr::slice_from_raw_parts_mut(ptr.as_ptr(), len);
+            // SAFETY: `scattered` made it with `Box::into_raw` of a boxed
+            // slice of `len` bytes; released once.
+            drop(unsafe { Box::from_raw(mem) });
+        }
+    }
+
+    /// A buffer of `pages.len()` pages at those (made-up) bus addresses.
+    fn scattered(pages: &[u64]) -> DmaBuffer {
+        let len = pages.len() * PAGE_SIZE;
+        let mem = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        let ptr = NonNull::new(mem.cast::<u8>()).expect("boxed slice is non-null");
+        // SAFETY: `len` bytes owned by this buffer alone, freed by `Freed`;
+        // no device ever sees the addresses.
+        unsafe { DmaBuffer::from_raw(ptr, len, Iova::Pages(pages.into()), Arc::new(Freed)) }
+    }
+
+    /// The addresses an owned buffer's submission looks up past the first
+    /// page (`IoBuf::iova`, only then) are its `dma_slice`'s: scattered
+    /// pages, pieces at offsets inside a page, and a contiguous buffer.
+    #[test]
+    fn iobuf_iova_is_its_dma_slice() {
+        let pages = [0x7000u64, 0x2000, 0x9000];
+        let pieces = IoBuf::new(scattered(&pages)).chunks(3000);
+        assert_eq!(pieces.len(), 5);
+        for b in &pieces {
+            let d = b.dma_slice();
+            assert_eq!(b.iova0(), d.iova0());
+            for i in [0, 1, b.len() / 2, b.len() - 1] {
+                assert_eq!(b.iova().at(i), d.iova_at(i), "byte {i} of {b:?}");
+            }
+        }
+        // The second piece starts at 3000: its byte 1096 is the first of
+        // the second page.
+        assert_eq!(pieces[1].iova0(), 0x7000 + 3000);
+        assert_eq!(pieces[1].iova().at(1095), 0x7000 + 4095);
+        assert_eq!(pieces[1].iova().at(1096), 0x2000);
+        assert_eq!(pieces[3].iova().at(100), 0x9000 + 9000 + 100 - 2 * 4096);
+
+        let len = 2 * PAGE_SIZE;
+        let mem = Box::into_raw(vec![0u8; len].into_boxed_slice());
+        let ptr = NonNull::new(mem.cast::<u8>()).expect("boxed slice is non-null");
+        // SAFETY: as in `scattered`.
+        let flat =
+            unsafe { DmaBuffer::from_raw(ptr, len, Iova::Contiguous(0x40000), Arc::new(Freed)) };
+        let (_, b) = IoBuf::new(flat).split_at(10);
+        assert_eq!(b.iova0(), 0x4000a);
+        assert_eq!(b.iova().at(5000), 0x4000a + 5000);
+        assert_eq!(b.iova().at(5000), b.dma_slice().iova_at(5000));
     }
 }
