@@ -5,12 +5,12 @@
 //!
 //! Receive: as much as the socket has goes into the connection's receive
 //! buffer in one `read` (large data straight into the command's buffer
-//! with one `readv` when `direct_receive` is on), and PDUs are parsed out
-//! of it: the common header is checked ([`CommonHeader::check`](pollux_spec::tcp::CommonHeader::check)), the
-//! header parsed ([`PduHeader::parse`], header digest included), then the
-//! PDU's data streams to where it belongs (a command's buffer, the
-//! Connect data, or nowhere) with its data digest computed on the way.
-//! A PDU never has to fit the receive buffer.
+//! with one `readv` when `direct_receive` is on), and the engine
+//! ([`TargetQueue`]) takes PDUs out of it: the common header checked, the
+//! header parsed (header digest included), H2CData checked against its
+//! R2T, then the PDU's data, with its data digest computed on the way,
+//! which goes where it belongs (a command's buffer, the Connect data, or
+//! nowhere). A PDU never has to fit the receive buffer.
 //!
 //! Commands: each queue has SQSIZE + 1 command slots (the core's); a
 //! slot's index is the R2T transfer tag. Writes arrive in the capsule or through one R2T
@@ -18,9 +18,10 @@
 //! the command's data); reads go out as one C2HData PDU, with the SUCCESS
 //! flag and no response capsule when the host disabled SQ flow control.
 //!
-//! Send: PDU headers (and response capsules, digests, padding) are copied
-//! into one byte buffer, data is referenced in place, and everything
-//! queued goes out in one `sendmsg` per poll.
+//! Send: the engine's send queue: PDU headers (and response capsules,
+//! digests, padding) are copied into one byte buffer, data is referenced
+//! in place (the slot's buffer lent until its mark is reached), and
+//! everything queued goes out in one `sendmsg` per poll.
 //!
 //! Errors: a PDU that breaks the protocol gets a C2HTermReq with the
 //! Fatal Error Status and Information of the spec and the connection
@@ -58,13 +59,14 @@ use std::time::{Duration, Instant};
 
 use pollux_runtime::ThreadCtx;
 use pollux_spec::status::generic;
-use pollux_spec::tcp::{CheckMemo, DataDigest, Digests, Fes, PduError, PduHeader, Role, RxConfig};
-use pollux_spec::Status;
+use pollux_spec::tcp::Fes;
+use pollux_spec::{Sqe, Status};
+use pollux_tcp::engine::ic::TargetLimits;
+use pollux_tcp::engine::target::TargetQueue;
 
 use crate::pool::Cache;
 use crate::qpair::{Bound, Qpair, St};
 use crate::shared::Shared;
-use crate::tcp::queue::Tx;
 use crate::tcp::sock::Wire;
 
 /// How long a closing connection waits for the host's FIN.
@@ -87,29 +89,17 @@ pub(crate) enum Sink {
     Slot(u16),
 }
 
-/// The part of a PDU after its header, being received.
+/// Where the data of a PDU goes (a command capsule's or an H2CData's).
 #[derive(Clone, Copy, Debug)]
-pub(crate) struct Body {
-    pub pdu: PduHeader,
-    pub pad: u32,
-    pub left: u32,
-    pub data_len: u32,
+pub(crate) struct Dest {
     pub sink: Sink,
     /// The command slot the PDU belongs to (also when its data is
     /// discarded).
     pub slot: Option<u16>,
-    /// Where the next byte goes in the sink.
-    pub off: u32,
-    pub dg: DataDigest,
-    pub want_dd: bool,
-    pub dd: [u8; 4],
-    pub dd_have: u8,
-}
-
-#[derive(Clone, Copy, Debug)]
-pub(crate) enum RxState {
-    Header,
-    Body(Body),
+    /// Where its first data byte goes in the sink.
+    pub base: u32,
+    /// A command capsule's in-capsule data length.
+    pub data_len: u32,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -142,18 +132,10 @@ impl std::fmt::Display for Stage {
     }
 }
 
-/// A command slot's H2C transfer (the slot's index is its TTAG).
-#[derive(Clone, Copy, Debug, Default)]
-pub(crate) struct H2c {
-    /// H2C bytes received.
-    pub got: u32,
-    /// When its R2T was queued (data timeout).
-    pub r2t_at: Option<Instant>,
-}
-
-/// The TCP half of a connection: the socket, the receive buffer and PDU
-/// state, the send queue. Its methods take the connection's [`Qpair`]
-/// beside it.
+/// The TCP half of a connection: the socket, the receive buffer, the
+/// NVMe/TCP engine's controller end ([`TargetQueue`]: PDU reassembly and
+/// checks, H2CData bookkeeping, the send queue). Its methods take the
+/// connection's [`Qpair`] beside it.
 pub(crate) struct Tcp<W: Wire> {
     pub sock: W,
     pub phase: Phase,
@@ -167,20 +149,23 @@ pub(crate) struct Tcp<W: Wire> {
     pub last_rx: Instant,
     /// Slots with an R2T out (data timeout).
     pub r2t_out: u32,
-    /// Each slot's H2C transfer (as many as the queue's slots).
-    pub h2c: Vec<H2c>,
+    /// When each slot's R2T was queued (data timeout; as many as the
+    /// queue's slots; the slot's index is its TTAG).
+    pub r2t_at: Vec<Option<Instant>>,
     /// Since when the socket has taken nothing of a non-empty send queue.
     pub tx_stalled_since: Option<Instant>,
-    pub rxcfg: RxConfig,
-    /// The last header that passed its check (most PDUs are alike).
-    pub memo: CheckMemo,
-    pub digests: Digests,
-    pub hpda: u8,
+    /// The engine: what arrives is checked and reassembled by it, what
+    /// goes out is queued in it (`eng.tx`).
+    pub eng: TargetQueue,
     pub rx: Vec<u8>,
     pub rs: usize,
     pub re: usize,
-    pub rxst: RxState,
-    pub tx: Tx,
+    /// Where the data of the PDU arriving in pieces goes (between its
+    /// header and its end).
+    pub arriving: Option<Dest>,
+    /// The SQE of a command capsule arriving in pieces on a queue not
+    /// connected yet (no slot holds it).
+    pub unbound_sqe: Sqe,
     /// The iovecs of one `sendmsg`, rebuilt per call (kept to spare a
     /// zeroed array of `MAX_IOV` on every flush; grows on first use).
     pub iov: Vec<libc::iovec>,
@@ -207,24 +192,6 @@ pub(crate) struct Fatal {
     pub fes: Fes,
     pub fei: u32,
     pub why: String,
-}
-
-impl From<PduError> for Fatal {
-    fn from(e: PduError) -> Fatal {
-        Fatal {
-            fes: e.fes().unwrap_or(Fes::INVALID_HEADER_FIELD),
-            fei: e.fei(),
-            why: e.to_string(),
-        }
-    }
-}
-
-pub(crate) fn internal(what: &str) -> Fatal {
-    Fatal {
-        fes: Fes::INVALID_HEADER_FIELD,
-        fei: 0,
-        why: format!("internal: {what}"),
-    }
 }
 
 impl Conn<TcpStream> {
@@ -270,31 +237,34 @@ impl<W: Wire> Conn<W> {
         now: Instant,
     ) -> Conn<W> {
         let rx = vec![0u8; shared.opts.rx_buffer];
-        let mut tcp = Tcp {
+        let o = &shared.opts;
+        let limits = TargetLimits {
+            maxh2cdata: o.max_h2c_data,
+            // The queue type is not known until Connect.
+            icd: o.admin_in_capsule_data_size.max(o.in_capsule_data_size),
+        };
+        let tcp = Tcp {
             sock,
             phase: Phase::Init,
             stage_since: now,
             quiet: 0,
             last_rx: now,
             r2t_out: 0,
-            h2c: Vec::new(),
+            r2t_at: Vec::new(),
             tx_stalled_since: None,
-            rxcfg: RxConfig::initial(Role::Controller),
-            memo: CheckMemo::default(),
-            digests: Digests::NONE,
-            hpda: 0,
+            // No transfer tags until Connect gives the queue its slots.
+            eng: TargetQueue::new(limits, 0),
             rx,
             rs: 0,
             re: 0,
-            rxst: RxState::Header,
-            tx: Tx::default(),
+            arriving: None,
+            unbound_sqe: Sqe::default(),
             iov: Vec::new(),
             linger_until: None,
             fin_sent: false,
             draining: false,
             terminated: false,
         };
-        tcp.rxcfg.max_plen = 128;
         Conn {
             qp: Qpair::new(id, (local, peer), shared, cache, thread, now),
             tcp,
@@ -329,8 +299,8 @@ impl<W: Wire> Conn<W> {
     /// slots, the receive buffer, data buffer bytes.
     pub(crate) fn footprint(&self) -> [usize; 6] {
         [
-            self.tcp.tx.bytes.len(),
-            self.tcp.tx.pending().len(),
+            self.tcp.eng.tx.own_len(),
+            self.tcp.eng.tx.segments().count(),
             self.qp.scratch.capacity(),
             self.qp.slots.len(),
             self.tcp.rx.len(),
@@ -424,7 +394,7 @@ impl<W: Wire> Tcp<W> {
     /// Work is pending that no socket readiness will announce.
     #[inline]
     pub(crate) fn needs_poll(&self, qp: &Qpair) -> bool {
-        !self.tx.is_empty() || qp.has_work()
+        !self.eng.tx.is_empty() || qp.has_work()
     }
 
     /// One pass of the connection whose queue pair is `qp`.
@@ -457,7 +427,7 @@ impl<W: Wire> Tcp<W> {
                 self.quiet += 1;
             }
         }
-        if !self.tx.is_empty() {
+        if !self.eng.tx.is_empty() {
             busy |= self.flush(ctx, qp);
         }
         match self.phase {
@@ -481,19 +451,18 @@ impl<W: Wire> Tcp<W> {
         let limit = qp.shared.opts.data_timeout;
         if self.r2t_out > 0 && self.phase == Phase::Ready && !self.terminated {
             // (Not the transfer whose data is arriving right now.)
-            let arriving = match self.rxst {
-                RxState::Body(b) => b.slot,
-                RxState::Header => None,
-            };
+            let arriving = self.arriving.and_then(|d| d.slot);
             let mut expired = 0u32;
             for i in 0..qp.slots.len() as u16 {
                 let late = qp.slots[i as usize].st == St::AwaitData
                     && arriving != Some(i)
-                    && self.h2c[i as usize]
-                        .r2t_at
+                    && self.r2t_at[i as usize]
                         .is_some_and(|at| now.saturating_duration_since(at) > limit);
                 if late {
                     self.r2t_out -= 1;
+                    // H2CData for it is a protocol error from now on (the
+                    // engine's transfer ends as the slot leaves AwaitData).
+                    self.eng.cancel(i);
                     expired += 1;
                     // DNR clear: the transfer failed, a retry may succeed.
                     let st = Status::new(
@@ -517,7 +486,7 @@ impl<W: Wire> Tcp<W> {
         let stalled = self
             .tx_stalled_since
             .is_some_and(|at| now.saturating_duration_since(at) > limit);
-        if stalled && !self.tx.is_empty() && self.phase == Phase::Ready {
+        if stalled && !self.eng.tx.is_empty() && self.phase == Phase::Ready {
             tracing::warn!(
                 peer = %qp.peer,
                 conn = qp.id,
@@ -556,7 +525,7 @@ impl<W: Wire> Tcp<W> {
     }
 
     fn closing(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
-        if !self.tx.is_empty() || qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
+        if !self.eng.tx.is_empty() || qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             return false;
         }
         if !self.fin_sent {

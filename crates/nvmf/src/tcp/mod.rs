@@ -9,21 +9,24 @@
 //! - `conn`: one connection, a `Conn`: the core's queue pair
 //!   (`qpair::Qpair`) beside `Tcp`, the TCP half (socket, receive buffer
 //!   and PDU state, send queue, handshake phase), and its lifecycle.
-//! - `rx`: receive: reads, PDU headers checked and parsed, data streamed
-//!   to its buffer with its digest; ICReq, command capsules (handed to
-//!   the core), H2CData.
+//! - `rx`: receive: reads (large data straight into its buffer), the
+//!   bytes handed to the engine, and what its events mean here: ICReq,
+//!   command capsules (a slot and a buffer, then the core), H2CData, data
+//!   put where it belongs.
 //! - `tx`: `QueueTransport` for `Tcp` (response capsules, C2HData, R2T,
-//!   close), C2HTermReq, and the flush: one `sendmsg` per poll.
-//! - `queue`: the send queue (header bytes copied, data referenced).
+//!   close) queued in the engine, C2HTermReq, and the flush: one
+//!   `sendmsg` per poll.
 //! - `sock`: the socket calls beyond `std::net`, behind the `Wire` trait
 //!   (the tests drive connections over memory through it).
 //!
-//! The NVMe/TCP engine (PDU reassembly, send segments, digests, R2T and
-//! H2CData bookkeeping) is `rx`, `tx`, `queue` and `Tcp`'s PDU state: an
-//! I/O-free engine shared with the host would replace them, behind the
-//! same `QueueTransport`, without the core changing.
+//! The NVMe/TCP protocol itself (PDU reassembly and checks, send
+//! segments, digests, R2T and H2CData bookkeeping, ICReq/ICResp) is the
+//! I/O-free engine the host transport runs on too,
+//! `pollux_tcp::engine::target::TargetQueue`, which `Tcp` holds. What is
+//! here is socket I/O, the glue to the core's `Qpair`, and target policy
+//! (slots and buffers for capsules, data and handshake timeouts,
+//! backpressure, closing).
 pub(crate) mod conn;
-pub(crate) mod queue;
 mod rx;
 pub(crate) mod server;
 pub(crate) mod sock;

@@ -1,18 +1,19 @@
-//! Receive: as much as the socket has, PDUs parsed out of it (common
-//! header checked, header parsed, data streamed to where it belongs with
-//! its digest computed on the way), ICReq, command capsules and H2CData.
+//! Receive: as much as the socket has, handed to the engine
+//! ([`TargetQueue::next`]: headers checked and parsed, data with its
+//! digest, H2CData checked against its R2T), and what its events mean
+//! here: ICReq, command capsules (a slot, a buffer, then the core),
+//! H2CData, each PDU's data put where it belongs.
+//!
+//! [`TargetQueue::next`]: pollux_tcp::engine::target::TargetQueue::next
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::FcType;
 use pollux_spec::status::generic;
-use pollux_spec::tcp::{
-    check_data_range, CommonHeader, DataDigest, Digests, Fes, Field, IcResp, PduError, PduHeader,
-    PduLayout, PduType,
-};
+use pollux_spec::tcp::Fes;
 use pollux_spec::Sqe;
-use zerocopy::IntoBytes;
+use pollux_tcp::engine::target::{self, Ended, TargetError, TargetEvent};
 
-use crate::qpair::{gen, Bound, Qpair, St};
-use crate::tcp::conn::{internal, Body, Fatal, H2c, Phase, RxState, Sink, Tcp, READS_PER_POLL};
+use crate::qpair::{gen, Bound, Qpair};
+use crate::tcp::conn::{Dest, Fatal, Phase, Sink, Tcp, READS_PER_POLL};
 use crate::tcp::sock::Wire;
 
 /// Data at least this large is received straight into its buffer.
@@ -29,7 +30,7 @@ impl<W: Wire> Tcp<W> {
     pub(crate) fn receive(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         let mut busy = false;
         for _ in 0..READS_PER_POLL {
-            if self.tx.bytes.len() >= TX_BACKLOG_MAX {
+            if self.eng.tx.own_len() >= TX_BACKLOG_MAX {
                 break;
             }
             if self.rs == self.re {
@@ -89,28 +90,23 @@ impl<W: Wire> Tcp<W> {
         if !qp.shared.opts.direct_receive || self.rs != self.re {
             return None;
         }
-        let RxState::Body(b) = &mut self.rxst else {
+        let d = self.arriving?;
+        let Sink::Slot(i) = d.sink else {
             return None;
         };
-        let Sink::Slot(i) = b.sink else {
-            return None;
-        };
-        if b.pad != 0 || b.left < DIRECT_MIN {
+        // (None while padding is still to come.)
+        let (off, left) = self.eng.data_window()?;
+        if left < DIRECT_MIN {
             return None;
         }
         let buf = qp.slots.get_mut(i as usize)?.buf.as_mut()?;
-        let dst = buf
-            .as_mut_slice()
-            .get_mut(b.off as usize..(b.off + b.left) as usize)?;
+        let at = (d.base + off) as usize;
+        let dst = buf.as_mut_slice().get_mut(at..at + left as usize)?;
         let r = self.sock.recv2(dst, &mut self.rx[..]);
         Some(r.map(|o| {
             o.map(|n| {
-                let n1 = n.min(b.left as usize);
-                if b.want_dd {
-                    b.dg.update(&dst[..n1]);
-                }
-                b.off += n1 as u32;
-                b.left -= n1 as u32;
+                let n1 = n.min(left as usize);
+                self.eng.data_taken(&dst[..n1]);
                 self.rs = 0;
                 self.re = 0;
                 (n, n - n1)
@@ -118,304 +114,230 @@ impl<W: Wire> Tcp<W> {
         }))
     }
 
-    /// Parses and handles every complete piece in the receive buffer.
+    /// Hands the receive buffer to the engine and handles what it finds,
+    /// until it needs more bytes (or the connection stops taking them).
     fn process(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) {
         while matches!(self.phase, Phase::Init | Phase::Ready) {
-            match self.rxst {
-                RxState::Header => {
-                    let avail = self.re - self.rs;
-                    if avail < 8 {
-                        return;
-                    }
-                    let at = self.rs;
-                    let Some(ch) = CommonHeader::read(&self.rx[at..self.re]) else {
-                        return;
-                    };
-                    let layout = match self.memo.check(&ch, &self.rxcfg) {
-                        Ok(l) => l,
-                        Err(PduError::TermReqLength { plen, .. }) => {
-                            self.close_now(ctx, qp, &format!("host TermReq with PLEN {plen}"));
-                            return;
-                        }
-                        Err(e) => {
-                            let n = avail.min(ch.hlen.max(8) as usize);
-                            let hb = self.rx[at..at + n].to_vec();
-                            return self.fatal(ctx, qp, e.into(), &hb);
-                        }
-                    };
-                    let hl = layout.header_len() as usize;
-                    if avail < hl {
-                        return;
-                    }
-                    // Parsed where it lies (the parsed header owns its
-                    // fields); the bytes are copied only for a TermReq.
-                    let pdu = match PduHeader::parse(&self.rx[at..at + hl], &layout, &self.rxcfg) {
-                        Ok(p) => p,
-                        Err(e) => {
-                            let hb = self.rx[at..at + hl].to_vec();
-                            return self.fatal(ctx, qp, e.into(), &hb);
-                        }
-                    };
-                    self.rs += hl;
-                    if let Err(f) = self.on_header(ctx, qp, pdu, &layout) {
-                        // Handling a header never writes the receive
-                        // buffer (only `receive` and `closing` do).
-                        let end = at + layout.hlen as usize;
-                        let hb = self.rx.get(at..end).map(<[u8]>::to_vec).unwrap_or_default();
-                        return self.fatal(ctx, qp, f, &hb);
-                    }
+            let at = self.rs;
+            let (used, ev) = match self.eng.next(&self.rx[at..self.re]) {
+                Ok(x) => x,
+                Err(TargetError::TermReqLength { plen }) => {
+                    self.close_now(ctx, qp, &format!("host TermReq with PLEN {plen}"));
+                    return;
                 }
-                RxState::Body(mut b) => {
-                    let done = self.consume_body(qp, &mut b);
-                    if !done {
-                        self.rxst = RxState::Body(b);
-                        return;
-                    }
-                    self.rxst = RxState::Header;
-                    let ok = !b.want_dd || b.dg.value() == u32::from_le_bytes(b.dd);
-                    if !ok {
-                        tracing::warn!(peer = %qp.peer, "data digest error");
-                    }
-                    self.on_body(ctx, qp, &b, ok);
-                }
-            }
-        }
-    }
-
-    /// Takes what the receive buffer has of a PDU's padding, data and
-    /// data digest; true once all of it is in.
-    fn consume_body(&mut self, qp: &mut Qpair, b: &mut Body) -> bool {
-        let avail = self.re - self.rs;
-        let n = (b.pad as usize).min(avail);
-        self.rs += n;
-        b.pad -= n as u32;
-        if b.pad > 0 {
-            return false;
-        }
-        if b.left > 0 {
-            let n = (b.left as usize).min(self.re - self.rs);
-            let src = &self.rx[self.rs..self.rs + n];
-            if b.want_dd {
-                b.dg.update(src);
-            }
-            match b.sink {
-                Sink::Discard => {}
-                Sink::Scratch => qp.scratch.extend_from_slice(src),
-                Sink::Slot(i) => {
-                    let dst = qp.slots[i as usize]
-                        .buf
-                        .as_mut()
-                        .and_then(|d| d.as_mut_slice().get_mut(b.off as usize..b.off as usize + n));
-                    if let Some(dst) = dst {
-                        dst.copy_from_slice(src);
-                    }
-                }
-            }
-            self.rs += n;
-            b.off += n as u32;
-            b.left -= n as u32;
-            if b.left > 0 {
-                return false;
-            }
-        }
-        if b.want_dd {
-            while b.dd_have < 4 && self.rs < self.re {
-                b.dd[b.dd_have as usize] = self.rx[self.rs];
-                b.dd_have += 1;
-                self.rs += 1;
-            }
-            if b.dd_have < 4 {
-                return false;
-            }
-        }
-        true
-    }
-
-    fn body(pdu: PduHeader, layout: &PduLayout, sink: Sink, slot: Option<u16>, off: u32) -> Body {
-        Body {
-            pdu,
-            slot,
-            pad: layout.pad_len(),
-            left: layout.data_len,
-            data_len: layout.data_len,
-            sink,
-            off,
-            dg: DataDigest::new(),
-            want_dd: layout.ddgst,
-            dd: [0; 4],
-            dd_have: 0,
-        }
-    }
-
-    fn on_header(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair,
-        pdu: PduHeader,
-        layout: &PduLayout,
-    ) -> Result<(), Fatal> {
-        match pdu {
-            PduHeader::IcReq(r) => {
-                self.digests = r.digests();
-                self.hpda = r.hpda;
-                let o = &qp.shared.opts;
-                let resp = IcResp::new(0, self.digests, o.max_h2c_data);
-                let l = PduLayout::new(PduType::IcResp, Digests::NONE, 0, 0)
-                    .ok_or_else(|| internal("ICResp layout"))?;
-                self.tx.push_header(resp.as_bytes(), &l);
-                self.rxcfg.established = true;
-                self.rxcfg.digests = self.digests;
-                self.rxcfg.maxh2cdata = o.max_h2c_data;
-                let icd = o.admin_in_capsule_data_size.max(o.in_capsule_data_size);
-                self.rxcfg.max_plen = self
-                    .rxcfg
-                    .plen_for(PduType::CapsuleCmd, icd)
-                    .max(self.rxcfg.plen_for(PduType::H2CData, o.max_h2c_data));
-                self.phase = Phase::Ready;
-                self.stage_since = qp.now;
-                tracing::debug!(peer = %qp.peer, digests = ?self.digests, hpda = r.hpda, maxr2t = r.maxr2t, "connection initialized");
-                Ok(())
-            }
-            PduHeader::TermReq(t) => {
-                tracing::warn!(peer = %qp.peer, fes = %t.fes(), fei = t.fei(), "host terminated the connection (H2CTermReq)");
-                self.begin_close(ctx, qp, "H2CTermReq");
-                Ok(())
-            }
-            PduHeader::CapsuleCmd(c) => {
-                let sqe = c.sqe();
-                let dl = layout.data_len;
-                let sink = if matches!(qp.bound, Bound::None) {
-                    if FcType::of(&sqe) == Some(FcType::Connect) && dl <= qp.icd_max {
-                        qp.scratch.clear();
-                        Sink::Scratch
-                    } else {
-                        Sink::Discard
-                    }
-                } else {
-                    let Some(i) = qp.take_slot(&sqe) else {
-                        return Err(Fatal {
-                            fes: Fes::PDU_SEQUENCE_ERROR,
-                            fei: 0,
-                            why: format!(
-                                "command capsule beyond the queue's {} entries",
-                                qp.entries
-                            ),
-                        });
-                    };
-                    // In-capsule data is arriving: its buffer does not
-                    // wait for the pool's budget (bounded by the slots).
-                    let err = if dl == 0 {
-                        None
-                    } else if dl > qp.icd_max {
-                        Some(gen(generic::SGL_OFFSET_INVALID))
-                    } else if qp.slot_buf(i, dl as usize, false) {
-                        None
-                    } else {
-                        Some(gen(generic::INTERNAL_ERROR))
-                    };
-                    if let Some(e) = err {
-                        qp.slots[i as usize].err = Some(e);
-                        self.rxst =
-                            RxState::Body(Self::body(pdu, layout, Sink::Discard, Some(i), 0));
-                        return Ok(());
-                    }
-                    Sink::Slot(i)
-                };
-                let slot = match sink {
-                    Sink::Slot(i) => Some(i),
-                    _ => None,
-                };
-                if layout.data_len == 0 && layout.pad_len() == 0 {
-                    // Nothing follows the header: the command is in.
-                    self.capsule_in(ctx, qp, &sqe, sink, slot, 0, true);
-                } else {
-                    self.rxst = RxState::Body(Self::body(pdu, layout, sink, slot, 0));
-                }
-                Ok(())
-            }
-            PduHeader::H2CData(h) => {
-                let i = h.ttag as usize;
-                let bad = |field: Field, why: String| Fatal {
-                    fes: Fes::INVALID_HEADER_FIELD,
-                    fei: field.offset(),
+                Err(TargetError::Fatal {
+                    fes,
+                    fei,
                     why,
-                };
-                let Some(s) = qp.slots.get(i).filter(|s| s.st == St::AwaitData) else {
-                    return Err(bad(
-                        Field::Ttag,
-                        format!("H2CData for TTAG {} with no transfer outstanding", h.ttag),
-                    ));
-                };
-                if s.cid != h.cccid {
-                    return Err(bad(
-                        Field::Cccid,
-                        format!(
-                            "H2CData CCCID {} does not match TTAG {}'s command {}",
-                            h.cccid, h.ttag, s.cid
-                        ),
-                    ));
+                    header,
+                }) => return self.fatal(ctx, qp, Fatal { fes, fei, why }, &header),
+            };
+            self.rs += used;
+            let Some(ev) = ev else {
+                return;
+            };
+            match ev {
+                TargetEvent::Capsule {
+                    sqe,
+                    data_len,
+                    data,
+                    end,
+                } => {
+                    let sqe = target::sqe_of(sqe);
+                    let d = match capsule_dest(qp, &sqe, data_len) {
+                        Ok(d) => d,
+                        Err(f) => {
+                            // The header (HLEN bytes) starts where the
+                            // engine began.
+                            let hlen = self.rx[at + 2] as usize;
+                            let hb = self.rx[at..at + hlen].to_vec();
+                            return self.fatal(ctx, qp, f, &hb);
+                        }
+                    };
+                    match (data, end) {
+                        (Some(bytes), Some(e)) => {
+                            put(qp, &d, 0, bytes);
+                            self.ended(ctx, qp, d, e, &sqe);
+                        }
+                        _ => {
+                            if d.slot.is_none() {
+                                self.unbound_sqe = sqe;
+                            }
+                            self.arriving = Some(d);
+                        }
+                    }
                 }
-                check_data_range(PduType::H2CData, h.datao, h.datal, self.h2c[i].got, s.xfer)?;
-                self.rxst = RxState::Body(Self::body(
-                    pdu,
-                    layout,
-                    Sink::Slot(i as u16),
-                    Some(i as u16),
-                    h.datao,
-                ));
-                Ok(())
+                TargetEvent::H2CData {
+                    ttag,
+                    datao,
+                    data,
+                    end,
+                    ..
+                } => {
+                    let d = Dest {
+                        sink: Sink::Slot(ttag),
+                        slot: Some(ttag),
+                        base: datao,
+                        data_len: 0,
+                    };
+                    match (data, end) {
+                        (Some(bytes), Some(e)) => {
+                            put(qp, &d, 0, bytes);
+                            self.h2c_ended(qp, e);
+                        }
+                        _ => self.arriving = Some(d),
+                    }
+                }
+                TargetEvent::Data { offset, bytes, end } => {
+                    if let Some(d) = self.arriving {
+                        put(qp, &d, offset, bytes);
+                        if let Some(e) = end {
+                            self.arriving = None;
+                            let sqe = self.unbound_sqe;
+                            self.ended(ctx, qp, d, e, &sqe);
+                        }
+                    }
+                }
+                TargetEvent::End(e) => {
+                    if let Some(d) = self.arriving.take() {
+                        let sqe = self.unbound_sqe;
+                        self.ended(ctx, qp, d, e, &sqe);
+                    }
+                }
+                TargetEvent::Initialized(p) => {
+                    self.phase = Phase::Ready;
+                    self.stage_since = qp.now;
+                    tracing::debug!(peer = %qp.peer, digests = ?p.digests, hpda = p.hpda, maxr2t = p.maxr2t, "connection initialized");
+                }
+                TargetEvent::TermReq(t) => {
+                    tracing::warn!(peer = %qp.peer, fes = %t.fes(), fei = t.fei(), "host terminated the connection (H2CTermReq)");
+                    self.begin_close(ctx, qp, "H2CTermReq");
+                }
             }
-            other => Err(internal(&format!("unexpected PDU {other:?}"))),
         }
     }
 
-    /// A PDU is complete (`ok`: its data digest matched, or it had none).
-    fn on_body(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, b: &Body, ok: bool) {
-        match b.pdu {
-            PduHeader::CapsuleCmd(c) => {
-                self.capsule_in(ctx, qp, &c.sqe(), b.sink, b.slot, b.data_len, ok);
+    /// A PDU whose data went to `d` is complete (`sqe`: a command
+    /// capsule's, if it has no slot).
+    #[inline(always)]
+    fn ended(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: Dest, e: Ended, sqe: &Sqe) {
+        match e {
+            Ended::Capsule { digest_ok } => {
+                if !digest_ok {
+                    tracing::warn!(peer = %qp.peer, "data digest error");
+                }
+                self.capsule_in(ctx, qp, &d, sqe, digest_ok);
             }
-            PduHeader::H2CData(h) => {
-                let i = h.ttag;
-                let t = &mut self.h2c[i as usize];
-                t.got += h.datal;
-                let s = &mut qp.slots[i as usize];
-                if !ok {
+            _ => self.h2c_ended(qp, e),
+        }
+    }
+
+    /// An H2CData PDU is complete.
+    #[inline(always)]
+    fn h2c_ended(&mut self, qp: &mut Qpair, e: Ended) {
+        match e {
+            Ended::H2C {
+                ttag,
+                digest_ok,
+                complete,
+            } => {
+                let s = &mut qp.slots[ttag as usize];
+                if !digest_ok {
+                    tracing::warn!(peer = %qp.peer, "data digest error");
                     s.err = Some(gen(generic::TRANSIENT_TRANSPORT_ERROR));
                 }
-                if t.got == s.xfer {
+                if complete {
                     self.r2t_out = self.r2t_out.saturating_sub(1);
-                    qp.data_in(self, i);
+                    qp.data_in(self, ttag);
                 }
             }
-            _ => {}
+            Ended::Capsule { .. } | Ended::Other => {}
         }
     }
 
-    /// A command capsule is in, with its `data_len` bytes of in-capsule
-    /// data (`ok`: their digest matched, or there was none).
-    #[allow(clippy::too_many_arguments)]
-    fn capsule_in(
-        &mut self,
-        ctx: &mut ThreadCtx,
-        qp: &mut Qpair,
-        sqe: &Sqe,
-        sink: Sink,
-        slot: Option<u16>,
-        data_len: u32,
-        ok: bool,
-    ) {
-        match (sink, slot) {
-            (Sink::Slot(i), _) => qp.capsule(ctx, self, i, data_len, ok),
+    /// A command capsule is in, with its in-capsule data (`ok`: their
+    /// digest matched, or there was none).
+    #[inline(always)]
+    fn capsule_in(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, d: &Dest, sqe: &Sqe, ok: bool) {
+        match (d.sink, d.slot) {
+            (Sink::Slot(i), _) => qp.capsule(ctx, self, i, d.data_len, ok),
             // A command whose data was refused (its slot holds the
             // status).
             (Sink::Discard, Some(i)) => qp.capsule(ctx, self, i, 0, true),
             _ => {
                 qp.unbound_command(ctx, self, sqe, ok);
                 // A Connect accepted gave the queue its slots.
-                if self.h2c.len() != qp.slots.len() {
-                    self.h2c = vec![H2c::default(); qp.slots.len()];
+                if self.eng.transfers() != qp.slots.len() {
+                    self.eng.set_transfers(qp.slots.len());
+                    self.r2t_at = vec![None; qp.slots.len()];
                 }
+            }
+        }
+    }
+}
+
+/// Where the data of a command capsule with `data_len` bytes of
+/// in-capsule data goes: its slot's buffer (a slot taken, a buffer given),
+/// the Connect data on a queue not connected yet, or nowhere (the command
+/// then completes with the status its slot holds).
+#[inline(always)]
+fn capsule_dest(qp: &mut Qpair, sqe: &Sqe, dl: u32) -> Result<Dest, Fatal> {
+    let mut d = Dest {
+        sink: Sink::Discard,
+        slot: None,
+        base: 0,
+        data_len: dl,
+    };
+    if matches!(qp.bound, Bound::None) {
+        if FcType::of(sqe) == Some(FcType::Connect) && dl <= qp.icd_max {
+            qp.scratch.clear();
+            d.sink = Sink::Scratch;
+        }
+        return Ok(d);
+    }
+    let Some(i) = qp.take_slot(sqe) else {
+        return Err(Fatal {
+            fes: Fes::PDU_SEQUENCE_ERROR,
+            fei: 0,
+            why: format!("command capsule beyond the queue's {} entries", qp.entries),
+        });
+    };
+    d.slot = Some(i);
+    // In-capsule data is arriving: its buffer does not wait for the
+    // pool's budget (bounded by the slots).
+    let err = if dl == 0 {
+        None
+    } else if dl > qp.icd_max {
+        Some(gen(generic::SGL_OFFSET_INVALID))
+    } else if qp.slot_buf(i, dl as usize, false) {
+        None
+    } else {
+        Some(gen(generic::INTERNAL_ERROR))
+    };
+    match err {
+        Some(e) => qp.slots[i as usize].err = Some(e),
+        None => d.sink = Sink::Slot(i),
+    }
+    Ok(d)
+}
+
+/// Puts `bytes`, `offset` bytes into a PDU's data, where `d` says.
+#[inline(always)]
+fn put(qp: &mut Qpair, d: &Dest, offset: u32, bytes: &[u8]) {
+    if bytes.is_empty() {
+        return;
+    }
+    match d.sink {
+        Sink::Discard => {}
+        Sink::Scratch => qp.scratch.extend_from_slice(bytes),
+        Sink::Slot(i) => {
+            let at = (d.base + offset) as usize;
+            let dst = qp.slots[i as usize]
+                .buf
+                .as_mut()
+                .and_then(|b| b.as_mut_slice().get_mut(at..at + bytes.len()));
+            if let Some(dst) = dst {
+                dst.copy_from_slice(bytes);
             }
         }
     }

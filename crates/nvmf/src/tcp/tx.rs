@@ -1,18 +1,14 @@
 //! Send: what the core asks of the connection ([`QueueTransport`]:
-//! response capsules, C2HData, R2T, close), C2HTermReq, and everything
-//! queued flushed with one `sendmsg` per poll.
+//! response capsules, C2HData, R2T, close), queued in the engine's send
+//! queue, C2HTermReq, and everything queued flushed with one `sendmsg`
+//! per poll.
 use pollux_runtime::ThreadCtx;
 use pollux_spec::status::generic;
-use pollux_spec::tcp::{
-    flags, C2HData, CapsuleResp, DataDigest, PduLayout, PduType, Role, TermReq, R2T,
-    TERM_REQ_MAX_DATA,
-};
-use pollux_spec::{Cqe, Status};
-use zerocopy::IntoBytes;
+use pollux_spec::Cqe;
+use pollux_tcp::engine::memory::Pointers;
 
 use crate::qpair::{gen, Qpair, QueueTransport, St};
-use crate::tcp::conn::{Fatal, H2c, Phase, Tcp};
-use crate::tcp::queue::Seg;
+use crate::tcp::conn::{Fatal, Phase, Tcp};
 use crate::tcp::sock::{self, Wire};
 
 impl<W: Wire> QueueTransport for Tcp<W> {
@@ -23,19 +19,15 @@ impl<W: Wire> QueueTransport for Tcp<W> {
             if let Some(i) = slot {
                 // SAFETY: nothing of the slot is queued (nothing is after
                 // the TermReq; a slot whose data was queued before it has
-                // its Release queued, and gets no other response).
+                // its mark queued, and gets no other response).
                 unsafe { qp.release(i) };
             }
             return;
         }
-        let r = CapsuleResp::new(*cqe, self.digests.header);
-        if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
-            self.tx.push_header(r.as_bytes(), &l);
-        }
         if let Some(i) = slot {
             qp.slots[i as usize].st = St::Tx;
-            self.tx.push(Seg::Release { slot: i });
         }
+        self.eng.respond(*cqe, slot);
     }
 
     /// Sends the first `len` bytes of slot `i`'s buffer as the command's
@@ -49,39 +41,30 @@ impl<W: Wire> QueueTransport for Tcp<W> {
             // SAFETY: nothing of the slot is queued (as in `respond`).
             return unsafe { qp.release(i) };
         }
-        let success = qp.flow_off;
-        let cid = qp.slots[i as usize].cid;
-        let Some((h, l)) = C2HData::new(cid, 0, len, true, success, self.digests, self.hpda) else {
-            return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
-        };
+        let response = (!qp.flow_off)
+            .then(|| qp.cqe(qp.slots[i as usize].cid, pollux_spec::Status::SUCCESS, 0, 0));
         let s = &mut qp.slots[i as usize];
         let Some(b) = s.buf.take() else {
             return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
         };
-        let dd = l.ddgst.then(|| {
-            let mut d = DataDigest::new();
-            d.update(&b.as_slice()[..len as usize]);
-            d.value()
-        });
-        let (lent, seg) = b.lend(len as usize);
+        let Some(data) = b.as_slice().get(..len as usize) else {
+            s.buf = Some(b);
+            return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
+        };
+        // SAFETY: `data` is the slot's buffer, lent just below (its heap
+        // memory does not move with it): nothing reads or writes it
+        // through a slice, nor frees it, until it is reclaimed at its
+        // mark (`release`, once every byte queued before the mark went
+        // to a copying send), or the connection, this queue with it, is
+        // dropped (then nothing is sent).
+        let queued = unsafe { self.eng.send_data(s.cid, data, u32::MAX, response, i) };
+        if !queued {
+            s.buf = Some(b);
+            return qp.finish(self, i, gen(generic::INTERNAL_ERROR), 0, 0);
+        }
+        let (lent, _) = b.lend(len as usize);
         s.lent = Some(lent);
         s.st = St::Tx;
-        self.tx.push_header(h.as_bytes(), &l);
-        self.tx.push(Seg::Data {
-            ptr: seg.ptr,
-            len: seg.len,
-        });
-        if let Some(d) = dd {
-            self.tx.push_bytes(&d.to_le_bytes());
-        }
-        if !success {
-            let r = CapsuleResp::new(qp.cqe(cid, Status::SUCCESS, 0, 0), self.digests.header);
-            if let Some(l) = PduLayout::new(PduType::CapsuleResp, self.digests, 0, 0) {
-                self.tx.push_header(r.as_bytes(), &l);
-            }
-        }
-        self.tx.push(Seg::Release { slot: i });
-        debug_assert!(h.ch.flags & flags::LAST_PDU != 0);
     }
 
     /// Asks for slot `i`'s data with one R2T covering the whole transfer
@@ -89,16 +72,9 @@ impl<W: Wire> QueueTransport for Tcp<W> {
     #[inline]
     fn receive_data(&mut self, qp: &mut Qpair, i: u16) {
         let s = &qp.slots[i as usize];
-        self.h2c[i as usize] = H2c {
-            got: 0,
-            r2t_at: Some(qp.now),
-        };
+        self.r2t_at[i as usize] = Some(qp.now);
         self.r2t_out += 1;
-        let r = R2T::new(s.cid, i, 0, s.xfer, self.digests.header);
-        let l = PduLayout::new(PduType::R2T, self.digests, 0, 0);
-        if let Some(l) = l {
-            self.tx.push_header(r.as_bytes(), &l);
-        }
+        self.eng.r2t(i, s.cid, s.xfer);
     }
 
     fn close(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, why: &str) {
@@ -119,10 +95,7 @@ impl<W: Wire> Tcp<W> {
     /// Queues a C2HTermReq for a protocol error and closes.
     pub(crate) fn fatal(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair, f: Fatal, header: &[u8]) {
         tracing::warn!(peer = %qp.peer, fes = %f.fes, fei = f.fei, "protocol error: {}; terminating the connection", f.why);
-        let n = header.len().min(TERM_REQ_MAX_DATA as usize);
-        let t = TermReq::new(Role::Controller, f.fes, f.fei, n);
-        self.tx.push_bytes(t.as_bytes());
-        self.tx.push_bytes(&header[..n]);
+        self.eng.terminate(f.fes, f.fei, header);
         self.terminated = true;
         self.begin_close(ctx, qp, "protocol error");
     }
@@ -131,47 +104,21 @@ impl<W: Wire> Tcp<W> {
         let mut busy = false;
         let max_iov = qp.shared.opts.send_iov.clamp(1, sock::MAX_IOV);
         loop {
-            while let Some(Seg::Release { slot }) = self.tx.front() {
-                self.tx.pop_front();
-                // SAFETY: the slot's Release segment follows its data: all
-                // of it was handed to the kernel by copying sends, which
-                // have returned.
-                unsafe { qp.release(slot) };
-            }
-            if self.tx.is_empty() {
-                self.tx.bytes.clear();
-                self.tx.front = 0;
+            // The marks at the front: their slots' data is sent.
+            // SAFETY: a slot's mark follows its data: all of it was
+            // handed to the kernel by copying sends, which have returned.
+            self.eng.tx.advance(0, |slot| unsafe { qp.release(slot) });
+            if self.eng.tx.is_empty() {
                 break;
             }
-            self.iov.clear();
-            for (k, seg) in self.tx.pending().iter().enumerate() {
-                let skip = if k == 0 { self.tx.front } else { 0 };
-                match *seg {
-                    Seg::Bytes { start, len } => {
-                        self.iov.push(libc::iovec {
-                            iov_base: self.tx.bytes[start + skip..].as_ptr() as *mut _,
-                            iov_len: len - skip,
-                        });
-                    }
-                    Seg::Data { ptr, len, .. } => {
-                        // SAFETY: `ptr` starts a lent slot buffer of at
-                        // least `len` bytes, and `skip <= len`.
-                        let base = unsafe { ptr.add(skip) };
-                        self.iov.push(libc::iovec {
-                            iov_base: base as *mut _,
-                            iov_len: len - skip,
-                        });
-                    }
-                    Seg::Release { .. } => {}
-                }
-                if self.iov.len() == max_iov {
-                    break;
-                }
-            }
-            // SAFETY: the iovecs point into `tx.bytes` (not modified until
-            // the call returns) and into lent slot buffers (taken back
-            // only once sent, or when the connection, with this queue, is
-            // dropped).
+            // SAFETY: the queue's slot segments are lent slot buffers
+            // (taken back only at their marks, or when the connection,
+            // with this queue, is dropped); the iovecs are used before
+            // the queue changes.
+            unsafe { self.eng.tx.iovecs_raw(&Pointers, &mut self.iov, max_iov) };
+            // SAFETY: the iovecs point into the send queue's own buffer
+            // (not modified until the call returns) and into lent slot
+            // buffers (as above).
             let r = unsafe { self.sock.send_iov(&self.iov) };
             let sent = match r {
                 Ok(0) => {
@@ -191,35 +138,11 @@ impl<W: Wire> Tcp<W> {
                 }
             };
             busy = true;
-            self.advance(qp, sent);
+            // SAFETY: as above: the marks reached follow sent data.
+            self.eng
+                .tx
+                .advance(sent, |slot| unsafe { qp.release(slot) });
         }
         busy
-    }
-
-    /// `sent` bytes of the queue went out.
-    fn advance(&mut self, qp: &mut Qpair, mut sent: usize) {
-        while sent > 0 {
-            let Some(seg) = self.tx.front() else {
-                break;
-            };
-            let len = match seg {
-                Seg::Bytes { len, .. } | Seg::Data { len, .. } => len,
-                Seg::Release { slot } => {
-                    self.tx.pop_front();
-                    // SAFETY: as in `flush`: the data before it is sent.
-                    unsafe { qp.release(slot) };
-                    continue;
-                }
-            };
-            let left = len - self.tx.front;
-            if sent >= left {
-                sent -= left;
-                self.tx.front = 0;
-                self.tx.pop_front();
-            } else {
-                self.tx.front += sent;
-                sent = 0;
-            }
-        }
     }
 }

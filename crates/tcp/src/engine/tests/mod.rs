@@ -16,8 +16,8 @@ use zerocopy::{FromBytes, IntoBytes};
 use crate::engine::host::{Data, HostErrorKind, HostQueue};
 use crate::engine::ic::{self, HostParams, TargetLimits};
 use crate::engine::memory::Pointers;
-use crate::engine::target::{Ended, TargetError, TargetEvent, TargetQueue};
-use crate::engine::tx::SendQueue;
+use crate::engine::target::{sqe_of, Ended, TargetError, TargetEvent, TargetQueue};
+use crate::engine::tx::{Seg, SendQueue};
 
 mod host;
 mod props;
@@ -134,7 +134,7 @@ impl Ctl {
                 data,
                 end,
             } => {
-                self.capsule = Some((sqe, Vec::with_capacity(data_len as usize)));
+                self.capsule = Some((sqe_of(sqe), Vec::with_capacity(data_len as usize)));
                 if let Some(d) = data {
                     self.event(TargetEvent::Data {
                         offset: 0,

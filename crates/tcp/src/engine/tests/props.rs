@@ -142,7 +142,7 @@ proptest! {
                     match ev {
                         TargetEvent::Capsule { sqe, data, end, .. } => {
                             let ok = matches!(end, Some(Ended::Capsule { digest_ok: true }));
-                            got.push((sqe.cid, data.unwrap_or_default().to_vec(), ok));
+                            got.push((sqe_of(sqe).cid, data.unwrap_or_default().to_vec(), ok));
                         }
                         TargetEvent::Data { offset, bytes, end } => {
                             let g = got.last_mut().unwrap();
@@ -167,5 +167,80 @@ proptest! {
         let want: Vec<(u16, Vec<u8>, bool)> =
             datas.iter().enumerate().map(|(i, d)| (i as u16, d.clone(), true)).collect();
         prop_assert_eq!(&results[0], &want);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The controller end reads command capsules and H2CData where they
+    /// lie instead of through `PduHeader::parse`: it refuses what that
+    /// refuses, with the same FES, FEI and offending header, whatever
+    /// byte of the header (or its digest) is changed.
+    #[test]
+    fn capsule_and_h2c_headers_are_checked_as_pdu_header_parse_checks_them(
+        h2c in any::<bool>(),
+        hd in any::<bool>(),
+        at in 8usize..76,
+        xor in 1u8..=255,
+        datal in prop::sample::select(vec![512u32, 4096, 5000]),
+    ) {
+        let d = Digests { header: hd, data: false };
+        let mut ctl = Ctl::new(4096, 4096, false);
+        ctl.feed(ic::host_icreq(d).as_bytes()).unwrap();
+        ctl.out();
+        ctl.q.r2t(3, 9, 8192);
+        let mut w = Sqe::rw(NvmOpcode::Write, 1, 0, 16);
+        w.cid = 9;
+        ctl.writes.insert(3, (w, vec![0; 8192]));
+        ctl.out();
+        let (mut pdu, layout) = if h2c {
+            let (h, l) = pollux_spec::tcp::H2CData::new(9, 3, 0, 512, true, d, 0).unwrap();
+            let mut h = h;
+            // Any DATAL (the layout follows PLEN, which stays 512's).
+            h.datal = datal;
+            let mut v = h.as_bytes().to_vec();
+            if hd {
+                v.extend_from_slice(&pollux_spec::tcp::header_digest(h.as_bytes()).to_le_bytes());
+            }
+            v.resize(l.plen as usize, 0x42);
+            (v, l)
+        } else {
+            let sqe = Sqe::rw(NvmOpcode::Read, 1, 0, 1);
+            let (c, l) = pollux_spec::tcp::CapsuleCmd::new(&sqe, 0, d, 0).unwrap();
+            let mut v = c.as_bytes().to_vec();
+            if hd {
+                v.extend_from_slice(&pollux_spec::tcp::header_digest(c.as_bytes()).to_le_bytes());
+            }
+            v.resize(l.plen as usize, 0);
+            (v, l)
+        };
+        let hl = layout.header_len() as usize;
+        if at < hl {
+            pdu[at] ^= xor;
+        }
+        let cfg = *ctl.q.rx_config();
+        let want = pollux_spec::tcp::PduHeader::parse(&pdu, &layout, &cfg);
+        // (The whole PDU is there: one call takes it.)
+        let got = ctl.q.next(&pdu).map(|(n, _)| n);
+        match want {
+            Err(e) => {
+                let Err(TargetError::Fatal { fes, fei, header, .. }) = got else {
+                    panic!("{e:?} but the engine gave {got:?}");
+                };
+                prop_assert_eq!((fes, fei), (e.fes().unwrap_or(Fes::INVALID_HEADER_FIELD), e.fei()));
+                prop_assert_eq!(header, pdu[..hl].to_vec());
+            }
+            // Taken, or refused by the transfer's own checks (TTAG,
+            // CCCID, range), which come after.
+            Ok(_) => {
+                if let Err(TargetError::Fatal { fes, fei, .. }) = got {
+                    prop_assert!(h2c);
+                    let transfer = [Field::Ttag.offset(), Field::Cccid.offset()].contains(&fei)
+                        || fes == Fes::DATA_TRANSFER_OUT_OF_RANGE;
+                    prop_assert!(transfer, "{:?} {}", fes, fei);
+                }
+            }
+        }
     }
 }
