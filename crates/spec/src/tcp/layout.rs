@@ -46,7 +46,13 @@ impl PduLayout {
             0
         } else if pdu_type.carries_data() {
             let a = pda_alignment(if pda > MAX_PDA { MAX_PDA } else { pda });
-            let o = full.div_ceil(a) * a;
+            // PDA 0 (dword alignment, what hosts ask for) without a
+            // division.
+            let o = if a == 4 {
+                (full + 3) & !3
+            } else {
+                full.div_ceil(a) * a
+            };
             if o > 255 {
                 return None;
             }
