@@ -330,6 +330,33 @@ fn discovery_log() {
 }
 
 proptest! {
+    /// `Sgl::from_sqe` (with its one-word path for a Transport SGL Data
+    /// Block) answers exactly as the PSDT check and `Sgl::parse` of the
+    /// SQE's descriptor.
+    #[test]
+    fn prop_sgl_from_sqe_equals_parse(
+        flags in prop_oneof![Just(SQE_FLAGS_SGL), any::<u8>()],
+        prp1 in any::<u64>(), len in any::<u32>(),
+        id in prop_oneof![Just(SGL_ID_TCP_TRANSPORT), Just(SGL_ID_IN_CAPSULE), any::<u8>()],
+        rsvd in prop_oneof![Just([0u8; 3]), any::<[u8; 3]>()],
+    ) {
+        let sqe = Sqe {
+            flags,
+            prp1,
+            prp2: u64::from_le_bytes([
+                len as u8, (len >> 8) as u8, (len >> 16) as u8, (len >> 24) as u8,
+                rsvd[0], rsvd[1], rsvd[2], id,
+            ]),
+            ..Default::default()
+        };
+        let want = if sqe.psdt() != PSDT_SGL {
+            Err(SglError::NotSgl { psdt: sqe.psdt() })
+        } else {
+            Sgl::parse(&SglDescriptor::from_sqe(&sqe))
+        };
+        prop_assert_eq!(Sgl::from_sqe(&sqe), want);
+    }
+
     #[test]
     fn prop_sgl_parse_never_panics_and_round_trips(bytes in any::<[u8; 16]>()) {
         let d: SglDescriptor = zerocopy::transmute!(bytes);

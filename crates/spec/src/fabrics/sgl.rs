@@ -207,9 +207,20 @@ impl Sgl {
     }
 
     /// Parses the data SGL of `sqe`, checking PSDT first.
+    ///
+    /// A Transport SGL Data Block with its reserved bytes clear (what
+    /// every NVMe/TCP command with data to move carries) is recognised
+    /// from DPTR's upper word at once: identifier and reserved bytes are
+    /// its top 32 bits. Anything else goes through [`Sgl::parse`].
+    #[inline]
     pub const fn from_sqe(sqe: &Sqe) -> Result<Self, SglError> {
         if sqe.psdt() != PSDT_SGL {
             return Err(SglError::NotSgl { psdt: sqe.psdt() });
+        }
+        if sqe.prp2 >> 32 == (SGL_ID_TCP_TRANSPORT as u64) << 24 {
+            return Ok(Sgl::Transport {
+                len: sqe.prp2 as u32,
+            });
         }
         Sgl::parse(&SglDescriptor::from_sqe(sqe))
     }

@@ -46,7 +46,13 @@ impl PduLayout {
             0
         } else if pdu_type.carries_data() {
             let a = pda_alignment(if pda > MAX_PDA { MAX_PDA } else { pda });
-            let o = full.div_ceil(a) * a;
+            // PDA 0 (dword alignment, what hosts ask for) without a
+            // division.
+            let o = if a == 4 {
+                (full + 3) & !3
+            } else {
+                full.div_ceil(a) * a
+            };
             if o > 255 {
                 return None;
             }
@@ -403,30 +409,55 @@ impl CommonHeader {
     }
 }
 
-/// A one-entry memo of [`CommonHeader::check`]: the last header that
-/// passed, the configuration it passed under and its layout. A stream of
+/// [`CommonHeader::check`] under a configuration the memo holds, with a
+/// one-entry memo: the last header that passed and its layout. A stream of
 /// like PDUs (command capsules without data, 4 KiB C2HData) is checked by
-/// one comparison each; any other header goes through the full check.
+/// one comparison of the header's 8 bytes; any other header goes through
+/// the full check.
 ///
-/// The check is a function of the header and the configuration alone, so
-/// a hit returns exactly what the check would.
-#[derive(Clone, Copy, Debug, Default)]
+/// The check is a function of the header and the configuration alone, and
+/// [`set_config`](Self::set_config) forgets the remembered header, so a hit
+/// returns exactly what the check would (the configuration is not compared
+/// on every PDU).
+#[derive(Clone, Copy, Debug)]
 pub struct CheckMemo {
-    last: Option<(CommonHeader, RxConfig, PduLayout)>,
+    cfg: RxConfig,
+    /// The 8 bytes of the last header that passed under `cfg` (as one
+    /// word), and its layout.
+    last: Option<(u64, PduLayout)>,
 }
 
 impl CheckMemo {
-    /// [`CommonHeader::check`] of `ch` under `cfg`, remembered when it
-    /// passes.
+    /// A memo checking against `cfg`, remembering nothing yet.
+    pub const fn new(cfg: RxConfig) -> Self {
+        CheckMemo { cfg, last: None }
+    }
+
+    /// What headers are checked against.
     #[inline]
-    pub fn check(&mut self, ch: &CommonHeader, cfg: &RxConfig) -> Result<PduLayout, PduError> {
-        if let Some((h, c, l)) = &self.last {
-            if h == ch && c == cfg {
+    pub const fn config(&self) -> &RxConfig {
+        &self.cfg
+    }
+
+    /// Checks headers against `cfg` from now on (and forgets the last
+    /// header, which passed under the old configuration).
+    pub fn set_config(&mut self, cfg: RxConfig) {
+        self.cfg = cfg;
+        self.last = None;
+    }
+
+    /// [`CommonHeader::check`] of `ch` under [`config`](Self::config),
+    /// remembered when it passes.
+    #[inline]
+    pub fn check(&mut self, ch: &CommonHeader) -> Result<PduLayout, PduError> {
+        let key: u64 = zerocopy::transmute!(*ch);
+        if let Some((k, l)) = &self.last {
+            if *k == key {
                 return Ok(*l);
             }
         }
-        let l = ch.check(cfg)?;
-        self.last = Some((*ch, *cfg, l));
+        let l = ch.check(&self.cfg)?;
+        self.last = Some((key, l));
         Ok(l)
     }
 }

@@ -123,6 +123,18 @@ pub fn append_header(header: &[u8], layout: &PduLayout, out: &mut Vec<u8>) -> Op
     if header.len() != hlen {
         return None;
     }
+    if layout.hdgst || layout.prefix_len() as usize != hlen {
+        return Some(append_with_digest_or_padding(header, layout, out));
+    }
+    // The header alone (no digest, data right after it, or none): small
+    // enough to inline, so a header of known size is copied in place.
+    out.extend_from_slice(header);
+    Some(hlen)
+}
+
+/// [`append_header`] of a header followed by its digest or by padding.
+#[inline(never)]
+fn append_with_digest_or_padding(header: &[u8], layout: &PduLayout, out: &mut Vec<u8>) -> usize {
     let end = layout.prefix_len() as usize;
     let start = out.len();
     out.extend_from_slice(header);
@@ -130,5 +142,5 @@ pub fn append_header(header: &[u8], layout: &PduLayout, out: &mut Vec<u8>) -> Op
         out.extend_from_slice(&digest_bytes(header_digest(header)));
     }
     out.resize(start + end, 0);
-    Some(end)
+    end
 }

@@ -86,8 +86,8 @@ enum State {
 /// The receive half of one connection's PDU stream. See the module docs.
 #[derive(Clone, Debug)]
 pub struct Reassembler {
-    cfg: RxConfig,
-    /// The last header that passed its check (most PDUs are alike).
+    /// What headers are checked against, and the last header that passed
+    /// its check (most PDUs are alike).
     memo: CheckMemo,
     state: State,
 }
@@ -95,21 +95,20 @@ pub struct Reassembler {
 impl Reassembler {
     pub fn new(cfg: RxConfig) -> Reassembler {
         Reassembler {
-            cfg,
-            memo: CheckMemo::default(),
+            memo: CheckMemo::new(cfg),
             state: State::Header,
         }
     }
 
     /// What received headers are checked against.
     pub fn config(&self) -> &RxConfig {
-        &self.cfg
+        self.memo.config()
     }
 
     /// Changes what received headers are checked against (connection
     /// initialization done; limits changed).
     pub fn set_config(&mut self, cfg: RxConfig) {
-        self.cfg = cfg;
+        self.memo.set_config(cfg);
     }
 
     /// True between a header and the end of its PDU.
@@ -169,7 +168,7 @@ impl Reassembler {
     /// ICResp parameters, DATAL against the layout and MAXH2CDATA, R2TL).
     #[inline(always)]
     pub fn parse<'a>(&self, layout: &PduLayout, raw: &'a [u8]) -> Result<PduHeader, RxError<'a>> {
-        PduHeader::parse(raw, layout, &self.cfg).map_err(|error| RxError {
+        PduHeader::parse(raw, layout, self.memo.config()).map_err(|error| RxError {
             error,
             input: raw,
             hlen: layout.hlen as usize,
@@ -182,7 +181,7 @@ impl Reassembler {
         let Some(ch) = CommonHeader::read(input) else {
             return Ok((0, None));
         };
-        let layout = match self.memo.check(&ch, &self.cfg) {
+        let layout = match self.memo.check(&ch) {
             Ok(l) => l,
             Err(error) => {
                 return Err(RxError {
