@@ -4,8 +4,10 @@
 # process each, core 0, null namespace of 4 KiB blocks), each driven on core 1 by
 # SPDK's spdk_nvme_perf and by pollux perf (the SPDK target by both pollux perfs).
 # Prints, per client and queue depth, pollux target / SPDK target per round for the
-# before and after binaries (each ratio under the binary's own perf as pollux client).
-#   bench/tcp_before_after.sh BEFORE AFTER [ROUNDS] [SECS]   (env: SPDK_DIR, OUT, PQD)
+# before and after binaries (each ratio under the binary's own perf as pollux client,
+# or under CLIENT's perf for both when CLIENT names a pollux binary: then only the
+# targets differ).
+#   bench/tcp_before_after.sh BEFORE AFTER [ROUNDS] [SECS]   (env: SPDK_DIR, OUT, PQD, CLIENT)
 set -u
 SP=${SPDK_DIR:-/tmp/spdk}; B0=$1; B1=$2; R=${3:-5}; S=${4:-4}; PQD=${PQD:-128}
 OUT=${OUT:-/tmp/tcp-ba/$(date +%H%M%S)}; mkdir -p "$OUT"
@@ -28,7 +30,7 @@ TRS="trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN hostnqn:n
 TRP="trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN"
 sperf() { timeout 60 $SP/build/bin/spdk_nvme_perf -c 0x2 -r "$TRS" -q $1 -o 4096 -w randread -t $S >$OUT/last.out 2>&1
           awk '/^Total *:/ {print $3; exit}' $OUT/last.out; }
-pperf() { timeout 60 "$1" perf -c 1 -r "$TRP" -q $2 -o 4096 -w randread -t $S --json >$OUT/last.json 2>/dev/null
+pperf() { timeout 60 "${CLIENT:-$1}" perf -c 1 -r "$TRP" -q $2 -o 4096 -w randread -t $S --json >$OUT/last.json 2>/dev/null
           python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"]["iops"])' $OUT/last.json 2>/dev/null; }
 echo "round target client qd iops" > $OUT/rows
 row() { echo "$*" | tee -a $OUT/rows; }
