@@ -156,58 +156,21 @@ pub fn report(
         println!("{out}");
     } else {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>118}", "Latency(us)");
-        println!(
-            "{:<30}: {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "Device Information",
-            "runtime(s)",
-            "IOPS",
-            "MiB/s",
-            "Fail/s",
-            "TO/s",
-            "Average",
-            "min",
-            "max"
-        );
-        for r in &rows {
-            let name = r["name"].as_str().unwrap_or("");
-            let core = r["core"].as_u64().unwrap_or(0) as usize;
-            println!("Job: {name} (Core Mask {})", mask_of(&[core]));
-            println!(
-                "\t workload: {workload}, depth: {}, IO size: {}",
-                a.run.queue_depth, a.run.io_size
-            );
-            if r["reported"] == false {
-                println!("\t {name:<22}: did not report");
-                continue;
-            }
-            let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
-            println!(
-                "\t {:<22}: {:>10.2} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10} {:>10}",
-                name,
-                g("runtime_s"),
-                g("iops"),
-                g("mib_s"),
-                g("fail_s"),
-                g("to_s"),
-                f(r["avg_lat_us"].as_f64()),
-                f(r["min_lat_us"].as_f64()),
-                f(r["max_lat_us"].as_f64()),
-            );
-        }
-        println!("{}", "=".repeat(118));
-        println!(
-            "{:<30}: {:>10} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10} {:>10}",
-            "Total",
-            "",
-            t_iops,
-            mib(t_iops),
-            t_fail_s,
-            t_to_s,
+        let total = [
+            String::new(),
+            format!("{t_iops:.2}"),
+            format!("{:.2}", mib(t_iops)),
+            format!("{t_fail_s:.2}"),
+            format!("{t_to_s:.2}"),
             f(lat(None)),
             f(total_hist.as_ref().map(|h| us(h.min()))),
             f(total_hist.as_ref().map(|h| us(h.max()))),
+        ];
+        let head = format!(
+            "workload: {workload}, depth: {}, IO size: {}",
+            a.run.queue_depth, a.run.io_size
         );
+        print!("{}", table(&head, &table_rows(&rows), &total));
         if a.run.latency {
             println!(
                 "Latency percentiles (us): p50 {}  p99 {}",
@@ -224,4 +187,81 @@ pub fn report(
         }
     }
     Summary { errors: t_err }
+}
+
+/// One job's row of the text table: its cells, `None` if it did not
+/// report.
+struct TableRow {
+    name: String,
+    core: usize,
+    cells: Option<[String; 8]>,
+}
+
+/// The table rows of the jobs' JSON rows.
+fn table_rows(rows: &[Value]) -> Vec<TableRow> {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    rows.iter()
+        .map(|r| {
+            let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            TableRow {
+                name: r["name"].as_str().unwrap_or("").to_string(),
+                core: r["core"].as_u64().unwrap_or(0) as usize,
+                cells: (r["reported"] != false).then(|| {
+                    [
+                        format!("{:.2}", g("runtime_s")),
+                        format!("{:.2}", g("iops")),
+                        format!("{:.2}", g("mib_s")),
+                        format!("{:.2}", g("fail_s")),
+                        format!("{:.2}", g("to_s")),
+                        f(r["avg_lat_us"].as_f64()),
+                        f(r["min_lat_us"].as_f64()),
+                        f(r["max_lat_us"].as_f64()),
+                    ]
+                }),
+            }
+        })
+        .collect()
+}
+
+/// SPDK's table: a header, per job its name and core, `head` (workload,
+/// depth, I/O size) and its figures, then the `total` row.
+fn table(head: &str, rows: &[TableRow], total: &[String; 8]) -> String {
+    use std::fmt::Write;
+    let mut o = String::new();
+    let _ = writeln!(o, "{:>118}", "Latency(us)");
+    let _ = writeln!(
+        o,
+        "{:<30}: {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "Device Information",
+        "runtime(s)",
+        "IOPS",
+        "MiB/s",
+        "Fail/s",
+        "TO/s",
+        "Average",
+        "min",
+        "max"
+    );
+    for r in rows {
+        let name = &r.name;
+        let _ = writeln!(o, "Job: {name} (Core Mask {})", mask_of(&[r.core]));
+        let _ = writeln!(o, "\t {head}");
+        let Some(c) = &r.cells else {
+            let _ = writeln!(o, "\t {name:<22}: did not report");
+            continue;
+        };
+        let _ = writeln!(
+            o,
+            "\t {:<22}: {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+            name, c[0], c[1], c[2], c[3], c[4], c[5], c[6], c[7],
+        );
+    }
+    let _ = writeln!(o, "{}", "=".repeat(118));
+    let t = total;
+    let _ = writeln!(
+        o,
+        "{:<30}: {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
+        "Total", t[0], t[1], t[2], t[3], t[4], t[5], t[6], t[7],
+    );
+    o
 }
