@@ -12,6 +12,7 @@ mod args;
 mod job;
 mod nvme;
 mod report;
+mod threads;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -34,6 +35,7 @@ use crate::common::verify::{Verify, Written, MAX_UNITS};
 use crate::nvme_open::OpenError;
 use job::{Job, JobCtx, JobResult, Latency, WriteRead};
 use report::JobMeta;
+use threads::ThreadCpu;
 
 pub use args::{BdevperfArgs, Workload};
 pub use report::Summary;
@@ -210,6 +212,9 @@ fn make_bdevs(
     }
     Ok(bdevs)
 }
+
+/// The runtime's threads are `bdevperf-<core>`.
+const THREAD_NAME: &str = "bdevperf";
 
 /// Runs the benchmark and prints its report.
 pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
@@ -483,12 +488,15 @@ fn execute(
         RuntimeOptions {
             // The jobs' own drain bound comes first; this one is a backstop.
             drain_timeout: drain_timeout + Duration::from_secs(5),
-            thread_name: "bdevperf".into(),
+            thread_name: THREAD_NAME.into(),
             ..RuntimeOptions::default()
         },
     )?;
     let signals = rt.stop_on_signals()?;
     let trigger = rt.shutdown_trigger();
+    // The polling threads' CPU time: per status line, and over the run.
+    let mut second_cpu = ThreadCpu::find(THREAD_NAME);
+    let mut run_cpu = ThreadCpu::find(THREAD_NAME);
     let t0 = Instant::now();
     for (i, jobs) in per_thread.into_iter().enumerate() {
         let devs = if i == 0 { inline.clone() } else { Vec::new() };
@@ -535,8 +543,11 @@ fn execute(
             tick = el.as_secs() + 1;
             let now: u64 = progress.iter().map(|p| p.load(Ordering::Relaxed)).sum();
             let d = now.saturating_sub(last) as f64;
+            // A second at (near) 0 IOPS says why when the polling threads
+            // were held off their cores.
+            let note = threads::starved_note(&second_cpu.shares(), "this second");
             eprintln!(
-                "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}",
+                "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}{}",
                 el.as_secs(),
                 d,
                 d * io as f64 / (1 << 20) as f64,
@@ -544,12 +555,15 @@ fn execute(
                     " (stopping)"
                 } else {
                     ""
-                }
+                },
+                note.map_or(String::new(), |n| format!("  note: {n}"))
             );
             last = now;
         }
     }
     let interrupted = trigger.is_triggered();
+    // Over the run: how long its polling threads waited for their cores.
+    let waits = run_cpu.shares();
     rt.shutdown()?;
     drop(signals);
     let stats: HashMap<String, pollux_bdev::BdevStats> = bdevs
@@ -566,6 +580,7 @@ fn execute(
         lat_clock.ns_per_tick(),
         lat_clock.source(),
         interrupted,
+        &waits,
     );
     Ok(summary)
 }

@@ -9,6 +9,7 @@ use serde_json::{json, Value};
 
 use super::args::BdevperfArgs;
 use super::job::JobResult;
+use super::threads::{starved_note, Share};
 use crate::common::cores::mask_of;
 
 /// What the caller needs after a run.
@@ -42,6 +43,7 @@ pub fn report(
     ns_per_tick: f64,
     clock_source: &str,
     interrupted: bool,
+    waits: &[Share],
 ) -> Summary {
     let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
     let mib = |iops: f64| iops * a.run.io_size as f64 / (1u64 << 20) as f64;
@@ -110,6 +112,7 @@ pub fn report(
             "p99_lat_us": r.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
         }));
     }
+    let notes: Vec<String> = starved_note(waits, "the run").into_iter().collect();
     let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
     let workload = format!("{:?}", a.run.workload).to_lowercase();
     if a.run.json {
@@ -145,6 +148,7 @@ pub fn report(
             "cores": cores_json,
             "errors": errors_list,
             "interrupted": interrupted,
+            "notes": notes,
             "total": {
                 "iops": t_iops, "mib_s": mib(t_iops), "ios": t_ios, "errors": t_err,
                 "fail_s": t_fail_s, "timeouts": t_to, "to_s": t_to_s, "seconds": max_secs,
@@ -181,6 +185,9 @@ pub fn report(
         println!("I/Os: {t_ios}  errors: {t_err}  timeouts: {t_to}");
         if interrupted {
             println!("Stopped early by a signal.");
+        }
+        for n in notes {
+            println!("note: {n}");
         }
         for e in &errors_list {
             println!("error: {e}");
