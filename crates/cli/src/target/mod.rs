@@ -21,6 +21,7 @@ use crate::common::cores::online_cpus;
 use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
 use crate::nvme_open::NvmeOpener;
 use pollux_host::trid::parse_size;
+use pollux_spec::fabrics::check_nqn;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -216,6 +217,10 @@ pub fn config(
         } else {
             return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
         };
+        check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
+        for h in &a.host {
+            check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
+        }
         let mut s = SubsystemConfig::new(&a.nqn);
         s.serial = a.serial.clone();
         s.model = a.model.clone();

@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use pollux_bdev::Bdev;
-use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
+use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 
 use super::error::ConfigError;
 use super::transport::TransportOptions;
@@ -90,7 +90,7 @@ impl TargetConfig {
                     why,
                 })
             };
-            if let Err(e) = validate_nqn(&s.nqn) {
+            if let Err(e) = check_nqn(&s.nqn) {
                 return bad(format!("invalid NQN: {e}"));
             }
             if s.nqn == DISCOVERY_NQN {
@@ -100,7 +100,7 @@ impl TargetConfig {
                 return bad("defined twice".into());
             }
             for h in &s.hosts {
-                if let Err(e) = validate_nqn(h) {
+                if let Err(e) = check_nqn(h) {
                     return bad(format!("host NQN {h:?}: {e}"));
                 }
             }
