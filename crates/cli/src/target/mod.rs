@@ -111,6 +111,34 @@ pub enum TargetCliError {
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
+    /// A listener could not be bound: a refusal, with what to do.
+    #[error("cannot listen on {addr}: {why}")]
+    Listen { addr: SocketAddr, why: String },
+}
+
+/// A listener that could not be bound, said as a refusal with what to
+/// do (`config`: the listeners come from `-c`'s file, not `--listen`).
+fn listen_refused(addr: SocketAddr, e: &std::io::Error, config: bool) -> TargetCliError {
+    use std::io::ErrorKind;
+    let port = if config {
+        "choose another trsvcid in the configuration's nvmf_subsystem_add_listener"
+    } else {
+        "choose another --listen port"
+    };
+    let why = match e.kind() {
+        ErrorKind::AddrInUse => {
+            format!("address already in use (another target running? {port})")
+        }
+        ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this machine (give one of its addresses, or 0.0.0.0 for all)",
+            addr.ip()
+        ),
+        ErrorKind::PermissionDenied => {
+            format!("permission denied (ports below 1024 need root; {port})")
+        }
+        _ => e.to_string(),
+    };
+    TargetCliError::Listen { addr, why }
 }
 
 fn bad(
@@ -317,7 +345,7 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
         },
         &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
     );
-    let r = cfg.and_then(|cfg| serve(cfg, &cores));
+    let r = cfg.and_then(|cfg| serve(cfg, &cores, a.config.is_some()));
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
     drop(opener);
@@ -325,13 +353,17 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
 }
 
 /// Starts the target, prints its addresses and runs until a signal.
-fn serve(cfg: TargetConfig, cores: &[usize]) -> Result<(), TargetCliError> {
+/// (`config`: from `-c`.)
+fn serve(cfg: TargetConfig, cores: &[usize], config: bool) -> Result<(), TargetCliError> {
     let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
-    let target = Target::start(cfg, cores, rt)?;
+    let target = Target::start(cfg, cores, rt).map_err(|e| match e {
+        pollux_nvmf::TargetError::Listen { addr, source } => listen_refused(addr, &source, config),
+        e => e.into(),
+    })?;
     let _signals = target.stop_on_signals()?;
     {
         let mut out = std::io::stdout().lock();
