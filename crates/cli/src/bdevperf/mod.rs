@@ -248,7 +248,12 @@ fn run_with(
             a,
             cfg,
             &mut |name: &str, trid: &str| Ok(op.borrow_mut().open_trid(name, trid)?),
-            &mut |att: &NvmeAttach| Ok(op.borrow_mut().attach(att)?),
+            // (The config's error names the controller: only why here.)
+            &mut |att: &NvmeAttach| {
+                op.borrow_mut()
+                    .attach(att)
+                    .map_err(|e| BdevperfError::Args(e.why))
+            },
         )?
     };
     for c in opener.controllers() {

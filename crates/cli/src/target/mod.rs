@@ -343,7 +343,8 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
                     why: e.why,
                 })
         },
-        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
+        // (The config's error names the controller: only why here.)
+        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.why),
     );
     let r = cfg.and_then(|cfg| serve(cfg, &cores, a.config.is_some()));
     // The controllers close after the target's bdevs and channels, the
