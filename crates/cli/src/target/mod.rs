@@ -6,6 +6,8 @@
 //! entries) may be of any transport, side by side: PCIe devices, emulated
 //! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
+mod banner;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -353,10 +355,11 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     r
 }
 
-/// Starts the target, prints its addresses and runs until a signal.
-/// (`config`: from `-c`.)
+/// Starts the target, prints its addresses and what it serves (its
+/// subsystems, their namespaces, listeners and hosts, its cores), and
+/// runs until a signal. (`config`: from `-c`.)
 fn serve(cfg: TargetConfig, cores: &[usize], config: bool) -> Result<(), TargetCliError> {
-    let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
+    let subs = banner::subsystems(&cfg);
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
@@ -368,11 +371,12 @@ fn serve(cfg: TargetConfig, cores: &[usize], config: bool) -> Result<(), TargetC
     let _signals = target.stop_on_signals()?;
     {
         let mut out = std::io::stdout().lock();
+        // (The first line is the first address: scripts read it.)
         for addr in target.listen_addrs() {
             let _ = writeln!(out, "pollux target: listening on {addr}");
         }
-        for n in &nqns {
-            let _ = writeln!(out, "pollux target: subsystem {n}");
+        for l in banner::lines(&subs, &target.subsystem_listeners(), cores) {
+            let _ = writeln!(out, "pollux target: {l}");
         }
         let _ = out.flush();
     }
