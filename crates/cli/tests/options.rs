@@ -461,14 +461,16 @@ fn rwmixread_without_a_mixed_workload_is_warned_about() {
 }
 
 /// A RAM or null size below one block is most likely a size without its
-/// unit: it is refused saying so, in bdevperf and target alike (before:
-/// "not a non-zero multiple of the block size 512").
+/// unit: it is refused saying so, in bdevperf, target and an emulated
+/// controller's `size:` alike (before: "not a non-zero multiple of the
+/// block size 512", or "size_bytes 64 not a multiple of the LBA size").
 #[test]
 fn a_size_without_a_unit_below_one_block_is_refused_with_the_units() {
     for args in [
         &["bdevperf", "--ram", "64"][..],
         &["target", "--ram", "64"][..],
         &["target", "--null", "64"][..],
+        &["perf", "-r", "trtype:soft backend:ram size:64"][..],
     ] {
         let (code, _, err) = pollux(args);
         assert_eq!(code, 2, "{args:?}: {err}");

@@ -154,7 +154,7 @@ fn make_bdevs(
         bdevs.push(b);
     }
     for &size in &a.ram {
-        let blocks = size_in_blocks(size, bs).map_err(|e| bad("--ram", size, e))?;
+        let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad("--ram", size, e))?;
         let name = fresh_name("Malloc", &mut used);
         let b = Bdev::ram(&name, bs, blocks).map_err(|e| bad("--ram", size, e.to_string()))?;
         bdevs.push(b);

@@ -209,13 +209,16 @@ impl BadOption {
     }
 }
 
-/// The blocks of a `--ram`/`--null` bdev of `size` bytes and blocks of
-/// `block_size` bytes, or why there are none: a size below one block is
-/// most likely a size given without its unit (`--ram 64`, bytes).
-pub fn size_in_blocks(size: u64, block_size: u32) -> Result<u64, String> {
+/// The blocks of a `--ram`/`--null` bdev (or an emulated namespace) of
+/// `size` bytes and blocks of `block_size` bytes, set by `bs_option`
+/// (`--block-size`, `lbads:`), or why there are none: a size below one
+/// block is most likely a size given without its unit (`--ram 64`, bytes).
+pub fn size_in_blocks(size: u64, block_size: u32, bs_option: &str) -> Result<u64, String> {
     let bs = u64::from(block_size);
     if bs == 0 {
-        return Err("--block-size 0: a block has at least one byte".into());
+        return Err(format!(
+            "block size 0 ({bs_option}): a block has at least one byte"
+        ));
     }
     if size < bs {
         return Err(format!(
@@ -224,7 +227,9 @@ pub fn size_in_blocks(size: u64, block_size: u32) -> Result<u64, String> {
         ));
     }
     if !size.is_multiple_of(bs) {
-        return Err(format!("not a multiple of --block-size {bs}"));
+        // `--block-size 512`, `lbads:512`.
+        let sep = if bs_option.ends_with(':') { "" } else { " " };
+        return Err(format!("not a multiple of {bs_option}{sep}{bs}"));
     }
     Ok(size / bs)
 }
@@ -286,19 +291,30 @@ mod tests {
 
     #[test]
     fn a_size_below_one_block_asks_for_a_unit() {
-        assert_eq!(size_in_blocks(64 << 20, 512), Ok(131072));
-        let e = size_in_blocks(64, 512).unwrap_err();
+        assert_eq!(size_in_blocks(64 << 20, 512, "--block-size"), Ok(131072));
+        let e = size_in_blocks(64, 512, "--block-size").unwrap_err();
         assert!(
             e.starts_with("64 bytes is less than one block (512 bytes)"),
             "{e}"
         );
         assert!(e.contains("give a unit (k, M, G or T"), "{e}");
         assert_eq!(
-            size_in_blocks(1000, 512).unwrap_err(),
+            size_in_blocks(1000, 512, "--block-size").unwrap_err(),
             "not a multiple of --block-size 512"
         );
-        assert!(size_in_blocks(4096, 0).is_err());
-        assert!(size_in_blocks(0, 512).unwrap_err().starts_with("0 bytes"));
+        assert!(size_in_blocks(4096, 0, "--block-size").is_err());
+        assert!(size_in_blocks(0, 512, "--block-size")
+            .unwrap_err()
+            .starts_with("0 bytes"));
+        assert_eq!(
+            size_in_blocks(1000, 4096, "lbads:").unwrap_err(),
+            "1000 bytes is less than one block (4096 bytes): a size without a unit is in bytes; \
+             give a unit (k, M, G or T: 64M, 1GiB)"
+        );
+        assert_eq!(
+            size_in_blocks(5000, 4096, "lbads:").unwrap_err(),
+            "not a multiple of lbads:4096"
+        );
     }
 
     #[test]

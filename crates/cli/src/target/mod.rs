@@ -188,7 +188,7 @@ pub fn config(
         let bs = a.block_size;
         let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
             let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            let blocks = size_in_blocks(size, bs).map_err(|e| bad(option, v, e))?;
+            let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
             let r = if ram {
                 Bdev::ram("Malloc0", bs, blocks)
             } else {
