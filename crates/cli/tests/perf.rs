@@ -62,6 +62,7 @@ fn io_count_inline_is_exact_and_reports_the_fields() {
     assert!(t["iops"].as_f64().unwrap() > 0.0);
     // Without -L no latency is measured.
     assert!(t["avg_lat_us"].is_null());
+    assert_eq!(v["interrupted"], false);
     assert_eq!(v["devices"].as_array().unwrap().len(), 1);
     assert_eq!(v["cores"].as_array().unwrap().len(), 1);
     // Delayed doorbell + lazy CQ: far fewer doorbells than I/Os even here.

@@ -5,6 +5,7 @@
 //! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
 mod args;
 mod report;
+mod signals;
 mod worker;
 
 use std::collections::HashMap;
@@ -508,6 +509,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         })
         .collect();
     let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
+    // From here on, SIGINT/SIGTERM stop the run instead of the process.
+    let signals = signals::StopOnSignals::install()?;
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -529,7 +532,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             }
             std::thread::sleep(Duration::from_millis(20));
             let el = t0.elapsed();
-            if a.run.time > 0 && el >= Duration::from_secs(a.run.time) {
+            if signals.triggered() || (a.run.time > 0 && el >= Duration::from_secs(a.run.time)) {
                 for c in &ctls {
                     c.stop.store(true, Ordering::Relaxed);
                 }
@@ -542,10 +545,15 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     .sum();
                 if !a.run.json {
                     eprintln!(
-                        "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s",
+                        "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}",
                         el.as_secs(),
                         now.saturating_sub(last) as f64,
-                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64
+                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64,
+                        if signals.triggered() {
+                            " (stopping)"
+                        } else {
+                            ""
+                        }
                     );
                 }
                 last = now;
@@ -557,6 +565,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .collect()
     });
 
+    let interrupted = signals.triggered();
     let device_stats: Vec<_> = devices
         .iter()
         .filter_map(|d| d.soft.as_ref().map(|s| (d.name.clone(), s.stats())))
@@ -567,8 +576,10 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         &device_stats,
         lat_clock.ns_per_tick(),
         lat_clock.source(),
+        interrupted,
     );
     drop(devices);
     drop(emu);
+    drop(signals);
     Ok(summary)
 }

@@ -27,6 +27,7 @@ pub(super) fn report(
     device_stats: &[(String, pollux_softnvme::DeviceStats)],
     ns_per_tick: f64,
     clock_source: &str,
+    interrupted: bool,
 ) -> Summary {
     let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
     let mib = |ios: f64, io: usize| ios * io as f64 / (1u64 << 20) as f64;
@@ -129,6 +130,7 @@ pub(super) fn report(
             "cores": cores_json,
             "emulated_controllers": soft_json,
             "errors": errors_list,
+            "interrupted": interrupted,
             "total": {
                 "iops": t_iops, "mib_s": t_mib, "ios": t_ios, "errors": t_err, "seconds": max_elapsed,
                 "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| us(h.min())),
@@ -185,6 +187,9 @@ pub(super) fn report(
             per_io(shadow)
         );
         println!("I/Os: {t_ios}  errors: {t_err}");
+        if interrupted {
+            println!("Stopped early by a signal.");
+        }
         println!(
             "Worker CPU: {:.1}% of a core (busiest worker, getrusage){}",
             max_cpu * 100.0,
