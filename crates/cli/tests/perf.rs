@@ -467,6 +467,21 @@ fn threaded_device_two_workers() {
     assert_eq!(code, 0);
     assert_eq!(v["total"]["ios"], 20000);
     assert_eq!(v["cores"].as_array().unwrap().len(), 2);
+    // Each core has -P 2 queue pairs on the namespace.
+    let rows = v["devices"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{v}");
+    for core in [0, 1] {
+        let on = rows
+            .iter()
+            .filter(|r| {
+                r["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("from core {core}"))
+            })
+            .count();
+        assert_eq!(on, 2, "core {core}: {v}");
+    }
 }
 
 /// pingpong refuses counts whose round-trip counter would overflow (it used

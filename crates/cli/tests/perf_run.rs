@@ -1,8 +1,36 @@
-//! `pollux perf`'s run as a whole: SIGINT.
+//! `pollux perf`'s run as a whole: SIGINT, worker cores and their queue
+//! pairs, the device thread's core.
 
 use serde_json::Value;
 
 mod common;
+use common::pollux;
+
+/// The CPUs this process may run on (sched_getaffinity).
+fn available_cores() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: c < CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}
+
+fn perf_json(args: &[&str]) -> (i32, Value) {
+    let mut a = vec!["perf", "--json"];
+    a.extend_from_slice(args);
+    let (code, out, err) = pollux(&a);
+    let v: Value = serde_json::from_str(&out)
+        .unwrap_or_else(|e| panic!("bad JSON ({e}): {out}\nstderr: {err}"));
+    (code, v)
+}
 
 /// Waits until `pid` catches SIGINT (its handler is installed: bit 2 of
 /// SigCgt in /proc/PID/status), so a signal sent then cannot kill it.
@@ -69,5 +97,78 @@ fn sigint_stops_the_run_and_prints_the_summary() {
                 assert!(out.contains(want), "'{want}' in: {out}\n{err}");
             }
         }
+    }
+}
+
+/// With two worker cores and one namespace, each core gets its own queue
+/// pair on it and both do I/O (as SPDK's perf). Before, the second core
+/// got no queue pair and idled.
+#[test]
+fn every_worker_core_gets_queue_pairs_on_every_namespace() {
+    let cores = available_cores();
+    if cores.len() < 2 {
+        eprintln!("skipped: needs two cores, this process may use {cores:?}");
+        return;
+    }
+    let mask = format!("{},{}", cores[0], cores[1]);
+    let (code, v) = perf_json(&[
+        "-r",
+        "trtype:soft backend:null size:1GiB",
+        "-c",
+        &mask,
+        "-t",
+        "0",
+        "--io-count",
+        "20000",
+        "-q",
+        "8",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    let rows = v["devices"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "one queue pair per core: {v}");
+    for (r, core) in rows.iter().zip(&cores) {
+        let name = r["name"].as_str().unwrap();
+        assert!(name.ends_with(&format!("from core {core}")), "{name}");
+        assert!(r["ios"].as_u64().unwrap() > 0, "{v}");
+    }
+    for c in v["cores"].as_array().unwrap() {
+        assert!(c["iops"].as_f64().unwrap() > 0.0, "{v}");
+    }
+    assert_eq!(v["total"]["ios"], 20000);
+
+    // The queue pairs the cores need are counted against what the
+    // controller grants (64): 2 cores x -P 40 is too many.
+    let (code, out, err) = pollux(&["perf", "-c", &mask, "-P", "40", "-t", "1"]);
+    assert_eq!(code, 2, "{out}\n{err}");
+    for want in ["-P 40", "x 2 worker core(s)", "need 80", "granted 64"] {
+        assert!(err.contains(want), "'{want}' in: {err}");
+    }
+}
+
+/// The emulated controller's device thread on a worker's core makes the
+/// run slow: perf says so and what to do; not when the device has a core
+/// of its own, nor with --inline.
+#[test]
+fn device_thread_on_a_worker_core_is_warned() {
+    let cores = available_cores();
+    let c = cores[0].to_string();
+    let run = |extra: &[&str]| {
+        let mut a = vec!["perf", "-t", "0", "--io-count", "2000", "-q", "4", "-c", &c];
+        a.extend_from_slice(extra);
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 0, "{a:?}: {out}\n{err}");
+        err
+    };
+    let err = run(&["--device-core", &c]);
+    for want in [
+        &format!("device thread runs on core {c}, which is also a worker core"),
+        "--device-core",
+        "--inline",
+    ] {
+        assert!(err.contains(want), "'{want}' in: {err}");
+    }
+    assert!(!run(&["--inline"]).contains("device thread"));
+    if let Some(other) = cores.get(1) {
+        assert!(!run(&["--device-core", &other.to_string()]).contains("device thread"));
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
-//! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
+//! Workers are pinned threads, one per `-c` core; each owns -P queue pairs
+//! on every namespace (as SPDK's perf).
 mod args;
 mod report;
 mod signals;
@@ -142,6 +143,33 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
     Ok(())
 }
 
+/// Why a run with emulated controllers on a device thread (not --inline)
+/// pinned to `device_core` (None: not pinned, no core was left over) will
+/// be slow, if it shares a core with the workers on `cores`: the device
+/// thread and a worker both poll without sleeping, so they take turns on
+/// the core and IOPS fall by orders of magnitude.
+fn shared_core_warning(
+    a: &PerfArgs,
+    device_core: Option<usize>,
+    cores: &[usize],
+) -> Option<String> {
+    if a.run.inline {
+        return None;
+    }
+    let why = "both poll without sleeping and take turns on the core, so IOPS fall by orders of magnitude";
+    match device_core {
+        Some(c) if cores.contains(&c) => Some(format!(
+            "the emulated controller's device thread runs on core {c}, which is also a worker core (-c {}): {why}; give it a core of its own (--device-core outside -c) or step the device from the worker with --inline",
+            a.cores
+        )),
+        Some(_) => None,
+        None => Some(format!(
+            "every core this process may use is a worker core (-c {}), so the emulated controller's device thread (not pinned) shares them: {why}; leave a core for it (fewer cores in -c) or step the device from the worker with --inline (one worker core)",
+            a.cores
+        )),
+    }
+}
+
 /// What one job (queue pair) on a namespace needs, checked before any
 /// queue pair or buffer is allocated.
 struct NsPlan {
@@ -149,8 +177,14 @@ struct NsPlan {
     units: u64,
 }
 
-/// Option checks against the opened controllers and their namespaces.
-fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, PerfError> {
+/// Option checks against the opened controllers and their namespaces, for
+/// a run on `ncores` worker cores (each with -P queue pairs on every
+/// namespace).
+fn check_devices(
+    a: &PerfArgs,
+    devices: &[Device],
+    ncores: usize,
+) -> Result<Vec<Vec<NsPlan>>, PerfError> {
     let io = a.run.io_size;
     let mut plans = Vec::new();
     for d in devices {
@@ -168,15 +202,16 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
             );
         }
         let nns = d.ctrl.namespaces().len() as u64;
-        let need = nns * a.qpairs as u64;
+        let need = nns * a.qpairs as u64 * ncores as u64;
         if need > d.ctrl.io_queues() as u64 {
             return Err(bad(
                 "-P",
                 a.qpairs,
                 format!(
-                    "{}: {nns} namespace(s) x -P {} need {need} I/O queue pairs, but the controller granted {}",
+                    "{}: {nns} namespace(s) x -P {} x {ncores} worker core(s) (-c {}) need {need} I/O queue pairs, but the controller granted {}: lower -P or use fewer cores",
                     d.name,
                     a.qpairs,
+                    a.cores,
                     d.ctrl.io_queues()
                 ),
             ));
@@ -258,13 +293,18 @@ fn qpair_dma_bytes(d: &Device, depth: u64, slots: u64, io: u64) -> u64 {
 /// the memory the machine has, before anything is allocated: the buffers
 /// are populated (MAP_POPULATE) or pinned at allocation, so an impossible
 /// size would otherwise push the machine into swap or the OOM killer.
-fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Result<(), PerfError> {
+fn check_memory(
+    a: &PerfArgs,
+    devices: &[Device],
+    plans: &[Vec<NsPlan>],
+    ncores: usize,
+) -> Result<(), PerfError> {
     let depth = a.run.queue_depth as u64;
     let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
     for (d, ns_plans) in devices.iter().zip(plans) {
         let held = qpair_depth(d, a.run.queue_depth) as u64;
         let per_qp = qpair_dma_bytes(d, held, depth, a.run.io_size);
-        let n = ns_plans.len() as u64 * a.qpairs as u64;
+        let n = ns_plans.len() as u64 * a.qpairs as u64 * ncores as u64;
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
         match d.mem {
@@ -280,7 +320,7 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
         }
     }
     let what = format!(
-        "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace, {} device(s)){}",
+        "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace and worker core, {ncores} core(s), {} device(s)){}",
         a.run.queue_depth,
         a.run.io_size,
         a.qpairs,
@@ -355,12 +395,16 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let mut emu = SoftEmulator::new(a.run.inline, device_core);
     if trids.iter().any(|t| matches!(t, Trid::Soft(_))) {
         emu.start_thread()?;
+        if let Some(w) = shared_core_warning(&a, device_core, &cores) {
+            eprintln!("pollux perf: {w}");
+        }
     }
     let defaults = ControllerOptions::default();
     let copts = ControllerOptions {
         shadow_doorbells: !a.no_shadow_doorbell,
-        // Enough queue pairs for -P on every namespace we know of up front
-        // (the controller may grant fewer: checked below).
+        // Enough queue pairs for -P on every namespace we know of up front,
+        // on every worker core (the controller may grant fewer: checked
+        // below).
         io_queues: trids
             .iter()
             .map(|t| match t {
@@ -370,6 +414,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .max()
             .unwrap_or(1)
             .saturating_mul(a.qpairs as u64)
+            .saturating_mul(cores.len() as u64)
             .clamp(defaults.io_queues as u64, u16::MAX as u64 - 1) as u16,
         ..defaults
     };
@@ -377,12 +422,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     for (i, t) in trids.iter().enumerate() {
         devices.push(open_device(t, i, &mut emu, &copts)?);
     }
-    let plans = check_devices(&a, &devices)?;
-    let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;
+    let plans = check_devices(&a, &devices, cores.len())?;
+    let total_jobs: u64 =
+        plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64 * cores.len() as u64;
     if total_jobs == 0 {
         return Err(PerfError::Args("no namespaces found".into()));
     }
-    check_memory(&a, &devices, &plans)?;
+    check_memory(&a, &devices, &plans, cores.len())?;
 
     let qopts = QpairOptions {
         depth: a.run.queue_depth,
@@ -408,7 +454,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     };
 
     let lat_clock = clock::LatClock::new();
-    // Jobs: every (device, namespace, qpair) round-robin over the workers.
+    // Jobs, as SPDK's perf: every worker core gets -P queue pairs on
+    // every namespace of every device.
     let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
@@ -416,8 +463,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
             let io = a.run.io_size as usize;
             let (nlb, units) = (plan.nlb, plan.units);
-            for p in 0..a.qpairs {
-                let w = njobs % cores.len();
+            let per_core = (0..a.qpairs).flat_map(|p| (0..cores.len()).map(move |w| (p, w)));
+            for (p, w) in per_core {
                 let qp = d.ctrl.alloc_qpair(QpairOptions {
                     depth: qpair_depth(d, a.run.queue_depth),
                     ..qopts.clone()
