@@ -1,5 +1,6 @@
 //! `pollux perf`'s run as a whole: SIGINT, worker cores and their queue
-//! pairs, the device thread's core.
+//! pairs, the device thread's core, and the summary with controllers of
+//! several transports (an NVMe/TCP `pollux target` started here).
 
 use serde_json::Value;
 
@@ -171,4 +172,127 @@ fn device_thread_on_a_worker_core_is_warned() {
     if let Some(other) = cores.get(1) {
         assert!(!run(&["--device-core", &other.to_string()]).contains("device thread"));
     }
+}
+
+/// A `pollux target` serving a null namespace under a long NQN (so the
+/// TCP controller's name in perf's table is long); killed on drop.
+struct Target(std::process::Child);
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+const LONG_NQN: &str = "nqn.2016-06.io.pollux:a-subsystem-name-long-enough-to-overflow-the-column";
+
+fn tcp_target() -> (Target, String) {
+    let (child, addr, _) = common::start_target(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--null",
+            "64MiB",
+            "--nqn",
+            LONG_NQN,
+        ],
+        std::process::Stdio::null(),
+    );
+    let port = common::port_of(&addr);
+    let trid = format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{LONG_NQN}");
+    (Target(child), trid)
+}
+
+/// The table's rows (header, devices, total) put their ':' in one column
+/// and the bars are as wide as the widest of them.
+fn assert_aligned(out: &str) {
+    let mut lines: Vec<&str> = out
+        .lines()
+        .skip_while(|l| !l.starts_with("Device Information"))
+        .filter(|l| !l.starts_with('='))
+        .collect();
+    let total = lines.iter().position(|l| l.starts_with("Total"));
+    lines.truncate(total.unwrap_or_else(|| panic!("no Total row: {out}")) + 1);
+    assert!(lines.len() >= 3, "{out}");
+    let col = |l: &str| l.find(": ").unwrap_or_else(|| panic!("no ': ' in {l:?}"));
+    let want = col(lines[0]);
+    for l in &lines {
+        assert_eq!(col(l), want, "not aligned:\n{out}");
+    }
+    let widest = lines.iter().map(|l| l.len()).max().unwrap_or(0);
+    let bar = out.lines().find(|l| l.starts_with('=')).unwrap_or("");
+    assert!(
+        bar.len() >= widest,
+        "bar {} < row {widest}:\n{out}",
+        bar.len()
+    );
+}
+
+/// Doorbells are PCIe's: no doorbell figures for a TCP controller (the
+/// table's line is gone, the JSON fields are null); with an emulated
+/// controller too, the line is there and says whose figures they are. The
+/// table stays aligned with the TCP controller's long name.
+#[test]
+fn doorbell_figures_only_for_pcie_and_the_table_fits_long_names() {
+    let (_target, tcp) = tcp_target();
+    let core = available_cores()[0].to_string();
+    let base = [
+        "perf",
+        "-t",
+        "0",
+        "--io-count",
+        "2000",
+        "-q",
+        "8",
+        "-c",
+        &core,
+    ];
+    let run = |trids: &[&str], json: bool| {
+        let mut a = base.to_vec();
+        for t in trids {
+            a.extend_from_slice(&["-r", t]);
+        }
+        if json {
+            a.push("--json");
+        }
+        let (code, out, err) = pollux(&a);
+        assert_eq!(code, 0, "{a:?}: {out}\n{err}");
+        out
+    };
+    let soft = "trtype:soft backend:null size:64MiB";
+
+    // TCP only.
+    let out = run(&[&tcp], false);
+    assert!(out.contains(LONG_NQN), "{out}");
+    assert!(!out.contains("Doorbell"), "{out}");
+    assert_aligned(&out);
+    let v: Value = serde_json::from_str(&run(&[&tcp], true)).unwrap();
+    for k in ["sq_doorbells", "cq_doorbells", "shadow_updates"] {
+        assert!(v["devices"][0][k].is_null(), "{k}: {v}");
+    }
+    for k in [
+        "sq_doorbells_per_io",
+        "cq_doorbells_per_io",
+        "shadow_updates_per_io",
+    ] {
+        assert!(v["total"][k].is_null(), "{k}: {v}");
+    }
+
+    // TCP and an emulated controller.
+    let out = run(&[&tcp, soft], false);
+    assert!(
+        out.contains("Doorbell writes per I/O (PCIe and emulated controllers): SQ "),
+        "{out}"
+    );
+    assert_aligned(&out);
+    let v: Value = serde_json::from_str(&run(&[&tcp, soft], true)).unwrap();
+    let rows = v["devices"].as_array().unwrap();
+    assert_eq!(rows.len(), 2, "{v}");
+    for r in rows {
+        let is_tcp = r["name"].as_str().unwrap().starts_with("tcp ");
+        assert_eq!(r["sq_doorbells"].is_null(), is_tcp, "{r}");
+        assert_eq!(r["shadow_updates"].is_null(), is_tcp, "{r}");
+    }
+    assert!(v["total"]["sq_doorbells_per_io"].as_f64().is_some(), "{v}");
 }

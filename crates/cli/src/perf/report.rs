@@ -1,6 +1,6 @@
 //! perf's summary: SPDK's table (per queue pair: IOPS, MiB/s, latency
-//! average/min/max, then totals and doorbell counts) or, with `--json`,
-//! one object.
+//! average/min/max, then totals and, for PCIe queue pairs, emulated or
+//! not, doorbell counts) or, with `--json`, one object.
 use hdrhistogram::Histogram;
 use serde_json::json;
 
@@ -47,6 +47,7 @@ pub(super) fn report(
     let mut errors_list = Vec::new();
     let mut max_elapsed = 0f64;
     let mut max_cpu = 0f64;
+    let (mut db_jobs, mut jobs) = (0usize, 0usize);
     for r in results {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         max_elapsed = max_elapsed.max(secs);
@@ -54,6 +55,7 @@ pub(super) fn report(
         let mut core_ios = 0f64;
         let mut core_err = 0u64;
         for j in &r.jobs {
+            jobs += 1;
             // I/Os inside the measurement window, attributed by share.
             let ios_w = r.ios_in_window as f64 * j.ios as f64 / all as f64;
             let iops = ios_w / secs;
@@ -63,10 +65,14 @@ pub(super) fn report(
             core_ios += iops;
             t_iops += iops;
             t_mib += mib(iops, j.io_size);
-            sq_db += j.qp.sq_doorbells;
-            cq_db += j.qp.cq_doorbells;
-            shadow += j.qp.shadow_updates;
-            submitted += j.qp.submitted;
+            // Doorbells are PCIe's: TCP queue pairs count none.
+            if j.doorbells {
+                sq_db += j.qp.sq_doorbells;
+                cq_db += j.qp.cq_doorbells;
+                shadow += j.qp.shadow_updates;
+                submitted += j.qp.submitted;
+                db_jobs += 1;
+            }
             errors_list.extend(j.first_errors.iter().map(|e| format!("{}: {e}", j.label)));
             if let Some(h) = &j.hist {
                 match &mut total_hist {
@@ -86,9 +92,9 @@ pub(super) fn report(
                 "min_lat_us": j.hist.as_ref().map(|h| us(h.min())),
                 "max_lat_us": j.hist.as_ref().map(|h| us(h.max())),
                 "p99_lat_us": j.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
-                "sq_doorbells": j.qp.sq_doorbells,
-                "cq_doorbells": j.qp.cq_doorbells,
-                "shadow_updates": j.qp.shadow_updates,
+                "sq_doorbells": j.doorbells.then_some(j.qp.sq_doorbells),
+                "cq_doorbells": j.doorbells.then_some(j.qp.cq_doorbells),
+                "shadow_updates": j.doorbells.then_some(j.qp.shadow_updates),
                 "polls": j.qp.polls,
                 "queued": j.qp.queued,
                 "timeouts": j.qp.timeouts,
@@ -105,12 +111,15 @@ pub(super) fn report(
             "cpu_s": r.cpu.as_secs_f64(), "cpu_util": cpu_util,
         }));
     }
+    // Over the queue pairs with doorbells; None without any (TCP only).
     let per_io = |x: u64| {
-        if submitted == 0 {
-            0.0
-        } else {
-            x as f64 / submitted as f64
-        }
+        (db_jobs > 0).then(|| {
+            if submitted == 0 {
+                0.0
+            } else {
+                x as f64 / submitted as f64
+            }
+        })
     };
     let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
     let soft_json: Vec<_> = device_stats
@@ -143,17 +152,24 @@ pub(super) fn report(
         });
         println!("{out}");
     } else {
-        let bar = "=".repeat(110);
+        // The name column fits the longest name (a TCP controller's is long).
+        let w = rows
+            .iter()
+            .map(|r| r["name"].as_str().map_or(0, |n| n.chars().count()))
+            .max()
+            .unwrap_or(0)
+            .max(50);
+        let bar = "=".repeat(w + 60);
         println!("{bar}");
-        println!("{:<62}{:>48}", "", "Latency(us)");
+        println!("{:<w$}{:>48}", "", "Latency(us)", w = w + 12);
         println!(
-            "{:<50}: {:>12} {:>10} {:>10} {:>10} {:>10}",
+            "{:<w$}: {:>12} {:>10} {:>10} {:>10} {:>10}",
             "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
         );
         for r in &rows {
             let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
             println!(
-                "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
+                "{:<w$}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
                 r["name"].as_str().unwrap_or(""),
                 r["iops"].as_f64().unwrap_or(0.0),
                 r["mib_s"].as_f64().unwrap_or(0.0),
@@ -165,7 +181,7 @@ pub(super) fn report(
         println!("{bar}");
         let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
         println!(
-            "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
+            "{:<w$}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
             "Total",
             t_iops,
             t_mib,
@@ -180,12 +196,16 @@ pub(super) fn report(
                 fmt(lat(Some(0.99)))
             );
         }
-        println!(
-            "Doorbell writes per I/O: SQ {:.4}  CQ {:.4}  (shadow updates {:.4})",
-            per_io(sq_db),
-            per_io(cq_db),
-            per_io(shadow)
-        );
+        if let (Some(sq), Some(cq), Some(sh)) = (per_io(sq_db), per_io(cq_db), per_io(shadow)) {
+            println!(
+                "Doorbell writes per I/O{}: SQ {sq:.4}  CQ {cq:.4}  (shadow updates {sh:.4})",
+                if db_jobs < jobs {
+                    " (PCIe and emulated controllers)"
+                } else {
+                    ""
+                }
+            );
+        }
         println!("I/Os: {t_ios}  errors: {t_err}");
         if interrupted {
             println!("Stopped early by a signal.");

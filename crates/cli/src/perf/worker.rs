@@ -94,8 +94,10 @@ impl Job {
     }
 
     fn into_result(self) -> JobResult {
+        let doorbells = matches!(self.qp, QueuePair::Pcie(_));
         let (ctx, qp) = (self.ctx, self.qp.stats());
         JobResult {
+            doorbells,
             label: ctx.label,
             ios: ctx.ios,
             errors: ctx.errors,
@@ -277,6 +279,9 @@ pub struct JobResult {
     pub io_size: usize,
     pub hist: Option<Histogram<u64>>,
     pub qp: QpairStats,
+    /// The queue pair rings doorbells (PCIe, emulated or not): its
+    /// doorbell counts mean something.
+    pub doorbells: bool,
 }
 
 pub struct WorkerResult {
