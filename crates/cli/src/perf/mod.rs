@@ -150,7 +150,7 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
 /// pinned to `device_core` (None: not pinned, no core was left over) will
 /// be slow, if it shares a core with the workers on `cores`: the device
 /// thread and a worker both poll without sleeping, so they take turns on
-/// the core and IOPS fall by orders of magnitude.
+/// the core, which can cut IOPS by orders of magnitude.
 fn shared_core_warning(
     a: &PerfArgs,
     device_core: Option<usize>,
@@ -159,7 +159,7 @@ fn shared_core_warning(
     if a.run.inline {
         return None;
     }
-    let why = "both poll without sleeping and take turns on the core, so IOPS fall by orders of magnitude";
+    let why = "both poll without sleeping and take turns on the core, which can cut IOPS by orders of magnitude";
     match device_core {
         Some(c) if cores.contains(&c) => Some(format!(
             "the emulated controller's device thread runs on core {c}, which is also a worker core (-c {}): {why}; give it a core of its own (--device-core outside -c) or step the device from the worker with --inline",
