@@ -445,6 +445,7 @@ fn execute(
                 bufs,
                 errors: 0,
                 first_errors: Vec::new(),
+                errlog: Default::default(),
                 latency,
                 verify,
                 write_read,

@@ -479,6 +479,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     ios: 0,
                     errors: 0,
                     first_errors: Vec::new(),
+                    errlog: Default::default(),
                     slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,

@@ -16,6 +16,7 @@ use pollux_host::{
 use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::thread_cpu_time;
+use crate::common::errlog::ErrorLog;
 use crate::common::pattern::Pattern;
 use crate::common::verify::Verify;
 
@@ -48,6 +49,8 @@ pub struct JobCtx {
     pub ios: u64,
     pub errors: u64,
     pub first_errors: Vec<String>,
+    /// Logs each kind of error once and counts its repeats.
+    pub errlog: ErrorLog,
     pub latency: Option<Latency>,
     pub verify: Option<Verify>,
     /// `latency.is_some() || verify.is_some()`: one test per I/O side keeps
@@ -94,7 +97,8 @@ impl Job {
     }
 
     fn into_result(self) -> JobResult {
-        let (ctx, qp) = (self.ctx, self.qp.stats());
+        let (mut ctx, qp) = (self.ctx, self.qp.stats());
+        ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
         JobResult {
             label: ctx.label,
             ios: ctx.ios,
@@ -113,8 +117,6 @@ impl Handler for JobCtx {
         self.on_complete(sub, c)
     }
 }
-
-const MAX_REPORTED_ERRORS: usize = 10;
 
 impl JobCtx {
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
@@ -210,13 +212,13 @@ impl JobCtx {
         buf
     }
 
+    /// Counts an error; the first of its kind is logged and kept for the
+    /// report, repeats are counted and summarised (`ErrorLog`).
     #[cold]
+    #[inline(never)]
     fn error(&mut self, msg: String) {
         self.errors += 1;
-        if self.first_errors.len() < MAX_REPORTED_ERRORS {
-            tracing::error!("{}: {msg}", self.label);
-            self.first_errors.push(msg);
-        }
+        self.errlog.error(&self.label, msg, &mut self.first_errors);
     }
 
     #[inline(always)]
@@ -475,6 +477,7 @@ mod tests {
                 ios: 0,
                 errors: 0,
                 first_errors: Vec::new(),
+                errlog: ErrorLog::default(),
                 latency: None,
                 verify: None,
                 slow: false,
