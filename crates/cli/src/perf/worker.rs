@@ -17,6 +17,7 @@ use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::thread_cpu_time;
 use crate::common::errlog::ErrorLog;
+use crate::common::latency;
 use crate::common::pattern::Pattern;
 use crate::common::verify::Verify;
 
@@ -24,8 +25,11 @@ pub struct Latency {
     pub clock: crate::common::clock::LatClock,
     /// Submission time per slot, in clock ticks.
     pub submit: Vec<u64>,
-    /// Latencies in clock ticks (converted to ns in the report).
-    pub hist: Histogram<u64>,
+    /// Per slot: the index in `hist` of the I/O in flight.
+    pub which: Vec<u8>,
+    /// Latencies in clock ticks (converted to ns in the report): one
+    /// histogram, or for a mixed workload two, reads then writes.
+    pub hist: Vec<Histogram<u64>>,
 }
 
 /// Everything a job needs besides its queue pair.
@@ -99,13 +103,15 @@ impl Job {
     fn into_result(self) -> JobResult {
         let (mut ctx, qp) = (self.ctx, self.qp.stats());
         ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
+        let hists = ctx.latency.map(|l| l.hist).unwrap_or_default();
         JobResult {
             label: ctx.label,
             ios: ctx.ios,
             errors: ctx.errors,
             first_errors: ctx.first_errors,
             io_size: ctx.io_size,
-            hist: ctx.latency.map(|l| l.hist),
+            hist: latency::merged(&hists),
+            read_write: <[Histogram<u64>; 2]>::try_from(hists).ok(),
             qp,
         }
     }
@@ -196,6 +202,7 @@ impl JobCtx {
             v.prepare(slot, unit, lba, is_read, buf.as_mut_slice());
         }
         if let Some(l) = &mut self.latency {
+            l.which[slot] = u8::from(!is_read && l.hist.len() > 1);
             l.submit[slot] = l.clock.now();
         }
     }
@@ -204,7 +211,9 @@ impl JobCtx {
     fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<IoBuf>) -> Option<IoBuf> {
         if let Some(l) = &mut self.latency {
             let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
-            let _ = l.hist.record(ticks.max(1));
+            if let Some(h) = l.hist.get_mut(l.which[slot] as usize) {
+                let _ = h.record(ticks.max(1));
+            }
         }
         if let (true, Some(b)) = (ok && self.verify.is_some(), &buf) {
             self.check(slot, b);
@@ -277,7 +286,10 @@ pub struct JobResult {
     pub errors: u64,
     pub first_errors: Vec<String>,
     pub io_size: usize,
+    /// Latencies of all I/Os (-L).
     pub hist: Option<Histogram<u64>>,
+    /// Reads and writes apart (-L with rw or randrw).
+    pub read_write: Option<[Histogram<u64>; 2]>,
     pub qp: QpairStats,
 }
 
