@@ -100,6 +100,9 @@ impl Job {
         self.ctx.retry_failed(&mut self.qp)
     }
 
+    /// Out of line: the run's loop stays as small as before -L's figures.
+    #[cold]
+    #[inline(never)]
     fn into_result(self) -> JobResult {
         let (mut ctx, qp) = (self.ctx, self.qp.stats());
         ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
@@ -196,6 +199,7 @@ impl JobCtx {
     }
 
     #[cold]
+    #[inline(never)]
     fn before_submit(&mut self, slot: usize, unit: u64, lba: u64, is_read: bool, buf: &mut IoBuf) {
         if let Some(v) = &mut self.verify {
             self.slot_lba[slot] = lba;
@@ -208,6 +212,7 @@ impl JobCtx {
     }
 
     #[cold]
+    #[inline(never)]
     fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<IoBuf>) -> Option<IoBuf> {
         if let Some(l) = &mut self.latency {
             let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
