@@ -575,7 +575,10 @@ fn bad_options_are_refused_naming_them() {
     let (u, m) = (unknown.display().to_string(), missing.display().to_string());
     let f = file.display().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
-        (vec!["--null", "-q", "0"], vec!["-q 0"]),
+        (
+            vec!["--null", "-q", "0"],
+            vec!["'0' for '--queue-depth", "1..=65535"],
+        ),
         (
             vec!["--null", "-o", "1000"],
             vec!["-o 1000", "multiple of 512"],

@@ -378,8 +378,8 @@ fn impossible_options_are_refused_naming_them() {
     let core = unavailable_core().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec!["-o", "0"], vec!["-o 0", "non-zero"]),
-        (vec!["-q", "0"], vec!["-q 0", "at least 1"]),
-        (vec!["-P", "0"], vec!["-P 0", "at least 1"]),
+        (vec!["-q", "0"], vec!["'0' for '--queue-depth", "1..=65535"]),
+        (vec!["-P", "0"], vec!["'0' for '--qpairs", "1..=65535"]),
         (vec!["-t", "0"], vec!["-t 0", "--io-count"]),
         (
             vec!["-t", "0", "--io-count", "0"],

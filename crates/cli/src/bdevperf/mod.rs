@@ -28,7 +28,7 @@ use crate::common::clock::LatClock;
 use crate::common::cores::online_cpus;
 use crate::common::latency;
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::BadOption;
+use crate::common::opts::{size_in_blocks, BadOption};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
 use crate::nvme_open::OpenError;
@@ -76,6 +76,9 @@ fn bad(
 fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
     let cores = a.cpumask.cores(online)?;
     a.run.check(online, &cores, "-m", &a.cpumask.cpumask)?;
+    for w in a.run.ignored() {
+        eprintln!("pollux bdevperf: {w}");
+    }
     if a.run.inline && a.nvme.is_empty() && a.config.is_none() {
         return Err(bad(
             "--inline",
@@ -151,16 +154,9 @@ fn make_bdevs(
         bdevs.push(b);
     }
     for &size in &a.ram {
-        if size == 0 || !size.is_multiple_of(bs.max(1) as u64) {
-            return Err(bad(
-                "--ram",
-                size,
-                format!("the size must be a non-zero multiple of --block-size {bs}"),
-            ));
-        }
+        let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad("--ram", size, e))?;
         let name = fresh_name("Malloc", &mut used);
-        let b = Bdev::ram(&name, bs, size / bs as u64)
-            .map_err(|e| bad("--ram", size, e.to_string()))?;
+        let b = Bdev::ram(&name, bs, blocks).map_err(|e| bad("--ram", size, e.to_string()))?;
         bdevs.push(b);
     }
     if a.iopoll && a.uring.is_empty() {
@@ -370,8 +366,8 @@ fn execute(
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write | Workload::Verify => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
-        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread)),
-        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread)),
+        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread())),
+        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread())),
     };
     let writes = !matches!(mix, Mix::AllRead);
     let lat_clock = LatClock::new();

@@ -135,7 +135,7 @@ pub fn report(
         let mut out = json!({
             "config": {
                 "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": workload,
-                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count,
+                "rwmixread": a.run.rwmixread(), "time_s": a.run.time, "io_count": a.run.io_count,
                 "core_mask": mask_of(cores), "cores": cores, "every_core": a.every_core,
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency,
                 "latency_clock": clock_source,

@@ -98,6 +98,9 @@ pub(crate) fn open_device(
 fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
     let cores = cores_option("-c", &a.cores, online)?;
     a.run.check(online, &cores, "-c", &a.cores)?;
+    for w in a.run.ignored() {
+        eprintln!("pollux perf: {w}");
+    }
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
     }
@@ -401,7 +404,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         Workload::Randwrite => (true, Mix::AllWrite),
         Workload::Rw | Workload::Randrw => (
             a.run.workload == Workload::Randrw,
-            Mix::from_percent(a.run.rwmixread),
+            Mix::from_percent(a.run.rwmixread()),
         ),
     };
 

@@ -186,7 +186,7 @@ pub(super) fn report(
         let mut out = json!({
             "config": {
                 "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": format!("{:?}", a.run.workload).to_lowercase(),
-                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
+                "rwmixread": a.run.rwmixread(), "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
                 "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,

@@ -18,7 +18,7 @@ use pollux_nvmf::{
 };
 
 use crate::common::cores::online_cpus;
-use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
+use crate::common::opts::{size_in_blocks, BadOption, CpumaskArgs, DeviceCoreArgs};
 use crate::nvme_open::NvmeOpener;
 use pollux_host::trid::parse_size;
 
@@ -37,10 +37,11 @@ pub struct TargetArgs {
     /// A namespace on a file or block device through io_uring.
     #[arg(long = "uring")]
     pub uring: Option<String>,
-    /// Namespaces on an NVMe controller (perf's transport ID: trtype:soft
-    /// an emulated controller, trtype:pcie, trtype:tcp): all of its
-    /// namespaces.
-    #[arg(long = "nvme")]
+    /// Every namespace of an NVMe controller.
+    #[arg(long = "nvme", value_name = "TRID", help = concat!(
+        "Every namespace of an NVMe controller. ",
+        crate::common::opts::trid_help!()
+    ))]
     pub nvme: Option<String>,
     #[command(flatten)]
     pub device: DeviceCoreArgs,
@@ -64,14 +65,17 @@ pub struct TargetArgs {
     /// SPDK JSON configuration (bdev and nvmf subsystems).
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
-    /// In-capsule data bytes of I/O capsules.
-    #[arg(long = "in-capsule-data-size")]
+    /// In-capsule data bytes of I/O capsules (-c: nvmf_create_transport's
+    /// in_capsule_data_size) [default: 4096].
+    #[arg(long = "in-capsule-data-size", value_name = "SIZE")]
     pub in_capsule_data_size: Option<String>,
-    /// Entries of an I/O queue at most.
-    #[arg(long = "max-queue-depth")]
+    /// Entries of an I/O queue at most (-c: max_queue_depth) [default:
+    /// 128].
+    #[arg(long = "max-queue-depth", value_name = "N")]
     pub max_queue_depth: Option<u16>,
-    /// Largest transfer of one command (a power of two).
-    #[arg(long = "max-io-size")]
+    /// Largest transfer of one command, a power of two (-c: max_io_size)
+    /// [default: 131072].
+    #[arg(long = "max-io-size", value_name = "SIZE")]
     pub max_io_size: Option<String>,
     /// Place each connection on the thread whose core receives its
     /// packets (SO_INCOMING_CPU).
@@ -85,16 +89,16 @@ pub struct TargetArgs {
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
     /// Data buffers of the whole target, in units of io_unit_size (128 KiB
-    /// unless -c sets it; SPDK's num_shared_buffers; default 511).
+    /// unless -c sets it; -c: num_shared_buffers) [default: 511].
     #[arg(long = "num-shared-buffers", value_name = "N")]
     pub num_shared_buffers: Option<u32>,
-    /// Most iovecs in one sendmsg, 1..=512 (default 512: a full queue's
-    /// responses in one call).
+    /// Most iovecs in one sendmsg, 1..=512 (512: a full queue's responses
+    /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
     pub send_iov: Option<usize>,
     /// Seconds a connection may take to send its ICReq, and then to get
     /// its queue connected (Fabrics Connect), before it is closed
-    /// (default 10; decimals allowed, up to 3600).
+    /// (decimals allowed, up to 3600) [default: 10].
     #[arg(long = "handshake-timeout", value_name = "SECS")]
     pub handshake_timeout: Option<String>,
 }
@@ -184,17 +188,11 @@ pub fn config(
         let bs = a.block_size;
         let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
             let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            if bs == 0 || size % bs as u64 != 0 || size == 0 {
-                return Err(bad(
-                    option,
-                    v,
-                    format!("not a non-zero multiple of the block size {bs}"),
-                ));
-            }
+            let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
             let r = if ram {
-                Bdev::ram("Malloc0", bs, size / bs as u64)
+                Bdev::ram("Malloc0", bs, blocks)
             } else {
-                Bdev::null("Null0", bs, size / bs as u64)
+                Bdev::null("Null0", bs, blocks)
             };
             r.map_err(|e| bad(option, v, e.to_string()))
         };
@@ -404,5 +402,40 @@ mod tests {
                 .to_string();
             assert!(e.contains("--handshake-timeout"), "{v:?}: {e}");
         }
+    }
+
+    /// The defaults the transport options' help states are the target's
+    /// own (`TransportOptions::default()`): they are written into the help
+    /// text because the options override `-c`'s values only when given.
+    #[test]
+    fn the_help_states_the_transports_defaults() {
+        use clap::CommandFactory;
+        let d = TransportOptions::default();
+        let cmd = Cli::command();
+        let stated = |long: &str| -> String {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .unwrap_or_else(|| panic!("--{long}"));
+            let help = arg.get_help().expect("help").to_string();
+            let (_, d) = help.split_once("[default: ").expect(long);
+            d.trim_end_matches(['.', ']']).to_string()
+        };
+        assert_eq!(
+            stated("in-capsule-data-size"),
+            d.in_capsule_data_size.to_string()
+        );
+        assert_eq!(stated("max-queue-depth"), d.max_queue_depth.to_string());
+        assert_eq!(stated("max-io-size"), d.max_io_size.to_string());
+        assert_eq!(
+            stated("num-shared-buffers"),
+            d.num_shared_buffers.to_string()
+        );
+        assert_eq!(stated("send-iov"), d.send_iov.to_string());
+        assert_eq!(
+            stated("handshake-timeout"),
+            d.icreq_timeout.as_secs().to_string()
+        );
+        assert_eq!(d.icreq_timeout, d.connect_timeout);
     }
 }
