@@ -459,7 +459,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     Some(Latency {
                         clock: lat_clock,
                         submit: vec![0; depth],
-                        which: vec![0; depth],
+                        mixed: n - 1,
                         hist,
                     })
                 } else {

@@ -23,13 +23,14 @@ use crate::common::verify::Verify;
 
 pub struct Latency {
     pub clock: crate::common::clock::LatClock,
-    /// Submission time per slot, in clock ticks.
+    /// Per slot: the submission time in clock ticks, shifted left by one,
+    /// and in the low bit the index in `hist` of the I/O in flight.
     pub submit: Vec<u64>,
-    /// Per slot: the index in `hist` of the I/O in flight.
-    pub which: Vec<u8>,
     /// Latencies in clock ticks (converted to ns in the report): one
     /// histogram, or for a mixed workload two, reads then writes.
     pub hist: Vec<Histogram<u64>>,
+    /// `hist.len() - 1`: the mask of the index.
+    pub mixed: u64,
 }
 
 /// Everything a job needs besides its queue pair.
@@ -199,24 +200,22 @@ impl JobCtx {
     }
 
     #[cold]
-    #[inline(never)]
     fn before_submit(&mut self, slot: usize, unit: u64, lba: u64, is_read: bool, buf: &mut IoBuf) {
         if let Some(v) = &mut self.verify {
             self.slot_lba[slot] = lba;
             v.prepare(slot, unit, lba, is_read, buf.as_mut_slice());
         }
         if let Some(l) = &mut self.latency {
-            l.which[slot] = u8::from(!is_read && l.hist.len() > 1);
-            l.submit[slot] = l.clock.now();
+            l.submit[slot] = l.clock.now() << 1 | (u64::from(!is_read) & l.mixed);
         }
     }
 
     #[cold]
-    #[inline(never)]
     fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<IoBuf>) -> Option<IoBuf> {
         if let Some(l) = &mut self.latency {
-            let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
-            if let Some(h) = l.hist.get_mut(l.which[slot] as usize) {
+            let at = l.submit[slot];
+            let ticks = l.clock.now().wrapping_sub(at >> 1);
+            if let Some(h) = l.hist.get_mut((at & 1) as usize) {
                 let _ = h.record(ticks.max(1));
             }
         }
