@@ -14,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions};
 use pollux_softnvme::SoftDevice;
 
@@ -22,7 +21,7 @@ use crate::common::cores::online_cpus;
 use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{cores_option, BadOption};
 use crate::common::pattern::{Mix, Pattern};
-use crate::common::{clock, verify};
+use crate::common::{clock, latency, verify};
 use crate::emulator::SoftEmulator;
 use pollux_host::trid;
 use trid::{Backend, SoftTrid, Trid};
@@ -494,13 +493,21 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 } else {
                     None
                 };
-                let latency = if a.run.latency {
-                    // Ticks: up to an hour at a few GHz.
-                    let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
+                let latency = if a.run.latency > 0 {
+                    // Reads and writes apart when the workload mixes them.
+                    let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
+                        1
+                    } else {
+                        2
+                    };
+                    let hist = (0..n)
+                        .map(|_| latency::histogram())
+                        .collect::<Result<_, _>>()
                         .map_err(|e| PerfError::Args(e.to_string()))?;
                     Some(Latency {
                         clock: lat_clock,
                         submit: vec![0; depth],
+                        mixed: n - 1,
                         hist,
                     })
                 } else {
@@ -530,6 +537,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     ios: 0,
                     errors: 0,
                     first_errors: Vec::new(),
+                    errlog: Default::default(),
                     slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,
@@ -561,6 +569,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
     // From here on, SIGINT/SIGTERM stop the run instead of the process.
     let signals = signals::StopOnSignals::install()?;
+    let mut samples = Vec::new();
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -573,8 +582,9 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, irq))
             })
             .collect();
-        // Status line each second; stop after -t seconds.
+        // Status line and sample each second; stop after -t seconds.
         let mut last = 0u64;
+        let mut last_t = Duration::ZERO;
         let mut tick = 1u64;
         loop {
             if handles.iter().all(|h| h.is_finished()) {
@@ -606,7 +616,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                         }
                     );
                 }
-                last = now;
+                samples.push(report::Sample::new(
+                    el,
+                    now.saturating_sub(last),
+                    el - last_t,
+                    a.run.io_size,
+                ));
+                (last, last_t) = (now, el);
             }
         }
         handles
@@ -627,6 +643,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         lat_clock.ns_per_tick(),
         lat_clock.source(),
         interrupted,
+        &samples,
     );
     drop(devices);
     drop(emu);
