@@ -138,13 +138,59 @@ fn latency_fields_with_dash_l() {
         "avg_lat_us",
         "min_lat_us",
         "p50_lat_us",
+        "p90_lat_us",
         "p99_lat_us",
+        "p99_9_lat_us",
+        "p99_99_lat_us",
         "max_lat_us",
     ] {
         assert!(t[k].as_f64().is_some(), "total.{k}: {t}");
     }
-    assert!(t["min_lat_us"].as_f64() <= t["max_lat_us"].as_f64());
+    let order = [
+        "min_lat_us",
+        "p50_lat_us",
+        "p90_lat_us",
+        "p99_lat_us",
+        "p99_9_lat_us",
+        "p99_99_lat_us",
+        "max_lat_us",
+    ];
+    assert!(
+        order
+            .windows(2)
+            .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64()),
+        "{t}"
+    );
     assert!(v["jobs"][0]["avg_lat_us"].as_f64().is_some());
+    assert!(t["histogram"].is_null(), "a histogram only with -LL: {t}");
+}
+
+/// -LL (the count of -L, shared with perf): the percentile table and a
+/// histogram whose buckets hold every I/O.
+#[test]
+fn dash_ll_prints_percentiles_and_a_histogram() {
+    let args = [
+        "bdevperf",
+        "--null",
+        "-LL",
+        "-t",
+        "0",
+        "--io-count",
+        "3000",
+        "-q",
+        "4",
+    ];
+    let (code, out, err) = pollux(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("p99.99") && out.contains("Range in us"),
+        "{out}"
+    );
+    let (code, v, _) = bdevperf_json(&args[1..]);
+    assert_eq!(code, 0);
+    let h = v["total"]["histogram"].as_array().expect("total.histogram");
+    let n: u64 = h.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(n, 3000, "{h:?}");
 }
 
 #[test]

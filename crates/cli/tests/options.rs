@@ -64,7 +64,8 @@ const SHARED: &[(&str, Option<&str>)] = &[
     ("-M, --rwmixread", Some("50")),
     ("-t, --time", Some("5")),
     ("--io-count", None),
-    ("-L, --latency", None),
+    // Countable: -L, -LL.
+    ("-L, --latency...", None),
     ("--inline", None),
     ("--device-core", None),
     ("--verify", None),

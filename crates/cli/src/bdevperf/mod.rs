@@ -19,7 +19,6 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
 use pollux_bdev::{Bdev, ChannelOptions, UringOptions};
 use pollux_runtime::{Runtime, RuntimeOptions};
@@ -27,6 +26,7 @@ use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::LatClock;
 use crate::common::cores::online_cpus;
+use crate::common::latency;
 use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{size_in_blocks, BadOption};
 use crate::common::pattern::{Mix, Pattern};
@@ -412,10 +412,8 @@ fn execute(
                 Some(n) => n / njobs + u64::from((index as u64) < n % njobs),
                 None => u64::MAX,
             };
-            let latency = if a.run.latency {
-                // Ticks: up to an hour at a few GHz.
-                let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
-                    .map_err(|e| BdevperfError::Args(e.to_string()))?;
+            let latency = if a.run.latency > 0 {
+                let hist = latency::histogram().map_err(|e| BdevperfError::Args(e.to_string()))?;
                 Some(Latency {
                     clock: lat_clock,
                     submit: vec![0; depth],
@@ -446,6 +444,7 @@ fn execute(
                 bufs,
                 errors: 0,
                 first_errors: Vec::new(),
+                errlog: Default::default(),
                 latency,
                 verify,
                 write_read,

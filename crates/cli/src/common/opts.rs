@@ -38,9 +38,11 @@ pub struct RunArgs<W: ValueEnum + Clone + Send + Sync + 'static> {
     /// Stop after this many I/Os in total (split evenly over the jobs).
     #[arg(long = "io-count")]
     pub io_count: Option<u64>,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
+    /// Measure latency (reads the clock twice per I/O): -L average, min,
+    /// max and p50/p90/p99/p99.9/p99.99 (reads and writes apart for rw and
+    /// randrw); -LL also a histogram.
+    #[arg(short = 'L', long = "latency", action = clap::ArgAction::Count)]
+    pub latency: u8,
     /// Step the emulated NVMe controllers on the worker thread
     /// (deterministic; one worker core).
     #[arg(long)]
