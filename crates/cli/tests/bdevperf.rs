@@ -637,3 +637,77 @@ fn bad_options_are_refused_naming_them() {
     }
     std::fs::remove_dir_all(&dir).unwrap();
 }
+
+/// The character offsets at which the words of a table line end.
+fn word_ends(line: &str) -> Vec<usize> {
+    let c: Vec<char> = line.chars().collect();
+    (0..c.len())
+        .filter(|&i| c[i] != ' ' && c.get(i + 1).is_none_or(|&n| n == ' '))
+        .collect()
+}
+
+/// A long bdev name (from -c) widens the name column: the header, each
+/// job's figures and the total keep their columns at the same offsets.
+#[test]
+fn the_table_stays_aligned_with_long_bdev_names() {
+    let dir = temp_dir("long-names");
+    let cfg = dir.join("bdev.json");
+    let long = "Malloc_with_a_name_longer_than_the_name_column_of_spdk";
+    std::fs::write(
+        &cfg,
+        format!(
+            r#"{{"subsystems": [{{"subsystem": "bdev", "config": [
+                {{"method": "bdev_malloc_create", "params": {{"name": "{long}", "num_blocks": 2048, "block_size": 512}}}}
+            ]}}]}}"#
+        ),
+    )
+    .unwrap();
+    let path = cfg.display().to_string();
+    let (code, out, err) = pollux(&[
+        "bdevperf",
+        "-c",
+        &path,
+        "--null",
+        "-m",
+        &first_core(),
+        "-t",
+        "0",
+        "--io-count",
+        "2000",
+        "-q",
+        "4",
+    ]);
+    assert_eq!(code, 0, "{out}\n{err}");
+    assert!(
+        !out.contains('\t'),
+        "no tab: the columns do not depend on its width\n{out}"
+    );
+    let header = out
+        .lines()
+        .find(|l| l.starts_with("Device Information"))
+        .unwrap_or_else(|| panic!("no header:\n{out}"));
+    let colon = header.find(':').unwrap();
+    // The name, its ':' and eight figures, ending where the header's do.
+    let want = word_ends(header)[2..].to_vec();
+    assert_eq!(want.len(), 9, "{header}");
+    let mut rows = 0;
+    for l in out.lines() {
+        let figures = l.starts_with("Total")
+            || l.trim_start().starts_with(long)
+            || l.trim_start().starts_with("Null0");
+        if !figures {
+            continue;
+        }
+        rows += 1;
+        assert_eq!(l.chars().nth(colon), Some(':'), "the ':' column:\n{out}");
+        let ends: Vec<usize> = word_ends(&l[colon..]).iter().map(|e| e + colon).collect();
+        // The total has no runtime.
+        let mut want = want.clone();
+        if l.starts_with("Total") {
+            want.remove(1);
+        }
+        assert_eq!(ends, want, "misaligned:\n{out}");
+    }
+    assert_eq!(rows, 3, "{out}");
+    let _ = std::fs::remove_dir_all(&dir);
+}

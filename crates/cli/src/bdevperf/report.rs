@@ -155,58 +155,21 @@ pub fn report(
         println!("{out}");
     } else {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
-        println!("{:>118}", "Latency(us)");
-        println!(
-            "{:<30}: {:>10} {:>12} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10}",
-            "Device Information",
-            "runtime(s)",
-            "IOPS",
-            "MiB/s",
-            "Fail/s",
-            "TO/s",
-            "Average",
-            "min",
-            "max"
-        );
-        for r in &rows {
-            let name = r["name"].as_str().unwrap_or("");
-            let core = r["core"].as_u64().unwrap_or(0) as usize;
-            println!("Job: {name} (Core Mask {})", mask_of(&[core]));
-            println!(
-                "\t workload: {workload}, depth: {}, IO size: {}",
-                a.run.queue_depth, a.run.io_size
-            );
-            if r["reported"] == false {
-                println!("\t {name:<22}: did not report");
-                continue;
-            }
-            let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
-            println!(
-                "\t {:<22}: {:>10.2} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10} {:>10}",
-                name,
-                g("runtime_s"),
-                g("iops"),
-                g("mib_s"),
-                g("fail_s"),
-                g("to_s"),
-                f(r["avg_lat_us"].as_f64()),
-                f(r["min_lat_us"].as_f64()),
-                f(r["max_lat_us"].as_f64()),
-            );
-        }
-        println!("{}", "=".repeat(118));
-        println!(
-            "{:<30}: {:>10} {:>12.2} {:>10.2} {:>10.2} {:>10.2} {:>10} {:>10} {:>10}",
-            "Total",
-            "",
-            t_iops,
-            mib(t_iops),
-            t_fail_s,
-            t_to_s,
+        let total = [
+            String::new(),
+            format!("{t_iops:.2}"),
+            format!("{:.2}", mib(t_iops)),
+            format!("{t_fail_s:.2}"),
+            format!("{t_to_s:.2}"),
             f(lat(None)),
             f(total_hist.as_ref().map(|h| us(h.min()))),
             f(total_hist.as_ref().map(|h| us(h.max()))),
+        ];
+        let head = format!(
+            "workload: {workload}, depth: {}, IO size: {}",
+            a.run.queue_depth, a.run.io_size
         );
+        print!("{}", table(&head, &table_rows(&rows), &total));
         if let (true, Some(h)) = (a.run.latency > 0, &total_hist) {
             println!();
             latency::print_table(&[("Total".into(), h)], ns_per_tick, 30);
@@ -224,4 +187,203 @@ pub fn report(
         }
     }
     Summary { errors: t_err }
+}
+
+/// One job's row of the text table: its cells, `None` if it did not
+/// report.
+struct TableRow {
+    name: String,
+    core: usize,
+    cells: Option<[String; 8]>,
+}
+
+/// The table rows of the jobs' JSON rows.
+fn table_rows(rows: &[Value]) -> Vec<TableRow> {
+    let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+    rows.iter()
+        .map(|r| {
+            let g = |k: &str| r[k].as_f64().unwrap_or(0.0);
+            TableRow {
+                name: r["name"].as_str().unwrap_or("").to_string(),
+                core: r["core"].as_u64().unwrap_or(0) as usize,
+                cells: (r["reported"] != false).then(|| {
+                    [
+                        format!("{:.2}", g("runtime_s")),
+                        format!("{:.2}", g("iops")),
+                        format!("{:.2}", g("mib_s")),
+                        format!("{:.2}", g("fail_s")),
+                        format!("{:.2}", g("to_s")),
+                        f(r["avg_lat_us"].as_f64()),
+                        f(r["min_lat_us"].as_f64()),
+                        f(r["max_lat_us"].as_f64()),
+                    ]
+                }),
+            }
+        })
+        .collect()
+}
+
+/// Where SPDK's `"\t "` put a job's name (a tab stop of 8, plus one), in
+/// spaces so that the columns line up whatever the tab width.
+const INDENT: &str = "         ";
+/// The figures' headings, and their narrowest widths.
+const HEADS: [&str; 8] = [
+    "runtime(s)",
+    "IOPS",
+    "MiB/s",
+    "Fail/s",
+    "TO/s",
+    "Average",
+    "min",
+    "max",
+];
+const MIN_WIDTHS: [usize; 8] = [10, 12, 10, 10, 10, 10, 10, 10];
+/// The narrowest name column (SPDK's).
+const MIN_LABEL: usize = 30;
+
+/// SPDK's table: a header, per job its name and core, `head` (workload,
+/// depth, I/O size) and its figures, then the `total` row. The name
+/// column is as wide as the longest job name needs, each figure's as
+/// wide as its widest cell: every row's columns start at the same
+/// offsets.
+fn table(head: &str, rows: &[TableRow], total: &[String; 8]) -> String {
+    use std::fmt::Write;
+    let len = |s: &str| s.chars().count();
+    let label = rows
+        .iter()
+        .map(|r| INDENT.len() + len(&r.name) + 1)
+        .chain([MIN_LABEL, len("Device Information")])
+        .max()
+        .unwrap_or(MIN_LABEL);
+    let mut w = MIN_WIDTHS;
+    for cells in rows.iter().filter_map(|r| r.cells.as_ref()).chain([total]) {
+        for (w, c) in w.iter_mut().zip(cells.iter()) {
+            *w = (*w).max(len(c));
+        }
+    }
+    for (w, h) in w.iter_mut().zip(HEADS) {
+        *w = (*w).max(len(h));
+    }
+    let line = |o: &mut String, name: &str, cells: &[&str; 8]| {
+        let _ = write!(o, "{name:<label$}:");
+        for (c, w) in cells.iter().zip(w) {
+            let _ = write!(o, " {c:>w$}");
+        }
+        o.push('\n');
+    };
+    let width = label + 1 + w.iter().map(|w| w + 1).sum::<usize>();
+    let mut o = String::new();
+    // "Latency(us)" ends where the latency columns (the last three) end.
+    let _ = writeln!(o, "{:>width$}", "Latency(us)");
+    line(&mut o, "Device Information", &HEADS);
+    for r in rows {
+        let name = &r.name;
+        let _ = writeln!(o, "Job: {name} (Core Mask {})", mask_of(&[r.core]));
+        let _ = writeln!(o, "{INDENT}{head}");
+        let indented = format!("{INDENT}{name}");
+        match &r.cells {
+            Some(c) => line(&mut o, &indented, &c.each_ref().map(String::as_str)),
+            None => {
+                let _ = writeln!(o, "{indented:<label$}: did not report");
+            }
+        }
+    }
+    let _ = writeln!(o, "{}", "=".repeat(width));
+    line(&mut o, "Total", &total.each_ref().map(String::as_str));
+    o
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(name: &str, core: usize, iops: &str) -> TableRow {
+        let mut cells: [String; 8] = std::array::from_fn(|_| "1.00".to_string());
+        cells[1] = iops.to_string();
+        TableRow {
+            name: name.to_string(),
+            core,
+            cells: Some(cells),
+        }
+    }
+
+    /// The character offsets at which the cells of a figures line end,
+    /// the `:` after the name column first.
+    fn column_ends(line: &str, colon: usize) -> Vec<usize> {
+        let c: Vec<char> = line.chars().collect();
+        assert_eq!(c.get(colon), Some(&':'), "no ':' at {colon}: {line:?}");
+        let mut ends = vec![colon];
+        for i in colon + 1..c.len() {
+            if c[i] != ' ' && c.get(i + 1).is_none_or(|&n| n == ' ') {
+                ends.push(i);
+            }
+        }
+        ends
+    }
+
+    /// The header, every job's figures and the total: their columns end
+    /// at the same offsets, and no tab makes that depend on the terminal.
+    fn assert_aligned(t: &str, jobs: usize) {
+        assert!(!t.contains('\t'), "{t}");
+        let lines: Vec<&str> = t.lines().collect();
+        let header = lines
+            .iter()
+            .find(|l| l.starts_with("Device Information"))
+            .unwrap();
+        let colon = header.find(':').unwrap();
+        let want = column_ends(header, colon);
+        assert_eq!(want.len(), 9, "{header}");
+        let figures: Vec<&&str> = lines
+            .iter()
+            .filter(|l| l.starts_with(INDENT) && !l.contains("workload:") && !l.ends_with("(us)"))
+            .collect();
+        assert_eq!(figures.len(), jobs, "{t}");
+        for l in figures
+            .into_iter()
+            .chain(lines.iter().filter(|l| l.starts_with("Total")))
+        {
+            if l.ends_with("did not report") {
+                assert_eq!(l.chars().nth(colon), Some(':'), "{t}");
+                continue;
+            }
+            assert_eq!(column_ends(l, colon), want, "misaligned:\n{t}");
+        }
+        let rule = lines.iter().find(|l| l.starts_with("===")).unwrap();
+        assert_eq!(rule.len(), header.len(), "{t}");
+        assert_eq!(lines[0].len(), header.len(), "{t}");
+    }
+
+    #[test]
+    fn columns_line_up_with_short_names() {
+        let rows = [row("Nvme0n1", 0, "128942.01"), row("Malloc0", 1, "1.00")];
+        let t = table(
+            "workload: verify",
+            &rows,
+            &std::array::from_fn(|_| "2.00".into()),
+        );
+        assert_aligned(&t, 2);
+        // SPDK's widths when nothing is longer: the name column of 30.
+        assert!(
+            t.contains("Device Information            : runtime(s)"),
+            "{t}"
+        );
+    }
+
+    #[test]
+    fn columns_line_up_with_long_names_and_wide_figures() {
+        let tcp = "NvmeTcp_nqn.2014-08.org.nvmexpress:uuid:0f6a9e54-2b0e-4f3c-9d1e-7a7f5a1b2c3dn1";
+        let uring = "Uring_/very/long/path/to/a/file/on/a/disk/that/has/a/long/name.img";
+        let mut failed = row("Null0", 0, "1.00");
+        failed.cells = None;
+        let rows = [
+            row(tcp, 0, "1.00"),
+            row("Nvme0n1", 1, "123456789012345.00"),
+            failed,
+            row(uring, 1, "5.00"),
+        ];
+        let total: [String; 8] = std::array::from_fn(|_| "99999999999999999.99".into());
+        let t = table("workload: randread", &rows, &total);
+        assert_aligned(&t, 4);
+        assert!(t.contains(&format!("{INDENT}{tcp} :")), "{t}");
+    }
 }
