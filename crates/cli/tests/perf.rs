@@ -7,20 +7,11 @@ use serde_json::Value;
 mod common;
 use common::pollux;
 
-/// The first CPU this process may not run on (sched_getaffinity).
+/// The first CPU this process may not run on.
 fn unavailable_core() -> usize {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE.
-        .find(|&c| !unsafe { libc::CPU_ISSET(c, &set) })
+    let allowed = common::allowed_cores();
+    (0..)
+        .find(|c| !allowed.contains(c))
         .expect("a CPU outside the affinity mask")
 }
 

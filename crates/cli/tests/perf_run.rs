@@ -7,21 +7,9 @@ use serde_json::Value;
 mod common;
 use common::pollux;
 
-/// The CPUs this process may run on (sched_getaffinity).
+/// The CPUs this process may run on.
 fn available_cores() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
+    common::allowed_cores()
 }
 
 fn perf_json(args: &[&str]) -> (i32, Value) {
