@@ -84,7 +84,8 @@ if tcp_check tcp-nvmet-setup tcp_setup; then
     if [ -x /opt/tcp-peer-test ]; then
         tcp_check tcp-log-pages env POLLUX_TCP_PEER=127.0.0.1:4420/$NQN /opt/tcp-peer-test --test-threads=1
     fi
-    tcp_expect_fail tcp-wrong-subnqn "Connect" $P perf -r "trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2026-01.io.pollux:nope" -t 1
+    # Linux's nvmet answers Connect Invalid Parameters at SUBNQN: read as such.
+    tcp_expect_fail tcp-wrong-subnqn "subsystem nqn.2026-01.io.pollux:nope is not served at 127.0.0.1:4420" $P perf -r "trtype:tcp traddr:127.0.0.1 trsvcid:4420 subnqn:nqn.2026-01.io.pollux:nope" -t 1
     tcp_expect_fail tcp-no-listener "127.0.0.1:4421" $P perf -r "trtype:tcp traddr:127.0.0.1 trsvcid:4421 subnqn:$NQN" -t 1
     tcp_expect_fail tcp-bad-key "colour" $P perf -r "$TCP_TRID colour:blue" -t 1
 fi

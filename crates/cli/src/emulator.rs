@@ -65,6 +65,11 @@ fn soft_config(t: &SoftTrid, index: usize) -> Result<SoftConfig, EmulatorError> 
             path: t.path.clone().ok_or("file backend needs path:")?,
         },
     };
+    // size:0 of a file backend: the file's size.
+    if !(t.backend == Backend::File && t.size == 0) {
+        crate::common::opts::size_in_blocks(t.size, 1 << t.lba_shift, "lbads:")
+            .map_err(|e| format!("size:{}: {e}", t.size))?;
+    }
     let ns = (0..t.namespaces)
         .map(|_| NamespaceConfig {
             backend: backend.clone(),

@@ -15,7 +15,11 @@ mod target;
 #[command(
     name = "pollux",
     version,
-    about = "pollux: user-space poll-mode NVMe tools"
+    about = "pollux: user-space poll-mode NVMe tools",
+    after_help = "Logs go to stderr, at warn and above by default; POLLUX_LOG sets the \
+level per module as RUST_LOG does (POLLUX_LOG=info, or \
+POLLUX_LOG=warn,pollux_nvmf=debug). Colour only when stderr is a terminal and \
+NO_COLOR is unset."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -37,20 +41,22 @@ enum Command {
     },
     /// Serve bdevs over NVMe/TCP (an NVMe-oF target, modelled on SPDK's nvmf_tgt).
     Target(target::TargetArgs),
-    /// Measure the cross-core cache-line round trip (the QD 1 latency floor).
-    #[command(hide = true)]
+    /// Measure the cross-core cache-line round trip (the floor under QD 1 latency).
     Pingpong(pingpong::PingpongArgs),
 }
 
 fn main() {
+    let colour = log_colour(
+        std::io::IsTerminal::is_terminal(&std::io::stderr()),
+        std::env::var_os("NO_COLOR"),
+    );
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_env("POLLUX_LOG")
                 .unwrap_or_else(|_| "warn".into()),
         )
         .with_writer(std::io::stderr)
-        // Colour codes only for a terminal, not in a log file or a pipe.
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .with_ansi(colour)
         .init();
     let cli = Cli::parse();
     let code = match cli.cmd {
@@ -98,4 +104,25 @@ fn main() {
         },
     };
     std::process::exit(code);
+}
+
+/// Whether log lines carry colour codes: only for a terminal (not a log
+/// file or a pipe), and never when `NO_COLOR` is set to anything but the
+/// empty string (<https://no-color.org>).
+fn log_colour(stderr_is_terminal: bool, no_color: Option<std::ffi::OsString>) -> bool {
+    stderr_is_terminal && no_color.is_none_or(|v| v.is_empty())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(log_colour(true, None));
+        assert!(log_colour(true, Some("".into())));
+        assert!(!log_colour(true, Some("1".into())));
+        assert!(!log_colour(false, None));
+        assert!(!log_colour(false, Some("1".into())));
+    }
 }

@@ -23,6 +23,7 @@ pub struct PingpongArgs {
     /// Batches (the median is reported; at most 1000000).
     #[arg(long, default_value_t = 7)]
     pub batches: usize,
+    /// One JSON object on stdout.
     #[arg(long)]
     pub json: bool,
 }

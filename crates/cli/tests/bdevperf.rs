@@ -20,19 +20,7 @@ fn bdevperf_json(args: &[&str]) -> (i32, Value, String) {
 
 /// The CPUs this process may run on.
 fn online_cpus() -> Vec<usize> {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE.
-        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .collect()
+    common::allowed_cores()
 }
 
 fn first_core() -> String {
@@ -138,13 +126,59 @@ fn latency_fields_with_dash_l() {
         "avg_lat_us",
         "min_lat_us",
         "p50_lat_us",
+        "p90_lat_us",
         "p99_lat_us",
+        "p99_9_lat_us",
+        "p99_99_lat_us",
         "max_lat_us",
     ] {
         assert!(t[k].as_f64().is_some(), "total.{k}: {t}");
     }
-    assert!(t["min_lat_us"].as_f64() <= t["max_lat_us"].as_f64());
+    let order = [
+        "min_lat_us",
+        "p50_lat_us",
+        "p90_lat_us",
+        "p99_lat_us",
+        "p99_9_lat_us",
+        "p99_99_lat_us",
+        "max_lat_us",
+    ];
+    assert!(
+        order
+            .windows(2)
+            .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64()),
+        "{t}"
+    );
     assert!(v["jobs"][0]["avg_lat_us"].as_f64().is_some());
+    assert!(t["histogram"].is_null(), "a histogram only with -LL: {t}");
+}
+
+/// -LL (the count of -L, shared with perf): the percentile table and a
+/// histogram whose buckets hold every I/O.
+#[test]
+fn dash_ll_prints_percentiles_and_a_histogram() {
+    let args = [
+        "bdevperf",
+        "--null",
+        "-LL",
+        "-t",
+        "0",
+        "--io-count",
+        "3000",
+        "-q",
+        "4",
+    ];
+    let (code, out, err) = pollux(&args);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("p99.99") && out.contains("Range in us"),
+        "{out}"
+    );
+    let (code, v, _) = bdevperf_json(&args[1..]);
+    assert_eq!(code, 0);
+    let h = v["total"]["histogram"].as_array().expect("total.histogram");
+    let n: u64 = h.iter().map(|b| b["count"].as_u64().unwrap()).sum();
+    assert_eq!(n, 3000, "{h:?}");
 }
 
 #[test]
@@ -529,7 +563,10 @@ fn bad_options_are_refused_naming_them() {
     let (u, m) = (unknown.display().to_string(), missing.display().to_string());
     let f = file.display().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
-        (vec!["--null", "-q", "0"], vec!["-q 0"]),
+        (
+            vec!["--null", "-q", "0"],
+            vec!["'0' for '--queue-depth", "1..=65535"],
+        ),
         (
             vec!["--null", "-o", "1000"],
             vec!["-o 1000", "multiple of 512"],

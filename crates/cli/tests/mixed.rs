@@ -52,20 +52,7 @@ fn json(out: &str, err: &str) -> Value {
 
 /// The first core this process may run on.
 fn first_core() -> String {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE.
-        .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
-        .expect("a core")
-        .to_string()
+    common::allowed_cores()[0].to_string()
 }
 
 /// bdevperf with an emulated NVMe bdev and a TCP NVMe bdev (a `pollux

@@ -7,20 +7,11 @@ use serde_json::Value;
 mod common;
 use common::pollux;
 
-/// The first CPU this process may not run on (sched_getaffinity).
+/// The first CPU this process may not run on.
 fn unavailable_core() -> usize {
-    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
-    let set = unsafe {
-        let mut set: libc::cpu_set_t = std::mem::zeroed();
-        assert_eq!(
-            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
-            0
-        );
-        set
-    };
-    (0..libc::CPU_SETSIZE as usize)
-        // SAFETY: c < CPU_SETSIZE.
-        .find(|&c| !unsafe { libc::CPU_ISSET(c, &set) })
+    let allowed = common::allowed_cores();
+    (0..)
+        .find(|c| !allowed.contains(c))
         .expect("a CPU outside the affinity mask")
 }
 
@@ -62,6 +53,7 @@ fn io_count_inline_is_exact_and_reports_the_fields() {
     assert!(t["iops"].as_f64().unwrap() > 0.0);
     // Without -L no latency is measured.
     assert!(t["avg_lat_us"].is_null());
+    assert_eq!(v["interrupted"], false);
     assert_eq!(v["devices"].as_array().unwrap().len(), 1);
     assert_eq!(v["cores"].as_array().unwrap().len(), 1);
     // Delayed doorbell + lazy CQ: far fewer doorbells than I/Os even here.
@@ -378,8 +370,8 @@ fn impossible_options_are_refused_naming_them() {
     let core = unavailable_core().to_string();
     let cases: Vec<(Vec<&str>, Vec<&str>)> = vec![
         (vec!["-o", "0"], vec!["-o 0", "non-zero"]),
-        (vec!["-q", "0"], vec!["-q 0", "at least 1"]),
-        (vec!["-P", "0"], vec!["-P 0", "at least 1"]),
+        (vec!["-q", "0"], vec!["'0' for '--queue-depth", "1..=65535"]),
+        (vec!["-P", "0"], vec!["'0' for '--qpairs", "1..=65535"]),
         (vec!["-t", "0"], vec!["-t 0", "--io-count"]),
         (
             vec!["-t", "0", "--io-count", "0"],
@@ -466,6 +458,21 @@ fn threaded_device_two_workers() {
     assert_eq!(code, 0);
     assert_eq!(v["total"]["ios"], 20000);
     assert_eq!(v["cores"].as_array().unwrap().len(), 2);
+    // Each core has -P 2 queue pairs on the namespace.
+    let rows = v["devices"].as_array().unwrap();
+    assert_eq!(rows.len(), 4, "{v}");
+    for core in [0, 1] {
+        let on = rows
+            .iter()
+            .filter(|r| {
+                r["name"]
+                    .as_str()
+                    .unwrap()
+                    .ends_with(&format!("from core {core}"))
+            })
+            .count();
+        assert_eq!(on, 2, "core {core}: {v}");
+    }
 }
 
 /// pingpong refuses counts whose round-trip counter would overflow (it used
@@ -527,4 +534,203 @@ fn pingpong_tiny_run_reports_sane_numbers() {
     let rt = v["round_trip_ns"].as_f64().unwrap();
     assert!(rt.is_finite() && rt >= 0.0, "{v}");
     assert_eq!(v["batches"].as_array().unwrap().len(), 1);
+}
+
+/// The numbers of the row of the -L percentile table named `name` (the
+/// row with eight numbers: average, min, p50, p90, p99, p99.9, p99.99,
+/// max).
+fn percentile_row(out: &str, name: &str) -> Vec<f64> {
+    out.lines()
+        .filter_map(|l| l.split_once(':'))
+        .filter(|(n, _)| n.trim_end() == name)
+        .map(|(_, rest)| {
+            rest.split_whitespace()
+                .map(|x| x.parse::<f64>())
+                .collect::<Result<Vec<_>, _>>()
+        })
+        .find_map(|r| r.ok().filter(|v| v.len() == 8))
+        .unwrap_or_else(|| panic!("no percentile row '{name}' in:\n{out}"))
+}
+
+/// min <= p50 <= .. <= p99.99 <= max, and the average between min and max.
+fn assert_monotone(v: &[f64], what: &str) {
+    let (avg, rest) = (v[0], &v[1..]);
+    assert!(
+        rest[0] > 0.0 && rest.windows(2).all(|w| w[0] <= w[1]),
+        "{what}: {v:?}"
+    );
+    assert!(rest[0] <= avg && avg <= rest[6], "{what}: {v:?}");
+}
+
+/// -L: the percentile table (p50 .. p99.99) after SPDK's table, its values
+/// in order, for the queue pair and the total.
+#[test]
+fn dash_l_prints_percentile_rows_in_order() {
+    let (code, out, err) = pollux(&[
+        "perf",
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "5000",
+        "-q",
+        "4",
+        "-L",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for col in [
+        "Average", "min", "p50", "p90", "p99", "p99.9", "p99.99", "max",
+    ] {
+        assert!(out.contains(col), "{col} missing:\n{out}");
+    }
+    assert_monotone(&percentile_row(&out, "Total"), "Total");
+    assert_monotone(
+        &percentile_row(&out, "soft0 (null) NSID 1 qpair 0 from core 0"),
+        "the queue pair",
+    );
+    assert!(!out.contains("not measured"), "{out}");
+    assert!(!out.contains("Latency histogram"), "only with -LL: {out}");
+}
+
+/// -L with a mixed workload: reads and writes in rows of their own.
+#[test]
+fn dash_l_randrw_has_read_and_write_rows() {
+    let (code, out, err) = pollux(&[
+        "perf",
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "5000",
+        "-q",
+        "4",
+        "-L",
+        "-w",
+        "randrw",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    for row in ["Total reads", "Total writes", "Total"] {
+        assert_monotone(&percentile_row(&out, row), row);
+    }
+    let qp = "soft0 (null) NSID 1 qpair 0 from core 0";
+    assert_monotone(&percentile_row(&out, &format!("{qp} reads")), "reads");
+    assert_monotone(&percentile_row(&out, &format!("{qp} writes")), "writes");
+}
+
+/// -LL: SPDK's histogram layout, one per queue pair, its buckets holding
+/// every I/O of the run.
+#[test]
+fn dash_ll_prints_a_histogram() {
+    let (code, out, err) = pollux(&[
+        "perf",
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "5000",
+        "-q",
+        "4",
+        "-LL",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    assert!(
+        out.contains("Latency histogram for soft0 (null) NSID 1 qpair 0 from core 0:"),
+        "{out}"
+    );
+    assert!(
+        out.contains("Range in us     Cumulative    IO count"),
+        "{out}"
+    );
+    // "   2.435 -     2.656:   71.3500%  (    13342)"
+    let counts: Vec<u64> = out
+        .lines()
+        .filter(|l| l.contains(" - ") && l.ends_with(')'))
+        .map(|l| {
+            let c = l.rsplit_once('(').unwrap().1.trim_end_matches(')');
+            c.trim().parse().unwrap()
+        })
+        .collect();
+    assert!(!counts.is_empty(), "{out}");
+    assert_eq!(counts.iter().sum::<u64>(), 5000, "{out}");
+    assert!(out.contains("100.0000%"), "{out}");
+}
+
+/// --json with -L: the percentiles, reads and writes apart for randrw;
+/// with -LL the histogram; and the samples taken each second.
+#[test]
+fn json_has_percentiles_histogram_and_samples() {
+    let keys = [
+        "min_lat_us",
+        "p50_lat_us",
+        "p90_lat_us",
+        "p99_lat_us",
+        "p99_9_lat_us",
+        "p99_99_lat_us",
+        "max_lat_us",
+    ];
+    let ordered = |t: &Value| {
+        keys.iter().all(|k| t[k].as_f64().is_some_and(|x| x > 0.0))
+            && keys
+                .windows(2)
+                .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64())
+    };
+    let (code, v) = perf_json(&[
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "4000",
+        "-q",
+        "4",
+        "-L",
+        "-w",
+        "randrw",
+    ]);
+    assert_eq!(code, 0, "{v}");
+    let t = &v["total"];
+    assert!(ordered(t), "{t}");
+    assert!(ordered(&t["read"]) && ordered(&t["write"]), "{t}");
+    assert!(ordered(&v["devices"][0]["read"]), "{v}");
+    assert!(t["histogram"].is_null(), "{t}");
+
+    let (code, v) = perf_json(&["--inline", "-t", "2", "-q", "4", "-LL"]);
+    assert_eq!(code, 0, "{v}");
+    let t = &v["total"];
+    assert!(ordered(t), "{t}");
+    let n: u64 = t["histogram"]
+        .as_array()
+        .expect("total.histogram")
+        .iter()
+        .map(|b| b["count"].as_u64().unwrap())
+        .sum();
+    assert_eq!(Some(n), t["ios"].as_u64(), "{t}");
+    let samples = v["samples"].as_array().expect("samples");
+    assert!(!samples.is_empty(), "{v}");
+    for s in samples {
+        let (iops, mib) = (s["iops"].as_f64().unwrap(), s["mib_s"].as_f64().unwrap());
+        assert!(iops > 0.0 && s["t_s"].as_f64().unwrap() > 0.5, "{s}");
+        assert!((mib - iops * 4096.0 / 1048576.0).abs() < 1e-6 * iops, "{s}");
+    }
+}
+
+/// Without -L no clock is read per I/O, and the table says so in one line
+/// where the latency columns would be (no columns of dashes).
+#[test]
+fn without_dash_l_one_line_says_latency_is_not_measured() {
+    let (code, out, err) = pollux(&[
+        "perf",
+        "--inline",
+        "-t",
+        "0",
+        "--io-count",
+        "1000",
+        "-q",
+        "4",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let line = "latency: not measured (no clock read per I/O); -L to measure";
+    assert_eq!(out.matches(line).count(), 1, "{out}");
+    assert!(!out.contains("Average") && !out.contains("p99"), "{out}");
+    let (_, v) = perf_json(&["--inline", "-t", "0", "--io-count", "1000", "-q", "4"]);
+    assert!(v["total"]["p50_lat_us"].is_null(), "{v}");
 }

@@ -218,3 +218,68 @@ fn perf_survives_a_target_restart() {
     assert!(err.contains("resetting controller"), "{err}");
     assert!(err.contains("reconnecting"), "{err}");
 }
+
+const GONE_NQN: &str = "nqn.2016-06.io.pollux:gone";
+
+/// The target is killed under a run at -q 64 and does not come back
+/// (`ctrl_loss_tmo:1`): every I/O in flight fails the same way, then
+/// every resubmission is refused. perf and bdevperf log each kind of
+/// error once and count the repeats (they used to log a line per I/O, up
+/// to ten, and list them all again in the report).
+#[test]
+fn a_target_gone_for_good_logs_each_error_once_with_a_count() {
+    for tool in ["perf", "bdevperf"] {
+        let (mut target, addr, _) = common::start_target(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--null",
+                "64MiB",
+                "--nqn",
+                GONE_NQN,
+                "-m",
+                "0x1",
+            ],
+            std::process::Stdio::null(),
+        );
+        let port = common::port_of(&addr);
+        let t = format!(
+            "trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{GONE_NQN} reconnect_delay:1 ctrl_loss_tmo:1"
+        );
+        let dev = if tool == "perf" { "-r" } else { "--nvme" };
+        let args = [tool, dev, &t, "-q", "64", "-t", "4"];
+        let run = common::spawn(&args);
+        std::thread::sleep(std::time::Duration::from_millis(1500));
+        target.kill().unwrap(); // SIGKILL
+        target.wait().unwrap();
+        let (code, out, err) = common::finish(run, &args, None);
+        assert_ne!(code, 0, "{tool}: {out}\n{err}");
+        let failed = err.lines().filter(|l| l.contains("I/O failed")).count();
+        assert!(
+            (1..=2).contains(&failed),
+            "{tool}: {failed} 'I/O failed' lines (the first, then its count):\n{err}"
+        );
+        let refused = err.lines().filter(|l| l.contains("submit at LBA")).count();
+        assert!(refused <= 2, "{tool}: {refused} refusal lines:\n{err}");
+        // The count: how many more failed the same way, in the log and in
+        // the report.
+        let repeated = |text: &str| {
+            text.lines()
+                .filter(|l| l.contains("I/O failed"))
+                .find_map(|l| {
+                    let n = l.split("(repeated ").nth(1)?.split(' ').next()?;
+                    n.parse::<u64>().ok()
+                })
+        };
+        let n = repeated(&err).unwrap_or_else(|| panic!("{tool}: no count:\n{err}"));
+        assert!(
+            (10..64).contains(&n),
+            "{tool}: repeated {n} more times:\n{err}"
+        );
+        assert_eq!(
+            repeated(&out),
+            Some(n),
+            "{tool}: the report's count:\n{out}"
+        );
+    }
+}

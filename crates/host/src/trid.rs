@@ -31,6 +31,13 @@ pub enum TridError {
     },
     #[error("transport ID: trtype:{0} needs {1}")]
     Missing(&'static str, &'static str),
+    /// A key given twice (which one would win is not obvious: refused).
+    #[error("transport ID: key '{key}' given twice ('{first}' and '{second}'): give it once")]
+    Duplicate {
+        key: String,
+        first: String,
+        second: String,
+    },
 }
 
 /// Controller limits of a `trtype:soft` transport ID; `None` keeps the
@@ -271,7 +278,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
     };
     let mut nqn = |key: &'static str| -> Result<Option<String>, TridError> {
         kv.remove(key)
-            .map(|v| match pollux_spec::fabrics::validate_nqn(&v) {
+            .map(|v| match pollux_spec::fabrics::check_nqn(&v) {
                 Ok(()) => Ok(v),
                 Err(e) => Err(TridError::BadValue {
                     key,
@@ -371,7 +378,15 @@ pub fn parse(s: &str) -> Result<Trid, TridError> {
         if k.is_empty() || v.is_empty() {
             return Err(TridError::Syntax(s.to_string()));
         }
-        kv.insert(k.to_ascii_lowercase(), v.to_string());
+        let key = k.to_ascii_lowercase();
+        if let Some(first) = kv.get(&key) {
+            return Err(TridError::Duplicate {
+                first: format!("{key}:{first}"),
+                key,
+                second: tok.to_string(),
+            });
+        }
+        kv.insert(key, v.to_string());
     }
     let trtype = kv
         .remove("trtype")
@@ -710,5 +725,65 @@ mod tests {
         assert_eq!(parse_size("1GiB").unwrap(), 1 << 30);
         assert!(parse_size("1.5G").is_err());
         assert!(parse_size("99999999999T").is_err());
+    }
+
+    /// A key given twice is refused naming it (before, the last one won
+    /// silently).
+    #[test]
+    fn a_key_given_twice_is_refused_naming_it() {
+        for (t, key) in [
+            (
+                "trtype:tcp traddr:10.0.0.1 traddr:10.0.0.2 subnqn:nqn.a:b",
+                "traddr",
+            ),
+            ("trtype:soft backend:ram size:1MiB size:2MiB", "size"),
+            ("trtype:tcp trtype:pcie traddr:10.0.0.1", "trtype"),
+            (
+                "trtype:tcp traddr:10.0.0.1 TRSVCID=4420 trsvcid:4421",
+                "trsvcid",
+            ),
+        ] {
+            match parse(t) {
+                Err(e @ TridError::Duplicate { .. }) => {
+                    let m = e.to_string();
+                    assert!(m.contains(&format!("key '{key}' given twice")), "{t}: {m}");
+                }
+                other => panic!("{t}: {other:?}"),
+            }
+        }
+        let m = parse("trtype:tcp traddr:a traddr:b")
+            .unwrap_err()
+            .to_string();
+        assert!(m.contains("'traddr:a' and 'traddr:b'"), "{m}");
+    }
+
+    /// subnqn: and hostnqn: are NQNs: "nqn." and at most 223 bytes.
+    #[test]
+    fn nqns_are_checked_where_given() {
+        let base = "trtype:tcp traddr:127.0.0.1 trsvcid:4420";
+        for (extra, key) in [
+            ("subnqn:cnode1", "subnqn"),
+            ("subnqn:nqn.2016-06.io.spdk:c hostnqn:myhost", "hostnqn"),
+        ] {
+            match parse(&format!("{base} {extra}")) {
+                Err(TridError::BadValue { key: k, why, .. }) => {
+                    assert_eq!(k, key);
+                    assert!(why.contains("nqn."), "{why}");
+                }
+                other => panic!("{extra}: {other:?}"),
+            }
+        }
+        let long = format!("nqn.2016-06.io.spdk:{}", "x".repeat(204));
+        match parse(&format!("{base} subnqn:{long}")) {
+            Err(TridError::BadValue { key, why, .. }) => {
+                assert_eq!(key, "subnqn");
+                assert!(why.contains("224") && why.contains("223"), "{why}");
+            }
+            other => panic!("{other:?}"),
+        }
+        let ok = format!(
+            "{base} subnqn:nqn.2014-08.org.nvmexpress.discovery hostnqn:nqn.2014-08.org.nvmexpress:uuid:3d1219c7-c4c5-404a-aa1f-6d2a48adfda4"
+        );
+        assert!(parse(&ok).is_ok());
     }
 }

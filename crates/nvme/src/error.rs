@@ -4,6 +4,8 @@
 //! completion (the command was accepted but did not succeed).
 use pollux_spec::Status;
 
+use crate::fabrics::refused::ConnectRefused;
+
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     #[error("platform: {0}")]
@@ -18,6 +20,10 @@ pub enum Error {
     ControllerGone,
     #[error("{cmd} failed: {status}")]
     Nvme { cmd: &'static str, status: Status },
+    /// A fabrics controller refused a Connect (the status decoded by the
+    /// command: an unknown subsystem, a host not allowed, ...).
+    #[error("{0}")]
+    ConnectRefused(Box<ConnectRefused>),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("controller granted no I/O queues (or all are in use)")]

@@ -255,8 +255,9 @@ impl<T: Transport> QueuePair<T> {
             }
         }
         let mut sub = self.submitter();
+        let held = sub.core.queue.len();
         fail_outstanding(&mut sub, IoError::ControllerFailed, f);
-        fail_queued(&mut sub, IoError::ControllerFailed, f);
+        fail_queued(&mut sub, held, IoError::ControllerFailed, f);
         sub.core.fast = false;
     }
 
@@ -332,17 +333,31 @@ impl<T: Transport> QueuePair<T> {
             self.cq.restart();
         }
         let mut sub = self.submitter();
+        let held = sub.core.queue.len();
         if sub.core.outstanding() > 0 {
             fail_outstanding(&mut sub, IoError::FastFail, f);
         }
-        fail_queued(&mut sub, IoError::FastFail, f);
+        fail_queued(&mut sub, held, IoError::FastFail, f);
     }
 }
 
-/// Every request waiting in the backlog fails with `err` (a split request
-/// whose issued pieces were failed already completes with it).
-fn fail_queued<T: Transport, F: Handler<T>>(sub: &mut Submitter<'_, T>, err: IoError, f: &mut F) {
-    while let Some(p) = sub.core.queue.pop_front() {
+/// The first `held` requests waiting in the backlog fail with `err` (a
+/// split request whose issued pieces were failed already completes with
+/// it): those that waited before the failing began. What the handler
+/// submits again from these completions, or from those of the outstanding
+/// commands failed just before, waits for the next poll, which must return
+/// meanwhile (a handler that resubmits each failure would otherwise refill
+/// the backlog as fast as this empties it, and the poll would never end).
+fn fail_queued<T: Transport, F: Handler<T>>(
+    sub: &mut Submitter<'_, T>,
+    held: usize,
+    err: IoError,
+    f: &mut F,
+) {
+    for _ in 0..held {
+        let Some(p) = sub.core.queue.pop_front() else {
+            break;
+        };
         let split = match &p.op {
             crate::submit::PendingOp::Rw(rw) => rw.split_slot(),
             _ => None,

@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
-    fabrics_sc, fabrics_status, ConnectCmd, ConnectData, ConnectResponse, DisconnectCmd, FcType,
-    ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
-    CONNECT_DATA_LEN,
+    fabrics_sc, fabrics_status, read_nqn, ConnectCmd, ConnectData, ConnectResponse, ConnectStatus,
+    DisconnectCmd, FcType, ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW,
+    CNTLID_DYNAMIC, CONNECT_DATA_LEN,
 };
 use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
@@ -17,6 +17,25 @@ use zerocopy::FromBytes;
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
 use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
+
+/// A refused Connect: its status, DW0 and why (for the target's log).
+type Refusal = (Status, u32, String);
+
+/// The NQNs of the Connect data in `scratch`, for the log of a refused
+/// Connect (as far as they can be read).
+fn connect_names(scratch: &[u8]) -> (String, String) {
+    let Some(d) = scratch
+        .get(..CONNECT_DATA_LEN as usize)
+        .and_then(|b| ConnectData::read_from_bytes(b).ok())
+    else {
+        return ("?".into(), "?".into());
+    };
+    let name = |f: &[u8]| match read_nqn(f) {
+        Ok(n) => n.to_string(),
+        Err(e) => format!("? ({e})"),
+    };
+    (name(&d.subnqn), name(&d.hostnqn))
+}
 
 impl Qpair {
     /// A command on a queue not yet connected: only Connect.
@@ -33,6 +52,8 @@ impl Qpair {
             return self.answer(x, sqe.cid, gen(generic::COMMAND_SEQUENCE_ERROR), 0);
         }
         if !ok {
+            let (subnqn, hostnqn) = connect_names(&self.scratch);
+            tracing::warn!(peer = %self.peer, subnqn, hostnqn, "Connect refused: its data's digest does not match");
             return self.answer(x, sqe.cid, gen(generic::TRANSIENT_TRANSPORT_ERROR), 0);
         }
         match self.connect::<X>(ctx, sqe) {
@@ -41,7 +62,22 @@ impl Qpair {
                 self.advance_sqhd();
                 self.answer(x, sqe.cid, Status::SUCCESS, dw0);
             }
-            Err((status, dw0)) => self.answer(x, sqe.cid, status, dw0),
+            Err((status, dw0, why)) => {
+                // Every refusal at WARN (the default level): the peer,
+                // the NQNs, the reason and the status sent.
+                let (subnqn, hostnqn) = connect_names(&self.scratch);
+                let qid = ConnectCmd::from_sqe(sqe).qid;
+                tracing::warn!(
+                    peer = %self.peer,
+                    local = %self.local,
+                    qid,
+                    subnqn,
+                    hostnqn,
+                    "Connect refused: {why} [{}]",
+                    ConnectStatus { status, dw0 }
+                );
+                self.answer(x, sqe.cid, status, dw0)
+            }
         }
     }
 
@@ -51,36 +87,52 @@ impl Qpair {
         &mut self,
         ctx: &mut ThreadCtx,
         sqe: &Sqe,
-    ) -> Result<u16, (Status, u32)> {
+    ) -> Result<u16, Refusal> {
         let cmd = ConnectCmd::from_sqe(sqe);
-        let invalid = |iattr, ipo| {
+        let invalid = |iattr, ipo, why: String| {
             (
                 fabrics_status(fabrics_sc::CONNECT_INVALID_PARAMETERS),
                 ConnectResponse::InvalidParam { iattr, ipo }.dw0(),
+                why,
             )
         };
+        let refuse = |status, why: String| (status, 0, why);
+        let sgl_why =
+            || "the Connect data is not 1024 bytes in the capsule at offset 0".to_string();
         use pollux_spec::fabrics::connect_ipo as ipo;
         match Sgl::from_sqe(sqe) {
             Ok(Sgl::InCapsule { offset: 0, len }) if len == CONNECT_DATA_LEN => {}
             Ok(Sgl::InCapsule { offset: 0, .. }) => {
-                return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0))
+                return Err(refuse(gen(generic::DATA_SGL_LENGTH_INVALID), sgl_why()))
             }
-            Ok(Sgl::InCapsule { .. }) => return Err((gen(generic::SGL_OFFSET_INVALID), 0)),
-            Ok(_) => return Err((gen(generic::SGL_TYPE_INVALID), 0)),
-            Err(e) => return Err((e.status(), 0)),
+            Ok(Sgl::InCapsule { .. }) => {
+                return Err(refuse(gen(generic::SGL_OFFSET_INVALID), sgl_why()))
+            }
+            Ok(_) => return Err(refuse(gen(generic::SGL_TYPE_INVALID), sgl_why())),
+            Err(e) => return Err(refuse(e.status(), format!("its SGL: {e}"))),
         }
         if self.scratch.len() < CONNECT_DATA_LEN as usize {
-            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+            return Err(refuse(gen(generic::DATA_SGL_LENGTH_INVALID), sgl_why()));
         }
         if cmd.recfmt != 0 {
-            return Err((fabrics_status(fabrics_sc::INCOMPATIBLE_FORMAT), 0));
+            return Err(refuse(
+                fabrics_status(fabrics_sc::INCOMPATIBLE_FORMAT),
+                format!("record format {} (only 0 is known)", cmd.recfmt),
+            ));
         }
         let Ok(data) = ConnectData::read_from_bytes(&self.scratch[..CONNECT_DATA_LEN as usize])
         else {
-            return Err((gen(generic::DATA_SGL_LENGTH_INVALID), 0));
+            return Err(refuse(gen(generic::DATA_SGL_LENGTH_INVALID), sgl_why()));
         };
-        let Ok(subnqn) = data.subnqn() else {
-            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+        let subnqn = match data.subnqn() {
+            Ok(s) => s,
+            Err(e) => {
+                return Err(invalid(
+                    ParamIn::Data,
+                    ipo::DATA_SUBNQN,
+                    format!("invalid subsystem NQN: {e}"),
+                ))
+            }
         };
         // An empty HOSTNQN (SPDK's host sends one unless told a host NQN)
         // is a host without a name: accepted where any host may connect,
@@ -88,30 +140,47 @@ impl Qpair {
         let hostnqn = match data.hostnqn() {
             Ok(h) => h,
             Err(pollux_spec::fabrics::NqnError::Empty) => "",
-            Err(_) => return Err(invalid(ParamIn::Data, ipo::DATA_HOSTNQN)),
+            Err(e) => {
+                return Err(invalid(
+                    ParamIn::Data,
+                    ipo::DATA_HOSTNQN,
+                    format!("invalid host NQN: {e}"),
+                ))
+            }
         };
         let shared = self.shared.clone();
         let Some(sid) = shared.find(subnqn) else {
-            tracing::info!(peer = %self.peer, subnqn, "Connect to an unknown subsystem");
-            return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+            return Err(invalid(
+                ParamIn::Data,
+                ipo::DATA_SUBNQN,
+                "unknown subsystem (this target serves no such NQN)".into(),
+            ));
         };
         if let SubsysId::Nvm(k) = sid {
             let e = &shared.subsystems[k];
             if !e.listeners.contains(&self.local) {
-                tracing::info!(peer = %self.peer, subnqn, local = %self.local, "Connect on a listener of another subsystem");
-                return Err(invalid(ParamIn::Data, ipo::DATA_SUBNQN));
+                return Err(invalid(
+                    ParamIn::Data,
+                    ipo::DATA_SUBNQN,
+                    format!("the subsystem does not listen on {}", self.local),
+                ));
             }
+            // (DW0 reserved for Connect Invalid Host: 0.)
             if hostnqn.is_empty() && !e.allow_any_host {
-                tracing::warn!(peer = %self.peer, subnqn, "Connect with an empty host NQN refused: the subsystem allows only listed hosts");
-                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
+                return Err(refuse(
+                    fabrics_status(fabrics_sc::CONNECT_INVALID_HOST),
+                    "empty host NQN: the subsystem allows only listed hosts".into(),
+                ));
             }
             if !e.allows(hostnqn) {
-                tracing::warn!(peer = %self.peer, subnqn, hostnqn, "Connect refused: host not allowed by the subsystem");
-                return Err((fabrics_status(fabrics_sc::CONNECT_INVALID_HOST), 0));
+                return Err(refuse(
+                    fabrics_status(fabrics_sc::CONNECT_INVALID_HOST),
+                    "host not allowed by the subsystem".into(),
+                ));
             }
         }
         if cmd.sqsize == 0 {
-            return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            return Err(invalid(ParamIn::Command, ipo::SQSIZE, "SQSIZE 0".into()));
         }
         // A queue of an NVM subsystem takes a place among the data hosts'
         // connections (discovery and handshakes have their own budget).
@@ -122,8 +191,12 @@ impl Qpair {
                 match crate::shared::DataSlot::take(&shared.data_conns, max) {
                     Some(d) => Some(d),
                     None => {
-                        tracing::warn!(peer = %self.peer, subnqn, hostnqn, max_connections = max, "Connect refused: max_connections queues of NVM subsystems are connected");
-                        return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+                        return Err(refuse(
+                            fabrics_status(fabrics_sc::CONTROLLER_BUSY),
+                            format!(
+                                "max_connections ({max}) queues of NVM subsystems are connected"
+                            ),
+                        ));
                     }
                 }
             }
@@ -137,10 +210,24 @@ impl Qpair {
         let cntlid;
         if cmd.qid == 0 {
             if entries > shared.opts.max_aq_depth as u32 {
-                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+                return Err(invalid(
+                    ParamIn::Command,
+                    ipo::SQSIZE,
+                    format!(
+                        "admin queue of {entries} entries, more than max_aq_depth {}",
+                        shared.opts.max_aq_depth
+                    ),
+                ));
             }
             if data.cntlid != CNTLID_DYNAMIC {
-                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+                return Err(invalid(
+                    ParamIn::Data,
+                    ipo::DATA_CNTLID,
+                    format!(
+                        "admin queue asks controller ID {:#06x}: only 0xffff (dynamic controllers)",
+                        data.cntlid
+                    ),
+                ));
             }
             let model = shared.subsys(sid);
             let host = hostnqn.to_string();
@@ -163,7 +250,10 @@ impl Qpair {
                 }
             });
             let (Some(id), Some(ctrl)) = (id, slot_ctrl) else {
-                return Err((fabrics_status(fabrics_sc::CONTROLLER_BUSY), 0));
+                return Err(refuse(
+                    fabrics_status(fabrics_sc::CONTROLLER_BUSY),
+                    "no controller ID left".into(),
+                ));
             };
             cntlid = id;
             self.kato = Duration::from_millis(kato as u64);
@@ -177,7 +267,10 @@ impl Qpair {
             tracing::info!(peer = %self.peer, subnqn, hostnqn, cntlid, kato_ms = kato, "admin queue connected");
         } else {
             if sid == SubsysId::Discovery {
-                return Err((fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE), 0));
+                return Err(refuse(
+                    fabrics_status(fabrics_sc::INVALID_QUEUE_TYPE),
+                    "an I/O queue for the discovery subsystem".into(),
+                ));
             }
             let mut t = shared.table();
             let Some(e) = t
@@ -185,23 +278,49 @@ impl Qpair {
                 .get_mut(&data.cntlid)
                 .filter(|e| e.subsys == sid && e.hostnqn == hostnqn)
             else {
-                return Err(invalid(ParamIn::Data, ipo::DATA_CNTLID));
+                return Err(invalid(
+                    ParamIn::Data,
+                    ipo::DATA_CNTLID,
+                    format!(
+                        "I/O queue for controller {}, which this host does not have (any more)",
+                        data.cntlid
+                    ),
+                ));
             };
             let ctrl = lock(&e.ctrl);
             if !ctrl.is_running() {
-                return Err((gen(generic::COMMAND_SEQUENCE_ERROR), 0));
+                return Err(refuse(
+                    gen(generic::COMMAND_SEQUENCE_ERROR),
+                    format!("I/O queue before controller {} is enabled", data.cntlid),
+                ));
             }
-            if cmd.qid > ctrl.io_queues_granted() || e.io.iter().any(|(q, _)| *q == cmd.qid) {
-                return Err(invalid(ParamIn::Command, ipo::QID));
+            let granted = ctrl.io_queues_granted();
+            if cmd.qid > granted || e.io.iter().any(|(q, _)| *q == cmd.qid) {
+                return Err(invalid(
+                    ParamIn::Command,
+                    ipo::QID,
+                    format!(
+                        "queue ID {} beyond the {granted} I/O queues granted, or already connected",
+                        cmd.qid
+                    ),
+                ));
             }
-            if entries > shared.subsys(sid).mqes() as u32 + 1 {
-                return Err(invalid(ParamIn::Command, ipo::SQSIZE));
+            let max = shared.subsys(sid).mqes() as u32 + 1;
+            if entries > max {
+                return Err(invalid(
+                    ParamIn::Command,
+                    ipo::SQSIZE,
+                    format!("I/O queue of {entries} entries, more than {max}"),
+                ));
             }
             let q = match ctrl.new_io_queue(cmd.qid, entries) {
                 Ok(q) => q,
                 Err(err) => {
                     tracing::error!(error = %err, "I/O queue not created");
-                    return Err((gen(generic::INTERNAL_ERROR), 0));
+                    return Err(refuse(
+                        gen(generic::INTERNAL_ERROR),
+                        format!("I/O queue not created: {err}"),
+                    ));
                 }
             };
             drop(ctrl);

@@ -138,6 +138,16 @@ impl Target {
         &self.shared.listeners
     }
 
+    /// Each NVM subsystem's NQN and the addresses it is served on
+    /// (configured port 0 resolved), in configuration order.
+    pub fn subsystem_listeners(&self) -> Vec<(String, Vec<SocketAddr>)> {
+        self.shared
+            .subsystems
+            .iter()
+            .map(|e| (e.model.nqn().to_string(), e.listeners.clone()))
+            .collect()
+    }
+
     /// Controllers (host associations) alive.
     pub fn controllers(&self) -> usize {
         self.shared.table().map.len()

@@ -294,3 +294,30 @@ fn pool_data_timeout_and_unbound_budget_are_read_and_bounded() {
         assert!(e.contains(p), "{p} {v}: {e}");
     }
 }
+
+/// A subsystem's NQN and its hosts' are NQNs: "nqn." and at most 223
+/// bytes, checked when the configuration is read (before, "cnode1" was
+/// served and a host "myhost" listed).
+#[test]
+fn nqns_are_checked_when_read() {
+    let e = GOOD.replace("nqn.2016-06.io.spdk:cnode1", "cnode1");
+    let e = match TargetConfig::from_json(&e) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("cnode1 accepted"),
+    };
+    assert!(
+        e.contains("subsystem 'cnode1'") && e.contains("starts with \"nqn.\""),
+        "{e}"
+    );
+    let e = refused("nqn.2014-08.org.nvmexpress:uuid:1", "myhost");
+    assert!(
+        e.contains("host NQN \"myhost\"") && e.contains("nqn."),
+        "{e}"
+    );
+    let long = format!("nqn.2016-06.io.spdk:{}", "x".repeat(204));
+    let e = match TargetConfig::from_json(&GOOD.replace("nqn.2016-06.io.spdk:cnode1", &long)) {
+        Err(e) => e.to_string(),
+        Ok(_) => panic!("224 bytes accepted"),
+    };
+    assert!(e.contains("224 bytes, longer than 223"), "{e}");
+}

@@ -376,3 +376,24 @@ proptest! {
         }
     }
 }
+
+/// NQNs a user gives: the "nqn." prefix (every NQN form, the UUID and
+/// discovery ones included) and at most 223 bytes.
+#[test]
+fn user_nqns_are_checked_for_prefix_and_length() {
+    use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN, NQN_UUID_PREFIX};
+    assert_eq!(check_nqn("nqn.2016-06.io.spdk:cnode1"), Ok(()));
+    assert_eq!(check_nqn(DISCOVERY_NQN), Ok(()));
+    let uuid = format!("{NQN_UUID_PREFIX}3d1219c7-c4c5-404a-aa1f-6d2a48adfda4");
+    assert_eq!(check_nqn(&uuid), Ok(()));
+    assert_eq!(check_nqn("cnode1"), Err(NqnError::NoPrefix));
+    assert_eq!(check_nqn("NQN.2016-06.io.spdk:x"), Err(NqnError::NoPrefix));
+    assert_eq!(check_nqn(""), Err(NqnError::Empty));
+    let long = format!("nqn.2016-06.io.spdk:{}", "x".repeat(223 - 20));
+    assert_eq!(long.len(), 223);
+    assert_eq!(check_nqn(&long), Ok(()));
+    let longer = format!("{long}x");
+    assert_eq!(check_nqn(&longer), Err(NqnError::TooLong { len: 224 }));
+    let e = check_nqn("cnode1").unwrap_err().to_string();
+    assert!(e.contains("nqn."), "{e}");
+}

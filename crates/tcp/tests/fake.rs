@@ -700,6 +700,64 @@ fn held_io_fails_after_fast_io_fail_tmo() {
     expect_pattern(&read(&mut qp, &c, 0, 4096), 4096, 6);
 }
 
+/// A handler that submits again from each completion, as perf and
+/// bdevperf do, while `fast_io_fail_tmo` has passed: each poll fails what
+/// was held when it began and returns; what the handler submitted fails on
+/// the next poll. Before, one poll failed the backlog until it was empty
+/// while the handler refilled it, and never returned (perf hung for good
+/// when its target went away with `fast_io_fail_tmo` set).
+#[test]
+fn a_handler_resubmitting_fast_failed_io_does_not_hold_the_poll() {
+    use std::sync::mpsc;
+    let fake = Fake::start(Script {
+        drop_on_read: Some(1),
+        ..Script::default()
+    });
+    let mut o = reconnecting(&fake);
+    o.fast_io_fail_tmo = Some(Duration::from_millis(300));
+    let c = std::sync::Arc::new(pollux_tcp::open(o, ControllerOptions::default()).unwrap());
+    let mut qp = qpair(&c, 8);
+    write(&mut qp, &c, 0, 4096, 6);
+    fake.refuse_connections();
+    let ns = c.namespaces()[0];
+    for i in 0..4u64 {
+        let b = IoBuf::new(c.alloc_dma(512).unwrap());
+        qp.read(&ns, i, 1, b, i).unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let poller = std::thread::spawn(move || {
+        // Polls until fast-failed completions came in three polls, each
+        // failure submitted again at once from the handler.
+        let start = Instant::now();
+        let mut per_poll = Vec::new();
+        while per_poll.len() < 3 && start.elapsed() < Duration::from_secs(20) {
+            let mut n = 0usize;
+            qp.poll(u32::MAX, |sub, done| {
+                assert_eq!(done.result, Err(IoError::FastFail));
+                n += 1;
+                let buf = done.buf.expect("the buffer comes back");
+                sub.read(&ns, done.user_data, 1, buf, done.user_data)
+                    .expect("resubmit");
+            });
+            if n > 0 {
+                per_poll.push(n);
+                let _ = tx.send(n);
+            }
+            std::thread::yield_now();
+        }
+        per_poll
+    });
+    for _ in 0..3 {
+        match rx.recv_timeout(Duration::from_secs(30)) {
+            Ok(n) => assert!(n <= 4, "one poll failed {n} requests: more than were held"),
+            Err(_) => panic!("a poll did not return: it keeps failing what its handler submits"),
+        }
+    }
+    let per_poll = poller.join().unwrap();
+    assert_eq!(per_poll, vec![4, 4, 4]);
+    assert!(c.transport().is_reconnecting() && !c.is_failed());
+}
+
 /// A command that brings the connection down every time it is sent is
 /// sent again after each reset at most 5 times (Linux's nvme_max_retries),
 /// then fails with Command Aborted By Host; the queue goes on.

@@ -6,7 +6,7 @@ use clap::{Args, ValueEnum};
 use pollux_bdev::UringOptions;
 use pollux_host::trid::parse_size;
 
-use crate::common::opts::{CpumaskArgs, RunArgs};
+use crate::common::opts::{trid_help, CpumaskArgs, RunArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -16,7 +16,8 @@ pub enum Workload {
     Randwrite,
     Rw,
     Randrw,
-    /// Write each unit, read it back and compare (sequential).
+    // Documented in `RunArgs::workload`'s help: a help text here would
+    // switch `--help` to clap's long layout, unlike the other tools.
     Verify,
 }
 
@@ -55,10 +56,11 @@ pub struct BdevperfArgs {
     /// worker or softirq on the same core can run.
     #[arg(long, value_name = "POLLS", default_value_t = UringOptions::default().yield_after)]
     pub uring_yield: u32,
-    /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable:
-    /// 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0'
-    /// or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
-    #[arg(long)]
+    /// An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable.
+    #[arg(long, value_name = "TRID", help = concat!(
+        "An NVMe controller (Nvme<k>, bdevs Nvme<k>n<nsid>), repeatable. ",
+        trid_help!()
+    ))]
     pub nvme: Vec<String>,
     /// Block size of the --null and --ram bdevs.
     #[arg(long = "block-size", default_value_t = 512)]

@@ -18,13 +18,12 @@ use pollux_bdev::{Channel, Completion, Data, Handler, Io, IoBuf, IoError, Refuse
 use pollux_runtime::{Poll, ThreadCtx};
 
 use crate::common::clock::{thread_cpu_time, LatClock};
+use crate::common::errlog::ErrorLog;
 use crate::common::pattern::Pattern;
 use crate::common::verify::Verify;
 
 /// Polls between checks of the clock, the stop request and progress.
 pub const CHECK_EVERY: u64 = 256;
-
-const MAX_REPORTED_ERRORS: usize = 10;
 
 pub struct Latency {
     pub clock: LatClock,
@@ -57,6 +56,8 @@ pub struct JobCtx {
     pub bufs: Vec<Option<IoBuf>>,
     pub errors: u64,
     pub first_errors: Vec<String>,
+    /// Logs each kind of error once and counts its repeats.
+    pub errlog: ErrorLog,
     pub latency: Option<Latency>,
     pub verify: Option<Verify>,
     pub write_read: Option<WriteRead>,
@@ -271,10 +272,7 @@ impl JobCtx {
     #[cold]
     pub fn error(&mut self, msg: String) {
         self.errors += 1;
-        if self.first_errors.len() < MAX_REPORTED_ERRORS {
-            tracing::error!("{}: {msg}", self.label);
-            self.first_errors.push(msg);
-        }
+        self.errlog.error(&self.label, msg, &mut self.first_errors);
     }
 
     /// The run is over for this slot (or its buffer did not come back).
@@ -495,10 +493,11 @@ impl Run {
         let Job {
             index,
             ch,
-            ctx,
+            mut ctx,
             results,
             ..
         } = self.job;
+        ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
         drop(ch);
         let r = JobResult {
             index,
@@ -561,6 +560,7 @@ mod tests {
                 .collect(),
             errors: 0,
             first_errors: Vec::new(),
+            errlog: ErrorLog::default(),
             latency: None,
             verify: Some(Verify::new(
                 Written::new(units),

@@ -20,7 +20,6 @@ use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use pollux_bdev::config::{Config, ConfigError, NvmeAttach, UringParams};
 use pollux_bdev::{Bdev, ChannelOptions, UringOptions};
 use pollux_runtime::{Runtime, RuntimeOptions};
@@ -28,8 +27,9 @@ use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::LatClock;
 use crate::common::cores::online_cpus;
+use crate::common::latency;
 use crate::common::mem::{human_bytes, mem_available};
-use crate::common::opts::BadOption;
+use crate::common::opts::{size_in_blocks, BadOption};
 use crate::common::pattern::{Mix, Pattern};
 use crate::common::verify::{Verify, Written, MAX_UNITS};
 use crate::nvme_open::OpenError;
@@ -78,6 +78,9 @@ fn bad(
 fn check_args(a: &BdevperfArgs, online: &[usize]) -> Result<Vec<usize>, BdevperfError> {
     let cores = a.cpumask.cores(online)?;
     a.run.check(online, &cores, "-m", &a.cpumask.cpumask)?;
+    for w in a.run.ignored() {
+        eprintln!("pollux bdevperf: {w}");
+    }
     if a.run.inline && a.nvme.is_empty() && a.config.is_none() {
         return Err(bad(
             "--inline",
@@ -153,16 +156,9 @@ fn make_bdevs(
         bdevs.push(b);
     }
     for &size in &a.ram {
-        if size == 0 || !size.is_multiple_of(bs.max(1) as u64) {
-            return Err(bad(
-                "--ram",
-                size,
-                format!("the size must be a non-zero multiple of --block-size {bs}"),
-            ));
-        }
+        let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad("--ram", size, e))?;
         let name = fresh_name("Malloc", &mut used);
-        let b = Bdev::ram(&name, bs, size / bs as u64)
-            .map_err(|e| bad("--ram", size, e.to_string()))?;
+        let b = Bdev::ram(&name, bs, blocks).map_err(|e| bad("--ram", size, e.to_string()))?;
         bdevs.push(b);
     }
     if a.iopoll && a.uring.is_empty() {
@@ -253,7 +249,12 @@ fn run_with(
             a,
             cfg,
             &mut |name: &str, trid: &str| Ok(op.borrow_mut().open_trid(name, trid)?),
-            &mut |att: &NvmeAttach| Ok(op.borrow_mut().attach(att)?),
+            // (The config's error names the controller: only why here.)
+            &mut |att: &NvmeAttach| {
+                op.borrow_mut()
+                    .attach(att)
+                    .map_err(|e| BdevperfError::Args(e.why))
+            },
         )?
     };
     for c in opener.controllers() {
@@ -375,8 +376,8 @@ fn execute(
         Workload::Randread => (true, Mix::AllRead),
         Workload::Write | Workload::Verify => (false, Mix::AllWrite),
         Workload::Randwrite => (true, Mix::AllWrite),
-        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread)),
-        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread)),
+        Workload::Rw => (false, Mix::from_percent(a.run.rwmixread())),
+        Workload::Randrw => (true, Mix::from_percent(a.run.rwmixread())),
     };
     let writes = !matches!(mix, Mix::AllRead);
     let lat_clock = LatClock::new();
@@ -416,10 +417,8 @@ fn execute(
                 Some(n) => n / njobs + u64::from((index as u64) < n % njobs),
                 None => u64::MAX,
             };
-            let latency = if a.run.latency {
-                // Ticks: up to an hour at a few GHz.
-                let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
-                    .map_err(|e| BdevperfError::Args(e.to_string()))?;
+            let latency = if a.run.latency > 0 {
+                let hist = latency::histogram().map_err(|e| BdevperfError::Args(e.to_string()))?;
                 Some(Latency {
                     clock: lat_clock,
                     submit: vec![0; depth],
@@ -450,6 +449,7 @@ fn execute(
                 bufs,
                 errors: 0,
                 first_errors: Vec::new(),
+                errlog: Default::default(),
                 latency,
                 verify,
                 write_read,

@@ -11,6 +11,7 @@ use super::args::BdevperfArgs;
 use super::job::JobResult;
 use super::threads::{starved_note, Share};
 use crate::common::cores::mask_of;
+use crate::common::latency::{self, HISTOGRAM_LEVEL};
 
 /// What the caller needs after a run.
 pub struct Summary {
@@ -93,7 +94,7 @@ pub fn report(
                 }
             }
         }
-        rows.push(json!({
+        let mut row = json!({
             "name": m.bdev,
             "core": m.core,
             "core_mask": mask_of(&[m.core]),
@@ -106,11 +107,10 @@ pub fn report(
             "timeouts": r.timeouts,
             "to_s": to_s,
             "polls": r.polls,
-            "avg_lat_us": r.hist.as_ref().map(|h| lat_us(h, None, ns_per_tick)),
-            "min_lat_us": r.hist.as_ref().map(|h| us(h.min())),
-            "max_lat_us": r.hist.as_ref().map(|h| us(h.max())),
-            "p99_lat_us": r.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
-        }));
+        });
+        let lat = latency::json_fields(r.hist.as_ref(), ns_per_tick, a.run.latency);
+        latency::extend(&mut row, lat);
+        rows.push(row);
     }
     let notes: Vec<String> = starved_note(waits, "the run").into_iter().collect();
     let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
@@ -135,10 +135,10 @@ pub fn report(
                        "write_bytes": s.write_bytes, "errors": s.errors})
             })
             .collect();
-        let out = json!({
+        let mut out = json!({
             "config": {
                 "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": workload,
-                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count,
+                "rwmixread": a.run.rwmixread(), "time_s": a.run.time, "io_count": a.run.io_count,
                 "core_mask": mask_of(cores), "cores": cores, "every_core": a.every_core,
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency,
                 "latency_clock": clock_source,
@@ -152,11 +152,10 @@ pub fn report(
             "total": {
                 "iops": t_iops, "mib_s": mib(t_iops), "ios": t_ios, "errors": t_err,
                 "fail_s": t_fail_s, "timeouts": t_to, "to_s": t_to_s, "seconds": max_secs,
-                "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| us(h.min())),
-                "p50_lat_us": lat(Some(0.5)), "p99_lat_us": lat(Some(0.99)),
-                "max_lat_us": total_hist.as_ref().map(|h| us(h.max())),
             }
         });
+        let lat = latency::json_fields(total_hist.as_ref(), ns_per_tick, a.run.latency);
+        latency::extend(&mut out["total"], lat);
         println!("{out}");
     } else {
         let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
@@ -175,12 +174,13 @@ pub fn report(
             a.run.queue_depth, a.run.io_size
         );
         print!("{}", table(&head, &table_rows(&rows), &total));
-        if a.run.latency {
-            println!(
-                "Latency percentiles (us): p50 {}  p99 {}",
-                f(lat(Some(0.5))),
-                f(lat(Some(0.99)))
-            );
+        if let (true, Some(h)) = (a.run.latency > 0, &total_hist) {
+            println!();
+            latency::print_table(&[("Total".into(), h)], ns_per_tick, 30);
+            if a.run.latency >= HISTOGRAM_LEVEL {
+                println!();
+                latency::print_histogram("all jobs", h, ns_per_tick);
+            }
         }
         println!("I/Os: {t_ios}  errors: {t_err}  timeouts: {t_to}");
         if interrupted {

@@ -19,26 +19,30 @@ use super::cores::{check_cores, parse_cores};
 pub struct RunArgs<W: ValueEnum + Clone + Send + Sync + 'static> {
     /// Queue depth per job (a job: a queue pair in perf, one bdev on one
     /// core in bdevperf).
-    #[arg(short = 'q', long = "queue-depth", default_value_t = 128)]
+    #[arg(short = 'q', long = "queue-depth", default_value_t = 128,
+          value_parser = clap::value_parser!(u16).range(1..))]
     pub queue_depth: u16,
     /// I/O size in bytes (suffixes k, m allowed).
     #[arg(short = 'o', long = "io-size", default_value = "4096", value_parser = parse_size)]
     pub io_size: u64,
-    /// Workload pattern.
+    /// Workload pattern (bdevperf's verify: write each unit, read it back
+    /// and compare, sequentially).
     #[arg(short = 'w', long = "workload", value_enum, default_value = "randread")]
     pub workload: W,
-    /// Read percentage for rw/randrw.
-    #[arg(short = 'M', long = "rwmixread", default_value_t = 50, value_parser = clap::value_parser!(u8).range(0..=100))]
-    pub rwmixread: u8,
+    /// Read percentage for rw/randrw [default: 50].
+    #[arg(short = 'M', long = "rwmixread", value_parser = clap::value_parser!(u8).range(0..=100))]
+    pub rwmixread: Option<u8>,
     /// Run time in seconds.
     #[arg(short = 't', long = "time", default_value_t = 5)]
     pub time: u64,
     /// Stop after this many I/Os in total (split evenly over the jobs).
     #[arg(long = "io-count")]
     pub io_count: Option<u64>,
-    /// Track latency (reads the clock twice per I/O).
-    #[arg(short = 'L', long = "latency")]
-    pub latency: bool,
+    /// Measure latency (reads the clock twice per I/O): -L average, min,
+    /// max and p50/p90/p99/p99.9/p99.99 (reads and writes apart for rw and
+    /// randrw); -LL also a histogram.
+    #[arg(short = 'L', long = "latency", action = clap::ArgAction::Count)]
+    pub latency: u8,
     /// Step the emulated NVMe controllers on the worker thread
     /// (deterministic; one worker core).
     #[arg(long)]
@@ -69,9 +73,6 @@ impl<W: ValueEnum + Clone + Send + Sync + 'static> RunArgs<W> {
         cores_flag: &str,
         cores_value: &str,
     ) -> Result<(), BadOption> {
-        if self.queue_depth == 0 {
-            return Err(BadOption::new("-q", 0, "must be at least 1"));
-        }
         check_run_options(self.io_size, self.io_count, self.time, self.timeout_ms)?;
         self.device.check(online)?;
         if self.inline && cores.len() != 1 {
@@ -86,11 +87,48 @@ impl<W: ValueEnum + Clone + Send + Sync + 'static> RunArgs<W> {
         Ok(())
     }
 
+    /// `-M`: the read percentage of a mixed workload (50 unless given).
+    pub fn rwmixread(&self) -> u8 {
+        self.rwmixread.unwrap_or(50)
+    }
+
+    /// What the options ask for that this run will not do, one line each
+    /// (`-M` given with a workload that mixes nothing), for `tool` to warn
+    /// about on stderr.
+    pub fn ignored(&self) -> Vec<String> {
+        let workload = self.workload.to_possible_value();
+        let name = workload.as_ref().map_or("?", |v| v.get_name());
+        let mut ignored = Vec::new();
+        if let Some(m) = self.rwmixread {
+            if name != "rw" && name != "randrw" {
+                ignored.push(format!(
+                    "-M {m} is ignored: -w {name} does not mix reads and writes (-w rw or randrw does)"
+                ));
+            }
+        }
+        ignored
+    }
+
     /// The command timeout (`None`: `--timeout-ms 0`, none).
     pub fn timeout(&self) -> Option<std::time::Duration> {
         (self.timeout_ms > 0).then(|| std::time::Duration::from_millis(self.timeout_ms))
     }
 }
+
+/// The transport-ID help of `perf -r`, `bdevperf --nvme` and `target
+/// --nvme` (a literal, for `concat!`): every key that
+/// `pollux_host::trid::parse` takes, by trtype.
+macro_rules! trid_help {
+    () => {
+        "Transport ID in SPDK's key:value syntax. An emulated controller: \
+'trtype:soft [backend:null|ram|file path:FILE size:1GiB lbads:512|4096 ns:N mdts:N \
+mqes:N]'; a PCIe controller: 'trtype:pcie traddr:0000:01:00.0'; NVMe/TCP: \
+'trtype:tcp traddr:IP [adrfam:ipv4|ipv6 trsvcid:4420 subnqn:NQN hostnqn:NQN \
+hdgst:0|1 ddgst:0|1 sqflow:0|1 ctrl_loss_tmo:SECS reconnect_delay:SECS \
+fast_io_fail_tmo:SECS]'"
+    };
+}
+pub(crate) use trid_help;
 
 /// `--device-core` (perf, bdevperf and target): where the emulated
 /// controllers' device thread runs.
@@ -173,6 +211,31 @@ impl BadOption {
     }
 }
 
+/// The blocks of a `--ram`/`--null` bdev (or an emulated namespace) of
+/// `size` bytes and blocks of `block_size` bytes, set by `bs_option`
+/// (`--block-size`, `lbads:`), or why there are none: a size below one
+/// block is most likely a size given without its unit (`--ram 64`, bytes).
+pub fn size_in_blocks(size: u64, block_size: u32, bs_option: &str) -> Result<u64, String> {
+    let bs = u64::from(block_size);
+    if bs == 0 {
+        return Err(format!(
+            "block size 0 ({bs_option}): a block has at least one byte"
+        ));
+    }
+    if size < bs {
+        return Err(format!(
+            "{size} bytes is less than one block ({bs} bytes): a size without a unit is in bytes; \
+             give a unit (k, M, G or T: 64M, 1GiB)"
+        ));
+    }
+    if !size.is_multiple_of(bs) {
+        // `--block-size 512`, `lbads:512`.
+        let sep = if bs_option.ends_with(':') { "" } else { " " };
+        return Err(format!("not a multiple of {bs_option}{sep}{bs}"));
+    }
+    Ok(size / bs)
+}
+
 /// I/O size (`-o`), how the run ends (`--io-count`, `-t`) and the command
 /// timeout (`--timeout-ms`).
 fn check_run_options(
@@ -226,6 +289,34 @@ mod tests {
         assert_eq!(e.to_string(), "--inline: needs one core");
         let e = check_run_options(1000, None, 5, 0).expect_err("-o 1000");
         assert_eq!((e.option, e.value.as_str()), ("-o", "1000"));
+    }
+
+    #[test]
+    fn a_size_below_one_block_asks_for_a_unit() {
+        assert_eq!(size_in_blocks(64 << 20, 512, "--block-size"), Ok(131072));
+        let e = size_in_blocks(64, 512, "--block-size").unwrap_err();
+        assert!(
+            e.starts_with("64 bytes is less than one block (512 bytes)"),
+            "{e}"
+        );
+        assert!(e.contains("give a unit (k, M, G or T"), "{e}");
+        assert_eq!(
+            size_in_blocks(1000, 512, "--block-size").unwrap_err(),
+            "not a multiple of --block-size 512"
+        );
+        assert!(size_in_blocks(4096, 0, "--block-size").is_err());
+        assert!(size_in_blocks(0, 512, "--block-size")
+            .unwrap_err()
+            .starts_with("0 bytes"));
+        assert_eq!(
+            size_in_blocks(1000, 4096, "lbads:").unwrap_err(),
+            "1000 bytes is less than one block (4096 bytes): a size without a unit is in bytes; \
+             give a unit (k, M, G or T: 64M, 1GiB)"
+        );
+        assert_eq!(
+            size_in_blocks(5000, 4096, "lbads:").unwrap_err(),
+            "not a multiple of lbads:4096"
+        );
     }
 
     #[test]

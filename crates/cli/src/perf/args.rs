@@ -2,7 +2,7 @@
 //! perf's own.
 use clap::{Args, ValueEnum};
 
-use crate::common::opts::RunArgs;
+use crate::common::opts::{trid_help, RunArgs};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Workload {
@@ -22,22 +22,28 @@ pub struct PerfArgs {
     #[arg(short = 'c', long = "cores", default_value = "0")]
     pub cores: String,
     /// Queue pairs per namespace.
-    #[arg(short = 'P', long = "qpairs", default_value_t = 1)]
+    #[arg(short = 'P', long = "qpairs", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
     pub qpairs: u16,
-    /// Transport ID, repeatable: 'trtype:soft backend:null|ram|file path:.. size:1GiB lbads:512|4096 ns:N', 'trtype:pcie traddr:0000:00:01.0' or 'trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:4420 subnqn:NQN [hostnqn:NQN hdgst:1 ddgst:1]'.
-    #[arg(short = 'r', long = "transport")]
+    /// A controller to drive, repeatable (default: an emulated one, null
+    /// backend).
+    #[arg(short = 'r', long = "transport", value_name = "TRID", help = concat!(
+        "A controller to drive, repeatable (default: 'trtype:soft', an emulated one, null backend). ",
+        trid_help!()
+    ))]
     pub transport: Vec<String>,
     /// Ring the SQ doorbell per command instead of once per poll.
     #[arg(long = "no-delayed-doorbell")]
     pub no_delayed_doorbell: bool,
     /// SQ doorbell batching: ring once this many commands wait (or the controller holds fewer).
-    #[arg(long = "sq-batch", default_value_t = 1)]
+    #[arg(long = "sq-batch", default_value_t = 1,
+          value_parser = clap::value_parser!(u16).range(1..))]
     pub sq_batch: u16,
     /// Ring the CQ doorbell every poll instead of only when the controller needs room.
     #[arg(long = "no-lazy-cq")]
     pub no_lazy_cq: bool,
-    /// Prefetch the next completion's tracker (off by default: trackers are
-    /// 16 bytes and stay in L1).
+    /// Prefetch the next completion's tracker (off by default: measured a
+    /// loss, the trackers stay in L1; see README).
     #[arg(long = "prefetch")]
     pub prefetch: bool,
     /// Copy SQEs into the ring with non-temporal stores (off by default).

@@ -2,9 +2,11 @@
 //!
 //! With no `-r`, one emulated controller (null backend) runs on its own
 //! pinned device thread, so `pollux perf` works on any Linux machine.
-//! Workers are pinned threads, one per `-c` core; each owns its queue pairs.
+//! Workers are pinned threads, one per `-c` core; each owns -P queue pairs
+//! on every namespace (as SPDK's perf).
 mod args;
 mod report;
+mod signals;
 mod worker;
 
 use std::collections::HashMap;
@@ -12,7 +14,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use hdrhistogram::Histogram;
 use pollux_host::{Controller, ControllerOptions, DmaMemory, IoBuf, QpairOptions};
 use pollux_softnvme::SoftDevice;
 
@@ -20,7 +21,7 @@ use crate::common::cores::online_cpus;
 use crate::common::mem::{human_bytes, mem_available};
 use crate::common::opts::{cores_option, BadOption};
 use crate::common::pattern::{Mix, Pattern};
-use crate::common::{clock, verify};
+use crate::common::{clock, latency, verify};
 use crate::emulator::SoftEmulator;
 use pollux_host::trid;
 use trid::{Backend, SoftTrid, Trid};
@@ -99,6 +100,9 @@ pub(crate) fn open_device(
 fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
     let cores = cores_option("-c", &a.cores, online)?;
     a.run.check(online, &cores, "-c", &a.cores)?;
+    for w in a.run.ignored() {
+        eprintln!("pollux perf: {w}");
+    }
     if a.qpairs == 0 {
         return Err(bad("-P", 0, "must be at least 1"));
     }
@@ -141,6 +145,33 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
     Ok(())
 }
 
+/// Why a run with emulated controllers on a device thread (not --inline)
+/// pinned to `device_core` (None: not pinned, no core was left over) will
+/// be slow, if it shares a core with the workers on `cores`: the device
+/// thread and a worker both poll without sleeping, so they take turns on
+/// the core, which can cut IOPS by orders of magnitude.
+fn shared_core_warning(
+    a: &PerfArgs,
+    device_core: Option<usize>,
+    cores: &[usize],
+) -> Option<String> {
+    if a.run.inline {
+        return None;
+    }
+    let why = "both poll without sleeping and take turns on the core, which can cut IOPS by orders of magnitude";
+    match device_core {
+        Some(c) if cores.contains(&c) => Some(format!(
+            "the emulated controller's device thread runs on core {c}, which is also a worker core (-c {}): {why}; give it a core of its own (--device-core outside -c) or step the device from the worker with --inline",
+            a.cores
+        )),
+        Some(_) => None,
+        None => Some(format!(
+            "every core this process may use is a worker core (-c {}), so the emulated controller's device thread (not pinned) shares them: {why}; leave a core for it (fewer cores in -c) or step the device from the worker with --inline (one worker core)",
+            a.cores
+        )),
+    }
+}
+
 /// What one job (queue pair) on a namespace needs, checked before any
 /// queue pair or buffer is allocated.
 struct NsPlan {
@@ -148,8 +179,14 @@ struct NsPlan {
     units: u64,
 }
 
-/// Option checks against the opened controllers and their namespaces.
-fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, PerfError> {
+/// Option checks against the opened controllers and their namespaces, for
+/// a run on `ncores` worker cores (each with -P queue pairs on every
+/// namespace).
+fn check_devices(
+    a: &PerfArgs,
+    devices: &[Device],
+    ncores: usize,
+) -> Result<Vec<Vec<NsPlan>>, PerfError> {
     let io = a.run.io_size;
     let mut plans = Vec::new();
     for d in devices {
@@ -167,15 +204,16 @@ fn check_devices(a: &PerfArgs, devices: &[Device]) -> Result<Vec<Vec<NsPlan>>, P
             );
         }
         let nns = d.ctrl.namespaces().len() as u64;
-        let need = nns * a.qpairs as u64;
+        let need = nns * a.qpairs as u64 * ncores as u64;
         if need > d.ctrl.io_queues() as u64 {
             return Err(bad(
                 "-P",
                 a.qpairs,
                 format!(
-                    "{}: {nns} namespace(s) x -P {} need {need} I/O queue pairs, but the controller granted {}",
+                    "{}: {nns} namespace(s) x -P {} x {ncores} worker core(s) (-c {}) need {need} I/O queue pairs, but the controller granted {}: lower -P or use fewer cores",
                     d.name,
                     a.qpairs,
+                    a.cores,
                     d.ctrl.io_queues()
                 ),
             ));
@@ -257,13 +295,18 @@ fn qpair_dma_bytes(d: &Device, depth: u64, slots: u64, io: u64) -> u64 {
 /// the memory the machine has, before anything is allocated: the buffers
 /// are populated (MAP_POPULATE) or pinned at allocation, so an impossible
 /// size would otherwise push the machine into swap or the OOM killer.
-fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Result<(), PerfError> {
+fn check_memory(
+    a: &PerfArgs,
+    devices: &[Device],
+    plans: &[Vec<NsPlan>],
+    ncores: usize,
+) -> Result<(), PerfError> {
     let depth = a.run.queue_depth as u64;
     let (mut anon, mut huge, mut huge_or_anon, mut qpairs) = (0u64, 0u64, 0u64, 0u64);
     for (d, ns_plans) in devices.iter().zip(plans) {
         let held = qpair_depth(d, a.run.queue_depth) as u64;
         let per_qp = qpair_dma_bytes(d, held, depth, a.run.io_size);
-        let n = ns_plans.len() as u64 * a.qpairs as u64;
+        let n = ns_plans.len() as u64 * a.qpairs as u64 * ncores as u64;
         qpairs += n;
         let bytes = per_qp.saturating_mul(n);
         match d.mem {
@@ -279,7 +322,7 @@ fn check_memory(a: &PerfArgs, devices: &[Device], plans: &[Vec<NsPlan>]) -> Resu
         }
     }
     let what = format!(
-        "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace, {} device(s)){}",
+        "-q {} x -o {} x {qpairs} queue pair(s) (-P {} per namespace and worker core, {ncores} core(s), {} device(s)){}",
         a.run.queue_depth,
         a.run.io_size,
         a.qpairs,
@@ -354,12 +397,16 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let mut emu = SoftEmulator::new(a.run.inline, device_core);
     if trids.iter().any(|t| matches!(t, Trid::Soft(_))) {
         emu.start_thread()?;
+        if let Some(w) = shared_core_warning(&a, device_core, &cores) {
+            eprintln!("pollux perf: {w}");
+        }
     }
     let defaults = ControllerOptions::default();
     let copts = ControllerOptions {
         shadow_doorbells: !a.no_shadow_doorbell,
-        // Enough queue pairs for -P on every namespace we know of up front
-        // (the controller may grant fewer: checked below).
+        // Enough queue pairs for -P on every namespace we know of up front,
+        // on every worker core (the controller may grant fewer: checked
+        // below).
         io_queues: trids
             .iter()
             .map(|t| match t {
@@ -369,6 +416,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .max()
             .unwrap_or(1)
             .saturating_mul(a.qpairs as u64)
+            .saturating_mul(cores.len() as u64)
             .clamp(defaults.io_queues as u64, u16::MAX as u64 - 1) as u16,
         ..defaults
     };
@@ -376,12 +424,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     for (i, t) in trids.iter().enumerate() {
         devices.push(open_device(t, i, &mut emu, &copts)?);
     }
-    let plans = check_devices(&a, &devices)?;
-    let total_jobs: u64 = plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64;
+    let plans = check_devices(&a, &devices, cores.len())?;
+    let total_jobs: u64 =
+        plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64 * cores.len() as u64;
     if total_jobs == 0 {
         return Err(PerfError::Args("no namespaces found".into()));
     }
-    check_memory(&a, &devices, &plans)?;
+    check_memory(&a, &devices, &plans, cores.len())?;
 
     let qopts = QpairOptions {
         depth: a.run.queue_depth,
@@ -402,12 +451,13 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         Workload::Randwrite => (true, Mix::AllWrite),
         Workload::Rw | Workload::Randrw => (
             a.run.workload == Workload::Randrw,
-            Mix::from_percent(a.run.rwmixread),
+            Mix::from_percent(a.run.rwmixread()),
         ),
     };
 
     let lat_clock = clock::LatClock::new();
-    // Jobs: every (device, namespace, qpair) round-robin over the workers.
+    // Jobs, as SPDK's perf: every worker core gets -P queue pairs on
+    // every namespace of every device.
     let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
@@ -415,8 +465,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
             let io = a.run.io_size as usize;
             let (nlb, units) = (plan.nlb, plan.units);
-            for p in 0..a.qpairs {
-                let w = njobs % cores.len();
+            let per_core = (0..a.qpairs).flat_map(|p| (0..cores.len()).map(move |w| (p, w)));
+            for (p, w) in per_core {
                 let qp = d.ctrl.alloc_qpair(QpairOptions {
                     depth: qpair_depth(d, a.run.queue_depth),
                     ..qopts.clone()
@@ -443,13 +493,21 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 } else {
                     None
                 };
-                let latency = if a.run.latency {
-                    // Ticks: up to an hour at a few GHz.
-                    let hist = Histogram::new_with_bounds(1, 36_000_000_000_000, 3)
+                let latency = if a.run.latency > 0 {
+                    // Reads and writes apart when the workload mixes them.
+                    let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
+                        1
+                    } else {
+                        2
+                    };
+                    let hist = (0..n)
+                        .map(|_| latency::histogram())
+                        .collect::<Result<_, _>>()
                         .map_err(|e| PerfError::Args(e.to_string()))?;
                     Some(Latency {
                         clock: lat_clock,
                         submit: vec![0; depth],
+                        mixed: n - 1,
                         hist,
                     })
                 } else {
@@ -479,6 +537,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     ios: 0,
                     errors: 0,
                     first_errors: Vec::new(),
+                    errlog: Default::default(),
                     slow: latency.is_some() || verify.is_some(),
                     latency,
                     verify,
@@ -508,6 +567,9 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         })
         .collect();
     let drain_timeout = Duration::from_millis(a.run.timeout_ms.max(1000).saturating_mul(2));
+    // From here on, SIGINT/SIGTERM stop the run instead of the process.
+    let signals = signals::StopOnSignals::install()?;
+    let mut samples = Vec::new();
     let t0 = Instant::now();
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
@@ -520,8 +582,9 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                 s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, irq))
             })
             .collect();
-        // Status line each second; stop after -t seconds.
+        // Status line and sample each second; stop after -t seconds.
         let mut last = 0u64;
+        let mut last_t = Duration::ZERO;
         let mut tick = 1u64;
         loop {
             if handles.iter().all(|h| h.is_finished()) {
@@ -529,7 +592,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             }
             std::thread::sleep(Duration::from_millis(20));
             let el = t0.elapsed();
-            if a.run.time > 0 && el >= Duration::from_secs(a.run.time) {
+            if signals.triggered() || (a.run.time > 0 && el >= Duration::from_secs(a.run.time)) {
                 for c in &ctls {
                     c.stop.store(true, Ordering::Relaxed);
                 }
@@ -542,13 +605,24 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     .sum();
                 if !a.run.json {
                     eprintln!(
-                        "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s",
+                        "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}",
                         el.as_secs(),
                         now.saturating_sub(last) as f64,
-                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64
+                        now.saturating_sub(last) as f64 * a.run.io_size as f64 / (1 << 20) as f64,
+                        if signals.triggered() {
+                            " (stopping)"
+                        } else {
+                            ""
+                        }
                     );
                 }
-                last = now;
+                samples.push(report::Sample::new(
+                    el,
+                    now.saturating_sub(last),
+                    el - last_t,
+                    a.run.io_size,
+                ));
+                (last, last_t) = (now, el);
             }
         }
         handles
@@ -557,6 +631,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .collect()
     });
 
+    let interrupted = signals.triggered();
     let device_stats: Vec<_> = devices
         .iter()
         .filter_map(|d| d.soft.as_ref().map(|s| (d.name.clone(), s.stats())))
@@ -567,8 +642,11 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         &device_stats,
         lat_clock.ns_per_tick(),
         lat_clock.source(),
+        interrupted,
+        &samples,
     );
     drop(devices);
     drop(emu);
+    drop(signals);
     Ok(summary)
 }

@@ -1,24 +1,80 @@
-//! perf's summary: SPDK's table (per queue pair: IOPS, MiB/s, latency
-//! average/min/max, then totals and doorbell counts) or, with `--json`,
-//! one object.
+//! perf's summary: SPDK's table (per queue pair: IOPS, MiB/s, with -L
+//! latency average/min/max, then totals and, for PCIe queue pairs,
+//! emulated or not, doorbell counts; with -L the percentiles, reads and
+//! writes apart for a mixed workload; with -LL a histogram per queue pair)
+//! or, with `--json`, one object (with the samples taken each second).
+use std::time::Duration;
+
 use hdrhistogram::Histogram;
-use serde_json::json;
+use serde_json::{json, Value};
 
 use super::args::PerfArgs;
 use super::worker::WorkerResult;
+use crate::common::latency::{self, HISTOGRAM_LEVEL};
+
+/// Said where the latency columns would be, without -L.
+const NOT_MEASURED: &str = "latency: not measured (no clock read per I/O); -L to measure";
 
 /// What the caller needs after a run.
 pub struct Summary {
     pub errors: u64,
 }
 
-/// A latency statistic in microseconds: `q` a quantile, `None` the mean.
-fn lat_us(h: &Histogram<u64>, q: Option<f64>, ns_per_tick: f64) -> f64 {
-    let ticks = match q {
-        Some(q) => h.value_at_quantile(q) as f64,
-        None => h.mean(),
-    };
-    ticks * ns_per_tick / 1000.0
+/// What the run did in one second (or so) of it: taken by the reporting
+/// loop from the workers' published I/O counts, never per I/O.
+pub struct Sample {
+    /// Time since the start of the run at the end of the sample.
+    pub t: Duration,
+    pub iops: f64,
+    pub mib_s: f64,
+}
+
+impl Sample {
+    /// `ios` completed over the `dt` ending at `t`, of `io_size` bytes.
+    pub fn new(t: Duration, ios: u64, dt: Duration, io_size: u64) -> Sample {
+        let iops = ios as f64 / dt.as_secs_f64().max(1e-9);
+        Sample {
+            t,
+            iops,
+            mib_s: iops * io_size as f64 / (1u64 << 20) as f64,
+        }
+    }
+}
+
+/// Latency of all I/Os and, for a mixed workload, of reads and writes
+/// apart (`None` each without -L).
+struct Lat<'a> {
+    all: Option<&'a Histogram<u64>>,
+    read_write: Option<&'a [Histogram<u64>; 2]>,
+}
+
+impl Lat<'_> {
+    /// The JSON fields: all I/Os, then `read` and `write` objects.
+    fn json(&self, ns_per_tick: f64, level: u8) -> serde_json::Map<String, Value> {
+        let mut m = latency::json_fields(self.all, ns_per_tick, level);
+        if let Some([r, w]) = self.read_write {
+            for (k, h) in [("read", r), ("write", w)] {
+                let f = latency::json_fields(Some(h), ns_per_tick, level);
+                m.insert(k.into(), Value::Object(f));
+            }
+        }
+        m
+    }
+
+    /// Table rows named `name`: reads and writes apart for a mixed
+    /// workload (then all I/Os too if `with_all`), else all I/Os.
+    fn rows<'b>(&'b self, name: &str, with_all: bool, out: &mut Vec<(String, &'b Histogram<u64>)>) {
+        if let Some([r, w]) = self.read_write {
+            out.push((format!("{name} reads"), r));
+            out.push((format!("{name} writes"), w));
+            if !with_all {
+                return;
+            }
+        }
+        if let Some(h) = self.all {
+            out.push((name.to_string(), h));
+        }
+    }
 }
 
 pub(super) fn report(
@@ -27,11 +83,12 @@ pub(super) fn report(
     device_stats: &[(String, pollux_softnvme::DeviceStats)],
     ns_per_tick: f64,
     clock_source: &str,
+    interrupted: bool,
+    samples: &[Sample],
 ) -> Summary {
-    let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
+    let level = a.run.latency;
     let mib = |ios: f64, io: usize| ios * io as f64 / (1u64 << 20) as f64;
     let mut rows = Vec::new();
-    let mut total_hist: Option<Histogram<u64>> = None;
     let (
         mut t_ios,
         mut t_err,
@@ -46,6 +103,7 @@ pub(super) fn report(
     let mut errors_list = Vec::new();
     let mut max_elapsed = 0f64;
     let mut max_cpu = 0f64;
+    let (mut db_jobs, mut n_jobs) = (0usize, 0usize);
     for r in results {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         max_elapsed = max_elapsed.max(secs);
@@ -53,6 +111,7 @@ pub(super) fn report(
         let mut core_ios = 0f64;
         let mut core_err = 0u64;
         for j in &r.jobs {
+            n_jobs += 1;
             // I/Os inside the measurement window, attributed by share.
             let ios_w = r.ios_in_window as f64 * j.ios as f64 / all as f64;
             let iops = ios_w / secs;
@@ -62,36 +121,34 @@ pub(super) fn report(
             core_ios += iops;
             t_iops += iops;
             t_mib += mib(iops, j.io_size);
-            sq_db += j.qp.sq_doorbells;
-            cq_db += j.qp.cq_doorbells;
-            shadow += j.qp.shadow_updates;
-            submitted += j.qp.submitted;
-            errors_list.extend(j.first_errors.iter().map(|e| format!("{}: {e}", j.label)));
-            if let Some(h) = &j.hist {
-                match &mut total_hist {
-                    None => total_hist = Some(h.clone()),
-                    Some(t) => {
-                        let _ = t.add(h);
-                    }
-                }
+            // Doorbells are PCIe's: TCP queue pairs count none.
+            if j.doorbells {
+                sq_db += j.qp.sq_doorbells;
+                cq_db += j.qp.cq_doorbells;
+                shadow += j.qp.shadow_updates;
+                submitted += j.qp.submitted;
+                db_jobs += 1;
             }
-            rows.push(json!({
+            errors_list.extend(j.first_errors.iter().map(|e| format!("{}: {e}", j.label)));
+            let mut row = json!({
                 "name": j.label,
                 "ios": j.ios,
                 "iops": iops,
                 "mib_s": mib(iops, j.io_size),
                 "errors": j.errors,
-                "avg_lat_us": j.hist.as_ref().map(|h| lat_us(h, None, ns_per_tick)),
-                "min_lat_us": j.hist.as_ref().map(|h| us(h.min())),
-                "max_lat_us": j.hist.as_ref().map(|h| us(h.max())),
-                "p99_lat_us": j.hist.as_ref().map(|h| lat_us(h, Some(0.99), ns_per_tick)),
-                "sq_doorbells": j.qp.sq_doorbells,
-                "cq_doorbells": j.qp.cq_doorbells,
-                "shadow_updates": j.qp.shadow_updates,
+                "sq_doorbells": j.doorbells.then_some(j.qp.sq_doorbells),
+                "cq_doorbells": j.doorbells.then_some(j.qp.cq_doorbells),
+                "shadow_updates": j.doorbells.then_some(j.qp.shadow_updates),
                 "polls": j.qp.polls,
                 "queued": j.qp.queued,
                 "timeouts": j.qp.timeouts,
-            }));
+            });
+            let lat = Lat {
+                all: j.hist.as_ref(),
+                read_write: j.read_write.as_ref(),
+            };
+            latency::extend(&mut row, lat.json(ns_per_tick, level));
+            rows.push(row);
         }
         if let Some(e) = &r.drain_error {
             t_err += 1;
@@ -104,23 +161,42 @@ pub(super) fn report(
             "cpu_s": r.cpu.as_secs_f64(), "cpu_util": cpu_util,
         }));
     }
+    // Over the queue pairs with doorbells; None without any (TCP only).
     let per_io = |x: u64| {
-        if submitted == 0 {
-            0.0
-        } else {
-            x as f64 / submitted as f64
-        }
+        (db_jobs > 0).then(|| {
+            if submitted == 0 {
+                0.0
+            } else {
+                x as f64 / submitted as f64
+            }
+        })
     };
-    let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
+    let jobs = || results.iter().flat_map(|r| &r.jobs);
+    let total_hist = latency::merged(jobs().filter_map(|j| j.hist.as_ref()));
+    let total_rw = match (
+        latency::merged(jobs().filter_map(|j| j.read_write.as_ref().map(|[r, _]| r))),
+        latency::merged(jobs().filter_map(|j| j.read_write.as_ref().map(|[_, w]| w))),
+    ) {
+        (Some(r), Some(w)) => Some([r, w]),
+        _ => None,
+    };
+    let total_lat = Lat {
+        all: total_hist.as_ref(),
+        read_write: total_rw.as_ref(),
+    };
     let soft_json: Vec<_> = device_stats
         .iter()
         .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled }))
         .collect();
     if a.run.json {
-        let out = json!({
+        let samples_json: Vec<_> = samples
+            .iter()
+            .map(|s| json!({"t_s": s.t.as_secs_f64(), "iops": s.iops, "mib_s": s.mib_s}))
+            .collect();
+        let mut out = json!({
             "config": {
                 "queue_depth": a.run.queue_depth, "io_size": a.run.io_size, "workload": format!("{:?}", a.run.workload).to_lowercase(),
-                "rwmixread": a.run.rwmixread, "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
+                "rwmixread": a.run.rwmixread(), "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
                 "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,
@@ -129,62 +205,125 @@ pub(super) fn report(
             "cores": cores_json,
             "emulated_controllers": soft_json,
             "errors": errors_list,
+            "interrupted": interrupted,
+            "samples": samples_json,
             "total": {
                 "iops": t_iops, "mib_s": t_mib, "ios": t_ios, "errors": t_err, "seconds": max_elapsed,
-                "avg_lat_us": lat(None), "min_lat_us": total_hist.as_ref().map(|h| us(h.min())),
-                "p50_lat_us": lat(Some(0.5)), "p99_lat_us": lat(Some(0.99)),
-                "max_lat_us": total_hist.as_ref().map(|h| us(h.max())),
                 "sq_doorbells_per_io": per_io(sq_db), "cq_doorbells_per_io": per_io(cq_db),
                 "shadow_updates_per_io": per_io(shadow),
                 "worker_cpu_util_max": max_cpu,
             }
         });
+        latency::extend(&mut out["total"], total_lat.json(ns_per_tick, level));
         println!("{out}");
     } else {
-        let bar = "=".repeat(110);
-        println!("{bar}");
-        println!("{:<62}{:>48}", "", "Latency(us)");
-        println!(
-            "{:<50}: {:>12} {:>10} {:>10} {:>10} {:>10}",
-            "Device Information", "IOPS", "MiB/s", "Average", "min", "max"
+        // The name column fits the longest name (a TCP controller's is long).
+        let w = rows
+            .iter()
+            .map(|r| r["name"].as_str().map_or(0, |n| n.chars().count()))
+            .max()
+            .unwrap_or(0)
+            .max(50);
+        let measured = level > 0;
+        let f = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        // Without -L no clock is read per I/O: one line says so where the
+        // latency columns would be.
+        let cells = |avg: Option<f64>, min: Option<f64>, max: Option<f64>| {
+            if measured {
+                format!(" {:>10} {:>10} {:>10}", f(avg), f(min), f(max))
+            } else {
+                String::new()
+            }
+        };
+        let lat_head = if measured {
+            format!(" {:>10} {:>10} {:>10}", "Average", "min", "max")
+        } else {
+            format!("   {NOT_MEASURED}")
+        };
+        let head = format!(
+            "{:<w$}: {:>12} {:>10}{lat_head}",
+            "Device Information", "IOPS", "MiB/s"
         );
+        // As wide as the header, the note without -L included.
+        let bar = "=".repeat(head.chars().count().max(w + 60));
+        println!("{bar}");
+        if measured {
+            println!("{:<w$}{:>48}", "", "Latency(us)", w = w + 12);
+        }
+        println!("{head}");
         for r in &rows {
-            let f = |k: &str| r[k].as_f64().map_or("-".to_string(), |v| format!("{v:.2}"));
             println!(
-                "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
+                "{:<w$}: {:>12.2} {:>10.2}{}",
                 r["name"].as_str().unwrap_or(""),
                 r["iops"].as_f64().unwrap_or(0.0),
                 r["mib_s"].as_f64().unwrap_or(0.0),
-                f("avg_lat_us"),
-                f("min_lat_us"),
-                f("max_lat_us")
+                cells(
+                    r["avg_lat_us"].as_f64(),
+                    r["min_lat_us"].as_f64(),
+                    r["max_lat_us"].as_f64()
+                )
             );
         }
         println!("{bar}");
-        let fmt = |v: Option<f64>| v.map_or("-".to_string(), |v| format!("{v:.2}"));
+        let t = total_hist
+            .as_ref()
+            .map(|h| latency::Stats::of(h, ns_per_tick));
         println!(
-            "{:<50}: {:>12.2} {:>10.2} {:>10} {:>10} {:>10}",
+            "{:<w$}: {:>12.2} {:>10.2}{}",
             "Total",
             t_iops,
             t_mib,
-            fmt(lat(None)),
-            fmt(total_hist.as_ref().map(|h| us(h.min()))),
-            fmt(total_hist.as_ref().map(|h| us(h.max())))
+            cells(
+                t.as_ref().map(|s| s.avg),
+                t.as_ref().map(|s| s.min),
+                t.as_ref().map(|s| s.max)
+            )
         );
-        if a.run.latency {
+        if measured {
+            let mut table = Vec::new();
+            let job_lats: Vec<_> = jobs()
+                .map(|j| {
+                    let l = Lat {
+                        all: j.hist.as_ref(),
+                        read_write: j.read_write.as_ref(),
+                    };
+                    (j.label.as_str(), l)
+                })
+                .collect();
+            for (name, l) in &job_lats {
+                l.rows(name, false, &mut table);
+            }
+            let per_job = table.len();
+            total_lat.rows("Total", true, &mut table);
+            let width = table
+                .iter()
+                .map(|(n, _)| n.chars().count())
+                .max()
+                .unwrap_or(0)
+                .max(50);
+            println!();
+            latency::print_table(&table, ns_per_tick, width);
+            if level >= HISTOGRAM_LEVEL {
+                println!();
+                for (name, h) in &table[..per_job] {
+                    latency::print_histogram(name, h, ns_per_tick);
+                }
+            }
+        }
+        if let (Some(sq), Some(cq), Some(sh)) = (per_io(sq_db), per_io(cq_db), per_io(shadow)) {
             println!(
-                "Latency percentiles (us): p50 {}  p99 {}",
-                fmt(lat(Some(0.5))),
-                fmt(lat(Some(0.99)))
+                "Doorbell writes per I/O{}: SQ {sq:.4}  CQ {cq:.4}  (shadow updates {sh:.4})",
+                if db_jobs < n_jobs {
+                    " (PCIe and emulated controllers)"
+                } else {
+                    ""
+                }
             );
         }
-        println!(
-            "Doorbell writes per I/O: SQ {:.4}  CQ {:.4}  (shadow updates {:.4})",
-            per_io(sq_db),
-            per_io(cq_db),
-            per_io(shadow)
-        );
         println!("I/Os: {t_ios}  errors: {t_err}");
+        if interrupted {
+            println!("Stopped early by a signal.");
+        }
         println!(
             "Worker CPU: {:.1}% of a core (busiest worker, getrusage){}",
             max_cpu * 100.0,

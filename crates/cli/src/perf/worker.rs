@@ -16,15 +16,21 @@ use pollux_host::{
 use pollux_softnvme::SoftDevice;
 
 use crate::common::clock::thread_cpu_time;
+use crate::common::errlog::ErrorLog;
+use crate::common::latency;
 use crate::common::pattern::Pattern;
 use crate::common::verify::Verify;
 
 pub struct Latency {
     pub clock: crate::common::clock::LatClock,
-    /// Submission time per slot, in clock ticks.
+    /// Per slot: the submission time in clock ticks, shifted left by one,
+    /// and in the low bit the index in `hist` of the I/O in flight.
     pub submit: Vec<u64>,
-    /// Latencies in clock ticks (converted to ns in the report).
-    pub hist: Histogram<u64>,
+    /// Latencies in clock ticks (converted to ns in the report): one
+    /// histogram, or for a mixed workload two, reads then writes.
+    pub hist: Vec<Histogram<u64>>,
+    /// `hist.len() - 1`: the mask of the index.
+    pub mixed: u64,
 }
 
 /// Everything a job needs besides its queue pair.
@@ -48,6 +54,8 @@ pub struct JobCtx {
     pub ios: u64,
     pub errors: u64,
     pub first_errors: Vec<String>,
+    /// Logs each kind of error once and counts its repeats.
+    pub errlog: ErrorLog,
     pub latency: Option<Latency>,
     pub verify: Option<Verify>,
     /// `latency.is_some() || verify.is_some()`: one test per I/O side keeps
@@ -93,15 +101,23 @@ impl Job {
         self.ctx.retry_failed(&mut self.qp)
     }
 
+    /// Out of line: the run's loop stays as small as before -L's figures.
+    #[cold]
+    #[inline(never)]
     fn into_result(self) -> JobResult {
-        let (ctx, qp) = (self.ctx, self.qp.stats());
+        let doorbells = matches!(self.qp, QueuePair::Pcie(_));
+        let (mut ctx, qp) = (self.ctx, self.qp.stats());
+        ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
+        let hists = ctx.latency.map(|l| l.hist).unwrap_or_default();
         JobResult {
+            doorbells,
             label: ctx.label,
             ios: ctx.ios,
             errors: ctx.errors,
             first_errors: ctx.first_errors,
             io_size: ctx.io_size,
-            hist: ctx.latency.map(|l| l.hist),
+            hist: latency::merged(&hists),
+            read_write: <[Histogram<u64>; 2]>::try_from(hists).ok(),
             qp,
         }
     }
@@ -113,8 +129,6 @@ impl Handler for JobCtx {
         self.on_complete(sub, c)
     }
 }
-
-const MAX_REPORTED_ERRORS: usize = 10;
 
 impl JobCtx {
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
@@ -194,15 +208,18 @@ impl JobCtx {
             v.prepare(slot, unit, lba, is_read, buf.as_mut_slice());
         }
         if let Some(l) = &mut self.latency {
-            l.submit[slot] = l.clock.now();
+            l.submit[slot] = l.clock.now() << 1 | (u64::from(!is_read) & l.mixed);
         }
     }
 
     #[cold]
     fn after_complete(&mut self, slot: usize, ok: bool, buf: Option<IoBuf>) -> Option<IoBuf> {
         if let Some(l) = &mut self.latency {
-            let ticks = l.clock.now().wrapping_sub(l.submit[slot]);
-            let _ = l.hist.record(ticks.max(1));
+            let at = l.submit[slot];
+            let ticks = l.clock.now().wrapping_sub(at >> 1);
+            if let Some(h) = l.hist.get_mut((at & 1) as usize) {
+                let _ = h.record(ticks.max(1));
+            }
         }
         if let (true, Some(b)) = (ok && self.verify.is_some(), &buf) {
             self.check(slot, b);
@@ -210,13 +227,13 @@ impl JobCtx {
         buf
     }
 
+    /// Counts an error; the first of its kind is logged and kept for the
+    /// report, repeats are counted and summarised (`ErrorLog`).
     #[cold]
+    #[inline(never)]
     fn error(&mut self, msg: String) {
         self.errors += 1;
-        if self.first_errors.len() < MAX_REPORTED_ERRORS {
-            tracing::error!("{}: {msg}", self.label);
-            self.first_errors.push(msg);
-        }
+        self.errlog.error(&self.label, msg, &mut self.first_errors);
     }
 
     #[inline(always)]
@@ -275,8 +292,14 @@ pub struct JobResult {
     pub errors: u64,
     pub first_errors: Vec<String>,
     pub io_size: usize,
+    /// Latencies of all I/Os (-L).
     pub hist: Option<Histogram<u64>>,
+    /// Reads and writes apart (-L with rw or randrw).
+    pub read_write: Option<[Histogram<u64>; 2]>,
     pub qp: QpairStats,
+    /// The queue pair rings doorbells (PCIe, emulated or not): its
+    /// doorbell counts mean something.
+    pub doorbells: bool,
 }
 
 pub struct WorkerResult {
@@ -475,6 +498,7 @@ mod tests {
                 ios: 0,
                 errors: 0,
                 first_errors: Vec::new(),
+                errlog: ErrorLog::default(),
                 latency: None,
                 verify: None,
                 slow: false,

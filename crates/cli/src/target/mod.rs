@@ -6,6 +6,8 @@
 //! entries) may be of any transport, side by side: PCIe devices, emulated
 //! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
+mod banner;
+
 use std::io::Write;
 use std::net::SocketAddr;
 use std::time::Duration;
@@ -18,9 +20,10 @@ use pollux_nvmf::{
 };
 
 use crate::common::cores::online_cpus;
-use crate::common::opts::{BadOption, CpumaskArgs, DeviceCoreArgs};
+use crate::common::opts::{size_in_blocks, BadOption, CpumaskArgs, DeviceCoreArgs};
 use crate::nvme_open::NvmeOpener;
 use pollux_host::trid::parse_size;
+use pollux_spec::fabrics::check_nqn;
 
 #[derive(Args, Debug, Clone)]
 pub struct TargetArgs {
@@ -37,10 +40,11 @@ pub struct TargetArgs {
     /// A namespace on a file or block device through io_uring.
     #[arg(long = "uring")]
     pub uring: Option<String>,
-    /// Namespaces on an NVMe controller (perf's transport ID: trtype:soft
-    /// an emulated controller, trtype:pcie, trtype:tcp): all of its
-    /// namespaces.
-    #[arg(long = "nvme")]
+    /// Every namespace of an NVMe controller.
+    #[arg(long = "nvme", value_name = "TRID", help = concat!(
+        "Every namespace of an NVMe controller. ",
+        crate::common::opts::trid_help!()
+    ))]
     pub nvme: Option<String>,
     #[command(flatten)]
     pub device: DeviceCoreArgs,
@@ -64,14 +68,17 @@ pub struct TargetArgs {
     /// SPDK JSON configuration (bdev and nvmf subsystems).
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
-    /// In-capsule data bytes of I/O capsules.
-    #[arg(long = "in-capsule-data-size")]
+    /// In-capsule data bytes of I/O capsules (-c: nvmf_create_transport's
+    /// in_capsule_data_size) [default: 4096].
+    #[arg(long = "in-capsule-data-size", value_name = "SIZE")]
     pub in_capsule_data_size: Option<String>,
-    /// Entries of an I/O queue at most.
-    #[arg(long = "max-queue-depth")]
+    /// Entries of an I/O queue at most (-c: max_queue_depth) [default:
+    /// 128].
+    #[arg(long = "max-queue-depth", value_name = "N")]
     pub max_queue_depth: Option<u16>,
-    /// Largest transfer of one command (a power of two).
-    #[arg(long = "max-io-size")]
+    /// Largest transfer of one command, a power of two (-c: max_io_size)
+    /// [default: 131072].
+    #[arg(long = "max-io-size", value_name = "SIZE")]
     pub max_io_size: Option<String>,
     /// Place each connection on the thread whose core receives its
     /// packets (SO_INCOMING_CPU).
@@ -85,16 +92,16 @@ pub struct TargetArgs {
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
     /// Data buffers of the whole target, in units of io_unit_size (128 KiB
-    /// unless -c sets it; SPDK's num_shared_buffers; default 511).
+    /// unless -c sets it; -c: num_shared_buffers) [default: 511].
     #[arg(long = "num-shared-buffers", value_name = "N")]
     pub num_shared_buffers: Option<u32>,
-    /// Most iovecs in one sendmsg, 1..=512 (default 512: a full queue's
-    /// responses in one call).
+    /// Most iovecs in one sendmsg, 1..=512 (512: a full queue's responses
+    /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
     pub send_iov: Option<usize>,
     /// Seconds a connection may take to send its ICReq, and then to get
     /// its queue connected (Fabrics Connect), before it is closed
-    /// (default 10; decimals allowed, up to 3600).
+    /// (decimals allowed, up to 3600) [default: 10].
     #[arg(long = "handshake-timeout", value_name = "SECS")]
     pub handshake_timeout: Option<String>,
 }
@@ -110,6 +117,34 @@ pub enum TargetCliError {
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
+    /// A listener could not be bound: a refusal, with what to do.
+    #[error("cannot listen on {addr}: {why}")]
+    Listen { addr: SocketAddr, why: String },
+}
+
+/// A listener that could not be bound, said as a refusal with what to
+/// do (`config`: the listeners come from `-c`'s file, not `--listen`).
+fn listen_refused(addr: SocketAddr, e: &std::io::Error, config: bool) -> TargetCliError {
+    use std::io::ErrorKind;
+    let port = if config {
+        "choose another trsvcid in the configuration's nvmf_subsystem_add_listener"
+    } else {
+        "choose another --listen port"
+    };
+    let why = match e.kind() {
+        ErrorKind::AddrInUse => {
+            format!("address already in use (another target running? {port})")
+        }
+        ErrorKind::AddrNotAvailable => format!(
+            "{} is not an address of this machine (give one of its addresses, or 0.0.0.0 for all)",
+            addr.ip()
+        ),
+        ErrorKind::PermissionDenied => {
+            format!("permission denied (ports below 1024 need root; {port})")
+        }
+        _ => e.to_string(),
+    };
+    TargetCliError::Listen { addr, why }
 }
 
 fn bad(
@@ -184,17 +219,11 @@ pub fn config(
         let bs = a.block_size;
         let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
             let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            if bs == 0 || size % bs as u64 != 0 || size == 0 {
-                return Err(bad(
-                    option,
-                    v,
-                    format!("not a non-zero multiple of the block size {bs}"),
-                ));
-            }
+            let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
             let r = if ram {
-                Bdev::ram("Malloc0", bs, size / bs as u64)
+                Bdev::ram("Malloc0", bs, blocks)
             } else {
-                Bdev::null("Null0", bs, size / bs as u64)
+                Bdev::null("Null0", bs, blocks)
             };
             r.map_err(|e| bad(option, v, e.to_string()))
         };
@@ -216,6 +245,10 @@ pub fn config(
         } else {
             return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
         };
+        check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
+        for h in &a.host {
+            check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
+        }
         let mut s = SubsystemConfig::new(&a.nqn);
         s.serial = a.serial.clone();
         s.model = a.model.clone();
@@ -310,31 +343,38 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
                     why: e.why,
                 })
         },
-        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.to_string()),
+        // (The config's error names the controller: only why here.)
+        &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.why),
     );
-    let r = cfg.and_then(|cfg| serve(cfg, &cores));
+    let r = cfg.and_then(|cfg| serve(cfg, &cores, a.config.is_some()));
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
     drop(opener);
     r
 }
 
-/// Starts the target, prints its addresses and runs until a signal.
-fn serve(cfg: TargetConfig, cores: &[usize]) -> Result<(), TargetCliError> {
-    let nqns: Vec<String> = cfg.subsystems.iter().map(|s| s.nqn.clone()).collect();
+/// Starts the target, prints its addresses and what it serves (its
+/// subsystems, their namespaces, listeners and hosts, its cores), and
+/// runs until a signal. (`config`: from `-c`.)
+fn serve(cfg: TargetConfig, cores: &[usize], config: bool) -> Result<(), TargetCliError> {
+    let subs = banner::subsystems(&cfg);
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
-    let target = Target::start(cfg, cores, rt)?;
+    let target = Target::start(cfg, cores, rt).map_err(|e| match e {
+        pollux_nvmf::TargetError::Listen { addr, source } => listen_refused(addr, &source, config),
+        e => e.into(),
+    })?;
     let _signals = target.stop_on_signals()?;
     {
         let mut out = std::io::stdout().lock();
+        // (The first line is the first address: scripts read it.)
         for addr in target.listen_addrs() {
             let _ = writeln!(out, "pollux target: listening on {addr}");
         }
-        for n in &nqns {
-            let _ = writeln!(out, "pollux target: subsystem {n}");
+        for l in banner::lines(&subs, &target.subsystem_listeners(), cores) {
+            let _ = writeln!(out, "pollux target: {l}");
         }
         let _ = out.flush();
     }
@@ -404,5 +444,40 @@ mod tests {
                 .to_string();
             assert!(e.contains("--handshake-timeout"), "{v:?}: {e}");
         }
+    }
+
+    /// The defaults the transport options' help states are the target's
+    /// own (`TransportOptions::default()`): they are written into the help
+    /// text because the options override `-c`'s values only when given.
+    #[test]
+    fn the_help_states_the_transports_defaults() {
+        use clap::CommandFactory;
+        let d = TransportOptions::default();
+        let cmd = Cli::command();
+        let stated = |long: &str| -> String {
+            let arg = cmd
+                .get_arguments()
+                .find(|a| a.get_long() == Some(long))
+                .unwrap_or_else(|| panic!("--{long}"));
+            let help = arg.get_help().expect("help").to_string();
+            let (_, d) = help.split_once("[default: ").expect(long);
+            d.trim_end_matches(['.', ']']).to_string()
+        };
+        assert_eq!(
+            stated("in-capsule-data-size"),
+            d.in_capsule_data_size.to_string()
+        );
+        assert_eq!(stated("max-queue-depth"), d.max_queue_depth.to_string());
+        assert_eq!(stated("max-io-size"), d.max_io_size.to_string());
+        assert_eq!(
+            stated("num-shared-buffers"),
+            d.num_shared_buffers.to_string()
+        );
+        assert_eq!(stated("send-iov"), d.send_iov.to_string());
+        assert_eq!(
+            stated("handshake-timeout"),
+            d.icreq_timeout.as_secs().to_string()
+        );
+        assert_eq!(d.icreq_timeout, d.connect_timeout);
     }
 }

@@ -97,3 +97,20 @@ pub fn port_of(addr: &str) -> u16 {
         .and_then(|p| p.parse().ok())
         .unwrap_or_else(|| panic!("no port in {addr:?}"))
 }
+
+/// The CPUs this process may run on (sched_getaffinity), in order.
+pub fn allowed_cores() -> Vec<usize> {
+    // SAFETY: a zeroed cpu_set_t is valid; sched_getaffinity fills it.
+    let set = unsafe {
+        let mut set: libc::cpu_set_t = std::mem::zeroed();
+        assert_eq!(
+            libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set),
+            0
+        );
+        set
+    };
+    (0..libc::CPU_SETSIZE as usize)
+        // SAFETY: c < CPU_SETSIZE.
+        .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+        .collect()
+}

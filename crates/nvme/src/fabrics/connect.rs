@@ -8,6 +8,7 @@ use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
 use crate::fabrics::options::FabricsOptions;
+use crate::fabrics::refused::ConnectRefused;
 use crate::fabrics::wire::{CapsuleData, Connection, Fabric};
 
 /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
@@ -42,9 +43,9 @@ pub(crate) fn connect_queue<F: Fabric>(
 /// Connect refused with Connect Invalid Parameters (as for a CATTR bit the
 /// controller does not support).
 fn refused_cattr(e: &Error) -> bool {
-    matches!(e, Error::Nvme { cmd: "Connect", status }
-        if status.sct() == sct::COMMAND_SPECIFIC
-            && status.sc() == fabrics_sc::CONNECT_INVALID_PARAMETERS)
+    matches!(e, Error::ConnectRefused(r)
+        if r.status.sct() == sct::COMMAND_SPECIFIC
+            && r.status.sc() == fabrics_sc::CONNECT_INVALID_PARAMETERS)
 }
 
 fn connect_once<F: Fabric>(
@@ -65,7 +66,7 @@ fn connect_once<F: Fabric>(
         opts.admin_timeout,
         "Connect",
     )?;
-    let got = answer(fabric, opts, qid, &cqe)?;
+    let got = answer(fabric, opts, &cmd, &data, &cqe)?;
     Ok((conn, got))
 }
 
@@ -85,27 +86,33 @@ pub(crate) fn capsule(
     Ok((cmd, data))
 }
 
-/// Checks Connect's answer: the controller ID on success.
+/// Checks Connect's answer: the controller ID on success; a refusal
+/// names what was asked (the address, the NQNs, the queue).
 pub(crate) fn answer<F: Fabric>(
     fabric: &F,
     opts: &FabricsOptions,
-    qid: u16,
+    cmd: &ConnectCmd,
+    data: &ConnectData,
     cqe: &Cqe,
 ) -> Result<u16> {
     let st = cqe.status();
+    let qid = cmd.qid;
     if !st.is_success() {
-        tracing::error!(
-            addr = %fabric.addr(),
+        let r = ConnectRefused {
+            addr: fabric.addr().to_string(),
+            subnqn: opts.subnqn.clone(),
+            hostnqn: opts.hostnqn.clone(),
             qid,
-            subnqn = %opts.subnqn,
-            hostnqn = %opts.hostnqn,
-            dw0 = format_args!("{:#x}", cqe.dw0),
-            "Connect refused: {st}"
-        );
-        return Err(Error::Nvme {
-            cmd: "Connect",
+            sq_entries: cmd.queue_entries() as u16,
+            cntlid: data.cntlid,
+            cattr: cmd.cattr,
+            kato_ms: cmd.kato,
             status: st,
-        });
+            dw0: cqe.dw0,
+        };
+        // (Debug: the error goes to the caller, who reports it.)
+        tracing::debug!(dw0 = format_args!("{:#x}", cqe.dw0), "{r}");
+        return Err(Error::ConnectRefused(Box::new(r)));
     }
     let got = cqe.dw0 as u16;
     tracing::debug!(addr = %fabric.addr(), qid, cntlid = got, "connected");

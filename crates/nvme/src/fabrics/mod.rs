@@ -12,6 +12,7 @@
 //!   `fast_io_fail_tmo`) as a schedule.
 //! - `held`: I/O held across a reconnect (retried, up to a limit).
 //! - `discovery`: reading a Discovery Log Page.
+//! - `refused`: a refused Connect, told as what went wrong and what to do.
 //!
 //! A transport supplies the wire through two traits (`wire`): a
 //! [`Fabric`] opens a connection for a queue, a [`Connection`] exchanges
@@ -25,6 +26,7 @@ mod link;
 mod options;
 mod property;
 mod reconnect;
+pub(crate) mod refused;
 mod wire;
 
 pub use discovery::discover;
@@ -32,4 +34,5 @@ pub use held::{aborted_status, path_error, retry, MAX_RETRIES};
 pub use keepalive::KeepAlive;
 pub use link::{AdminLink, ADMIN_MAX_DATA, ADMIN_SLOTS, ADMIN_SQ_ENTRIES};
 pub use options::FabricsOptions;
+pub use refused::ConnectRefused;
 pub use wire::{CapsuleData, Connection, Fabric};

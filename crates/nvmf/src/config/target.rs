@@ -3,7 +3,7 @@
 use std::net::SocketAddr;
 
 use pollux_bdev::Bdev;
-use pollux_spec::fabrics::{validate_nqn, DISCOVERY_NQN};
+use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 
 use super::error::ConfigError;
 use super::transport::TransportOptions;
@@ -90,7 +90,7 @@ impl TargetConfig {
                     why,
                 })
             };
-            if let Err(e) = validate_nqn(&s.nqn) {
+            if let Err(e) = check_nqn(&s.nqn) {
                 return bad(format!("invalid NQN: {e}"));
             }
             if s.nqn == DISCOVERY_NQN {
@@ -100,7 +100,7 @@ impl TargetConfig {
                 return bad("defined twice".into());
             }
             for h in &s.hosts {
-                if let Err(e) = validate_nqn(h) {
+                if let Err(e) = check_nqn(h) {
                     return bad(format!("host NQN {h:?}: {e}"));
                 }
             }
@@ -130,16 +130,24 @@ impl TargetConfig {
 
     /// The namespaces' bdevs of subsystem `s` in NSID order.
     pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev> {
-        let mut v: Vec<(u32, Bdev)> = s
+        self.namespaces(s)
+            .into_iter()
+            .map(|(_, b)| b.clone())
+            .collect()
+    }
+
+    /// The namespaces of subsystem `s`: NSID and bdev, by NSID.
+    pub fn namespaces<'a>(&'a self, s: &SubsystemConfig) -> Vec<(u32, &'a Bdev)> {
+        let mut v: Vec<(u32, &Bdev)> = s
             .namespaces
             .iter()
             .enumerate()
             .filter_map(|(k, ns)| {
                 let b = self.bdevs.iter().find(|b| b.name() == ns.bdev)?;
-                Some((ns.nsid.unwrap_or(k as u32 + 1), b.clone()))
+                Some((ns.nsid.unwrap_or(k as u32 + 1), b))
             })
             .collect();
         v.sort_by_key(|(id, _)| *id);
-        v.into_iter().map(|(_, b)| b).collect()
+        v
     }
 }

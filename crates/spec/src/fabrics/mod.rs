@@ -13,6 +13,7 @@ use crate::Sqe;
 mod cmd;
 mod discovery;
 mod nqn;
+mod refusal;
 mod sgl;
 
 // Each part's public items are `fabrics`'s: the paths stay
@@ -20,6 +21,7 @@ mod sgl;
 pub use cmd::*;
 pub use discovery::*;
 pub use nqn::*;
+pub use refusal::*;
 pub use sgl::*;
 
 /// Opcode of every Fabrics command.

@@ -23,6 +23,11 @@ pub enum NqnError {
     NotUtf8 { at: usize },
     #[error("NQN has control character {byte:#04x} at byte {at}")]
     ControlChar { at: usize, byte: u8 },
+    /// A name given by a user that is not an NQN (see [`check_nqn`]).
+    #[error(
+        "not an NQN: an NQN starts with \"nqn.\" (e.g. nqn.2016-06.io.spdk:cnode1, or {NQN_UUID_PREFIX}UUID)"
+    )]
+    NoPrefix,
 }
 
 /// Checks an NQN: 1 to 223 bytes of UTF-8 (the specification's encoding;
@@ -39,6 +44,19 @@ pub fn validate_nqn(nqn: &str) -> Result<(), NqnError> {
             at,
             byte: nqn.as_bytes()[at],
         });
+    }
+    Ok(())
+}
+
+/// Checks an NQN a user gives (a command line, a transport ID, a
+/// configuration file): [`validate_nqn`], and the "nqn." every NQN form
+/// starts with (`nqn.yyyy-mm.reverse-domain:...`, the UUID form
+/// [`NQN_UUID_PREFIX`], the well-known [`DISCOVERY_NQN`]). What arrives on
+/// the wire is only validated: peers that send other names still connect.
+pub fn check_nqn(nqn: &str) -> Result<(), NqnError> {
+    validate_nqn(nqn)?;
+    if !nqn.starts_with("nqn.") {
+        return Err(NqnError::NoPrefix);
     }
     Ok(())
 }
