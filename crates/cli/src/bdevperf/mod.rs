@@ -495,8 +495,9 @@ fn execute(
     let signals = rt.stop_on_signals()?;
     let trigger = rt.shutdown_trigger();
     // The polling threads' CPU time: per status line, and over the run.
-    let mut second_cpu = ThreadCpu::find(THREAD_NAME);
-    let mut run_cpu = ThreadCpu::find(THREAD_NAME);
+    let mut second_cpu = ThreadCpu::find(THREAD_NAME, cores.len());
+    let mut run_cpu = ThreadCpu::find(THREAD_NAME, cores.len());
+    let mut held_seconds = Vec::new();
     let t0 = Instant::now();
     for (i, jobs) in per_thread.into_iter().enumerate() {
         let devs = if i == 0 { inline.clone() } else { Vec::new() };
@@ -546,6 +547,9 @@ fn execute(
             // A second at (near) 0 IOPS says why when the polling threads
             // were held off their cores.
             let note = threads::starved_note(&second_cpu.shares(), "this second");
+            if note.is_some() {
+                held_seconds.push(el.as_secs());
+            }
             eprintln!(
                 "[{:>4}s] {:>12.0} IOPS, {:>9.2} MiB/s{}{}",
                 el.as_secs(),
@@ -563,7 +567,7 @@ fn execute(
     }
     let interrupted = trigger.is_triggered();
     // Over the run: how long its polling threads waited for their cores.
-    let waits = run_cpu.shares();
+    let notes = threads::run_notes(&run_cpu.shares(), &held_seconds);
     rt.shutdown()?;
     drop(signals);
     let stats: HashMap<String, pollux_bdev::BdevStats> = bdevs
@@ -580,7 +584,7 @@ fn execute(
         lat_clock.ns_per_tick(),
         lat_clock.source(),
         interrupted,
-        &waits,
+        &notes,
     );
     Ok(summary)
 }

@@ -9,7 +9,6 @@ use serde_json::{json, Value};
 
 use super::args::BdevperfArgs;
 use super::job::JobResult;
-use super::threads::{starved_note, Share};
 use crate::common::cores::mask_of;
 use crate::common::latency::{self, HISTOGRAM_LEVEL};
 
@@ -44,7 +43,7 @@ pub fn report(
     ns_per_tick: f64,
     clock_source: &str,
     interrupted: bool,
-    waits: &[Share],
+    notes: &[String],
 ) -> Summary {
     let us = |ticks: u64| ticks as f64 * ns_per_tick / 1000.0;
     let mib = |iops: f64| iops * a.run.io_size as f64 / (1u64 << 20) as f64;
@@ -112,7 +111,6 @@ pub fn report(
         latency::extend(&mut row, lat);
         rows.push(row);
     }
-    let notes: Vec<String> = starved_note(waits, "the run").into_iter().collect();
     let lat = |q: Option<f64>| total_hist.as_ref().map(|h| lat_us(h, q, ns_per_tick));
     let workload = format!("{:?}", a.run.workload).to_lowercase();
     if a.run.json {

@@ -24,7 +24,9 @@ struct Tracked {
     /// What the notes call it: "the worker on core 0", "the emulated
     /// controller's thread".
     label: String,
-    schedstat: PathBuf,
+    /// `/proc/self/task/<tid>`.
+    dir: PathBuf,
+    ran_ns: u64,
     waited_ns: u64,
 }
 
@@ -36,10 +38,19 @@ pub struct Share {
     pub waited: f64,
 }
 
-/// Time waiting on a run queue from a `schedstat` line ("run_ns wait_ns
-/// slices").
-fn waited_ns(text: &str) -> Option<u64> {
-    text.split_whitespace().nth(1)?.parse().ok()
+/// Time on a CPU and waiting on a run queue from a `schedstat` line
+/// ("run_ns wait_ns slices").
+fn schedstat(text: &str) -> Option<(u64, u64)> {
+    let mut f = text.split_whitespace();
+    Some((f.next()?.parse().ok()?, f.next()?.parse().ok()?))
+}
+
+/// Whether a `stat` line says the thread is running or ready to run
+/// (state `R`; the state follows the command name's closing parenthesis).
+fn runnable(stat: &str) -> bool {
+    stat.rsplit_once(')')
+        .and_then(|(_, rest)| rest.split_whitespace().next())
+        == Some("R")
 }
 
 /// What a thread named `name` is called in the notes, if it polls:
@@ -56,10 +67,29 @@ fn label_of(name: &str, runtime_name: &str) -> Option<String> {
 }
 
 impl ThreadCpu {
-    /// The polling threads alive now: the runtime's (`runtime_name`) and
-    /// the emulated controllers' device thread. Empty where `/proc` has
-    /// no schedstat (then no notes are made).
-    pub fn find(runtime_name: &str) -> ThreadCpu {
+    /// The polling threads: the runtime's (`runtime_name`, `workers` of
+    /// them) and the emulated controllers' device thread. A thread names
+    /// itself once it runs, so this looks again for up to 200 ms until
+    /// all `workers` are there. Empty where `/proc` has no schedstat (then
+    /// no notes are made).
+    pub fn find(runtime_name: &str, workers: usize) -> ThreadCpu {
+        let deadline = Instant::now() + std::time::Duration::from_millis(200);
+        loop {
+            let found = Self::find_now(runtime_name);
+            let n = found
+                .threads
+                .iter()
+                .filter(|t| t.label.starts_with("the worker"))
+                .count();
+            if n >= workers || Instant::now() >= deadline {
+                return found;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(2));
+        }
+    }
+
+    /// The polling threads that have named themselves by now.
+    fn find_now(runtime_name: &str) -> ThreadCpu {
         let mut threads = Vec::new();
         if let Ok(dir) = std::fs::read_dir("/proc/self/task") {
             for e in dir.flatten() {
@@ -70,16 +100,16 @@ impl ThreadCpu {
                 let Some(label) = label_of(comm.trim(), runtime_name) else {
                     continue;
                 };
-                let schedstat = p.join("schedstat");
-                let Some(waited) = std::fs::read_to_string(&schedstat)
+                let Some((ran, waited)) = std::fs::read_to_string(p.join("schedstat"))
                     .ok()
-                    .and_then(|t| waited_ns(&t))
+                    .and_then(|t| schedstat(&t))
                 else {
                     continue;
                 };
                 threads.push(Tracked {
                     label,
-                    schedstat,
+                    dir: p,
+                    ran_ns: ran,
                     waited_ns: waited,
                 });
             }
@@ -91,25 +121,34 @@ impl ThreadCpu {
         }
     }
 
-    /// Each thread's share of the time since the last look (threads that
-    /// have exited are left out).
+    /// Each thread's share of the time since the last look that it waited
+    /// for its core (threads that have exited are left out): for a thread
+    /// ready to run now, the time it did not run; for one asleep, what
+    /// `schedstat` counted.
     pub fn shares(&mut self) -> Vec<Share> {
         let now = Instant::now();
         let wall = now.duration_since(self.at).as_nanos().max(1) as f64;
         self.at = now;
         let mut out = Vec::new();
         for t in &mut self.threads {
-            let Some(waited) = std::fs::read_to_string(&t.schedstat)
+            let Some((ran, waited)) = std::fs::read_to_string(t.dir.join("schedstat"))
                 .ok()
-                .and_then(|s| waited_ns(&s))
+                .and_then(|s| schedstat(&s))
             else {
                 continue;
             };
-            let d = waited.saturating_sub(t.waited_ns) as f64;
-            t.waited_ns = waited;
+            let counted = waited.saturating_sub(t.waited_ns) as f64 / wall;
+            let ran_share = ran.saturating_sub(t.ran_ns) as f64 / wall;
+            (t.ran_ns, t.waited_ns) = (ran, waited);
+            let ready = std::fs::read_to_string(t.dir.join("stat")).is_ok_and(|s| runnable(&s));
+            // A polling thread ready to run now should have run all along:
+            // what it did not run, it waited (schedstat counts such a wait
+            // only once the thread is back on a CPU, in a later second).
+            // One that sleeps now has had its waits counted.
+            let waited = if ready { 1.0 - ran_share } else { counted };
             out.push(Share {
                 label: t.label.clone(),
-                waited: (d / wall).min(1.0),
+                waited: waited.clamp(0.0, 1.0),
             });
         }
         out
@@ -129,9 +168,27 @@ pub fn starved_note(shares: &[Share], span: &str) -> Option<String> {
         return None;
     }
     Some(format!(
-        "{} of {span} for its core, held by other processes: the I/O figures are low",
+        "{} of {span} for its core, other threads or processes held it: the I/O figures are low",
         who.join(", ")
     ))
+}
+
+/// The summary's notes: the run's polling threads waited [`STARVED`] or
+/// more of it for their cores, or, if not over the whole run, in the
+/// seconds `held` whose status lines said so.
+pub fn run_notes(run: &[Share], held: &[u64]) -> Vec<String> {
+    if let Some(n) = starved_note(run, "the run") {
+        return vec![n];
+    }
+    if held.is_empty() {
+        return Vec::new();
+    }
+    let secs: Vec<String> = held.iter().map(|s| format!("{s}s")).collect();
+    vec![format!(
+        "polling threads were held off their cores by other processes in the second(s) ending at {} \
+         (the status lines name them): those seconds' I/O figures are low",
+        secs.join(", ")
+    )]
 }
 
 #[cfg(test)]
@@ -157,8 +214,12 @@ mod tests {
         );
         assert_eq!(label_of("bdevperf", "bdevperf"), None);
         assert_eq!(label_of("pollux-rt-signals", "bdevperf"), None);
-        assert_eq!(waited_ns("123456 789 10\n"), Some(789));
-        assert_eq!(waited_ns("123456"), None);
+        assert_eq!(schedstat("123456 789 10\n"), Some((123456, 789)));
+        assert_eq!(schedstat("123456"), None);
+        assert!(runnable("42 (bdevperf-0) R 1 2 3"));
+        assert!(runnable("42 (odd) name) R 1"));
+        assert!(!runnable("42 (bdevperf-0) S 1 2 3"));
+        assert!(!runnable("garbage"));
     }
 
     #[test]
@@ -170,7 +231,7 @@ mod tests {
         let n = starved_note(&shares, "this second").unwrap();
         assert_eq!(
             n,
-            "the worker on core 0 waited 97% of this second for its core, held by other processes: the I/O figures are low"
+            "the worker on core 0 waited 97% of this second for its core, other threads or processes held it: the I/O figures are low"
         );
         let shares = [
             s("the emulated controller's thread", 0.8),
@@ -178,6 +239,17 @@ mod tests {
         ];
         let n = starved_note(&shares, "the run").unwrap();
         assert!(n.starts_with("the emulated controller's thread waited 80%, the worker on core 1 waited 60% of the run"), "{n}");
+    }
+
+    #[test]
+    fn the_summary_names_the_seconds_held() {
+        let ok = [s("the worker on core 0", 0.2)];
+        assert!(run_notes(&ok, &[]).is_empty());
+        let n = run_notes(&ok, &[2, 3]);
+        assert_eq!(n.len(), 1);
+        assert!(n[0].contains("ending at 2s, 3s"), "{n:?}");
+        let bad = [s("the worker on core 0", 0.9)];
+        assert!(run_notes(&bad, &[1])[0].contains("waited 90% of the run"));
     }
 
     #[test]
@@ -220,7 +292,7 @@ mod tests {
         let a = spin("waittest-1", 400);
         let b = spin("waittest-2", 400);
         std::thread::sleep(std::time::Duration::from_millis(30));
-        let mut cpu = ThreadCpu::find("waittest");
+        let mut cpu = ThreadCpu::find("waittest", 3);
         if cpu.threads.is_empty() {
             // No schedstat on this kernel: nothing to measure.
             return;
