@@ -659,21 +659,7 @@ fn dash_ll_prints_a_histogram() {
 /// with -LL the histogram; and the samples taken each second.
 #[test]
 fn json_has_percentiles_histogram_and_samples() {
-    let keys = [
-        "min_lat_us",
-        "p50_lat_us",
-        "p90_lat_us",
-        "p99_lat_us",
-        "p99_9_lat_us",
-        "p99_99_lat_us",
-        "max_lat_us",
-    ];
-    let ordered = |t: &Value| {
-        keys.iter().all(|k| t[k].as_f64().is_some_and(|x| x > 0.0))
-            && keys
-                .windows(2)
-                .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64())
-    };
+    let ordered = common::latencies_in_order;
     let (code, v) = perf_json(&[
         "--inline",
         "-t",

@@ -114,3 +114,24 @@ pub fn allowed_cores() -> Vec<usize> {
         .filter(|&c| unsafe { libc::CPU_ISSET(c, &set) })
         .collect()
 }
+
+/// The latency keys of a JSON row or total (`-L`), smallest first.
+pub const LATENCY_KEYS: [&str; 7] = [
+    "min_lat_us",
+    "p50_lat_us",
+    "p90_lat_us",
+    "p99_lat_us",
+    "p99_9_lat_us",
+    "p99_99_lat_us",
+    "max_lat_us",
+];
+
+/// Whether `t` has every latency key, each above 0, in order.
+pub fn latencies_in_order(t: &serde_json::Value) -> bool {
+    LATENCY_KEYS
+        .iter()
+        .all(|k| t[k].as_f64().is_some_and(|x| x > 0.0))
+        && LATENCY_KEYS
+            .windows(2)
+            .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64())
+}
