@@ -490,6 +490,14 @@ fn counts_refuse_zero_stating_the_range() {
         (&["perf", "-P", "0"][..], "0 is not in 1..=65535"),
         (&["perf", "--sq-batch", "0"][..], "0 is not in 1..=65535"),
         (&["perf", "-q", "100000"][..], "100000 is not in 1..=65535"),
+        (
+            &["target", "--max-queue-depth", "100000"][..],
+            "100000 is not in 2..=4096",
+        ),
+        (
+            &["target", "--max-queue-depth", "1"][..],
+            "1 is not in 2..=4096",
+        ),
     ] {
         let (code, _, err) = pollux(args);
         assert_eq!(code, 2, "{args:?}: {err}");

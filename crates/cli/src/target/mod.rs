@@ -74,7 +74,9 @@ pub struct TargetArgs {
     pub in_capsule_data_size: Option<String>,
     /// Entries of an I/O queue at most (-c: max_queue_depth) [default:
     /// 128].
-    #[arg(long = "max-queue-depth", value_name = "N")]
+    #[arg(long = "max-queue-depth", value_name = "N", value_parser = clap::value_parser!(u16).range(
+        i64::from(*pollux_nvmf::config::QUEUE_DEPTHS.start())..=i64::from(*pollux_nvmf::config::QUEUE_DEPTHS.end())
+    ))]
     pub max_queue_depth: Option<u16>,
     /// Largest transfer of one command, a power of two (-c: max_io_size)
     /// [default: 131072].

@@ -44,4 +44,4 @@ mod transport;
 
 pub use error::ConfigError;
 pub use target::{NamespaceConfig, SubsystemConfig, TargetConfig};
-pub use transport::{TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+pub use transport::{TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS};

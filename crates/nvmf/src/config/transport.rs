@@ -77,6 +77,10 @@ pub struct TransportOptions {
 /// one call.
 pub const MAX_SEND_IOV: usize = 512;
 
+/// Entries an admin or I/O queue may be given (`max_aq_depth`,
+/// `max_queue_depth`).
+pub const QUEUE_DEPTHS: std::ops::RangeInclusive<u16> = 2..=4096;
+
 /// Longest handshake timeout accepted.
 pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3600);
 
@@ -136,15 +140,12 @@ impl TransportOptions {
                 why: why.into(),
             })
         };
-        if !(2..=4096).contains(&self.max_queue_depth) {
-            return bad(
-                "max_queue_depth",
-                self.max_queue_depth as u64,
-                "must be 2..=4096",
-            );
+        let depths = format!("must be {}..={}", QUEUE_DEPTHS.start(), QUEUE_DEPTHS.end());
+        if !QUEUE_DEPTHS.contains(&self.max_queue_depth) {
+            return bad("max_queue_depth", self.max_queue_depth as u64, &depths);
         }
-        if !(2..=4096).contains(&self.max_aq_depth) {
-            return bad("max_aq_depth", self.max_aq_depth as u64, "must be 2..=4096");
+        if !QUEUE_DEPTHS.contains(&self.max_aq_depth) {
+            return bad("max_aq_depth", self.max_aq_depth as u64, &depths);
         }
         if self.max_io_qpairs_per_ctrlr == 0 {
             return bad("max_io_qpairs_per_ctrlr", 0, "must be at least 1");
