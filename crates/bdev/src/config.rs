@@ -124,6 +124,94 @@ impl Entry {
         }
     }
 
+    /// Decodes one method of the `bdev` subsystem from its `params` object:
+    /// what a `-c` file's entry and the JSON-RPC method of the same name
+    /// both go through. `Ok(None)`: the method creates nothing
+    /// (`bdev_wait_for_examine`, SPDK's tuning methods: these push a
+    /// warning). An unknown method is [`ConfigError::UnknownMethod`] with
+    /// index 0.
+    pub fn decode(
+        method: &str,
+        obj: &Map<String, Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Entry>> {
+        Ok(Some(match method {
+            "bdev_null_create" => Entry::Null(local_config::null_create(obj)?),
+            "bdev_malloc_create" => {
+                let (p, boundary) = local_config::malloc_create(obj)?;
+                if let Some(b) = boundary {
+                    warnings.push(format!(
+                        "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
+                    ));
+                }
+                Entry::Malloc(p)
+            }
+            "bdev_uring_create" => Entry::Uring(uring_config::uring_create(obj)?),
+            "bdev_nvme_attach_controller" => {
+                Entry::NvmeAttach(nvme_config::attach_controller(obj)?)
+            }
+            "bdev_wait_for_examine" => return Ok(None),
+            m if is_tuning(m) => {
+                warnings.push(format!(
+                    "method '{m}' ignored: it tunes SPDK's bdev layer, which pollux does not have"
+                ));
+                return Ok(None);
+            }
+            m => {
+                return Err(ConfigError::UnknownMethod {
+                    method: m.to_string(),
+                    index: 0,
+                })
+            }
+        }))
+    }
+
+    /// Creates this entry's bdevs (several for an NVMe controller, made by
+    /// `attach` and named [`NvmeAttach::bdev_name`]): what a `-c` file's
+    /// entry and the JSON-RPC method of the same name both go through.
+    pub fn create<E>(
+        &self,
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+    ) -> Result<Vec<Bdev>>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let method = self.method();
+        Ok(match self {
+            Entry::Null(p) | Entry::Malloc(p) => {
+                let b = if matches!(self, Entry::Null(_)) {
+                    Bdev::null(&p.name, p.block_size, p.num_blocks)
+                } else {
+                    Bdev::ram(&p.name, p.block_size, p.num_blocks)
+                };
+                let b = match p.uuid {
+                    Some(u) => b.and_then(|b| b.with_uuid(u)),
+                    None => b,
+                };
+                vec![b.map_err(|source| ConfigError::Create {
+                    method,
+                    name: p.name.clone(),
+                    source,
+                })?]
+            }
+            Entry::Uring(p) => {
+                let b = p.create().and_then(|b| match p.uuid {
+                    Some(u) => b.with_uuid(u),
+                    None => Ok(b),
+                });
+                vec![b.map_err(|source| ConfigError::Create {
+                    method,
+                    name: p.name.clone(),
+                    source,
+                })?]
+            }
+            Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
+                name: a.name.clone(),
+                source: e.into(),
+            })?,
+        })
+    }
+
     /// The bdev's name (the controller's for NVMe).
     pub fn name(&self) -> &str {
         match self {
@@ -225,35 +313,17 @@ impl Config {
                 )))
             }
         };
-        Ok(Some(match method {
-            "bdev_null_create" => Entry::Null(local_config::null_create(obj)?),
-            "bdev_malloc_create" => {
-                let (p, boundary) = local_config::malloc_create(obj)?;
-                if let Some(b) = boundary {
-                    self.warn(format!(
-                        "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
-                    ));
-                }
-                Entry::Malloc(p)
+        let mut warnings = Vec::new();
+        let r = Entry::decode(method, obj, &mut warnings);
+        for w in warnings {
+            self.warn(w);
+        }
+        match r {
+            Err(ConfigError::UnknownMethod { method, .. }) => {
+                Err(ConfigError::UnknownMethod { method, index })
             }
-            "bdev_uring_create" => Entry::Uring(uring_config::uring_create(obj)?),
-            "bdev_nvme_attach_controller" => {
-                Entry::NvmeAttach(nvme_config::attach_controller(obj)?)
-            }
-            "bdev_wait_for_examine" => return Ok(None),
-            m if is_tuning(m) => {
-                self.warn(format!(
-                    "method '{m}' ignored: it tunes SPDK's bdev layer, which pollux does not have"
-                ));
-                return Ok(None);
-            }
-            m => {
-                return Err(ConfigError::UnknownMethod {
-                    method: m.to_string(),
-                    index,
-                })
-            }
-        }))
+            r => r,
+        }
     }
 
     /// Gives unnamed null/malloc bdevs SPDK-like names and refuses
@@ -318,40 +388,7 @@ impl Config {
     {
         let mut out: Vec<Bdev> = Vec::new();
         for e in &self.entries {
-            let method = e.method();
-            let made = match e {
-                Entry::Null(p) | Entry::Malloc(p) => {
-                    let b = if matches!(e, Entry::Null(_)) {
-                        Bdev::null(&p.name, p.block_size, p.num_blocks)
-                    } else {
-                        Bdev::ram(&p.name, p.block_size, p.num_blocks)
-                    };
-                    let b = match p.uuid {
-                        Some(u) => b.and_then(|b| b.with_uuid(u)),
-                        None => b,
-                    };
-                    vec![b.map_err(|source| ConfigError::Create {
-                        method,
-                        name: p.name.clone(),
-                        source,
-                    })?]
-                }
-                Entry::Uring(p) => {
-                    let b = p.create().and_then(|b| match p.uuid {
-                        Some(u) => b.with_uuid(u),
-                        None => Ok(b),
-                    });
-                    vec![b.map_err(|source| ConfigError::Create {
-                        method,
-                        name: p.name.clone(),
-                        source,
-                    })?]
-                }
-                Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
-                    name: a.name.clone(),
-                    source: e.into(),
-                })?,
-            };
+            let made = e.create(attach)?;
             for b in made {
                 if out.iter().any(|o| o.name() == b.name()) {
                     return Err(ConfigError::DuplicateName(b.name().to_string()));
