@@ -212,6 +212,47 @@ impl Entry {
         })
     }
 
+    /// The `{"method", "params"}` object that makes this entry again (what
+    /// `save_config` writes). `made`: the bdevs it made; a null, malloc or
+    /// uring bdev's UUID is written (SPDK's `save_config` writes it too), so
+    /// a restart keeps it.
+    pub fn saved_config(&self, made: &[Bdev]) -> Value {
+        let uuid = |u: Option<[u8; 16]>| {
+            u.or_else(|| made.first().map(|b| b.info().uuid))
+                .map(|u| Value::String(crate::info::uuid_string(&u)))
+        };
+        let mut p = Map::new();
+        match self {
+            Entry::Null(l) | Entry::Malloc(l) => {
+                p.insert("name".into(), l.name.clone().into());
+                p.insert("num_blocks".into(), l.num_blocks.into());
+                p.insert("block_size".into(), l.block_size.into());
+                if let Some(u) = uuid(l.uuid) {
+                    p.insert("uuid".into(), u);
+                }
+            }
+            Entry::Uring(u) => {
+                p.insert("name".into(), u.name.clone().into());
+                p.insert("filename".into(), u.filename.clone().into());
+                p.insert("block_size".into(), u.block_size.unwrap_or(0).into());
+                if let Some(id) = uuid(u.uuid) {
+                    p.insert("uuid".into(), id);
+                }
+            }
+            Entry::NvmeAttach(a) => {
+                p.insert("name".into(), a.name.clone().into());
+                p.insert("trtype".into(), a.trtype.clone().into());
+                if let Some(t) = &a.traddr {
+                    p.insert("traddr".into(), t.clone().into());
+                }
+                for (k, v) in &a.params {
+                    p.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        serde_json::json!({ "method": self.method(), "params": p })
+    }
+
     /// The bdev's name (the controller's for NVMe).
     pub fn name(&self) -> &str {
         match self {
