@@ -199,7 +199,6 @@ pub fn config(
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
         TargetConfig::from_json_with(&json, attach).map_err(|e| bad("-c", path, e.to_string()))?
     } else {
-        let mut cfg = TargetConfig::default();
         let given = [&a.null, &a.ram, &a.uring, &a.nvme]
             .iter()
             .filter(|o| o.is_some())
@@ -211,70 +210,9 @@ pub fn config(
                 "give one namespace (or -c FILE)",
             ));
         }
-        if given > 1 {
-            return Err(bad(
-                "--null/--ram/--uring/--nvme",
-                "",
-                "quick mode serves one namespace: give only one of them (or -c FILE)",
-            ));
-        }
-        let bs = a.block_size;
-        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
-            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
-            let r = if ram {
-                Bdev::ram("Malloc0", bs, blocks)
-            } else {
-                Bdev::null("Null0", bs, blocks)
-            };
-            r.map_err(|e| bad(option, v, e.to_string()))
-        };
-        let bdevs = if let Some(v) = &a.null {
-            vec![local("--null", v, false)?]
-        } else if let Some(v) = &a.ram {
-            vec![local("--ram", v, true)?]
-        } else if let Some(t) = &a.nvme {
-            nvme(t)?
-        } else if let Some(p) = &a.uring {
-            let o = UringOptions {
-                direct: true,
-                wake_fd: true,
-                ..Default::default()
-            };
-            vec![Bdev::uring("Uring0", p, o.clone())
-                .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
-                .map_err(|e| bad("--uring", p, e.to_string()))?]
-        } else {
-            return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
-        };
-        check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
-        for h in &a.host {
-            check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
-        }
-        let mut s = SubsystemConfig::new(&a.nqn);
-        s.serial = a.serial.clone();
-        s.model = a.model.clone();
-        s.allow_any_host = a.host.is_empty();
-        s.hosts = a.host.clone();
-        s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
-            bdev: b.name().to_string(),
-            nsid: None,
-        }));
-        let listen = if a.listen.is_empty() {
-            vec!["127.0.0.1:4420".to_string()]
-        } else {
-            a.listen.clone()
-        };
-        for l in &listen {
-            let addr: SocketAddr = l
-                .parse()
-                .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
-            s.listeners.push(addr);
-        }
-        cfg.bdevs.extend(bdevs);
-        cfg.subsystems.push(s);
-        cfg
+        quick_config(a, given, nvme)?
     };
+
     let t: &mut TransportOptions = &mut cfg.transport;
     if let Some(v) = size_opt("--in-capsule-data-size", &a.in_capsule_data_size)? {
         t.in_capsule_data_size =
@@ -317,6 +255,79 @@ pub fn config(
         }
         other => TargetCliError::Config(other),
     })?;
+    Ok(cfg)
+}
+
+/// Quick mode's configuration: one subsystem serving the one namespace
+/// of `--null/--ram/--uring/--nvme` (`given` of them were given).
+fn quick_config(
+    a: &TargetArgs,
+    given: usize,
+    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev>, TargetCliError>,
+) -> Result<TargetConfig, TargetCliError> {
+    let mut cfg = TargetConfig::default();
+    if given > 1 {
+        return Err(bad(
+            "--null/--ram/--uring/--nvme",
+            "",
+            "quick mode serves one namespace: give only one of them (or -c FILE)",
+        ));
+    }
+    let bs = a.block_size;
+    let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
+        let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+        let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
+        let r = if ram {
+            Bdev::ram("Malloc0", bs, blocks)
+        } else {
+            Bdev::null("Null0", bs, blocks)
+        };
+        r.map_err(|e| bad(option, v, e.to_string()))
+    };
+    let bdevs = if let Some(v) = &a.null {
+        vec![local("--null", v, false)?]
+    } else if let Some(v) = &a.ram {
+        vec![local("--ram", v, true)?]
+    } else if let Some(t) = &a.nvme {
+        nvme(t)?
+    } else if let Some(p) = &a.uring {
+        let o = UringOptions {
+            direct: true,
+            wake_fd: true,
+            ..Default::default()
+        };
+        vec![Bdev::uring("Uring0", p, o.clone())
+            .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
+            .map_err(|e| bad("--uring", p, e.to_string()))?]
+    } else {
+        return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
+    };
+    check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
+    for h in &a.host {
+        check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
+    }
+    let mut s = SubsystemConfig::new(&a.nqn);
+    s.serial = a.serial.clone();
+    s.model = a.model.clone();
+    s.allow_any_host = a.host.is_empty();
+    s.hosts = a.host.clone();
+    s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
+        bdev: b.name().to_string(),
+        nsid: None,
+    }));
+    let listen = if a.listen.is_empty() {
+        vec!["127.0.0.1:4420".to_string()]
+    } else {
+        a.listen.clone()
+    };
+    for l in &listen {
+        let addr: SocketAddr = l
+            .parse()
+            .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
+        s.listeners.push(addr);
+    }
+    cfg.bdevs.extend(bdevs);
+    cfg.subsystems.push(s);
     Ok(cfg)
 }
 
