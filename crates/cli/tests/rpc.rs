@@ -528,3 +528,63 @@ fn bdevperf_serves_iostat_while_it_runs() {
     assert_eq!(code, 0, "{out}{err}");
     assert!(!Path::new(&sock).exists(), "the socket is removed on exit");
 }
+
+/// uring and NVMe bdevs by RPC: an io_uring file, an emulated NVMe
+/// controller attached and detached (its bdevs `<name>n<nsid>`), and
+/// save_config writing both.
+#[test]
+fn uring_and_nvme_bdevs_by_rpc() {
+    let sock = common::rpc_socket();
+    let _t = Target::start(&sock, &[]);
+    let file = format!("{sock}.img");
+    std::fs::write(&file, vec![0u8; 1 << 20]).unwrap();
+    let r = call(
+        &sock,
+        "bdev_uring_create",
+        json!({"name": "U0", "filename": file, "block_size": 512}),
+    );
+    assert_eq!(r["result"], "U0", "{r}");
+    let b = call(&sock, "bdev_get_bdevs", json!({"name": "U0"}));
+    assert_eq!(b["result"][0]["num_blocks"], 2048, "{b}");
+    let r = call(
+        &sock,
+        "bdev_nvme_attach_controller",
+        json!({"name": "Emu", "trtype": "soft", "backend": "ram", "size": "8MiB"}),
+    );
+    assert_eq!(r["result"], json!(["Emun1"]), "{r}");
+    let again = call(
+        &sock,
+        "bdev_nvme_attach_controller",
+        json!({"name": "Emu", "trtype": "soft", "backend": "ram", "size": "8MiB"}),
+    );
+    assert_eq!(again["error"]["code"], -17, "{again}");
+    let b = call(&sock, "bdev_get_bdevs", json!({"name": "Emun1"}));
+    assert_eq!(b["result"][0]["product_name"], "NVMe disk", "{b}");
+    let saved = call(&sock, "save_config", Value::Null)["result"].clone();
+    let methods: Vec<&str> = saved["subsystems"][0]["config"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        methods,
+        ["bdev_uring_create", "bdev_nvme_attach_controller"]
+    );
+    // A controller's bdev is deleted by detaching the controller.
+    let e = call(&sock, "bdev_malloc_delete", json!({"name": "Emun1"}));
+    assert_eq!(e["error"]["code"], -19, "{e}");
+    let r = call(&sock, "bdev_nvme_detach_controller", json!({"name": "Emu"}));
+    assert_eq!(r["result"], true, "{r}");
+    let r = call(&sock, "bdev_nvme_detach_controller", json!({"name": "Emu"}));
+    assert_eq!(r["error"]["code"], -19, "{r}");
+    assert_eq!(
+        call(&sock, "bdev_uring_delete", json!({"name": "U0"}))["result"],
+        true
+    );
+    assert_eq!(
+        call(&sock, "bdev_get_bdevs", Value::Null)["result"],
+        json!([])
+    );
+    let _ = std::fs::remove_file(&file);
+}
