@@ -279,8 +279,8 @@ fn run_with(
         Vec::new()
     };
     let app = crate::rpc::App::new(Arc::new(registry(a, cfg, &bdevs)?), None);
-    let server =
-        crate::rpc::serve(&a.rpc, app.methods()).map_err(|e| BdevperfError::Args(e.to_string()))?;
+    let server = crate::rpc::serve(&a.rpc, crate::rpc::methods(&app))
+        .map_err(|e| BdevperfError::Args(e.to_string()))?;
     let r = execute(a, cores, bdevs, inline, &app);
     drop(server);
     // Controllers close after every bdev and channel, the device

@@ -20,8 +20,8 @@ use pollux_rpc::{params, Methods, RpcError};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
 
+use super::app::{einval, lock, App};
 use super::framework::{ticks, TICK_RATE};
-use super::{einval, lock, App};
 
 /// A bdev crate error as SPDK's handlers answer: parameters -32602 (the
 /// message names method and parameter), a name in use -17 (EEXIST),

@@ -8,7 +8,7 @@ use pollux_rpc::{no_params, Methods, RpcError};
 use pollux_runtime::ThreadStats;
 use serde_json::{json, Value};
 
-use super::{lock, App};
+use super::app::{lock, App};
 
 /// Ticks per second of every `ticks`, `busy`, `idle` here: nanoseconds.
 pub const TICK_RATE: u64 = 1_000_000_000;

@@ -380,8 +380,9 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
             Some(p) => std::fs::read_to_string(p).ok(),
             None => None,
         };
-        let registry = bdevs::registry(&a, &cfg, json.as_deref())
-            .map_err(|e| bad("--null/--ram/--uring/--nvme/-c", "", e.to_string()))?;
+        let registry =
+            bdevs::registry(a.uring.as_deref(), a.nvme.as_deref(), &cfg, json.as_deref())
+                .map_err(|e| bad("--null/--ram/--uring/--nvme/-c", "", e.to_string()))?;
         let app = crate::rpc::App::new(Arc::new(registry), Some(opener.clone()));
         serve(cfg, &cores, a.config.is_some(), &app, &a.rpc)
     });
@@ -413,7 +414,7 @@ fn serve(
     })?);
     let _signals = target.stop_on_signals()?;
     app.set_runtime(target.clone());
-    let methods = app.methods();
+    let methods = crate::rpc::methods(app);
     // (The nvmf methods and save_config's nvmf part are added here.)
     let server = crate::rpc::serve(rpc, methods)?;
     {
