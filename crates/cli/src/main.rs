@@ -5,6 +5,7 @@ mod bdevperf;
 mod common;
 mod discover;
 mod emulator;
+mod metrics;
 mod nvme_open;
 mod perf;
 mod pingpong;

@@ -108,6 +108,7 @@ fn bdevperf_help_lists_every_option() {
         ("--nvme", None),
         ("--block-size", Some("512")),
         ("-r, --rpc-socket", Some("/var/tmp/pollux.sock")),
+        ("--metrics", None),
     ]);
     lists_exactly("bdevperf", &want);
 }
@@ -140,6 +141,7 @@ fn target_help_lists_every_option() {
             ("--send-iov", Some("512")),
             ("--handshake-timeout", Some("10")),
             ("-r, --rpc-socket", Some("/var/tmp/pollux.sock")),
+            ("--metrics", None),
         ],
     );
 }

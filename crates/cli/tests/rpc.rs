@@ -109,6 +109,8 @@ fn spdk_rpc() -> Option<PathBuf> {
 struct Target {
     child: Child,
     sock: String,
+    /// Its stdout up to the JSON-RPC line.
+    lines: Vec<String>,
 }
 
 impl Target {
@@ -128,14 +130,16 @@ impl Target {
             .spawn()
             .expect("run pollux target");
         let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-        let mut line = String::new();
+        let mut lines = Vec::new();
         loop {
-            line.clear();
+            let mut line = String::new();
             if out.read_line(&mut line).expect("read") == 0 {
                 let _ = child.wait();
                 panic!("pollux target {args:?} exited before serving JSON-RPC");
             }
-            if line.contains("JSON-RPC on") {
+            let done = line.contains("JSON-RPC on");
+            lines.push(line.trim().to_string());
+            if done {
                 break;
             }
         }
@@ -147,6 +151,7 @@ impl Target {
         Target {
             child,
             sock: sock.to_string(),
+            lines,
         }
     }
 
@@ -587,4 +592,100 @@ fn uring_and_nvme_bdevs_by_rpc() {
         json!([])
     );
     let _ = std::fs::remove_file(&file);
+}
+
+/// `GET path` over HTTP/1.1: status line and body.
+fn http_get(addr: &str, path: &str) -> (String, String) {
+    let mut s = std::net::TcpStream::connect(addr).expect("connect to --metrics");
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    write!(s, "GET {path} HTTP/1.1\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut text = String::new();
+    s.read_to_string(&mut text).expect("read the response");
+    let (head, body) = text.split_once("\r\n\r\n").expect("headers");
+    (
+        head.lines().next().unwrap_or_default().to_string(),
+        body.to_string(),
+    )
+}
+
+/// `--metrics`: the bdev and thread counters of bdev_get_iostat and
+/// thread_get_stats, and the target's gauges, in Prometheus' text format;
+/// the counters move with I/O.
+#[test]
+fn metrics_serve_the_counters_in_prometheus_text_format() {
+    let sock = common::rpc_socket();
+    let t = Target::start(
+        &sock,
+        &[
+            "--ram",
+            "4MiB",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics",
+            "127.0.0.1:0",
+        ],
+    );
+    let find = |prefix: &str| {
+        t.lines
+            .iter()
+            .find_map(|l| l.strip_prefix(prefix))
+            .unwrap_or_else(|| panic!("no {prefix:?} line: {:?}", t.lines))
+            .to_string()
+    };
+    let listen = find("pollux target: listening on ");
+    let url = find("pollux target: metrics on http://");
+    let addr = url.trim_end_matches("/metrics").to_string();
+    let (status, body) = http_get(&addr, "/metrics");
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    for want in [
+        "# TYPE pollux_bdev_read_ops_total counter",
+        "pollux_bdev_read_ops_total{bdev=\"Malloc0\"} 0",
+        "pollux_bdev_written_bytes_total{bdev=\"Malloc0\"} 0",
+        "# TYPE pollux_thread_busy_seconds_total counter",
+        "pollux_target_connections 0",
+        "pollux_target_controllers 0",
+        "# TYPE pollux_target_buffer_bytes gauge",
+    ] {
+        assert!(body.contains(want), "{want:?} in:\n{body}");
+    }
+    assert!(
+        body.contains("pollux_thread_busy_seconds_total{thread=\"reactor_"),
+        "{body}"
+    );
+    // Reads through the target show in the counters.
+    let port = common::port_of(&listen);
+    let trid = format!(
+        "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:nqn.2016-06.io.pollux:cnode1"
+    );
+    let (code, out, err) = common::pollux(&[
+        "perf",
+        "-r",
+        &trid,
+        "-w",
+        "randread",
+        "-q",
+        "4",
+        "-o",
+        "4096",
+        "--io-count",
+        "100",
+        "-t",
+        "5",
+    ]);
+    assert_eq!(code, 0, "{out}{err}");
+    let (_, body) = http_get(&addr, "/metrics");
+    let reads: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("pollux_bdev_read_ops_total{bdev=\"Malloc0\"} "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no read counter in:\n{body}"));
+    assert!(reads >= 100.0, "{reads} reads");
+    let st = call(&sock, "bdev_get_iostat", json!({"name": "Malloc0"}));
+    assert_eq!(
+        st["result"]["bdevs"][0]["num_read_ops"].as_f64(),
+        Some(reads),
+        "{st}"
+    );
+    let (status, _) = http_get(&addr, "/nope");
+    assert_eq!(status, "HTTP/1.1 404 Not Found");
 }

@@ -29,6 +29,8 @@ pub struct BdevperfArgs {
     pub cpumask: CpumaskArgs,
     #[command(flatten)]
     pub rpc: crate::rpc::RpcArgs,
+    #[command(flatten)]
+    pub metrics: crate::metrics::MetricsArgs,
     /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
     /// bdev_uring_create, bdev_nvme_attach_controller).
     #[arg(short = 'c', long = "config")]

@@ -105,6 +105,8 @@ pub struct TargetArgs {
     pub send_iov: Option<usize>,
     #[command(flatten)]
     pub rpc: crate::rpc::RpcArgs,
+    #[command(flatten)]
+    pub metrics: crate::metrics::MetricsArgs,
     /// Seconds a connection may take to send its ICReq, and then to get
     /// its queue connected (Fabrics Connect), before it is closed
     /// (decimals allowed, up to 3600) [default: 10].
@@ -126,6 +128,13 @@ pub enum TargetCliError {
     /// The JSON-RPC socket could not be served.
     #[error(transparent)]
     Rpc(#[from] pollux_rpc::ServeError),
+    /// The metrics server could not listen.
+    #[error("--metrics {addr}: {source}")]
+    Metrics {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
     /// A listener could not be bound: a refusal, with what to do.
     #[error("cannot listen on {addr}: {why}")]
     Listen { addr: SocketAddr, why: String },
@@ -384,7 +393,7 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
             bdevs::registry(a.uring.as_deref(), a.nvme.as_deref(), &cfg, json.as_deref())
                 .map_err(|e| bad("--null/--ram/--uring/--nvme/-c", "", e.to_string()))?;
         let app = crate::rpc::App::new(Arc::new(registry), Some(opener.clone()));
-        serve(cfg, &cores, a.config.is_some(), &app, &a.rpc)
+        serve(cfg, &cores, a.config.is_some(), &app, &a)
     });
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
@@ -401,8 +410,9 @@ fn serve(
     cores: &[usize],
     config: bool,
     app: &crate::rpc::App,
-    rpc: &crate::rpc::RpcArgs,
+    a: &TargetArgs,
 ) -> Result<(), TargetCliError> {
+    let rpc = &a.rpc;
     let subs = banner::subsystems(&cfg);
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
@@ -417,6 +427,17 @@ fn serve(
     let methods = crate::rpc::methods(app);
     // (The nvmf methods and save_config's nvmf part are added here.)
     let server = crate::rpc::serve(rpc, methods)?;
+    let metrics = match a.metrics.metrics {
+        Some(addr) => {
+            let t = target.clone();
+            let extra: crate::metrics::Extra = Box::new(move || target_samples(&t));
+            Some(
+                crate::metrics::Metrics::start(addr, app.clone(), Some(extra))
+                    .map_err(|source| TargetCliError::Metrics { addr, source })?,
+            )
+        }
+        None => None,
+    };
     {
         let mut out = std::io::stdout().lock();
         // (The first line is the first address: scripts read it.)
@@ -432,6 +453,9 @@ fn serve(
         for l in banner::lines(&subs, &target.subsystem_listeners(), cores) {
             let _ = writeln!(out, "pollux target: {l}");
         }
+        if let Some(m) = &metrics {
+            let _ = writeln!(out, "pollux target: metrics on http://{}/metrics", m.addr());
+        }
         let _ = writeln!(
             out,
             "pollux target: JSON-RPC on {} (spdk-rpc -s {} METHOD)",
@@ -442,11 +466,47 @@ fn serve(
     }
     let r = target.wait();
     // The handlers (and what they hold of the target) go first.
+    drop(metrics);
     drop(server);
     r?;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "pollux target: stopped");
     Ok(())
+}
+
+/// The target's own gauges for `--metrics`.
+fn target_samples(t: &Target) -> Vec<crate::metrics::Sample> {
+    use crate::metrics::Sample;
+    let (used, limit) = t.buffer_bytes();
+    let g = |name, help, value: usize| Sample {
+        name,
+        help,
+        kind: "gauge",
+        labels: Vec::new(),
+        value: value as f64,
+    };
+    vec![
+        g(
+            "pollux_target_connections",
+            "NVMe/TCP connections open.",
+            t.connections(),
+        ),
+        g(
+            "pollux_target_controllers",
+            "Controllers (host associations) alive.",
+            t.controllers(),
+        ),
+        g(
+            "pollux_target_buffer_bytes",
+            "Bytes of data buffers alive.",
+            used,
+        ),
+        g(
+            "pollux_target_buffer_limit_bytes",
+            "The data buffer pool's limit.",
+            limit,
+        ),
+    ]
 }
 
 #[cfg(test)]
