@@ -5,6 +5,8 @@ mod bdevperf;
 mod common;
 mod discover;
 mod emulator;
+#[allow(dead_code, unused_imports)] // wired into target and bdevperf with the RPC server
+mod metrics;
 mod nvme_open;
 mod perf;
 mod pingpong;
