@@ -649,7 +649,7 @@ fn metrics_serve_the_counters_in_prometheus_text_format() {
         assert!(body.contains(want), "{want:?} in:\n{body}");
     }
     assert!(
-        body.contains("pollux_thread_busy_seconds_total{thread=\"reactor_"),
+        body.contains("pollux_thread_busy_seconds_total{thread=\"0\",core=\""),
         "{body}"
     );
     // Reads through the target show in the counters.

@@ -281,15 +281,11 @@ fn run_with(
     let app = crate::rpc::App::new(Arc::new(registry(a, cfg, &bdevs)?), None);
     let server = crate::rpc::serve(&a.rpc, crate::rpc::methods(&app))
         .map_err(|e| BdevperfError::Args(e.to_string()))?;
-    let metrics = match a.metrics.metrics {
-        Some(addr) => {
-            let m = crate::metrics::Metrics::start(addr, app.clone(), None)
-                .map_err(|e| bad("--metrics", addr, e.to_string()))?;
-            eprintln!("pollux bdevperf: metrics on http://{}/metrics", m.addr());
-            Some(m)
-        }
-        None => None,
-    };
+    let metrics = crate::metrics::start(&a.metrics, &app, None)
+        .map_err(|e| BdevperfError::Args(e.to_string()))?;
+    if let Some(m) = &metrics {
+        eprintln!("pollux bdevperf: metrics on http://{}/metrics", m.addr());
+    }
     let r = execute(a, cores, bdevs, inline, &app);
     drop(metrics);
     drop(server);

@@ -128,13 +128,9 @@ pub enum TargetCliError {
     /// The JSON-RPC socket could not be served.
     #[error(transparent)]
     Rpc(#[from] pollux_rpc::ServeError),
-    /// The metrics server could not listen.
-    #[error("--metrics {addr}: {source}")]
-    Metrics {
-        addr: SocketAddr,
-        #[source]
-        source: std::io::Error,
-    },
+    /// The metrics endpoint could not start.
+    #[error(transparent)]
+    Metrics(#[from] crate::metrics::MetricsError),
     /// A listener could not be bound: a refusal, with what to do.
     #[error("cannot listen on {addr}: {why}")]
     Listen { addr: SocketAddr, why: String },
@@ -427,17 +423,9 @@ fn serve(
     let methods = crate::rpc::methods(app);
     // (The nvmf methods and save_config's nvmf part are added here.)
     let server = crate::rpc::serve(rpc, methods)?;
-    let metrics = match a.metrics.metrics {
-        Some(addr) => {
-            let t = target.clone();
-            let extra: crate::metrics::Extra = Box::new(move || target_samples(&t));
-            Some(
-                crate::metrics::Metrics::start(addr, app.clone(), Some(extra))
-                    .map_err(|source| TargetCliError::Metrics { addr, source })?,
-            )
-        }
-        None => None,
-    };
+    let t = target.clone();
+    let extra: crate::metrics::Extra = Box::new(move |e| target_samples(e, &t));
+    let metrics = crate::metrics::start(&a.metrics, app, Some(extra))?;
     {
         let mut out = std::io::stdout().lock();
         // (The first line is the first address: scripts read it.)
@@ -475,38 +463,33 @@ fn serve(
 }
 
 /// The target's own gauges for `--metrics`.
-fn target_samples(t: &Target) -> Vec<crate::metrics::Sample> {
-    use crate::metrics::Sample;
+fn target_samples(e: &mut crate::metrics::Exposition, t: &Target) {
+    use crate::metrics::gauge;
     let (used, limit) = t.buffer_bytes();
-    let g = |name, help, value: usize| Sample {
-        name,
-        help,
-        kind: "gauge",
-        labels: Vec::new(),
-        value: value as f64,
-    };
-    vec![
-        g(
-            "pollux_target_connections",
-            "NVMe/TCP connections open.",
-            t.connections(),
-        ),
-        g(
-            "pollux_target_controllers",
-            "Controllers (host associations) alive.",
-            t.controllers(),
-        ),
-        g(
-            "pollux_target_buffer_bytes",
-            "Bytes of data buffers alive.",
-            used,
-        ),
-        g(
-            "pollux_target_buffer_limit_bytes",
-            "The data buffer pool's limit.",
-            limit,
-        ),
-    ]
+    gauge(
+        e,
+        "pollux_target_connections",
+        "NVMe/TCP connections open.",
+        t.connections() as f64,
+    );
+    gauge(
+        e,
+        "pollux_target_controllers",
+        "Controllers (host associations) alive.",
+        t.controllers() as f64,
+    );
+    gauge(
+        e,
+        "pollux_target_buffer_bytes",
+        "Bytes of data buffers alive.",
+        used as f64,
+    );
+    gauge(
+        e,
+        "pollux_target_buffer_limit_bytes",
+        "The data buffer pool's limit.",
+        limit as f64,
+    );
 }
 
 #[cfg(test)]
