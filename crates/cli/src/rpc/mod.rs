@@ -20,7 +20,7 @@ use clap::Args;
 use pollux_rpc::{Limits, Methods, ServeError, Server};
 
 pub use app::App;
-pub use registry::{bdev_entries, registry_of, trid_entry};
+pub use registry::{bdev_entries, claimer, registry_of, trid_entry};
 
 /// Where `pollux target` and `pollux bdevperf` listen unless `-r` says
 /// otherwise (SPDK's apps: `/var/tmp/spdk.sock`).

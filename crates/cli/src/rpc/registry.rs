@@ -12,6 +12,12 @@ fn of_controller(ctrl: &str, bdev: &str) -> bool {
         .is_some_and(|n| !n.is_empty() && n.bytes().all(|c| c.is_ascii_digit()))
 }
 
+/// Who claims a namespace's bdev (`Registry::claim`; what a refused
+/// delete names): "subsystem <nqn>".
+pub fn claimer(nqn: &str) -> String {
+    format!("subsystem {nqn}")
+}
+
 /// The bdev entries of an SPDK JSON configuration's text (parsed again:
 /// the app checked it already; none if it has no bdev subsystem).
 pub fn bdev_entries(json: &str) -> Vec<Entry> {

@@ -7,11 +7,6 @@ use pollux_bdev::{Bdev, Registry, RegistryError};
 use pollux_nvmf::TargetConfig;
 use serde_json::{json, Value};
 
-/// Who claims a namespace's bdev (what a refused delete names).
-pub fn claimer(nqn: &str) -> String {
-    format!("subsystem {nqn}")
-}
-
 /// The config entry of quick mode's bdev `b`.
 fn quick_entry(uring: Option<&str>, nvme: Option<&str>, b: &Bdev) -> Value {
     let i = b.info();
@@ -44,7 +39,7 @@ pub fn registry(
     let r = crate::rpc::registry_of(&cfg.bdevs, &entries, |b| quick_entry(uring, nvme, b))?;
     for s in &cfg.subsystems {
         for ns in &s.namespaces {
-            r.claim(&ns.bdev, &claimer(&s.nqn))?;
+            r.claim(&ns.bdev, &crate::rpc::claimer(&s.nqn))?;
         }
     }
     Ok(r)
