@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
-use crate::config::{ConfigError, TargetConfig};
+use crate::config::{ConfigError, TargetConfig, TransportOptions};
 use crate::model::{ModelError, Subsys, SubsysParams};
 use crate::shared::{Shared, SubsysEntry};
 use crate::tcp::server::{init, Listeners, TcpShared};
@@ -43,6 +43,43 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
+/// What a subsystem's controllers take from the transport options.
+fn subsys_params(
+    o: &TransportOptions,
+    nqn: &str,
+    serial: Option<&str>,
+    model: Option<&str>,
+) -> SubsysParams {
+    SubsysParams {
+        nqn: nqn.to_string(),
+        serial: serial.map_or_else(|| default_serial(nqn), str::to_string),
+        model: model.unwrap_or("pollux").to_string(),
+        queue_entries: o.max_queue_depth,
+        max_io_queues: o.max_io_qpairs_per_ctrlr,
+        max_io_size: o.max_io_size,
+        in_capsule_data: o.in_capsule_data_size,
+        kas: o.kas,
+    }
+}
+
+/// The target's discovery subsystem.
+fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetError> {
+    let dp = SubsysParams {
+        nqn: DISCOVERY_NQN.into(),
+        serial: "pollux-discovery".into(),
+        model: "pollux discovery".into(),
+        queue_entries: o.max_aq_depth,
+        max_io_queues: 1,
+        max_io_size: o.max_io_size,
+        in_capsule_data: 0,
+        kas: o.kas,
+    };
+    Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
+        nqn: DISCOVERY_NQN.into(),
+        source,
+    })
+}
+
 /// A running NVMe/TCP target.
 pub struct Target {
     rt: RuntimeHandle,
@@ -70,16 +107,7 @@ impl Target {
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
         for s in &cfg.subsystems {
-            let p = SubsysParams {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone().unwrap_or_else(|| default_serial(&s.nqn)),
-                model: s.model.clone().unwrap_or_else(|| "pollux".into()),
-                queue_entries: o.max_queue_depth,
-                max_io_queues: o.max_io_qpairs_per_ctrlr,
-                max_io_size: o.max_io_size,
-                in_capsule_data: o.in_capsule_data_size,
-                kas: o.kas,
-            };
+            let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
             let model =
                 Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
                     nqn: s.nqn.clone(),
@@ -92,21 +120,7 @@ impl Target {
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
             });
         }
-        let dp = SubsysParams {
-            nqn: DISCOVERY_NQN.into(),
-            serial: "pollux-discovery".into(),
-            model: "pollux discovery".into(),
-            queue_entries: o.max_aq_depth,
-            max_io_queues: 1,
-            max_io_size: o.max_io_size,
-            in_capsule_data: 0,
-            kas: o.kas,
-        };
-        let discovery =
-            Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
-                nqn: DISCOVERY_NQN.into(),
-                source,
-            })?;
+        let discovery = discovery_subsys(&o)?;
         let tcp = Arc::new(TcpShared::new(&o, cores));
         let shared = Arc::new(Shared {
             opts: o,
