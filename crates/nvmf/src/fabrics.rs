@@ -149,15 +149,18 @@ impl Qpair {
             }
         };
         let shared = self.shared.clone();
-        let Some(sid) = shared.find(subnqn) else {
+        // Held until the controller table has the queue, so a live change
+        // (`live`) either comes before and is seen here, or after and
+        // finds the queue to close.
+        let subs = shared.subsystems();
+        let Some((sid, entry)) = shared.find(&subs, subnqn) else {
             return Err(invalid(
                 ParamIn::Data,
                 ipo::DATA_SUBNQN,
                 "unknown subsystem (this target serves no such NQN)".into(),
             ));
         };
-        if let SubsysId::Nvm(k) = sid {
-            let e = &shared.subsystems[k];
+        if let Some(e) = &entry {
             if !e.listeners.contains(&self.local) {
                 return Err(invalid(
                     ParamIn::Data,
@@ -179,6 +182,10 @@ impl Qpair {
                 ));
             }
         }
+        let model = match &entry {
+            Some(e) => &e.model,
+            None => &shared.discovery,
+        };
         if cmd.sqsize == 0 {
             return Err(invalid(ParamIn::Command, ipo::SQSIZE, "SQSIZE 0".into()));
         }
@@ -206,6 +213,8 @@ impl Qpair {
             thread: self.thread,
             conn: self.id,
             close: X::close_queue,
+            listener: self.local,
+            peer: self.peer,
         };
         let cntlid;
         if cmd.qid == 0 {
@@ -229,7 +238,6 @@ impl Qpair {
                     ),
                 ));
             }
-            let model = shared.subsys(sid);
             let host = hostnqn.to_string();
             let mut slot_ctrl = None;
             let kato = if sid == SubsysId::Discovery && cmd.kato == 0 {
@@ -245,7 +253,9 @@ impl Qpair {
                 CtrlEntry {
                     subsys: sid,
                     hostnqn: host,
+                    hostid: data.hostid,
                     ctrl: c,
+                    admin: me,
                     io: Vec::new(),
                 }
             });
@@ -305,7 +315,7 @@ impl Qpair {
                     ),
                 ));
             }
-            let max = shared.subsys(sid).mqes() as u32 + 1;
+            let max = model.mqes() as u32 + 1;
             if entries > max {
                 return Err(invalid(
                     ParamIn::Command,
@@ -334,6 +344,7 @@ impl Qpair {
             };
             tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
         }
+        drop(subs);
         let _ = ctx;
         if let Some(d) = data_slot {
             d.keep();

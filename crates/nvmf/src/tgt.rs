@@ -2,7 +2,7 @@
 //! serving them, and its listeners.
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
@@ -34,7 +34,7 @@ pub enum TargetError {
 }
 
 /// A serial number made from the NQN (at most 20 characters).
-fn default_serial(nqn: &str) -> String {
+pub(crate) fn default_serial(nqn: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in nqn.bytes() {
         h ^= b as u64;
@@ -43,8 +43,38 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
+/// The live configuration's bookkeeping (what the runtime threads do not
+/// need).
+pub(crate) struct Live {
+    /// The TCP transport was created (listed by `nvmf_get_transports`).
+    pub transport: bool,
+    /// The next subsystem's `SubsysEntry::id`.
+    pub next_id: u64,
+    /// The sockets listened on: (address asked for, address bound).
+    pub sockets: Vec<(SocketAddr, SocketAddr)>,
+}
+
+impl Live {
+    pub fn new(transport: bool, next_id: u64, sockets: Vec<(SocketAddr, SocketAddr)>) -> Live {
+        Live {
+            transport,
+            next_id,
+            sockets,
+        }
+    }
+
+    /// The bound address of `addr` (asked for or bound).
+    pub fn bound(&self, addr: SocketAddr) -> Option<SocketAddr> {
+        self.sockets
+            .iter()
+            // (A port 0 asked for is a new free port each time.)
+            .find(|(c, r)| (*c == addr && addr.port() != 0) || *r == addr)
+            .map(|(_, r)| *r)
+    }
+}
+
 /// What a subsystem's controllers take from the transport options.
-fn subsys_params(
+pub(crate) fn subsys_params(
     o: &TransportOptions,
     nqn: &str,
     serial: Option<&str>,
@@ -63,7 +93,7 @@ fn subsys_params(
 }
 
 /// The target's discovery subsystem.
-fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetError> {
+pub(crate) fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetError> {
     let dp = SubsysParams {
         nqn: DISCOVERY_NQN.into(),
         serial: "pollux-discovery".into(),
@@ -80,12 +110,22 @@ fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetError> {
     })
 }
 
+/// What the runtime threads share, replaced as a whole only by
+/// `create_transport` (before any listener, subsystem or connection).
+#[derive(Clone)]
+pub(crate) struct Current {
+    pub shared: Arc<Shared>,
+    /// The TCP transport's (connections, data buffer pool).
+    pub tcp: Arc<TcpShared>,
+}
+
 /// A running NVMe/TCP target.
 pub struct Target {
-    rt: RuntimeHandle,
-    shared: Arc<Shared>,
-    /// The TCP transport's (connections, data buffer pool).
-    tcp: Arc<TcpShared>,
+    pub(crate) rt: RuntimeHandle,
+    pub(crate) cur: RwLock<Current>,
+    /// The live configuration's bookkeeping (see `live`); its mutex
+    /// serializes live changes.
+    pub(crate) live: Mutex<Live>,
 }
 
 impl Target {
@@ -106,27 +146,35 @@ impl Target {
         )
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
-        for s in &cfg.subsystems {
+        for (k, s) in cfg.subsystems.iter().enumerate() {
             let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
             let model =
                 Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
                     nqn: s.nqn.clone(),
                     source,
                 })?;
-            subsystems.push(SubsysEntry {
+            subsystems.push(Arc::new(SubsysEntry {
+                id: k as u64 + 1,
                 model,
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
-            });
+                max_namespaces: s.max_namespaces,
+            }));
         }
+        let live = Live::new(
+            cfg.transport_created || !cfg.subsystems.is_empty(),
+            subsystems.len() as u64 + 1,
+            listen.pairs(),
+        );
         let discovery = discovery_subsys(&o)?;
         let tcp = Arc::new(TcpShared::new(&o, cores));
         let shared = Arc::new(Shared {
             opts: o,
-            subsystems,
+            subsystems: RwLock::new(subsystems),
             discovery,
-            listeners: listen.addrs(),
+            listeners: RwLock::new(listen.addrs()),
+            genctr: 1.into(),
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });
@@ -141,22 +189,31 @@ impl Target {
             };
             init(ctx, sh.clone(), tc.clone(), ls);
         })?;
-        for a in &shared.listeners {
+        for a in &shared.listeners() {
             tracing::info!(listen = %a, "NVMe/TCP target listening");
         }
-        Ok(Target { rt, shared, tcp })
+        Ok(Target {
+            rt,
+            cur: RwLock::new(Current { shared, tcp }),
+            live: Mutex::new(live),
+        })
+    }
+
+    /// What the runtime threads share now.
+    pub(crate) fn current(&self) -> Current {
+        self.cur.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The addresses listened on (configured port 0 resolved).
-    pub fn listen_addrs(&self) -> &[SocketAddr] {
-        &self.shared.listeners
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.shared().listeners()
     }
 
     /// Each NVM subsystem's NQN and the addresses it is served on
-    /// (configured port 0 resolved), in configuration order.
+    /// (configured port 0 resolved), in creation order.
     pub fn subsystem_listeners(&self) -> Vec<(String, Vec<SocketAddr>)> {
-        self.shared
-            .subsystems
+        self.shared()
+            .subsystems()
             .iter()
             .map(|e| (e.model.nqn().to_string(), e.listeners.clone()))
             .collect()
@@ -164,18 +221,18 @@ impl Target {
 
     /// Controllers (host associations) alive.
     pub fn controllers(&self) -> usize {
-        self.shared.table().map.len()
+        self.shared().table().map.len()
     }
 
     /// What the target's threads share (tests drive connections over
     /// memory with it).
     pub(crate) fn shared(&self) -> Arc<Shared> {
-        self.shared.clone()
+        self.current().shared
     }
 
     /// The data buffer pool (tests check what connections give back).
     pub(crate) fn pool(&self) -> Arc<crate::pool::Pool> {
-        self.tcp.pool.clone()
+        self.current().tcp.pool.clone()
     }
 
     /// The runtime (tests run connections on its threads).
@@ -187,12 +244,13 @@ impl Target {
     /// threads), and the pool's limit (`num_shared_buffers` x
     /// `io_unit_size`; in-capsule and admin data may pass it).
     pub fn buffer_bytes(&self) -> (usize, usize) {
-        (self.tcp.pool.used(), self.tcp.pool.limit())
+        let tcp = self.current().tcp;
+        (tcp.pool.used(), tcp.pool.limit())
     }
 
     /// Connections open.
     pub fn connections(&self) -> usize {
-        self.tcp.conns.load(Relaxed)
+        self.current().tcp.conns.load(Relaxed)
     }
 
     /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).

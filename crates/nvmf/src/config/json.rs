@@ -205,6 +205,7 @@ impl TargetConfig {
                         .into());
                 }
                 self.transport.validate()?;
+                self.transport_created = true;
             }
             "nvmf_create_subsystem" => {
                 p.known(&[
@@ -223,7 +224,7 @@ impl TargetConfig {
                 s.serial = p.str_opt("serial_number")?.map(str::to_string);
                 s.model = p.str_opt("model_number")?.map(str::to_string);
                 s.allow_any_host = p.bool_opt("allow_any_host")?.unwrap_or(false);
-                p.uint("max_namespaces", 0, 1024)?;
+                s.max_namespaces = p.uint("max_namespaces", 0, 1024)?.unwrap_or(0) as u32;
                 if p.bool_opt("ana_reporting")? == Some(true) {
                     return Err(p.bad("ana_reporting", "ANA is not supported").into());
                 }
