@@ -74,6 +74,14 @@ impl TargetConfig {
         Ok(cfg)
     }
 
+    /// Reads one entry of the `nvmf` subsystem (`{"method", "params"}`)
+    /// into this configuration, as the file's entries are read: the
+    /// JSON-RPC method of the same name decodes its parameters with it
+    /// (same rules, same messages).
+    pub fn apply_entry(&mut self, entry: &Value) -> Result<(), ConfigError> {
+        self.apply(entry)
+    }
+
     fn warn(&mut self, w: String) {
         tracing::warn!("{w}");
         self.warnings.push(w);
