@@ -124,6 +124,135 @@ impl Entry {
         }
     }
 
+    /// Decodes one method of the `bdev` subsystem from its `params` object:
+    /// what a `-c` file's entry and the JSON-RPC method of the same name
+    /// both go through. `Ok(None)`: the method creates nothing
+    /// (`bdev_wait_for_examine`, SPDK's tuning methods: these push a
+    /// warning). An unknown method is [`ConfigError::UnknownMethod`] with
+    /// index 0.
+    pub fn decode(
+        method: &str,
+        obj: &Map<String, Value>,
+        warnings: &mut Vec<String>,
+    ) -> Result<Option<Entry>> {
+        Ok(Some(match method {
+            "bdev_null_create" => Entry::Null(local_config::null_create(obj)?),
+            "bdev_malloc_create" => {
+                let (p, boundary) = local_config::malloc_create(obj)?;
+                if let Some(b) = boundary {
+                    warnings.push(format!(
+                        "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
+                    ));
+                }
+                Entry::Malloc(p)
+            }
+            "bdev_uring_create" => Entry::Uring(uring_config::uring_create(obj)?),
+            "bdev_nvme_attach_controller" => {
+                Entry::NvmeAttach(nvme_config::attach_controller(obj)?)
+            }
+            "bdev_wait_for_examine" => return Ok(None),
+            m if is_tuning(m) => {
+                warnings.push(format!(
+                    "method '{m}' ignored: it tunes SPDK's bdev layer, which pollux does not have"
+                ));
+                return Ok(None);
+            }
+            m => {
+                return Err(ConfigError::UnknownMethod {
+                    method: m.to_string(),
+                    index: 0,
+                })
+            }
+        }))
+    }
+
+    /// Creates this entry's bdevs (several for an NVMe controller, made by
+    /// `attach` and named [`NvmeAttach::bdev_name`]): what a `-c` file's
+    /// entry and the JSON-RPC method of the same name both go through.
+    pub fn create<E>(
+        &self,
+        attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, E>,
+    ) -> Result<Vec<Bdev>>
+    where
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let method = self.method();
+        Ok(match self {
+            Entry::Null(p) | Entry::Malloc(p) => {
+                let b = if matches!(self, Entry::Null(_)) {
+                    Bdev::null(&p.name, p.block_size, p.num_blocks)
+                } else {
+                    Bdev::ram(&p.name, p.block_size, p.num_blocks)
+                };
+                let b = match p.uuid {
+                    Some(u) => b.and_then(|b| b.with_uuid(u)),
+                    None => b,
+                };
+                vec![b.map_err(|source| ConfigError::Create {
+                    method,
+                    name: p.name.clone(),
+                    source,
+                })?]
+            }
+            Entry::Uring(p) => {
+                let b = p.create().and_then(|b| match p.uuid {
+                    Some(u) => b.with_uuid(u),
+                    None => Ok(b),
+                });
+                vec![b.map_err(|source| ConfigError::Create {
+                    method,
+                    name: p.name.clone(),
+                    source,
+                })?]
+            }
+            Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
+                name: a.name.clone(),
+                source: e.into(),
+            })?,
+        })
+    }
+
+    /// The `{"method", "params"}` object that makes this entry again (what
+    /// `save_config` writes). `made`: the bdevs it made; a null, malloc or
+    /// uring bdev's UUID is written (SPDK's `save_config` writes it too), so
+    /// a restart keeps it.
+    pub fn saved_config(&self, made: &[Bdev]) -> Value {
+        let uuid = |u: Option<[u8; 16]>| {
+            u.or_else(|| made.first().map(|b| b.info().uuid))
+                .map(|u| Value::String(crate::info::uuid_string(&u)))
+        };
+        let mut p = Map::new();
+        match self {
+            Entry::Null(l) | Entry::Malloc(l) => {
+                p.insert("name".into(), l.name.clone().into());
+                p.insert("num_blocks".into(), l.num_blocks.into());
+                p.insert("block_size".into(), l.block_size.into());
+                if let Some(u) = uuid(l.uuid) {
+                    p.insert("uuid".into(), u);
+                }
+            }
+            Entry::Uring(u) => {
+                p.insert("name".into(), u.name.clone().into());
+                p.insert("filename".into(), u.filename.clone().into());
+                p.insert("block_size".into(), u.block_size.unwrap_or(0).into());
+                if let Some(id) = uuid(u.uuid) {
+                    p.insert("uuid".into(), id);
+                }
+            }
+            Entry::NvmeAttach(a) => {
+                p.insert("name".into(), a.name.clone().into());
+                p.insert("trtype".into(), a.trtype.clone().into());
+                if let Some(t) = &a.traddr {
+                    p.insert("traddr".into(), t.clone().into());
+                }
+                for (k, v) in &a.params {
+                    p.insert(k.clone(), v.clone());
+                }
+            }
+        }
+        serde_json::json!({ "method": self.method(), "params": p })
+    }
+
     /// The bdev's name (the controller's for NVMe).
     pub fn name(&self) -> &str {
         match self {
@@ -225,35 +354,17 @@ impl Config {
                 )))
             }
         };
-        Ok(Some(match method {
-            "bdev_null_create" => Entry::Null(local_config::null_create(obj)?),
-            "bdev_malloc_create" => {
-                let (p, boundary) = local_config::malloc_create(obj)?;
-                if let Some(b) = boundary {
-                    self.warn(format!(
-                        "bdev_malloc_create: optimal_io_boundary {b} ignored (requests are not split on it)"
-                    ));
-                }
-                Entry::Malloc(p)
+        let mut warnings = Vec::new();
+        let r = Entry::decode(method, obj, &mut warnings);
+        for w in warnings {
+            self.warn(w);
+        }
+        match r {
+            Err(ConfigError::UnknownMethod { method, .. }) => {
+                Err(ConfigError::UnknownMethod { method, index })
             }
-            "bdev_uring_create" => Entry::Uring(uring_config::uring_create(obj)?),
-            "bdev_nvme_attach_controller" => {
-                Entry::NvmeAttach(nvme_config::attach_controller(obj)?)
-            }
-            "bdev_wait_for_examine" => return Ok(None),
-            m if is_tuning(m) => {
-                self.warn(format!(
-                    "method '{m}' ignored: it tunes SPDK's bdev layer, which pollux does not have"
-                ));
-                return Ok(None);
-            }
-            m => {
-                return Err(ConfigError::UnknownMethod {
-                    method: m.to_string(),
-                    index,
-                })
-            }
-        }))
+            r => r,
+        }
     }
 
     /// Gives unnamed null/malloc bdevs SPDK-like names and refuses
@@ -318,40 +429,7 @@ impl Config {
     {
         let mut out: Vec<Bdev> = Vec::new();
         for e in &self.entries {
-            let method = e.method();
-            let made = match e {
-                Entry::Null(p) | Entry::Malloc(p) => {
-                    let b = if matches!(e, Entry::Null(_)) {
-                        Bdev::null(&p.name, p.block_size, p.num_blocks)
-                    } else {
-                        Bdev::ram(&p.name, p.block_size, p.num_blocks)
-                    };
-                    let b = match p.uuid {
-                        Some(u) => b.and_then(|b| b.with_uuid(u)),
-                        None => b,
-                    };
-                    vec![b.map_err(|source| ConfigError::Create {
-                        method,
-                        name: p.name.clone(),
-                        source,
-                    })?]
-                }
-                Entry::Uring(p) => {
-                    let b = p.create().and_then(|b| match p.uuid {
-                        Some(u) => b.with_uuid(u),
-                        None => Ok(b),
-                    });
-                    vec![b.map_err(|source| ConfigError::Create {
-                        method,
-                        name: p.name.clone(),
-                        source,
-                    })?]
-                }
-                Entry::NvmeAttach(a) => attach(a).map_err(|e| ConfigError::Attach {
-                    name: a.name.clone(),
-                    source: e.into(),
-                })?,
-            };
+            let made = e.create(attach)?;
             for b in made {
                 if out.iter().any(|o| o.name() == b.name()) {
                     return Err(ConfigError::DuplicateName(b.name().to_string()));

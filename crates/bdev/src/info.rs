@@ -52,18 +52,21 @@ impl BdevInfo {
 
     /// The UUID in its text form.
     pub fn uuid_string(&self) -> String {
-        let u = &self.uuid;
-        let h =
-            |r: std::ops::Range<usize>| u[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
-        format!(
-            "{}-{}-{}-{}-{}",
-            h(0..4),
-            h(4..6),
-            h(6..8),
-            h(8..10),
-            h(10..16)
-        )
+        uuid_string(&self.uuid)
     }
+}
+
+/// A UUID's text form (`xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx`).
+pub fn uuid_string(u: &[u8; 16]) -> String {
+    let h = |r: std::ops::Range<usize>| u[r].iter().map(|b| format!("{b:02x}")).collect::<String>();
+    format!(
+        "{}-{}-{}-{}-{}",
+        h(0..4),
+        h(4..6),
+        h(6..8),
+        h(8..10),
+        h(10..16)
+    )
 }
 
 /// A random version-4 UUID (from the kernel's random source).
