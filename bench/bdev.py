@@ -44,8 +44,21 @@ def run_json(cmd, timeout):
     return json.loads(p.stdout)
 
 
+_RPC = {}
+
+
+def rpc_args(binary):
+    """`-r PATH`, a JSON-RPC socket of this run's own (bdevperf serves one,
+    by default on /var/tmp/pollux.sock, which another app may hold); none
+    for a binary from before it served one (bdev_before_after.py)."""
+    if binary not in _RPC:
+        h = subprocess.run([binary, "bdevperf", "--help"], capture_output=True, text=True).stdout
+        _RPC[binary] = "--rpc-socket" in h
+    return ["-r", f"/tmp/pollux-bench-{os.getpid()}.sock"] if _RPC[binary] else []
+
+
 def bdevperf(args, secs):
-    return run_json([BIN, "bdevperf", "--json", "-t", str(secs)] + args, secs + 120)["total"]
+    return run_json([BIN, "bdevperf", "--json", "-t", str(secs)] + rpc_args(BIN) + args, secs + 120)["total"]
 
 
 def perf(args, secs):
@@ -166,7 +179,8 @@ def main():
         lo_n, hi_n = (10000, 30000) if a.quick else (20000, 60000)
         print(f"== 3. host instructions per I/O, inline, QD 128 4 KiB randread, null controller (callgrind, {hi_n} - {lo_n} I/Os)")
         ip = per_io([BIN, "perf", "--json", "--inline", "-t", "0", "-q", "128", "-o", "4096", "-w", "randread"], lo_n, hi_n)
-        ib = per_io([BIN, "bdevperf", "--json", "--inline", "-t", "0", "--nvme", SOFT_NULL] + base, lo_n, hi_n)
+        ib = per_io([BIN, "bdevperf", "--json", "--inline", "-t", "0", "--nvme", SOFT_NULL] + rpc_args(BIN) + base,
+                    lo_n, hi_n)
         print(f"   perf {ip:.1f}, bdevperf {ib:.1f}: the layer and its runtime add {ib - ip:.1f}   (target <= 20)")
         res["instr_per_io"] = {"perf": ip, "bdevperf": ib, "added": ib - ip}
     else:

@@ -70,7 +70,9 @@ class Target:
         self.port = free_port()
         self.p = subprocess.Popen(
             list(prefix) + [BIN, "target", "--listen", f"127.0.0.1:{self.port}", "--null", "64GiB", "--block-size",
-                            "4096", "--nqn", NQN, "-m", mask, "--max-queue-depth", "256"] + list(extra),
+                            "4096", "--nqn", NQN, "-m", mask, "--max-queue-depth", "256",
+                            # A JSON-RPC socket of its own (the default may be held).
+                            "-r", f"/tmp/pollux-bench-tcp-{os.getpid()}-{self.port}.sock"] + list(extra),
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.time() + (120 if prefix else 20)
         while time.time() < deadline:

@@ -23,7 +23,7 @@ for i in $(seq 1 "$RUNS"); do
         done
     fi
     start=$(date +%s.%N)
-    "$POLLUX" bdevperf --nvme 'trtype:soft backend:ram size:1GiB' -w verify -t "$T" \
+    "$POLLUX" bdevperf -r "$tmp/rpc.sock" --nvme 'trtype:soft backend:ram size:1GiB' -w verify -t "$T" \
         > "$tmp/out" 2> "$tmp/err" || echo "run $i: exit $?"
     end=$(date +%s.%N)
     [ ${#hogs[@]} = 0 ] || kill "${hogs[@]}" 2>/dev/null || true

@@ -4,6 +4,9 @@
 need_apt=()
 command -v cc >/dev/null || need_apt+=(gcc)
 command -v python3 >/dev/null || need_apt+=(python3)
+# SPDK's own JSON-RPC client (PyPI's `spdk`) is installed into a venv by
+# crates/cli/tests/rpc.rs.
+python3 -c 'import venv, ensurepip' 2>/dev/null || need_apt+=(python3-venv)
 if ! command -v cargo >/dev/null; then
     [[ -x $HOME/.cargo/bin/cargo ]] && export PATH=$HOME/.cargo/bin:$PATH
 fi

@@ -88,7 +88,8 @@ perf_lat() {  # perf_lat NAME ARGS...: IOPS, p50/p99/max latency (us), worker CP
 bdevperf() {  # bdevperf NAME ARGS...: pollux bdevperf, IOPS as METRIC NAME, ok iff no I/O failed
     name=$1; shift
     echo "== bdevperf $name: pollux bdevperf $*"
-    if $P bdevperf --json "$@" > /tmp/bp.json 2>/tmp/bp.err; then
+    # (-r: its own JSON-RPC socket; a target may hold the default.)
+    if $P bdevperf -r /tmp/bdevperf.sock --json "$@" > /tmp/bp.json 2>/tmp/bp.err; then
         iops=$(json_total_iops /tmp/bp.json)
         errs=$(sed -n 's/.*"total":{[^}]*"errors":\([0-9]*\).*/\1/p' /tmp/bp.json)
         echo "   IOPS $iops, errors $errs"
@@ -125,7 +126,7 @@ held_perf() {  # held_perf vfio|uio: `pollux perf` is refused while another proc
 }
 mixed_bdevperf() {  # mixed_bdevperf vfio|uio: this PCIe controller and an NVMe/TCP one in one bdevperf
     MNQN=nqn.2026-11.dev.pollux:guest-mixed
-    $P target --listen 127.0.0.1:4432 --ram 64MiB --nqn $MNQN -m 0x1 > /tmp/mixed-target.log 2>&1 &
+    $P target -r /tmp/mixed-target.sock --listen 127.0.0.1:4432 --ram 64MiB --nqn $MNQN -m 0x1 > /tmp/mixed-target.log 2>&1 &
     mpid=$!
     for i in $(seq 200); do grep -q listening /tmp/mixed-target.log 2>/dev/null && break; sleep 0.1; done
     bdevperf $1-tcp-mixed-verify --nvme "$TRID" \

@@ -13,7 +13,7 @@ VPORT=4431
 modprobe crc32c_generic 2>/dev/null
 modprobe nvme-tcp
 
-$P target --listen 127.0.0.1:$VPORT --nvme "$TRID" --nqn $VNQN -m 0x1 > /tmp/target-nvme.log 2>&1 &
+$P target -r /tmp/target-nvme.sock --listen 127.0.0.1:$VPORT --nvme "$TRID" --nqn $VNQN -m 0x1 > /tmp/target-nvme.log 2>&1 &
 VPID=$!
 vtarget_up() {
     for i in $(seq 200); do

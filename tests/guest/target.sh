@@ -18,7 +18,7 @@ modprobe crc32c_generic 2>/dev/null
 modprobe crc32c-intel 2>/dev/null
 modprobe nvme-tcp
 
-$P target --listen $TADDR:$TPORT --ram 256MiB --nqn $TNQN -m 0x1 > /tmp/target.log 2>&1 &
+$P target -r /tmp/target.sock --listen $TADDR:$TPORT --ram 256MiB --nqn $TNQN -m 0x1 > /tmp/target.log 2>&1 &
 TPID=$!
 target_up() {
     for i in $(seq 100); do

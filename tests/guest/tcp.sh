@@ -76,7 +76,7 @@ if tcp_check tcp-nvmet-setup tcp_setup; then
     tcp_perf tcp-verify-128k-digests "$TCP_TRID hdgst:1 ddgst:1" -w randrw -M 50 -q 8 -o 128k -t 3 --verify
     tcp_perf tcp-verify-2qp "$TCP_TRID" -w randrw -M 70 -q 8 -o 8k -P 2 -t 2 --verify
     tcp_perf tcp-randread-4k "$TCP_TRID" -w randread -q 32 -o 4096 -t 3
-    tcp_check tcp-bdevperf-verify $P bdevperf --nvme "$TCP_TRID" -w verify -q 8 -o 16k -t 2
+    tcp_check tcp-bdevperf-verify $P bdevperf -r /tmp/tcp-bdevperf.sock --nvme "$TCP_TRID" -w verify -q 8 -o 16k -t 2
     # perf's default depth (-q 128), whatever nvmet's queues hold.
     tcp_perf tcp-default-depth "$TCP_TRID" -w randread -o 4096 -t 2
     # Get Log Page at the lengths asked for, a log shorter than that

@@ -16,8 +16,8 @@
 //!
 //! | method | creates | parameters |
 //! |---|---|---|
-//! | `bdev_null_create` | [`Bdev::null`] | `name`, `num_blocks`, `block_size`, `uuid`; `md_size`, `dif_type` only 0, `dif_is_head_of_md` only false |
-//! | `bdev_malloc_create` | [`Bdev::ram`] | as null, plus `optimal_io_boundary` (accepted, ignored) |
+//! | `bdev_null_create` | [`Bdev::null`] | `name`, `num_blocks`, `block_size`, `uuid`; `md_size`, `dif_type`, `dif_pi_format` only 0, `dif_is_head_of_md` only false, `physical_block_size` only 0 or `block_size` |
+//! | `bdev_malloc_create` | [`Bdev::ram`] | as null, plus `optimal_io_boundary` (accepted, ignored), `md_interleave` only false |
 //! | `bdev_uring_create` | [`Bdev::uring`] (O_DIRECT, else the page cache) | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
 //! | `bdev_nvme_attach_controller` | `<name>n<nsid>` per namespace | `name`, `trtype`, `traddr`, any other: handed to the caller |
 //!
@@ -476,10 +476,12 @@ mod tests {
               {"method": "bdev_null_create",
                "params": {"name": "Null0", "num_blocks": 262144, "block_size": 4096,
                           "uuid": "2b6601ba-eada-44fb-9a83-a20eb9eb9e90", "md_size": 0,
+                          "dif_pi_format": 0, "physical_block_size": 4096,
                           "dif_type": 0, "dif_is_head_of_md": false}},
               {"method": "bdev_malloc_create",
                "params": {"name": "Malloc0", "num_blocks": 16384, "block_size": 512,
-                          "optimal_io_boundary": 16}},
+                          "optimal_io_boundary": 16, "md_interleave": false,
+                          "dif_pi_format": 0, "physical_block_size": 512}},
               {"method": "bdev_malloc_create", "params": {"num_blocks": 8, "block_size": 512}},
               {"method": "bdev_wait_for_examine"}
             ]},
@@ -599,6 +601,18 @@ mod tests {
             (
                 r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512, "dif_type": 1}}"#,
                 &["'dif_type'"],
+            ),
+            (
+                r#"{"method": "bdev_null_create", "params": {"num_blocks": 8, "block_size": 512, "dif_pi_format": 1}}"#,
+                &["'dif_pi_format'"],
+            ),
+            (
+                r#"{"method": "bdev_malloc_create", "params": {"num_blocks": 8, "block_size": 512, "md_interleave": true}}"#,
+                &["'md_interleave'"],
+            ),
+            (
+                r#"{"method": "bdev_malloc_create", "params": {"num_blocks": 8, "block_size": 512, "physical_block_size": 4096}}"#,
+                &["'physical_block_size'", "4096"],
             ),
             (
                 r#"{"method": "bdev_null_create", "params": {"name": "", "num_blocks": 8, "block_size": 512}}"#,

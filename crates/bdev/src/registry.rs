@@ -237,7 +237,10 @@ mod tests {
         assert!(r.get("nope").is_none());
         r.claim("Null0", "subsystem nqn.a").unwrap();
         assert_eq!(
-            r.claim("Null0", "subsystem nqn.b").err().unwrap().to_string(),
+            r.claim("Null0", "subsystem nqn.b")
+                .err()
+                .unwrap()
+                .to_string(),
             "bdev 'Null0' is in use by subsystem nqn.a"
         );
         let e = r.remove("Null0").err().unwrap();
@@ -255,8 +258,14 @@ mod tests {
     #[test]
     fn insert_all_and_remove_all_are_all_or_nothing() {
         let r = Registry::new();
-        let (_, a) = make("bdev_null_create", json!({"name": "a", "num_blocks": 8, "block_size": 512}));
-        let (_, b) = make("bdev_null_create", json!({"name": "b", "num_blocks": 8, "block_size": 512}));
+        let (_, a) = make(
+            "bdev_null_create",
+            json!({"name": "a", "num_blocks": 8, "block_size": 512}),
+        );
+        let (_, b) = make(
+            "bdev_null_create",
+            json!({"name": "b", "num_blocks": 8, "block_size": 512}),
+        );
         let entry = json!({"method": "bdev_nvme_attach_controller", "params": {"name": "N"}});
         r.insert("a", a[0].clone(), json!({"method": "x"})).unwrap();
         assert!(r

@@ -8,6 +8,7 @@ mod emulator;
 mod nvme_open;
 mod perf;
 mod pingpong;
+mod rpc;
 mod setup;
 mod target;
 

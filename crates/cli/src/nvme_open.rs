@@ -66,6 +66,8 @@ pub struct OpenError {
 /// after whatever holds its bdevs.
 pub struct NvmeOpener {
     ctrls: Vec<Arc<Controller>>,
+    /// The name each of `ctrls` was opened as.
+    names: Vec<String>,
     emu: SoftEmulator,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
@@ -83,6 +85,7 @@ impl NvmeOpener {
     ) -> NvmeOpener {
         NvmeOpener {
             ctrls: Vec::new(),
+            names: Vec::new(),
             emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
@@ -92,6 +95,19 @@ impl NvmeOpener {
     /// The controllers opened so far.
     pub fn controllers(&self) -> &[Arc<Controller>] {
         &self.ctrls
+    }
+
+    /// Forgets controller `name` (`bdev_nvme_detach_controller`): it
+    /// closes once its bdevs are gone. Whether it was there.
+    pub fn detach(&mut self, name: &str) -> bool {
+        match self.names.iter().position(|n| n == name) {
+            Some(i) => {
+                self.names.remove(i);
+                self.ctrls.remove(i);
+                true
+            }
+            None => false,
+        }
     }
 
     /// The emulated controllers (stepped by the caller in inline mode).
@@ -143,6 +159,7 @@ impl NvmeOpener {
             pollux_host::connect_with(t, &copts, &mut self.emu).map_err(|e| fail(e.to_string()))?,
         );
         self.ctrls.push(ctrl.clone());
+        self.names.push(name.to_string());
         let mut bdevs = Vec::new();
         for ns in ctrl.namespaces() {
             let b = Bdev::nvme(

@@ -107,6 +107,7 @@ fn bdevperf_help_lists_every_option() {
         ("--uring-yield", Some("16")),
         ("--nvme", None),
         ("--block-size", Some("512")),
+        ("-r, --rpc-socket", Some("/var/tmp/pollux.sock")),
     ]);
     lists_exactly("bdevperf", &want);
 }
@@ -138,6 +139,7 @@ fn target_help_lists_every_option() {
             ("--num-shared-buffers", Some("511")),
             ("--send-iov", Some("512")),
             ("--handshake-timeout", Some("10")),
+            ("-r, --rpc-socket", Some("/var/tmp/pollux.sock")),
         ],
     );
 }

@@ -123,9 +123,28 @@ fn the_readmes_examples_run_as_written() {
     // `pollux` in the README is this binary, whatever its file name.
     let bindir = dir.join("bin");
     std::fs::create_dir_all(&bindir).expect("bin dir");
+    // A wrapper: each target / bdevperf the README starts gets its own
+    // JSON-RPC socket (tests run side by side; README commands use the
+    // default one).
     let link = bindir.join("pollux");
     let _ = std::fs::remove_file(&link);
-    std::os::unix::fs::symlink(&bin, &link).expect("symlink pollux");
+    let wrapper = format!(
+        r#"#!/bin/sh
+case "$1" in
+target|bdevperf)
+    case " $* " in
+    *" -r "*|*" --rpc-socket"*) ;;
+    *) sub=$1; shift; exec '{bin}' "$sub" -r '{dir}/rpc-'$$.sock "$@" ;;
+    esac ;;
+esac
+exec '{bin}' "$@"
+"#,
+        bin = bin.display(),
+        dir = dir.display()
+    );
+    std::fs::write(&link, wrapper).expect("pollux wrapper");
+    std::fs::set_permissions(&link, std::os::unix::fs::PermissionsExt::from_mode(0o755))
+        .expect("chmod pollux wrapper");
     let path = format!(
         "{}:{}",
         bindir.display(),

@@ -235,8 +235,9 @@ impl Target {
         self.current().tcp.pool.clone()
     }
 
-    /// The runtime (tests run connections on its threads).
-    pub(crate) fn runtime(&self) -> &RuntimeHandle {
+    /// The runtime (tests run connections on its threads; the management
+    /// server reads its thread statistics).
+    pub fn runtime(&self) -> &RuntimeHandle {
         &self.rt
     }
 

@@ -69,6 +69,14 @@ impl Server {
         })
     }
 
+    /// Checks `path` as [`Server::start`] would, changing nothing: `Ok`
+    /// if it is free or a stale socket; [`ServeError::InUse`] if a live
+    /// server answers there; [`ServeError::NotASocket`] if it is something
+    /// else. (An app checks before its slow start-up.)
+    pub fn check(path: &Path) -> Result<(), ServeError> {
+        probe(path).map(|_| ())
+    }
+
     /// The socket path.
     pub fn path(&self) -> &Path {
         &self.path
@@ -98,9 +106,27 @@ impl Drop for Server {
 
 /// Removes a stale socket at `path`; refuses a live one or a non-socket.
 fn clear_stale(path: &Path) -> Result<(), ServeError> {
+    if !probe(path)? {
+        return Ok(());
+    }
+    tracing::info!(path = %path.display(), "replacing a stale RPC socket");
+    match std::fs::remove_file(path) {
+        Ok(()) => Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
+        Err(source) => Err(ServeError::Io {
+            path: path.to_owned(),
+            what: "remove stale socket",
+            source,
+        }),
+    }
+}
+
+/// What is at `path`: `Ok(false)` nothing, `Ok(true)` a stale socket;
+/// a live socket or a non-socket is an error.
+fn probe(path: &Path) -> Result<bool, ServeError> {
     let meta = match std::fs::symlink_metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == ErrorKind::NotFound => return Ok(false),
         Err(source) => {
             return Err(ServeError::Io {
                 path: path.to_owned(),
@@ -118,18 +144,7 @@ fn clear_stale(path: &Path) -> Result<(), ServeError> {
         Ok(_) => Err(ServeError::InUse {
             path: path.to_owned(),
         }),
-        Err(e) if e.kind() == ErrorKind::ConnectionRefused => {
-            tracing::info!(path = %path.display(), "replacing a stale RPC socket");
-            match std::fs::remove_file(path) {
-                Ok(()) => Ok(()),
-                Err(e) if e.kind() == ErrorKind::NotFound => Ok(()),
-                Err(source) => Err(ServeError::Io {
-                    path: path.to_owned(),
-                    what: "remove stale socket",
-                    source,
-                }),
-            }
-        }
+        Err(e) if e.kind() == ErrorKind::ConnectionRefused => Ok(true),
         Err(source) => Err(ServeError::Io {
             path: path.to_owned(),
             what: "probe existing socket",

@@ -431,6 +431,10 @@ fn a_live_socket_is_refused_with_a_clear_error_and_keeps_serving() {
     let (d, _s) = start(Limits::default());
     let e = Server::start(&d.sock(), methods(), Limits::default()).unwrap_err();
     assert!(matches!(e, ServeError::InUse { .. }), "{e:?}");
+    assert!(matches!(
+        Server::check(&d.sock()),
+        Err(ServeError::InUse { .. })
+    ));
     let msg = e.to_string();
     assert_eq!(
         msg,
@@ -446,8 +450,11 @@ fn a_live_socket_is_refused_with_a_clear_error_and_keeps_serving() {
 #[test]
 fn a_stale_socket_is_replaced_and_a_file_is_refused() {
     let d = TempDir::new();
+    assert!(Server::check(&d.sock()).is_ok(), "nothing there");
     drop(UnixListener::bind(d.sock()).unwrap());
     assert!(d.sock().exists(), "a stale socket file");
+    assert!(Server::check(&d.sock()).is_ok(), "a stale socket");
+    assert!(d.sock().exists(), "check changes nothing");
     let s = Server::start(&d.sock(), methods(), Limits::default()).unwrap();
     assert_eq!(Client::connect(&d).call(1, "echo", None)["id"], 1);
     drop(s);
@@ -456,6 +463,7 @@ fn a_stale_socket_is_replaced_and_a_file_is_refused() {
     std::fs::write(d.sock(), b"precious").unwrap();
     let e = Server::start(&d.sock(), methods(), Limits::default()).unwrap_err();
     assert!(matches!(e, ServeError::NotASocket { .. }), "{e:?}");
+    assert!(Server::check(&d.sock()).is_err());
     assert!(e.to_string().contains(&d.sock().display().to_string()));
     assert_eq!(std::fs::read(d.sock()).unwrap(), b"precious");
 }

@@ -21,6 +21,8 @@ const NULL_PARAMS: &[&str] = &[
     "md_size",
     "dif_type",
     "dif_is_head_of_md",
+    "dif_pi_format",
+    "physical_block_size",
 ];
 const MALLOC_PARAMS: &[&str] = &[
     "name",
@@ -29,8 +31,11 @@ const MALLOC_PARAMS: &[&str] = &[
     "uuid",
     "optimal_io_boundary",
     "md_size",
+    "md_interleave",
     "dif_type",
     "dif_is_head_of_md",
+    "dif_pi_format",
+    "physical_block_size",
 ];
 
 /// `bdev_null_create`.
@@ -50,10 +55,22 @@ pub(crate) fn malloc_create(
 
 fn local(p: Params<'_>) -> Result<LocalParams, ParamError> {
     no_metadata(&p)?;
+    let block_size = p.required("block_size", p.u32_opt("block_size")?)?;
+    // SPDK's client and save_config write it; only the logical block size
+    // is modelled.
+    if let Some(n) = p
+        .u32_opt("physical_block_size")?
+        .filter(|&n| n != 0 && n != block_size)
+    {
+        return Err(p.bad(
+            "physical_block_size",
+            format!("{n}: only 0 or the block size ({block_size}) is supported"),
+        ));
+    }
     Ok(LocalParams {
         name: p.name(false)?.unwrap_or_default().to_string(),
         num_blocks: p.required("num_blocks", p.u64_opt("num_blocks")?)?,
-        block_size: p.required("block_size", p.u32_opt("block_size")?)?,
+        block_size,
         uuid: p.uuid_opt("uuid")?,
     })
 }
@@ -70,6 +87,18 @@ fn no_metadata(p: &Params<'_>) -> Result<(), ParamError> {
         return Err(p.bad(
             "dif_type",
             format!("{n}: protection information is not supported (only 0)"),
+        ));
+    }
+    if let Some(n) = p.u32_opt("dif_pi_format")?.filter(|&n| n != 0) {
+        return Err(p.bad(
+            "dif_pi_format",
+            format!("{n}: protection information is not supported (only 0)"),
+        ));
+    }
+    if p.bool_opt("md_interleave")? == Some(true) {
+        return Err(p.bad(
+            "md_interleave",
+            "true: metadata is not supported (only false)",
         ));
     }
     if p.bool_opt("dif_is_head_of_md")? == Some(true) {

@@ -27,6 +27,8 @@ pub struct BdevperfArgs {
     pub run: RunArgs<Workload>,
     #[command(flatten)]
     pub cpumask: CpumaskArgs,
+    #[command(flatten)]
+    pub rpc: crate::rpc::RpcArgs,
     /// SPDK JSON configuration of bdevs (bdev_null_create, bdev_malloc_create,
     /// bdev_uring_create, bdev_nvme_attach_controller).
     #[arg(short = 'c', long = "config")]

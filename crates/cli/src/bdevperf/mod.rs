@@ -217,6 +217,8 @@ pub fn run(a: BdevperfArgs) -> Result<Summary, BdevperfError> {
     let online = online_cpus();
     let cores = check_args(&a, &online)?;
     let cfg = read_config(&a)?;
+    // A socket in use is refused before the slow start-up.
+    crate::rpc::check_socket(&a.rpc.rpc_socket).map_err(|e| BdevperfError::Args(e.to_string()))?;
     let quick = a.null || !a.ram.is_empty() || !a.uring.is_empty() || !a.nvme.is_empty();
     if !quick && cfg.is_none() {
         return Err(BdevperfError::Args(
@@ -276,11 +278,72 @@ fn run_with(
     } else {
         Vec::new()
     };
-    let r = execute(a, cores, bdevs, inline);
+    let app = crate::rpc::App::new(Arc::new(registry(a, cfg, &bdevs)?), None);
+    let server =
+        crate::rpc::serve(&a.rpc, app.methods()).map_err(|e| BdevperfError::Args(e.to_string()))?;
+    let r = execute(a, cores, bdevs, inline, &app);
+    drop(server);
     // Controllers close after every bdev and channel, the device
     // thread last (the opener's field order).
     drop(opener);
     r
+}
+
+/// The run's bdevs in a registry (for `bdev_get_bdevs`,
+/// `bdev_get_iostat`, `save_config`): each with the config entry that
+/// makes it again.
+fn registry(
+    a: &BdevperfArgs,
+    cfg: Option<&Config>,
+    bdevs: &[Bdev],
+) -> Result<pollux_bdev::Registry, BdevperfError> {
+    use pollux_bdev::config::{Entry, LocalParams};
+    let entries: &[Entry] = cfg.map(|c| c.entries.as_slice()).unwrap_or_default();
+    let from_cfg = |b: &Bdev| entries.iter().any(|e| e.name() == b.name());
+    // Quick bdevs of one kind were made in the order of their flags.
+    let nth = |b: &Bdev, backend: &str| {
+        bdevs
+            .iter()
+            .filter(|o| o.info().backend == backend && !from_cfg(o))
+            .position(|o| o.name() == b.name())
+    };
+    let ctrls: Vec<&str> = {
+        let mut v: Vec<&str> = Vec::new();
+        for b in bdevs.iter().filter(|b| b.info().backend == "nvme") {
+            let c = b.name().rsplit_once('n').map_or(b.name(), |(c, _)| c);
+            if !v.contains(&c) && !entries.iter().any(|e| e.name() == c) {
+                v.push(c);
+            }
+        }
+        v
+    };
+    crate::rpc::registry_of(bdevs, entries, |b| {
+        let i = b.info();
+        let local = LocalParams {
+            name: i.name.clone(),
+            num_blocks: i.num_blocks,
+            block_size: i.block_size,
+            uuid: Some(i.uuid),
+        };
+        match i.backend {
+            "null" => Entry::Null(local).saved_config(std::slice::from_ref(b)),
+            "ram" => Entry::Malloc(local).saved_config(std::slice::from_ref(b)),
+            "uring" => {
+                let f = nth(b, "uring").and_then(|k| a.uring.get(k));
+                serde_json::json!({"method": "bdev_uring_create", "params": {
+                    "name": i.name,
+                    "filename": f.map(|p| p.display().to_string()).unwrap_or_default(),
+                    "block_size": i.block_size, "uuid": i.uuid_string()}})
+            }
+            _ => {
+                let c = b.name().rsplit_once('n').map_or(b.name(), |(c, _)| c);
+                let k = ctrls.iter().position(|x| *x == c);
+                let t = k.and_then(|k| a.nvme.get(k)).map_or("", String::as_str);
+                crate::rpc::trid_entry(c, t)
+            }
+        }
+    })
+    .map_err(|e| BdevperfError::Args(e.to_string()))
 }
 
 /// Plans, starts and reports the jobs.
@@ -289,6 +352,7 @@ fn execute(
     cores: &[usize],
     mut bdevs: Vec<Bdev>,
     inline: Vec<Arc<SoftDevice>>,
+    app: &crate::rpc::App,
 ) -> Result<Summary, BdevperfError> {
     if let Some(name) = &a.bdev {
         if !bdevs.iter().any(|b| b.name() == name) {
@@ -483,7 +547,7 @@ fn execute(
     }
     drop(tx);
 
-    let rt = Runtime::start(
+    let rt = Arc::new(Runtime::start(
         cores,
         RuntimeOptions {
             // The jobs' own drain bound comes first; this one is a backstop.
@@ -491,7 +555,8 @@ fn execute(
             thread_name: THREAD_NAME.into(),
             ..RuntimeOptions::default()
         },
-    )?;
+    )?);
+    app.set_runtime(rt.clone());
     let signals = rt.stop_on_signals()?;
     let trigger = rt.shutdown_trigger();
     // The polling threads' CPU time: per status line, and over the run.

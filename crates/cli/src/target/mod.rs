@@ -7,9 +7,11 @@
 //! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
 mod banner;
+mod bdevs;
 
 use std::io::Write;
 use std::net::SocketAddr;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use clap::Args;
@@ -101,6 +103,8 @@ pub struct TargetArgs {
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
     pub send_iov: Option<usize>,
+    #[command(flatten)]
+    pub rpc: crate::rpc::RpcArgs,
     /// Seconds a connection may take to send its ICReq, and then to get
     /// its queue connected (Fabrics Connect), before it is closed
     /// (decimals allowed, up to 3600) [default: 10].
@@ -119,6 +123,9 @@ pub enum TargetCliError {
     /// An NVMe controller could not be opened.
     #[error("{what}: {why}")]
     Nvme { what: String, why: String },
+    /// The JSON-RPC socket could not be served.
+    #[error(transparent)]
+    Rpc(#[from] pollux_rpc::ServeError),
     /// A listener could not be bound: a refusal, with what to do.
     #[error("cannot listen on {addr}: {why}")]
     Listen { addr: SocketAddr, why: String },
@@ -199,82 +206,26 @@ pub fn config(
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
         TargetConfig::from_json_with(&json, attach).map_err(|e| bad("-c", path, e.to_string()))?
     } else {
-        let mut cfg = TargetConfig::default();
         let given = [&a.null, &a.ram, &a.uring, &a.nvme]
             .iter()
             .filter(|o| o.is_some())
             .count();
         if given == 0 {
-            return Err(bad(
-                "--null/--ram/--uring/--nvme",
-                "",
-                "give one namespace (or -c FILE)",
-            ));
-        }
-        if given > 1 {
-            return Err(bad(
-                "--null/--ram/--uring/--nvme",
-                "",
-                "quick mode serves one namespace: give only one of them (or -c FILE)",
-            ));
-        }
-        let bs = a.block_size;
-        let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
-            let size = parse_size(v).map_err(|e| bad(option, v, e))?;
-            let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
-            let r = if ram {
-                Bdev::ram("Malloc0", bs, blocks)
-            } else {
-                Bdev::null("Null0", bs, blocks)
-            };
-            r.map_err(|e| bad(option, v, e.to_string()))
-        };
-        let bdevs = if let Some(v) = &a.null {
-            vec![local("--null", v, false)?]
-        } else if let Some(v) = &a.ram {
-            vec![local("--ram", v, true)?]
-        } else if let Some(t) = &a.nvme {
-            nvme(t)?
-        } else if let Some(p) = &a.uring {
-            let o = UringOptions {
-                direct: true,
-                wake_fd: true,
-                ..Default::default()
-            };
-            vec![Bdev::uring("Uring0", p, o.clone())
-                .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
-                .map_err(|e| bad("--uring", p, e.to_string()))?]
+            if !a.listen.is_empty() || !a.host.is_empty() {
+                return Err(bad(
+                    "--listen/--host",
+                    "",
+                    "quick mode needs a namespace (--null/--ram/--uring/--nvme); without one the target starts empty, configured over JSON-RPC (-r)",
+                ));
+            }
+            // As SPDK's nvmf_tgt: no subsystems yet, configured live over
+            // JSON-RPC.
+            TargetConfig::default()
         } else {
-            return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
-        };
-        check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
-        for h in &a.host {
-            check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
+            quick_config(a, given, nvme)?
         }
-        let mut s = SubsystemConfig::new(&a.nqn);
-        s.serial = a.serial.clone();
-        s.model = a.model.clone();
-        s.allow_any_host = a.host.is_empty();
-        s.hosts = a.host.clone();
-        s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
-            bdev: b.name().to_string(),
-            nsid: None,
-        }));
-        let listen = if a.listen.is_empty() {
-            vec!["127.0.0.1:4420".to_string()]
-        } else {
-            a.listen.clone()
-        };
-        for l in &listen {
-            let addr: SocketAddr = l
-                .parse()
-                .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
-            s.listeners.push(addr);
-        }
-        cfg.bdevs.extend(bdevs);
-        cfg.subsystems.push(s);
-        cfg
     };
+
     let t: &mut TransportOptions = &mut cfg.transport;
     if let Some(v) = size_opt("--in-capsule-data-size", &a.in_capsule_data_size)? {
         t.in_capsule_data_size =
@@ -320,14 +271,89 @@ pub fn config(
     Ok(cfg)
 }
 
+/// Quick mode's configuration: one subsystem serving the one namespace
+/// of `--null/--ram/--uring/--nvme` (`given` of them were given).
+fn quick_config(
+    a: &TargetArgs,
+    given: usize,
+    nvme: &mut impl FnMut(&str) -> Result<Vec<Bdev>, TargetCliError>,
+) -> Result<TargetConfig, TargetCliError> {
+    let mut cfg = TargetConfig::default();
+    if given > 1 {
+        return Err(bad(
+            "--null/--ram/--uring/--nvme",
+            "",
+            "quick mode serves one namespace: give only one of them (or -c FILE)",
+        ));
+    }
+    let bs = a.block_size;
+    let local = |option: &'static str, v: &String, ram: bool| -> Result<Bdev, TargetCliError> {
+        let size = parse_size(v).map_err(|e| bad(option, v, e))?;
+        let blocks = size_in_blocks(size, bs, "--block-size").map_err(|e| bad(option, v, e))?;
+        let r = if ram {
+            Bdev::ram("Malloc0", bs, blocks)
+        } else {
+            Bdev::null("Null0", bs, blocks)
+        };
+        r.map_err(|e| bad(option, v, e.to_string()))
+    };
+    let bdevs = if let Some(v) = &a.null {
+        vec![local("--null", v, false)?]
+    } else if let Some(v) = &a.ram {
+        vec![local("--ram", v, true)?]
+    } else if let Some(t) = &a.nvme {
+        nvme(t)?
+    } else if let Some(p) = &a.uring {
+        let o = UringOptions {
+            direct: true,
+            wake_fd: true,
+            ..Default::default()
+        };
+        vec![Bdev::uring("Uring0", p, o.clone())
+            .or_else(|_| Bdev::uring("Uring0", p, UringOptions { direct: false, ..o }))
+            .map_err(|e| bad("--uring", p, e.to_string()))?]
+    } else {
+        return Err(bad("--null/--ram/--uring/--nvme", "", "give one namespace"));
+    };
+    check_nqn(&a.nqn).map_err(|e| bad("--nqn", &a.nqn, e.to_string()))?;
+    for h in &a.host {
+        check_nqn(h).map_err(|e| bad("--host", h, e.to_string()))?;
+    }
+    let mut s = SubsystemConfig::new(&a.nqn);
+    s.serial = a.serial.clone();
+    s.model = a.model.clone();
+    s.allow_any_host = a.host.is_empty();
+    s.hosts = a.host.clone();
+    s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
+        bdev: b.name().to_string(),
+        nsid: None,
+    }));
+    let listen = if a.listen.is_empty() {
+        vec!["127.0.0.1:4420".to_string()]
+    } else {
+        a.listen.clone()
+    };
+    for l in &listen {
+        let addr: SocketAddr = l
+            .parse()
+            .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
+        s.listeners.push(addr);
+    }
+    cfg.bdevs.extend(bdevs);
+    cfg.subsystems.push(s);
+    Ok(cfg)
+}
+
 /// Runs until SIGINT/SIGTERM.
 pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
     let online = online_cpus();
     let cores = a.cpumask.cores(&online)?;
     a.device.check(&online)?;
     let device_core = a.device.core(&cores, &online);
+    // A socket in use is refused before the slow start-up.
+    crate::rpc::check_socket(&a.rpc.rpc_socket)?;
     // NVMe controllers of any transport, side by side; opened as the
-    // configuration names them.
+    // configuration names them (and later by bdev_nvme_attach_controller).
     let opener = std::cell::RefCell::new(NvmeOpener::new(
         false,
         device_core,
@@ -348,39 +374,75 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
         // (The config's error names the controller: only why here.)
         &mut |att: &NvmeAttach| opener.borrow_mut().attach(att).map_err(|e| e.why),
     );
-    let r = cfg.and_then(|cfg| serve(cfg, &cores, a.config.is_some()));
+    let opener = Arc::new(Mutex::new(opener.into_inner()));
+    let r = cfg.and_then(|cfg| {
+        let json = match &a.config {
+            Some(p) => std::fs::read_to_string(p).ok(),
+            None => None,
+        };
+        let registry = bdevs::registry(&a, &cfg, json.as_deref())
+            .map_err(|e| bad("--null/--ram/--uring/--nvme/-c", "", e.to_string()))?;
+        let app = crate::rpc::App::new(Arc::new(registry), Some(opener.clone()));
+        serve(cfg, &cores, a.config.is_some(), &app, &a.rpc)
+    });
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
     drop(opener);
     r
 }
 
-/// Starts the target, prints its addresses and what it serves (its
-/// subsystems, their namespaces, listeners and hosts, its cores), and
-/// runs until a signal. (`config`: from `-c`.)
-fn serve(cfg: TargetConfig, cores: &[usize], config: bool) -> Result<(), TargetCliError> {
+/// Starts the target and its JSON-RPC server, prints its addresses and
+/// what it serves (its subsystems, their namespaces, listeners and hosts,
+/// its cores, the RPC socket), and runs until a signal. (`config`: from
+/// `-c`.)
+fn serve(
+    cfg: TargetConfig,
+    cores: &[usize],
+    config: bool,
+    app: &crate::rpc::App,
+    rpc: &crate::rpc::RpcArgs,
+) -> Result<(), TargetCliError> {
     let subs = banner::subsystems(&cfg);
     let rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
-    let target = Target::start(cfg, cores, rt).map_err(|e| match e {
+    let target = Arc::new(Target::start(cfg, cores, rt).map_err(|e| match e {
         pollux_nvmf::TargetError::Listen { addr, source } => listen_refused(addr, &source, config),
         e => e.into(),
-    })?;
+    })?);
     let _signals = target.stop_on_signals()?;
+    app.set_runtime(target.clone());
+    let methods = app.methods();
+    // (The nvmf methods and save_config's nvmf part are added here.)
+    let server = crate::rpc::serve(rpc, methods)?;
     {
         let mut out = std::io::stdout().lock();
         // (The first line is the first address: scripts read it.)
         for addr in target.listen_addrs() {
             let _ = writeln!(out, "pollux target: listening on {addr}");
         }
+        if subs.is_empty() {
+            let _ = writeln!(
+                out,
+                "pollux target: no subsystems yet (configure it over JSON-RPC)"
+            );
+        }
         for l in banner::lines(&subs, &target.subsystem_listeners(), cores) {
             let _ = writeln!(out, "pollux target: {l}");
         }
+        let _ = writeln!(
+            out,
+            "pollux target: JSON-RPC on {} (spdk-rpc -s {} METHOD)",
+            rpc.rpc_socket.display(),
+            rpc.rpc_socket.display()
+        );
         let _ = out.flush();
     }
-    target.wait()?;
+    let r = target.wait();
+    // The handlers (and what they hold of the target) go first.
+    drop(server);
+    r?;
     let mut out = std::io::stdout().lock();
     let _ = writeln!(out, "pollux target: stopped");
     Ok(())
@@ -412,17 +474,46 @@ mod tests {
     /// perf and bdevperf (before: `option : why`).
     #[test]
     fn a_refusal_without_a_value_has_no_stray_space() {
-        let a = Cli::try_parse_from(["target"]).expect("arguments").a;
+        let a = Cli::try_parse_from(["target", "--null", "1MiB", "--ram", "1MiB"])
+            .expect("arguments")
+            .a;
         let e = config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
         )
-        .expect_err("no namespace");
+        .expect_err("two namespaces");
         assert_eq!(
             e.to_string(),
-            "--null/--ram/--uring/--nvme: give one namespace (or -c FILE)"
+            "--null/--ram/--uring/--nvme: quick mode serves one namespace: give only one of them (or -c FILE)"
         );
+    }
+
+    /// Without a namespace the target starts empty, as SPDK's nvmf_tgt,
+    /// to be configured over JSON-RPC (before: refused, "give one
+    /// namespace"); --listen/--host without one are refused.
+    #[test]
+    fn no_namespace_is_an_empty_target() {
+        let parse = |argv: &[&str]| Cli::try_parse_from(argv).expect("arguments").a;
+        let none = |a: &TargetArgs| {
+            config(
+                a,
+                &mut |t: &str| Err(bad("--nvme", t, "none")),
+                &mut |n: &NvmeAttach| Err(n.name.clone()),
+            )
+        };
+        let cfg = none(&parse(&["target"])).expect("empty target");
+        assert!(cfg.subsystems.is_empty() && cfg.bdevs.is_empty());
+        let a = parse(&["target"]);
+        assert_eq!(
+            a.rpc.rpc_socket,
+            std::path::PathBuf::from(crate::rpc::DEFAULT_SOCKET)
+        );
+        let a = parse(&["target", "-r", "/tmp/x.sock"]);
+        assert_eq!(a.rpc.rpc_socket, std::path::PathBuf::from("/tmp/x.sock"));
+        let e = none(&parse(&["target", "--listen", "127.0.0.1:0"]))
+            .expect_err("--listen without a namespace");
+        assert!(e.to_string().starts_with("--listen/--host: "), "{e}");
     }
 
     #[test]

@@ -8,9 +8,40 @@ use std::time::{Duration, Instant};
 /// fails (instead of hanging CI).
 pub const HANG: Duration = Duration::from_secs(60);
 
+/// A fresh JSON-RPC socket path: each `pollux target` / `pollux bdevperf`
+/// a test starts gets its own (they all default to
+/// `/var/tmp/pollux.sock`, and a second one there is refused).
+pub fn rpc_socket() -> String {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    static N: AtomicUsize = AtomicUsize::new(0);
+    std::env::temp_dir()
+        .join(format!(
+            "pollux-test-{}-{}.sock",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ))
+        .display()
+        .to_string()
+}
+
+/// `args` of a run, with `-r <fresh socket>` after `target` / `bdevperf`
+/// unless the test gives `-r` itself.
+pub fn with_rpc_socket(args: &[&str]) -> Vec<String> {
+    let mut v: Vec<String> = args.iter().map(|s| s.to_string()).collect();
+    let serves = matches!(args.first(), Some(&"target") | Some(&"bdevperf"));
+    let given = args
+        .iter()
+        .any(|a| *a == "-r" || a.starts_with("--rpc-socket"));
+    if serves && !given {
+        v.insert(1, "-r".into());
+        v.insert(2, rpc_socket());
+    }
+    v
+}
+
 pub fn spawn(args: &[&str]) -> Child {
     Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .args(args)
+        .args(with_rpc_socket(args))
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -71,9 +102,11 @@ pub fn start_target(
     stderr: Stdio,
 ) -> (Child, String, std::io::BufReader<std::process::ChildStdout>) {
     use std::io::{BufRead, BufReader};
+    let full: Vec<&str> = std::iter::once("target")
+        .chain(args.iter().copied())
+        .collect();
     let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
-        .arg("target")
-        .args(args)
+        .args(with_rpc_socket(&full))
         .stdout(Stdio::piped())
         .stderr(stderr)
         .spawn()
