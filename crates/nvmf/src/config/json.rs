@@ -191,6 +191,8 @@ impl TargetConfig {
                     t.data_timeout = Duration::from_millis(v);
                 }
                 p.bool_opt("zcopy")?;
+                // (SPDK's client sends c2h_success true and zcopy false
+                // every time: at those values there is nothing to ignore.)
                 for ignored in [
                     "sock_priority",
                     "abort_timeout_sec",
@@ -200,7 +202,12 @@ impl TargetConfig {
                     "c2h_success",
                     "zcopy",
                 ] {
-                    if params.contains_key(ignored) {
+                    let default = match ignored {
+                        "c2h_success" => Some(Value::Bool(true)),
+                        "zcopy" => Some(Value::Bool(false)),
+                        _ => None,
+                    };
+                    if params.contains_key(ignored) && params.get(ignored) != default.as_ref() {
                         self.warn(format!("{method}: parameter '{ignored}' ignored"));
                     }
                 }
