@@ -7,10 +7,12 @@
 //! opener (for `bdev_nvme_attach_controller`), the runtime (for the
 //! thread statistics) and the `save_config` parts of other subsystems.
 //! `framework.rs` has the framework methods and `save_config`, `bdev.rs`
-//! the bdev ones; a caller adds its own (the target's nvmf methods) to the
-//! [`Methods`] before starting the server.
+//! the bdev ones, `nvmf.rs` the target's `nvmf_*` ones; a caller adds its
+//! own (the target's nvmf methods) to the [`Methods`] before starting the
+//! server.
 mod bdev;
 mod framework;
+pub mod nvmf;
 mod registry;
 
 use std::path::{Path, PathBuf};
@@ -89,7 +91,6 @@ impl App {
     }
 
     /// Adds subsystem `name`'s part of `save_config` (e.g. "nvmf").
-    #[allow(dead_code)] // (for the target's nvmf methods)
     pub fn add_save_config(&self, name: &str, f: SaveFn) {
         lock(&self.save).push((name.to_string(), f));
     }

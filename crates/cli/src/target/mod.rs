@@ -413,8 +413,10 @@ fn serve(
     })?);
     let _signals = target.stop_on_signals()?;
     app.set_runtime(target.clone());
-    let methods = app.methods();
-    // (The nvmf methods and save_config's nvmf part are added here.)
+    let mut methods = app.methods();
+    crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
+    let t = target.clone();
+    app.add_save_config("nvmf", Box::new(move || t.save_config_nvmf()));
     let server = crate::rpc::serve(rpc, methods)?;
     {
         let mut out = std::io::stdout().lock();
