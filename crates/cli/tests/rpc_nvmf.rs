@@ -208,3 +208,79 @@ fn nvmf_methods_configure_a_running_target() {
     assert!(st.success(), "{st:?}");
     assert!(!sock.exists(), "the RPC socket is removed at exit");
 }
+
+/// Stops `pollux target` `child` (SIGTERM) and checks it exited well.
+fn stop(mut child: std::process::Child) {
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let st = child.wait().unwrap();
+    assert!(st.success(), "{st:?}");
+}
+
+/// `save_config` after live changes restarts the target (`pollux target
+/// -c`) with the same subsystems, namespaces, listeners, hosts and
+/// transport.
+#[test]
+fn save_config_restarts_the_target_with_the_same_subsystems() {
+    let sock = common::rpc_socket();
+    let (child, addr, _out) = common::start_target(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "4MiB",
+            "--nqn",
+            NQN,
+            "-m",
+            "0x1",
+            "-r",
+            &sock,
+        ],
+        Stdio::null(),
+    );
+    let port = common::port_of(&addr).to_string();
+    let mut rpc = Rpc::connect(Path::new(&sock));
+    for (m, p) in [
+        (
+            "nvmf_subsystem_allow_any_host",
+            json!({"nqn": NQN, "allow_any_host": false}),
+        ),
+        ("nvmf_subsystem_add_host", json!({"nqn": NQN, "host": HOST})),
+        (
+            "nvmf_create_subsystem",
+            json!({"nqn": LIVE, "allow_any_host": true, "model_number": "live model", "max_namespaces": 4}),
+        ),
+        (
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": LIVE, "listen_address": {"trtype": "TCP", "traddr": "127.0.0.1", "trsvcid": port}}),
+        ),
+    ] {
+        assert_eq!(rpc.call(m, p.clone()), Ok(json!(true)), "{m} {p}");
+    }
+    let saved = rpc.call("save_config", json!({})).unwrap();
+    let before = rpc.call("nvmf_get_subsystems", json!({})).unwrap();
+    let before_tr = rpc.call("nvmf_get_transports", json!({})).unwrap();
+    assert_eq!(before[1]["namespaces"][0]["nsid"], 1, "{before}");
+    drop(rpc);
+    stop(child);
+    let dir = std::env::temp_dir().join(format!("pollux-rpc-nvmf-save-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("saved.json");
+    std::fs::write(&file, saved.to_string()).unwrap();
+    let sock2 = common::rpc_socket();
+    let (child, addr2, _out) = common::start_target(
+        &["-c", file.to_str().unwrap(), "-m", "0x1", "-r", &sock2],
+        Stdio::null(),
+    );
+    assert_eq!(addr2, addr);
+    let mut rpc = Rpc::connect(Path::new(&sock2));
+    assert_eq!(rpc.call("nvmf_get_subsystems", json!({})), Ok(before));
+    assert_eq!(rpc.call("nvmf_get_transports", json!({})), Ok(before_tr));
+    let (_s, st) = admin_connect(&addr, NQN, HOST);
+    assert_eq!(st, 0, "the listed host");
+    let (_s, st) = admin_connect(&addr, NQN, "nqn.2014-08.org.nvmexpress:uuid:other");
+    assert_ne!(st, 0, "a host not listed");
+    drop(rpc);
+    stop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}
