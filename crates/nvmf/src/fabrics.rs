@@ -16,7 +16,7 @@ use zerocopy::FromBytes;
 
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
-use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
+use crate::shared::{listener_of, lock, ConnRef, CtrlEntry, SubsysId};
 
 /// A refused Connect: its status, DW0 and why (for the target's log).
 type Refusal = (Status, u32, String);
@@ -160,14 +160,20 @@ impl Qpair {
                 "unknown subsystem (this target serves no such NQN)".into(),
             ));
         };
+        // The listener the connection came through (a wildcard one
+        // takes any address on its port).
+        let listener = match &entry {
+            Some(e) => listener_of(&e.listeners, self.local),
+            None => Some(listener_of(&shared.listeners(), self.local).unwrap_or(self.local)),
+        };
+        if entry.is_some() && listener.is_none() {
+            return Err(invalid(
+                ParamIn::Data,
+                ipo::DATA_SUBNQN,
+                format!("the subsystem does not listen on {}", self.local),
+            ));
+        }
         if let Some(e) = &entry {
-            if !e.listeners.contains(&self.local) {
-                return Err(invalid(
-                    ParamIn::Data,
-                    ipo::DATA_SUBNQN,
-                    format!("the subsystem does not listen on {}", self.local),
-                ));
-            }
             // (DW0 reserved for Connect Invalid Host: 0.)
             if hostnqn.is_empty() && !e.allow_any_host {
                 return Err(refuse(
@@ -213,7 +219,7 @@ impl Qpair {
             thread: self.thread,
             conn: self.id,
             close: X::close_queue,
-            listener: self.local,
+            listener: listener.unwrap_or(self.local),
             peer: self.peer,
         };
         let cntlid;

@@ -46,6 +46,20 @@ impl SubsysEntry {
     }
 }
 
+/// The listener of `listeners` that a connection whose local address is
+/// `local` came through: the same address, or a wildcard (0.0.0.0, ::)
+/// one on its port.
+pub(crate) fn listener_of(listeners: &[SocketAddr], local: SocketAddr) -> Option<SocketAddr> {
+    let wildcard = |l: &SocketAddr| {
+        l.ip().is_unspecified() && l.port() == local.port() && l.is_ipv4() == local.is_ipv4()
+    };
+    listeners
+        .iter()
+        .find(|l| **l == local)
+        .or_else(|| listeners.iter().find(|l| wildcard(l)))
+        .copied()
+}
+
 /// Where a queue's connection lives: runtime thread and connection id,
 /// and how its transport closes it there; the listener it came through
 /// and the host's address.

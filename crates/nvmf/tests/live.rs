@@ -442,3 +442,27 @@ fn save_config_starts_a_target_with_the_same_subsystems() {
     verified_io(&mut q, 0, 9);
     t2.shutdown().unwrap();
 }
+
+/// A wildcard listener (0.0.0.0) serves connections to any of the
+/// machine's addresses on its port, and they are its queues (before: a
+/// Connect through it was refused, "the subsystem does not listen on
+/// 127.0.0.1:PORT").
+#[test]
+fn a_wildcard_listener_serves_and_its_removal_closes_its_queues() {
+    let t = two_subsystems();
+    let wild = t.add_listener(SUB1, "0.0.0.0:0".parse().unwrap()).unwrap();
+    assert!(wild.ip().is_unspecified());
+    let via: SocketAddr = format!("127.0.0.1:{}", wild.port()).parse().unwrap();
+    let (mut adm, mut io) = connect(via, SUB1, HOST_A);
+    verified_io(&mut io, 0, 7);
+    let qps = t.subsystem_qpairs(SUB1).unwrap();
+    assert!(
+        qps.iter()
+            .all(|q| q["listen_address"]["traddr"] == "0.0.0.0"),
+        "{qps:?}"
+    );
+    t.remove_listener(SUB1, wild).unwrap();
+    io.expect_eof();
+    adm.expect_eof();
+    t.shutdown().unwrap();
+}
