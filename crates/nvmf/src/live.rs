@@ -164,6 +164,11 @@ fn uuid_str(b: &[u8; 16]) -> String {
     )
 }
 
+/// The discovery subsystem's NQN, or SPDK's client's shortcut for it.
+fn is_discovery(nqn: &str) -> bool {
+    nqn == DISCOVERY_NQN || nqn == "discovery"
+}
+
 /// SPDK's highest dynamic controller ID (pollux's too).
 const MAX_CNTLID: u32 = 0xFFEF;
 
@@ -232,11 +237,12 @@ impl Target {
 
     /// Closes the sockets no subsystem listens on any more.
     fn release_sockets(&self, live: &mut Live, shared: &Shared) -> Result<(), LiveError> {
-        let used: Vec<SocketAddr> = shared
+        let mut used: Vec<SocketAddr> = shared
             .subsystems()
             .iter()
             .flat_map(|s| s.listeners.iter().copied())
             .collect();
+        used.extend(live.discovery.iter().copied());
         let unused: Vec<SocketAddr> = live
             .sockets
             .iter()
@@ -460,43 +466,65 @@ impl Target {
         Ok(())
     }
 
+    /// The socket of `addr`: the one bound there already, else bound now
+    /// and accepted on by thread 0; its bound address.
+    fn socket(
+        &self,
+        live: &mut Live,
+        shared: &Shared,
+        addr: SocketAddr,
+    ) -> Result<SocketAddr, LiveError> {
+        if let Some(r) = live.bound(addr) {
+            return Ok(r);
+        }
+        let l = Listeners::bind([addr], &shared.opts)
+            .map_err(|(addr, source)| LiveError::Listen { addr, source })?;
+        let real = l.addrs()[0];
+        let sock = l.into_sockets().remove(0);
+        self.rt.call(0, move |ctx| start_listening(ctx, sock))?;
+        live.sockets.push((addr, real));
+        shared
+            .listeners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(real);
+        tracing::info!(listen = %real, "NVMe/TCP target listening");
+        Ok(real)
+    }
+
     /// Serves `nqn` on `addr` too (SPDK's `nvmf_subsystem_add_listener`):
     /// binds the socket unless another subsystem listens there already;
-    /// the address bound (a port 0 resolved).
+    /// the address bound (a port 0 resolved). The discovery subsystem
+    /// (its NQN, or "discovery") is served on every listener, and on
+    /// those given to it too.
     pub fn add_listener(&self, nqn: &str, addr: SocketAddr) -> Result<SocketAddr, LiveError> {
         let mut live = self.live();
         if !live.transport {
             return Err(LiveError::NoTransport);
         }
         let shared = self.shared();
-        let e = Self::entry(&shared, nqn)?;
-        let real = live.bound(addr);
-        if let Some(r) = real {
-            if e.listeners.contains(&r) {
-                return Err(LiveError::ListenerExists {
-                    nqn: nqn.into(),
-                    addr,
-                });
-            }
-        }
-        let real = match real {
-            Some(r) => r,
-            None => {
-                let l = Listeners::bind([addr], &shared.opts)
-                    .map_err(|(addr, source)| LiveError::Listen { addr, source })?;
-                let real = l.addrs()[0];
-                let sock = l.into_sockets().remove(0);
-                self.rt.call(0, move |ctx| start_listening(ctx, sock))?;
-                live.sockets.push((addr, real));
-                shared
-                    .listeners
-                    .write()
-                    .unwrap_or_else(|p| p.into_inner())
-                    .push(real);
-                tracing::info!(listen = %real, "NVMe/TCP target listening");
-                real
-            }
+        let exists = |nqn: &str| LiveError::ListenerExists {
+            nqn: nqn.into(),
+            addr,
         };
+        if is_discovery(nqn) {
+            if live
+                .bound(addr)
+                .is_some_and(|r| live.discovery.contains(&r))
+            {
+                return Err(exists(DISCOVERY_NQN));
+            }
+            let real = self.socket(&mut live, &shared, addr)?;
+            live.discovery.push(real);
+            shared.genctr.fetch_add(1, Relaxed);
+            tracing::info!(nqn = DISCOVERY_NQN, listen = %real, "listener added to subsystem");
+            return Ok(real);
+        }
+        let e = Self::entry(&shared, nqn)?;
+        if live.bound(addr).is_some_and(|r| e.listeners.contains(&r)) {
+            return Err(exists(nqn));
+        }
+        let real = self.socket(&mut live, &shared, addr)?;
         Self::change(&shared, nqn, |e| {
             e.listeners.push(real);
             Ok(())
@@ -513,6 +541,28 @@ impl Target {
         let mut live = self.live();
         let shared = self.shared();
         let real = live.bound(addr).unwrap_or(addr);
+        if is_discovery(nqn) {
+            let before = live.discovery.len();
+            live.discovery.retain(|a| *a != real);
+            if live.discovery.len() == before {
+                return Err(LiveError::NoListener {
+                    nqn: DISCOVERY_NQN.into(),
+                    addr,
+                });
+            }
+            shared.genctr.fetch_add(1, Relaxed);
+            let refs: Vec<ConnRef> = shared
+                .table()
+                .map
+                .values()
+                .filter(|c| c.subsys == SubsysId::Discovery && c.admin.listener == real)
+                .map(|c| c.admin)
+                .collect();
+            let n = refs.len();
+            self.close_conns(refs);
+            tracing::info!(nqn = DISCOVERY_NQN, listen = %real, queues_closed = n, "listener removed from subsystem");
+            return self.release_sockets(&mut live, &shared);
+        }
         let e = Self::change(&shared, nqn, |e| {
             let before = e.listeners.len();
             e.listeners.retain(|a| *a != real);
@@ -548,11 +598,12 @@ impl Target {
     /// The subsystems as SPDK's `nvmf_get_subsystems` lists them: the
     /// discovery subsystem, then the NVM ones in creation order.
     pub fn subsystems(&self) -> Vec<Value> {
+        let discovery: Vec<Value> = self.live().discovery.iter().map(address_json).collect();
         let shared = self.shared();
         let mut out = vec![json!({
             "nqn": DISCOVERY_NQN,
             "subtype": "Discovery",
-            "listen_addresses": [],
+            "listen_addresses": discovery,
             "allow_any_host": true,
             "hosts": [],
         })];
@@ -634,10 +685,13 @@ impl Target {
     /// The nvmf part of SPDK's `save_config`: the `{"method", "params"}`
     /// entries that `pollux target -c` (or SPDK) reads back to the same
     /// transport, subsystems, namespaces, listeners and hosts. The
-    /// discovery subsystem, which has no listener of its own, is not
-    /// listed (as SPDK's, unless configured).
+    /// discovery subsystem is not created (it always is), its own
+    /// listeners are listed (as SPDK's).
     pub fn save_config_nvmf(&self) -> Vec<Value> {
-        let transport = self.live().transport;
+        let (transport, discovery) = {
+            let live = self.live();
+            (live.transport, live.discovery.clone())
+        };
         let shared = self.shared();
         let mut out = Vec::new();
         if transport {
@@ -683,6 +737,9 @@ impl Target {
                 }
             }
             out.push(json!({"method": "nvmf_create_transport", "params": p}));
+        }
+        for a in &discovery {
+            out.push(json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": DISCOVERY_NQN, "listen_address": address_json(a)}}));
         }
         for s in shared.subsystems().iter() {
             let nqn = s.model.nqn();

@@ -52,17 +52,11 @@ pub(crate) struct Live {
     pub next_id: u64,
     /// The sockets listened on: (address asked for, address bound).
     pub sockets: Vec<(SocketAddr, SocketAddr)>,
+    /// The discovery subsystem's own listeners (bound addresses).
+    pub discovery: Vec<SocketAddr>,
 }
 
 impl Live {
-    pub fn new(transport: bool, next_id: u64, sockets: Vec<(SocketAddr, SocketAddr)>) -> Live {
-        Live {
-            transport,
-            next_id,
-            sockets,
-        }
-    }
-
     /// The bound address of `addr` (asked for or bound).
     pub fn bound(&self, addr: SocketAddr) -> Option<SocketAddr> {
         self.sockets
@@ -141,7 +135,8 @@ impl Target {
         let listen = Listeners::bind(
             cfg.subsystems
                 .iter()
-                .flat_map(|s| s.listeners.iter().copied()),
+                .flat_map(|s| s.listeners.iter().copied())
+                .chain(cfg.discovery_listeners.iter().copied()),
             &o,
         )
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
@@ -162,11 +157,18 @@ impl Target {
                 max_namespaces: s.max_namespaces,
             }));
         }
-        let live = Live::new(
-            cfg.transport_created || !cfg.subsystems.is_empty(),
-            subsystems.len() as u64 + 1,
-            listen.pairs(),
-        );
+        let live = Live {
+            transport: cfg.transport_created
+                || !cfg.subsystems.is_empty()
+                || !cfg.discovery_listeners.is_empty(),
+            next_id: subsystems.len() as u64 + 1,
+            sockets: listen.pairs(),
+            discovery: cfg
+                .discovery_listeners
+                .iter()
+                .map(|a| listen.real(a))
+                .collect(),
+        };
         let discovery = discovery_subsys(&o)?;
         let tcp = Arc::new(TcpShared::new(&o, cores));
         let shared = Arc::new(Shared {

@@ -21,6 +21,7 @@ use serde_json::{json, Value};
 
 const SUB2: &str = "nqn.2024-01.io.pollux:sub2";
 const LIVE: &str = "nqn.2024-01.io.pollux:live";
+const DISCOVERY: &str = "nqn.2014-08.org.nvmexpress.discovery";
 
 fn any() -> SocketAddr {
     "127.0.0.1:0".parse().unwrap()
@@ -415,15 +416,20 @@ fn save_config_starts_a_target_with_the_same_subsystems() {
         },
     )
     .unwrap();
+    t.add_listener("discovery", any()).unwrap();
     let saved = t.save_config_nvmf();
     let methods: Vec<&str> = saved
         .iter()
         .map(|e| e["method"].as_str().unwrap())
         .collect();
     assert_eq!(methods[0], "nvmf_create_transport");
+    // The discovery subsystem's own listener, not the subsystem itself.
+    assert!(saved
+        .iter()
+        .any(|e| e["method"] == "nvmf_subsystem_add_listener" && e["params"]["nqn"] == DISCOVERY));
     assert!(!saved
         .iter()
-        .any(|e| e["params"]["nqn"] == "nqn.2014-08.org.nvmexpress.discovery"));
+        .any(|e| e["method"] == "nvmf_create_subsystem" && e["params"]["nqn"] == DISCOVERY));
     assert_eq!(saved[0]["params"]["max_queue_depth"], 32);
     assert_eq!(saved[0]["params"]["icreq_timeout_ms"], 5000);
     let before = t.subsystems();
@@ -464,5 +470,36 @@ fn a_wildcard_listener_serves_and_its_removal_closes_its_queues() {
     t.remove_listener(SUB1, wild).unwrap();
     io.expect_eof();
     adm.expect_eof();
+    t.shutdown().unwrap();
+}
+
+/// The discovery subsystem listens where it is told too (SPDK's
+/// `nvmf_subsystem_add_listener discovery ...`, e.g. port 8009): only
+/// discovery is served there; its removal closes the discovery
+/// controllers that came through it, and the socket.
+#[test]
+fn the_discovery_subsystem_gets_a_listener_of_its_own() {
+    let t = two_subsystems();
+    let d = t.add_listener("discovery", any()).unwrap();
+    let e = t.add_listener(DISCOVERY, d).unwrap_err();
+    assert!(matches!(e, LiveError::ListenerExists { .. }), "{e}");
+    assert_eq!(
+        t.subsystems()[0]["listen_addresses"][0]["trsvcid"],
+        d.port().to_string()
+    );
+    let mut c = Client::connect(d);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(c.admin_connect(DISCOVERY, HOST_A, 0).status().is_success());
+    let mut n = Client::connect(d);
+    n.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(!n.admin_connect(SUB1, HOST_A, 0).status().is_success());
+    assert_eq!(t.subsystem_controllers(DISCOVERY).unwrap().len(), 1);
+    t.remove_listener("discovery", d).unwrap();
+    c.expect_eof();
+    assert!(t.subsystems()[0]["listen_addresses"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(TcpStream::connect(d).is_err(), "{d} still listens");
     t.shutdown().unwrap();
 }

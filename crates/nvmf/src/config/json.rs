@@ -323,10 +323,11 @@ impl TargetConfig {
                 let nqn = p.str_req("nqn")?;
                 let addr = SocketAddr::new(ip, port);
                 if nqn == DISCOVERY_NQN || nqn == "discovery" {
-                    // The discovery subsystem listens wherever any does.
-                    self.warn(format!(
-                        "{method}: discovery listener {addr} is served by the subsystems' listeners only"
-                    ));
+                    // The discovery subsystem listens wherever any does,
+                    // and here too (SPDK's discovery port, e.g. 8009).
+                    if !self.discovery_listeners.contains(&addr) {
+                        self.discovery_listeners.push(addr);
+                    }
                     return Ok(());
                 }
                 let s = self.subsystem_mut(&p)?;

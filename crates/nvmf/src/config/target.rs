@@ -62,6 +62,10 @@ pub struct TargetConfig {
     /// `Target::transports` even with no subsystem (a target with
     /// subsystems always has it).
     pub transport_created: bool,
+    /// Listeners of the discovery subsystem alone (SPDK's
+    /// `nvmf_subsystem_add_listener` of the discovery NQN); it is served
+    /// on every subsystem's listener too.
+    pub discovery_listeners: Vec<SocketAddr>,
 }
 
 impl Clone for TargetConfig {
@@ -72,6 +76,7 @@ impl Clone for TargetConfig {
             bdevs: self.bdevs.clone(),
             warnings: self.warnings.clone(),
             transport_created: self.transport_created,
+            discovery_listeners: self.discovery_listeners.clone(),
         }
     }
 }
