@@ -112,6 +112,53 @@ for digests in "" "--hdr-digest --data-digest"; do
     fi
 done
 
+# Configured live over JSON-RPC (`pollux rpc`, SPDK's methods) with
+# Linux's host connected: a subsystem created live, listening on a new
+# port and on the first subsystem's, is discovered and connected; removing
+# its listener drops only its controller (the first subsystem's block
+# device still reads), and it is deleted.
+LNQN=nqn.2026-11.dev.pollux:guest-live
+LPORT=4431
+rpcq() { $P rpc -s /tmp/target.sock "$@"; }
+laddr() { echo "{\"nqn\": \"$LNQN\", \"listen_address\": {\"trtype\": \"tcp\", \"adrfam\": \"ipv4\", \"traddr\": \"$TADDR\", \"trsvcid\": \"$1\"}}"; }
+live_create() {
+    rpcq nvmf_create_subsystem "{\"nqn\": \"$LNQN\", \"allow_any_host\": true}" &&
+        rpcq nvmf_subsystem_add_listener "$(laddr $LPORT)" &&
+        rpcq nvmf_subsystem_add_listener "$(laddr $TPORT)" &&
+        rpcq nvmf_get_subsystems "{\"nqn\": \"$LNQN\"}"
+}
+lctrl() {  # Linux's controller of $LNQN: nvmeN
+    for c in /sys/class/nvme/nvme*; do
+        [ "$(cat $c/subsysnqn 2>/dev/null)" = "$LNQN" ] && { echo ${c##*/}; return 0; }
+    done
+    return 1
+}
+live_dropped() {  # Linux's controller of $LNQN leaves state "live" (or goes)
+    for i in $(seq 100); do
+        c=$(lctrl) || { echo "controller gone"; return 0; }
+        st=$(cat /sys/class/nvme/$c/state 2>/dev/null)
+        [ "$st" != live ] && { echo "controller $c: $st"; return 0; }
+        sleep 0.1
+    done
+    echo "controller $c still live"; return 1
+}
+first_reads() { D=$(tdev) && dd if=$D of=/dev/null bs=1M count=16 2>&1; }
+live_gone() { ! rpcq nvmf_get_subsystems | grep -q "$LNQN"; }
+if check target-live-create live_create; then
+    check target-live-discover sh -c "nvme discover -t tcp -a $TADDR -s $TPORT | tee /dev/stderr | grep -q 'subnqn: *$LNQN'"
+    check target-live-connect-first nvme connect -t tcp -a $TADDR -s $TPORT -n $TNQN
+    check target-live-connect nvme connect -t tcp -a $TADDR -s $LPORT -n $LNQN
+    check target-live-controllers sh -c "$P rpc -s /tmp/target.sock nvmf_subsystem_get_controllers '{\"nqn\": \"$LNQN\"}' | tee /dev/stderr | grep -q hostnqn"
+    check target-live-remove-listener rpcq nvmf_subsystem_remove_listener "$(laddr $LPORT)"
+    check target-live-dropped live_dropped
+    check target-live-first-reads first_reads
+    check target-live-delete rpcq nvmf_delete_subsystem "{\"nqn\": \"$LNQN\"}"
+    check target-live-deleted live_gone
+    nvme disconnect -n $LNQN > /dev/null 2>&1
+    check target-live-first-reads-after first_reads
+    check target-live-disconnect-first nvme disconnect -n $TNQN
+fi
+
 check target-alive kill -0 $TPID
 kill -TERM $TPID
 check target-stop sh -c "for i in \$(seq 100); do kill -0 $TPID 2>/dev/null || exit 0; sleep 0.1; done; exit 1"

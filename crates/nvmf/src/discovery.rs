@@ -11,16 +11,16 @@ use zerocopy::IntoBytes;
 use crate::model::Admin;
 use crate::shared::Shared;
 
-/// The configuration never changes while the target runs.
-const GENCTR: u64 = 1;
-
 /// The log page as `hostnqn` sees it.
 pub(crate) fn page(shared: &Shared, hostnqn: &str) -> Vec<u8> {
     let mut entries = Vec::new();
-    for s in shared.subsystems.iter().filter(|s| s.allows(hostnqn)) {
+    let listeners = shared.listeners();
+    // Read under the subsystems' lock: a change comes before or after.
+    let subs = shared.subsystems();
+    let genctr = shared.genctr.load(std::sync::atomic::Ordering::Relaxed);
+    for s in subs.iter().filter(|s| s.allows(hostnqn)) {
         for addr in &s.listeners {
-            let portid = shared
-                .listeners
+            let portid = listeners
                 .iter()
                 .position(|l| l == addr)
                 .map_or(0, |p| p as u16 + 1);
@@ -52,7 +52,8 @@ pub(crate) fn page(shared: &Shared, hostnqn: &str) -> Vec<u8> {
             }
         }
     }
-    let mut out = DiscoveryLogHeader::new(GENCTR, entries.len() as u64)
+    drop(subs);
+    let mut out = DiscoveryLogHeader::new(genctr, entries.len() as u64)
         .as_bytes()
         .to_vec();
     for e in &entries {

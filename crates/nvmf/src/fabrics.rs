@@ -16,7 +16,7 @@ use zerocopy::FromBytes;
 
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
-use crate::shared::{lock, ConnRef, CtrlEntry, SubsysId};
+use crate::shared::{listener_of, lock, ConnRef, CtrlEntry, SubsysId};
 
 /// A refused Connect: its status, DW0 and why (for the target's log).
 type Refusal = (Status, u32, String);
@@ -149,22 +149,31 @@ impl Qpair {
             }
         };
         let shared = self.shared.clone();
-        let Some(sid) = shared.find(subnqn) else {
+        // Held until the controller table has the queue, so a live change
+        // (`live`) either comes before and is seen here, or after and
+        // finds the queue to close.
+        let subs = shared.subsystems();
+        let Some((sid, entry)) = shared.find(&subs, subnqn) else {
             return Err(invalid(
                 ParamIn::Data,
                 ipo::DATA_SUBNQN,
                 "unknown subsystem (this target serves no such NQN)".into(),
             ));
         };
-        if let SubsysId::Nvm(k) = sid {
-            let e = &shared.subsystems[k];
-            if !e.listeners.contains(&self.local) {
-                return Err(invalid(
-                    ParamIn::Data,
-                    ipo::DATA_SUBNQN,
-                    format!("the subsystem does not listen on {}", self.local),
-                ));
-            }
+        // The listener the connection came through (a wildcard one
+        // takes any address on its port).
+        let listener = match &entry {
+            Some(e) => listener_of(&e.listeners, self.local),
+            None => Some(listener_of(&shared.listeners(), self.local).unwrap_or(self.local)),
+        };
+        if entry.is_some() && listener.is_none() {
+            return Err(invalid(
+                ParamIn::Data,
+                ipo::DATA_SUBNQN,
+                format!("the subsystem does not listen on {}", self.local),
+            ));
+        }
+        if let Some(e) = &entry {
             // (DW0 reserved for Connect Invalid Host: 0.)
             if hostnqn.is_empty() && !e.allow_any_host {
                 return Err(refuse(
@@ -179,6 +188,10 @@ impl Qpair {
                 ));
             }
         }
+        let model = match &entry {
+            Some(e) => &e.model,
+            None => &shared.discovery,
+        };
         if cmd.sqsize == 0 {
             return Err(invalid(ParamIn::Command, ipo::SQSIZE, "SQSIZE 0".into()));
         }
@@ -206,6 +219,8 @@ impl Qpair {
             thread: self.thread,
             conn: self.id,
             close: X::close_queue,
+            listener: listener.unwrap_or(self.local),
+            peer: self.peer,
         };
         let cntlid;
         if cmd.qid == 0 {
@@ -229,7 +244,6 @@ impl Qpair {
                     ),
                 ));
             }
-            let model = shared.subsys(sid);
             let host = hostnqn.to_string();
             let mut slot_ctrl = None;
             let kato = if sid == SubsysId::Discovery && cmd.kato == 0 {
@@ -245,7 +259,9 @@ impl Qpair {
                 CtrlEntry {
                     subsys: sid,
                     hostnqn: host,
+                    hostid: data.hostid,
                     ctrl: c,
+                    admin: me,
                     io: Vec::new(),
                 }
             });
@@ -305,7 +321,7 @@ impl Qpair {
                     ),
                 ));
             }
-            let max = shared.subsys(sid).mqes() as u32 + 1;
+            let max = model.mqes() as u32 + 1;
             if entries > max {
                 return Err(invalid(
                     ParamIn::Command,
@@ -334,6 +350,7 @@ impl Qpair {
             };
             tracing::debug!(peer = %self.peer, cntlid, qid = cmd.qid, entries, "I/O queue connected");
         }
+        drop(subs);
         let _ = ctx;
         if let Some(d) = data_slot {
             d.keep();

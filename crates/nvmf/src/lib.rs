@@ -9,10 +9,18 @@
 //! The core:
 //! - **Target** (`tgt`, [`Target`]): builds the subsystems from the
 //!   configuration, starts the runtime threads and the transport.
-//! - **Subsystems and controllers** (`shared`): the subsystems, the table
-//!   of live controllers (associations) and where each queue's connection
-//!   lives; the table's mutex is taken at Connect, Disconnect, close and
-//!   Keep Alive expiry, never on the I/O path.
+//! - **Subsystems and controllers** (`shared`): the subsystems (behind a
+//!   read-write lock, changed live), the table of live controllers
+//!   (associations) and where each queue's connection lives and which
+//!   listener it came through; the locks are taken at Connect,
+//!   Disconnect, close, Keep Alive expiry and live changes, never on the
+//!   I/O path.
+//! - **Live configuration** (`live`): `&Target` methods, as SPDK's
+//!   `nvmf_*` JSON-RPC methods: the TCP transport
+//!   ([`Target::create_transport`]), subsystems, hosts and listeners
+//!   added and removed while hosts are connected (closing only the
+//!   queues a change takes away), the listings in SPDK's shapes and
+//!   `save_config`'s nvmf entries ([`Target::save_config_nvmf`]).
 //! - **Queue pairs** (`qpair`): a queue's command slots and their data
 //!   buffers, SQ head, the controller it is bound to, Keep Alive, and
 //!   `QueueTransport`, what the core asks of a transport connection
@@ -55,6 +63,7 @@ pub mod config;
 mod discovery;
 mod fabrics;
 mod io;
+mod live;
 mod model;
 mod pool;
 mod qpair;
@@ -67,6 +76,7 @@ mod tgt;
 pub use config::{
     ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
 };
+pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;

@@ -50,6 +50,15 @@ pub(crate) struct SubsysParams {
     pub kas: u16,
 }
 
+/// A namespace as `nvmf_get_subsystems` and `save_config` show it.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct NsInfo {
+    pub nsid: u32,
+    pub bdev_name: String,
+    /// Its UUID, when it has one of its own (SPDK lists it then).
+    pub uuid: Option<String>,
+}
+
 /// MDTS for a transfer size: `4 KiB << mdts >= size`, at most 16.
 fn mdts_for(max_io_size: u32) -> u8 {
     let pages = (max_io_size.max(4096) / 4096).next_power_of_two();
@@ -115,6 +124,31 @@ impl Subsys {
 
     pub fn nqn(&self) -> &str {
         &self.inner.identity().subnqn
+    }
+
+    /// Serial number (SN).
+    pub fn serial(&self) -> &str {
+        &self.inner.identity().serial
+    }
+
+    /// Model number (MN).
+    pub fn model_number(&self) -> &str {
+        &self.inner.identity().model
+    }
+
+    /// The namespaces as the listings and `save_config` show them, by
+    /// NSID.
+    pub fn namespaces(&self) -> Vec<NsInfo> {
+        self.inner
+            .namespaces()
+            .iter()
+            .enumerate()
+            .map(|(k, n)| NsInfo {
+                nsid: k as u32 + 1,
+                bdev_name: n.bdev().name().to_string(),
+                uuid: None,
+            })
+            .collect()
     }
 
     /// CAP.MQES (0's based).

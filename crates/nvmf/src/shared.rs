@@ -1,31 +1,43 @@
 //! What every runtime thread of a target shares: the configuration, the
 //! subsystems and the table of live controllers (associations). The
-//! table is behind a mutex, taken only at Connect, Disconnect, close and
-//! Keep Alive expiry — never on the I/O path.
+//! subsystems are behind a read-write lock (changed live, see `live`;
+//! read at Connect and by the discovery log page) and the table behind a
+//! mutex, taken only at Connect, Disconnect, close and Keep Alive expiry
+//! — neither on the I/O path. Lock order: subsystems, then the table,
+//! then a controller.
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex, MutexGuard};
+use std::sync::atomic::{AtomicU64, AtomicUsize};
+use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use pollux_runtime::ThreadCtx;
 
 use crate::config::TransportOptions;
 use crate::model::{Ctrl, Subsys};
 
-/// Which subsystem a controller belongs to.
+/// Which subsystem a controller belongs to (an NVM subsystem by its
+/// [`SubsysEntry::id`], which no other subsystem of the target ever
+/// takes, so a deleted subsystem's controllers never find a new one).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum SubsysId {
     Discovery,
-    Nvm(usize),
+    Nvm(u64),
 }
 
+/// An NVM subsystem. Changed live by replacing it in
+/// [`Shared::subsystems`] (copy on write): readers hold an `Arc` of the
+/// version they read.
+#[derive(Clone)]
 pub(crate) struct SubsysEntry {
+    pub id: u64,
     pub model: Subsys,
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
     /// Bound addresses (a configured port 0 resolved).
     pub listeners: Vec<SocketAddr>,
+    /// SPDK's `max_namespaces` (0: no limit of the target's own).
+    pub max_namespaces: u32,
 }
 
 impl SubsysEntry {
@@ -34,19 +46,40 @@ impl SubsysEntry {
     }
 }
 
+/// The listener of `listeners` that a connection whose local address is
+/// `local` came through: the same address, or a wildcard (0.0.0.0, ::)
+/// one on its port.
+pub(crate) fn listener_of(listeners: &[SocketAddr], local: SocketAddr) -> Option<SocketAddr> {
+    let wildcard = |l: &SocketAddr| {
+        l.ip().is_unspecified() && l.port() == local.port() && l.is_ipv4() == local.is_ipv4()
+    };
+    listeners
+        .iter()
+        .find(|l| **l == local)
+        .or_else(|| listeners.iter().find(|l| wildcard(l)))
+        .copied()
+}
+
 /// Where a queue's connection lives: runtime thread and connection id,
-/// and how its transport closes it there.
+/// and how its transport closes it there; the listener it came through
+/// and the host's address.
 #[derive(Clone, Copy, Debug)]
 pub(crate) struct ConnRef {
     pub thread: usize,
     pub conn: u64,
     pub close: fn(&mut ThreadCtx, u64),
+    pub listener: SocketAddr,
+    pub peer: SocketAddr,
 }
 
 pub(crate) struct CtrlEntry {
     pub subsys: SubsysId,
     pub hostnqn: String,
+    /// The Connect data's HOSTID.
+    pub hostid: [u8; 16],
     pub ctrl: Arc<Mutex<Ctrl>>,
+    /// The admin queue's connection.
+    pub admin: ConnRef,
     /// Connected I/O queues: (QID, connection).
     pub io: Vec<(u16, ConnRef)>,
 }
@@ -84,10 +117,14 @@ impl CtrlTable {
 
 pub(crate) struct Shared {
     pub opts: TransportOptions,
-    pub subsystems: Vec<SubsysEntry>,
+    /// The NVM subsystems, in creation order.
+    pub subsystems: RwLock<Vec<Arc<SubsysEntry>>>,
     pub discovery: Subsys,
-    /// Every bound listener.
-    pub listeners: Vec<SocketAddr>,
+    /// Every bound listener, in binding order.
+    pub listeners: RwLock<Vec<SocketAddr>>,
+    /// The discovery log's generation counter: one more at each change of
+    /// the subsystems or listeners.
+    pub genctr: AtomicU64,
     pub ctrls: Mutex<CtrlTable>,
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).
@@ -95,21 +132,37 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub fn find(&self, nqn: &str) -> Option<SubsysId> {
-        if nqn == self.discovery.nqn() {
-            return Some(SubsysId::Discovery);
-        }
-        self.subsystems
-            .iter()
-            .position(|s| s.model.nqn() == nqn)
-            .map(SubsysId::Nvm)
+    /// The subsystems (a poisoned lock is taken over: each change is one
+    /// replacement of the list's contents).
+    pub fn subsystems(&self) -> RwLockReadGuard<'_, Vec<Arc<SubsysEntry>>> {
+        self.subsystems.read().unwrap_or_else(|p| p.into_inner())
     }
 
-    pub fn subsys(&self, id: SubsysId) -> &Subsys {
-        match id {
-            SubsysId::Discovery => &self.discovery,
-            SubsysId::Nvm(i) => &self.subsystems[i].model,
+    pub fn subsystems_mut(&self) -> RwLockWriteGuard<'_, Vec<Arc<SubsysEntry>>> {
+        self.subsystems.write().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The bound listeners.
+    pub fn listeners(&self) -> Vec<SocketAddr> {
+        self.listeners
+            .read()
+            .unwrap_or_else(|p| p.into_inner())
+            .clone()
+    }
+
+    /// The subsystem named `nqn` in `subs` (the discovery subsystem: no
+    /// entry).
+    pub fn find(
+        &self,
+        subs: &[Arc<SubsysEntry>],
+        nqn: &str,
+    ) -> Option<(SubsysId, Option<Arc<SubsysEntry>>)> {
+        if nqn == self.discovery.nqn() {
+            return Some((SubsysId::Discovery, None));
         }
+        subs.iter()
+            .find(|s| s.model.nqn() == nqn)
+            .map(|s| (SubsysId::Nvm(s.id), Some(s.clone())))
     }
 
     /// The controller table (a poisoned lock is taken over: the table

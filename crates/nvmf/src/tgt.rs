@@ -2,12 +2,12 @@
 //! serving them, and its listeners.
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, RwLock};
 
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 
-use crate::config::{ConfigError, TargetConfig};
+use crate::config::{ConfigError, TargetConfig, TransportOptions};
 use crate::model::{ModelError, Subsys, SubsysParams};
 use crate::shared::{Shared, SubsysEntry};
 use crate::tcp::server::{init, Listeners, TcpShared};
@@ -34,7 +34,7 @@ pub enum TargetError {
 }
 
 /// A serial number made from the NQN (at most 20 characters).
-fn default_serial(nqn: &str) -> String {
+pub(crate) fn default_serial(nqn: &str) -> String {
     let mut h: u64 = 0xcbf2_9ce4_8422_2325;
     for b in nqn.bytes() {
         h ^= b as u64;
@@ -43,12 +43,83 @@ fn default_serial(nqn: &str) -> String {
     format!("PLX{:016X}", h)[..19].to_string()
 }
 
+/// The live configuration's bookkeeping (what the runtime threads do not
+/// need).
+pub(crate) struct Live {
+    /// The TCP transport was created (listed by `nvmf_get_transports`).
+    pub transport: bool,
+    /// The next subsystem's `SubsysEntry::id`.
+    pub next_id: u64,
+    /// The sockets listened on: (address asked for, address bound).
+    pub sockets: Vec<(SocketAddr, SocketAddr)>,
+    /// The discovery subsystem's own listeners (bound addresses).
+    pub discovery: Vec<SocketAddr>,
+}
+
+impl Live {
+    /// The bound address of `addr` (asked for or bound).
+    pub fn bound(&self, addr: SocketAddr) -> Option<SocketAddr> {
+        self.sockets
+            .iter()
+            // (A port 0 asked for is a new free port each time.)
+            .find(|(c, r)| (*c == addr && addr.port() != 0) || *r == addr)
+            .map(|(_, r)| *r)
+    }
+}
+
+/// What a subsystem's controllers take from the transport options.
+pub(crate) fn subsys_params(
+    o: &TransportOptions,
+    nqn: &str,
+    serial: Option<&str>,
+    model: Option<&str>,
+) -> SubsysParams {
+    SubsysParams {
+        nqn: nqn.to_string(),
+        serial: serial.map_or_else(|| default_serial(nqn), str::to_string),
+        model: model.unwrap_or("pollux").to_string(),
+        queue_entries: o.max_queue_depth,
+        max_io_queues: o.max_io_qpairs_per_ctrlr,
+        max_io_size: o.max_io_size,
+        in_capsule_data: o.in_capsule_data_size,
+        kas: o.kas,
+    }
+}
+
+/// The target's discovery subsystem.
+pub(crate) fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetError> {
+    let dp = SubsysParams {
+        nqn: DISCOVERY_NQN.into(),
+        serial: "pollux-discovery".into(),
+        model: "pollux discovery".into(),
+        queue_entries: o.max_aq_depth,
+        max_io_queues: 1,
+        max_io_size: o.max_io_size,
+        in_capsule_data: 0,
+        kas: o.kas,
+    };
+    Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
+        nqn: DISCOVERY_NQN.into(),
+        source,
+    })
+}
+
+/// What the runtime threads share, replaced as a whole only by
+/// `create_transport` (before any listener, subsystem or connection).
+#[derive(Clone)]
+pub(crate) struct Current {
+    pub shared: Arc<Shared>,
+    /// The TCP transport's (connections, data buffer pool).
+    pub tcp: Arc<TcpShared>,
+}
+
 /// A running NVMe/TCP target.
 pub struct Target {
-    rt: RuntimeHandle,
-    shared: Arc<Shared>,
-    /// The TCP transport's (connections, data buffer pool).
-    tcp: Arc<TcpShared>,
+    pub(crate) rt: RuntimeHandle,
+    pub(crate) cur: RwLock<Current>,
+    /// The live configuration's bookkeeping (see `live`); its mutex
+    /// serializes live changes.
+    pub(crate) live: Mutex<Live>,
 }
 
 impl Target {
@@ -64,55 +135,48 @@ impl Target {
         let listen = Listeners::bind(
             cfg.subsystems
                 .iter()
-                .flat_map(|s| s.listeners.iter().copied()),
+                .flat_map(|s| s.listeners.iter().copied())
+                .chain(cfg.discovery_listeners.iter().copied()),
             &o,
         )
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
-        for s in &cfg.subsystems {
-            let p = SubsysParams {
-                nqn: s.nqn.clone(),
-                serial: s.serial.clone().unwrap_or_else(|| default_serial(&s.nqn)),
-                model: s.model.clone().unwrap_or_else(|| "pollux".into()),
-                queue_entries: o.max_queue_depth,
-                max_io_queues: o.max_io_qpairs_per_ctrlr,
-                max_io_size: o.max_io_size,
-                in_capsule_data: o.in_capsule_data_size,
-                kas: o.kas,
-            };
+        for (k, s) in cfg.subsystems.iter().enumerate() {
+            let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
             let model =
                 Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
                     nqn: s.nqn.clone(),
                     source,
                 })?;
-            subsystems.push(SubsysEntry {
+            subsystems.push(Arc::new(SubsysEntry {
+                id: k as u64 + 1,
                 model,
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
-            });
+                max_namespaces: s.max_namespaces,
+            }));
         }
-        let dp = SubsysParams {
-            nqn: DISCOVERY_NQN.into(),
-            serial: "pollux-discovery".into(),
-            model: "pollux discovery".into(),
-            queue_entries: o.max_aq_depth,
-            max_io_queues: 1,
-            max_io_size: o.max_io_size,
-            in_capsule_data: 0,
-            kas: o.kas,
+        let live = Live {
+            transport: cfg.transport_created
+                || !cfg.subsystems.is_empty()
+                || !cfg.discovery_listeners.is_empty(),
+            next_id: subsystems.len() as u64 + 1,
+            sockets: listen.pairs(),
+            discovery: cfg
+                .discovery_listeners
+                .iter()
+                .map(|a| listen.real(a))
+                .collect(),
         };
-        let discovery =
-            Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
-                nqn: DISCOVERY_NQN.into(),
-                source,
-            })?;
+        let discovery = discovery_subsys(&o)?;
         let tcp = Arc::new(TcpShared::new(&o, cores));
         let shared = Arc::new(Shared {
             opts: o,
-            subsystems,
+            subsystems: RwLock::new(subsystems),
             discovery,
-            listeners: listen.addrs(),
+            listeners: RwLock::new(listen.addrs()),
+            genctr: 1.into(),
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });
@@ -127,22 +191,31 @@ impl Target {
             };
             init(ctx, sh.clone(), tc.clone(), ls);
         })?;
-        for a in &shared.listeners {
+        for a in &shared.listeners() {
             tracing::info!(listen = %a, "NVMe/TCP target listening");
         }
-        Ok(Target { rt, shared, tcp })
+        Ok(Target {
+            rt,
+            cur: RwLock::new(Current { shared, tcp }),
+            live: Mutex::new(live),
+        })
+    }
+
+    /// What the runtime threads share now.
+    pub(crate) fn current(&self) -> Current {
+        self.cur.read().unwrap_or_else(|p| p.into_inner()).clone()
     }
 
     /// The addresses listened on (configured port 0 resolved).
-    pub fn listen_addrs(&self) -> &[SocketAddr] {
-        &self.shared.listeners
+    pub fn listen_addrs(&self) -> Vec<SocketAddr> {
+        self.shared().listeners()
     }
 
     /// Each NVM subsystem's NQN and the addresses it is served on
-    /// (configured port 0 resolved), in configuration order.
+    /// (configured port 0 resolved), in creation order.
     pub fn subsystem_listeners(&self) -> Vec<(String, Vec<SocketAddr>)> {
-        self.shared
-            .subsystems
+        self.shared()
+            .subsystems()
             .iter()
             .map(|e| (e.model.nqn().to_string(), e.listeners.clone()))
             .collect()
@@ -150,18 +223,18 @@ impl Target {
 
     /// Controllers (host associations) alive.
     pub fn controllers(&self) -> usize {
-        self.shared.table().map.len()
+        self.shared().table().map.len()
     }
 
     /// What the target's threads share (tests drive connections over
     /// memory with it).
     pub(crate) fn shared(&self) -> Arc<Shared> {
-        self.shared.clone()
+        self.current().shared
     }
 
     /// The data buffer pool (tests check what connections give back).
     pub(crate) fn pool(&self) -> Arc<crate::pool::Pool> {
-        self.tcp.pool.clone()
+        self.current().tcp.pool.clone()
     }
 
     /// The runtime (tests run connections on its threads; the management
@@ -174,12 +247,13 @@ impl Target {
     /// threads), and the pool's limit (`num_shared_buffers` x
     /// `io_unit_size`; in-capsule and admin data may pass it).
     pub fn buffer_bytes(&self) -> (usize, usize) {
-        (self.tcp.pool.used(), self.tcp.pool.limit())
+        let tcp = self.current().tcp;
+        (tcp.pool.used(), tcp.pool.limit())
     }
 
     /// Connections open.
     pub fn connections(&self) -> usize {
-        self.tcp.conns.load(Relaxed)
+        self.current().tcp.conns.load(Relaxed)
     }
 
     /// Shuts down on SIGINT/SIGTERM (see [`Target::shutdown`]).

@@ -321,3 +321,24 @@ fn nqns_are_checked_when_read() {
     };
     assert!(e.contains("224 bytes, longer than 223"), "{e}");
 }
+
+/// SPDK's client sends `c2h_success: true` and `zcopy: false` with every
+/// `nvmf_create_transport`: nothing is ignored at those values, so no
+/// warning (a value pollux would not honour still gets one).
+#[test]
+fn spdks_default_transport_flags_are_not_warned_about() {
+    let doc = |p: &str| {
+        format!(
+            r#"{{"subsystems": [{{"subsystem": "nvmf", "config": [
+              {{"method": "nvmf_create_transport", "params": {{"trtype": "TCP", {p}}}}}]}}]}}"#
+        )
+    };
+    let c = TargetConfig::from_json(&doc(r#""c2h_success": true, "zcopy": false"#)).unwrap();
+    assert!(c.warnings.is_empty(), "{:?}", c.warnings);
+    assert!(c.transport_created);
+    let c = TargetConfig::from_json(&doc(r#""c2h_success": false"#)).unwrap();
+    assert!(c
+        .warnings
+        .iter()
+        .any(|w| w.contains("'c2h_success' ignored")));
+}

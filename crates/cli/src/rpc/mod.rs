@@ -7,11 +7,12 @@
 //! opener (for `bdev_nvme_attach_controller`), the runtime (for the
 //! thread statistics) and the `save_config` parts of other subsystems.
 //! `framework.rs` has the framework methods and `save_config`, `bdev.rs`
-//! the bdev ones; a caller adds its own (the target's nvmf methods) to the
-//! [`Methods`] before starting the server.
+//! the bdev ones, `nvmf.rs` the target's `nvmf_*` ones (the target adds
+//! them to the [`Methods`] before starting the server).
 mod app;
 mod bdev;
 mod framework;
+pub mod nvmf;
 mod registry;
 
 use std::path::{Path, PathBuf};

@@ -420,8 +420,10 @@ fn serve(
     })?);
     let _signals = target.stop_on_signals()?;
     app.set_runtime(target.clone());
-    let methods = crate::rpc::methods(app);
-    // (The nvmf methods and save_config's nvmf part are added here.)
+    let mut methods = crate::rpc::methods(&app);
+    crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
+    let t = target.clone();
+    app.add_save_config("nvmf", Box::new(move || t.save_config_nvmf()));
     let server = crate::rpc::serve(rpc, methods)?;
     let t = target.clone();
     let extra: crate::metrics::Extra = Box::new(move |e| target_samples(e, &t));

@@ -74,6 +74,14 @@ impl TargetConfig {
         Ok(cfg)
     }
 
+    /// Reads one entry of the `nvmf` subsystem (`{"method", "params"}`)
+    /// into this configuration, as the file's entries are read: the
+    /// JSON-RPC method of the same name decodes its parameters with it
+    /// (same rules, same messages).
+    pub fn apply_entry(&mut self, entry: &Value) -> Result<(), ConfigError> {
+        self.apply(entry)
+    }
+
     fn warn(&mut self, w: String) {
         tracing::warn!("{w}");
         self.warnings.push(w);
@@ -183,6 +191,8 @@ impl TargetConfig {
                     t.data_timeout = Duration::from_millis(v);
                 }
                 p.bool_opt("zcopy")?;
+                // (SPDK's client sends c2h_success true and zcopy false
+                // every time: at those values there is nothing to ignore.)
                 for ignored in [
                     "sock_priority",
                     "abort_timeout_sec",
@@ -192,7 +202,12 @@ impl TargetConfig {
                     "c2h_success",
                     "zcopy",
                 ] {
-                    if params.contains_key(ignored) {
+                    let default = match ignored {
+                        "c2h_success" => Some(Value::Bool(true)),
+                        "zcopy" => Some(Value::Bool(false)),
+                        _ => None,
+                    };
+                    if params.contains_key(ignored) && params.get(ignored) != default.as_ref() {
                         self.warn(format!("{method}: parameter '{ignored}' ignored"));
                     }
                 }
@@ -205,6 +220,7 @@ impl TargetConfig {
                         .into());
                 }
                 self.transport.validate()?;
+                self.transport_created = true;
             }
             "nvmf_create_subsystem" => {
                 p.known(&[
@@ -223,7 +239,7 @@ impl TargetConfig {
                 s.serial = p.str_opt("serial_number")?.map(str::to_string);
                 s.model = p.str_opt("model_number")?.map(str::to_string);
                 s.allow_any_host = p.bool_opt("allow_any_host")?.unwrap_or(false);
-                p.uint("max_namespaces", 0, 1024)?;
+                s.max_namespaces = p.uint("max_namespaces", 0, 1024)?.unwrap_or(0) as u32;
                 if p.bool_opt("ana_reporting")? == Some(true) {
                     return Err(p.bad("ana_reporting", "ANA is not supported").into());
                 }
@@ -307,10 +323,11 @@ impl TargetConfig {
                 let nqn = p.str_req("nqn")?;
                 let addr = SocketAddr::new(ip, port);
                 if nqn == DISCOVERY_NQN || nqn == "discovery" {
-                    // The discovery subsystem listens wherever any does.
-                    self.warn(format!(
-                        "{method}: discovery listener {addr} is served by the subsystems' listeners only"
-                    ));
+                    // The discovery subsystem listens wherever any does,
+                    // and here too (SPDK's discovery port, e.g. 8009).
+                    if !self.discovery_listeners.contains(&addr) {
+                        self.discovery_listeners.push(addr);
+                    }
                     return Ok(());
                 }
                 let s = self.subsystem_mut(&p)?;

@@ -30,7 +30,8 @@
 //! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
-//! `listen_address.{trtype,adrfam,traddr,trsvcid}`),
+//! `listen_address.{trtype,adrfam,traddr,trsvcid}`; the discovery NQN or
+//! `discovery`: a listener of the discovery subsystem alone),
 //! `nvmf_subsystem_add_host` (`nqn`, `host`). `nvmf_set_config`,
 //! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
 //! warning. Anything else is refused naming the method and parameter.

@@ -29,6 +29,9 @@ pub struct SubsystemConfig {
     pub namespaces: Vec<NamespaceConfig>,
     /// Where it is reachable (port 0: any free port, for tests).
     pub listeners: Vec<SocketAddr>,
+    /// SPDK's `max_namespaces` (0: no limit of its own), kept for the
+    /// listings and `save_config`.
+    pub max_namespaces: u32,
 }
 
 impl SubsystemConfig {
@@ -41,6 +44,7 @@ impl SubsystemConfig {
             hosts: Vec::new(),
             namespaces: Vec::new(),
             listeners: Vec::new(),
+            max_namespaces: 0,
         }
     }
 }
@@ -54,6 +58,14 @@ pub struct TargetConfig {
     pub bdevs: Vec<Bdev>,
     /// Warnings met while reading (also logged).
     pub warnings: Vec<String>,
+    /// The TCP transport was created (`nvmf_create_transport`): listed by
+    /// `Target::transports` even with no subsystem (a target with
+    /// subsystems always has it).
+    pub transport_created: bool,
+    /// Listeners of the discovery subsystem alone (SPDK's
+    /// `nvmf_subsystem_add_listener` of the discovery NQN); it is served
+    /// on every subsystem's listener too.
+    pub discovery_listeners: Vec<SocketAddr>,
 }
 
 impl Clone for TargetConfig {
@@ -63,6 +75,8 @@ impl Clone for TargetConfig {
             subsystems: self.subsystems.clone(),
             bdevs: self.bdevs.clone(),
             warnings: self.warnings.clone(),
+            transport_created: self.transport_created,
+            discovery_listeners: self.discovery_listeners.clone(),
         }
     }
 }
@@ -104,9 +118,8 @@ impl TargetConfig {
                     return bad(format!("host NQN {h:?}: {e}"));
                 }
             }
-            if s.listeners.is_empty() {
-                return bad("no listener (nvmf_subsystem_add_listener / --listen)".into());
-            }
+            // A subsystem without listener is valid (SPDK's too): one
+            // may be added live (`Target::add_listener`).
             let mut nsids: Vec<u32> = Vec::new();
             for (k, ns) in s.namespaces.iter().enumerate() {
                 if !self.bdevs.iter().any(|b| b.name() == ns.bdev) {

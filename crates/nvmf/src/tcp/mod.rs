@@ -1,7 +1,7 @@
 //! The NVMe/TCP transport (NVMe/TCP Transport 1.0): everything that knows
 //! TCP or its PDUs is here, and nothing outside does.
 //!
-//! - `server`: the listeners (bound at start), what the transport's
+//! - `server`: the listeners (bound at start or live), what the transport's
 //!   threads share (`TcpShared`: the connection count, the data buffer
 //!   pool, the threads' cores), each thread's connection table, its
 //!   pollers, accept and placement, timers (Keep Alive, handshake and

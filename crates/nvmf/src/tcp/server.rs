@@ -1,4 +1,5 @@
-//! The TCP transport on the runtime: listeners (bound at start), what
+//! The TCP transport on the runtime: listeners (bound at start, or live
+//! by `live`: thread 0 is told to accept on them or to close them), what
 //! its threads share ([`TcpShared`]: the connection count, the data
 //! buffer pool, the threads' cores), placement of connections on
 //! threads, each thread's connection table and poller, idle sleep in
@@ -111,6 +112,69 @@ impl Listeners {
     pub fn addrs(&self) -> Vec<SocketAddr> {
         self.bound.iter().map(|(_, r, _)| *r).collect()
     }
+
+    /// Every (configured, bound) address.
+    pub fn pairs(&self) -> Vec<(SocketAddr, SocketAddr)> {
+        self.bound.iter().map(|(c, r, _)| (*c, *r)).collect()
+    }
+
+    /// The sockets.
+    pub fn into_sockets(self) -> Vec<TcpListener> {
+        self.bound.into_iter().map(|(_, _, l)| l).collect()
+    }
+}
+
+/// Thread 0 (a message): accepts on `l` too, bound live.
+pub(crate) fn start_listening(ctx: &mut ThreadCtx, l: TcpListener) {
+    let Some(tab) = this_table() else {
+        return;
+    };
+    with(&tab, |t| {
+        if t.accept_resume.is_none() {
+            if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
+                tracing::error!("listener wake-up: {e}");
+            }
+        }
+        t.listeners.push(l);
+    });
+}
+
+/// Thread 0 (a message): stops accepting on `addr` and closes its
+/// socket; whether there was one.
+pub(crate) fn stop_listening(ctx: &mut ThreadCtx, addr: SocketAddr) -> bool {
+    let Some(tab) = this_table() else {
+        return false;
+    };
+    with(&tab, |t| {
+        let Some(k) = t
+            .listeners
+            .iter()
+            .position(|l| l.local_addr().is_ok_and(|a| a == addr))
+        else {
+            return false;
+        };
+        let l = t.listeners.swap_remove(k);
+        let _ = ctx.unregister_wake_fd(l.as_fd());
+        true
+    })
+    .unwrap_or(false)
+}
+
+/// Each thread (a message): what the threads share is replaced (the
+/// transport created live, before any connection: there is none to move).
+pub(crate) fn replace_shared(ctx: &mut ThreadCtx, shared: Arc<Shared>, tcp: Arc<TcpShared>) {
+    let Some(tab) = this_table() else {
+        return;
+    };
+    let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
+    with(&tab, |t| {
+        t.cache = Rc::new(Cache::new(
+            tcp.pool.clone(),
+            usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+        ));
+        t.shared = shared;
+        t.tcp = tcp;
+    });
 }
 
 struct Table {
@@ -183,16 +247,14 @@ pub(crate) fn init(
     tcp: Arc<TcpShared>,
     listeners: Option<Listeners>,
 ) {
-    let listeners: Vec<TcpListener> = listeners
-        .map(|l| l.bound.into_iter().map(|(_, _, l)| l).collect())
-        .unwrap_or_default();
+    let listeners: Vec<TcpListener> = listeners.map(Listeners::into_sockets).unwrap_or_default();
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
             tracing::error!("listener wake-up: {e}");
         }
     }
-    let epoll_idle = shared.opts.epoll_idle;
-    let accepting = !listeners.is_empty();
+    // Thread 0 accepts, on the listeners bound at start and live.
+    let accepting = ctx.index() == 0;
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
     let cache = Rc::new(Cache::new(
         tcp.pool.clone(),
@@ -222,10 +284,9 @@ pub(crate) fn init(
     }
     let t = tab.clone();
     ctx.on_sleep(move || {
-        epoll_idle
-            && t.try_borrow()
-                .map(|t| !t.conns.iter().any(Conn::needs_poll))
-                .unwrap_or(false)
+        t.try_borrow()
+            .map(|t| t.shared.opts.epoll_idle && !t.conns.iter().any(Conn::needs_poll))
+            .unwrap_or(false)
     });
     let t = tab.clone();
     ctx.add_periodic(Duration::from_millis(100), move |ctx| {

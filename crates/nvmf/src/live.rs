@@ -1,0 +1,806 @@
+//! The target configured while it runs, as SPDK's `nvmf_tgt` is by its
+//! JSON-RPC methods: the TCP transport, subsystems, their hosts and
+//! listeners, the listings (`nvmf_get_subsystems`,
+//! `nvmf_subsystem_get_controllers`, `nvmf_subsystem_get_qpairs`,
+//! `nvmf_get_transports`) and `save_config`'s nvmf part. Namespaces are
+//! `live_ns`'s.
+//!
+//! Every method takes `&Target` and may be called from any thread but a
+//! runtime thread, while hosts are connected. Changes are serialized by
+//! the `Live` mutex; each replaces a subsystem in `Shared::subsystems`
+//! (copy on write, under its write lock), then closes what it must on
+//! the connections' threads: Connect reads the subsystems under the read
+//! lock until the controller table has its queue, so a queue connected
+//! through a change is either refused or found and closed. Nothing here
+//! is on the I/O path.
+use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::{Arc, Mutex, MutexGuard, RwLock};
+
+use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
+use serde_json::{json, Value};
+
+use crate::config::{ConfigError, TransportOptions};
+use crate::model::{ModelError, Subsys};
+use crate::shared::{ConnRef, Shared, SubsysEntry, SubsysId};
+use crate::tcp::server::{replace_shared, start_listening, stop_listening, Listeners, TcpShared};
+use crate::tgt::{discovery_subsys, subsys_params, Current, Live, Target, TargetError};
+
+/// Why a live change was refused; each names what it is about.
+#[derive(Debug, thiserror::Error)]
+pub enum LiveError {
+    #[error("transport type '{trtype}': only TCP is supported")]
+    UnsupportedTransport { trtype: String },
+    #[error("transport 'TCP' already exists")]
+    TransportExists,
+    #[error("transport 'TCP' cannot be created after subsystems or listeners (its options are their controllers' limits): create it first")]
+    TransportTooLate,
+    #[error("transport options: {0}")]
+    TransportOptions(#[source] ConfigError),
+    #[error("no transport 'TCP' (nvmf_create_transport first)")]
+    NoTransport,
+    #[error("subsystem '{nqn}' already exists")]
+    SubsystemExists { nqn: String },
+    #[error("no subsystem '{nqn}'")]
+    NoSubsystem { nqn: String },
+    #[error("subsystem '{nqn}': {why}")]
+    InvalidSubsystem { nqn: String, why: String },
+    #[error("subsystem '{nqn}': host '{host}': {why}")]
+    InvalidHost {
+        nqn: String,
+        host: String,
+        why: String,
+    },
+    #[error("subsystem '{nqn}' has no host '{host}'")]
+    NoHost { nqn: String, host: String },
+    #[error("subsystem '{nqn}' already listens on {addr}")]
+    ListenerExists { nqn: String, addr: SocketAddr },
+    #[error("subsystem '{nqn}' does not listen on {addr}")]
+    NoListener { nqn: String, addr: SocketAddr },
+    #[error("listen address: {why}")]
+    InvalidAddress { why: String },
+    #[error("listening on {addr}: {source}")]
+    Listen {
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("subsystem '{nqn}': {source}")]
+    Model {
+        nqn: String,
+        #[source]
+        source: ModelError,
+    },
+    #[error(transparent)]
+    Target(#[from] TargetError),
+    #[error(transparent)]
+    Runtime(#[from] pollux_runtime::Error),
+}
+
+impl LiveError {
+    /// The errno SPDK's handlers answer such a refusal with (the JSON-RPC
+    /// error code is its negative).
+    pub fn errno(&self) -> i32 {
+        match self {
+            LiveError::TransportExists
+            | LiveError::SubsystemExists { .. }
+            | LiveError::ListenerExists { .. } => libc::EEXIST,
+            LiveError::NoSubsystem { .. } | LiveError::NoTransport => libc::ENODEV,
+            LiveError::NoHost { .. } | LiveError::NoListener { .. } => libc::ENOENT,
+            LiveError::Listen { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            _ => libc::EINVAL,
+        }
+    }
+}
+
+/// A subsystem's settings at creation (SPDK's `nvmf_create_subsystem`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct SubsystemOptions {
+    /// Serial number (default: made from the NQN).
+    pub serial_number: Option<String>,
+    /// Model number (default "pollux").
+    pub model_number: Option<String>,
+    /// Any host may connect (SPDK's default: no).
+    pub allow_any_host: bool,
+    /// SPDK's `max_namespaces` (0: no limit of its own).
+    pub max_namespaces: u32,
+}
+
+/// A listen address from SPDK's `listen_address` fields (`trtype` TCP,
+/// `adrfam` IPv4/IPv6 or none, `traddr` an IP address, `trsvcid` a port,
+/// 4420 if none).
+pub fn listen_address(
+    trtype: &str,
+    adrfam: Option<&str>,
+    traddr: &str,
+    trsvcid: Option<&str>,
+) -> Result<SocketAddr, LiveError> {
+    if !trtype.eq_ignore_ascii_case("tcp") {
+        return Err(LiveError::UnsupportedTransport {
+            trtype: trtype.into(),
+        });
+    }
+    let bad = |why: String| Err(LiveError::InvalidAddress { why });
+    let Ok(ip) = traddr.parse::<IpAddr>() else {
+        return bad(format!("traddr '{traddr}' is not an IP address"));
+    };
+    let port = match trsvcid {
+        None => 4420,
+        Some(s) => match s.parse::<u16>() {
+            Ok(p) => p,
+            Err(_) => return bad(format!("trsvcid '{s}' is not a port number")),
+        },
+    };
+    if let Some(f) = adrfam {
+        let ok = (f.eq_ignore_ascii_case("ipv4") && ip.is_ipv4())
+            || (f.eq_ignore_ascii_case("ipv6") && ip.is_ipv6());
+        if !ok {
+            return bad(format!("adrfam '{f}' does not match traddr '{traddr}'"));
+        }
+    }
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// SPDK's `listen_address` object for `a`.
+pub(crate) fn address_json(a: &SocketAddr) -> Value {
+    json!({
+        "trtype": "TCP",
+        "adrfam": if a.is_ipv4() { "IPv4" } else { "IPv6" },
+        "traddr": a.ip().to_string(),
+        "trsvcid": a.port().to_string(),
+    })
+}
+
+/// A UUID's text form.
+fn uuid_str(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// The discovery subsystem's NQN, or SPDK's client's shortcut for it.
+fn is_discovery(nqn: &str) -> bool {
+    nqn == DISCOVERY_NQN || nqn == "discovery"
+}
+
+/// SPDK's highest dynamic controller ID (pollux's too).
+const MAX_CNTLID: u32 = 0xFFEF;
+
+impl Target {
+    fn live(&self) -> MutexGuard<'_, Live> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The subsystem `nqn` (never the discovery one).
+    fn entry(shared: &Shared, nqn: &str) -> Result<Arc<SubsysEntry>, LiveError> {
+        shared
+            .subsystems()
+            .iter()
+            .find(|s| s.model.nqn() == nqn)
+            .cloned()
+            .ok_or_else(|| LiveError::NoSubsystem { nqn: nqn.into() })
+    }
+
+    /// Replaces subsystem `nqn` by `f` of it (under the write lock); the
+    /// new version.
+    fn change(
+        shared: &Shared,
+        nqn: &str,
+        f: impl FnOnce(&mut SubsysEntry) -> Result<(), LiveError>,
+    ) -> Result<Arc<SubsysEntry>, LiveError> {
+        let mut subs = shared.subsystems_mut();
+        let Some(k) = subs.iter().position(|s| s.model.nqn() == nqn) else {
+            return Err(LiveError::NoSubsystem { nqn: nqn.into() });
+        };
+        let mut e = (*subs[k]).clone();
+        f(&mut e)?;
+        let e = Arc::new(e);
+        subs[k] = e.clone();
+        shared.genctr.fetch_add(1, Relaxed);
+        Ok(e)
+    }
+
+    /// Closes the connections `refs` (on their threads).
+    fn close_conns(&self, refs: impl IntoIterator<Item = ConnRef>) {
+        for r in refs {
+            let (conn, close) = (r.conn, r.close);
+            if let Err(e) = self.rt.send(r.thread, move |ctx| close(ctx, conn)) {
+                tracing::warn!(thread = r.thread, conn, "closing a connection: {e}");
+            }
+        }
+    }
+
+    /// Closes every queue of the controllers of subsystem `id` that
+    /// `pick` (host NQN) selects; how many controllers.
+    fn close_controllers(&self, shared: &Shared, id: u64, pick: impl Fn(&str) -> bool) -> usize {
+        let refs: Vec<Vec<ConnRef>> = shared
+            .table()
+            .map
+            .values()
+            .filter(|e| e.subsys == SubsysId::Nvm(id) && pick(&e.hostnqn))
+            .map(|e| {
+                std::iter::once(e.admin)
+                    .chain(e.io.iter().map(|(_, r)| *r))
+                    .collect()
+            })
+            .collect();
+        let n = refs.len();
+        self.close_conns(refs.into_iter().flatten());
+        n
+    }
+
+    /// Closes the sockets no subsystem listens on any more.
+    fn release_sockets(&self, live: &mut Live, shared: &Shared) -> Result<(), LiveError> {
+        let mut used: Vec<SocketAddr> = shared
+            .subsystems()
+            .iter()
+            .flat_map(|s| s.listeners.iter().copied())
+            .collect();
+        used.extend(live.discovery.iter().copied());
+        let unused: Vec<SocketAddr> = live
+            .sockets
+            .iter()
+            .map(|(_, r)| *r)
+            .filter(|r| !used.contains(r))
+            .collect();
+        for addr in unused {
+            self.rt.call(0, move |ctx| stop_listening(ctx, addr))?;
+            live.sockets.retain(|(_, r)| *r != addr);
+            {
+                let mut l = shared.listeners.write().unwrap_or_else(|p| p.into_inner());
+                l.retain(|a| *a != addr);
+            }
+            shared.genctr.fetch_add(1, Relaxed);
+            tracing::info!(listen = %addr, "NVMe/TCP target no longer listening");
+        }
+        Ok(())
+    }
+
+    /// Creates the TCP transport with `opts` (SPDK's
+    /// `nvmf_create_transport`): refused if it exists (SPDK: -EEXIST), or
+    /// once a subsystem or listener exists (their controllers' limits
+    /// come from the options).
+    pub fn create_transport(&self, opts: TransportOptions) -> Result<(), LiveError> {
+        let mut live = self.live();
+        if live.transport {
+            return Err(LiveError::TransportExists);
+        }
+        opts.validate().map_err(LiveError::TransportOptions)?;
+        let cur = self.current();
+        if !cur.shared.subsystems().is_empty() || !live.sockets.is_empty() {
+            return Err(LiveError::TransportTooLate);
+        }
+        // No listener: no connection, nothing to move to the new state.
+        let shared = Arc::new(Shared {
+            discovery: discovery_subsys(&opts)?,
+            opts,
+            subsystems: RwLock::new(Vec::new()),
+            listeners: RwLock::new(Vec::new()),
+            genctr: (cur.shared.genctr.load(Relaxed) + 1).into(),
+            ctrls: Mutex::default(),
+            data_conns: Default::default(),
+        });
+        let tcp = Arc::new(TcpShared::new(&shared.opts, self.rt.cores()));
+        for i in 0..self.rt.thread_count() {
+            let (sh, tc) = (shared.clone(), tcp.clone());
+            self.rt.call(i, move |ctx| replace_shared(ctx, sh, tc))?;
+        }
+        tracing::info!(opts = ?shared.opts, "transport TCP created");
+        *self.cur.write().unwrap_or_else(|p| p.into_inner()) = Current { shared, tcp };
+        live.transport = true;
+        Ok(())
+    }
+
+    /// The transports as SPDK's `nvmf_get_transports` lists them.
+    pub fn transports(&self) -> Vec<Value> {
+        if !self.live().transport {
+            return Vec::new();
+        }
+        let o = &self.shared().opts;
+        vec![json!({
+            "trtype": "TCP",
+            "max_queue_depth": o.max_queue_depth,
+            "max_io_qpairs_per_ctrlr": o.max_io_qpairs_per_ctrlr,
+            "in_capsule_data_size": o.in_capsule_data_size,
+            "max_io_size": o.max_io_size,
+            "io_unit_size": o.io_unit_size,
+            "max_aq_depth": o.max_aq_depth,
+            "num_shared_buffers": o.num_shared_buffers,
+            "buf_cache_size": o.buf_cache_size.unwrap_or(u32::MAX),
+            "dif_insert_or_strip": false,
+            "zcopy": false,
+            "c2h_success": true,
+            "sock_priority": 0,
+            "abort_timeout_sec": 1,
+            "ack_timeout": 0,
+            "data_wr_pool_size": 0,
+        })]
+    }
+
+    /// Creates subsystem `nqn` with no namespace, host or listener
+    /// (SPDK's `nvmf_create_subsystem`).
+    pub fn create_subsystem(&self, nqn: &str, o: SubsystemOptions) -> Result<(), LiveError> {
+        let mut live = self.live();
+        let invalid = |why: String| LiveError::InvalidSubsystem {
+            nqn: nqn.into(),
+            why,
+        };
+        check_nqn(nqn).map_err(|e| invalid(format!("invalid NQN: {e}")))?;
+        if nqn == DISCOVERY_NQN {
+            return Err(invalid("the discovery NQN is the target's own".into()));
+        }
+        let printable = |s: &str| s.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if let Some(sn) = &o.serial_number {
+            if sn.len() > 20 || !printable(sn) {
+                return Err(invalid(format!(
+                    "serial number '{sn}': at most 20 printable ASCII characters"
+                )));
+            }
+        }
+        if let Some(mn) = &o.model_number {
+            if mn.len() > 40 || !printable(mn) {
+                return Err(invalid(format!(
+                    "model number '{mn}': at most 40 printable ASCII characters"
+                )));
+            }
+        }
+        let shared = self.shared();
+        let p = subsys_params(
+            &shared.opts,
+            nqn,
+            o.serial_number.as_deref(),
+            o.model_number.as_deref(),
+        );
+        let model = Subsys::new(&p, Vec::new(), false).map_err(|source| LiveError::Model {
+            nqn: nqn.into(),
+            source,
+        })?;
+        let mut subs = shared.subsystems_mut();
+        if subs.iter().any(|s| s.model.nqn() == nqn) {
+            return Err(LiveError::SubsystemExists { nqn: nqn.into() });
+        }
+        let id = live.next_id;
+        live.next_id += 1;
+        subs.push(Arc::new(SubsysEntry {
+            id,
+            model,
+            allow_any_host: o.allow_any_host,
+            hosts: Vec::new(),
+            listeners: Vec::new(),
+            max_namespaces: o.max_namespaces,
+        }));
+        shared.genctr.fetch_add(1, Relaxed);
+        tracing::info!(
+            nqn,
+            serial = p.serial,
+            model = p.model,
+            allow_any_host = o.allow_any_host,
+            "subsystem created"
+        );
+        Ok(())
+    }
+
+    /// Deletes subsystem `nqn` and closes its controllers' connections
+    /// (SPDK's `nvmf_delete_subsystem`); sockets no other subsystem
+    /// listens on close.
+    pub fn delete_subsystem(&self, nqn: &str) -> Result<(), LiveError> {
+        let mut live = self.live();
+        let shared = self.shared();
+        let e = {
+            let mut subs = shared.subsystems_mut();
+            let Some(k) = subs.iter().position(|s| s.model.nqn() == nqn) else {
+                return Err(LiveError::NoSubsystem { nqn: nqn.into() });
+            };
+            shared.genctr.fetch_add(1, Relaxed);
+            subs.remove(k)
+        };
+        let n = self.close_controllers(&shared, e.id, |_| true);
+        tracing::info!(nqn, controllers_closed = n, "subsystem deleted");
+        self.release_sockets(&mut live, &shared)
+    }
+
+    /// Lets any host connect to `nqn`, or only its hosts (SPDK's
+    /// `nvmf_subsystem_allow_any_host`; controllers connected stay).
+    pub fn allow_any_host(&self, nqn: &str, allow: bool) -> Result<(), LiveError> {
+        let _live = self.live();
+        Self::change(&self.shared(), nqn, |e| {
+            e.allow_any_host = allow;
+            Ok(())
+        })?;
+        tracing::info!(
+            nqn,
+            allow_any_host = allow,
+            "subsystem's host policy changed"
+        );
+        Ok(())
+    }
+
+    /// Allows `host` to connect to `nqn` (SPDK's
+    /// `nvmf_subsystem_add_host`; a host listed already: no change).
+    pub fn add_host(&self, nqn: &str, host: &str) -> Result<(), LiveError> {
+        let _live = self.live();
+        check_nqn(host).map_err(|e| LiveError::InvalidHost {
+            nqn: nqn.into(),
+            host: host.into(),
+            why: format!("invalid NQN: {e}"),
+        })?;
+        Self::change(&self.shared(), nqn, |e| {
+            if !e.hosts.iter().any(|h| h == host) {
+                e.hosts.push(host.into());
+            }
+            Ok(())
+        })?;
+        tracing::info!(nqn, host, "host added to subsystem");
+        Ok(())
+    }
+
+    /// Takes `host` off `nqn`'s list and closes that host's controllers
+    /// of `nqn` (SPDK's `nvmf_subsystem_remove_host`).
+    pub fn remove_host(&self, nqn: &str, host: &str) -> Result<(), LiveError> {
+        let _live = self.live();
+        let shared = self.shared();
+        let e = Self::change(&shared, nqn, |e| {
+            let before = e.hosts.len();
+            e.hosts.retain(|h| h != host);
+            if e.hosts.len() == before {
+                return Err(LiveError::NoHost {
+                    nqn: nqn.into(),
+                    host: host.into(),
+                });
+            }
+            Ok(())
+        })?;
+        let n = self.close_controllers(&shared, e.id, |h| h == host);
+        tracing::info!(
+            nqn,
+            host,
+            controllers_closed = n,
+            "host removed from subsystem"
+        );
+        Ok(())
+    }
+
+    /// The socket of `addr`: the one bound there already, else bound now
+    /// and accepted on by thread 0; its bound address.
+    fn socket(
+        &self,
+        live: &mut Live,
+        shared: &Shared,
+        addr: SocketAddr,
+    ) -> Result<SocketAddr, LiveError> {
+        if let Some(r) = live.bound(addr) {
+            return Ok(r);
+        }
+        let l = Listeners::bind([addr], &shared.opts)
+            .map_err(|(addr, source)| LiveError::Listen { addr, source })?;
+        let real = l.addrs()[0];
+        let sock = l.into_sockets().remove(0);
+        self.rt.call(0, move |ctx| start_listening(ctx, sock))?;
+        live.sockets.push((addr, real));
+        shared
+            .listeners
+            .write()
+            .unwrap_or_else(|p| p.into_inner())
+            .push(real);
+        tracing::info!(listen = %real, "NVMe/TCP target listening");
+        Ok(real)
+    }
+
+    /// Serves `nqn` on `addr` too (SPDK's `nvmf_subsystem_add_listener`):
+    /// binds the socket unless another subsystem listens there already;
+    /// the address bound (a port 0 resolved). The discovery subsystem
+    /// (its NQN, or "discovery") is served on every listener, and on
+    /// those given to it too.
+    pub fn add_listener(&self, nqn: &str, addr: SocketAddr) -> Result<SocketAddr, LiveError> {
+        let mut live = self.live();
+        if !live.transport {
+            return Err(LiveError::NoTransport);
+        }
+        let shared = self.shared();
+        let exists = |nqn: &str| LiveError::ListenerExists {
+            nqn: nqn.into(),
+            addr,
+        };
+        if is_discovery(nqn) {
+            if live
+                .bound(addr)
+                .is_some_and(|r| live.discovery.contains(&r))
+            {
+                return Err(exists(DISCOVERY_NQN));
+            }
+            let real = self.socket(&mut live, &shared, addr)?;
+            live.discovery.push(real);
+            shared.genctr.fetch_add(1, Relaxed);
+            tracing::info!(nqn = DISCOVERY_NQN, listen = %real, "listener added to subsystem");
+            return Ok(real);
+        }
+        let e = Self::entry(&shared, nqn)?;
+        if live.bound(addr).is_some_and(|r| e.listeners.contains(&r)) {
+            return Err(exists(nqn));
+        }
+        let real = self.socket(&mut live, &shared, addr)?;
+        Self::change(&shared, nqn, |e| {
+            e.listeners.push(real);
+            Ok(())
+        })?;
+        tracing::info!(nqn, listen = %real, "listener added to subsystem");
+        Ok(real)
+    }
+
+    /// Stops serving `nqn` on `addr` (SPDK's
+    /// `nvmf_subsystem_remove_listener`): its queues connected through it
+    /// are closed (a controller whose admin queue came through it, with
+    /// all its queues); the socket closes when no subsystem listens there.
+    pub fn remove_listener(&self, nqn: &str, addr: SocketAddr) -> Result<(), LiveError> {
+        let mut live = self.live();
+        let shared = self.shared();
+        let real = live.bound(addr).unwrap_or(addr);
+        if is_discovery(nqn) {
+            let before = live.discovery.len();
+            live.discovery.retain(|a| *a != real);
+            if live.discovery.len() == before {
+                return Err(LiveError::NoListener {
+                    nqn: DISCOVERY_NQN.into(),
+                    addr,
+                });
+            }
+            shared.genctr.fetch_add(1, Relaxed);
+            let refs: Vec<ConnRef> = shared
+                .table()
+                .map
+                .values()
+                .filter(|c| c.subsys == SubsysId::Discovery && c.admin.listener == real)
+                .map(|c| c.admin)
+                .collect();
+            let n = refs.len();
+            self.close_conns(refs);
+            tracing::info!(nqn = DISCOVERY_NQN, listen = %real, queues_closed = n, "listener removed from subsystem");
+            return self.release_sockets(&mut live, &shared);
+        }
+        let e = Self::change(&shared, nqn, |e| {
+            let before = e.listeners.len();
+            e.listeners.retain(|a| *a != real);
+            if e.listeners.len() == before {
+                return Err(LiveError::NoListener {
+                    nqn: nqn.into(),
+                    addr,
+                });
+            }
+            Ok(())
+        })?;
+        let mut refs = Vec::new();
+        for c in shared.table().map.values() {
+            if c.subsys != SubsysId::Nvm(e.id) {
+                continue;
+            }
+            let all = c.admin.listener == real;
+            if all {
+                refs.push(c.admin);
+            }
+            refs.extend(
+                c.io.iter()
+                    .filter(|(_, r)| all || r.listener == real)
+                    .map(|(_, r)| *r),
+            );
+        }
+        let n = refs.len();
+        self.close_conns(refs);
+        tracing::info!(nqn, listen = %real, queues_closed = n, "listener removed from subsystem");
+        self.release_sockets(&mut live, &shared)
+    }
+
+    /// The subsystems as SPDK's `nvmf_get_subsystems` lists them: the
+    /// discovery subsystem, then the NVM ones in creation order.
+    pub fn subsystems(&self) -> Vec<Value> {
+        let discovery: Vec<Value> = self.live().discovery.iter().map(address_json).collect();
+        let shared = self.shared();
+        let mut out = vec![json!({
+            "nqn": DISCOVERY_NQN,
+            "subtype": "Discovery",
+            "listen_addresses": discovery,
+            "allow_any_host": true,
+            "hosts": [],
+        })];
+        for s in shared.subsystems().iter() {
+            out.push(subsystem_json(s));
+        }
+        out
+    }
+
+    /// The controllers of `nqn` as SPDK's
+    /// `nvmf_subsystem_get_controllers` lists them.
+    pub fn subsystem_controllers(&self, nqn: &str) -> Result<Vec<Value>, LiveError> {
+        let shared = self.shared();
+        let id = self.subsys_id(&shared, nqn)?;
+        let t = shared.table();
+        let mut v: Vec<(u16, Value)> = t
+            .map
+            .iter()
+            .filter(|(_, e)| e.subsys == id)
+            .map(|(cntlid, e)| {
+                let kind = if id == SubsysId::Discovery {
+                    "discovery"
+                } else {
+                    "io"
+                };
+                (
+                    *cntlid,
+                    json!({
+                        "cntlid": cntlid,
+                        "cntrltype": kind,
+                        "hostnqn": e.hostnqn,
+                        "hostid": uuid_str(&e.hostid),
+                        "num_io_qpairs": e.io.len(),
+                    }),
+                )
+            })
+            .collect();
+        v.sort_by_key(|(c, _)| *c);
+        Ok(v.into_iter().map(|(_, j)| j).collect())
+    }
+
+    /// The queue pairs of `nqn` as SPDK's `nvmf_subsystem_get_qpairs`
+    /// lists them (connected queues: state "enabled").
+    pub fn subsystem_qpairs(&self, nqn: &str) -> Result<Vec<Value>, LiveError> {
+        let shared = self.shared();
+        let id = self.subsys_id(&shared, nqn)?;
+        let t = shared.table();
+        let mut v: Vec<(u16, u16, Value)> = Vec::new();
+        for (cntlid, e) in t.map.iter().filter(|(_, e)| e.subsys == id) {
+            for (qid, r) in std::iter::once((0, &e.admin)).chain(e.io.iter().map(|(q, r)| (*q, r)))
+            {
+                v.push((
+                    *cntlid,
+                    qid,
+                    json!({
+                        "cntlid": cntlid,
+                        "qid": qid,
+                        "state": "enabled",
+                        "thread": format!("nvmf_tgt_poll_group_{:03}", r.thread),
+                        "hostnqn": e.hostnqn,
+                        "listen_address": address_json(&r.listener),
+                        "peer_address": address_json(&r.peer),
+                    }),
+                ));
+            }
+        }
+        v.sort_by_key(|(c, q, _)| (*c, *q));
+        Ok(v.into_iter().map(|(_, _, j)| j).collect())
+    }
+
+    fn subsys_id(&self, shared: &Shared, nqn: &str) -> Result<SubsysId, LiveError> {
+        let subs = shared.subsystems();
+        shared
+            .find(&subs, nqn)
+            .map(|(id, _)| id)
+            .ok_or_else(|| LiveError::NoSubsystem { nqn: nqn.into() })
+    }
+
+    /// The nvmf part of SPDK's `save_config`: the `{"method", "params"}`
+    /// entries that `pollux target -c` (or SPDK) reads back to the same
+    /// transport, subsystems, namespaces, listeners and hosts. The
+    /// discovery subsystem is not created (it always is), its own
+    /// listeners are listed (as SPDK's).
+    pub fn save_config_nvmf(&self) -> Vec<Value> {
+        let (transport, discovery) = {
+            let live = self.live();
+            (live.transport, live.discovery.clone())
+        };
+        let shared = self.shared();
+        let mut out = Vec::new();
+        if transport {
+            let o = &shared.opts;
+            let mut p = json!({
+                "trtype": "TCP",
+                "max_queue_depth": o.max_queue_depth,
+                "max_io_qpairs_per_ctrlr": o.max_io_qpairs_per_ctrlr,
+                "in_capsule_data_size": o.in_capsule_data_size,
+                "max_io_size": o.max_io_size,
+                "io_unit_size": o.io_unit_size,
+                "max_aq_depth": o.max_aq_depth,
+                "num_shared_buffers": o.num_shared_buffers,
+                "dif_insert_or_strip": false,
+                // pollux's own (its reader takes them; SPDK's refuses
+                // unknown parameters, so they are written only when not
+                // the default).
+            });
+            if let Some(c) = o.buf_cache_size {
+                p["buf_cache_size"] = c.into();
+            }
+            let d = TransportOptions::default();
+            let ms = |t: std::time::Duration| t.as_millis() as u64;
+            let extra: [(&str, u64, u64); 6] = [
+                ("kas", o.kas.into(), d.kas.into()),
+                ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
+                (
+                    "connect_timeout_ms",
+                    ms(o.connect_timeout),
+                    ms(d.connect_timeout),
+                ),
+                ("send_iov", o.send_iov as u64, d.send_iov as u64),
+                (
+                    "max_unbound_connections",
+                    o.max_unbound_connections as u64,
+                    d.max_unbound_connections as u64,
+                ),
+                ("data_timeout_ms", ms(o.data_timeout), ms(d.data_timeout)),
+            ];
+            for (k, v, def) in extra {
+                if v != def {
+                    p[k] = v.into();
+                }
+            }
+            out.push(json!({"method": "nvmf_create_transport", "params": p}));
+        }
+        for a in &discovery {
+            out.push(json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": DISCOVERY_NQN, "listen_address": address_json(a)}}));
+        }
+        for s in shared.subsystems().iter() {
+            let nqn = s.model.nqn();
+            let mut p = json!({
+                "nqn": nqn,
+                "allow_any_host": s.allow_any_host,
+                "serial_number": s.model.serial(),
+                "model_number": s.model.model_number(),
+            });
+            if s.max_namespaces != 0 {
+                p["max_namespaces"] = s.max_namespaces.into();
+            }
+            out.push(json!({"method": "nvmf_create_subsystem", "params": p}));
+            for h in &s.hosts {
+                out.push(
+                    json!({"method": "nvmf_subsystem_add_host", "params": {"nqn": nqn, "host": h}}),
+                );
+            }
+            for ns in s.model.namespaces() {
+                let mut n = json!({"bdev_name": ns.bdev_name, "nsid": ns.nsid});
+                if let Some(u) = ns.uuid {
+                    n["uuid"] = u.into();
+                }
+                out.push(json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": nqn, "namespace": n}}));
+            }
+            for a in &s.listeners {
+                out.push(json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": nqn, "listen_address": address_json(a)}}));
+            }
+        }
+        out
+    }
+}
+
+/// One NVM subsystem as `nvmf_get_subsystems` lists it.
+fn subsystem_json(s: &SubsysEntry) -> Value {
+    let namespaces: Vec<Value> = s
+        .model
+        .namespaces()
+        .into_iter()
+        .map(|n| {
+            let mut j = json!({"nsid": n.nsid, "bdev_name": n.bdev_name, "name": n.bdev_name});
+            if let Some(u) = n.uuid {
+                j["uuid"] = u.into();
+            }
+            j
+        })
+        .collect();
+    let mut j = json!({
+        "nqn": s.model.nqn(),
+        "subtype": "NVMe",
+        "listen_addresses": s.listeners.iter().map(address_json).collect::<Vec<_>>(),
+        "allow_any_host": s.allow_any_host,
+        "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
+        "serial_number": s.model.serial(),
+        "model_number": s.model.model_number(),
+    });
+    if s.max_namespaces != 0 {
+        j["max_namespaces"] = s.max_namespaces.into();
+    }
+    j["min_cntlid"] = 1.into();
+    j["max_cntlid"] = MAX_CNTLID.into();
+    j["namespaces"] = namespaces.into();
+    j
+}

@@ -1,0 +1,505 @@
+//! The target configured while hosts are connected (`Target`'s live API,
+//! what the `nvmf_*` JSON-RPC methods call): a subsystem created live is
+//! reachable; removing a host, a listener or a subsystem closes what it
+//! must and nothing else (other hosts keep doing verified I/O, through
+//! pollux's TCP host); the listings; `save_config` read back by a second
+//! target gives the same subsystems.
+mod common;
+
+use std::net::{SocketAddr, TcpStream};
+use std::time::{Duration, Instant};
+
+use common::*;
+use pollux_bdev::Bdev;
+use pollux_host::{ControllerOptions, IoBuf, QpairOptions, Trid};
+use pollux_nvmf::{
+    LiveError, NamespaceConfig, RuntimeOptions, SubsystemConfig, SubsystemOptions, Target,
+    TargetConfig, TransportOptions,
+};
+use pollux_spec::Status;
+use serde_json::{json, Value};
+
+const SUB2: &str = "nqn.2024-01.io.pollux:sub2";
+const LIVE: &str = "nqn.2024-01.io.pollux:live";
+const DISCOVERY: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+fn any() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+/// A target with `SUB1` on `Malloc0` and `SUB2` on `Malloc1` (hosts A
+/// and B only), both on one free port.
+fn two_subsystems() -> Target {
+    let mut cfg = TargetConfig::default();
+    for (nqn, bdev) in [(SUB1, "Malloc0"), (SUB2, "Malloc1")] {
+        cfg.bdevs.push(Bdev::ram(bdev, 512, 8192).unwrap());
+        let mut s = SubsystemConfig::new(nqn);
+        s.allow_any_host = false;
+        s.hosts = vec![HOST_A.into(), HOST_B.into()];
+        s.namespaces.push(NamespaceConfig {
+            bdev: bdev.into(),
+            nsid: None,
+        });
+        s.listeners.push(any());
+        cfg.subsystems.push(s);
+    }
+    Target::start(cfg, &[0], RuntimeOptions::default()).unwrap()
+}
+
+/// A controller of `sub` for `host` through `addr`, brought up, and its
+/// I/O queue 1 (PDU-level host).
+fn connect(addr: SocketAddr, sub: &str, host: &str) -> (Client, Client) {
+    let mut a = Client::connect(addr);
+    a.ic(pollux_spec::tcp::Digests::NONE);
+    let cntlid = a.bring_up(sub, host, 0);
+    let mut q = Client::connect(addr);
+    q.ic(pollux_spec::tcp::Digests::NONE);
+    let r = q.connect_cmd(1, 31, 0, cntlid, sub, host, false);
+    assert!(r.status().is_success(), "I/O connect: {:#x}", r.status().0);
+    (a, q)
+}
+
+/// Writes then reads back 4 KiB at `slba` of namespace 1.
+fn verified_io(q: &mut Client, slba: u64, seed: u8) {
+    let data = pattern(4096, seed);
+    assert_eq!(q.write(1, slba, &data, false).status(), Status::SUCCESS);
+    let (got, cqe) = q.read(1, slba, 4096);
+    assert!(cqe.is_none_or(|c| c.status() == Status::SUCCESS));
+    assert_eq!(got, data);
+}
+
+/// A pollux TCP host's controller of `sub` as `host` through `addr`.
+fn pollux_host(addr: SocketAddr, sub: &str, host: &str) -> pollux_host::Controller {
+    let t: Trid = format!(
+        "trtype:tcp traddr:{} trsvcid:{} subnqn:{sub} hostnqn:{host}",
+        addr.ip(),
+        addr.port()
+    )
+    .parse()
+    .unwrap();
+    pollux_host::connect(&t, &ControllerOptions::default()).expect("pollux host connect")
+}
+
+/// Writes then reads back 4 KiB at `lba` through the pollux host.
+fn host_io(c: &pollux_host::Controller, lba: u64, seed: u8) {
+    let ns = c.namespaces()[0];
+    let mut qp = c
+        .alloc_qpair(QpairOptions {
+            depth: 16,
+            ..Default::default()
+        })
+        .unwrap();
+    let nlb = 4096 >> ns.lba_shift();
+    let data = pattern(4096, seed);
+    let mut w = c.alloc_dma(4096).unwrap();
+    w.as_mut_slice().copy_from_slice(&data);
+    qp.write(&ns, lba, nlb, IoBuf::new(w), 1).unwrap();
+    let mut ok = 0;
+    qp.drain(Duration::from_secs(20), |_, c| {
+        assert!(c.result.is_ok(), "write: {:?}", c.result);
+        ok += 1;
+    })
+    .unwrap();
+    let r = c.alloc_dma(4096).unwrap();
+    qp.read(&ns, lba, nlb, IoBuf::new(r), 2).unwrap();
+    let mut got = None;
+    qp.drain(Duration::from_secs(20), |_, c| {
+        assert!(c.result.is_ok(), "read: {:?}", c.result);
+        got = c.buf;
+    })
+    .unwrap();
+    assert_eq!(ok, 1);
+    assert_eq!(got.expect("read buffer").as_slice(), &data[..]);
+}
+
+/// Waits until `f` holds (the target closes connections on its threads).
+fn eventually(what: &str, f: impl Fn() -> bool) {
+    let end = Instant::now() + Duration::from_secs(10);
+    while !f() {
+        assert!(Instant::now() < end, "timed out waiting: {what}");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+fn nqns(t: &Target) -> Vec<String> {
+    t.subsystems()
+        .iter()
+        .map(|s| s["nqn"].as_str().unwrap().to_string())
+        .collect()
+}
+
+#[test]
+fn an_empty_target_is_configured_live_and_serves_a_host() {
+    let t = Target::start(TargetConfig::default(), &[0], RuntimeOptions::default()).unwrap();
+    assert!(t.listen_addrs().is_empty());
+    assert!(t.transports().is_empty());
+    // No listener without a transport (as SPDK).
+    t.create_subsystem(
+        LIVE,
+        SubsystemOptions {
+            allow_any_host: true,
+            serial_number: Some("SN-LIVE".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    assert!(matches!(
+        t.add_listener(LIVE, any()),
+        Err(LiveError::NoTransport)
+    ));
+    // The transport's options are the subsystems' limits: first.
+    assert!(matches!(
+        t.create_transport(TransportOptions::default()),
+        Err(LiveError::TransportTooLate)
+    ));
+    t.delete_subsystem(LIVE).unwrap();
+    let o = TransportOptions {
+        max_queue_depth: 64,
+        ..Default::default()
+    };
+    t.create_transport(o).unwrap();
+    let e = t.create_transport(TransportOptions::default()).unwrap_err();
+    assert!(matches!(e, LiveError::TransportExists), "{e}");
+    assert_eq!(e.errno(), libc::EEXIST);
+    let tr = t.transports();
+    assert_eq!(tr.len(), 1);
+    assert_eq!(tr[0]["trtype"], "TCP");
+    assert_eq!(tr[0]["max_queue_depth"], 64);
+    for k in [
+        "max_io_qpairs_per_ctrlr",
+        "in_capsule_data_size",
+        "max_io_size",
+        "io_unit_size",
+        "max_aq_depth",
+        "num_shared_buffers",
+        "buf_cache_size",
+        "dif_insert_or_strip",
+        "c2h_success",
+        "sock_priority",
+        "abort_timeout_sec",
+    ] {
+        assert!(tr[0].get(k).is_some(), "nvmf_get_transports lacks {k}");
+    }
+    t.create_subsystem(
+        LIVE,
+        SubsystemOptions {
+            allow_any_host: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let e = t
+        .create_subsystem(LIVE, SubsystemOptions::default())
+        .unwrap_err();
+    assert!(matches!(e, LiveError::SubsystemExists { .. }), "{e}");
+    let addr = t.add_listener(LIVE, any()).unwrap();
+    assert_ne!(addr.port(), 0);
+    assert_eq!(t.listen_addrs(), vec![addr]);
+    // Reachable, with the transport's limits (CAP.MQES = 63).
+    let (mut a, _q) = connect(addr, LIVE, HOST_A);
+    let cap = a.prop_get(0, pollux_spec::fabrics::PropertySize::Eight);
+    assert_eq!(cap.dw0 & 0xFFFF, 63);
+    let s = &t.subsystems()[1];
+    assert_eq!(s["nqn"], LIVE);
+    assert_eq!(s["subtype"], "NVMe");
+    assert_eq!(s["allow_any_host"], true);
+    assert_eq!(s["namespaces"], json!([]));
+    assert_eq!(
+        s["listen_addresses"],
+        json!([{"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": addr.port().to_string()}])
+    );
+    assert_eq!(t.subsystems()[0]["subtype"], "Discovery");
+    let ctrls = t.subsystem_controllers(LIVE).unwrap();
+    assert_eq!(ctrls.len(), 1);
+    assert_eq!(ctrls[0]["hostnqn"], HOST_A);
+    assert_eq!(ctrls[0]["num_io_qpairs"], 1);
+    assert_eq!(ctrls[0]["cntrltype"], "io");
+    let qps = t.subsystem_qpairs(LIVE).unwrap();
+    assert_eq!(qps.len(), 2);
+    assert_eq!(qps[0]["qid"], 0);
+    assert_eq!(qps[1]["qid"], 1);
+    assert_eq!(qps[1]["state"], "enabled");
+    assert_eq!(qps[1]["listen_address"]["trsvcid"], addr.port().to_string());
+    assert!(matches!(
+        t.subsystem_qpairs("nqn.2024-01.io.pollux:none"),
+        Err(LiveError::NoSubsystem { .. })
+    ));
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn remove_host_closes_only_that_hosts_controllers() {
+    let t = two_subsystems();
+    let addr = t.listen_addrs()[0];
+    let (mut a_adm, mut a_io) = connect(addr, SUB1, HOST_A);
+    let (_b_adm, mut b_io) = connect(addr, SUB1, HOST_B);
+    // Host A of the other subsystem stays too.
+    let other = pollux_host(addr, SUB2, HOST_A);
+    verified_io(&mut a_io, 0, 1);
+    t.remove_host(SUB1, HOST_A).unwrap();
+    a_io.expect_eof();
+    a_adm.expect_eof();
+    verified_io(&mut b_io, 8, 2);
+    host_io(&other, 16, 3);
+    // Refused now; B's list still has B.
+    let mut c = Client::connect(addr);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(!c.admin_connect(SUB1, HOST_A, 0).status().is_success());
+    let e = t.remove_host(SUB1, HOST_A).unwrap_err();
+    assert!(matches!(e, LiveError::NoHost { .. }), "{e}");
+    assert_eq!(t.subsystems()[1]["hosts"], json!([{"nqn": HOST_B}]));
+    // Added back (and any host allowed): it connects again.
+    t.add_host(SUB1, HOST_A).unwrap();
+    let (_a2, mut a2_io) = connect(addr, SUB1, HOST_A);
+    verified_io(&mut a2_io, 24, 4);
+    t.allow_any_host(SUB1, true).unwrap();
+    let (_c, mut c_io) = connect(
+        addr,
+        SUB1,
+        "nqn.2014-08.org.nvmexpress:uuid:cccccccc-0000-0000-0000-000000000003",
+    );
+    verified_io(&mut c_io, 32, 5);
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn remove_listener_closes_only_that_subsystems_queues_through_it() {
+    let t = two_subsystems();
+    let shared = t.listen_addrs()[0];
+    let second = t.add_listener(SUB1, any()).unwrap();
+    assert_eq!(t.listen_addrs().len(), 2);
+    // SUB1 through both listeners, SUB2 through the shared one.
+    let (mut via_shared_adm, mut via_shared_io) = connect(shared, SUB1, HOST_A);
+    let (_via_second_adm, mut via_second_io) = connect(second, SUB1, HOST_B);
+    // An I/O queue of a controller whose admin queue came through the
+    // other listener is closed alone.
+    let (_mixed_adm, mut mixed_io) = {
+        let mut a = Client::connect(second);
+        a.ic(pollux_spec::tcp::Digests::NONE);
+        let cntlid = a.bring_up(SUB1, HOST_A, 0);
+        let mut q = Client::connect(shared);
+        q.ic(pollux_spec::tcp::Digests::NONE);
+        assert!(q
+            .connect_cmd(1, 31, 0, cntlid, SUB1, HOST_A, false)
+            .status()
+            .is_success());
+        (a, q)
+    };
+    let other = pollux_host(shared, SUB2, HOST_B);
+    host_io(&other, 0, 1);
+    t.remove_listener(SUB1, shared).unwrap();
+    via_shared_io.expect_eof();
+    via_shared_adm.expect_eof();
+    mixed_io.expect_eof();
+    verified_io(&mut via_second_io, 8, 2);
+    host_io(&other, 16, 3);
+    // The socket stays for SUB2; SUB1 is not served there any more.
+    let mut c = Client::connect(shared);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(!c.admin_connect(SUB1, HOST_A, 0).status().is_success());
+    let mut c = Client::connect(shared);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(c.admin_connect(SUB2, HOST_A, 0).status().is_success());
+    let e = t.remove_listener(SUB1, shared).unwrap_err();
+    assert!(matches!(e, LiveError::NoListener { .. }), "{e}");
+    // SUB1's controllers whose admin queue came through the second
+    // listener stay (one of them without its I/O queue).
+    eventually(
+        "SUB1's controller through the removed listener gone",
+        || t.subsystem_controllers(SUB1).unwrap().len() == 2,
+    );
+    let ctrls = t.subsystem_controllers(SUB1).unwrap();
+    let io: Vec<u64> = ctrls
+        .iter()
+        .map(|c| c["num_io_qpairs"].as_u64().unwrap())
+        .collect();
+    assert!(io.contains(&0) && io.contains(&1), "{ctrls:?}");
+    // The last subsystem on it leaves: the socket closes.
+    drop(other);
+    t.remove_listener(SUB2, shared).unwrap();
+    assert_eq!(t.listen_addrs(), vec![second]);
+    assert!(
+        TcpStream::connect(shared).is_err(),
+        "{shared} still listens"
+    );
+    verified_io(&mut via_second_io, 24, 4);
+    t.shutdown().unwrap();
+}
+
+#[test]
+fn delete_subsystem_closes_its_controllers_only() {
+    let t = two_subsystems();
+    let addr = t.listen_addrs()[0];
+    let (mut adm, mut io) = connect(addr, SUB1, HOST_A);
+    let other = pollux_host(addr, SUB2, HOST_A);
+    verified_io(&mut io, 0, 1);
+    t.delete_subsystem(SUB1).unwrap();
+    io.expect_eof();
+    adm.expect_eof();
+    host_io(&other, 8, 2);
+    assert_eq!(
+        nqns(&t),
+        vec![
+            "nqn.2014-08.org.nvmexpress.discovery".to_string(),
+            SUB2.into()
+        ]
+    );
+    let e = t.delete_subsystem(SUB1).unwrap_err();
+    assert!(matches!(e, LiveError::NoSubsystem { .. }), "{e}");
+    assert_eq!(e.errno(), libc::ENODEV);
+    let mut c = Client::connect(addr);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(!c.admin_connect(SUB1, HOST_A, 0).status().is_success());
+    // Created again under the same NQN: a new subsystem, reachable.
+    t.create_subsystem(
+        SUB1,
+        SubsystemOptions {
+            allow_any_host: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    t.add_listener(SUB1, addr).unwrap();
+    let (_a, _q) = connect(addr, SUB1, HOST_B);
+    eventually("the deleted subsystem's controller gone", || {
+        t.controllers() == 2
+    });
+    t.shutdown().unwrap();
+}
+
+/// SPDK's JSON configuration of `nvmf` entries and a RAM bdev per name.
+fn config_doc(bdevs: &[&str], nvmf: Vec<Value>) -> String {
+    let b: Vec<Value> = bdevs
+        .iter()
+        .map(|n| json!({"method": "bdev_malloc_create", "params": {"name": n, "num_blocks": 8192, "block_size": 512}}))
+        .collect();
+    json!({"subsystems": [
+        {"subsystem": "bdev", "config": b},
+        {"subsystem": "nvmf", "config": nvmf},
+    ]})
+    .to_string()
+}
+
+#[test]
+fn save_config_starts_a_target_with_the_same_subsystems() {
+    let doc = config_doc(
+        &["Malloc0", "Malloc1"],
+        vec![
+            json!({"method": "nvmf_create_transport", "params": {"trtype": "TCP", "max_queue_depth": 32, "icreq_timeout_ms": 5000}}),
+            json!({"method": "nvmf_create_subsystem", "params": {"nqn": SUB1, "serial_number": "SN1", "model_number": "M1", "max_namespaces": 8}}),
+            json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": SUB1, "namespace": {"bdev_name": "Malloc0"}}}),
+            json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": SUB1, "namespace": {"bdev_name": "Malloc1"}}}),
+            json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": SUB1, "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}}),
+        ],
+    );
+    let cfg = TargetConfig::from_json(&doc).unwrap();
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    // Live: a host, a second subsystem with its hosts and listeners.
+    t.add_host(SUB1, HOST_A).unwrap();
+    t.create_subsystem(
+        SUB2,
+        SubsystemOptions {
+            serial_number: Some("SN2".into()),
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    t.add_host(SUB2, HOST_B).unwrap();
+    let l1 = t.listen_addrs()[0];
+    t.add_listener(SUB2, l1).unwrap();
+    t.add_listener(SUB2, any()).unwrap();
+    t.create_subsystem(
+        LIVE,
+        SubsystemOptions {
+            allow_any_host: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    t.add_listener("discovery", any()).unwrap();
+    let saved = t.save_config_nvmf();
+    let methods: Vec<&str> = saved
+        .iter()
+        .map(|e| e["method"].as_str().unwrap())
+        .collect();
+    assert_eq!(methods[0], "nvmf_create_transport");
+    // The discovery subsystem's own listener, not the subsystem itself.
+    assert!(saved
+        .iter()
+        .any(|e| e["method"] == "nvmf_subsystem_add_listener" && e["params"]["nqn"] == DISCOVERY));
+    assert!(!saved
+        .iter()
+        .any(|e| e["method"] == "nvmf_create_subsystem" && e["params"]["nqn"] == DISCOVERY));
+    assert_eq!(saved[0]["params"]["max_queue_depth"], 32);
+    assert_eq!(saved[0]["params"]["icreq_timeout_ms"], 5000);
+    let before = t.subsystems();
+    assert_eq!(before[1]["namespaces"].as_array().unwrap().len(), 2);
+    assert_eq!(before[1]["max_namespaces"], 8);
+    let before_tr = t.transports();
+    t.shutdown().unwrap();
+    drop(t);
+    // `pollux target -c` reads the same document shape.
+    let cfg = TargetConfig::from_json(&config_doc(&["Malloc0", "Malloc1"], saved)).unwrap();
+    let t2 = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    assert_eq!(t2.subsystems(), before);
+    assert_eq!(t2.transports(), before_tr);
+    // And it serves them.
+    let (_a, mut q) = connect(l1, SUB1, HOST_A);
+    verified_io(&mut q, 0, 9);
+    t2.shutdown().unwrap();
+}
+
+/// A wildcard listener (0.0.0.0) serves connections to any of the
+/// machine's addresses on its port, and they are its queues (before: a
+/// Connect through it was refused, "the subsystem does not listen on
+/// 127.0.0.1:PORT").
+#[test]
+fn a_wildcard_listener_serves_and_its_removal_closes_its_queues() {
+    let t = two_subsystems();
+    let wild = t.add_listener(SUB1, "0.0.0.0:0".parse().unwrap()).unwrap();
+    assert!(wild.ip().is_unspecified());
+    let via: SocketAddr = format!("127.0.0.1:{}", wild.port()).parse().unwrap();
+    let (mut adm, mut io) = connect(via, SUB1, HOST_A);
+    verified_io(&mut io, 0, 7);
+    let qps = t.subsystem_qpairs(SUB1).unwrap();
+    assert!(
+        qps.iter()
+            .all(|q| q["listen_address"]["traddr"] == "0.0.0.0"),
+        "{qps:?}"
+    );
+    t.remove_listener(SUB1, wild).unwrap();
+    io.expect_eof();
+    adm.expect_eof();
+    t.shutdown().unwrap();
+}
+
+/// The discovery subsystem listens where it is told too (SPDK's
+/// `nvmf_subsystem_add_listener discovery ...`, e.g. port 8009): only
+/// discovery is served there; its removal closes the discovery
+/// controllers that came through it, and the socket.
+#[test]
+fn the_discovery_subsystem_gets_a_listener_of_its_own() {
+    let t = two_subsystems();
+    let d = t.add_listener("discovery", any()).unwrap();
+    let e = t.add_listener(DISCOVERY, d).unwrap_err();
+    assert!(matches!(e, LiveError::ListenerExists { .. }), "{e}");
+    assert_eq!(
+        t.subsystems()[0]["listen_addresses"][0]["trsvcid"],
+        d.port().to_string()
+    );
+    let mut c = Client::connect(d);
+    c.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(c.admin_connect(DISCOVERY, HOST_A, 0).status().is_success());
+    let mut n = Client::connect(d);
+    n.ic(pollux_spec::tcp::Digests::NONE);
+    assert!(!n.admin_connect(SUB1, HOST_A, 0).status().is_success());
+    assert_eq!(t.subsystem_controllers(DISCOVERY).unwrap().len(), 1);
+    t.remove_listener("discovery", d).unwrap();
+    c.expect_eof();
+    assert!(t.subsystems()[0]["listen_addresses"]
+        .as_array()
+        .unwrap()
+        .is_empty());
+    assert!(TcpStream::connect(d).is_err(), "{d} still listens");
+    t.shutdown().unwrap();
+}
