@@ -25,6 +25,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "fio.h"
 #include "optgroup.h"
@@ -52,6 +53,9 @@ struct pjob {
     unsigned int shift;
     struct io_u **events;
     unsigned int nevents, max_events;
+    /* For POLLUX_FIO_CPU: I/Os completed, the thread's CPU time at init. */
+    uint64_t ios;
+    struct timespec cpu0;
 };
 
 /* The transport ID of a file name: '+' read as a space. */
@@ -174,6 +178,7 @@ static int pollux_init(struct thread_data *td)
         free(j);
         return 1;
     }
+    clock_gettime(CLOCK_THREAD_CPUTIME_ID, &j->cpu0);
     td->io_ops_data = j;
     return 0;
 }
@@ -214,6 +219,7 @@ static void on_done(void *arg, const struct pollux_cpl *cpl)
     if (io_u->error)
         io_u->resid = io_u->xfer_buflen;
     j->events[j->nevents++] = io_u;
+    j->ios++;
 }
 
 static enum fio_q_status pollux_queue(struct thread_data *td, struct io_u *io_u)
@@ -290,6 +296,16 @@ static void pollux_cleanup(struct thread_data *td)
     struct fio_file *f;
     unsigned int i;
 
+    if (j && getenv("POLLUX_FIO_CPU")) {
+        /* The job thread's CPU time from init to here, and its I/Os: what
+         * bench/fio_vs_perf.sh divides (fio's own usr_cpu/sys_cpu is the
+         * whole process's, the emulated device's thread included). */
+        struct timespec now;
+        clock_gettime(CLOCK_THREAD_CPUTIME_ID, &now);
+        fprintf(stderr, "pollux_fio: job %s cpu_s %.6f ios %llu\n", td->o.name,
+                 (now.tv_sec - j->cpu0.tv_sec) + (now.tv_nsec - j->cpu0.tv_nsec) / 1e9,
+                 (unsigned long long)j->ios);
+    }
     if (j) {
         while (pollux_qpair_outstanding(j->qp) > 0) {
             j->nevents = 0;

@@ -11,8 +11,14 @@
  * -ENODEV controller unreachable or failed) or a handle (NULL on failure,
  * with the errno in pollux_last_errno()). pollux_last_error() is the text
  * of the calling thread's last failure; pollux_strerror(rc) a static text
- * for a code. No call aborts on bad input; a panic inside the library is
- * caught and returned as -EFAULT.
+ * for a code. No call aborts on bad input. A panic inside the library
+ * never unwinds into C: built with panic=unwind (cargo's default, debug
+ * builds) it is caught and returned as -EFAULT; pollux's release profile
+ * has panic=abort, where it aborts the process.
+ *
+ * trtype:soft (the emulated controller) is there when the library is
+ * built with its default feature "emulator": each controller gets its own
+ * device, run by its own thread.
  *
  * Threading (as the Rust types are):
  *  - struct pollux_ctrl and struct pollux_bdev are thread-safe (Send +

@@ -7,7 +7,8 @@
 //! errno on failure) or a handle (NULL on failure); the calling thread's
 //! last error text is `pollux_last_error()`. No panic crosses the
 //! boundary: each entry point runs in `error::guard` (a panic becomes
-//! -EFAULT). Pointers are checked for NULL.
+//! -EFAULT; with the release profile's `panic = "abort"` it aborts).
+//! Pointers are checked for NULL.
 //!
 //! Handles are boxes handed to C as raw pointers; the threading rules
 //! follow the Rust types: a controller and a bdev are `Send + Sync` (used
