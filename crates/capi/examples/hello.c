@@ -2,10 +2,11 @@
  * hello.c — libpollux from C: connect by transport ID, write a pattern
  * through a queue pair, read it back, compare; then the same through a
  * bdev channel over the same transport ID and over a malloc bdev made
- * from an SPDK JSON method. Checks that misuse is refused (a buffer in
+ * from an SPDK JSON method; and two threads sharing one controller, each
+ * with its own queue pair. Checks that misuse is refused (a buffer in
  * flight cannot be freed or, for a bdev, submitted twice).
  *
- *   cc -o hello hello.c -I crates/capi/include -L target/debug -lpollux
+ *   cc -o hello hello.c -I crates/capi/include -L target/debug -lpollux -lpthread
  *   ./hello 'trtype:soft backend:ram size:16MiB'
  *
  * Prints "hello: verified N bytes ..." and exits 0 when every check
@@ -13,6 +14,7 @@
  */
 #include <errno.h>
 #include <inttypes.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -140,6 +142,61 @@ static size_t qpair_part(const char *trid)
     return 2 * len;
 }
 
+/* One thread's work on a shared controller: its own queue pair and
+ * buffer, its own blocks. */
+struct worker {
+    struct pollux_ctrl *ctrl;
+    uint32_t nsid, block_size;
+    uint64_t lba;
+    size_t verified;
+};
+
+static void *worker_main(void *p)
+{
+    struct worker *w = p;
+    const uint32_t nlb = 8;
+    const size_t len = (size_t)nlb * w->block_size;
+    struct pollux_qpair *qp = pollux_qpair_alloc(w->ctrl, 8);
+    struct pollux_buf *buf = pollux_buf_alloc(w->ctrl, 2 * len);
+    CHECK(qp && buf, "worker qpair and buffer");
+    uint8_t *mem = pollux_buf_ptr(buf);
+    pattern(mem, len, (uint32_t)w->lba);
+    for (int round = 0; round < 50; round++) {
+        struct done wr = {0}, rd = {0};
+        CHECK(pollux_qpair_write(qp, w->nsid, w->lba, nlb, buf, 0, on_done, &wr) == 0, "w");
+        wait_qp(qp, &wr);
+        memset(mem + len, 0, len);
+        CHECK(pollux_qpair_read(qp, w->nsid, w->lba, nlb, buf, len, on_done, &rd) == 0, "r");
+        wait_qp(qp, &rd);
+        CHECK(memcmp(mem, mem + len, len) == 0, "thread at lba %" PRIu64 ": data differs", w->lba);
+    }
+    CHECK(pollux_buf_free(buf) == 0 && pollux_qpair_free(qp) == 0, "worker free");
+    w->verified = len;
+    return NULL;
+}
+
+static size_t threads_part(const char *trid)
+{
+    struct pollux_ctrl *ctrl = pollux_connect(trid);
+    CHECK(ctrl, "connect %s", trid);
+    struct pollux_ns_info ns;
+    CHECK(pollux_ns_get(ctrl, 0, &ns) == 0, "ns 0");
+    struct worker w[2];
+    pthread_t th[2];
+    for (int i = 0; i < 2; i++) {
+        w[i] = (struct worker){ctrl, ns.nsid, ns.block_size, 64 + 64 * (uint64_t)i, 0};
+        CHECK(pthread_create(&th[i], NULL, worker_main, &w[i]) == 0, "pthread_create");
+    }
+    size_t n = 0;
+    for (int i = 0; i < 2; i++) {
+        pthread_join(th[i], NULL);
+        n += w[i].verified;
+    }
+    CHECK(pollux_detach(ctrl) == 0, "detach after the threads");
+    printf("hello: 2 threads on one controller verified %zu bytes\n", n);
+    return n;
+}
+
 static size_t bdev_part(struct pollux_bdev *bdev)
 {
     struct pollux_bdev_info bi;
@@ -183,6 +240,7 @@ int main(int argc, char **argv)
           "a bad transport ID must fail with EINVAL");
     CHECK(strlen(pollux_last_error()) > 0, "an error text");
     size_t n = qpair_part(argv[1]);
+    n += threads_part(argv[1]);
 
     struct pollux_bdev *nv = pollux_bdev_open(argv[1], 1, "Nvme0n1");
     CHECK(nv, "bdev over %s", argv[1]);

@@ -35,3 +35,15 @@ pub use buf::*;
 pub use ctrl::*;
 pub use error::*;
 pub use qpair::*;
+
+/// The header's threading rules, checked: controllers and bdevs are shared
+/// between threads (Send + Sync), queue pairs and channels move between
+/// them (Send).
+const _: () = {
+    fn shared<T: Send + Sync>() {}
+    fn moved<T: Send>() {}
+    let _ = shared::<ctrl::pollux_ctrl>;
+    let _ = shared::<bdev::pollux_bdev>;
+    let _ = moved::<pollux_host::QueuePair>;
+    let _ = moved::<::pollux_bdev::Channel>;
+};

@@ -2,7 +2,8 @@
 //! include/pollux.h and linked with libpollux.so and with libpollux.a,
 //! run over the emulated controller (RAM backend) and over NVMe/TCP to a
 //! `pollux target --ram` this test starts: every run must verify its
-//! data ("hello: verified N bytes").
+//! data ("hello: verified N bytes"), two threads sharing one controller
+//! included.
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -50,7 +51,7 @@ fn build(shared: bool) -> PathBuf {
         .arg("-I")
         .arg(manifest().join("include"));
     if shared {
-        cc.arg("-L").arg(&dir).arg("-lpollux");
+        cc.arg("-L").arg(&dir).args(["-lpollux", "-lpthread"]);
         cc.arg(format!("-Wl,-rpath,{}", dir.display()));
     } else {
         cc.arg(&lib).args(["-lpthread", "-ldl", "-lm"]);
@@ -84,7 +85,7 @@ fn run(exe: &Path, trid: &str) {
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        out.status.success() && stdout.contains("hello: verified 12288 bytes"),
+        out.status.success() && stdout.contains("hello: verified 20480 bytes"),
         "{} {trid:?}: {:?}\nstdout:\n{stdout}\nstderr:\n{stderr}",
         exe.display(),
         out.status
