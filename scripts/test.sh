@@ -21,6 +21,14 @@ echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
 cargo test --workspace --locked
+echo "== libpollux's header is the one cbindgen makes (build.rs rewrote it if not)"
+if git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet -- crates/capi/include/pollux.h; then
+    echo "crates/capi/include/pollux.h is stale: commit the regenerated header" >&2
+    git diff --stat -- crates/capi/include/pollux.h >&2
+    exit 1
+fi
+echo "== fio verification through the pollux ioengine (fio, Debian's source for its headers)"
+crates/capi/fio/test.sh
 if [[ -x tests/guest/run-tests.sh && -z ${SKIP_GUEST:-} ]]; then
     echo "== guest tests (QEMU, TCG)"
     tests/guest/run-tests.sh
