@@ -35,7 +35,7 @@
 //! Module map: `subsystem`, `ctrl` (the controller state, register
 //! reactions, errors and events), `features` (the values of the features
 //! and their defaults), `regs` (CAP/VS/CC/CSTS), `admin` (+ `identify`,
-//! `log`, `features`), `aer`, `errlog`, `command` (a checked I/O
+//! `log`, `features`), `aer`, `notice` (changed namespaces per controller), `errlog`, `command` (a checked I/O
 //! command), `io` (NVM commands, `IoQueue`; `io::multi`: commands run as
 //! several bdev requests, a piece per poll), `completion` (what `poll`
 //! makes of a finished request), `store` (a queue's channel to a
@@ -55,6 +55,7 @@ mod errlog;
 mod error;
 mod features;
 mod io;
+mod notice;
 mod regs;
 mod stage;
 mod stats;
@@ -69,6 +70,7 @@ pub use ctrl::Controller;
 pub use errlog::ERROR_LOG_ENTRIES;
 pub use error::ControllerError;
 pub use io::{IoQueue, IoQueueOptions};
+pub use notice::CHANGED_NS_LIST_ENTRIES;
 pub use regs::{CcChange, Registers};
 pub use stats::{IoStats, StatsHandle};
 pub use subsystem::{

@@ -86,7 +86,7 @@ fn admin_bring_up_properties_and_identify() {
         "SGLS: offsets and transport data blocks"
     );
     assert_eq!(id.kas, 1);
-    assert_eq!(id.nn, 1);
+    assert_eq!(id.nn, 1024); // the most namespaces (live add)
     assert_eq!(id.mdts, 5, "128 KiB");
     assert!(String::from_utf8_lossy(&id.subnqn).starts_with(SUB1));
     let (data, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 1, 0), 4096);
