@@ -206,6 +206,7 @@ impl Qpair {
             thread: self.thread,
             conn: self.id,
             close: X::close_queue,
+            events: X::queue_events,
         };
         let cntlid;
         if cmd.qid == 0 {
@@ -246,6 +247,7 @@ impl Qpair {
                     subsys: sid,
                     hostnqn: host,
                     ctrl: c,
+                    admin: me,
                     io: Vec::new(),
                 }
             });

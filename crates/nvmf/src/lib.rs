@@ -28,6 +28,9 @@
 //!   queue's submissions and completions.
 //! - **Discovery** (`discovery`): the well-known discovery NQN, Get Log
 //!   Page 70h listing the subsystems the connecting host may reach.
+//! - **Live namespaces** (`live_ns`): [`Target::add_namespace`] and
+//!   [`Target::remove_namespace`] while hosts are connected, with the
+//!   Namespace Attribute Changed event to each controller.
 //! - **Configuration** ([`TargetConfig`]): SPDK's JSON shape, or built in
 //!   code.
 //! - **NVMe namespaces**: bdevs of NVMe namespaces on any host transport
@@ -55,6 +58,7 @@ pub mod config;
 mod discovery;
 mod fabrics;
 mod io;
+mod live_ns;
 mod model;
 mod pool;
 mod qpair;
@@ -67,6 +71,7 @@ mod tgt;
 pub use config::{
     ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
 };
+pub use live_ns::LiveError;
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;

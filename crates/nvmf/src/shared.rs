@@ -41,12 +41,17 @@ pub(crate) struct ConnRef {
     pub thread: usize,
     pub conn: u64,
     pub close: fn(&mut ThreadCtx, u64),
+    /// How its transport delivers a controller's asynchronous events
+    /// there (an admin queue's).
+    pub events: fn(&mut ThreadCtx, u64),
 }
 
 pub(crate) struct CtrlEntry {
     pub subsys: SubsysId,
     pub hostnqn: String,
     pub ctrl: Arc<Mutex<Ctrl>>,
+    /// The admin queue's connection (asynchronous events go there).
+    pub admin: ConnRef,
     /// Connected I/O queues: (QID, connection).
     pub io: Vec<(u16, ConnRef)>,
 }

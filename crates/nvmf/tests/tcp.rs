@@ -93,7 +93,11 @@ fn admin_bring_up_properties_and_identify() {
     assert!(cq.unwrap().status().is_success());
     let ns = IdentifyNamespace::read_from_bytes(&data).unwrap();
     assert_eq!(ns.nsze, 2048);
-    let (_, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 2, 0), 4096);
+    // An inactive NSID: zeros; beyond NN: Invalid Namespace.
+    let (data, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 2, 0), 4096);
+    assert!(cq.is_none_or(|c| c.status().is_success()));
+    assert!(data.iter().all(|&b| b == 0));
+    let (_, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 1025, 0), 4096);
     assert!(cq
         .unwrap()
         .status()
