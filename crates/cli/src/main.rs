@@ -5,9 +5,12 @@ mod bdevperf;
 mod common;
 mod discover;
 mod emulator;
+#[allow(dead_code, unused_imports)] // wired into target and bdevperf with the RPC server
+mod metrics;
 mod nvme_open;
 mod perf;
 mod pingpong;
+mod rpc_client;
 mod setup;
 mod target;
 
@@ -43,6 +46,8 @@ enum Command {
     Target(target::TargetArgs),
     /// Measure the cross-core cache-line round trip (the floor under QD 1 latency).
     Pingpong(pingpong::PingpongArgs),
+    /// Call a JSON-RPC method of a running target or bdevperf (as SPDK's rpc.py does).
+    Rpc(rpc_client::RpcArgs),
 }
 
 fn main() {
@@ -95,6 +100,7 @@ fn main() {
                 2
             }
         },
+        Command::Rpc(args) => rpc_client::main(args),
         Command::Pingpong(args) => match pingpong::run(args) {
             Ok(()) => 0,
             Err(e) => {

@@ -504,3 +504,19 @@ fn counts_refuse_zero_stating_the_range() {
         assert!(err.contains(want), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn rpc_names_the_socket_it_cannot_reach_and_bad_params() {
+    let (code, _, err) = pollux(&["rpc", "-s", "/nonexistent/pollux.sock", "rpc_get_methods"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("cannot connect to /nonexistent/pollux.sock"),
+        "{err}"
+    );
+    let (code, _, err) = pollux(&["rpc", "-s", "/nonexistent.sock", "x", "[1,2]"]);
+    assert_eq!(code, 2, "{err}");
+    assert!(
+        err.contains("parameters \"[1,2]\": not a JSON object"),
+        "{err}"
+    );
+}
