@@ -12,6 +12,13 @@
 //! that command is over). Each command is dispatched in one place,
 //! `IoQueue::start`, for both.
 //!
+//! Namespaces added or removed live (`Subsystem::add_namespace`,
+//! `remove_namespace`) reach a queue at [`IoQueue::sync_namespaces`],
+//! which the transport calls once per batch of commands: one relaxed load
+//! of the subsystem's generation; on a change, channels to new namespaces
+//! open and a removed namespace's channel leaves the table (its commands
+//! get Invalid Namespace) but is polled until its requests are over.
+//!
 //! Checks, in order: FUSE (fused commands are not supported) and, on
 //! PCIe, PSDT (SGLs are not: Invalid Field), opcode, NSID (Invalid
 //! Namespace or Format), transfer size vs MDTS (Invalid Field), LBA range
@@ -279,8 +286,10 @@ impl IoQueue {
     /// when the set changed (and no command of several requests is
     /// running, whose pieces name channels by slot), opens channels to
     /// new namespaces and closes those of removed ones (kept in
-    /// `retiring` while requests are in flight). `poll` calls it; a
-    /// queue only `exec` runs on calls it per batch of commands.
+    /// `retiring` while requests are in flight, which `poll` still
+    /// polls). The transport calls it once per batch of commands, before
+    /// checking them (the target: once per connection pass); a queue
+    /// that never calls it keeps the namespaces it was made with.
     #[inline(always)]
     pub fn sync_namespaces(&mut self) {
         if self.subsys.generation() != self.ns_gen && self.multi.idle() {
@@ -751,7 +760,6 @@ impl IoQueue {
     /// delivered exactly once (a failed bdev completes all of them with
     /// media errors).
     pub fn poll(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
-        self.sync_namespaces();
         let n = self.poll_any(f);
         self.inflight -= n as u32;
         n

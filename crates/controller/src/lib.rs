@@ -15,7 +15,8 @@
 //!   returning an [`AdminOutcome`] (complete, data to send, held, or the
 //!   transport's own command).
 //! - [`IoQueue`] (one per I/O queue, on the queue's thread): one bdev
-//!   channel per namespace; [`IoQueue::check`] then [`IoQueue::submit`] /
+//!   channel per namespace, following live namespace changes at
+//!   [`IoQueue::sync_namespaces`]; [`IoQueue::check`] then [`IoQueue::submit`] /
 //!   [`IoQueue::poll`] (asynchronous, tagged) or [`IoQueue::exec`]
 //!   (synchronous: the same dispatch, then polled until over). Its counts reach SMART through
 //!   [`IoQueue::publish`] (plain stores; no lock, no atomic

@@ -7,7 +7,8 @@
 //!
 //! The namespace set is an immutable table behind a mutex, replaced
 //! whole on each change, with a generation counter bumped after: an I/O
-//! queue compares the counter (one relaxed load per poll) with the one
+//! queue compares the counter (one relaxed load per batch of commands,
+//! `IoQueue::sync_namespaces`) with the one
 //! its channels were opened at and only then takes the table (see
 //! `io`). Each change is also noted for every controller (`notices`):
 //! its Changed Namespace List and the Namespace Attribute Changed event.
@@ -362,7 +363,8 @@ impl Subsystem {
     /// the controllers run; returns its NSID. Refused: NSID 0 or
     /// FFFFFFFFh, beyond [`MAX_NAMESPACES`], or taken. Every controller
     /// notes the change (Changed Namespace List, Namespace Attribute
-    /// Changed event); I/O queues open a channel to it at their next poll.
+    /// Changed event); I/O queues open a channel to it at their next
+    /// `IoQueue::sync_namespaces`.
     pub fn add_namespace(&self, ns: Namespace, nsid: Option<u32>) -> Result<u32, ControllerError> {
         let nsid = {
             let mut t = self.lock_table();
@@ -410,8 +412,8 @@ impl Subsystem {
 
     /// Removes namespace `nsid` while the controllers run; returns it.
     /// Its commands get Invalid Namespace or Format once each I/O queue
-    /// noticed (at its next poll); those in flight finish first (a queue
-    /// keeps the channel until they are over).
+    /// noticed (at its next `IoQueue::sync_namespaces`); those in flight
+    /// finish first (a queue keeps the channel until they are over).
     pub fn remove_namespace(&self, nsid: u32) -> Result<Namespace, ControllerError> {
         let ns = {
             let mut t = self.lock_table();

@@ -90,6 +90,7 @@ fn seg(buf: &mut [u8]) -> [RawSeg; 1] {
 
 fn poll_all(q: &mut IoQueue) -> Vec<(u32, Status)> {
     let mut got = Vec::new();
+    q.sync_namespaces();
     for _ in 0..1000 {
         q.poll(&mut |t, st| got.push((t, st)));
         if q.outstanding() == 0 {

@@ -10,8 +10,8 @@
 //! (`QueueTransport::queue_events`), where the controller raises the
 //! Namespace Attribute Changed event (if its host enabled it) and a held
 //! Asynchronous Event Request completes. The I/O queues, on every
-//! thread, notice the change at their next poll (one relaxed load of the
-//! generation; see `pollux-controller`'s `io`): channels to new
+//! thread, notice the change at their next connection pass (one relaxed
+//! load of the generation; see `pollux-controller`'s `io`): channels to new
 //! namespaces open, a removed namespace's commands get Invalid Namespace
 //! and its requests in flight finish first.
 use pollux_bdev::Bdev;
