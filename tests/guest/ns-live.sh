@@ -2,18 +2,15 @@
 # is connected: the kernel must see the Namespace Attribute Changed event,
 # read the Changed Namespace List and rescan (a new /dev/nvmeXn2 appears,
 # then goes). Runs INSIDE the guest (busybox sh); not wired into suite.sh
-# yet: it needs `nvmf_subsystem_add_ns` / `_remove_ns` over the target's
-# JSON-RPC socket. To wire it: source this file from suite.sh after
-# target.sh (uses suite.sh's `check`/`result` and $P) and call
-# `ns_live_checks`, with NS_RPC set to a command that sends one JSON-RPC
-# request (its argument) to the socket given by $NS_SOCK and prints the
-# reply, e.g. a pollux subcommand or a static client copied into the
-# guest.
+# yet: it needs `bdev_malloc_create`, `nvmf_subsystem_add_ns` and
+# `_remove_ns` over the target's JSON-RPC socket (`pollux target -r`),
+# called with `pollux rpc`. To wire it: source this file from suite.sh
+# after target.sh (uses suite.sh's `check`/`result` and $P) and call
+# `ns_live_checks`.
 NS_NQN=nqn.2026-11.dev.pollux:guest-ns-live
 NS_ADDR=127.0.0.1
 NS_PORT=4434
 NS_SOCK=/tmp/ns-live.sock
-NS_RPC=${NS_RPC:-}
 
 if ! command -v check > /dev/null 2>&1; then
     result() { echo "RESULT $1 $2"; }
@@ -24,11 +21,9 @@ if ! command -v check > /dev/null 2>&1; then
     }
 fi
 
-ns_rpc() {  # ns_rpc METHOD PARAMS_JSON: prints the reply; fails on an error reply
-    [ -n "$NS_RPC" ] || { echo "NS_RPC is not set"; return 1; }
-    reply=$($NS_RPC "$NS_SOCK" "{\"jsonrpc\":\"2.0\",\"id\":1,\"method\":\"$1\",\"params\":$2}") || return 1
-    echo "$reply"
-    case "$reply" in *'"error"'*) return 1 ;; esac
+ns_rpc() {  # ns_rpc METHOD PARAMS_JSON: prints the result; fails on an error
+    echo "rpc $1 $2"
+    $P rpc -s $NS_SOCK "$1" "$2"
 }
 
 # The kernel's controller of $NS_NQN (nvmeN).
