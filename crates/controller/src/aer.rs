@@ -48,6 +48,7 @@ impl AerState {
         let t = match log {
             lid::ERROR => aer::ERROR,
             lid::SMART => aer::SMART,
+            lid::CHANGED_NS_LIST => aer::NOTICE,
             _ => return,
         };
         self.masked &= !(1 << t);

@@ -15,9 +15,13 @@ use pollux_spec::Status;
 use crate::aer::AerState;
 use crate::errlog::ErrorLog;
 use crate::features::Features;
+use crate::notice::NsNotice;
 use crate::regs::{CcChange, Registers};
 use crate::stats::{IoStats, Registry, StatsHandle};
 use crate::subsystem::{Personality, Subsystem};
+
+/// Asynchronous Event Configuration bit 8: Namespace Attribute Notices.
+const AEC_NS_ATTR: u32 = 1 << 8;
 
 /// The controller state shared by the admin commands and the registers.
 pub struct Controller {
@@ -28,6 +32,8 @@ pub struct Controller {
     pub(crate) shut: bool,
     pub(crate) feat: Features,
     pub(crate) aer: AerState,
+    /// Namespaces changed since the host last read the list.
+    pub(crate) ns_notice: Arc<NsNotice>,
     pub(crate) errlog: ErrorLog,
     pub(crate) media_errors: u64,
     pub(crate) io_stats: Arc<Registry>,
@@ -64,6 +70,7 @@ impl Controller {
             shut: false,
             feat,
             aer: AerState::default(),
+            ns_notice: subsys.notices.register(),
             errlog: ErrorLog::default(),
             media_errors: 0,
             io_stats,
@@ -250,6 +257,23 @@ impl Controller {
     /// is read with RAE clear).
     pub fn raise_event(&mut self, event_type: u8, info: u8, log_page: u8) {
         self.aer.raise(event_type, info, log_page);
+    }
+
+    /// Raises the Namespace Attribute Changed notice (log page 04h) if a
+    /// namespace of the subsystem changed since the last call and the
+    /// host enabled it (Asynchronous Event Configuration bit 8); the
+    /// transport calls it on the controller's thread when told of a
+    /// change, then completes what [`Controller::next_event`] gives.
+    pub fn namespace_events(&mut self) {
+        use pollux_spec::features::aer;
+        use pollux_spec::log::lid;
+        if self.ns_notice.take_pending() && self.feat.aec & AEC_NS_ATTR != 0 {
+            self.aer.raise(
+                aer::NOTICE,
+                aer::NOTICE_NS_ATTR_CHANGED,
+                lid::CHANGED_NS_LIST,
+            );
+        }
     }
 
     /// The next held Asynchronous Event Request to complete: (its CID,

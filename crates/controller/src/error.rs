@@ -19,6 +19,16 @@ pub enum ControllerError {
         #[source]
         source: pollux_bdev::Error,
     },
+    /// Adding a namespace: the NSID cannot be one (0, FFFFFFFFh, beyond
+    /// the most namespaces, or none is free).
+    #[error("namespace ID {nsid} {why}")]
+    Nsid { nsid: u32, why: &'static str },
+    /// Adding a namespace: the NSID is taken.
+    #[error("namespace ID {nsid} is taken")]
+    NsidTaken { nsid: u32 },
+    /// Removing a namespace: there is none of that NSID.
+    #[error("no namespace of ID {nsid}")]
+    NoNamespace { nsid: u32 },
     /// `IoQueue::submit` beyond the queue's depth.
     #[error("I/O queue full: {depth} commands outstanding")]
     QueueFull { depth: u32 },

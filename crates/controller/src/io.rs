@@ -12,6 +12,13 @@
 //! that command is over). Each command is dispatched in one place,
 //! `IoQueue::start`, for both.
 //!
+//! Namespaces added or removed live (`Subsystem::add_namespace`,
+//! `remove_namespace`) reach a queue at [`IoQueue::sync_namespaces`],
+//! which the transport calls once per batch of commands: one relaxed load
+//! of the subsystem's generation; on a change, channels to new namespaces
+//! open and a removed namespace's channel leaves the table (its commands
+//! get Invalid Namespace) but is polled until its requests are over.
+//!
 //! Checks, in order: FUSE (fused commands are not supported) and, on
 //! PCIe, PSDT (SGLs are not: Invalid Field), opcode, NSID (Invalid
 //! Namespace or Format), transfer size vs MDTS (Invalid Field), LBA range
@@ -90,7 +97,16 @@ pub struct IoQueueOptions {
 /// thread at a time. `T`: the NVMe transport of the namespaces' bdevs
 /// (the subsystem's).
 pub struct IoQueue {
-    ns: Vec<NsChan>,
+    /// Slot `nsid - 1`: the channel to namespace `nsid` (None: inactive).
+    ns: Vec<Option<NsChan>>,
+    /// The namespace of each slot of `ns` (`Namespace::id`, 0: none).
+    ns_ids: Vec<u64>,
+    /// Channels of removed namespaces with requests in flight, polled
+    /// until those are over: (NSID, channel).
+    retiring: Vec<(u32, NsChan)>,
+    subsys: Arc<Subsystem>,
+    /// The subsystem's namespace generation `ns` was opened at.
+    ns_gen: u64,
     scratch: Vec<u8>,
     max_xfer: usize,
     /// SQE flags that must be 0: FUSE, and on PCIe PSDT.
@@ -140,15 +156,27 @@ impl IoQueue {
         opts: IoQueueOptions,
     ) -> Result<IoQueue, ControllerError> {
         let max_xfer = subsys.limits().max_transfer().unwrap_or(usize::MAX);
-        let mut ns = Vec::with_capacity(subsys.namespaces().len());
-        for (i, n) in subsys.namespaces().iter().enumerate() {
+        let (ns_gen, table) = subsys.table_at();
+        let mut ns = Vec::with_capacity(table.len());
+        let mut ns_ids = Vec::with_capacity(table.len());
+        for (i, n) in table.iter().enumerate() {
             let nsid = i as u32 + 1;
-            let ch = NsChan::new(n.bdev(), n.nsze(), opts.depth, max_xfer)
-                .map_err(|source| ControllerError::Bdev { nsid, source })?;
+            let ch = match n {
+                Some(n) => Some(
+                    NsChan::new(n.bdev(), n.nsze(), opts.depth, max_xfer)
+                        .map_err(|source| ControllerError::Bdev { nsid, source })?,
+                ),
+                None => None,
+            };
             ns.push(ch);
+            ns_ids.push(n.as_ref().map_or(0, |n| n.id()));
         }
         Ok(IoQueue {
             ns,
+            ns_ids,
+            retiring: Vec::new(),
+            subsys: subsys.clone(),
+            ns_gen,
             scratch: Vec::with_capacity(4096),
             max_xfer,
             flags_mask: if subsys.personality().is_fabrics() {
@@ -251,7 +279,62 @@ impl IoQueue {
     /// The namespace channel for `nsid` (1-based), if it exists.
     #[inline(always)]
     fn ns_of(&self, nsid: u32) -> Option<&NsChan> {
-        self.ns.get((nsid as usize).wrapping_sub(1))
+        self.ns.get((nsid as usize).wrapping_sub(1))?.as_ref()
+    }
+
+    /// Follows the subsystem's namespace changes: one relaxed load, and
+    /// when the set changed (and no command of several requests is
+    /// running, whose pieces name channels by slot), opens channels to
+    /// new namespaces and closes those of removed ones (kept in
+    /// `retiring` while requests are in flight, which `poll` still
+    /// polls). The transport calls it once per batch of commands, before
+    /// checking them (the target: once per connection pass); a queue
+    /// that never calls it keeps the namespaces it was made with.
+    #[inline(always)]
+    pub fn sync_namespaces(&mut self) {
+        if self.subsys.generation() != self.ns_gen && self.multi.idle() {
+            self.reopen();
+        }
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn reopen(&mut self) {
+        let (gen, table) = self.subsys.table_at();
+        let n = table.len().max(self.ns.len());
+        self.ns.resize_with(n, || None);
+        self.ns_ids.resize(n, 0);
+        for i in 0..n {
+            let nsid = i as u32 + 1;
+            let want = table.get(i).and_then(Option::as_ref);
+            if want.map_or(0, |w| w.id()) == self.ns_ids[i] {
+                continue;
+            }
+            if let Some(old) = self.ns[i].take() {
+                if old.busy() {
+                    self.retiring.push((nsid, old));
+                }
+            }
+            self.ns_ids[i] = 0;
+            if let Some(w) = want {
+                match NsChan::new(w.bdev(), w.nsze(), self.depth, self.max_xfer) {
+                    Ok(ch) => {
+                        self.ns[i] = Some(ch);
+                        self.ns_ids[i] = w.id();
+                    }
+                    // Its commands get Invalid Namespace; the next change
+                    // tries again.
+                    Err(e) => {
+                        tracing::error!(nsid, error = %e, "opening a channel to an added namespace")
+                    }
+                }
+            }
+        }
+        while self.ns.last().is_some_and(Option::is_none) && self.ns.len() > table.len() {
+            self.ns.pop();
+            self.ns_ids.pop();
+        }
+        self.ns_gen = gen;
     }
 
     /// The Read/Write flags every write gets: FUA while the controller's
@@ -398,6 +481,9 @@ impl IoQueue {
     /// Flushes every namespace, logging failures (a shutdown).
     pub fn flush_all(&mut self) {
         for nsid in 1..=self.ns.len() as u32 {
+            if self.ns_of(nsid).is_none() {
+                continue;
+            }
             let cmd = IoCmd {
                 op: IoOp::Flush,
                 nsid,
@@ -489,7 +575,7 @@ impl IoQueue {
         let st = match cmd.op {
             IoOp::Read | IoOp::Write => {
                 let write = cmd.op == IoOp::Write;
-                match self.ns.get_mut(idx) {
+                match self.ns.get_mut(idx).and_then(Option::as_mut) {
                     Some(ns) if !ns.misaligned(segs) => {
                         // Null and RAM finish within the call.
                         let now = if F::SYNC {
@@ -536,7 +622,7 @@ impl IoQueue {
                     },
                 }
             }
-            IoOp::Flush => match self.ns.get_mut(idx) {
+            IoOp::Flush => match self.ns.get_mut(idx).and_then(Option::as_mut) {
                 Some(ns) => match ns.ch.flush_cache(UserData::new(tag, Kind::Other, 0).raw()) {
                     Ok(()) => return F::PENDING,
                     Err(e) => {
@@ -548,7 +634,11 @@ impl IoQueue {
             },
             IoOp::WriteZeroes { .. }
                 if cmd.flags.fua()
-                    || self.ns.get(idx).is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
+                    || self
+                        .ns
+                        .get(idx)
+                        .and_then(Option::as_ref)
+                        .is_some_and(|ns| cmd.nlb > ns.zero_piece) =>
             {
                 // SAFETY: forwarded contract.
                 match unsafe {
@@ -559,7 +649,7 @@ impl IoQueue {
                     None => return F::PENDING,
                 }
             }
-            IoOp::WriteZeroes { dealloc } => match self.ns.get_mut(idx) {
+            IoOp::WriteZeroes { dealloc } => match self.ns.get_mut(idx).and_then(Option::as_mut) {
                 Some(ns) => {
                     let u = UserData::new(tag, Kind::Other, 0).raw();
                     let r = if dealloc {
@@ -609,7 +699,11 @@ impl IoQueue {
         segs: &[Seg],
     ) -> Option<Status> {
         let write = cmd.op == IoOp::Write;
-        let Some(ns) = self.ns.get_mut((cmd.nsid as usize).wrapping_sub(1)) else {
+        let Some(ns) = self
+            .ns
+            .get_mut((cmd.nsid as usize).wrapping_sub(1))
+            .and_then(Option::as_mut)
+        else {
             return Some(gen(generic::INVALID_NAMESPACE));
         };
         let NsChan { ch, staging, .. } = ns;
@@ -644,6 +738,7 @@ impl IoQueue {
     pub fn staged_waits(&self) -> u64 {
         self.ns
             .iter()
+            .flatten()
             .filter_map(|n| n.staging.as_ref())
             .map(|s| s.waits())
             .sum()
@@ -652,7 +747,12 @@ impl IoQueue {
     /// Requests of this queue the namespaces' bdevs hold (submitted, not
     /// yet polled back), staged pieces included.
     pub fn bdev_requests(&self) -> usize {
-        self.ns.iter().map(|n| n.ch.outstanding()).sum()
+        self.ns
+            .iter()
+            .flatten()
+            .chain(self.retiring.iter().map(|(_, c)| c))
+            .map(|n| n.ch.outstanding())
+            .sum()
     }
 
     /// Delivers the statuses of finished asynchronous commands to
@@ -714,6 +814,9 @@ impl IoQueue {
             f(tag, st);
             n += 1;
         }
+        if !self.retiring.is_empty() {
+            n += self.poll_retiring(f);
+        }
         let IoQueue {
             ns,
             stats,
@@ -728,27 +831,75 @@ impl IoQueue {
             info,
         };
         for (i, ch) in ns.iter_mut().enumerate() {
+            let Some(ch) = ch else {
+                continue;
+            };
             let nsid = i as u32 + 1;
-            let shift = ch.shift;
-            while let Some((u, r)) = ch.stash.pop_front() {
-                f(u.tag(), finish(stats, &rep, nsid, shift, u, r));
-                n += 1;
-            }
-            if ch.staging.is_some() {
-                n += poll_staged(ch, stats, &rep, nsid, f);
-                continue;
-            }
-            if ch.ch.outstanding() == 0 {
-                continue;
-            }
-            ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
-                let u = UserData::from_raw(c.user_data);
-                f(u.tag(), finish(stats, &rep, nsid, shift, u, c.result));
-                n += 1;
-            });
+            n += poll_chan(ch, stats, &rep, nsid, f);
         }
         n
     }
+
+    /// `poll_requests` of the channels of removed namespaces; drops
+    /// those with nothing left in flight.
+    #[cold]
+    #[inline(never)]
+    fn poll_retiring(&mut self, f: &mut impl FnMut(u32, Status)) -> usize {
+        let IoQueue {
+            retiring,
+            stats,
+            handle,
+            report,
+            info,
+            ..
+        } = self;
+        let rep = Report {
+            registry: &handle.registry,
+            sqid: *report,
+            info,
+        };
+        let mut n = 0;
+        for (nsid, ch) in retiring.iter_mut() {
+            n += poll_chan(ch, stats, &rep, *nsid, f);
+        }
+        retiring.retain(|(nsid, ch)| {
+            let keep = ch.busy();
+            if !keep {
+                tracing::debug!(nsid, "channel of a removed namespace closed");
+            }
+            keep
+        });
+        n
+    }
+}
+
+/// Delivers the finished requests of one channel (namespace `nsid`).
+#[inline(always)]
+fn poll_chan(
+    ch: &mut NsChan,
+    stats: &mut IoStats,
+    rep: &Report<'_>,
+    nsid: u32,
+    f: &mut impl FnMut(u32, Status),
+) -> usize {
+    let mut n = 0;
+    let shift = ch.shift;
+    while let Some((u, r)) = ch.stash.pop_front() {
+        f(u.tag(), finish(stats, rep, nsid, shift, u, r));
+        n += 1;
+    }
+    if ch.staging.is_some() {
+        return n + poll_staged(ch, stats, rep, nsid, f);
+    }
+    if ch.ch.outstanding() == 0 {
+        return n;
+    }
+    ch.ch.poll(u32::MAX, &mut |_: &mut Io<'_>, c: Completion| {
+        let u = UserData::from_raw(c.user_data);
+        f(u.tag(), finish(stats, rep, nsid, shift, u, c.result));
+        n += 1;
+    });
+    n
 }
 
 /// The two forms of `IoQueue::start`: what becomes of a status known

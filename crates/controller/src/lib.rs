@@ -15,7 +15,8 @@
 //!   returning an [`AdminOutcome`] (complete, data to send, held, or the
 //!   transport's own command).
 //! - [`IoQueue`] (one per I/O queue, on the queue's thread): one bdev
-//!   channel per namespace; [`IoQueue::check`] then [`IoQueue::submit`] /
+//!   channel per namespace, following live namespace changes at
+//!   [`IoQueue::sync_namespaces`]; [`IoQueue::check`] then [`IoQueue::submit`] /
 //!   [`IoQueue::poll`] (asynchronous, tagged) or [`IoQueue::exec`]
 //!   (synchronous: the same dispatch, then polled until over). Its counts reach SMART through
 //!   [`IoQueue::publish`] (plain stores; no lock, no atomic
@@ -35,7 +36,7 @@
 //! Module map: `subsystem`, `ctrl` (the controller state, register
 //! reactions, errors and events), `features` (the values of the features
 //! and their defaults), `regs` (CAP/VS/CC/CSTS), `admin` (+ `identify`,
-//! `log`, `features`), `aer`, `errlog`, `command` (a checked I/O
+//! `log`, `features`), `aer`, `notice` (changed namespaces per controller), `errlog`, `command` (a checked I/O
 //! command), `io` (NVM commands, `IoQueue`; `io::multi`: commands run as
 //! several bdev requests, a piece per poll), `completion` (what `poll`
 //! makes of a finished request), `store` (a queue's channel to a
@@ -55,6 +56,7 @@ mod errlog;
 mod error;
 mod features;
 mod io;
+mod notice;
 mod regs;
 mod stage;
 mod stats;
@@ -69,6 +71,7 @@ pub use ctrl::Controller;
 pub use errlog::ERROR_LOG_ENTRIES;
 pub use error::ControllerError;
 pub use io::{IoQueue, IoQueueOptions};
+pub use notice::CHANGED_NS_LIST_ENTRIES;
 pub use regs::{CcChange, Registers};
 pub use stats::{IoStats, StatsHandle};
 pub use subsystem::{

@@ -102,6 +102,14 @@ pub(crate) struct NsChan {
 }
 
 impl NsChan {
+    /// Requests in flight or completions not yet delivered (a removed
+    /// namespace's channel is kept while so).
+    pub fn busy(&self) -> bool {
+        self.ch.outstanding() > 0
+            || !self.stash.is_empty()
+            || self.staging.as_ref().is_some_and(|s| s.waiting() > 0)
+    }
+
     /// `depth`: asynchronous requests at most (0: synchronous use only);
     /// `max_xfer`: the largest transfer of a command.
     pub fn new(

@@ -1,14 +1,27 @@
-//! The subsystem: what every controller of it shares, read-only once
-//! built (an `Arc<Subsystem>` is cheap to hand to every thread): the
-//! identity, the limits, the personality (PCIe or Fabrics) and the
-//! namespaces (NSID → bdev, LBA size, size in blocks).
+//! The subsystem: what every controller of it shares (an `Arc<Subsystem>`
+//! is cheap to hand to every thread): the identity, the limits and the
+//! personality (PCIe or Fabrics), fixed once built, and the namespaces
+//! (NSID → bdev, LBA size, size in blocks), which
+//! [`Subsystem::add_namespace`] and [`Subsystem::remove_namespace`]
+//! change while controllers run.
+//!
+//! The namespace set is an immutable table behind a mutex, replaced
+//! whole on each change, with a generation counter bumped after: an I/O
+//! queue compares the counter (one relaxed load per batch of commands,
+//! `IoQueue::sync_namespaces`) with the one
+//! its channels were opened at and only then takes the table (see
+//! `io`). Each change is also noted for every controller (`notices`):
+//! its Changed Namespace List and the Namespace Attribute Changed event.
 //!
 //! A namespace is any bdev (`pollux_bdev::Bdev`): null, RAM, io_uring, or
 //! an NVMe namespace on any transport, side by side in one subsystem.
-use std::sync::Arc;
+use std::sync::atomic::AtomicU64;
+use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_bdev::Bdev;
 
+use crate::notice::Notices;
 use crate::ControllerError;
 
 /// Most namespaces a subsystem may have (Identify NN).
@@ -110,7 +123,13 @@ pub struct Namespace {
     bdev: Bdev,
     lba_shift: u8,
     nsze: u64,
+    /// Unique per `Namespace::new` (clones share it): tells an I/O queue
+    /// whether an NSID still names the namespace its channel is to.
+    id: u64,
 }
+
+/// The next `Namespace::id`.
+static NEXT_NS_ID: AtomicU64 = AtomicU64::new(1);
 
 impl Clone for Namespace {
     fn clone(&self) -> Self {
@@ -118,6 +137,7 @@ impl Clone for Namespace {
             bdev: self.bdev.clone(),
             lba_shift: self.lba_shift,
             nsze: self.nsze,
+            id: self.id,
         }
     }
 }
@@ -161,6 +181,7 @@ impl Namespace {
             bdev,
             lba_shift,
             nsze,
+            id: NEXT_NS_ID.fetch_add(1, Relaxed),
         })
     }
 
@@ -177,15 +198,31 @@ impl Namespace {
     pub fn nsze(&self) -> u64 {
         self.nsze
     }
+
+    /// Identity of this namespace (shared by its clones only).
+    pub(crate) fn id(&self) -> u64 {
+        self.id
+    }
 }
+
+/// The namespaces at one generation: slot `nsid - 1`, `None` for an
+/// inactive NSID (no trailing `None`).
+pub(crate) type NsTable = Arc<Vec<Option<Namespace>>>;
 
 /// What every controller of the subsystem shares.
 pub struct Subsystem {
     identity: Identity,
     limits: Limits,
     personality: Personality,
-    namespaces: Vec<Namespace>,
+    namespaces: Mutex<NsTable>,
+    /// Bumped (after the table is replaced) on each namespace change.
+    generation: AtomicU64,
+    /// Each controller's changed-namespace notes.
+    pub(crate) notices: Notices,
 }
+
+/// NSID FFFFFFFFh (every namespace) and 0 are never a namespace's.
+const NSID_ALL: u32 = 0xFFFF_FFFF;
 
 impl std::fmt::Debug for Subsystem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -193,7 +230,7 @@ impl std::fmt::Debug for Subsystem {
             .field("identity", &self.identity)
             .field("limits", &self.limits)
             .field("personality", &self.personality)
-            .field("namespaces", &self.namespaces)
+            .field("namespaces", &self.table())
             .finish()
     }
 }
@@ -267,7 +304,9 @@ impl Subsystem {
             identity,
             limits,
             personality,
-            namespaces,
+            namespaces: Mutex::new(Arc::new(namespaces.into_iter().map(Some).collect())),
+            generation: AtomicU64::new(0),
+            notices: Notices::default(),
         }))
     }
 
@@ -283,13 +322,116 @@ impl Subsystem {
         &self.personality
     }
 
-    /// The namespaces, NSID 1 first.
-    pub fn namespaces(&self) -> &[Namespace] {
-        &self.namespaces
+    fn lock_table(&self) -> MutexGuard<'_, NsTable> {
+        // A poisoned lock is taken over: the table is replaced whole.
+        self.namespaces.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    /// Namespace `nsid` (1-based), if it exists.
-    pub fn namespace(&self, nsid: u32) -> Option<&Namespace> {
-        self.namespaces.get((nsid as usize).wrapping_sub(1))
+    /// The namespace table now (slot `nsid - 1`).
+    pub(crate) fn table(&self) -> NsTable {
+        self.lock_table().clone()
+    }
+
+    /// The generation of the namespace set (bumped by each change; one
+    /// relaxed load).
+    #[inline(always)]
+    pub(crate) fn generation(&self) -> u64 {
+        self.generation.load(Relaxed)
+    }
+
+    /// The table and the generation it is at (or later).
+    pub(crate) fn table_at(&self) -> (u64, NsTable) {
+        let t = self.lock_table();
+        (self.generation.load(Relaxed), t.clone())
+    }
+
+    /// The active namespaces now: (NSID, namespace), NSID order.
+    pub fn namespaces(&self) -> Vec<(u32, Namespace)> {
+        self.table()
+            .iter()
+            .enumerate()
+            .filter_map(|(i, n)| Some((i as u32 + 1, n.clone()?)))
+            .collect()
+    }
+
+    /// Namespace `nsid` (1-based), if it is active.
+    pub fn namespace(&self, nsid: u32) -> Option<Namespace> {
+        self.table().get((nsid as usize).wrapping_sub(1))?.clone()
+    }
+
+    /// Adds namespace `ns` as `nsid` (None: the lowest free NSID) while
+    /// the controllers run; returns its NSID. Refused: NSID 0 or
+    /// FFFFFFFFh, beyond [`MAX_NAMESPACES`], or taken. Every controller
+    /// notes the change (Changed Namespace List, Namespace Attribute
+    /// Changed event); I/O queues open a channel to it at their next
+    /// `IoQueue::sync_namespaces`.
+    pub fn add_namespace(&self, ns: Namespace, nsid: Option<u32>) -> Result<u32, ControllerError> {
+        let nsid = {
+            let mut t = self.lock_table();
+            let nsid = match nsid {
+                Some(n) if n == 0 || n == NSID_ALL => {
+                    return Err(ControllerError::Nsid {
+                        nsid: n,
+                        why: "is not a valid namespace ID",
+                    })
+                }
+                Some(n) if n as usize > MAX_NAMESPACES => {
+                    return Err(ControllerError::Nsid {
+                        nsid: n,
+                        why: "is beyond the subsystem's most namespaces (1024)",
+                    })
+                }
+                Some(n) if t.get(n as usize - 1).is_some_and(Option::is_some) => {
+                    return Err(ControllerError::NsidTaken { nsid: n })
+                }
+                Some(n) => n,
+                None => match t.iter().position(Option::is_none) {
+                    Some(i) => i as u32 + 1,
+                    None if t.len() < MAX_NAMESPACES => t.len() as u32 + 1,
+                    None => return Err(ControllerError::Nsid {
+                        nsid: MAX_NAMESPACES as u32 + 1,
+                        why:
+                            "is beyond the subsystem's most namespaces (1024): every NSID is taken",
+                    }),
+                },
+            };
+            let mut v: Vec<Option<Namespace>> = t.as_ref().clone();
+            let i = nsid as usize - 1;
+            if v.len() <= i {
+                v.resize(i + 1, None);
+            }
+            v[i] = Some(ns);
+            *t = Arc::new(v);
+            self.generation.fetch_add(1, Release);
+            nsid
+        };
+        tracing::info!(subnqn = %self.identity.subnqn, nsid, "namespace added");
+        self.notices.changed(nsid);
+        Ok(nsid)
+    }
+
+    /// Removes namespace `nsid` while the controllers run; returns it.
+    /// Its commands get Invalid Namespace or Format once each I/O queue
+    /// noticed (at its next `IoQueue::sync_namespaces`); those in flight
+    /// finish first (a queue keeps the channel until they are over).
+    pub fn remove_namespace(&self, nsid: u32) -> Result<Namespace, ControllerError> {
+        let ns = {
+            let mut t = self.lock_table();
+            let i = (nsid as usize).wrapping_sub(1);
+            if t.get(i).is_none_or(Option::is_none) {
+                return Err(ControllerError::NoNamespace { nsid });
+            }
+            let mut v: Vec<Option<Namespace>> = t.as_ref().clone();
+            let ns = v[i].take();
+            while v.last().is_some_and(Option::is_none) {
+                v.pop();
+            }
+            *t = Arc::new(v);
+            self.generation.fetch_add(1, Release);
+            ns
+        };
+        tracing::info!(subnqn = %self.identity.subnqn, nsid, "namespace removed");
+        self.notices.changed(nsid);
+        ns.ok_or(ControllerError::NoNamespace { nsid })
     }
 }

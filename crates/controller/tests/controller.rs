@@ -114,7 +114,8 @@ fn identify_in_both_personalities() {
     assert_eq!(id.subnqn_str(), "nqn.2024-01.io.pollux:test");
     assert_eq!(id.ieee, [1, 2, 3]);
     assert_eq!(id.mdts, 5);
-    assert_eq!(id.nn, 2);
+    // NN: the most namespaces (they come and go live).
+    assert_eq!(id.nn, 1024);
     assert_eq!(id.cntrltype, CNTRLTYPE_IO);
     assert_eq!(id.oacs & OACS_DBBUF_CONFIG, OACS_DBBUF_CONFIG);
     assert_eq!(
@@ -186,12 +187,15 @@ fn identify_in_both_personalities() {
         AdminOutcome::NotMine
     );
 
-    // Namespaces: geometry, and a missing one.
+    // Namespaces: geometry, an inactive NSID (zeros, as the spec says)
+    // and one beyond NN.
     let d = admin_data(&mut f, Sqe::identify(cns::NAMESPACE, 2, 0)).unwrap();
     let ns = IdentifyNamespace::read_from_bytes(&d).unwrap();
     assert_eq!(ns.nsze, BLOCKS);
+    let d = admin_data(&mut f, Sqe::identify(cns::NAMESPACE, 3, 0)).unwrap();
+    assert!(d.iter().all(|&b| b == 0));
     assert_eq!(
-        admin_data(&mut f, Sqe::identify(cns::NAMESPACE, 3, 0)),
+        admin_data(&mut f, Sqe::identify(cns::NAMESPACE, 1025, 0)),
         Err(g(generic::INVALID_NAMESPACE))
     );
 }

@@ -1,11 +1,13 @@
 //! Admin commands on an admin queue: the controller model's, and the
 //! Discovery Log Page of a discovery controller.
+use std::sync::Mutex;
+
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{Sgl, LID_DISCOVERY};
 use pollux_spec::status::generic;
 use pollux_spec::{AdminOpcode, Sqe, Status};
 
-use crate::model::Admin;
+use crate::model::{Admin, Ctrl};
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, St};
 use crate::shared::{lock, SubsysId};
 
@@ -123,7 +125,28 @@ impl Qpair {
             }
         }
         // Events the command may have released (e.g. a log page read).
-        while let Some((cid, dw0)) = lock(&ctrl).next_event() {
+        self.complete_events(x, &ctrl);
+        let _ = ctx;
+    }
+
+    /// An admin queue told that a namespace of its subsystem changed
+    /// (on its thread, by a message from `Target::add_namespace` or
+    /// `remove_namespace`): raises the Namespace Attribute Changed event
+    /// if the host enabled it and completes a held Asynchronous Event
+    /// Request with it.
+    pub(crate) fn deliver_events<X: QueueTransport>(&mut self, x: &mut X) {
+        let Bound::Admin { ctrl, .. } = &self.bound else {
+            return;
+        };
+        let ctrl = ctrl.clone();
+        lock(&ctrl).namespace_events();
+        self.complete_events(x, &ctrl);
+    }
+
+    /// Completes held Asynchronous Event Requests with the events `ctrl`
+    /// has for them.
+    fn complete_events<X: QueueTransport>(&mut self, x: &mut X, ctrl: &Mutex<Ctrl>) {
+        while let Some((cid, dw0)) = lock(ctrl).next_event() {
             if let Some(k) = self
                 .slots
                 .iter()
@@ -132,6 +155,5 @@ impl Qpair {
                 self.finish(x, k as u16, Status::SUCCESS, dw0, 0);
             }
         }
-        let _ = ctx;
     }
 }

@@ -221,6 +221,7 @@ impl Qpair {
             close: X::close_queue,
             listener: listener.unwrap_or(self.local),
             peer: self.peer,
+            events: X::queue_events,
         };
         let cntlid;
         if cmd.qid == 0 {

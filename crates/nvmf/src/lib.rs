@@ -36,6 +36,9 @@
 //!   queue's submissions and completions.
 //! - **Discovery** (`discovery`): the well-known discovery NQN, Get Log
 //!   Page 70h listing the subsystems the connecting host may reach.
+//! - **Live namespaces** (`live_ns`): [`Target::add_namespace`] and
+//!   [`Target::remove_namespace`] while hosts are connected, with the
+//!   Namespace Attribute Changed event to each controller.
 //! - **Configuration** ([`TargetConfig`]): SPDK's JSON shape, or built in
 //!   code.
 //! - **NVMe namespaces**: bdevs of NVMe namespaces on any host transport
@@ -64,6 +67,7 @@ mod discovery;
 mod fabrics;
 mod io;
 mod live;
+mod live_ns;
 mod model;
 mod pool;
 mod qpair;

@@ -71,6 +71,33 @@ pub enum LiveError {
         #[source]
         source: ModelError,
     },
+
+    /// The discovery subsystem has no namespaces.
+    #[error("subsystem '{nqn}' is the discovery subsystem: it has no namespaces")]
+    Discovery { nqn: String },
+    /// The NSID asked for is taken.
+    #[error("subsystem '{nqn}': namespace ID {nsid} is taken")]
+    NsidTaken { nqn: String, nsid: u32 },
+    /// No namespace of that NSID.
+    #[error("subsystem '{nqn}': no namespace of ID {nsid}")]
+    NoNamespace { nqn: String, nsid: u32 },
+    /// The NSID cannot be a namespace's.
+    #[error("subsystem '{nqn}': namespace ID {nsid} {why}")]
+    InvalidNsid {
+        nqn: String,
+        nsid: u32,
+        why: &'static str,
+    },
+    /// The bdev cannot be a namespace.
+    #[error("subsystem '{nqn}': bdev {bdev}: {why}")]
+    InvalidBdev {
+        nqn: String,
+        bdev: String,
+        why: String,
+    },
+    /// Anything else the controller model refused.
+    #[error("subsystem '{nqn}': {why}")]
+    Other { nqn: String, why: String },
     #[error(transparent)]
     Target(#[from] TargetError),
     #[error(transparent)]
@@ -85,7 +112,10 @@ impl LiveError {
             LiveError::TransportExists
             | LiveError::SubsystemExists { .. }
             | LiveError::ListenerExists { .. } => libc::EEXIST,
-            LiveError::NoSubsystem { .. } | LiveError::NoTransport => libc::ENODEV,
+            LiveError::NsidTaken { .. } => libc::EEXIST,
+            LiveError::NoSubsystem { .. }
+            | LiveError::NoTransport
+            | LiveError::NoNamespace { .. } => libc::ENODEV,
             LiveError::NoHost { .. } | LiveError::NoListener { .. } => libc::ENOENT,
             LiveError::Listen { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EINVAL,

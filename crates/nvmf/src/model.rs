@@ -141,10 +141,9 @@ impl Subsys {
     pub fn namespaces(&self) -> Vec<NsInfo> {
         self.inner
             .namespaces()
-            .iter()
-            .enumerate()
-            .map(|(k, n)| NsInfo {
-                nsid: k as u32 + 1,
+            .into_iter()
+            .map(|(nsid, n)| NsInfo {
+                nsid,
                 bdev_name: n.bdev().name().to_string(),
                 uuid: None,
             })
@@ -154,6 +153,58 @@ impl Subsys {
     /// CAP.MQES (0's based).
     pub fn mqes(&self) -> u16 {
         self.inner.limits().mqes
+    }
+
+    /// Adds `bdev` (all of it) as namespace `nsid` (None: the lowest free
+    /// NSID) while controllers run; its NSID.
+    pub fn add_namespace(&self, bdev: Bdev, nsid: Option<u32>) -> Result<u32, NsError> {
+        let ns = Namespace::new(bdev, 0).map_err(NsError::from)?;
+        self.inner.add_namespace(ns, nsid).map_err(NsError::from)
+    }
+
+    /// Removes namespace `nsid` while controllers run; its bdev.
+    pub fn remove_namespace(&self, nsid: u32) -> Result<Bdev, NsError> {
+        self.inner
+            .remove_namespace(nsid)
+            .map(|n| n.bdev().clone())
+            .map_err(NsError::from)
+    }
+
+    /// The active namespaces: (NSID, bdev).
+    pub fn namespace_bdevs(&self) -> Vec<(u32, Bdev)> {
+        self.inner
+            .namespaces()
+            .into_iter()
+            .map(|(id, n)| (id, n.bdev().clone()))
+            .collect()
+    }
+}
+
+/// Why a namespace could not be added or removed.
+#[derive(Debug)]
+pub(crate) enum NsError {
+    /// The NSID is taken.
+    Taken(u32),
+    /// No namespace of that NSID.
+    Absent(u32),
+    /// The NSID cannot be one: (NSID, why).
+    Invalid(u32, &'static str),
+    /// The bdev cannot be a namespace: (bdev, why).
+    Bdev(String, String),
+    /// Anything else the model refuses.
+    Other(String),
+}
+
+impl From<pollux_controller::ControllerError> for NsError {
+    fn from(e: pollux_controller::ControllerError) -> NsError {
+        use pollux_controller::ControllerError as E;
+        match e {
+            E::NsidTaken { nsid } => NsError::Taken(nsid),
+            E::NoNamespace { nsid } => NsError::Absent(nsid),
+            E::Nsid { nsid, why } => NsError::Invalid(nsid, why),
+            E::InvalidNamespace { bdev, why } => NsError::Bdev(bdev, why),
+            e => NsError::Other(e.to_string()),
+        }
     }
 }
 
@@ -448,6 +499,15 @@ impl Ctrl {
     }
 
     /// A held Asynchronous Event Request to complete now: (CID, DW0).
+    /// Raises the Namespace Attribute Changed event if a namespace
+    /// changed since the last call (and the host enabled it); then
+    /// `next_event` gives what to complete.
+    pub fn namespace_events(&mut self) {
+        if !self.discovery {
+            self.inner.namespace_events();
+        }
+    }
+
     pub fn next_event(&mut self) -> Option<(u16, u32)> {
         self.inner.next_event()
     }
@@ -456,6 +516,7 @@ impl Ctrl {
         let mut id = self.inner.identify_controller();
         id.cntrltype = CNTRLTYPE_DISCOVERY;
         id.nn = 0;
+        id.oaes = 0;
         id.oncs = 0;
         id.vwc = 0;
         id.ioccsz = 0;
@@ -506,6 +567,14 @@ impl IoQ {
         unsafe { self.0.submit(tag, cmd, segs) }.map_err(|e| {
             tracing::error!(error = %e, "I/O queue refused a command");
         })
+    }
+
+    /// Follows namespaces added or removed live (one relaxed load; see
+    /// `IoQueue::sync_namespaces`). Once per connection pass, before its
+    /// commands are received.
+    #[inline(always)]
+    pub fn sync_namespaces(&mut self) {
+        self.0.sync_namespaces();
     }
 
     #[inline]

@@ -69,6 +69,11 @@ pub(crate) trait QueueTransport {
     ///
     /// [`ConnRef`]: crate::shared::ConnRef
     fn close_queue(ctx: &mut ThreadCtx, conn: u64);
+
+    /// Completes the held Asynchronous Event Requests of connection
+    /// `conn` of this thread, an admin queue, with the events its
+    /// controller has (a namespace changed: `Qpair::deliver_events`).
+    fn queue_events(ctx: &mut ThreadCtx, conn: u64);
 }
 
 /// A command slot's state.

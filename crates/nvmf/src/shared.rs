@@ -70,6 +70,9 @@ pub(crate) struct ConnRef {
     pub close: fn(&mut ThreadCtx, u64),
     pub listener: SocketAddr,
     pub peer: SocketAddr,
+    /// How its transport delivers a controller's asynchronous events
+    /// there (an admin queue's).
+    pub events: fn(&mut ThreadCtx, u64),
 }
 
 pub(crate) struct CtrlEntry {
@@ -78,7 +81,7 @@ pub(crate) struct CtrlEntry {
     /// The Connect data's HOSTID.
     pub hostid: [u8; 16],
     pub ctrl: Arc<Mutex<Ctrl>>,
-    /// The admin queue's connection.
+    /// The admin queue's connection (asynchronous events go there).
     pub admin: ConnRef,
     /// Connected I/O queues: (QID, connection).
     pub io: Vec<(u16, ConnRef)>,

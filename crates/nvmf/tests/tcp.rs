@@ -86,14 +86,18 @@ fn admin_bring_up_properties_and_identify() {
         "SGLS: offsets and transport data blocks"
     );
     assert_eq!(id.kas, 1);
-    assert_eq!(id.nn, 1);
+    assert_eq!(id.nn, 1024); // the most namespaces (live add)
     assert_eq!(id.mdts, 5, "128 KiB");
     assert!(String::from_utf8_lossy(&id.subnqn).starts_with(SUB1));
     let (data, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 1, 0), 4096);
     assert!(cq.unwrap().status().is_success());
     let ns = IdentifyNamespace::read_from_bytes(&data).unwrap();
     assert_eq!(ns.nsze, 2048);
-    let (_, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 2, 0), 4096);
+    // An inactive NSID: zeros; beyond NN: Invalid Namespace.
+    let (data, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 2, 0), 4096);
+    assert!(cq.is_none_or(|c| c.status().is_success()));
+    assert!(data.iter().all(|&b| b == 0));
+    let (_, cq) = c.data_cmd(Sqe::identify(cns::NAMESPACE, 1025, 0), 4096);
     assert!(cq
         .unwrap()
         .status()

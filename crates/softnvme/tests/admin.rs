@@ -67,7 +67,7 @@ fn identify_controller() {
     assert_eq!(id.elpe, 63);
     assert_eq!(id.sqes, 0x66);
     assert_eq!(id.cqes, 0x44);
-    assert_eq!(id.nn, 2);
+    assert_eq!(id.nn, 1024); // the most namespaces (live add)
     assert_eq!(
         id.oncs & (ONCS_DSM | ONCS_WRITE_ZEROES),
         ONCS_DSM | ONCS_WRITE_ZEROES
@@ -106,7 +106,12 @@ fn identify_namespace_and_lists() {
         assert_eq!(ns.lba_size(), 1 << shift);
         assert_eq!(ns.dlfeat & 0x7, 1, "deallocated blocks read zeroes");
     }
-    for bad in [0u32, 3, 0xFFFF_FFFF] {
+    // An inactive NSID (up to NN): zeros, as the spec says; else Invalid
+    // Namespace.
+    let (st, d) = identify(&mut h, cns::NAMESPACE, 3);
+    check(st, g(generic::SUCCESS));
+    assert!(d.iter().all(|&b| b == 0));
+    for bad in [0u32, 1025, 0xFFFF_FFFF] {
         check(
             identify(&mut h, cns::NAMESPACE, bad).0,
             g(generic::INVALID_NAMESPACE),

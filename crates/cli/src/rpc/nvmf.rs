@@ -27,6 +27,8 @@ fn live_err(e: LiveError) -> RpcError {
             RpcError::internal("Transport type 'TCP' already exists".to_string())
         }
         LiveError::ListenerExists { .. }
+        | LiveError::InvalidNsid { .. }
+        | LiveError::InvalidBdev { .. }
         | LiveError::InvalidSubsystem { .. }
         | LiveError::InvalidHost { .. }
         | LiveError::InvalidAddress { .. }
@@ -111,6 +113,40 @@ struct CreateSubsystem {
 #[serde(deny_unknown_fields)]
 struct Nqn {
     nqn: String,
+    tgt_name: Option<String>,
+}
+
+/// SPDK's `nvmf_subsystem_add_ns` `namespace` object.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct NsParams {
+    bdev_name: String,
+    #[serde(default)]
+    nsid: u32,
+    nguid: Option<String>,
+    eui64: Option<String>,
+    uuid: Option<String>,
+    ptpl_file: Option<String>,
+    anagrpid: Option<u32>,
+    #[serde(default)]
+    no_auto_visible: bool,
+    #[serde(default)]
+    hide_metadata: bool,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct AddNs {
+    nqn: String,
+    namespace: NsParams,
+    tgt_name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RemoveNs {
+    nqn: String,
+    nsid: u32,
     tgt_name: Option<String>,
 }
 
@@ -400,6 +436,48 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
         Ok(Value::Array(
             t.subsystem_controllers(&q.nqn).map_err(live_err)?,
         ))
+    });
+    let t = target.clone();
+    let b = bdevs.clone();
+    methods.add("nvmf_subsystem_add_ns", move |p| {
+        let q: AddNs = params(p)?;
+        check_tgt(&q.tgt_name)?;
+        let n = q.namespace;
+        unsupported("nguid", n.nguid.is_some())?;
+        unsupported("eui64", n.eui64.is_some())?;
+        unsupported("uuid", n.uuid.is_some())?;
+        unsupported("ptpl_file", n.ptpl_file.is_some())?;
+        unsupported("anagrpid", n.anagrpid.is_some())?;
+        unsupported("no_auto_visible", n.no_auto_visible)?;
+        unsupported("hide_metadata", n.hide_metadata)?;
+        // The bdev is claimed first (a bdev is one namespace at a time),
+        // released again if the subsystem refuses it.
+        if let Some(by) = b.claimed_by(&n.bdev_name) {
+            return Err(RpcError::invalid_params(format!(
+                "namespace.bdev_name: bdev '{}' is already a namespace of {by}",
+                n.bdev_name
+            )));
+        }
+        let bdev = b
+            .claim(&n.bdev_name, &crate::rpc::claimer(&q.nqn))
+            .map_err(|e| RpcError::invalid_params(format!("namespace.bdev_name: {e}")))?;
+        let nsid = (n.nsid != 0).then_some(n.nsid);
+        match t.add_namespace(&q.nqn, bdev, nsid) {
+            Ok(nsid) => Ok(json!(nsid)),
+            Err(e) => {
+                b.release(&n.bdev_name);
+                Err(live_err(e))
+            }
+        }
+    });
+    let t = target.clone();
+    let b = bdevs.clone();
+    methods.add("nvmf_subsystem_remove_ns", move |p| {
+        let q: RemoveNs = params(p)?;
+        check_tgt(&q.tgt_name)?;
+        let bdev = t.remove_namespace(&q.nqn, q.nsid).map_err(live_err)?;
+        b.release(bdev.name());
+        Ok(Value::Bool(true))
     });
     let t = target;
     methods.add("nvmf_subsystem_get_qpairs", move |p| {

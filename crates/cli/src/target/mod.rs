@@ -420,7 +420,7 @@ fn serve(
     })?);
     let _signals = target.stop_on_signals()?;
     app.set_runtime(target.clone());
-    let mut methods = crate::rpc::methods(&app);
+    let mut methods = crate::rpc::methods(app);
     crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
     let t = target.clone();
     app.add_save_config("nvmf", Box::new(move || t.save_config_nvmf()));

@@ -9,13 +9,16 @@
 //! Namespace identifiers (EUI-64, NGUID, UUID) are derived deterministically
 //! from the serial number and NSID, so the same configuration always
 //! presents the same identities (and a file-backed namespace keeps its
-//! identity across device instances). All NSIDs 1..=NN are active.
+//! identity across device instances). NN is the most namespaces
+//! (`MAX_NAMESPACES`): namespaces are added and removed live; the active
+//! list holds those that exist, and an inactive NSID's Identify Namespace
+//! is zeros. OAES advertises Namespace Attribute Notices.
 use pollux_spec::cmd::cns;
 use pollux_spec::identify::{
     write_ns_descriptors, IdentifyController, IdentifyNamespace, LbaFormat, NsDescriptor, NsIdList,
     CNTRLTYPE_IO, CSI_NVM, DLFEAT_READ_ZEROES, DLFEAT_WRITE_ZEROES_DEALLOC, IDENTIFY_DATA_SIZE,
-    LPA_COMMANDS_EFFECTS, LPA_EXTENDED_DATA, OACS_DBBUF_CONFIG, ONCS_DSM, ONCS_SAVE_SELECT,
-    ONCS_WRITE_ZEROES, VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
+    LPA_COMMANDS_EFFECTS, LPA_EXTENDED_DATA, OACS_DBBUF_CONFIG, OAES_NS_ATTR, ONCS_DSM,
+    ONCS_SAVE_SELECT, ONCS_WRITE_ZEROES, VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
 };
 use pollux_spec::regs::Vs;
 use pollux_spec::status::generic;
@@ -26,7 +29,7 @@ use super::{gen, AdminResult, AfterKind};
 use crate::ctrl::Controller;
 use crate::errlog::ERROR_LOG_ENTRIES;
 use crate::features::{COMPOSITE_TEMP, DEFAULT_TEMP_OVER};
-use crate::subsystem::Personality;
+use crate::subsystem::{Personality, MAX_NAMESPACES};
 
 /// SGLS bit 0 (SGLs supported, no alignment requirement).
 const SGLS_SUPPORTED: u32 = 1 << 0;
@@ -72,15 +75,22 @@ impl Controller {
             cns::CONTROLLER => data.copy_from_slice(self.identify_controller().as_bytes()),
             cns::NAMESPACE => match self.identify_namespace(nsid) {
                 Some(ns) => data.copy_from_slice(ns.as_bytes()),
+                // An inactive NSID of the range: zeros.
+                None if nsid != 0 && nsid as usize <= MAX_NAMESPACES => {}
                 None => return gen(generic::INVALID_NAMESPACE),
             },
             cns::ACTIVE_NS_LIST => {
                 if nsid >= 0xFFFF_FFFE {
                     return gen(generic::INVALID_NAMESPACE);
                 }
-                let n = self.subsys.namespaces().len() as u32;
-                let list =
-                    NsIdList::from_ids((nsid.saturating_add(1)..=n).take(NsIdList::CAPACITY));
+                let active = self.subsys.namespaces();
+                let list = NsIdList::from_ids(
+                    active
+                        .iter()
+                        .map(|&(n, _)| n)
+                        .filter(|&n| n > nsid)
+                        .take(NsIdList::CAPACITY),
+                );
                 data.copy_from_slice(list.as_bytes());
             }
             cns::NS_DESCRIPTORS => {
@@ -135,7 +145,9 @@ impl Controller {
         id.sqes = 0x66;
         id.cqes = 0x44;
         id.maxcmd = (lim.mqes as u32 + 1).min(u16::MAX as u32) as u16;
-        id.nn = self.subsys.namespaces().len() as u32;
+        // Namespaces come and go: every NSID up to the most is valid.
+        id.nn = MAX_NAMESPACES as u32;
+        id.oaes = OAES_NS_ATTR;
         id.oncs = ONCS_DSM | ONCS_WRITE_ZEROES | ONCS_SAVE_SELECT;
         id.vwc = VWC_PRESENT | VWC_FLUSH_BROADCAST_SUPPORTED;
         id.set_subnqn(&ident.subnqn);

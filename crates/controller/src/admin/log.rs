@@ -1,5 +1,6 @@
 //! Get Log Page: Error Information (01h), SMART / Health Information
-//! (02h), Firmware Slot Information (03h) and Commands Supported and
+//! (02h), Firmware Slot Information (03h), Changed Namespace List (04h)
+//! and Commands Supported and
 //! Effects (05h); anything else is Invalid Log Page.
 //!
 //! NUMD (NUMDL/NUMDU), the byte offset (LPOL/LPOU, dword aligned, not past
@@ -50,6 +51,9 @@ impl Controller {
                 fw.set_revision(1, &self.subsys.identity().firmware);
                 fw.as_bytes().to_vec()
             }
+            // Cleared on read (RAE only keeps the event masked), as
+            // Linux's nvmet does.
+            lid::CHANGED_NS_LIST => self.ns_notice.take_page(),
             lid::COMMANDS_SUPPORTED => self.command_effects().as_bytes().to_vec(),
             _ => return spec(specific::INVALID_LOG_PAGE),
         };

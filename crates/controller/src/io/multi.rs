@@ -137,7 +137,7 @@ impl Multis {
     /// the call).
     pub unsafe fn start(
         &mut self,
-        ns: &mut [NsChan],
+        ns: &mut [Option<NsChan>],
         scratch: &mut Vec<u8>,
         tag: u32,
         cmd: &IoCmd,
@@ -150,9 +150,13 @@ impl Multis {
             IoOp::FlushAll => (
                 Work::Flush,
                 Status::media(media::WRITE_FAULT),
-                (0..ns.len()).rev().map(|i| (i, 0, 0)).collect(),
+                (0..ns.len())
+                    .rev()
+                    .filter(|&i| ns[i].is_some())
+                    .map(|i| (i, 0, 0))
+                    .collect(),
             ),
-            IoOp::WriteZeroes { dealloc } if idx < ns.len() => {
+            IoOp::WriteZeroes { dealloc } if ns.get(idx).is_some_and(Option::is_some) => {
                 then_flush = cmd.flags.fua().then_some(idx);
                 (
                     Work::Zero { dealloc },
@@ -193,7 +197,7 @@ impl Multis {
 
     /// Sends what command `slot` may have in flight now; returns it once
     /// it is over (and forgets it).
-    fn pump(&mut self, ns: &mut [NsChan], slot: usize) -> Option<Multi> {
+    fn pump(&mut self, ns: &mut [Option<NsChan>], slot: usize) -> Option<Multi> {
         let m = self.slots.get_mut(slot)?.as_mut()?;
         let kid = UserData::new(KID | slot as u32, Kind::Other, 0).raw();
         while !m.failed && (m.out == 0 || m.work == Work::Flush) {
@@ -205,7 +209,7 @@ impl Multis {
                 let Some(i) = m.then_flush.take() else {
                     break;
                 };
-                let Some(n) = ns.get_mut(i) else {
+                let Some(n) = ns.get_mut(i).and_then(Option::as_mut) else {
                     m.failed = true;
                     break;
                 };
@@ -218,7 +222,7 @@ impl Multis {
                 }
                 continue;
             };
-            let Some(n) = ns.get_mut(i) else {
+            let Some(n) = ns.get_mut(i).and_then(Option::as_mut) else {
                 m.failed = true;
                 break;
             };
@@ -259,7 +263,7 @@ impl Multis {
     /// The completion of request `tag` (with [`KID`]) of one of these
     /// commands with `st`: its next pieces go out; the command once it is
     /// over.
-    pub fn kid_done(&mut self, ns: &mut [NsChan], tag: u32, st: Status) -> Option<Over> {
+    pub fn kid_done(&mut self, ns: &mut [Option<NsChan>], tag: u32, st: Status) -> Option<Over> {
         let slot = (tag & !KID) as usize;
         match self.slots.get_mut(slot).and_then(Option::as_mut) {
             Some(m) => {
@@ -289,7 +293,7 @@ impl Multis {
 /// # Safety
 /// As `IoQueue::exec`.
 unsafe fn dsm_ranges(
-    ns: &[NsChan],
+    ns: &[Option<NsChan>],
     scratch: &mut Vec<u8>,
     nsid: u32,
     nr: usize,
@@ -297,7 +301,7 @@ unsafe fn dsm_ranges(
     segs: &[Seg],
 ) -> Result<Vec<(usize, u64, u64)>, Status> {
     let idx = (nsid as usize).wrapping_sub(1);
-    let Some(ns) = ns.get(idx) else {
+    let Some(ns) = ns.get(idx).and_then(Option::as_ref) else {
         return Err(gen(generic::INVALID_NAMESPACE));
     };
     let nsze = ns.nsze;

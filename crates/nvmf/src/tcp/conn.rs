@@ -388,6 +388,13 @@ impl<W: Wire> Conn<W> {
     pub fn close_now(&mut self, ctx: &mut ThreadCtx, why: &str) {
         self.tcp.close_now(ctx, &mut self.qp, why);
     }
+
+    /// Completes held Asynchronous Event Requests with the events of the
+    /// controller (an admin queue; see `Qpair::deliver_events`). The
+    /// responses go out at the connection's next poll.
+    pub fn deliver_events(&mut self) {
+        self.qp.deliver_events(&mut self.tcp);
+    }
 }
 
 impl<W: Wire> Tcp<W> {
@@ -412,6 +419,11 @@ impl<W: Wire> Tcp<W> {
         }
         if matches!(self.phase, Phase::Init | Phase::Ready) && !self.draining {
             if self.quiet <= QUIET_AFTER {
+                // Namespaces added or removed live: seen before the
+                // commands that may name them.
+                if let Some(q) = qp.io.as_mut() {
+                    q.sync_namespaces();
+                }
                 let got = self.receive(ctx, qp);
                 busy |= got;
                 self.quiet = if got { 0 } else { self.quiet + 1 };

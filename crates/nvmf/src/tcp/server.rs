@@ -239,6 +239,24 @@ pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
     });
 }
 
+/// Delivers the asynchronous events of connection `id` of this thread,
+/// an admin queue (a namespace of its subsystem changed).
+pub(crate) fn events_conn(_ctx: &mut ThreadCtx, id: u64) {
+    let Some(tab) = this_table() else {
+        return;
+    };
+    let found = with(&tab, |t| {
+        t.conns
+            .iter_mut()
+            .find(|c| c.id() == id)
+            .map(|c| c.deliver_events())
+            .is_some()
+    });
+    if found != Some(true) {
+        tracing::debug!(conn = id, "asynchronous events for a connection gone");
+    }
+}
+
 /// Sets up runtime thread `ctx` (its connection table, pollers, timer
 /// and drain); `listeners` (thread 0's) are accepted from here.
 pub(crate) fn init(

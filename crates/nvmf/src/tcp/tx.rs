@@ -89,6 +89,10 @@ impl<W: Wire> QueueTransport for Tcp<W> {
     fn close_queue(ctx: &mut ThreadCtx, conn: u64) {
         crate::tcp::server::close_conn(ctx, conn);
     }
+
+    fn queue_events(ctx: &mut ThreadCtx, conn: u64) {
+        crate::tcp::server::events_conn(ctx, conn);
+    }
 }
 
 impl<W: Wire> Tcp<W> {
