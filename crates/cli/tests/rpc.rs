@@ -645,6 +645,7 @@ fn metrics_serve_the_counters_in_prometheus_text_format() {
         "pollux_target_connections 0",
         "pollux_target_controllers 0",
         "# TYPE pollux_target_buffer_bytes gauge",
+        "# TYPE pollux_target_io_qpairs gauge",
     ] {
         assert!(body.contains(want), "{want:?} in:\n{body}");
     }

@@ -492,6 +492,26 @@ fn target_samples(e: &mut crate::metrics::Exposition, t: &Target) {
         "The data buffer pool's limit.",
         limit as f64,
     );
+    // Each controller's I/O queue pairs (nvmf_subsystem_get_controllers).
+    let mut f = e.family(
+        "pollux_target_io_qpairs",
+        crate::metrics::Kind::Gauge,
+        "I/O queue pairs connected, per controller.",
+    );
+    for s in t.subsystems() {
+        let Some(nqn) = s["nqn"].as_str() else {
+            continue;
+        };
+        for c in t.subsystem_controllers(nqn).unwrap_or_default() {
+            let cntlid = c["cntlid"].to_string();
+            let host = c["hostnqn"].as_str().unwrap_or("");
+            let n = c["num_io_qpairs"].as_f64().unwrap_or(0.0);
+            f.sample(
+                &[("subnqn", nqn), ("cntlid", &cntlid), ("hostnqn", host)],
+                n,
+            );
+        }
+    }
 }
 
 #[cfg(test)]
