@@ -689,3 +689,132 @@ fn metrics_serve_the_counters_in_prometheus_text_format() {
     let (status, _) = http_get(&addr, "/nope");
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 }
+
+/// `pollux perf --json` totals: `key` of `total`.
+fn perf_total(json: &str, key: &str) -> u64 {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("perf --json: {json}"));
+    v["total"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("total.{key} in {json}"))
+}
+
+/// The issue's "done means", with SPDK's own client: an empty target
+/// configured into an NVMe/TCP subsystem over a malloc bdev, driven by
+/// `pollux perf --verify`, then taken apart again; add_ns of an unknown
+/// bdev or of one already a namespace refused, naming the bdev.
+#[test]
+fn spdks_client_configures_a_subsystem_perf_drives_and_tears_it_down() {
+    let Some(bin) = spdk_rpc() else {
+        return;
+    };
+    let bin = bin.as_path();
+    let sock = common::rpc_socket();
+    let mut t = Target::start(&sock, &[]);
+    let s = sock.as_str();
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    ok(bin, s, &["nvmf_create_transport", "-t", "TCP"]);
+    assert_eq!(
+        ok(bin, s, &["bdev_malloc_create", "-b", "Mal0", "64", "512"]),
+        "Mal0"
+    );
+    ok(
+        bin,
+        s,
+        &[
+            "nvmf_create_subsystem",
+            NQN,
+            "-a",
+            "-s",
+            "SPDK00000000000001",
+        ],
+    );
+    // SPDK's client prints nothing here (the NSID is in the listing).
+    ok(bin, s, &["nvmf_subsystem_add_ns", NQN, "Mal0"]);
+    ok(
+        bin,
+        s,
+        &[
+            "nvmf_subsystem_add_listener",
+            NQN,
+            "-t",
+            "tcp",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+        ],
+    );
+    // Refusals name the bdev: unknown, and already a namespace.
+    let (c, out) = refused(bin, s, &["nvmf_subsystem_add_ns", NQN, "Nope0"]);
+    assert_eq!(c, -32602, "{out}");
+    assert!(out.contains("Nope0"), "{out}");
+    let (c, out) = refused(bin, s, &["nvmf_subsystem_add_ns", NQN, "Mal0"]);
+    assert_eq!(c, -32602, "{out}");
+    assert!(out.contains("Mal0"), "{out}");
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    let sub = subs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["nqn"] == NQN)
+        .unwrap_or_else(|| panic!("{NQN} in {subs}"));
+    assert_eq!(sub["serial_number"], "SPDK00000000000001", "{sub}");
+    assert_eq!(sub["allow_any_host"], true, "{sub}");
+    let ns = sub["namespaces"].as_array().unwrap();
+    assert_eq!(ns.len(), 1, "{sub}");
+    assert_eq!(
+        (ns[0]["nsid"].as_u64(), ns[0]["bdev_name"].as_str()),
+        (Some(1), Some("Mal0"))
+    );
+    let l = &sub["listen_addresses"][0];
+    assert_eq!(
+        (
+            l["trtype"].as_str().map(str::to_uppercase),
+            l["traddr"].as_str(),
+            l["trsvcid"].as_str()
+        ),
+        (Some("TCP".into()), Some("127.0.0.1"), Some(port.as_str())),
+        "{sub}"
+    );
+    let bdevs = ok(bin, s, &["bdev_get_bdevs", "-b", "Mal0"]);
+    assert_eq!(bdevs[0]["claimed"], true, "{bdevs}");
+
+    let trid = format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}");
+    let args = [
+        "perf",
+        "-r",
+        &trid,
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "-o",
+        "4096",
+        "--io-count",
+        "2000",
+        "-t",
+        "20",
+        "--verify",
+        "--json",
+    ];
+    let (code, out, err) = common::pollux(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(perf_total(&out, "errors"), 0, "{out}");
+    assert!(perf_total(&out, "ios") >= 2000, "{out}");
+
+    // Nothing connected now: taken apart.
+    ok(bin, s, &["nvmf_subsystem_remove_ns", NQN, "1"]);
+    ok(bin, s, &["nvmf_delete_subsystem", NQN]);
+    ok(bin, s, &["bdev_malloc_delete", "Mal0"]);
+    assert_eq!(ok(bin, s, &["bdev_get_bdevs"]), json!([]));
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    assert!(
+        !subs.as_array().unwrap().iter().any(|x| x["nqn"] == NQN),
+        "{subs}"
+    );
+    assert_eq!(t.stop(), 0);
+}
