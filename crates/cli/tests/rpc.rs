@@ -818,3 +818,101 @@ fn spdks_client_configures_a_subsystem_perf_drives_and_tears_it_down() {
     );
     assert_eq!(t.stop(), 0);
 }
+
+/// A namespace added and removed live while `pollux perf --verify` drives
+/// NSID 1 of the same subsystem: the connected host is not disturbed (no
+/// errors), and the subsystem lists its controller and queue pairs
+/// meanwhile.
+#[test]
+fn a_live_namespace_change_leaves_a_running_perf_undisturbed() {
+    const NQN: &str = "nqn.2016-06.io.pollux:cnode1";
+    let sock = common::rpc_socket();
+    let t = Target::start(&sock, &["--ram", "4MiB", "--listen", "127.0.0.1:0"]);
+    let listen = t
+        .lines
+        .iter()
+        .find_map(|l| l.strip_prefix("pollux target: listening on "))
+        .unwrap_or_else(|| panic!("no listening line: {:?}", t.lines))
+        .to_string();
+    let port = common::port_of(&listen);
+    let trid = format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}");
+    let args = [
+        "perf", "-r", &trid, "-w", "randrw", "-q", "8", "-o", "4096", "-t", "4", "--verify",
+        "--json",
+    ];
+    let perf = common::spawn(&args);
+    // Wait for perf's I/O queue pair.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let qpairs = loop {
+        let q = call(&sock, "nvmf_subsystem_get_qpairs", json!({"nqn": NQN}));
+        if q["result"].as_array().is_some_and(|a| a.len() >= 2) {
+            break q["result"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "perf never connected: {q}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        qpairs.as_array().unwrap().iter().any(|q| q["qid"] == 0)
+            && qpairs.as_array().unwrap().iter().any(|q| q["qid"] == 1),
+        "{qpairs}"
+    );
+    let ctrls = call(&sock, "nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(ctrls["result"].as_array().map(Vec::len), Some(1), "{ctrls}");
+    assert!(ctrls["result"][0]["hostnqn"].is_string(), "{ctrls}");
+    // The live change, while perf runs.
+    let r = call(
+        &sock,
+        "bdev_malloc_create",
+        json!({"name": "Mal1", "num_blocks": 2048, "block_size": 512}),
+    );
+    assert_eq!(r["result"], "Mal1", "{r}");
+    let r = call(
+        &sock,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "Mal1"}}),
+    );
+    assert_eq!(r["result"], 2, "{r}");
+    let subs = call(&sock, "nvmf_get_subsystems", json!({"nqn": NQN}));
+    let nsids: Vec<u64> = subs["result"][0]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["nsid"].as_u64())
+        .collect();
+    assert_eq!(nsids, [1, 2], "{subs}");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = call(
+        &sock,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": NQN, "nsid": 2}),
+    );
+    assert_eq!(r["result"], true, "{r}");
+    let r = call(&sock, "bdev_malloc_delete", json!({"name": "Mal1"}));
+    assert_eq!(r["result"], true, "{r}");
+    let still = call(&sock, "nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(still["result"].as_array().map(Vec::len), Some(1), "{still}");
+    let (code, out, err) = common::finish(perf, &args, None);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(perf_total(&out, "errors"), 0, "{out}\n{err}");
+    assert!(perf_total(&out, "ios") > 0, "{out}");
+    let devs = perf_devices(&out);
+    assert_eq!(devs.len(), 1, "{devs:?}");
+    assert!(
+        devs[0].contains(&format!("{NQN} NSID 1 qpair 0")),
+        "{devs:?}"
+    );
+}
+
+/// `pollux perf --json`'s device names.
+fn perf_devices(json: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("perf --json: {json}"));
+    v["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("devices in {json}"))
+        .iter()
+        .map(|d| d["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}
