@@ -806,8 +806,21 @@ fn spdks_client_configures_a_subsystem_perf_drives_and_tears_it_down() {
     assert_eq!(perf_total(&out, "errors"), 0, "{out}");
     assert!(perf_total(&out, "ios") >= 2000, "{out}");
 
+    // A namespace's bdev is in use (EBUSY, naming the subsystem).
+    let (c, out) = refused(bin, s, &["bdev_malloc_delete", "Mal0"]);
+    assert_eq!(c, -16, "{out}");
+    assert!(out.contains(NQN), "{out}");
     // Nothing connected now: taken apart.
     ok(bin, s, &["nvmf_subsystem_remove_ns", NQN, "1"]);
+    let bdevs = ok(bin, s, &["bdev_get_bdevs", "-b", "Mal0"]);
+    assert_eq!(bdevs[0]["claimed"], false, "{bdevs}");
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    let sub = subs.as_array().unwrap().iter().find(|x| x["nqn"] == NQN);
+    assert_eq!(
+        sub.map(|x| x["namespaces"].clone()),
+        Some(json!([])),
+        "{subs}"
+    );
     ok(bin, s, &["nvmf_delete_subsystem", NQN]);
     ok(bin, s, &["bdev_malloc_delete", "Mal0"]);
     assert_eq!(ok(bin, s, &["bdev_get_bdevs"]), json!([]));
