@@ -1,12 +1,10 @@
 # Namespaces added and removed live on `pollux target` while Linux's host
 # is connected: the kernel must see the Namespace Attribute Changed event,
 # read the Changed Namespace List and rescan (a new /dev/nvmeXn2 appears,
-# then goes). Runs INSIDE the guest (busybox sh); not wired into suite.sh
-# yet: it needs `bdev_malloc_create`, `nvmf_subsystem_add_ns` and
-# `_remove_ns` over the target's JSON-RPC socket (`pollux target -r`),
-# called with `pollux rpc`. To wire it: source this file from suite.sh
-# after target.sh (uses suite.sh's `check`/`result` and $P) and call
-# `ns_live_checks`.
+# then goes). Runs INSIDE the guest (busybox sh), sourced by suite.sh
+# after target.sh (uses its `check`/`result` and $P): `bdev_malloc_create`,
+# `nvmf_subsystem_add_ns` and `_remove_ns` go over the target's JSON-RPC
+# socket (`pollux target -r`) with `pollux rpc` (the guest has no Python).
 NS_NQN=nqn.2026-11.dev.pollux:guest-ns-live
 NS_ADDR=127.0.0.1
 NS_PORT=4434

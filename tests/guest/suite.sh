@@ -303,3 +303,5 @@ check setup-list-final listed "$BDF.* nvme "
 # --- NVMe/TCP ------------------------------------------------------------
 . /opt/tcp.sh      # pollux host -> Linux nvmet-tcp
 . /opt/target.sh   # Linux's host (nvme-tcp) -> pollux target
+. /opt/ns-live.sh  # namespaces added and removed live over JSON-RPC, Linux rescans
+ns_live_checks

@@ -41,7 +41,7 @@ run_fio 'trtype\:soft backend\:ram size\:64MiB' soft || { cat "$work/soft.out"; 
 check soft
 
 # The target on a free port; its first line says which.
-target/debug/pollux target --ram 64MiB --listen 127.0.0.1:0 >"$work/target.out" 2>&1 &
+target/debug/pollux target --ram 64MiB --listen 127.0.0.1:0 -r "$work/rpc.sock" >"$work/target.out" 2>&1 &
 tpid=$!
 for _ in $(seq 100); do
     addr=$(sed -n 's/^pollux target: listening on //p' "$work/target.out")

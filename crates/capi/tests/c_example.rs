@@ -110,8 +110,14 @@ fn start_target() -> Target {
         "{} not built: cargo build -p pollux-cli (cargo test --workspace builds it)",
         bin.display()
     );
+    // Its own JSON-RPC socket: targets of concurrent tests must not meet
+    // on the default one.
+    static N: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let n = N.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let sock = std::env::temp_dir().join(format!("pollux-capi-{}-{n}.sock", std::process::id()));
     let mut child = Command::new(bin)
-        .args(["target", "--ram", "16MiB", "--listen", "127.0.0.1:0"])
+        .args(["target", "--ram", "16MiB", "--listen", "127.0.0.1:0", "-r"])
+        .arg(&sock)
         .stdout(Stdio::piped())
         .stderr(Stdio::null())
         .spawn()
