@@ -690,3 +690,243 @@ fn metrics_serve_the_counters_in_prometheus_text_format() {
     let (status, _) = http_get(&addr, "/nope");
     assert_eq!(status, "HTTP/1.1 404 Not Found");
 }
+
+/// `pollux perf --json` totals: `key` of `total`.
+fn perf_total(json: &str, key: &str) -> u64 {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("perf --json: {json}"));
+    v["total"][key]
+        .as_u64()
+        .unwrap_or_else(|| panic!("total.{key} in {json}"))
+}
+
+/// The issue's "done means", with SPDK's own client: an empty target
+/// configured into an NVMe/TCP subsystem over a malloc bdev, driven by
+/// `pollux perf --verify`, then taken apart again; add_ns of an unknown
+/// bdev or of one already a namespace refused, naming the bdev.
+#[test]
+fn spdks_client_configures_a_subsystem_perf_drives_and_tears_it_down() {
+    let Some(bin) = spdk_rpc() else {
+        return;
+    };
+    let bin = bin.as_path();
+    let sock = common::rpc_socket();
+    let mut t = Target::start(&sock, &[]);
+    let s = sock.as_str();
+    const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+    let port = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().port().to_string()
+    };
+    ok(bin, s, &["nvmf_create_transport", "-t", "TCP"]);
+    assert_eq!(
+        ok(bin, s, &["bdev_malloc_create", "-b", "Mal0", "64", "512"]),
+        "Mal0"
+    );
+    ok(
+        bin,
+        s,
+        &[
+            "nvmf_create_subsystem",
+            NQN,
+            "-a",
+            "-s",
+            "SPDK00000000000001",
+        ],
+    );
+    // SPDK's client prints nothing here (the NSID is in the listing).
+    ok(bin, s, &["nvmf_subsystem_add_ns", NQN, "Mal0"]);
+    ok(
+        bin,
+        s,
+        &[
+            "nvmf_subsystem_add_listener",
+            NQN,
+            "-t",
+            "tcp",
+            "-a",
+            "127.0.0.1",
+            "-s",
+            &port,
+        ],
+    );
+    // Refusals name the bdev: unknown, and already a namespace.
+    let (c, out) = refused(bin, s, &["nvmf_subsystem_add_ns", NQN, "Nope0"]);
+    assert_eq!(c, -32602, "{out}");
+    assert!(out.contains("Nope0"), "{out}");
+    let (c, out) = refused(bin, s, &["nvmf_subsystem_add_ns", NQN, "Mal0"]);
+    assert_eq!(c, -32602, "{out}");
+    assert!(out.contains("Mal0"), "{out}");
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    let sub = subs
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|x| x["nqn"] == NQN)
+        .unwrap_or_else(|| panic!("{NQN} in {subs}"));
+    assert_eq!(sub["serial_number"], "SPDK00000000000001", "{sub}");
+    assert_eq!(sub["allow_any_host"], true, "{sub}");
+    let ns = sub["namespaces"].as_array().unwrap();
+    assert_eq!(ns.len(), 1, "{sub}");
+    assert_eq!(
+        (ns[0]["nsid"].as_u64(), ns[0]["bdev_name"].as_str()),
+        (Some(1), Some("Mal0"))
+    );
+    let l = &sub["listen_addresses"][0];
+    assert_eq!(
+        (
+            l["trtype"].as_str().map(str::to_uppercase),
+            l["traddr"].as_str(),
+            l["trsvcid"].as_str()
+        ),
+        (Some("TCP".into()), Some("127.0.0.1"), Some(port.as_str())),
+        "{sub}"
+    );
+    let bdevs = ok(bin, s, &["bdev_get_bdevs", "-b", "Mal0"]);
+    assert_eq!(bdevs[0]["claimed"], true, "{bdevs}");
+
+    let trid = format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}");
+    let args = [
+        "perf",
+        "-r",
+        &trid,
+        "-w",
+        "randrw",
+        "-q",
+        "8",
+        "-o",
+        "4096",
+        "--io-count",
+        "2000",
+        "-t",
+        "20",
+        "--verify",
+        "--json",
+    ];
+    let (code, out, err) = common::pollux(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(perf_total(&out, "errors"), 0, "{out}");
+    assert!(perf_total(&out, "ios") >= 2000, "{out}");
+
+    // A namespace's bdev is in use (EBUSY, naming the subsystem).
+    let (c, out) = refused(bin, s, &["bdev_malloc_delete", "Mal0"]);
+    assert_eq!(c, -16, "{out}");
+    assert!(out.contains(NQN), "{out}");
+    // Nothing connected now: taken apart.
+    ok(bin, s, &["nvmf_subsystem_remove_ns", NQN, "1"]);
+    let bdevs = ok(bin, s, &["bdev_get_bdevs", "-b", "Mal0"]);
+    assert_eq!(bdevs[0]["claimed"], false, "{bdevs}");
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    let sub = subs.as_array().unwrap().iter().find(|x| x["nqn"] == NQN);
+    assert_eq!(
+        sub.map(|x| x["namespaces"].clone()),
+        Some(json!([])),
+        "{subs}"
+    );
+    ok(bin, s, &["nvmf_delete_subsystem", NQN]);
+    ok(bin, s, &["bdev_malloc_delete", "Mal0"]);
+    assert_eq!(ok(bin, s, &["bdev_get_bdevs"]), json!([]));
+    let subs = ok(bin, s, &["nvmf_get_subsystems"]);
+    assert!(
+        !subs.as_array().unwrap().iter().any(|x| x["nqn"] == NQN),
+        "{subs}"
+    );
+    assert_eq!(t.stop(), 0);
+}
+
+/// A namespace added and removed live while `pollux perf --verify` drives
+/// NSID 1 of the same subsystem: the connected host is not disturbed (no
+/// errors), and the subsystem lists its controller and queue pairs
+/// meanwhile.
+#[test]
+fn a_live_namespace_change_leaves_a_running_perf_undisturbed() {
+    const NQN: &str = "nqn.2016-06.io.pollux:cnode1";
+    let sock = common::rpc_socket();
+    let t = Target::start(&sock, &["--ram", "4MiB", "--listen", "127.0.0.1:0"]);
+    let listen = t
+        .lines
+        .iter()
+        .find_map(|l| l.strip_prefix("pollux target: listening on "))
+        .unwrap_or_else(|| panic!("no listening line: {:?}", t.lines))
+        .to_string();
+    let port = common::port_of(&listen);
+    let trid = format!("trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{NQN}");
+    let args = [
+        "perf", "-r", &trid, "-w", "randrw", "-q", "8", "-o", "4096", "-t", "4", "--verify",
+        "--json",
+    ];
+    let perf = common::spawn(&args);
+    // Wait for perf's I/O queue pair.
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    let qpairs = loop {
+        let q = call(&sock, "nvmf_subsystem_get_qpairs", json!({"nqn": NQN}));
+        if q["result"].as_array().is_some_and(|a| a.len() >= 2) {
+            break q["result"].clone();
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "perf never connected: {q}"
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(
+        qpairs.as_array().unwrap().iter().any(|q| q["qid"] == 0)
+            && qpairs.as_array().unwrap().iter().any(|q| q["qid"] == 1),
+        "{qpairs}"
+    );
+    let ctrls = call(&sock, "nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(ctrls["result"].as_array().map(Vec::len), Some(1), "{ctrls}");
+    assert!(ctrls["result"][0]["hostnqn"].is_string(), "{ctrls}");
+    // The live change, while perf runs.
+    let r = call(
+        &sock,
+        "bdev_malloc_create",
+        json!({"name": "Mal1", "num_blocks": 2048, "block_size": 512}),
+    );
+    assert_eq!(r["result"], "Mal1", "{r}");
+    let r = call(
+        &sock,
+        "nvmf_subsystem_add_ns",
+        json!({"nqn": NQN, "namespace": {"bdev_name": "Mal1"}}),
+    );
+    assert_eq!(r["result"], 2, "{r}");
+    let subs = call(&sock, "nvmf_get_subsystems", json!({"nqn": NQN}));
+    let nsids: Vec<u64> = subs["result"][0]["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|n| n["nsid"].as_u64())
+        .collect();
+    assert_eq!(nsids, [1, 2], "{subs}");
+    std::thread::sleep(Duration::from_millis(300));
+    let r = call(
+        &sock,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": NQN, "nsid": 2}),
+    );
+    assert_eq!(r["result"], true, "{r}");
+    let r = call(&sock, "bdev_malloc_delete", json!({"name": "Mal1"}));
+    assert_eq!(r["result"], true, "{r}");
+    let still = call(&sock, "nvmf_subsystem_get_controllers", json!({"nqn": NQN}));
+    assert_eq!(still["result"].as_array().map(Vec::len), Some(1), "{still}");
+    let (code, out, err) = common::finish(perf, &args, None);
+    assert_eq!(code, 0, "{out}{err}");
+    assert_eq!(perf_total(&out, "errors"), 0, "{out}\n{err}");
+    assert!(perf_total(&out, "ios") > 0, "{out}");
+    let devs = perf_devices(&out);
+    assert_eq!(devs.len(), 1, "{devs:?}");
+    assert!(
+        devs[0].contains(&format!("{NQN} NSID 1 qpair 0")),
+        "{devs:?}"
+    );
+}
+
+/// `pollux perf --json`'s device names.
+fn perf_devices(json: &str) -> Vec<String> {
+    let v: Value = serde_json::from_str(json).unwrap_or_else(|_| panic!("perf --json: {json}"));
+    v["devices"]
+        .as_array()
+        .unwrap_or_else(|| panic!("devices in {json}"))
+        .iter()
+        .map(|d| d["name"].as_str().unwrap_or_default().to_string())
+        .collect()
+}

@@ -284,3 +284,162 @@ fn save_config_restarts_the_target_with_the_same_subsystems() {
     stop(child);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// `save_config` with live namespaces (malloc bdevs, one at an explicit
+/// NSID 5, one numbered by the target): `pollux target -c` serves the
+/// same namespaces over the same bdevs, and `pollux perf --verify` (as
+/// the listed host) drives both.
+#[test]
+fn save_config_restores_live_namespaces_with_their_nsids() {
+    let sock = common::rpc_socket();
+    let (child, addr, _out) = common::start_target(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "1MiB",
+            "--nqn",
+            NQN,
+            "-m",
+            "0x1",
+            "-r",
+            &sock,
+        ],
+        Stdio::null(),
+    );
+    let port = common::port_of(&addr).to_string();
+    let mut rpc = Rpc::connect(Path::new(&sock));
+    for (m, p, want) in [
+        (
+            "bdev_malloc_create",
+            json!({"name": "Mal5", "num_blocks": 4096, "block_size": 512}),
+            json!("Mal5"),
+        ),
+        (
+            "bdev_malloc_create",
+            json!({"name": "MalA", "num_blocks": 1024, "block_size": 4096}),
+            json!("MalA"),
+        ),
+        (
+            "nvmf_create_subsystem",
+            json!({"nqn": LIVE, "serial_number": "SPDK005"}),
+            json!(true),
+        ),
+        (
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": LIVE, "namespace": {"bdev_name": "Mal5", "nsid": 5}}),
+            json!(5),
+        ),
+        (
+            "nvmf_subsystem_add_ns",
+            json!({"nqn": LIVE, "namespace": {"bdev_name": "MalA"}}),
+            json!(1),
+        ),
+        (
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": LIVE, "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": port}}),
+            json!(true),
+        ),
+        (
+            "nvmf_subsystem_add_host",
+            json!({"nqn": LIVE, "host": HOST}),
+            json!(true),
+        ),
+    ] {
+        assert_eq!(rpc.call(m, p.clone()), Ok(want), "{m} {p}");
+    }
+    let saved = rpc.call("save_config", json!({})).unwrap();
+    let before = rpc.call("nvmf_get_subsystems", json!({})).unwrap();
+    let bdevs_before = rpc.call("bdev_get_bdevs", json!({})).unwrap();
+    let live = before
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["nqn"] == LIVE)
+        .expect("listed")
+        .clone();
+    let ns: Vec<(u64, String)> = live["namespaces"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|n| {
+            (
+                n["nsid"].as_u64().unwrap(),
+                n["bdev_name"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        ns,
+        [(1, "MalA".to_string()), (5, "Mal5".to_string())],
+        "{live}"
+    );
+    drop(rpc);
+    stop(child);
+    let dir = std::env::temp_dir().join(format!("pollux-rpc-nvmf-ns-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let file = dir.join("saved.json");
+    std::fs::write(&file, saved.to_string()).unwrap();
+    let sock2 = common::rpc_socket();
+    let (child, addr2, _out) = common::start_target(
+        &["-c", file.to_str().unwrap(), "-m", "0x1", "-r", &sock2],
+        Stdio::inherit(),
+    );
+    assert_eq!(addr2, addr);
+    let mut rpc = Rpc::connect(Path::new(&sock2));
+    assert_eq!(rpc.call("nvmf_get_subsystems", json!({})), Ok(before));
+    let names = |v: &Value| -> Vec<(String, u64, u64, String, bool)> {
+        v.as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                (
+                    b["name"].as_str().unwrap().to_string(),
+                    b["block_size"].as_u64().unwrap(),
+                    b["num_blocks"].as_u64().unwrap(),
+                    b["uuid"].as_str().unwrap_or_default().to_string(),
+                    b["claimed"].as_bool().unwrap_or_default(),
+                )
+            })
+            .collect()
+    };
+    let bdevs_after = rpc.call("bdev_get_bdevs", json!({})).unwrap();
+    assert_eq!(names(&bdevs_after), names(&bdevs_before));
+    // perf as the listed host drives both namespaces, NSID 5 included.
+    let trid = format!(
+        "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{port} subnqn:{LIVE} hostnqn:{HOST}"
+    );
+    let args = [
+        "perf",
+        "-r",
+        &trid,
+        "-w",
+        "randrw",
+        "-q",
+        "4",
+        "-o",
+        "4096",
+        "--io-count",
+        "1000",
+        "-t",
+        "20",
+        "--verify",
+        "--json",
+    ];
+    let (code, out, err) = common::pollux(&args);
+    assert_eq!(code, 0, "{out}{err}");
+    let v: Value = serde_json::from_str(&out).unwrap_or_else(|_| panic!("perf --json: {out}"));
+    assert_eq!(v["total"]["errors"], 0, "{out}");
+    let devs: Vec<&str> = v["devices"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|d| d["name"].as_str())
+        .collect();
+    assert_eq!(devs.len(), 2, "{devs:?}");
+    assert!(devs.iter().any(|d| d.contains(" NSID 1 ")), "{devs:?}");
+    assert!(devs.iter().any(|d| d.contains(" NSID 5 ")), "{devs:?}");
+    drop(rpc);
+    stop(child);
+    let _ = std::fs::remove_dir_all(&dir);
+}

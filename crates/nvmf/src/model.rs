@@ -90,6 +90,19 @@ impl std::fmt::Debug for Subsys {
 }
 
 impl Subsys {
+    /// An NVM subsystem with `namespaces` at their NSIDs (any order, gaps
+    /// allowed: as a live-made subsystem that save_config wrote).
+    pub fn with_namespaces(
+        p: &SubsysParams,
+        namespaces: Vec<(u32, Bdev)>,
+    ) -> Result<Subsys, ModelError> {
+        let s = Subsys::new(p, Vec::new(), false)?;
+        for (nsid, b) in namespaces {
+            s.inner.add_namespace(Namespace::new(b, 0)?, Some(nsid))?;
+        }
+        Ok(s)
+    }
+
     pub fn new(p: &SubsysParams, bdevs: Vec<Bdev>, discovery: bool) -> Result<Subsys, ModelError> {
         let namespaces = bdevs
             .into_iter()

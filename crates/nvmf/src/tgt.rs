@@ -143,11 +143,12 @@ impl Target {
         let mut subsystems = Vec::new();
         for (k, s) in cfg.subsystems.iter().enumerate() {
             let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
-            let model =
-                Subsys::new(&p, cfg.ns_bdevs(s), false).map_err(|source| TargetError::Model {
+            let model = Subsys::with_namespaces(&p, cfg.ns_bdevs(s)).map_err(|source| {
+                TargetError::Model {
                     nqn: s.nqn.clone(),
                     source,
-                })?;
+                }
+            })?;
             subsystems.push(Arc::new(SubsysEntry {
                 id: k as u64 + 1,
                 model,

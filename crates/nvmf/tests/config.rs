@@ -64,8 +64,16 @@ fn bad_configurations_name_the_culprit() {
     assert!(e.contains("trtype") && e.contains("RDMA"), "{e}");
     let e = refused("\"bdev_name\": \"Null0\"", "\"bdev_name\": \"Nope\"");
     assert!(e.contains("Nope"), "{e}");
-    let e = refused("\"nsid\": 2", "\"nsid\": 3");
-    assert!(e.contains("NSID 3"), "{e}");
+    let e = refused("\"nsid\": 2", "\"nsid\": 1");
+    assert!(e.contains("NSID 1 twice"), "{e}");
+    // A gap is fine (save_config of a live-made subsystem has them).
+    let c = TargetConfig::from_json(&GOOD.replace("\"nsid\": 2", "\"nsid\": 7")).unwrap();
+    let ids: Vec<u32> = c
+        .namespaces(&c.subsystems[0])
+        .iter()
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(ids, [1, 7]);
     let e = refused("\"traddr\": \"127.0.0.1\"", "\"traddr\": \"localhost\"");
     assert!(e.contains("traddr") && e.contains("localhost"), "{e}");
     let e = refused("\"host\": \"nqn.2014", "\"host\": \"\\u0001nqn.2014");

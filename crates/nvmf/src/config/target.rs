@@ -3,6 +3,7 @@
 use std::net::SocketAddr;
 
 use pollux_bdev::Bdev;
+use pollux_controller::MAX_NAMESPACES;
 use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 
 use super::error::ConfigError;
@@ -127,25 +128,27 @@ impl TargetConfig {
                 }
                 nsids.push(ns.nsid.unwrap_or(k as u32 + 1));
             }
+            // Gaps are fine: a live-made subsystem saved by save_config
+            // may have any NSIDs.
             let mut sorted = nsids.clone();
             sorted.sort_unstable();
-            for (k, id) in sorted.iter().enumerate() {
-                if *id != k as u32 + 1 {
-                    return bad(format!(
-                        "namespace IDs {nsids:?}: must be 1..={} without gaps (NSID {id})",
-                        sorted.len()
-                    ));
+            for (k, &id) in sorted.iter().enumerate() {
+                if id == 0 || id as usize > MAX_NAMESPACES {
+                    return bad(format!("namespace ID {id}: must be 1..={MAX_NAMESPACES}"));
+                }
+                if k > 0 && sorted[k - 1] == id {
+                    return bad(format!("namespace IDs {nsids:?}: NSID {id} twice"));
                 }
             }
         }
         Ok(())
     }
 
-    /// The namespaces' bdevs of subsystem `s` in NSID order.
-    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<Bdev> {
+    /// The namespaces of subsystem `s`: NSID and bdev, by NSID (owned).
+    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<(u32, Bdev)> {
         self.namespaces(s)
             .into_iter()
-            .map(|(_, b)| b.clone())
+            .map(|(id, b)| (id, b.clone()))
             .collect()
     }
 
