@@ -20,6 +20,9 @@ python3 scripts/import_cycles.py
 echo "== cargo clippy -D warnings"
 cargo clippy --workspace --all-targets --locked -- -D warnings
 echo "== cargo test"
+# libpollux's .so and .a, which crates/capi/tests/c_example.rs links hello.c
+# against: `cargo test` builds the library only as an rlib for its harness.
+cargo build --locked -p pollux-capi
 cargo test --workspace --locked
 echo "== libpollux's header is the one cbindgen makes (build.rs rewrote it if not)"
 if git rev-parse --git-dir >/dev/null 2>&1 && ! git diff --quiet -- crates/capi/include/pollux.h; then

@@ -38,7 +38,11 @@ fn build(shared: bool) -> PathBuf {
     } else {
         "libpollux.a"
     });
-    assert!(lib.exists(), "{} not built", lib.display());
+    assert!(
+        lib.exists(),
+        "{} not built: cargo build -p pollux-capi first (cargo test builds the library only for its harness; scripts/test.sh does both)",
+        lib.display()
+    );
     let exe = dir.join(if shared {
         "hello-shared"
     } else {
