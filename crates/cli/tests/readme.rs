@@ -4,7 +4,10 @@
 //! command that only a Linux host, a real PCIe device or the whole test
 //! suite can run is named here with the reason it is not run; a README
 //! command this test does not know fails it, so a new example cannot go
-//! untested.
+//! untested. The `text` blocks of the JSON-RPC, C library and fio
+//! sections are run by the tests that own them instead: `rpc.rs` (SPDK's
+//! client on an empty target), `crates/capi/tests/c_example.rs` and
+//! `crates/capi/fio/test.sh`.
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
