@@ -85,6 +85,7 @@ fn perf_help_lists_every_option() {
         ("--no-lazy-cq", None),
         ("--prefetch", None),
         ("--nt-copy", None),
+        ("--poll-mode", Some("polled")),
         ("--interrupts", None),
         ("--cq-line-batch", None),
         ("--no-shadow-doorbell", None),

@@ -266,6 +266,69 @@ fn interrupts_mode_moves_verified_data_and_reports_cpu() {
     assert!(err.contains("--interrupts"), "{err}");
 }
 
+/// `--poll-mode hybrid`: the worker sleeps about half the mean time
+/// between completions after a poll that finds nothing; data still
+/// verified, its sleeps reported. `--poll-mode interrupts` is
+/// `--interrupts`; hybrid is refused with `--inline` (nothing would run
+/// the device while the worker sleeps) and `--poll-mode` with
+/// `--interrupts`.
+#[test]
+fn hybrid_mode_moves_verified_data_and_reports_its_sleeps() {
+    for mode in ["hybrid", "interrupts", "polled"] {
+        let (code, v) = perf_json(&[
+            "-r",
+            "trtype:soft backend:ram size:16MiB",
+            "--poll-mode",
+            mode,
+            "-q",
+            "1",
+            "-w",
+            "randrw",
+            "--verify",
+            "-L",
+            "-t",
+            "0",
+            "--io-count",
+            "3000",
+        ]);
+        assert_eq!(code, 0, "{v}");
+        let t = &v["total"];
+        assert_eq!(
+            (t["ios"].as_u64(), t["errors"].as_u64()),
+            (Some(3000), Some(0)),
+            "{mode}: {v}"
+        );
+        assert_eq!(v["config"]["poll_mode"], mode, "{v}");
+        assert_eq!(v["config"]["interrupts"], mode == "interrupts", "{v}");
+        let cpu = t["worker_cpu_ns_per_io"].as_f64().unwrap();
+        assert!(cpu > 0.0 && cpu.is_finite(), "{v}");
+        if mode == "hybrid" {
+            let h = &t["hybrid"][0];
+            assert!(h["min_sleep_ns"].as_u64().unwrap() > 0, "{v}");
+            // Once per completion at most: a sleep or a skip.
+            let (sl, sk) = (
+                h["sleeps"].as_u64().unwrap(),
+                h["skipped"].as_u64().unwrap(),
+            );
+            assert!(sl + sk <= 3000, "{v}");
+        } else {
+            assert!(t["hybrid"].is_null(), "{v}");
+        }
+    }
+    let (code, _out, err) = pollux(&["perf", "--inline", "--poll-mode", "hybrid", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(
+        err.contains("--poll-mode hybrid") && err.contains("--inline"),
+        "{err}"
+    );
+    let (code, _out, err) = pollux(&["perf", "--interrupts", "--poll-mode", "hybrid", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("--poll-mode"), "{err}");
+    let (code, _out, err) = pollux(&["perf", "--poll-mode", "sometimes", "-t", "1"]);
+    assert_ne!(code, 0);
+    assert!(err.contains("sometimes"), "{err}");
+}
+
 #[test]
 fn latency_fields_with_dash_l() {
     let (code, v) = perf_json(&["--inline", "-t", "0", "--io-count", "2000", "-q", "4", "-L"]);

@@ -14,6 +14,27 @@ pub enum Workload {
     Randrw,
 }
 
+/// How a worker waits for its completions (`--poll-mode`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PollMode {
+    /// Spin on the completion queues.
+    Polled,
+    /// Sleep on the queue pairs' interrupts when a poll finds nothing.
+    Interrupts,
+    /// Sleep about half the mean time between completions, then spin.
+    Hybrid,
+}
+
+impl PollMode {
+    pub fn name(self) -> &'static str {
+        match self {
+            PollMode::Polled => "polled",
+            PollMode::Interrupts => "interrupts",
+            PollMode::Hybrid => "hybrid",
+        }
+    }
+}
+
 #[derive(Args, Debug, Clone)]
 pub struct PerfArgs {
     #[command(flatten)]
@@ -49,9 +70,16 @@ pub struct PerfArgs {
     /// Copy SQEs into the ring with non-temporal stores (off by default).
     #[arg(long = "nt-copy")]
     pub nt_copy: bool,
-    /// Sleep on the queue pairs' interrupts when a poll finds nothing,
-    /// instead of spinning (emulated controllers and vfio/uio devices).
-    #[arg(long = "interrupts")]
+    /// How the worker waits for completions: polled (spin), interrupts
+    /// (sleep on the queue pairs' interrupts when a poll finds nothing;
+    /// emulated controllers and vfio/uio devices) or hybrid (after a poll
+    /// that finds nothing, sleep once for about half the mean time between
+    /// completions, then spin; skipped when that is shorter than a sleep
+    /// costs here).
+    #[arg(long = "poll-mode", value_enum, default_value_t = PollMode::Polled)]
+    pub poll_mode: PollMode,
+    /// The same as --poll-mode interrupts.
+    #[arg(long = "interrupts", conflicts_with = "poll_mode")]
     pub interrupts: bool,
     /// Read the CQ a cache line (four entries) at a time onto the stack
     /// before handling them (off by default; see README).
@@ -60,4 +88,15 @@ pub struct PerfArgs {
     /// Don't use shadow doorbells even if the controller offers them.
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
+}
+
+impl PerfArgs {
+    /// The wait mode: `--poll-mode`, or interrupts with `--interrupts`.
+    pub fn mode(&self) -> PollMode {
+        if self.interrupts {
+            PollMode::Interrupts
+        } else {
+            self.poll_mode
+        }
+    }
 }

@@ -5,6 +5,7 @@
 //! Workers are pinned threads, one per `-c` core; each owns -P queue pairs
 //! on every namespace (as SPDK's perf).
 mod args;
+mod hybrid;
 mod report;
 mod signals;
 mod worker;
@@ -27,6 +28,7 @@ use pollux_host::trid;
 use trid::{Backend, SoftTrid, Trid};
 use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
 
+use args::PollMode;
 pub use args::{PerfArgs, Workload};
 pub use report::Summary;
 
@@ -116,10 +118,19 @@ fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
             "--inline only applies to trtype:soft".into(),
         ));
     }
-    if a.run.inline && a.interrupts {
-        return Err(PerfError::Args(
-            "--interrupts needs a controller that runs by itself: not with --inline (the worker steps the device)".into(),
-        ));
+    match a.mode() {
+        PollMode::Polled => {}
+        _ if !a.run.inline => {}
+        PollMode::Interrupts => {
+            return Err(PerfError::Args(
+                "--interrupts needs a controller that runs by itself: not with --inline (the worker steps the device)".into(),
+            ))
+        }
+        PollMode::Hybrid => {
+            return Err(PerfError::Args(
+                "--poll-mode hybrid needs a controller that runs by itself: not with --inline (the worker steps the device, so nothing completes while it sleeps)".into(),
+            ))
+        }
     }
     if a.run.verify {
         for (i, t) in trids.iter().enumerate() {
@@ -440,7 +451,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         prefetch: a.prefetch,
         nt_sqe_copy: a.nt_copy,
         cq_line_batch: a.cq_line_batch,
-        interrupts: a.interrupts,
+        interrupts: a.mode() == PollMode::Interrupts,
         timeout: a.run.timeout(),
         ..QpairOptions::default()
     };
@@ -578,8 +589,8 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .zip(&cores)
             .map(|((jobs, ctl), &core)| {
                 let inl = inline_devs.clone();
-                let irq = a.interrupts;
-                s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, irq))
+                let mode = a.mode();
+                s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, mode))
             })
             .collect();
         // Status line and sample each second; stop after -t seconds.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use hdrhistogram::Histogram;
 use serde_json::{json, Value};
 
-use super::args::PerfArgs;
+use super::args::{PerfArgs, PollMode};
 use super::worker::WorkerResult;
 use crate::common::latency::{self, HISTOGRAM_LEVEL};
 
@@ -103,6 +103,8 @@ pub(super) fn report(
     let mut errors_list = Vec::new();
     let mut max_elapsed = 0f64;
     let mut max_cpu = 0f64;
+    let mut cpu_total = 0f64;
+    let mut hybrid = Vec::new();
     let (mut db_jobs, mut n_jobs) = (0usize, 0usize);
     for r in results {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
@@ -156,6 +158,13 @@ pub(super) fn report(
         }
         let cpu_util = r.cpu.as_secs_f64() / r.wall.as_secs_f64().max(1e-9);
         max_cpu = max_cpu.max(cpu_util);
+        cpu_total += r.cpu.as_secs_f64();
+        if let Some(h) = r.hybrid {
+            hybrid.push(json!({
+                "core": r.core, "min_sleep_ns": h.min_sleep_ns, "sleep_cost_ns": h.cost_ns, "mean_completion_interval_ns": h.mean_ns,
+                "sleeps": h.sleeps, "skipped": h.skipped,
+            }));
+        }
         cores_json.push(json!({
             "core": r.core, "iops": core_ios, "seconds": secs, "errors": core_err,
             "cpu_s": r.cpu.as_secs_f64(), "cpu_util": cpu_util,
@@ -199,7 +208,7 @@ pub(super) fn report(
                 "rwmixread": a.run.rwmixread(), "time_s": a.run.time, "io_count": a.run.io_count, "cores": a.cores, "qpairs_per_ns": a.qpairs,
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
-                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.interrupts, "shadow_doorbell": !a.no_shadow_doorbell,
+                "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.mode() == PollMode::Interrupts, "poll_mode": a.mode().name(), "shadow_doorbell": !a.no_shadow_doorbell,
             },
             "devices": rows,
             "cores": cores_json,
@@ -212,6 +221,9 @@ pub(super) fn report(
                 "sq_doorbells_per_io": per_io(sq_db), "cq_doorbells_per_io": per_io(cq_db),
                 "shadow_updates_per_io": per_io(shadow),
                 "worker_cpu_util_max": max_cpu,
+                // The workers' CPU time (the drain included) per I/O.
+                "worker_cpu_ns_per_io": cpu_total * 1e9 / t_ios.max(1) as f64,
+                "hybrid": (!hybrid.is_empty()).then_some(&hybrid),
             }
         });
         latency::extend(&mut out["total"], total_lat.json(ns_per_tick, level));
@@ -325,14 +337,28 @@ pub(super) fn report(
             println!("Stopped early by a signal.");
         }
         println!(
-            "Worker CPU: {:.1}% of a core (busiest worker, getrusage){}",
+            "Worker CPU: {:.1}% of a core (busiest worker, getrusage), {:.0} ns per I/O{}",
             max_cpu * 100.0,
-            if a.interrupts {
-                "; sleeping on interrupts when idle"
-            } else {
-                "; polling"
+            cpu_total * 1e9 / t_ios.max(1) as f64,
+            match a.mode() {
+                PollMode::Interrupts => "; sleeping on interrupts when idle",
+                PollMode::Hybrid => "; hybrid polling",
+                PollMode::Polled => "; polling",
             }
         );
+        for r in results {
+            if let Some(h) = r.hybrid {
+                println!(
+                    "Hybrid polling{}: a 1 ns sleep took {} ns here, a sleep's overshoot at the end {} ns; mean time between completions {} ns; {} sleeps, {} skipped (half the mean too short to sleep)",
+                    r.core.map(|c| format!(" on core {c}")).unwrap_or_default(),
+                    h.min_sleep_ns,
+                    h.cost_ns,
+                    h.mean_ns,
+                    h.sleeps,
+                    h.skipped
+                );
+            }
+        }
         for e in &errors_list {
             println!("error: {e}");
         }

@@ -21,6 +21,9 @@ use crate::common::latency;
 use crate::common::pattern::Pattern;
 use crate::common::verify::Verify;
 
+use super::args::PollMode;
+use super::hybrid::{Hybrid, HybridStats};
+
 pub struct Latency {
     pub clock: crate::common::clock::LatClock,
     /// Per slot: the submission time in clock ticks, shifted left by one,
@@ -316,6 +319,8 @@ pub struct WorkerResult {
     pub jobs: Vec<JobResult>,
     /// Set when outstanding I/Os did not finish after the stop.
     pub drain_error: Option<String>,
+    /// With --poll-mode hybrid: its sleeps and estimates.
+    pub hybrid: Option<HybridStats>,
 }
 
 /// With interrupts: after a round of polls that found nothing, sleep on
@@ -343,21 +348,25 @@ fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
 }
 
 /// Runs one worker until stopped (or its I/O count is done), then drains.
-/// `interrupts`: sleep on the queue pairs' interrupts when a round of polls
-/// finds nothing, instead of spinning.
+/// `mode`: what a round of polls that finds nothing does: spin on
+/// (polled), sleep on the queue pairs' interrupts, or (hybrid) sleep once
+/// for about half the mean time between completions.
 pub fn run(
     core: Option<usize>,
     mut jobs: Vec<Job>,
     inline: Vec<Arc<SoftDevice>>,
     ctl: &WorkerCtl,
     drain_timeout: Duration,
-    interrupts: bool,
+    mode: PollMode,
 ) -> WorkerResult {
     if let Some(c) = core {
         if let Err(e) = pollux_runtime::pin_to_core(c) {
             tracing::warn!(core = c, "could not pin thread: {e}");
         }
     }
+    let interrupts = mode == PollMode::Interrupts;
+    // Before the clock starts: it times a few sleeps.
+    let mut hybrid = (mode == PollMode::Hybrid).then(Hybrid::new);
     let cpu0 = thread_cpu_time();
     let t0 = Instant::now();
     for job in &mut jobs {
@@ -378,6 +387,12 @@ pub fn run(
         if interrupts && n == 0 {
             sleep_on_interrupts(&mut jobs, Duration::from_millis(10));
             iter |= 255; // check the stop flag after every sleep
+        }
+        if let Some(h) = &mut hybrid {
+            h.completed(n);
+            if n == 0 {
+                h.idle();
+            }
         }
         iter += 1;
         if iter & 255 != 0 {
@@ -437,6 +452,7 @@ pub fn run(
         ios_in_window: if count_mode { total } else { stop_ios },
         jobs: jobs.into_iter().map(Job::into_result).collect(),
         drain_error,
+        hybrid: hybrid.map(|h| h.stats()),
     }
 }
 
@@ -515,7 +531,7 @@ mod tests {
                 vec![dev],
                 &ctl,
                 Duration::from_secs(10),
-                false,
+                PollMode::Polled,
             );
             drop(ctrl);
             let _ = tx.send(r);
