@@ -51,6 +51,7 @@ def parse(out):
         "sleeps": h.get("sleeps"),
         "skipped": h.get("skipped"),
         "sleep_cost_ns": h.get("sleep_cost_ns"),
+        "min_sleep_ns": h.get("min_sleep_ns"),
     }
 
 
@@ -98,7 +99,7 @@ def run_guest(a, modes):
     lines.append("$P setup reset")
     script = "\n".join(lines)
     cmd = ["flock", "/tmp/guest.lock", run_sh, "--timeout", "1500", "--extra-file", f"{os.path.abspath(a.bin)}:/opt/pollux", "--", script]
-    print(f"guest: {' '.join(shlex.quote(c) for c in cmd[:-1])} -- <{len(lines)} lines>", flush=True)
+    print(f"guest: {' '.join(shlex.quote(c) for c in cmd[:-1])} <{len(lines)} lines>", flush=True)
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
     rounds, cur, tag = [], None, None
     for line in p.stdout.splitlines():
@@ -144,13 +145,13 @@ def main():
     print(f"QD 1 4 KiB randread on the {where}, {a.rounds} interleaved rounds of {a.secs} s; perf args: {' '.join(a.args) or '(defaults)'}")
     cols = [("iops", "IOPS", "{:.0f}"), ("p50", "p50 us", "{:.2f}"), ("p99", "p99 us", "{:.2f}"),
             ("max", "max us", "{:.0f}"), ("cpu", "CPU %", "{:.1f}"), ("cpu_io", "CPU us/IO", "{:.3f}")]
-    print(f"{'':<12}" + "".join(f"{h:>24}" for _, h, _ in cols))
+    print(f"{'':<12}" + "".join(f"{h:>26}" for _, h, _ in cols))
     for m in modes:
         cells = []
         for k, _, fmt in cols:
             xs = [r[m][k] for r in rounds]
             cells.append(f"{fmt.format(med(xs))} ({fmt.format(min(xs))}-{fmt.format(max(xs))})")
-        print(f"{m:<12}" + "".join(f"{c:>24}" for c in cells))
+        print(f"{m:<12}" + "".join(f"{c:>26}" for c in cells))
     if "polled" in modes:
         for m in modes:
             if m == "polled":
@@ -160,7 +161,8 @@ def main():
                 print(f"{m}/polled {what}: median {med(q):.3f} (range {min(q):.3f}-{max(q):.3f})")
     if "hybrid" in modes:
         h = rounds[-1]["hybrid"]
-        print(f"hybrid, last round: {h['sleeps']} sleeps, {h['skipped']} skipped, a sleep's overshoot {h['sleep_cost_ns']} ns")
+        print(f"hybrid, last round: {h['sleeps']} sleeps, {h['skipped']} skipped; a 1 ns sleep took {h['min_sleep_ns']} ns at start, "
+              f"a sleep's overshoot {h['sleep_cost_ns']} ns at the end (moving average)")
     rts = [r["rt"] for r in rounds if r.get("rt")]
     if rts:
         print(f"cross-core round trip{' (in the guest)' if a.guest else ''}: median {med(rts):.0f} ns (range {min(rts):.0f}-{max(rts):.0f})")
