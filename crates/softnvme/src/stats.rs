@@ -25,6 +25,10 @@ pub struct DeviceStats {
     /// eventfd counter).
     pub interrupts: u64,
     pub shadow_doorbell_enabled: bool,
+    /// Steps run (rounds of the controller's poll loop, idle ones
+    /// included): over a run's seconds, how often it looks at the
+    /// doorbells.
+    pub steps: u64,
 }
 
 /// Lock-protected working copy (reads, writes and bytes are the I/O

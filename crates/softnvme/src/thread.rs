@@ -24,6 +24,12 @@ const IDLE_SLEEP: Duration = Duration::from_micros(50);
 /// Longest idle sleep (the back-off's cap): the most an idle controller
 /// adds to the first command after a pause.
 const IDLE_SLEEP_MAX: Duration = Duration::from_millis(1);
+/// Most steps of one device under one lock while it finds no work (see
+/// `SoftDevice::step_burst`): when the thread steps one device only. A
+/// caller of the device's locked API (DMA maps, statistics, faults) waits
+/// at most this many idle steps (about a microsecond) more.
+/// `POLLUX_SOFT_STEP_BURST=1` turns it off.
+const STEP_BURST: u32 = 32;
 
 struct Shared {
     devices: Mutex<Vec<Arc<SoftDevice>>>,
@@ -127,7 +133,22 @@ impl DeviceThread {
     }
 }
 
+/// `STEP_BURST`, or `POLLUX_SOFT_STEP_BURST` (1..=1024) if set.
+fn step_burst() -> u32 {
+    match std::env::var("POLLUX_SOFT_STEP_BURST") {
+        Ok(v) => match v.parse::<u32>() {
+            Ok(n @ 1..=1024) => n,
+            _ => {
+                tracing::warn!("POLLUX_SOFT_STEP_BURST={v}: not 1..=1024, using {STEP_BURST}");
+                STEP_BURST
+            }
+        },
+        Err(_) => STEP_BURST,
+    }
+}
+
 fn run(sh: &Shared) {
+    let burst = step_burst();
     let mut devs: Vec<Arc<SoftDevice>> = Vec::new();
     let mut idle_since: Option<Instant> = None;
     let mut idle_rounds: u32 = 0;
@@ -143,8 +164,10 @@ fn run(sh: &Shared) {
         }
         let mut work = 0;
         let mut wake: Option<Instant> = None;
+        // Several devices take turns each step; one steps in bursts.
+        let rounds = if devs.len() == 1 { burst } else { 1 };
         for d in &devs {
-            let (n, due) = d.step_with_deadline();
+            let (n, due) = d.step_burst(rounds);
             work += n;
             if let Some(t) = due {
                 wake = Some(wake.map_or(t, |w| w.min(t)));

@@ -195,7 +195,7 @@ pub(super) fn report(
     };
     let soft_json: Vec<_> = device_stats
         .iter()
-        .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled }))
+        .map(|(n, s)| json!({ "name": n, "io_commands": s.io_commands, "admin_commands": s.admin_commands, "errors": s.errors, "cq_full_waits": s.cq_full_waits, "shadow_doorbell_enabled": s.shadow_doorbell_enabled, "steps": s.steps }))
         .collect();
     if a.run.json {
         let samples_json: Vec<_> = samples
