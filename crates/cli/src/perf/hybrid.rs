@@ -15,7 +15,8 @@
 //! next to a sleep of microseconds) and its overshoot kept as a moving
 //! average of the cost: on a loaded core a wake-up can take milliseconds,
 //! and a mean lengthened by such sleeps would otherwise keep the worker
-//! sleeping (and losing its core) for good.
+//! sleeping (and losing its core) for good. Each skipped sleep moves
+//! that cost 1/256 of the way back to the shortest sleep's.
 use std::time::{Duration, Instant};
 
 /// Completions between two clock reads of the mean's estimate.
@@ -29,7 +30,8 @@ pub struct HybridStats {
     /// What a sleep of 1 ns took (median at start), in ns.
     pub min_sleep_ns: u64,
     /// What a sleep cost beyond the time asked for, in ns: `min_sleep_ns`
-    /// at start, then a moving average over the sleeps taken (1/8 each).
+    /// at start, then a moving average over the sleeps taken (1/8 each),
+    /// decaying towards `min_sleep_ns` by 1/256 per skipped sleep.
     pub cost_ns: u64,
     /// The last estimate of the mean time between completions, in ns.
     pub mean_ns: u64,
@@ -130,7 +132,14 @@ impl Hybrid {
                 let over = (t0.elapsed().as_nanos() as u64).saturating_sub(d.as_nanos() as u64);
                 self.stats.cost_ns = (self.stats.cost_ns * 7 + over) / 8;
             }
-            None => self.stats.skipped += 1,
+            None => {
+                self.stats.skipped += 1;
+                // Forget a slow wake-up slowly (1/256 of the excess per
+                // skip): one preemption must not turn sleeping off for
+                // the rest of the run.
+                let s = &mut self.stats;
+                s.cost_ns -= s.cost_ns.saturating_sub(s.min_sleep_ns) / 256;
+            }
         }
     }
 
@@ -182,5 +191,22 @@ mod tests {
             1,
             "once per completion"
         );
+    }
+
+    #[test]
+    fn a_slow_wake_up_is_forgotten_over_skipped_sleeps() {
+        let mut h = Hybrid::new();
+        let min = h.stats.min_sleep_ns;
+        // One wake-up took a second; the mean (1 us) is too short to sleep.
+        h.stats.cost_ns = min + 1_000_000_000;
+        h.stats.mean_ns = 1_000;
+        for _ in 0..4096 {
+            h.completed(1);
+            h.idle();
+        }
+        let s = h.stats();
+        assert_eq!((s.sleeps, s.skipped), (0, 4096), "{s:?}");
+        assert!(s.cost_ns < min + 1_000_000_000 / 1000, "{s:?}");
+        assert!(s.cost_ns >= min, "{s:?}");
     }
 }
