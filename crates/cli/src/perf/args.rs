@@ -15,13 +15,15 @@ pub enum Workload {
 }
 
 /// How a worker waits for its completions (`--poll-mode`).
+/// (No doc comments on the values: they would switch `--help` to clap's
+/// long layout; the option's help describes them.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum PollMode {
-    /// Spin on the completion queues.
+    // Spin on the completion queues.
     Polled,
-    /// Sleep on the queue pairs' interrupts when a poll finds nothing.
+    // Sleep on the queue pairs' interrupts when a poll finds nothing.
     Interrupts,
-    /// Sleep about half the mean time between completions, then spin.
+    // Sleep about half the mean time between completions, then spin.
     Hybrid,
 }
 
