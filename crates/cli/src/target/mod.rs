@@ -103,6 +103,10 @@ pub struct TargetArgs {
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
     pub send_iov: Option<usize>,
+    /// SO_BUSY_POLL microseconds on each connection's socket (-c:
+    /// busy_poll_us; 0: off). Loopback has no NAPI id: no effect there.
+    #[arg(long = "busy-poll", value_name = "US")]
+    pub busy_poll: Option<u32>,
     #[command(flatten)]
     pub rpc: crate::rpc::RpcArgs,
     #[command(flatten)]
@@ -256,6 +260,9 @@ pub fn config(
     if let Some(n) = a.send_iov {
         t.send_iov = n;
     }
+    if let Some(us) = a.busy_poll {
+        t.busy_poll_us = us;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
@@ -263,6 +270,7 @@ pub fn config(
                 "max_queue_depth" => "--max-queue-depth",
                 "max_io_size" => "--max-io-size",
                 "send_iov" => "--send-iov",
+                "busy_poll_us" => "--busy-poll",
                 other => other,
             },
             value,
