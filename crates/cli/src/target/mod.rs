@@ -107,6 +107,13 @@ pub struct TargetArgs {
     /// busy_poll_us; 0: off). Loopback has no NAPI id: no effect there.
     #[arg(long = "busy-poll", value_name = "US")]
     pub busy_poll: Option<u32>,
+    /// Microseconds a target thread keeps polling with nothing to do
+    /// before it sleeps in epoll (the spin before sleeping: at queue depth
+    /// 1 the next command comes well within it, so the thread is not
+    /// woken per command) [default: 200].
+    #[arg(long = "idle-spin", value_name = "US",
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub idle_spin: Option<u32>,
     #[command(flatten)]
     pub rpc: crate::rpc::RpcArgs,
     #[command(flatten)]
@@ -418,10 +425,13 @@ fn serve(
 ) -> Result<(), TargetCliError> {
     let rpc = &a.rpc;
     let subs = banner::subsystems(&cfg);
-    let rt = RuntimeOptions {
+    let mut rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
+    if let Some(us) = a.idle_spin {
+        rt.idle_threshold = std::time::Duration::from_micros(us.into());
+    }
     let target = Arc::new(Target::start(cfg, cores, rt).map_err(|e| match e {
         pollux_nvmf::TargetError::Listen { addr, source } => listen_refused(addr, &source, config),
         e => e.into(),
