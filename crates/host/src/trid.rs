@@ -154,6 +154,9 @@ pub struct TcpTrid {
     pub ctrl_loss_tmo: i32,
     pub reconnect_delay: u32,
     pub fast_io_fail_tmo: i32,
+    /// `busy_poll:US`: `SO_BUSY_POLL` microseconds on the connections
+    /// (0, the default: off).
+    pub busy_poll: u32,
 }
 
 /// Linux's defaults (drivers/nvme/host/fabrics.h: NVMF_DEF_CTRL_LOSS_TMO,
@@ -192,6 +195,7 @@ impl TcpTrid {
         o.ctrl_loss_tmo = secs(self.ctrl_loss_tmo);
         o.reconnect_delay = std::time::Duration::from_secs(self.reconnect_delay as u64);
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
+        o.busy_poll_us = self.busy_poll;
         Ok(o)
     }
 }
@@ -314,6 +318,19 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         DEF_FAST_IO_FAIL_TMO as i64,
         "expected seconds (-1: off, I/O held until reconnected)",
     )? as i32;
+    let busy_poll = match kv.remove("busy_poll") {
+        None => 0,
+        Some(v) => {
+            v.parse::<u32>()
+                .ok()
+                .filter(|&n| n <= 1_000_000)
+                .ok_or(TridError::BadValue {
+                    key: "busy_poll",
+                    value: v,
+                    why: "expected microseconds, 0..=1000000".into(),
+                })?
+        }
+    };
     if fast_io_fail_tmo >= 0 && ctrl_loss_tmo >= 0 && fast_io_fail_tmo > ctrl_loss_tmo {
         // As Linux: allowed, but the controller is given up first.
         tracing::warn!(
@@ -338,6 +355,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         ctrl_loss_tmo,
         reconnect_delay,
         fast_io_fail_tmo,
+        busy_poll,
     })
 }
 
@@ -650,6 +668,30 @@ mod tests {
         assert_eq!(o.ctrl_loss_tmo, None);
         assert_eq!(o.reconnect_delay, std::time::Duration::from_secs(2));
         assert_eq!(o.fast_io_fail_tmo, Some(std::time::Duration::from_secs(5)));
+        assert_eq!(o.busy_poll_us, 0);
+        // Busy polling: microseconds, bounded.
+        let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 busy_poll:50".parse().unwrap() else {
+            panic!()
+        };
+        assert_eq!(
+            t.options(Some("nqn.2026-01.io.pollux:a"))
+                .unwrap()
+                .busy_poll_us,
+            50
+        );
+        for v in ["x", "-1", "1000001"] {
+            let s = format!("trtype:tcp traddr:127.0.0.1 busy_poll:{v}");
+            assert!(
+                matches!(
+                    s.parse::<Trid>(),
+                    Err(TridError::BadValue {
+                        key: "busy_poll",
+                        ..
+                    })
+                ),
+                "{s}"
+            );
+        }
         // Defaults: port 4420, no digests, this machine's host NQN.
         let Trid::Tcp(t) = "trtype:TCP traddr:::1 adrfam:IPv6".parse().unwrap() else {
             panic!()

@@ -745,7 +745,7 @@ impl Target {
             }
             let d = TransportOptions::default();
             let ms = |t: std::time::Duration| t.as_millis() as u64;
-            let extra: [(&str, u64, u64); 6] = [
+            let extra: [(&str, u64, u64); 7] = [
                 ("kas", o.kas.into(), d.kas.into()),
                 ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
                 (
@@ -760,6 +760,7 @@ impl Target {
                     d.max_unbound_connections as u64,
                 ),
                 ("data_timeout_ms", ms(o.data_timeout), ms(d.data_timeout)),
+                ("busy_poll_us", o.busy_poll_us.into(), d.busy_poll_us.into()),
             ];
             for (k, v, def) in extra {
                 if v != def {

@@ -324,13 +324,22 @@ impl Qpair {
 
     /// Gives slot `i` a data buffer of `len` bytes: the page it kept (see
     /// `release`), or one from the pool (`take_buf`). False if none.
-    #[inline]
+    /// (The kept page, the common case, inlined into the I/O path; the
+    /// pool out of line.)
+    #[inline(always)]
     pub(crate) fn slot_buf(&mut self, i: u16, len: usize, strict: bool) -> bool {
         if let Some(b) = self.slots[i as usize].buf.as_mut() {
             if b.set_len(len) {
                 return true;
             }
         }
+        self.slot_buf_from_pool(i, len, strict)
+    }
+
+    /// [`slot_buf`](Self::slot_buf) when the slot keeps no page large
+    /// enough.
+    #[inline(never)]
+    fn slot_buf_from_pool(&mut self, i: u16, len: usize, strict: bool) -> bool {
         if let Some(b) = self.slots[i as usize].buf.take() {
             self.give_buf(b);
         }

@@ -264,6 +264,30 @@ fn send_iov_is_read_and_bounded() {
     assert!(e.contains("send_iov"), "{e}");
 }
 
+/// `busy_poll_us` (pollux-specific): off (0) by default, 0..=1000000
+/// accepted, anything else refused naming it.
+#[test]
+fn busy_poll_us_is_read_and_bounded() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.busy_poll_us, 0);
+    let with = |v: &str| GOOD.replace("\"zcopy\": true", &format!("\"zcopy\": true, {v}"));
+    let c = TargetConfig::from_json(&with("\"busy_poll_us\": 50")).unwrap();
+    assert_eq!(c.transport.busy_poll_us, 50);
+    for v in ["-1", "1000001", "\"50\""] {
+        let e = TargetConfig::from_json(&with(&format!("\"busy_poll_us\": {v}")))
+            .err()
+            .unwrap_or_else(|| panic!("busy_poll_us {v} accepted"))
+            .to_string();
+        assert!(e.contains("busy_poll_us"), "{e}");
+    }
+    let o = pollux_nvmf::TransportOptions {
+        busy_poll_us: 1_000_001,
+        ..Default::default()
+    };
+    let e = o.validate().unwrap_err().to_string();
+    assert!(e.contains("busy_poll_us"), "{e}");
+}
+
 /// The data buffer pool (SPDK's `num_shared_buffers`, `io_unit_size`,
 /// `buf_cache_size`, UINT32_MAX meaning "pick one"), `data_timeout_ms` and
 /// `max_unbound_connections` (pollux-specific): read, and refused naming

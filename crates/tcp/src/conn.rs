@@ -91,13 +91,15 @@ impl Conn {
     }
 
     /// Connects to `addr` and initializes the connection (ICReq/ICResp)
-    /// asking for `digests`; `slots` command slots.
+    /// asking for `digests`; `slots` command slots; `busy_poll_us`: the
+    /// socket's `SO_BUSY_POLL` (0: left alone).
     pub fn connect(
         addr: SocketAddr,
         qid: u16,
         digests: Digests,
         slots: usize,
         timeout: Duration,
+        busy_poll_us: u32,
     ) -> Result<Conn, ConnError> {
         let cerr = |what: String| ConnError {
             addr,
@@ -109,6 +111,10 @@ impl Conn {
             .map_err(|e| cerr(format!("TCP connect: {e}")))?;
         sock.set_nodelay(true)
             .map_err(|e| cerr(format!("TCP_NODELAY: {e}")))?;
+        if busy_poll_us > 0 {
+            crate::sockopt::set_busy_poll(sock.as_fd(), busy_poll_us)
+                .map_err(|e| cerr(format!("SO_BUSY_POLL: {e}")))?;
+        }
         sock.set_read_timeout(Some(timeout))
             .map_err(|e| cerr(format!("socket timeout: {e}")))?;
         let req = ic::host_icreq(digests);

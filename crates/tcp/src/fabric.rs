@@ -24,6 +24,8 @@ pub(crate) struct TcpFabric {
     pub digests: Digests,
     /// Bound on a TCP connect and on connection setup.
     pub connect_timeout: Duration,
+    /// `SO_BUSY_POLL` microseconds (0: not set).
+    pub busy_poll_us: u32,
 }
 
 pub(crate) fn conn_error(e: ConnError) -> Error {
@@ -40,8 +42,15 @@ impl Fabric for TcpFabric {
     }
 
     fn open(&self, qid: u16, slots: usize) -> Result<Conn> {
-        let mut conn = Conn::connect(self.addr, qid, self.digests, slots, self.connect_timeout)
-            .map_err(conn_error)?;
+        let mut conn = Conn::connect(
+            self.addr,
+            qid,
+            self.digests,
+            slots,
+            self.connect_timeout,
+            self.busy_poll_us,
+        )
+        .map_err(conn_error)?;
         conn.set_icd_max(ADMIN_ICD);
         Ok(conn)
     }

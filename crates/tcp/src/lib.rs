@@ -60,6 +60,7 @@ mod fabric;
 pub mod hostnqn;
 mod mem;
 mod queue;
+pub mod sockopt;
 
 pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
@@ -109,6 +110,9 @@ pub struct TcpOptions {
     /// default), Connect asks the controller to disable it, so a read ends
     /// with C2HData's SUCCESS flag rather than a response capsule too.
     pub sq_flow: bool,
+    /// `SO_BUSY_POLL` microseconds on every connection (`busy_poll:US`;
+    /// 0, the default: off). See [`sockopt::set_busy_poll`].
+    pub busy_poll_us: u32,
 }
 
 impl TcpOptions {
@@ -130,6 +134,7 @@ impl TcpOptions {
             fast_io_fail_tmo: None,
             admin_timeout: Duration::from_secs(5),
             sq_flow: false,
+            busy_poll_us: 0,
         }
     }
 
@@ -139,6 +144,7 @@ impl TcpOptions {
             addr: self.addr,
             digests: self.digests,
             connect_timeout: self.connect_timeout,
+            busy_poll_us: self.busy_poll_us,
         };
         let opts = FabricsOptions {
             subnqn: self.subnqn,

@@ -103,6 +103,17 @@ pub struct TargetArgs {
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
     pub send_iov: Option<usize>,
+    /// SO_BUSY_POLL microseconds on each connection's socket (-c:
+    /// busy_poll_us; 0: off). Loopback has no NAPI id: no effect there.
+    #[arg(long = "busy-poll", value_name = "US")]
+    pub busy_poll: Option<u32>,
+    /// Microseconds a target thread keeps polling with nothing to do
+    /// before it sleeps in epoll (the spin before sleeping: at queue depth
+    /// 1 the next command comes well within it, so the thread is not
+    /// woken per command) [default: 200].
+    #[arg(long = "idle-spin", value_name = "US",
+          value_parser = clap::value_parser!(u32).range(0..=1_000_000))]
+    pub idle_spin: Option<u32>,
     #[command(flatten)]
     pub rpc: crate::rpc::RpcArgs,
     #[command(flatten)]
@@ -256,6 +267,9 @@ pub fn config(
     if let Some(n) = a.send_iov {
         t.send_iov = n;
     }
+    if let Some(us) = a.busy_poll {
+        t.busy_poll_us = us;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
@@ -263,6 +277,7 @@ pub fn config(
                 "max_queue_depth" => "--max-queue-depth",
                 "max_io_size" => "--max-io-size",
                 "send_iov" => "--send-iov",
+                "busy_poll_us" => "--busy-poll",
                 other => other,
             },
             value,
@@ -410,10 +425,13 @@ fn serve(
 ) -> Result<(), TargetCliError> {
     let rpc = &a.rpc;
     let subs = banner::subsystems(&cfg);
-    let rt = RuntimeOptions {
+    let mut rt = RuntimeOptions {
         thread_name: "pollux-tgt".into(),
         ..Default::default()
     };
+    if let Some(us) = a.idle_spin {
+        rt.idle_threshold = std::time::Duration::from_micros(us.into());
+    }
     let target = Arc::new(Target::start(cfg, cores, rt).map_err(|e| match e {
         pollux_nvmf::TargetError::Listen { addr, source } => listen_refused(addr, &source, config),
         e => e.into(),

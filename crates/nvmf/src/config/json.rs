@@ -133,6 +133,7 @@ impl TargetConfig {
                     "send_iov",
                     "max_unbound_connections",
                     "data_timeout_ms",
+                    "busy_poll_us",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -189,6 +190,9 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.uint("data_timeout_ms", 1, max_ms)? {
                     t.data_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("busy_poll_us", 0, 1_000_000)? {
+                    t.busy_poll_us = v as u32;
                 }
                 p.bool_opt("zcopy")?;
                 // (SPDK's client sends c2h_success true and zcopy false

@@ -70,6 +70,11 @@ pub struct TransportOptions {
     /// this long is closed, so their buffers come back (pollux-specific;
     /// JSON `data_timeout_ms`).
     pub data_timeout: Duration,
+    /// `SO_BUSY_POLL` microseconds on every accepted connection (0: off;
+    /// pollux-specific; JSON `busy_poll_us`). The kernel honours it only
+    /// for sockets fed by a NAPI context with an id (a network card's
+    /// queue), not on loopback.
+    pub busy_poll_us: u32,
 }
 
 /// Most iovecs in one `sendmsg`: a header and a data segment for each
@@ -108,6 +113,7 @@ impl Default for TransportOptions {
             io_unit_size: 128 << 10,
             buf_cache_size: None,
             data_timeout: Duration::from_secs(30),
+            busy_poll_us: 0,
         }
     }
 }
@@ -236,6 +242,13 @@ impl TransportOptions {
                 "data_timeout_ms",
                 self.data_timeout.as_millis().min(u64::MAX as u128) as u64,
                 "must be 1 ms..=1 hour",
+            );
+        }
+        if self.busy_poll_us > 1_000_000 {
+            return bad(
+                "busy_poll_us",
+                self.busy_poll_us as u64,
+                "must be 0..=1000000 microseconds",
             );
         }
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {

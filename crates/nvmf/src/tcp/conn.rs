@@ -205,6 +205,16 @@ impl Conn<TcpStream> {
     ) -> std::io::Result<Conn<TcpStream>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
+        if shared.opts.busy_poll_us > 0 {
+            use std::os::fd::AsFd;
+            // (Without CAP_NET_ADMIN the kernel refuses values above
+            // net.core.busy_read: the connection goes on without.)
+            if let Err(e) =
+                pollux_tcp::sockopt::set_busy_poll(sock.as_fd(), shared.opts.busy_poll_us)
+            {
+                tracing::warn!("SO_BUSY_POLL {} us: {e}", shared.opts.busy_poll_us);
+            }
+        }
         let local = sock.local_addr()?;
         let peer = sock.peer_addr()?;
         Ok(Conn::with_wire(

@@ -24,7 +24,7 @@ use pollux_spec::tcp::{
     PduLayout, PduType, Role, TermReq,
 };
 use pollux_spec::{Cqe, Sqe, Status};
-use zerocopy::IntoBytes;
+use zerocopy::{FromBytes, IntoBytes};
 
 use crate::engine::ic::{host_rx_config, HostParams};
 use crate::engine::memory::Memory;
@@ -443,6 +443,24 @@ impl<M: Memory> HostQueue<M> {
                 data,
                 digest_ok,
             } => {
+                // A C2HData without header digest, the common case, is
+                // read where it lies and checked as `PduHeader::parse`
+                // checks it (DATAL against the layout), without making a
+                // `PduHeader` (as large as an ICReq: moving one costs more
+                // than the rest of the header's handling).
+                if layout.pdu_type == PduType::C2HData && !layout.hdgst {
+                    if let Some(d) = raw
+                        .get(..layout.hlen as usize)
+                        .and_then(|b| C2HData::read_from_bytes(b).ok())
+                    {
+                        if let Err(e) = d.check(&layout) {
+                            return Err(HostError::bad_pdu(e, &raw[..layout.hlen as usize]));
+                        }
+                        let c = self.c2h(&d, &layout, raw)?;
+                        self.c2h_data(&c, 0, data);
+                        return self.c2h_end(c, digest_ok, f);
+                    }
+                }
                 let pdu = self
                     .rx
                     .parse(&layout, raw)
