@@ -30,4 +30,5 @@ pub(crate) mod conn;
 mod rx;
 pub(crate) mod server;
 pub(crate) mod sock;
+mod sockimpl;
 mod tx;
