@@ -32,3 +32,4 @@ pub(crate) mod server;
 pub(crate) mod sock;
 mod sockimpl;
 mod tx;
+pub(crate) mod uring;

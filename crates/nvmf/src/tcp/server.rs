@@ -25,12 +25,13 @@ use std::time::{Duration, Instant};
 
 use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::config::TransportOptions;
+use crate::config::{SockImpl as SockImplKind, TransportOptions};
 use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
 use crate::tcp::sock;
 use crate::tcp::sockimpl::SockImpl;
+use crate::tcp::uring::UringSock;
 
 /// What every runtime thread of the TCP transport shares.
 pub(crate) struct TcpShared {
@@ -130,6 +131,8 @@ impl Listeners {
 macro_rules! on_this_table {
     ($t:ident => $body:expr, $none:expr) => {
         if let Some($t) = this_table::<TcpStream>() {
+            $body
+        } else if let Some($t) = this_table::<UringSock>() {
             $body
         } else {
             $none
@@ -294,9 +297,16 @@ pub(crate) fn init(
     tcp: Arc<TcpShared>,
     listeners: Option<Listeners>,
 ) {
-    if let Err(e) = init_with::<TcpStream>(ctx, shared, tcp, listeners) {
+    let name = shared.opts.sock_impl.name();
+    let r = match shared.opts.sock_impl {
+        SockImplKind::Posix => init_with::<TcpStream>(ctx, shared, tcp, listeners),
+        SockImplKind::Uring => init_with::<UringSock>(ctx, shared, tcp, listeners),
+    };
+    if let Err(e) = r {
+        // (`Target::start` probed the implementation: this is unlikely.)
         tracing::error!(
             thread = ctx.index(),
+            sock_impl = name,
             "socket implementation: {e}; this thread serves no connection"
         );
     }
