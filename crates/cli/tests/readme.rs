@@ -171,19 +171,12 @@ exec '{bin}' "$@"
                         .stderr(Stdio::inherit())
                         .spawn()
                         .expect("sh");
-                    let mut out = BufReader::new(child.stdout.take().expect("stdout"));
-                    let mut listening = false;
-                    let mut line = String::new();
-                    while out.read_line(&mut line).expect("read") > 0 {
-                        if line.contains("listening on") {
-                            listening = true;
-                            break;
-                        }
-                        line.clear();
+                    let listening = wait_listening(&mut child, LISTEN_TIMEOUT);
+                    if let Err(e) = listening {
+                        let _ = child.kill();
+                        let _ = child.wait();
+                        panic!("README command {cmd:?}: {e}");
                     }
-                    assert!(listening, "README command {cmd:?} never listened");
-                    // Keep draining its stdout so it never blocks on a pipe.
-                    std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
                     server = Some((child, cmd.clone()));
                     ran += 1;
                 }
@@ -206,4 +199,76 @@ exec '{bin}' "$@"
     }
     assert!(ran >= 5, "only {ran} README commands ran");
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// How long a README server may take to print "listening on".
+const LISTEN_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Waits until `child` prints "listening on" on its stdout, at most
+/// `limit`: an error when it ends its output or the time is up (a server
+/// that never listens fails the test instead of hanging it). Its stdout is
+/// drained afterwards so it never blocks on the pipe.
+fn wait_listening(child: &mut Child, limit: Duration) -> Result<(), String> {
+    let out = child.stdout.take().ok_or("no stdout pipe")?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut out = BufReader::new(out);
+        let mut line = String::new();
+        while out.read_line(&mut line).unwrap_or(0) > 0 {
+            if line.contains("listening on") {
+                let _ = tx.send(());
+            }
+            line.clear();
+        }
+    });
+    match rx.recv_timeout(limit) {
+        Ok(()) => Ok(()),
+        Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
+            Err(format!("did not print \"listening on\" within {limit:?}"))
+        }
+        Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => {
+            Err("ended its output without printing \"listening on\"".into())
+        }
+    }
+}
+
+#[test]
+fn a_server_that_never_listens_fails_instead_of_hanging() {
+    let mut quiet = Command::new("sh")
+        .args(["-c", "exec sleep 30"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let t0 = Instant::now();
+    let e =
+        wait_listening(&mut quiet, Duration::from_millis(300)).expect_err("sleep never listens");
+    assert!(e.contains("within"), "{e}");
+    assert!(
+        t0.elapsed() < Duration::from_secs(20),
+        "waited {:?}",
+        t0.elapsed()
+    );
+    let _ = quiet.kill();
+    let _ = quiet.wait();
+
+    let mut ends = Command::new("sh")
+        .args(["-c", "echo starting"])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    let e = wait_listening(&mut ends, Duration::from_secs(20)).expect_err("no listening line");
+    assert!(e.contains("ended"), "{e}");
+    let _ = ends.wait();
+
+    let mut ok = Command::new("sh")
+        .args([
+            "-c",
+            "echo 'pollux target: listening on 127.0.0.1:1'; exec sleep 30",
+        ])
+        .stdout(Stdio::piped())
+        .spawn()
+        .expect("sh");
+    wait_listening(&mut ok, Duration::from_secs(20)).expect("it listens");
+    let _ = ok.kill();
+    let _ = ok.wait();
 }

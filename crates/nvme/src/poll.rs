@@ -72,6 +72,7 @@ impl<T: Transport> QueuePair<T> {
             f,
         };
         let n = self.cq.reap(max, &mut sink);
+        self.core.return_spare();
         self.core.stats.completed += n as u64;
         n
     }
@@ -414,7 +415,7 @@ fn complete<T: Transport, F: Handler<T>>(
     if flags == T_BUSY {
         t.flags = 0;
         let buf = t.buf.take();
-        sub.core.free.push(cid);
+        sub.core.release_spare(cid);
         let st = Status(status);
         let result = if st.is_success() {
             Ok(dw0)

@@ -35,6 +35,9 @@ pub(crate) const T_BUSY: u32 = 1;
 pub(crate) const T_CHILD: u32 = 2;
 pub(crate) const T_TIMED_OUT: u32 = 4;
 
+/// `Core::spare` holds no CID.
+pub(crate) const NO_CID: u32 = u32::MAX;
+
 /// Per-command state: 32 bytes, two to a cache line, everything the
 /// completion needs in one line. Anything colder (the transport's PRP list
 /// slice) is found by index from the CID.
@@ -121,6 +124,12 @@ pub(crate) struct Core {
     pub(crate) epoch: u32,
     pub(crate) trackers: Box<[Tracker]>,
     pub(crate) free: Vec<u16>,
+    /// A free CID kept out of `free` (`NO_CID`: none): the completion
+    /// loop leaves the CID it just released here, and the handler's next
+    /// submission takes it back, so the common complete-then-resubmit
+    /// costs a store and a test instead of a push and a pop. Returned to
+    /// `free` at the end of the reap; counted as free meanwhile.
+    pub(crate) spare: u32,
     pub(crate) state: QpState,
     /// `state == Ready && queue.is_empty()`: the one test the fast submit
     /// path makes. Kept by `set_state` and the queue operations.
@@ -160,6 +169,7 @@ impl Core {
             epoch: 0,
             trackers: (0..depth).map(|_| Tracker::default()).collect(),
             free: (0..depth).rev().collect(),
+            spare: NO_CID,
             state: QpState::Ready,
             fast: true,
             ctrl,
@@ -213,7 +223,44 @@ impl Core {
     /// Commands outstanding at the controller.
     #[inline]
     pub(crate) fn outstanding(&self) -> u32 {
-        (self.trackers.len() - self.free.len()) as u32
+        (self.trackers.len() - self.free_count()) as u32
+    }
+
+    /// Free trackers.
+    #[inline]
+    pub(crate) fn free_count(&self) -> usize {
+        self.free.len() + usize::from(self.spare != NO_CID)
+    }
+
+    /// A free CID: the spare one first.
+    #[inline(always)]
+    pub(crate) fn pop_free(&mut self) -> Option<u16> {
+        if self.spare != NO_CID {
+            let cid = self.spare as u16;
+            self.spare = NO_CID;
+            return Some(cid);
+        }
+        self.free.pop()
+    }
+
+    /// Releases `cid` as the spare (the one the next submission takes);
+    /// a spare not taken since goes back to `free`.
+    #[inline(always)]
+    pub(crate) fn release_spare(&mut self, cid: u16) {
+        let old = self.spare;
+        self.spare = cid as u32;
+        if old != NO_CID {
+            self.free.push(old as u16);
+        }
+    }
+
+    /// Puts the spare CID, if any, back into `free`.
+    #[inline(always)]
+    pub(crate) fn return_spare(&mut self) {
+        if self.spare != NO_CID {
+            self.free.push(self.spare as u16);
+            self.spare = NO_CID;
+        }
     }
 
     pub(crate) fn in_flight(&self) -> usize {
@@ -639,7 +686,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         // The fast path of `rw_fast`, with the buffer going into the
         // tracker in the same store sequence as its other fields.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
-            if let Some(cid) = self.core.free.pop() {
+            if let Some(cid) = self.core.pop_free() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags);
                 // The buffer's page table is looked up only past the first
                 // page (`iova`); `move`: the closure holds the reference,
@@ -702,7 +749,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         check_rw(ns, self.core.ctrl, lba, nlb, buf.len(), buf.iova0())?;
         // `fast` implies the queue pair is ready and nothing waits ahead.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
-            if let Some(cid) = self.core.free.pop() {
+            if let Some(cid) = self.core.pop_free() {
                 let sqe = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags);
                 self.issue(
                     cid,
@@ -751,7 +798,8 @@ impl<'a, T: Transport> Submitter<'a, T> {
             split: None,
         };
         let pieces = nlb.div_ceil(ns.max_lbas);
-        if self.core.queue.len() >= self.core.max_queued && self.core.free.len() < pieces as usize {
+        if self.core.queue.len() >= self.core.max_queued && self.core.free_count() < pieces as usize
+        {
             // It could not wait for the rest: refuse before issuing any.
             let e = SubmitError::QueueFull {
                 limit: self.core.max_queued,
@@ -789,7 +837,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
     ) -> Result<bool, SubmitError> {
         let max = p.ns.max_lbas;
         if p.done == 0 && p.nlb <= max {
-            let Some(cid) = self.core.free.pop() else {
+            let Some(cid) = self.core.pop_free() else {
                 return Ok(false);
             };
             let sqe = Sqe::rw(p.opc, p.ns.nsid, p.lba, p.nlb).with_rw_flags(p.flags);
@@ -808,7 +856,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             return Ok(true);
         }
         while p.done < p.nlb {
-            let Some(cid) = self.core.free.pop() else {
+            let Some(cid) = self.core.pop_free() else {
                 return Ok(false);
             };
             let idx = match p.split {
@@ -924,7 +972,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
         self.core.check_open()?;
         check_range(ns, self.core.ctrl, lba, nlb)?;
         if self.core.fast {
-            if let Some(cid) = self.core.free.pop() {
+            if let Some(cid) = self.core.pop_free() {
                 // SAFETY: `cid` was free: below the depth, not outstanding.
                 unsafe { self.sq.push_dealloc(cid, ns.nsid, lba, nlb) };
                 self.core.claim(cid, user_data, 0);
@@ -1057,7 +1105,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
             return Err((e, buf));
         }
         if self.core.fast {
-            if let Some(cid) = self.core.free.pop() {
+            if let Some(cid) = self.core.pop_free() {
                 let r = match &data {
                     Some(d) => self.issue(
                         cid,
@@ -1091,7 +1139,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
     /// free up, and nothing overtakes it).
     #[cold]
     pub(crate) fn drain_queue(&mut self) {
-        while self.core.state == QpState::Ready && !self.core.free.is_empty() {
+        while self.core.state == QpState::Ready && self.core.free_count() > 0 {
             let Some(mut p) = self.core.queue.pop_front() else {
                 break;
             };
@@ -1105,7 +1153,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
                     }
                 },
                 PendingOp::Dealloc { nsid, lba, nlb } => {
-                    let Some(cid) = self.core.free.pop() else {
+                    let Some(cid) = self.core.pop_free() else {
                         self.core.queue.push_front(p);
                         break;
                     };
@@ -1115,7 +1163,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
                     true
                 }
                 PendingOp::Raw { sqe, data } => {
-                    let Some(cid) = self.core.free.pop() else {
+                    let Some(cid) = self.core.pop_free() else {
                         self.core.queue.push_front(p);
                         break;
                     };
@@ -1205,6 +1253,30 @@ mod tests {
                 "{lba}+{nlb}"
             );
         }
+    }
+
+    /// The spare CID: taken first, counted as free, never lost when a
+    /// second one is released or the reap ends, never handed out twice.
+    #[test]
+    fn spare_cid_is_free_and_not_lost() {
+        let mut c = Core::new(4, 0, 0, Box::new([]), 0);
+        let a = c.pop_free().unwrap();
+        let b = c.pop_free().unwrap();
+        assert_eq!((c.outstanding(), c.free_count()), (2, 2));
+        c.release_spare(a);
+        assert_eq!((c.outstanding(), c.free_count()), (1, 3));
+        // Taken back by the next submission, before anything in `free`.
+        assert_eq!(c.pop_free(), Some(a));
+        assert_eq!(c.outstanding(), 2);
+        // A spare not taken goes to `free` when the next one comes.
+        c.release_spare(a);
+        c.release_spare(b);
+        assert_eq!((c.outstanding(), c.free_count()), (0, 4));
+        c.return_spare();
+        assert_eq!((c.spare, c.free.len()), (NO_CID, 4));
+        let mut got: Vec<u16> = std::iter::from_fn(|| c.pop_free()).collect();
+        got.sort_unstable();
+        assert_eq!(got, [0, 1, 2, 3]);
     }
 
     #[test]
