@@ -443,3 +443,55 @@ fn save_config_restores_live_namespaces_with_their_nsids() {
     stop(child);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// A `--sock-impl uring` target configured over JSON-RPC: a listener
+/// naming the target's implementation is added (before, anything but
+/// posix was refused), one naming the other is refused naming the
+/// target's, and a host connects through the new listener.
+#[test]
+fn sock_impl_uring_over_json_rpc() {
+    let sock_s = common::rpc_socket();
+    let sock = PathBuf::from(&sock_s);
+    let (child, _addr, _out) = common::start_target(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "1MiB",
+            "--nqn",
+            NQN,
+            "-m",
+            "0x1",
+            "-r",
+            &sock_s,
+            "--sock-impl",
+            "uring",
+        ],
+        Stdio::null(),
+    );
+    let mut rpc = Rpc::connect(&sock);
+    assert_eq!(
+        rpc.call(
+            "nvmf_create_subsystem",
+            json!({"nqn": LIVE, "allow_any_host": true})
+        ),
+        Ok(json!(true))
+    );
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port().to_string();
+    drop(l);
+    let listen = |si: &str| json!({"nqn": LIVE, "sock_impl": si, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": port}});
+    let e = rpc
+        .call("nvmf_subsystem_add_listener", listen("posix"))
+        .unwrap_err();
+    assert_eq!(e["code"], -32602, "{e}");
+    assert!(e["message"].as_str().unwrap().contains("uring"), "{e}");
+    assert_eq!(
+        rpc.call("nvmf_subsystem_add_listener", listen("uring")),
+        Ok(json!(true))
+    );
+    let (_s, st) = admin_connect(&format!("127.0.0.1:{port}"), LIVE, HOST);
+    assert_eq!(st, 0, "connect through the uring listener");
+    drop(rpc);
+    stop(child);
+}

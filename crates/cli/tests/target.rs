@@ -151,12 +151,16 @@ impl Drop for Served {
 
 /// pollux's TCP host against pollux target: verified randrw with every
 /// command's queue full, in-capsule (4 KiB) and R2T/C2HData (128 KiB)
-/// transfers, digests.
+/// transfers, digests; on each socket implementation (`--sock-impl`).
 #[test]
 fn pollux_host_against_pollux_target() {
-    for (target_extra, io, host_extra) in
-        [(&[][..], "4096", ""), (&[][..], "128k", "hdgst:1 ddgst:1")]
-    {
+    let uring = &["--sock-impl", "uring"][..];
+    for (target_extra, io, host_extra) in [
+        (&[][..], "4096", ""),
+        (&[][..], "128k", "hdgst:1 ddgst:1"),
+        (uring, "4096", ""),
+        (uring, "128k", "hdgst:1 ddgst:1"),
+    ] {
         let t = Served::start(target_extra);
         let r = t.trid(host_extra);
         let (code, out, err) = common::pollux(&[

@@ -78,7 +78,8 @@ pub mod testing;
 mod tgt;
 
 pub use config::{
-    ConfigError, NamespaceConfig, SubsystemConfig, TargetConfig, TransportOptions, MAX_SEND_IOV,
+    ConfigError, NamespaceConfig, SockImpl, SubsystemConfig, TargetConfig, TransportOptions,
+    MAX_SEND_IOV,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use model::ModelError;

@@ -37,6 +37,11 @@ pub enum LiveError {
     TransportTooLate,
     #[error("transport options: {0}")]
     TransportOptions(#[source] ConfigError),
+    #[error("sock_impl '{asked}': the target's threads run '{running}' (chosen at start: --sock-impl, or the configuration's nvmf_create_transport)")]
+    SockImpl {
+        asked: &'static str,
+        running: &'static str,
+    },
     #[error("no transport 'TCP' (nvmf_create_transport first)")]
     NoTransport,
     #[error("subsystem '{nqn}' already exists")]
@@ -303,6 +308,13 @@ impl Target {
         }
         opts.validate().map_err(LiveError::TransportOptions)?;
         let cur = self.current();
+        // The threads' socket implementation is chosen when they start.
+        if opts.sock_impl != cur.shared.opts.sock_impl {
+            return Err(LiveError::SockImpl {
+                asked: opts.sock_impl.name(),
+                running: cur.shared.opts.sock_impl.name(),
+            });
+        }
         if !cur.shared.subsystems().is_empty() || !live.sockets.is_empty() {
             return Err(LiveError::TransportTooLate);
         }

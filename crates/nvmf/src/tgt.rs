@@ -31,6 +31,12 @@ pub enum TargetError {
     },
     #[error(transparent)]
     Runtime(#[from] pollux_runtime::Error),
+    #[error("sock_impl '{name}': {source}")]
+    SockImpl {
+        name: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
 }
 
 /// A serial number made from the NQN (at most 20 characters).
@@ -132,6 +138,12 @@ impl Target {
     ) -> Result<Target, TargetError> {
         cfg.validate()?;
         let o = cfg.transport.clone();
+        if o.sock_impl == crate::config::SockImpl::Uring {
+            crate::tcp::uring::probe(&o).map_err(|source| TargetError::SockImpl {
+                name: o.sock_impl.name(),
+                source,
+            })?;
+        }
         let listen = Listeners::bind(
             cfg.subsystems
                 .iter()
@@ -205,6 +217,12 @@ impl Target {
     /// What the runtime threads share now.
     pub(crate) fn current(&self) -> Current {
         self.cur.read().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+
+    /// The socket implementation of the target's threads (chosen at
+    /// start).
+    pub fn sock_impl(&self) -> crate::config::SockImpl {
+        self.shared().opts.sock_impl
     }
 
     /// The addresses listened on (configured port 0 resolved).

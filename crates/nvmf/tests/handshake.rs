@@ -24,10 +24,15 @@ use zerocopy::IntoBytes;
 const PATIENCE: Duration = Duration::from_secs(20);
 
 fn target(timeout: Duration, max_connections: usize) -> Target {
+    target_on(timeout, max_connections, pollux_nvmf::SockImpl::Posix)
+}
+
+fn target_on(timeout: Duration, max_connections: usize, si: pollux_nvmf::SockImpl) -> Target {
     let opts = TransportOptions {
         icreq_timeout: timeout,
         connect_timeout: timeout,
         max_connections,
+        sock_impl: si,
         ..Default::default()
     };
     ram_target_with(1024, opts, &[0])
@@ -200,7 +205,14 @@ fn timed_out_handshakes_free_their_connection_slots() {
 /// reset at accept), while the discovery controller still answers.
 #[test]
 fn connects_beyond_max_connections_are_refused_busy() {
-    let t = target(Duration::from_secs(10), 2);
+    for si in SOCK_IMPLS {
+        eprintln!("sock_impl {si:?}");
+        connects_beyond_max_connections_are_refused_busy_on(si);
+    }
+}
+
+fn connects_beyond_max_connections_are_refused_busy_on(si: pollux_nvmf::SockImpl) {
+    let t = target_on(Duration::from_secs(10), 2, si);
     let addr = t.listen_addrs()[0];
     let (_admin, _io) = good_host(addr, HOST_A);
     let mut third = Client::connect(addr);

@@ -238,6 +238,13 @@ fn workload(addr: SocketAddr, stop: &AtomicBool, min: u64, ios: &AtomicU64) {
 
 #[test]
 fn hostile_connections_do_not_disturb_a_verified_workload() {
+    for si in SOCK_IMPLS {
+        eprintln!("sock_impl {si:?}");
+        hostile_connections_do_not_disturb_a_verified_workload_on(si);
+    }
+}
+
+fn hostile_connections_do_not_disturb_a_verified_workload_on(si: pollux_nvmf::SockImpl) {
     raise_nofile();
     let total: u64 = std::env::var("POLLUX_HOSTILE_CONNS")
         .ok()
@@ -245,6 +252,7 @@ fn hostile_connections_do_not_disturb_a_verified_workload() {
         .unwrap_or(3000);
     let opts = pollux_nvmf::TransportOptions {
         max_connections: 4096,
+        sock_impl: si,
         ..Default::default()
     };
     let t = ram_target_with(8192, opts, &[0]);

@@ -105,7 +105,10 @@ fn admin_bring_up_properties_and_identify() {
 }
 
 fn io_round_trip(dg: Digests, flow_off: bool) {
-    io_round_trip_on(ram_target(4096), dg, flow_off);
+    for si in SOCK_IMPLS {
+        eprintln!("sock_impl {si:?}");
+        io_round_trip_on(ram_target_on(4096, si), dg, flow_off);
+    }
 }
 
 fn io_round_trip_on(t: pollux_nvmf::Target, dg: Digests, flow_off: bool) {
@@ -497,9 +500,16 @@ fn a_data_digest_error_fails_the_command_not_the_connection() {
 /// connection; a healthy connection's verified I/O goes on in between.
 #[test]
 fn malformed_pdus_terminate_only_their_connection() {
+    for si in SOCK_IMPLS {
+        eprintln!("sock_impl {si:?}");
+        malformed_pdus_terminate_only_their_connection_on(si);
+    }
+}
+
+fn malformed_pdus_terminate_only_their_connection_on(si: pollux_nvmf::SockImpl) {
     use pollux_spec::tcp::{CapsuleCmd, Fes, H2CData, PduLayout};
     use zerocopy::IntoBytes;
-    let t = ram_target(4096);
+    let t = ram_target_on(4096, si);
     let addr = t.listen_addrs()[0];
     let mut a = Client::connect(addr);
     a.ic(Digests::NONE);
@@ -679,6 +689,31 @@ fn every_technique_switch_moves_data_intact() {
                 ..base.clone()
             },
         ),
+        (
+            "io_uring sockets",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                ..base.clone()
+            },
+        ),
+        (
+            "io_uring without registered files, 8 provided buffers of 512 bytes",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                uring_fixed_files: false,
+                uring_rx_buffers: 8,
+                uring_rx_buffer_size: 512,
+                ..base.clone()
+            },
+        ),
+        (
+            "io_uring, no epoll idle sleep",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                epoll_idle: false,
+                ..base.clone()
+            },
+        ),
     ] {
         eprintln!("CASE {what}");
         io_round_trip_on(
@@ -687,5 +722,101 @@ fn every_technique_switch_moves_data_intact() {
             true,
         );
         io_round_trip_on(ram_target_with(4096, o, &cores), Digests::NONE, false);
+    }
+}
+
+/// Closes `s` with a reset (SO_LINGER 0).
+fn reset(s: std::net::TcpStream) {
+    use std::os::fd::AsRawFd;
+    let l = libc::linger {
+        l_onoff: 1,
+        l_linger: 0,
+    };
+    // SAFETY: `l` is a valid linger for the call's duration.
+    unsafe {
+        libc::setsockopt(
+            s.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_LINGER,
+            (&l as *const libc::linger).cast(),
+            std::mem::size_of::<libc::linger>() as libc::socklen_t,
+        );
+    }
+    drop(s);
+}
+
+/// Hosts that vanish in the middle of a transfer (a reset after half the
+/// H2CData of a 128 KiB write; 128 KiB reads asked for, then a reset
+/// without reading them; a close after half a command capsule) leave
+/// nothing behind: their connections go, and another host's verified
+/// I/O goes on, on every socket implementation.
+#[test]
+fn hosts_vanishing_mid_transfer_leave_nothing_behind() {
+    use pollux_spec::tcp::H2CData;
+    use zerocopy::IntoBytes;
+    for si in SOCK_IMPLS {
+        eprintln!("sock_impl {si:?}");
+        let t = ram_target_on(4096, si);
+        let addr = t.listen_addrs()[0];
+        let mut a = Client::connect(addr);
+        a.ic(Digests::NONE);
+        let cntlid = a.bring_up(SUB1, HOST_A, 0);
+        let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, (15 << 16) | 15);
+        sqe.cid = a.next_cid();
+        a.capsule(&sqe, &[]);
+        assert!(a.resp().status().is_success());
+        let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
+        let check = |h: &mut Client, seed: u8| {
+            let d = pattern(128 << 10, seed);
+            assert!(h.write(1, 512, &d, false).status().is_success());
+            assert_eq!(h.read(1, 512, d.len()).0, d);
+        };
+        check(&mut healthy, 1);
+        for round in 0..3u8 {
+            // Half the data of an R2T write, then a reset.
+            let mut w = Client::connect(addr);
+            w.ic(Digests::NONE);
+            w.maxh2c = 4096;
+            let mut sqe = Sqe::rw(NvmOpcode::Write, 1, 0, 256);
+            sqe.cid = w.next_cid();
+            SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut sqe);
+            let c = w.connect_cmd(2 + 2 * round as u16, 63, 0, cntlid, SUB1, HOST_A, true);
+            assert!(c.status().is_success(), "I/O connect");
+            w.capsule(&sqe, &[]);
+            let Pdu::R2T { ttag, .. } = w.recv() else {
+                panic!("expected R2T");
+            };
+            let half = pattern(64 << 10, 7);
+            let (h, l) = H2CData::new(sqe.cid, ttag, 0, 64 << 10, false, w.dg, 0).unwrap();
+            w.send_pdu(h.as_bytes(), &l, &half);
+            reset(w.s);
+            // Reads asked for, never read, then a reset.
+            let mut r = Client::connect(addr);
+            r.ic(Digests::NONE);
+            let c = r.connect_cmd(3 + 2 * round as u16, 63, 0, cntlid, SUB1, HOST_A, true);
+            assert!(c.status().is_success(), "I/O connect");
+            for _ in 0..32 {
+                let mut sqe = Sqe::rw(NvmOpcode::Read, 1, 0, 256);
+                sqe.cid = r.next_cid();
+                SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut sqe);
+                r.capsule(&sqe, &[]);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+            reset(r.s);
+            // Half a capsule, then a close.
+            let mut h = Client::connect(addr);
+            h.ic(Digests::NONE);
+            use std::io::Write;
+            h.s.write_all(&[4, 0, 72, 0]).unwrap();
+            drop(h);
+            check(&mut healthy, round + 2);
+        }
+        // Only the admin and the healthy queue stay.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        while t.connections() > 2 && std::time::Instant::now() < deadline {
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        assert_eq!(t.connections(), 2, "{si:?}: connections left behind");
+        check(&mut healthy, 9);
     }
 }

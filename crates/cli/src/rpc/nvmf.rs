@@ -286,10 +286,15 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             .map(str::to_string);
         check_tgt(&tgt)?;
         let v = other_transports_params(v)?;
+        let sock_given = v.get("sock_impl").is_some();
         // The configuration file's reader: same parameters and messages.
         let mut cfg = TargetConfig::default();
         cfg.apply_entry(&json!({"method": "nvmf_create_transport", "params": v}))
             .map_err(config_err)?;
+        if !sock_given {
+            // The threads' socket implementation (`--sock-impl`) stays.
+            cfg.transport.sock_impl = t.sock_impl();
+        }
         t.create_transport(cfg.transport).map_err(live_err)?;
         Ok(Value::Bool(true))
     });
@@ -372,10 +377,15 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             unsupported("secure_channel", q.secure_channel)?;
             unsupported("ana_state", q.ana_state.is_some())?;
             unsupported("anagrpid", q.anagrpid.is_some())?;
-            unsupported(
-                "sock_impl",
-                q.sock_impl.as_deref().is_some_and(|s| s != "posix"),
-            )?;
+            if let Some(s) = q.sock_impl.as_deref() {
+                // One implementation for the whole target, chosen at start.
+                let running = t.sock_impl().name();
+                if s != running {
+                    return Err(RpcError::invalid_params(format!(
+                        "sock_impl: '{s}': this target's threads run '{running}' (pollux target --sock-impl posix|uring)"
+                    )));
+                }
+            }
             let addr = q.listen_address.addr()?;
             if add {
                 t.add_listener(&q.nqn, addr).map_err(live_err)?;

@@ -99,6 +99,22 @@ pub struct TargetArgs {
     /// unless -c sets it; -c: num_shared_buffers) [default: 511].
     #[arg(long = "num-shared-buffers", value_name = "N")]
     pub num_shared_buffers: Option<u32>,
+    /// Socket implementation of the target's threads: posix (recv and
+    /// sendmsg per connection, epoll when idle) or uring (one io_uring per
+    /// thread: multishot receive into provided buffers, the sends of all
+    /// connections in one io_uring_enter per poll) [default: posix].
+    #[arg(long = "sock-impl", value_name = "IMPL", value_parser = ["posix", "uring"])]
+    pub sock_impl: Option<String>,
+    /// uring: do not register the sockets with the ring (fixed files).
+    #[arg(long = "no-uring-fixed-files")]
+    pub no_uring_fixed_files: bool,
+    /// uring: provided receive buffers per thread, a power of two
+    /// [default: 512].
+    #[arg(long = "uring-rx-buffers", value_name = "N")]
+    pub uring_rx_buffers: Option<u16>,
+    /// uring: bytes of each provided receive buffer [default: 16384].
+    #[arg(long = "uring-rx-buffer-size", value_name = "BYTES")]
+    pub uring_rx_buffer_size: Option<u32>,
     /// Most iovecs in one sendmsg, 1..=512 (512: a full queue's responses
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
@@ -270,6 +286,18 @@ pub fn config(
     if let Some(us) = a.busy_poll {
         t.busy_poll_us = us;
     }
+    if let Some(v) = &a.sock_impl {
+        t.sock_impl = pollux_nvmf::SockImpl::from_name(v).unwrap_or_default();
+    }
+    if a.no_uring_fixed_files {
+        t.uring_fixed_files = false;
+    }
+    if let Some(n) = a.uring_rx_buffers {
+        t.uring_rx_buffers = n;
+    }
+    if let Some(n) = a.uring_rx_buffer_size {
+        t.uring_rx_buffer_size = n;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
@@ -278,6 +306,8 @@ pub fn config(
                 "max_io_size" => "--max-io-size",
                 "send_iov" => "--send-iov",
                 "busy_poll_us" => "--busy-poll",
+                "uring_rx_buffers" => "--uring-rx-buffers",
+                "uring_rx_buffer_size" => "--uring-rx-buffer-size",
                 other => other,
             },
             value,
@@ -651,6 +681,12 @@ mod tests {
             d.num_shared_buffers.to_string()
         );
         assert_eq!(stated("send-iov"), d.send_iov.to_string());
+        assert_eq!(stated("sock-impl"), d.sock_impl.name());
+        assert_eq!(stated("uring-rx-buffers"), d.uring_rx_buffers.to_string());
+        assert_eq!(
+            stated("uring-rx-buffer-size"),
+            d.uring_rx_buffer_size.to_string()
+        );
         assert_eq!(
             stated("handshake-timeout"),
             d.icreq_timeout.as_secs().to_string()

@@ -11,7 +11,7 @@ use serde_json::{Map, Value};
 
 use super::error::ConfigError;
 use super::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
-use super::transport::{MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+use super::transport::{SockImpl, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
 
 impl TargetConfig {
     /// Reads SPDK's JSON configuration (see the module docs) and creates
@@ -134,6 +134,10 @@ impl TargetConfig {
                     "max_unbound_connections",
                     "data_timeout_ms",
                     "busy_poll_us",
+                    "sock_impl",
+                    "uring_fixed_files",
+                    "uring_rx_buffers",
+                    "uring_rx_buffer_size",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -193,6 +197,19 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.uint("busy_poll_us", 0, 1_000_000)? {
                     t.busy_poll_us = v as u32;
+                }
+                if let Some(v) = p.str_opt("sock_impl")? {
+                    t.sock_impl = SockImpl::from_name(v)
+                        .ok_or_else(|| p.bad("sock_impl", format!("'{v}': posix or uring")))?;
+                }
+                if let Some(v) = p.bool_opt("uring_fixed_files")? {
+                    t.uring_fixed_files = v;
+                }
+                if let Some(v) = p.uint("uring_rx_buffers", 1, 1 << 15)? {
+                    t.uring_rx_buffers = v as u16;
+                }
+                if let Some(v) = p.uint("uring_rx_buffer_size", 512, 1 << 20)? {
+                    t.uring_rx_buffer_size = v as u32;
                 }
                 p.bool_opt("zcopy")?;
                 // (SPDK's client sends c2h_success true and zcopy false

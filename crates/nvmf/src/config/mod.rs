@@ -45,4 +45,6 @@ mod transport;
 
 pub use error::ConfigError;
 pub use target::{NamespaceConfig, SubsystemConfig, TargetConfig};
-pub use transport::{TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS};
+pub use transport::{
+    SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS,
+};

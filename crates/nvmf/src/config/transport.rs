@@ -75,6 +75,49 @@ pub struct TransportOptions {
     /// for sockets fed by a NAPI context with an id (a network card's
     /// queue), not on loopback.
     pub busy_poll_us: u32,
+    /// The socket implementation of the target's threads (SPDK's
+    /// vocabulary: `posix`, `uring`; JSON `sock_impl`, CLI `--sock-impl`).
+    pub sock_impl: SockImpl,
+    /// io_uring: the sockets are registered files of each thread's ring
+    /// (JSON `uring_fixed_files`).
+    pub uring_fixed_files: bool,
+    /// io_uring: provided receive buffers of each thread's ring, and their
+    /// size in bytes (multishot receive picks them; JSON
+    /// `uring_rx_buffers`, `uring_rx_buffer_size`).
+    pub uring_rx_buffers: u16,
+    pub uring_rx_buffer_size: u32,
+}
+
+/// The target's socket implementation.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SockImpl {
+    /// Non-blocking sockets: `recv`/`readv` and `sendmsg` per connection,
+    /// idle threads asleep in epoll on the sockets.
+    #[default]
+    Posix,
+    /// One io_uring per thread: multishot receive into provided buffers,
+    /// the sends of all connections submitted in one `io_uring_enter` per
+    /// poll; idle threads asleep in epoll on the ring.
+    Uring,
+}
+
+impl SockImpl {
+    /// SPDK's name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SockImpl::Posix => "posix",
+            SockImpl::Uring => "uring",
+        }
+    }
+
+    /// By SPDK's name.
+    pub fn from_name(s: &str) -> Option<SockImpl> {
+        match s {
+            "posix" => Some(SockImpl::Posix),
+            "uring" => Some(SockImpl::Uring),
+            _ => None,
+        }
+    }
 }
 
 /// Most iovecs in one `sendmsg`: a header and a data segment for each
@@ -114,6 +157,10 @@ impl Default for TransportOptions {
             buf_cache_size: None,
             data_timeout: Duration::from_secs(30),
             busy_poll_us: 0,
+            sock_impl: SockImpl::Posix,
+            uring_fixed_files: true,
+            uring_rx_buffers: 512,
+            uring_rx_buffer_size: 16 << 10,
         }
     }
 }
@@ -249,6 +296,20 @@ impl TransportOptions {
                 "busy_poll_us",
                 self.busy_poll_us as u64,
                 "must be 0..=1000000 microseconds",
+            );
+        }
+        if !self.uring_rx_buffers.is_power_of_two() || self.uring_rx_buffers > 1 << 15 {
+            return bad(
+                "uring_rx_buffers",
+                self.uring_rx_buffers as u64,
+                "must be a power of two, at most 32768",
+            );
+        }
+        if !(512..=1 << 20).contains(&self.uring_rx_buffer_size) {
+            return bad(
+                "uring_rx_buffer_size",
+                self.uring_rx_buffer_size as u64,
+                "must be 512..=1048576",
             );
         }
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {

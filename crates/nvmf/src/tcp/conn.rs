@@ -421,6 +421,11 @@ impl<W: Wire> Tcp<W> {
         }
         qp.now = ctx.now();
         let mut busy = false;
+        // (A wire whose sends complete later: their slots freed before
+        // the commands that may reuse them arrive.)
+        if let Some(r) = self.sock.sent() {
+            busy |= self.sent(ctx, qp, r);
+        }
         if qp.io.as_ref().is_some_and(|q| q.outstanding() > 0) {
             busy |= qp.poll_io(self);
         }

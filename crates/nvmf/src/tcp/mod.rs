@@ -30,4 +30,6 @@ pub(crate) mod conn;
 mod rx;
 pub(crate) mod server;
 pub(crate) mod sock;
+mod sockimpl;
 mod tx;
+pub(crate) mod uring;

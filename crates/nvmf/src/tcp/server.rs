@@ -25,11 +25,13 @@ use std::time::{Duration, Instant};
 
 use pollux_runtime::{Poll, ThreadCtx};
 
-use crate::config::TransportOptions;
+use crate::config::{SockImpl as SockImplKind, TransportOptions};
 use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
 use crate::tcp::sock;
+use crate::tcp::sockimpl::SockImpl;
+use crate::tcp::uring::UringSock;
 
 /// What every runtime thread of the TCP transport shares.
 pub(crate) struct TcpShared {
@@ -124,12 +126,27 @@ impl Listeners {
     }
 }
 
+/// `$body` with `$t` this thread's table (of whichever socket
+/// implementation it has), or `$none` if it has none.
+macro_rules! on_this_table {
+    ($t:ident => $body:expr, $none:expr) => {
+        if let Some($t) = this_table::<TcpStream>() {
+            $body
+        } else if let Some($t) = this_table::<UringSock>() {
+            $body
+        } else {
+            $none
+        }
+    };
+}
+
 /// Thread 0 (a message): accepts on `l` too, bound live.
 pub(crate) fn start_listening(ctx: &mut ThreadCtx, l: TcpListener) {
-    let Some(tab) = this_table() else {
-        return;
-    };
-    with(&tab, |t| {
+    on_this_table!(tab => start_listening_in(ctx, &tab, l), ())
+}
+
+fn start_listening_in<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>, l: TcpListener) {
+    with(tab, |t| {
         if t.accept_resume.is_none() {
             if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
                 tracing::error!("listener wake-up: {e}");
@@ -142,10 +159,15 @@ pub(crate) fn start_listening(ctx: &mut ThreadCtx, l: TcpListener) {
 /// Thread 0 (a message): stops accepting on `addr` and closes its
 /// socket; whether there was one.
 pub(crate) fn stop_listening(ctx: &mut ThreadCtx, addr: SocketAddr) -> bool {
-    let Some(tab) = this_table() else {
-        return false;
-    };
-    with(&tab, |t| {
+    on_this_table!(tab => stop_listening_in(ctx, &tab, addr), false)
+}
+
+fn stop_listening_in<W: SockImpl>(
+    ctx: &mut ThreadCtx,
+    tab: &TableRef<W>,
+    addr: SocketAddr,
+) -> bool {
+    with(tab, |t| {
         let Some(k) = t
             .listeners
             .iter()
@@ -163,11 +185,17 @@ pub(crate) fn stop_listening(ctx: &mut ThreadCtx, addr: SocketAddr) -> bool {
 /// Each thread (a message): what the threads share is replaced (the
 /// transport created live, before any connection: there is none to move).
 pub(crate) fn replace_shared(ctx: &mut ThreadCtx, shared: Arc<Shared>, tcp: Arc<TcpShared>) {
-    let Some(tab) = this_table() else {
-        return;
-    };
+    on_this_table!(tab => replace_shared_in(ctx, &tab, shared, tcp), ())
+}
+
+fn replace_shared_in<W: SockImpl>(
+    ctx: &mut ThreadCtx,
+    tab: &TableRef<W>,
+    shared: Arc<Shared>,
+    tcp: Arc<TcpShared>,
+) {
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
-    with(&tab, |t| {
+    with(tab, |t| {
         t.cache = Rc::new(Cache::new(
             tcp.pool.clone(),
             usize::try_from(cache_bytes).unwrap_or(usize::MAX),
@@ -177,12 +205,14 @@ pub(crate) fn replace_shared(ctx: &mut ThreadCtx, shared: Arc<Shared>, tcp: Arc<
     });
 }
 
-struct Table {
+struct Table<W: SockImpl> {
     shared: Arc<Shared>,
     tcp: Arc<TcpShared>,
     /// This thread's free data buffers.
     cache: Rc<Cache>,
-    conns: Vec<Conn<TcpStream>>,
+    /// What the socket implementation keeps for this thread.
+    io: W::Thread,
+    conns: Vec<Conn<W>>,
     next_id: u64,
     rr: usize,
     listeners: Vec<TcpListener>,
@@ -204,7 +234,7 @@ struct Table {
 /// Least time between two warnings about evicted unbound connections.
 const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
 
-type TableRef = Rc<RefCell<Table>>;
+type TableRef<W> = Rc<RefCell<Table<W>>>;
 
 thread_local! {
     /// This thread's `TableRef`, for messages.
@@ -212,27 +242,28 @@ thread_local! {
 }
 
 /// `f` on the table, unless it is in use (a re-entrant call).
-fn with<R>(t: &TableRef, f: impl FnOnce(&mut Table) -> R) -> Option<R> {
+fn with<W: SockImpl, R>(t: &TableRef<W>, f: impl FnOnce(&mut Table<W>) -> R) -> Option<R> {
     t.try_borrow_mut().ok().map(|mut g| f(&mut g))
 }
 
 /// This thread's table (messages; pollers and timers hold theirs).
-fn this_table() -> Option<TableRef> {
+fn this_table<W: SockImpl>() -> Option<TableRef<W>> {
     TABLE.with(|t| {
         t.try_borrow()
             .ok()?
             .as_ref()?
-            .downcast_ref::<TableRef>()
+            .downcast_ref::<TableRef<W>>()
             .cloned()
     })
 }
 
 /// Closes connection `id` of this thread (its controller went away).
 pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
-    let Some(tab) = this_table() else {
-        return;
-    };
-    with(&tab, |t| {
+    on_this_table!(tab => close_conn_in(ctx, &tab, id), ())
+}
+
+fn close_conn_in<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>, id: u64) {
+    with(tab, |t| {
         if let Some(c) = t.conns.iter_mut().find(|c| c.id() == id) {
             c.close_now(ctx, "controller torn down");
         }
@@ -242,10 +273,11 @@ pub(crate) fn close_conn(ctx: &mut ThreadCtx, id: u64) {
 /// Delivers the asynchronous events of connection `id` of this thread,
 /// an admin queue (a namespace of its subsystem changed).
 pub(crate) fn events_conn(_ctx: &mut ThreadCtx, id: u64) {
-    let Some(tab) = this_table() else {
-        return;
-    };
-    let found = with(&tab, |t| {
+    on_this_table!(tab => events_conn_in(&tab, id), ())
+}
+
+fn events_conn_in<W: SockImpl>(tab: &TableRef<W>, id: u64) {
+    let found = with(tab, |t| {
         t.conns
             .iter_mut()
             .find(|c| c.id() == id)
@@ -265,6 +297,28 @@ pub(crate) fn init(
     tcp: Arc<TcpShared>,
     listeners: Option<Listeners>,
 ) {
+    let name = shared.opts.sock_impl.name();
+    let r = match shared.opts.sock_impl {
+        SockImplKind::Posix => init_with::<TcpStream>(ctx, shared, tcp, listeners),
+        SockImplKind::Uring => init_with::<UringSock>(ctx, shared, tcp, listeners),
+    };
+    if let Err(e) = r {
+        // (`Target::start` probed the implementation: this is unlikely.)
+        tracing::error!(
+            thread = ctx.index(),
+            sock_impl = name,
+            "socket implementation: {e}; this thread serves no connection"
+        );
+    }
+}
+
+fn init_with<W: SockImpl>(
+    ctx: &mut ThreadCtx,
+    shared: Arc<Shared>,
+    tcp: Arc<TcpShared>,
+    listeners: Option<Listeners>,
+) -> std::io::Result<()> {
+    let io = W::thread(ctx, &shared.opts)?;
     let listeners: Vec<TcpListener> = listeners.map(Listeners::into_sockets).unwrap_or_default();
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {
@@ -278,10 +332,11 @@ pub(crate) fn init(
         tcp.pool.clone(),
         usize::try_from(cache_bytes).unwrap_or(usize::MAX),
     ));
-    let tab: TableRef = Rc::new(RefCell::new(Table {
+    let tab: TableRef<W> = Rc::new(RefCell::new(Table {
         shared,
         tcp,
         cache,
+        io,
         conns: Vec::new(),
         next_id: 0,
         rr: 0,
@@ -303,7 +358,11 @@ pub(crate) fn init(
     let t = tab.clone();
     ctx.on_sleep(move || {
         t.try_borrow()
-            .map(|t| t.shared.opts.epoll_idle && !t.conns.iter().any(Conn::needs_poll))
+            .map(|t| {
+                t.shared.opts.epoll_idle
+                    && W::may_sleep(&t.io)
+                    && !t.conns.iter().any(Conn::needs_poll)
+            })
             .unwrap_or(false)
     });
     let t = tab.clone();
@@ -346,21 +405,25 @@ pub(crate) fn init(
         })
         .unwrap_or(true)
     });
+    Ok(())
 }
 
-fn poll(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
+fn poll<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>) -> Poll {
     let busy = with(tab, |t| {
         let mut busy = false;
+        W::begin_poll(&mut t.io);
         for c in t.conns.iter_mut() {
             busy |= c.poll(ctx);
         }
+        // (Before any connection is dropped: the ring's sends end here.)
+        busy |= W::end_poll(&mut t.io);
         let mut k = 0;
         while k < t.conns.len() {
             // A closed connection with requests still at a bdev is kept
             // (its poll reaps them): dropping it would wait on the bdev.
             if t.conns[k].is_closed() && t.conns[k].is_settled() {
-                let c = t.conns.swap_remove(k);
-                let _ = ctx.unregister_wake_fd(c.as_fd());
+                let mut c = t.conns.swap_remove(k);
+                W::forget(&mut t.io, ctx, &mut c);
                 t.tcp.conns.fetch_sub(1, Relaxed);
                 drop(c);
             } else {
@@ -386,7 +449,7 @@ const ACCEPT_EVERY: Duration = Duration::from_micros(200);
 const ACCEPT_BACKOFF_MIN: Duration = Duration::from_millis(10);
 const ACCEPT_BACKOFF_MAX: Duration = Duration::from_secs(1);
 
-fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
+fn accept<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>) -> Poll {
     let mut got: Vec<TcpStream> = Vec::new();
     let now = ctx.now();
     let shared = with(tab, |t| {
@@ -487,7 +550,7 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
             .unwrap_or(0)
         });
         tracing::debug!(?peer, thread, "connection accepted");
-        if let Err(e) = ctx.send(thread, move |ctx| adopt(ctx, s)) {
+        if let Err(e) = ctx.send(thread, move |ctx| adopt::<W>(ctx, s)) {
             tracing::warn!(thread, "connection dropped: {e}");
             tcp.conns.fetch_sub(1, Relaxed);
         }
@@ -495,10 +558,10 @@ fn accept(ctx: &mut ThreadCtx, tab: &TableRef) -> Poll {
     Poll::Busy
 }
 
-fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
+fn adopt<W: SockImpl>(ctx: &mut ThreadCtx, s: TcpStream) {
     let now = ctx.now();
     let thread = ctx.index();
-    let Some(tab) = this_table() else {
+    let Some(tab) = this_table::<W>() else {
         tracing::warn!("connection dropped: this thread serves no target");
         return;
     };
@@ -510,13 +573,9 @@ fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
         evict_unbound(ctx, t, now);
         t.next_id += 1;
         let id = (thread as u64) << 48 | t.next_id;
-        match Conn::new(id, s, t.shared.clone(), t.cache.clone(), thread, now) {
-            Ok(c) => {
-                if let Err(e) = ctx.register_wake_fd(c.as_fd()) {
-                    tracing::warn!("connection wake-up: {e}");
-                }
-                t.conns.push(c);
-            }
+        let (shared, cache) = (t.shared.clone(), t.cache.clone());
+        match W::conn(&mut t.io, ctx, id, s, shared, cache, thread, now) {
+            Ok(c) => t.conns.push(c),
             Err(e) => {
                 tracing::warn!("connection set-up: {e}");
                 t.tcp.conns.fetch_sub(1, Relaxed);
@@ -529,7 +588,7 @@ fn adopt(ctx: &mut ThreadCtx, s: TcpStream) {
 /// share of `max_unbound_connections`, the unbound connection (handshake,
 /// discovery, closing) that has received nothing for longest is closed,
 /// a closing one first. Data hosts' connections are never evicted.
-fn evict_unbound(ctx: &mut ThreadCtx, t: &mut Table, now: Instant) {
+fn evict_unbound<W: SockImpl>(ctx: &mut ThreadCtx, t: &mut Table<W>, now: Instant) {
     let share = t
         .shared
         .opts

@@ -25,6 +25,15 @@ pub trait Wire {
 
     /// `shutdown(2)`.
     fn shutdown(&self, how: Shutdown) -> io::Result<()>;
+
+    /// The bytes a send that completed after [`send_iov`](Self::send_iov)
+    /// returned took (a wire whose sends complete later: `uring`), not yet
+    /// reported; the connection advances its send queue by them before it
+    /// receives. Sockets whose sends complete in the call have none.
+    #[inline(always)]
+    fn sent(&mut self) -> Option<io::Result<usize>> {
+        None
+    }
 }
 
 impl Wire for TcpStream {

@@ -104,6 +104,36 @@ impl<W: Wire> Tcp<W> {
         self.begin_close(ctx, qp, "protocol error");
     }
 
+    /// A send that completed after the flush that queued it took what
+    /// `r` says (a wire whose sends complete later, `Wire::sent`).
+    #[cold]
+    pub(crate) fn sent(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        qp: &mut Qpair,
+        r: std::io::Result<usize>,
+    ) -> bool {
+        match r {
+            Ok(0) => {
+                if self.tx_stalled_since.is_none() {
+                    self.tx_stalled_since = Some(qp.now);
+                }
+                false
+            }
+            Ok(k) => {
+                self.tx_stalled_since = None;
+                // SAFETY: the marks reached follow sent data: the send
+                // completed, the kernel reads none of it any more.
+                self.eng.tx.advance(k, |slot| unsafe { qp.release(slot) });
+                true
+            }
+            Err(e) => {
+                self.close_now(ctx, qp, &format!("send failed: {e}"));
+                true
+            }
+        }
+    }
+
     pub(crate) fn flush(&mut self, ctx: &mut ThreadCtx, qp: &mut Qpair) -> bool {
         let mut busy = false;
         let max_iov = qp.shared.opts.send_iov.clamp(1, sock::MAX_IOV);

@@ -28,6 +28,20 @@ pub fn ram_target(blocks: u64) -> Target {
     ram_target_with(blocks, pollux_nvmf::TransportOptions::default(), &[0])
 }
 
+/// The target's socket implementations: the tests of what each must do
+/// run on every one.
+pub const SOCK_IMPLS: [pollux_nvmf::SockImpl; 2] =
+    [pollux_nvmf::SockImpl::Posix, pollux_nvmf::SockImpl::Uring];
+
+/// As [`ram_target`], on socket implementation `si`.
+pub fn ram_target_on(blocks: u64, si: pollux_nvmf::SockImpl) -> Target {
+    let o = pollux_nvmf::TransportOptions {
+        sock_impl: si,
+        ..Default::default()
+    };
+    ram_target_with(blocks, o, &[0])
+}
+
 pub fn ram_target_with(
     blocks: u64,
     opts: pollux_nvmf::TransportOptions,

@@ -1,0 +1,767 @@
+//! `sock_impl` `uring`: the target's sockets through one io_uring per
+//! runtime thread (SPDK's `sock uring`).
+//!
+//! - Receive: each connection has a multishot receive armed, which picks
+//!   buffers from the thread's provided-buffer ring (`uring_rx_buffers`
+//!   of `uring_rx_buffer_size` bytes); the completions are reaped at the
+//!   start of the thread's poll and queued per connection, and
+//!   [`Wire::recv2`] copies from them (then gives them back). That is one
+//!   copy more than `posix`: data arrives in a provided buffer, then goes
+//!   to the receive buffer (or, large H2CData, straight to the command's
+//!   buffer, where `posix` has the kernel put it directly).
+//! - Send: [`Wire::send_iov`] queues one `SENDMSG` (`MSG_DONTWAIT`) per
+//!   connection and pass; the sends of all connections go to the kernel
+//!   in one `io_uring_enter` at the end of the thread's poll, which also
+//!   waits for their completions (a non-blocking send completes at
+//!   submission): the memory a send names is never read by the kernel
+//!   after the poll, so the send queue's own buffer and the lent slot
+//!   buffers keep the rules of the copying sends. The bytes a send took
+//!   are reported by the connection's next `send_iov` (the send queue
+//!   advances then, its slots released then).
+//! - Files: the sockets are registered files of the ring
+//!   (`uring_fixed_files`), the ring's own descriptor registered too.
+//! - Idle: the ring runs its task work only when asked
+//!   (`DEFER_TASKRUN`); an eventfd registered with it is signalled when
+//!   work arrives and is in the thread's epoll set, so the thread sleeps
+//!   in epoll as with `posix` and wakes on data.
+use std::cell::RefCell;
+use std::collections::VecDeque;
+use std::io;
+use std::net::{Shutdown, TcpStream};
+use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::sync::Arc;
+use std::time::Instant;
+
+use io_uring::types::BufRingEntry;
+use io_uring::{cqueue, opcode, squeue, types, IoUring};
+use pollux_runtime::ThreadCtx;
+
+use crate::config::TransportOptions;
+use crate::pool::Cache;
+use crate::shared::Shared;
+use crate::tcp::conn::Conn;
+use crate::tcp::sock::{Wire, MAX_IOV};
+use crate::tcp::sockimpl::SockImpl;
+
+/// Submission queue entries of a thread's ring (one send per connection
+/// per poll, receives re-armed, cancels; more are submitted as it fills).
+const SQ_ENTRIES: u32 = 1024;
+/// Completion queue entries (multishot receives post many).
+const CQ_ENTRIES: u32 = 8192;
+/// Registered file slots of a ring (connections beyond use plain
+/// descriptors).
+const FIXED_FILES: u32 = 4096;
+/// The provided-buffer group of the receives.
+const BGID: u16 = 0;
+
+const OP_RECV: u64 = 1;
+const OP_SEND: u64 = 2;
+const OP_CANCEL: u64 = 3;
+
+/// A completion's tag: the connection's key, the key's generation (a
+/// key is reused only once its receive has ended), the operation.
+#[inline(always)]
+fn tag(key: u32, gen: u32, op: u64) -> u64 {
+    (key as u64) << 32 | ((gen & 0xff_ffff) as u64) << 8 | op
+}
+
+#[inline(always)]
+fn untag(t: u64) -> (u32, u32, u64) {
+    ((t >> 32) as u32, ((t >> 8) & 0xff_ffff) as u32, t & 0xff)
+}
+
+/// An anonymous private mapping of `len` bytes (page aligned).
+struct Mapping {
+    ptr: *mut u8,
+    len: usize,
+}
+
+impl Mapping {
+    fn new(len: usize) -> io::Result<Mapping> {
+        // SAFETY: a new anonymous private mapping; no existing memory is
+        // touched.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(Mapping { ptr: p.cast(), len })
+    }
+}
+
+impl Drop for Mapping {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in `new`; its owner ([`Ring`]) drops it
+        // only once the kernel no longer uses it (see `Ring::drop`).
+        unsafe { libc::munmap(self.ptr.cast(), self.len) };
+    }
+}
+
+/// The provided buffers: the ring of entries the kernel picks from, and
+/// the buffers. A buffer is either in the ring (the kernel may write
+/// it) or handed to us by a receive's completion (until it is given
+/// back): only then is it read, through [`Ring::buf`].
+struct BufRing {
+    ring: Mapping,
+    bufs: Mapping,
+    size: u32,
+    mask: u16,
+    /// Our tail (entries given to the kernel), published by `publish`.
+    tail: u16,
+    published: u16,
+    /// Buffers handed to us and not given back yet.
+    held: u32,
+    count: u32,
+}
+
+impl BufRing {
+    fn new(count: u16, size: u32) -> io::Result<BufRing> {
+        let ring = Mapping::new((count as usize * 16).max(4096))?;
+        let bufs = Mapping::new(count as usize * size as usize)?;
+        let mut b = BufRing {
+            ring,
+            bufs,
+            size,
+            mask: count - 1,
+            tail: 0,
+            published: 0,
+            held: 0,
+            count: count as u32,
+        };
+        for bid in 0..count {
+            b.give(bid);
+        }
+        b.publish();
+        Ok(b)
+    }
+
+    /// Puts buffer `bid` back in the ring (seen by the kernel at the next
+    /// `publish`).
+    #[inline]
+    fn give(&mut self, bid: u16) {
+        let e = self.ring.ptr.cast::<BufRingEntry>();
+        // SAFETY: the entry is within the ring mapping (`mask` < count),
+        // which only we write between publications (the kernel reads
+        // entries below the published tail, and this one is not).
+        unsafe {
+            let e = &mut *e.add((self.tail & self.mask) as usize);
+            e.set_addr(self.bufs.ptr as u64 + bid as u64 * self.size as u64);
+            e.set_len(self.size);
+            e.set_bid(bid);
+        }
+        self.tail = self.tail.wrapping_add(1);
+    }
+
+    /// Tells the kernel of the buffers given back.
+    #[inline]
+    fn publish(&mut self) {
+        if self.published != self.tail {
+            // SAFETY: the tail field of the first entry of the ring
+            // mapping, a u16 the kernel reads atomically.
+            let t = unsafe { &*BufRingEntry::tail(self.ring.ptr.cast()).cast::<AtomicU16>() };
+            t.store(self.tail, Ordering::Release);
+            self.published = self.tail;
+        }
+    }
+}
+
+/// A received piece: buffer, first byte not yet taken, end.
+#[derive(Clone, Copy)]
+struct Piece {
+    bid: u16,
+    at: u32,
+    end: u32,
+}
+
+/// What the ring keeps for one connection.
+struct Slot {
+    gen: u32,
+    /// The connection still owns this key.
+    live: bool,
+    fd: RawFd,
+    fixed: Option<u32>,
+    /// Received and not yet taken.
+    rx: VecDeque<Piece>,
+    eof: bool,
+    err: Option<i32>,
+    /// The multishot receive is armed (its last completion not seen).
+    armed: bool,
+    /// The receive ended for want of buffers: armed again once there are.
+    rearm: bool,
+    /// A send was queued and has not completed.
+    sending: bool,
+    /// The result of the last send, not yet reported.
+    sent: Option<i32>,
+    /// The send's message and iovecs (in place until it completes).
+    msg: Box<libc::msghdr>,
+    iov: Vec<libc::iovec>,
+}
+
+/// One thread's ring.
+pub(crate) struct Ring {
+    ring: IoUring,
+    bufs: BufRing,
+    slots: Vec<Slot>,
+    free: Vec<u32>,
+    /// Sends queued, not completed.
+    sending: u32,
+    /// Keys whose receive waits for buffers.
+    rearm: Vec<u32>,
+    fixed_files: bool,
+    fixed_free: Vec<u32>,
+    /// Signalled by the ring when task work arrives (in the thread's
+    /// epoll set).
+    event: OwnedFd,
+}
+
+/// A thread's ring, shared by its connections' sockets.
+pub(crate) type RingRef = Rc<RefCell<Ring>>;
+
+impl Ring {
+    fn new(o: &TransportOptions) -> io::Result<Ring> {
+        let ring = IoUring::builder()
+            .setup_single_issuer()
+            .setup_defer_taskrun()
+            .setup_taskrun_flag()
+            .setup_cqsize(CQ_ENTRIES)
+            .build(SQ_ENTRIES)?;
+        let bufs = BufRing::new(o.uring_rx_buffers, o.uring_rx_buffer_size)?;
+        // SAFETY: the ring mapping lives as long as the ring (it is
+        // dropped after it, `Ring::drop`), and holds `count` entries.
+        unsafe {
+            ring.submitter().register_buf_ring_with_flags(
+                bufs.ring.ptr as u64,
+                o.uring_rx_buffers,
+                BGID,
+                0,
+            )?
+        };
+        let mut fixed_free = Vec::new();
+        if o.uring_fixed_files {
+            ring.submitter().register_files_sparse(FIXED_FILES)?;
+            fixed_free = (0..FIXED_FILES).rev().collect();
+        }
+        // SAFETY: eventfd creates a new descriptor, owned here.
+        let efd = unsafe { libc::eventfd(0, libc::EFD_NONBLOCK | libc::EFD_CLOEXEC) };
+        if efd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `efd` is a new descriptor nothing else owns.
+        let event = unsafe { OwnedFd::from_raw_fd(efd) };
+        ring.submitter().register_eventfd(efd)?;
+        // (Best effort: spares the descriptor lookup per enter.)
+        let _ = ring.submitter().register_ring_fd();
+        Ok(Ring {
+            ring,
+            bufs,
+            slots: Vec::new(),
+            free: Vec::new(),
+            sending: 0,
+            rearm: Vec::new(),
+            fixed_files: o.uring_fixed_files,
+            fixed_free,
+            event,
+        })
+    }
+
+    /// Queues `e`, submitting what is queued first if the queue is full.
+    fn push(&mut self, e: &squeue::Entry) -> io::Result<()> {
+        loop {
+            // SAFETY: every entry pushed names memory that stays valid
+            // until its completion (see the callers).
+            if unsafe { self.ring.submission().push(e) }.is_ok() {
+                return Ok(());
+            }
+            self.ring.submit()?;
+        }
+    }
+
+    /// Arms the multishot receive of `key`.
+    fn arm(&mut self, key: u32) -> io::Result<()> {
+        let s = &self.slots[key as usize];
+        let t = tag(key, s.gen, OP_RECV);
+        let e = match s.fixed {
+            Some(f) => opcode::RecvMulti::new(types::Fixed(f), BGID).build(),
+            None => opcode::RecvMulti::new(types::Fd(s.fd), BGID).build(),
+        }
+        .user_data(t);
+        self.push(&e)?;
+        let s = &mut self.slots[key as usize];
+        s.armed = true;
+        s.rearm = false;
+        Ok(())
+    }
+
+    /// A new connection's socket `fd`: its key.
+    fn add(&mut self, fd: RawFd) -> io::Result<u32> {
+        let key = match self.free.pop() {
+            Some(k) => k,
+            None => {
+                self.slots.push(Slot {
+                    gen: 0,
+                    live: false,
+                    fd: -1,
+                    fixed: None,
+                    rx: VecDeque::new(),
+                    eof: false,
+                    err: None,
+                    armed: false,
+                    rearm: false,
+                    sending: false,
+                    sent: None,
+                    // SAFETY: a zeroed msghdr is valid (no name, no
+                    // control, no iovecs).
+                    msg: Box::new(unsafe { std::mem::zeroed() }),
+                    iov: Vec::new(),
+                });
+                (self.slots.len() - 1) as u32
+            }
+        };
+        let mut fixed = None;
+        if self.fixed_files {
+            if let Some(f) = self.fixed_free.pop() {
+                match self.ring.submitter().register_files_update(f, &[fd]) {
+                    Ok(_) => fixed = Some(f),
+                    Err(e) => {
+                        self.fixed_free.push(f);
+                        tracing::debug!("registering a socket with the ring: {e}");
+                    }
+                }
+            }
+        }
+        let s = &mut self.slots[key as usize];
+        s.gen = s.gen.wrapping_add(1);
+        s.live = true;
+        s.fd = fd;
+        s.fixed = fixed;
+        s.rx.clear();
+        s.eof = false;
+        s.err = None;
+        s.sent = None;
+        s.sending = false;
+        if let Err(e) = self.arm(key) {
+            self.remove(key);
+            return Err(e);
+        }
+        Ok(key)
+    }
+
+    /// The connection of `key` is gone: its receive cancelled, its
+    /// buffers given back; the key is reused once the receive ended.
+    fn remove(&mut self, key: u32) {
+        let s = &mut self.slots[key as usize];
+        s.live = false;
+        let pieces: Vec<Piece> = s.rx.drain(..).collect();
+        let (armed, fixed, t) = (s.armed, s.fixed.take(), tag(key, s.gen, OP_RECV));
+        for p in pieces {
+            self.bufs.give(p.bid);
+            self.bufs.held -= 1;
+        }
+        if let Some(f) = fixed {
+            // The receive holds its own reference to the file.
+            if self
+                .ring
+                .submitter()
+                .register_files_update(f, &[-1])
+                .is_ok()
+            {
+                self.fixed_free.push(f);
+            }
+        }
+        if armed {
+            let e = opcode::AsyncCancel::new(t)
+                .build()
+                .user_data(tag(key, 0, OP_CANCEL));
+            if self.push(&e).is_err() {
+                tracing::warn!("cancelling a receive: the ring refused it");
+            }
+        } else {
+            self.free.push(key);
+        }
+    }
+
+    /// The bytes of buffer `bid` from `at` to `end`.
+    #[inline(always)]
+    fn buf(&self, p: Piece) -> &[u8] {
+        let b = &self.bufs;
+        debug_assert!(p.end <= b.size && (p.bid as u32) < b.count);
+        // SAFETY: buffer `bid` was handed to us by a receive's completion
+        // (it is in a connection's queue) and is not in the ring: the
+        // kernel does not write it until it is given back; `end` is within
+        // it (the completion's length).
+        unsafe {
+            std::slice::from_raw_parts(
+                b.bufs
+                    .ptr
+                    .add(p.bid as usize * b.size as usize + p.at as usize),
+                (p.end - p.at) as usize,
+            )
+        }
+    }
+
+    /// Reaps the completion queue.
+    fn reap(&mut self) -> bool {
+        let mut any = false;
+        loop {
+            let mut cq = self.ring.completion();
+            let Some(c) = cq.next() else {
+                break;
+            };
+            drop(cq);
+            any = true;
+            self.complete(c.user_data(), c.result(), c.flags());
+        }
+        any
+    }
+
+    fn complete(&mut self, t: u64, res: i32, flags: u32) {
+        let (key, gen, op) = untag(t);
+        match op {
+            OP_RECV => {
+                let bid = cqueue::buffer_select(flags);
+                let s = &mut self.slots[key as usize];
+                let current = s.live && (s.gen & 0xff_ffff) == gen;
+                if !cqueue::more(flags) {
+                    s.armed = false;
+                }
+                if let Some(bid) = bid {
+                    self.bufs.held += 1;
+                    if current && res > 0 {
+                        s.rx.push_back(Piece {
+                            bid,
+                            at: 0,
+                            end: res as u32,
+                        });
+                    } else {
+                        self.bufs.held -= 1;
+                        self.bufs.give(bid);
+                    }
+                }
+                let s = &mut self.slots[key as usize];
+                if current {
+                    match res {
+                        0 => s.eof = true,
+                        r if r == -libc::ENOBUFS => {
+                            if !s.armed && !s.rearm {
+                                s.rearm = true;
+                                self.rearm.push(key);
+                            }
+                        }
+                        r if r < 0 => s.err = Some(-r),
+                        _ => {
+                            if !s.armed && !s.rearm {
+                                // (Ended without error: armed again.)
+                                s.rearm = true;
+                                self.rearm.push(key);
+                            }
+                        }
+                    }
+                } else if !s.armed && !s.live {
+                    self.free.push(key);
+                }
+            }
+            OP_SEND => {
+                let s = &mut self.slots[key as usize];
+                if s.sending {
+                    s.sending = false;
+                    s.sent = Some(res);
+                    self.sending -= 1;
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Runs what the kernel has for us and reaps it.
+    fn begin(&mut self) {
+        self.bufs.publish();
+        if self.ring.submission().taskrun() {
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!("io_uring_enter: {e}");
+            }
+        }
+        self.reap();
+    }
+
+    /// Submits what the connections queued (their sends, in one
+    /// `io_uring_enter`) and waits until every send completed.
+    fn end(&mut self) -> bool {
+        let mut any = false;
+        if !self.rearm.is_empty() && self.bufs.held < self.bufs.count / 2 {
+            for key in std::mem::take(&mut self.rearm) {
+                let s = &self.slots[key as usize];
+                if s.live && s.rearm && !s.armed && !s.eof && s.err.is_none() {
+                    if let Err(e) = self.arm(key) {
+                        self.slots[key as usize].err = e.raw_os_error();
+                    }
+                }
+            }
+        }
+        self.bufs.publish();
+        let queued = !self.ring.submission().is_empty();
+        if queued || self.ring.submission().taskrun() {
+            any = true;
+            if let Err(e) = self.ring.submit() {
+                tracing::warn!("io_uring_enter: {e}");
+            }
+        }
+        self.reap();
+        // The sends' memory must not be read by the kernel after this
+        // poll: a non-blocking send completes at submission, this waits
+        // only if one did not.
+        while self.sending > 0 {
+            if let Err(e) = self.ring.submit_and_wait(1) {
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    tracing::warn!("io_uring_enter: {e}");
+                }
+            }
+            self.reap();
+        }
+        any
+    }
+
+    /// Whether the thread may sleep: nothing received waits to be taken,
+    /// no receive waits to be armed, no task work pending (the eventfd is
+    /// read here: its next signal is work that came after).
+    fn may_sleep(&mut self) -> bool {
+        let mut v = 0u64;
+        // SAFETY: reads 8 bytes into `v` from our non-blocking eventfd.
+        unsafe {
+            libc::read(
+                self.event.as_raw_fd(),
+                (&mut v as *mut u64).cast(),
+                std::mem::size_of::<u64>(),
+            )
+        };
+        if !self.rearm.is_empty() || self.ring.submission().taskrun() {
+            return false;
+        }
+        if !self.ring.completion().is_empty() {
+            return false;
+        }
+        !self.slots.iter().any(|s| s.live && !s.rx.is_empty())
+    }
+}
+
+impl Drop for Ring {
+    fn drop(&mut self) {
+        // The kernel must be done with the buffers before they are
+        // unmapped: every receive cancelled and ended (the connections,
+        // dropped before, asked for it), then the buffer ring
+        // unregistered.
+        let armed: Vec<u64> = (0..self.slots.len())
+            .filter(|&k| self.slots[k].armed)
+            .map(|k| tag(k as u32, self.slots[k].gen, OP_RECV))
+            .collect();
+        for t in armed {
+            let e = opcode::AsyncCancel::new(t)
+                .build()
+                .user_data(tag(0, 0, OP_CANCEL));
+            let _ = self.push(&e);
+        }
+        let mut rounds = 0;
+        while self.slots.iter().any(|s| s.armed) && rounds < 1000 {
+            if self.ring.submit_and_wait(1).is_err() {
+                break;
+            }
+            self.reap();
+            rounds += 1;
+        }
+        if self.slots.iter().any(|s| s.armed)
+            || self.ring.submitter().unregister_buf_ring(BGID).is_err()
+        {
+            // Never unmap memory the kernel may still write.
+            tracing::warn!("io_uring receives still armed at exit: their buffers are leaked");
+            std::mem::forget(std::mem::replace(
+                &mut self.bufs.bufs,
+                Mapping {
+                    ptr: std::ptr::null_mut(),
+                    len: 0,
+                },
+            ));
+        }
+    }
+}
+
+/// A connection's socket on its thread's ring.
+pub(crate) struct UringSock {
+    stream: TcpStream,
+    ring: RingRef,
+    key: u32,
+}
+
+impl Drop for UringSock {
+    fn drop(&mut self) {
+        if let Ok(mut r) = self.ring.try_borrow_mut() {
+            r.remove(self.key);
+        }
+    }
+}
+
+impl Wire for UringSock {
+    fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>> {
+        let mut r = self.ring.borrow_mut();
+        let r = &mut *r;
+        let key = self.key as usize;
+        if r.slots[key].rx.is_empty() {
+            let s = &r.slots[key];
+            return match (s.err, s.eof) {
+                (Some(e), _) => Err(io::Error::from_raw_os_error(e)),
+                (None, true) => Ok(Some(0)),
+                (None, false) => Ok(None),
+            };
+        }
+        let mut n = 0;
+        for dst in [first, second] {
+            let mut at = 0;
+            while at < dst.len() {
+                let Some(&p) = r.slots[key].rx.front() else {
+                    break;
+                };
+                let src = r.buf(p);
+                let k = src.len().min(dst.len() - at);
+                dst[at..at + k].copy_from_slice(&src[..k]);
+                at += k;
+                let front = r.slots[key].rx.front_mut().expect("just seen");
+                front.at += k as u32;
+                if front.at == front.end {
+                    r.slots[key].rx.pop_front();
+                    r.bufs.give(p.bid);
+                    r.bufs.held -= 1;
+                }
+            }
+            n += at;
+        }
+        Ok(Some(n))
+    }
+
+    /// # Safety
+    /// As the trait's, and the memory stays valid and unwritten until
+    /// the thread's poll ends (`Ring::end` waits for the send).
+    unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
+        let mut r = self.ring.borrow_mut();
+        let r = &mut *r;
+        let key = self.key as usize;
+        let s = &mut r.slots[key];
+        if let Some(res) = s.sent.take() {
+            return match res {
+                n if n >= 0 => Ok(n as usize),
+                e if e == -libc::EAGAIN => Ok(0),
+                e => Err(io::Error::from_raw_os_error(-e)),
+            };
+        }
+        if s.sending || iov.is_empty() {
+            return Ok(0);
+        }
+        s.iov.clear();
+        s.iov.extend_from_slice(&iov[..iov.len().min(MAX_IOV)]);
+        s.msg.msg_iov = s.iov.as_mut_ptr();
+        s.msg.msg_iovlen = s.iov.len() as _;
+        let flags = (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32;
+        let msg: *const libc::msghdr = &*s.msg;
+        let e = match s.fixed {
+            Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
+                .flags(flags)
+                .build(),
+            None => opcode::SendMsg::new(types::Fd(s.fd), msg)
+                .flags(flags)
+                .build(),
+        }
+        .user_data(tag(self.key, s.gen, OP_SEND));
+        // The message and iovecs stay in the slot, unchanged, until the
+        // send completes (`sending`); the memory they name per the
+        // caller's contract.
+        r.push(&e)?;
+        let s = &mut r.slots[key];
+        s.sending = true;
+        r.sending += 1;
+        Ok(0)
+    }
+
+    fn shutdown(&self, how: Shutdown) -> io::Result<()> {
+        self.stream.shutdown(how)
+    }
+
+    #[inline]
+    fn sent(&mut self) -> Option<io::Result<usize>> {
+        let mut r = self.ring.borrow_mut();
+        let res = r.slots[self.key as usize].sent.take()?;
+        Some(match res {
+            n if n >= 0 => Ok(n as usize),
+            e if e == -libc::EAGAIN => Ok(0),
+            e => Err(io::Error::from_raw_os_error(-e)),
+        })
+    }
+}
+
+/// What a thread keeps for `uring`: its ring.
+pub(crate) struct UringThread {
+    ring: RingRef,
+}
+
+impl SockImpl for UringSock {
+    type Thread = UringThread;
+
+    fn thread(ctx: &mut ThreadCtx, o: &TransportOptions) -> io::Result<UringThread> {
+        let ring = Ring::new(o)?;
+        ctx.register_wake_fd(ring.event.as_fd())
+            .map_err(|e| io::Error::other(e.to_string()))?;
+        Ok(UringThread {
+            ring: Rc::new(RefCell::new(ring)),
+        })
+    }
+
+    fn conn(
+        t: &mut UringThread,
+        _ctx: &mut ThreadCtx,
+        id: u64,
+        s: TcpStream,
+        shared: Arc<Shared>,
+        cache: Rc<Cache>,
+        thread: usize,
+        now: Instant,
+    ) -> io::Result<Conn<UringSock>> {
+        s.set_nonblocking(true)?;
+        s.set_nodelay(true)?;
+        let addrs = (s.local_addr()?, s.peer_addr()?);
+        let key = t.ring.borrow_mut().add(s.as_raw_fd())?;
+        let w = UringSock {
+            stream: s,
+            ring: t.ring.clone(),
+            key,
+        };
+        Ok(Conn::with_wire(id, w, addrs, shared, cache, thread, now))
+    }
+
+    fn forget(_t: &mut UringThread, _ctx: &mut ThreadCtx, _c: &mut Conn<UringSock>) {}
+
+    #[inline]
+    fn begin_poll(t: &mut UringThread) {
+        t.ring.borrow_mut().begin();
+    }
+
+    #[inline]
+    fn end_poll(t: &mut UringThread) -> bool {
+        t.ring.borrow_mut().end()
+    }
+
+    fn may_sleep(t: &UringThread) -> bool {
+        t.ring.try_borrow_mut().is_ok_and(|mut r| r.may_sleep())
+    }
+}
+
+/// Whether this kernel gives what `uring` needs (a ring as the threads
+/// set it up): checked before the target starts.
+pub(crate) fn probe(o: &TransportOptions) -> io::Result<()> {
+    Ring::new(o).map(drop)
+}
