@@ -40,6 +40,9 @@ import sys
 import tempfile
 import time
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from ab import round_trip  # noqa: E402  (bench/ab.py: the same round-trip probe)
+
 PORT = 4470
 NQN_NULL = "nqn.2016-06.io.spdk:cnode1"
 NQN_RAM = "nqn.2016-06.io.spdk:cnode2"
@@ -159,14 +162,6 @@ def floor(lb, secs):
         if k in d:
             return float(d[k])
     return None
-
-
-def round_trip(binary):
-    p = subprocess.run([binary, "pingpong", "--json"], capture_output=True, text=True, timeout=120)
-    try:
-        return float(json.loads(p.stdout)["round_trip_ns"])
-    except (ValueError, KeyError):
-        return None
 
 
 def fmt(xs):
