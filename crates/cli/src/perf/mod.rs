@@ -387,6 +387,92 @@ fn check_memory(
     Ok(())
 }
 
+/// What makes one job's context besides the options.
+struct JobShape {
+    label: String,
+    ns: pollux_host::Namespace,
+    bufs: Vec<Option<IoBuf>>,
+    nlb: u32,
+    units: u64,
+    /// I/Os to submit (`u64::MAX`: until stopped).
+    total: u64,
+    /// The job's number (seeds its pattern).
+    seed: u64,
+    random: bool,
+    mix: Mix,
+}
+
+/// A job's context: its pattern, and -L's and --verify's state.
+fn job_ctx(
+    a: &PerfArgs,
+    j: JobShape,
+    written: Option<Arc<verify::Written>>,
+    lat_clock: clock::LatClock,
+) -> Result<JobCtx, PerfError> {
+    let depth = a.run.queue_depth as usize;
+    let JobShape {
+        label,
+        ns,
+        bufs,
+        nlb,
+        units,
+        total,
+        seed,
+        random,
+        mix,
+    } = j;
+    let verify = written.map(|w| verify::Verify::new(w, ns.lba_shift(), depth));
+    let latency = if a.run.latency > 0 {
+        // Reads and writes apart when the workload mixes them.
+        let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
+            1
+        } else {
+            2
+        };
+        let hist = (0..n)
+            .map(|_| latency::histogram())
+            .collect::<Result<_, _>>()
+            .map_err(|e| PerfError::Args(e.to_string()))?;
+        Some(Latency {
+            clock: lat_clock,
+            submit: vec![0; depth],
+            mixed: n - 1,
+            hist,
+        })
+    } else {
+        None
+    };
+    Ok(JobCtx {
+        label,
+        ns,
+        bufs,
+        io_size: a.run.io_size as usize,
+        nlb,
+        pat: Pattern {
+            units,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ ((seed + 1) << 32 | ns.nsid() as u64),
+            random,
+            mix,
+            seq: 0,
+        },
+        total,
+        stop_at: 0,
+        ios: 0,
+        errors: 0,
+        first_errors: Vec::new(),
+        errlog: Default::default(),
+        slow: latency.is_some() || verify.is_some(),
+        latency,
+        verify,
+        slot_lba: if a.run.verify {
+            vec![0; depth]
+        } else {
+            Vec::new()
+        },
+        retry: Vec::new(),
+    })
+}
+
 /// Runs the benchmark and prints its report.
 pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let online = online_cpus();
@@ -495,70 +581,35 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
                 };
-                let verify = if a.run.verify {
-                    let w = written
+                let verify = a.run.verify.then(|| {
+                    written
                         .entry((di, ns.nsid()))
                         .or_insert_with(|| verify::Written::new(units))
-                        .clone();
-                    Some(verify::Verify::new(w, ns.lba_shift(), depth))
-                } else {
-                    None
-                };
-                let latency = if a.run.latency > 0 {
-                    // Reads and writes apart when the workload mixes them.
-                    let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
-                        1
-                    } else {
-                        2
-                    };
-                    let hist = (0..n)
-                        .map(|_| latency::histogram())
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| PerfError::Args(e.to_string()))?;
-                    Some(Latency {
-                        clock: lat_clock,
-                        submit: vec![0; depth],
-                        mixed: n - 1,
-                        hist,
-                    })
-                } else {
-                    None
-                };
-                let ctx = JobCtx {
-                    label: format!(
-                        "{} NSID {} qpair {} from core {}",
-                        d.name,
-                        ns.nsid(),
-                        p,
-                        cores[w]
-                    ),
-                    ns: *ns,
-                    bufs,
-                    io_size: io,
-                    nlb,
-                    pat: Pattern {
+                        .clone()
+                });
+                let label = format!(
+                    "{} NSID {} qpair {} from core {}",
+                    d.name,
+                    ns.nsid(),
+                    p,
+                    cores[w]
+                );
+                let ctx = job_ctx(
+                    &a,
+                    JobShape {
+                        label,
+                        ns: *ns,
+                        bufs,
+                        nlb,
                         units,
-                        rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid() as u64),
+                        total,
+                        seed: njobs as u64,
                         random,
                         mix,
-                        seq: 0,
                     },
-                    total,
-                    stop_at: 0,
-                    ios: 0,
-                    errors: 0,
-                    first_errors: Vec::new(),
-                    errlog: Default::default(),
-                    slow: latency.is_some() || verify.is_some(),
-                    latency,
                     verify,
-                    slot_lba: if a.run.verify {
-                        vec![0; depth]
-                    } else {
-                        Vec::new()
-                    },
-                    retry: Vec::new(),
-                };
+                    lat_clock,
+                )?;
                 per_worker[w].push(Job { qp, ctx });
                 njobs += 1;
             }
