@@ -60,6 +60,19 @@ impl AnaPort {
         s.groups.get(&anagrpid).copied().unwrap_or((s.default, 0))
     }
 
+    /// The default state and the groups set apart from it: what a
+    /// configuration must say to make this port again.
+    pub fn snapshot(&self) -> (AnaState, Vec<(u32, AnaState)>) {
+        let s = self.lock();
+        let groups = s
+            .groups
+            .iter()
+            .filter(|(_, g)| g.0 != s.default)
+            .map(|(&id, g)| (id, g.0))
+            .collect();
+        (s.default, groups)
+    }
+
     /// The port's change count (bumped by every change).
     pub fn change_count(&self) -> u64 {
         self.lock().chgcnt
