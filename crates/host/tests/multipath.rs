@@ -12,6 +12,7 @@ use pollux_host::{
     ControllerOptions, IoBuf, MpQueuePair, Multipath, MultipathError, Policy, QpairOptions,
     Selector, Trid,
 };
+use pollux_spec::log::AnaState;
 
 const NQN: &str = "nqn.2024-01.io.pollux:multipath";
 const BLOCKS: u64 = 2048;
@@ -22,6 +23,33 @@ fn target(
     serial: Option<&str>,
     port: u16,
 ) -> pollux_nvmf::Target {
+    target_with(bdev, nqn, serial, port, |_| {})
+}
+
+/// A target reporting ANA, its listener in `state`, giving controller IDs
+/// `cntlid` (disjoint per target: one host, two controllers).
+fn ana_target(
+    bdev: &pollux_bdev::Bdev,
+    state: AnaState,
+    cntlid: (u16, u16),
+) -> pollux_nvmf::Target {
+    target_with(bdev, NQN, None, 0, |s| {
+        s.ana_reporting = true;
+        (s.min_cntlid, s.max_cntlid) = cntlid;
+        if state != AnaState::Optimized {
+            let l = s.listeners[0];
+            s.ana_states.push((l, None, state));
+        }
+    })
+}
+
+fn target_with(
+    bdev: &pollux_bdev::Bdev,
+    nqn: &str,
+    serial: Option<&str>,
+    port: u16,
+    more: impl FnOnce(&mut pollux_nvmf::SubsystemConfig),
+) -> pollux_nvmf::Target {
     let mut cfg = pollux_nvmf::TargetConfig::default();
     cfg.bdevs.push(bdev.clone());
     let mut s = pollux_nvmf::SubsystemConfig::new(nqn);
@@ -29,8 +57,10 @@ fn target(
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push(SocketAddr::from(([127, 0, 0, 1], port)));
+    more(&mut s);
     cfg.subsystems.push(s);
     pollux_nvmf::Target::start(cfg, &[0], pollux_nvmf::RuntimeOptions::default()).unwrap()
 }
@@ -306,4 +336,55 @@ fn a_path_that_dies_fails_over_and_comes_back() {
     assert_eq!((s[0].downs, s[0].ups), (1, 1), "{s:?}");
     assert!(s[1].downs == 0, "{s:?}");
     drop(again);
+}
+
+/// ANA states choose the path: the optimized one over the non-optimized
+/// one; when it turns inaccessible (live, as
+/// nvmf_subsystem_listener_set_ana_state does), the I/O it refuses goes
+/// on the other path with no error; when it is optimized again, a later
+/// reading of its ANA log brings it back.
+#[test]
+fn ana_states_choose_the_path_and_follow_changes() {
+    let b = ram();
+    let opt = ana_target(&b, AnaState::Optimized, (1, 99));
+    let non = ana_target(&b, AnaState::NonOptimized, (100, 199));
+    let m = Multipath::connect(
+        &[trid(&non, NQN), trid(&opt, NQN)],
+        &ControllerOptions::default(),
+        None,
+        Policy::ActiveActive,
+        Selector::RoundRobin,
+    )
+    .unwrap();
+    let mut mp = m
+        .alloc_qpair(QpairOptions {
+            depth: 16,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut v = Verify::new(16);
+    v.start(&mut mp, &m);
+    v.run(&mut mp, |_, v| v.ios >= 1000);
+    assert_eq!(
+        stats(&mp)[0].submitted,
+        0,
+        "non-optimized path used: {:?}",
+        stats(&mp)
+    );
+    let addr = opt.listen_addrs()[0];
+    opt.set_ana_state(NQN, addr, AnaState::Inaccessible, None)
+        .unwrap();
+    v.run(&mut mp, |mp, _| !mp.path_usable(1));
+    let at = v.ios;
+    v.run(&mut mp, |_, v| v.ios >= at + 1000);
+    let s = stats(&mp);
+    assert!(s[0].submitted >= 1000, "{s:?}");
+    assert_eq!(s[1].downs, 0, "an ANA state is not a path failure: {s:?}");
+    opt.set_ana_state(NQN, addr, AnaState::Optimized, None)
+        .unwrap();
+    v.run(&mut mp, |mp, _| mp.path_usable(1));
+    let before = stats(&mp)[1].submitted;
+    v.run(&mut mp, |mp, _| stats(mp)[1].submitted >= before + 500);
+    v.drain(&mut mp);
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
 }

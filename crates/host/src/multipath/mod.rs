@@ -18,9 +18,12 @@
 //! controller is down. The state is read from the ANA log page at
 //! connect, again when an I/O gets an ANA path status (Asymmetric Access
 //! Inaccessible, Persistent Loss, Transition), and when a path comes
-//! back; a controller without ANA reporting (CMIC bit 3) is optimized.
-//! (ANA Change notices, AENs, are not used: the host core does not run
-//! Asynchronous Event Requests.) Among the best paths, as SPDK's
+//! back, and every 65536 polls of a queue pair for a path whose state
+//! makes it unusable (at most every [`PROBE_INTERVAL`]); a controller
+//! without ANA reporting (CMIC bit 3) is optimized. (ANA Change notices,
+//! AENs, are not used: the host core does not run Asynchronous Event
+//! Requests; so a path that is usable, e.g. non-optimized, learns of a
+//! better state only through an I/O's ANA status.) Among the best paths, as SPDK's
 //! `bdev_nvme_set_multipath_policy`: [`Policy::ActivePassive`] uses the
 //! first (in the order given) until it fails; [`Policy::ActiveActive`]
 //! spreads I/O by [`Selector::RoundRobin`] or [`Selector::QueueDepth`]

@@ -185,8 +185,17 @@ pub struct MpQueuePair {
     /// `Paths::ana_gen` when the ranks were last read.
     ana_gen: u32,
     ndown: usize,
+    /// Some path's ANA state makes it unusable: its ANA log is read again
+    /// every `ANA_POLLS` polls (no ANA Change notices: see the module
+    /// docs).
+    unusable: bool,
+    polls: u32,
     next_probe: Option<Instant>,
 }
+
+/// Polls between two readings of the ANA state of a path whose state
+/// makes it unusable (at most every `PROBE_INTERVAL` too).
+const ANA_POLLS: u32 = 1 << 16;
 
 impl MpQueuePair {
     pub(crate) fn new(paths: Arc<Paths>, qps: Vec<(QueuePair, Namespace)>, slots: usize) -> Self {
@@ -231,6 +240,8 @@ impl MpQueuePair {
             active: 0,
             ana_gen,
             ndown: 0,
+            unusable: false,
+            polls: 0,
             next_probe: None,
         };
         me.recompute();
@@ -377,6 +388,7 @@ impl MpQueuePair {
     /// The best rank and the first path of it.
     fn recompute(&mut self) {
         self.best = self.qps.iter().map(|q| q.rank).min().unwrap_or(DOWN);
+        self.unusable = self.qps.iter().any(|q| q.rank == UNUSABLE);
         self.active = self
             .qps
             .iter()
@@ -416,8 +428,10 @@ impl MpQueuePair {
                 });
             }
         }
+        self.polls = self.polls.wrapping_add(1);
         if self.b.cold
             || self.ndown > 0
+            || (self.unusable && self.polls & (ANA_POLLS - 1) == 0)
             || !self.b.again.is_empty()
             || !self.b.parked.is_empty()
             || self
@@ -492,12 +506,11 @@ impl MpQueuePair {
         self.b.spare = spare;
     }
 
-    /// Down paths whose controller is ready again come back; ANA states
-    /// that make every path unusable are read again. At most every
+    /// Down paths whose controller is ready again come back; the ANA
+    /// states of unusable paths are read again. At most every
     /// `PROBE_INTERVAL`.
     fn probe(&mut self) {
-        let stuck = self.best >= UNUSABLE && !self.b.again.is_empty();
-        if self.ndown == 0 && !stuck {
+        if self.ndown == 0 && !self.unusable {
             return;
         }
         let now = Instant::now();
