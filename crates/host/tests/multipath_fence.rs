@@ -137,3 +137,37 @@ fn a_write_the_host_gave_up_on_waits_for_its_path_to_be_fenced() {
         &d.as_slice()[..4]
     );
 }
+
+/// A path status every path returns for a request is the caller's after
+/// five sendings again (Linux's nvme_max_retries): it cannot loop.
+#[test]
+fn a_path_error_every_path_returns_ends_after_five_resends() {
+    let mut emu = Inline::default();
+    let t: Trid = "trtype:soft backend:ram size:1MiB".parse().unwrap();
+    let opts = ControllerOptions::default();
+    let a = connect_with(&t, &opts, &mut emu).unwrap();
+    let b = connect_with(&t, &opts, &mut emu).unwrap();
+    let devs = emu.made.clone();
+    let m = Multipath::new(
+        vec![("A".into(), a), ("B".into(), b)],
+        None,
+        Policy::ActiveActive,
+        Selector::RoundRobin,
+    )
+    .unwrap();
+    let mut mp = m.alloc_qpair(QpairOptions::default()).unwrap();
+    let cpe = Status::new(sct::PATH, path::CONTROLLER_PATHING_ERROR, false);
+    for d in &devs {
+        d.add_fault(rule(NvmOpcode::Read, FaultAction::Status(cpe), None));
+    }
+    let buf = IoBuf::new(m.controller(0).unwrap().alloc_dma(4096).unwrap()).truncate(512);
+    mp.read(0, 1, buf, 9).unwrap();
+    mp.flush();
+    let mut got = Vec::new();
+    spin(&mut mp, &devs, Duration::from_millis(100), &mut got);
+    assert_eq!(got.len(), 1, "{got:?}");
+    assert_eq!(got[0].result, Err(pollux_host::IoError::Nvme(cpe)));
+    let sent: u64 = mp.path_stats().iter().map(|(_, s)| s.submitted).sum();
+    assert_eq!(sent, 6, "sent once and again five times");
+    assert_eq!(mp.in_flight(), 0);
+}

@@ -5,6 +5,11 @@
 use pollux_nvme::IoError;
 use pollux_spec::status::{path, sct};
 
+/// Most times one I/O is sent again (Linux's nvme_max_retries): then its
+/// path error is the caller's, so a status that every path returns cannot
+/// loop forever.
+pub(crate) const MAX_RESENDS: u8 = 5;
+
 /// What to do with a failed I/O.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Verdict {

@@ -32,7 +32,8 @@
 //! # Failover, and the rule for writes
 //! An I/O that fails on a path with a path error is sent again on
 //! another path, and the caller sees one completion for it, never the
-//! error; other errors (media errors, invalid fields, ...) are the
+//! error (unless it was sent again five times already, Linux's
+//! `nvme_max_retries`: then the error is the caller's); other errors (media errors, invalid fields, ...) are the
 //! caller's, as on one path. The path errors: the transport's
 //! (`FastFail`, `ControllerReset`, `ControllerFailed`), and NVMe status
 //! of the Path Related type without DNR (ANA states; host, controller and

@@ -14,7 +14,7 @@ use std::time::Instant;
 
 use pollux_nvme::{Completion, IoBuf, IoError, Namespace, Refused, SubmitError};
 
-use super::failover::{classify, fence, Fence, PathView, Verdict};
+use super::failover::{classify, fence, Fence, PathView, Verdict, MAX_RESENDS};
 use super::paths::{Paths, Policy, Selector, DOWN, PROBE_INTERVAL, UNUSABLE};
 use crate::qpair::QueuePair;
 
@@ -45,6 +45,8 @@ struct Tag {
     lba: u64,
     nlb: u32,
     write: bool,
+    /// Times it was sent again.
+    resent: u8,
 }
 
 /// A write waiting for its path's fence.
@@ -134,10 +136,15 @@ impl Books {
         buf: Option<IoBuf>,
     ) {
         let ctrl = &paths.list[p].ctrl;
-        match (
-            classify(e, t.write, ctrl.may_still_transfer(), buf.is_some()),
-            buf,
-        ) {
+        let verdict = if t.resent >= MAX_RESENDS {
+            Verdict::Deliver
+        } else {
+            classify(e, t.write, ctrl.may_still_transfer(), buf.is_some())
+        };
+        if matches!(verdict, Verdict::Now { .. } | Verdict::AfterFence) {
+            self.tags[tag as usize].resent += 1;
+        }
+        match (verdict, buf) {
             (Verdict::Now { down, ana }, Some(buf)) => {
                 self.down |= u64::from(down) << p;
                 self.ana |= u64::from(ana) << p;
@@ -283,6 +290,7 @@ impl MpQueuePair {
             lba,
             nlb,
             write,
+            resent: 0,
         };
         let r = self.issue(tag, buf);
         if r.is_err() {
