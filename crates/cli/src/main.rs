@@ -43,7 +43,7 @@ enum Command {
         cmd: setup::SetupCommand,
     },
     /// Serve bdevs over NVMe/TCP (an NVMe-oF target, modelled on SPDK's nvmf_tgt).
-    Target(target::TargetArgs),
+    Target(Box<target::TargetArgs>),
     /// Measure the cross-core cache-line round trip (the floor under QD 1 latency).
     Pingpong(pingpong::PingpongArgs),
     /// Call a JSON-RPC method of a running target or bdevperf (as SPDK's rpc.py does).
@@ -93,7 +93,7 @@ fn main() {
                 2
             }
         },
-        Command::Target(args) => match target::run(args) {
+        Command::Target(args) => match target::run(*args) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("pollux target: {e}");

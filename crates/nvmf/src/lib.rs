@@ -67,6 +67,7 @@ mod discovery;
 mod fabrics;
 mod io;
 mod live;
+mod live_ana;
 mod live_ns;
 mod model;
 mod pool;
@@ -78,12 +79,15 @@ pub mod testing;
 mod tgt;
 
 pub use config::{
-    ConfigError, NamespaceConfig, SockImpl, SubsystemConfig, TargetConfig, TransportOptions,
+    check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, ConfigError, NamespaceConfig,
+    SockImpl, SubsystemConfig, TargetConfig, TransportOptions, CNTLID_MAX, CNTLID_MIN,
     MAX_SEND_IOV,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;
+pub use pollux_controller::NsIds;
 pub use pollux_runtime::RuntimeOptions;
+pub use pollux_spec::log::AnaState;
 pub use tgt::{Target, TargetError};

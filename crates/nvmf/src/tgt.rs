@@ -4,8 +4,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
 
+use pollux_controller::AnaPort;
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
+use pollux_spec::log::AnaState;
 
 use crate::config::{ConfigError, TargetConfig, TransportOptions};
 use crate::model::{ModelError, Subsys, SubsysParams};
@@ -89,6 +91,8 @@ pub(crate) fn subsys_params(
         max_io_size: o.max_io_size,
         in_capsule_data: o.in_capsule_data_size,
         kas: o.kas,
+        ana_reporting: false,
+        multipath: false,
     }
 }
 
@@ -103,6 +107,8 @@ pub(crate) fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetErr
         max_io_size: o.max_io_size,
         in_capsule_data: 0,
         kas: o.kas,
+        ana_reporting: false,
+        multipath: false,
     };
     Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
         nqn: DISCOVERY_NQN.into(),
@@ -154,13 +160,28 @@ impl Target {
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
         for (k, s) in cfg.subsystems.iter().enumerate() {
-            let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
-            let model = Subsys::with_namespaces(&p, cfg.ns_bdevs(s)).map_err(|source| {
+            let mut p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
+            p.ana_reporting = s.ana_reporting;
+            p.multipath = s.ana_reporting
+                || (s.min_cntlid, s.max_cntlid)
+                    != (crate::config::CNTLID_MIN, crate::config::CNTLID_MAX);
+            let model = Subsys::with_namespaces(&p, cfg.ns_specs(s)).map_err(|source| {
                 TargetError::Model {
                     nqn: s.nqn.clone(),
                     source,
                 }
             })?;
+            let ana_ports = s
+                .listeners
+                .iter()
+                .map(|a| {
+                    let port = Arc::new(AnaPort::new(AnaState::Optimized));
+                    for (_, g, st) in s.ana_states.iter().filter(|(l, _, _)| l == a) {
+                        port.set(*g, *st);
+                    }
+                    (listen.real(a), port)
+                })
+                .collect();
             subsystems.push(Arc::new(SubsysEntry {
                 id: k as u64 + 1,
                 model,
@@ -168,6 +189,8 @@ impl Target {
                 hosts: s.hosts.clone(),
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
                 max_namespaces: s.max_namespaces,
+                cntlids: (s.min_cntlid, s.max_cntlid),
+                ana_ports,
             }));
         }
         let live = Live {

@@ -44,7 +44,10 @@ mod target;
 mod transport;
 
 pub use error::ConfigError;
-pub use target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+pub use target::{
+    check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, NamespaceConfig, SubsystemConfig,
+    TargetConfig, CNTLID_MAX, CNTLID_MIN,
+};
 pub use transport::{
     SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS,
 };
