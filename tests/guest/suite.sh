@@ -305,3 +305,5 @@ check setup-list-final listed "$BDF.* nvme "
 . /opt/target.sh   # Linux's host (nvme-tcp) -> pollux target
 . /opt/ns-live.sh  # namespaces added and removed live over JSON-RPC, Linux rescans
 ns_live_checks
+# --- Multipath: Linux native multipath over two pollux targets ----------
+. /opt/multipath.sh; multipath_checks
