@@ -641,13 +641,20 @@ mod tests {
         )
         .unwrap_err();
         assert!(e.message.contains("serial"), "{}", e.message);
+        // (ANA reporting and controller ID ranges are taken now: a bad
+        // range is refused naming it.)
         let e = call(
             &m,
             "nvmf_create_subsystem",
-            json!({"nqn": NQN, "ana_reporting": true}),
+            json!({"nqn": NQN, "min_cntlid": 9, "max_cntlid": 3}),
         )
         .unwrap_err();
-        assert!(e.message.contains("ana_reporting"), "{}", e.message);
+        assert_eq!(e.code, -32602);
+        assert!(
+            e.message.contains("controller ID range 9-3"),
+            "{}",
+            e.message
+        );
         // rpc.py nvmf_subsystem_add_listener NQN -t tcp -a 127.0.0.1 -s 0
         let l = json!({"nqn": NQN, "listen_address": {"trtype": "tcp", "adrfam": "ipv4", "traddr": "127.0.0.1", "trsvcid": "0"}});
         assert_eq!(call(&m, "nvmf_subsystem_add_listener", l), Ok(json!(true)));
