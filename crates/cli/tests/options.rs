@@ -89,6 +89,9 @@ fn perf_help_lists_every_option() {
         ("--interrupts", None),
         ("--cq-line-batch", None),
         ("--no-shadow-doorbell", None),
+        ("--multipath", None),
+        ("--multipath-policy", Some("active_active")),
+        ("--multipath-selector", Some("round_robin")),
     ]);
     lists_exactly("perf", &want);
 }
