@@ -1,5 +1,5 @@
 //! `pollux` — command-line tools of the pollux NVMe stack.
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
 mod bdevperf;
 mod common;
@@ -14,7 +14,7 @@ mod rpc_client;
 mod setup;
 mod target;
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "pollux",
     version,
@@ -43,7 +43,7 @@ enum Command {
         cmd: setup::SetupCommand,
     },
     /// Serve bdevs over NVMe/TCP (an NVMe-oF target, modelled on SPDK's nvmf_tgt).
-    Target(target::TargetArgs),
+    Target(Box<target::TargetArgs>),
     /// Measure the cross-core cache-line round trip (the floor under QD 1 latency).
     Pingpong(pingpong::PingpongArgs),
     /// Call a JSON-RPC method of a running target or bdevperf (as SPDK's rpc.py does).
@@ -63,7 +63,12 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .init();
-    let cli = Cli::parse();
+    let m = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    // `pollux target`: each --dhchap-key goes to the --host before it.
+    if let (Command::Target(a), Some(("target", tm))) = (&mut cli.cmd, m.subcommand()) {
+        a.dhchap.record_order(tm);
+    }
     let code = match cli.cmd {
         Command::Perf(args) => match perf::run(args) {
             Ok(report) => {
@@ -93,7 +98,7 @@ fn main() {
                 2
             }
         },
-        Command::Target(args) => match target::run(args) {
+        Command::Target(args) => match target::run(*args) {
             Ok(()) => 0,
             Err(e) => {
                 eprintln!("pollux target: {e}");

@@ -14,9 +14,14 @@ use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
 use zerocopy::FromBytes;
 
+use crate::auth::state::QueueAuth;
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
 use crate::shared::{listener_of, lock, ConnRef, CtrlEntry, SubsysId};
+
+/// AUTHREQ's ATR bit (Connect response DW0 bit 17): the host must
+/// authenticate (DH-HMAC-CHAP) before anything else on the queue.
+const AUTHREQ_ATR: u16 = 1 << 1;
 
 /// A refused Connect: its status, DW0 and why (for the target's log).
 type Refusal = (Status, u32, String);
@@ -58,7 +63,9 @@ impl Qpair {
         }
         match self.connect::<X>(ctx, sqe) {
             Ok(cntlid) => {
-                let dw0 = ConnectResponse::Success { cntlid, authreq: 0 }.dw0();
+                // AUTHREQ.ATR: the host authenticates before anything else.
+                let authreq = if self.auth.is_some() { AUTHREQ_ATR } else { 0 };
+                let dw0 = ConnectResponse::Success { cntlid, authreq }.dw0();
                 self.advance_sqhd();
                 self.answer(x, sqe.cid, Status::SUCCESS, dw0);
             }
@@ -188,6 +195,19 @@ impl Qpair {
                 ));
             }
         }
+        // DH-HMAC-CHAP: a host with a key authenticates on every queue.
+        let mut auth = entry
+            .as_ref()
+            .and_then(|e| e.host_keys.iter().find(|k| k.host == hostnqn))
+            .map(|k| {
+                Box::new(QueueAuth::new(
+                    k.clone(),
+                    shared.auth,
+                    subnqn,
+                    cmd.qid,
+                    self.now,
+                ))
+            });
         let model = match &entry {
             Some(e) => &e.model,
             None => &shared.discovery,
@@ -343,7 +363,11 @@ impl Qpair {
             drop(ctrl);
             e.io.push((cmd.qid, me));
             cntlid = data.cntlid;
-            self.io = Some(q);
+            // Not authenticated yet: the I/O queue waits aside.
+            match auth.as_mut() {
+                Some(a) => a.parked_io = Some(q),
+                None => self.io = Some(q),
+            }
             self.icd_max = shared.opts.in_capsule_data_size;
             self.bound = Bound::Io {
                 cntlid,
@@ -362,18 +386,34 @@ impl Qpair {
         self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
         self.make_slots(entries);
         self.sqhd = 0;
+        self.auth = auth;
         Ok(cntlid)
     }
 
-    /// A Fabrics command on a connected queue: Property Get/Set and
-    /// Disconnect.
+    /// A Fabrics command on a connected queue: Property Get/Set,
+    /// Disconnect, Authentication Send/Receive (`icd`: bytes of
+    /// in-capsule data).
     pub(crate) fn fabrics<X: QueueTransport>(
         &mut self,
         ctx: &mut ThreadCtx,
         x: &mut X,
         i: u16,
         sqe: &Sqe,
+        icd: u32,
     ) {
+        match FcType::of(sqe) {
+            Some(FcType::AuthenticationSend) => {
+                return self.auth_command(ctx, x, i, sqe, icd, true)
+            }
+            Some(FcType::AuthenticationReceive) => {
+                return self.auth_command(ctx, x, i, sqe, icd, false)
+            }
+            _ if self.auth_gated() => {
+                let st = fabrics_status(fabrics_sc::AUTHENTICATION_REQUIRED);
+                return self.finish(x, i, st, 0, 0);
+            }
+            _ => {}
+        }
         let Bound::Admin { ctrl, .. } = &self.bound else {
             // Only Connect goes on an I/O queue, and only once.
             let st = match FcType::of(sqe) {

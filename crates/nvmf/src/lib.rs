@@ -61,6 +61,8 @@
 //! `testing` (hidden) is what `tests/fuzz/` needs to drive a connection
 //! over memory; it is not part of the API.
 mod admin;
+mod auth;
+mod auth_shim;
 mod buf;
 pub mod config;
 mod discovery;
@@ -77,6 +79,9 @@ mod tcp;
 pub mod testing;
 mod tgt;
 
+pub use config::{
+    mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
+};
 pub use config::{
     ConfigError, NamespaceConfig, SockImpl, SubsystemConfig, TargetConfig, TransportOptions,
     MAX_SEND_IOV,

@@ -2,7 +2,7 @@
 //! `lib/nvmf/nvmf_rpc.c`: same method names, parameters (decoded with
 //! `deny_unknown_fields`, so a misspelt one is named), defaults, results
 //! and error codes, on `pollux_nvmf::Target`'s live API. SPDK parameters
-//! pollux does not implement (TLS PSKs, DH-HMAC-CHAP keys, ANA, cntlid
+//! pollux does not implement (TLS PSKs, ANA, cntlid
 //! ranges, a second target `tgt_name`) are refused naming the parameter
 //! unless given their default.
 use std::net::SocketAddr;
@@ -31,6 +31,7 @@ fn live_err(e: LiveError) -> RpcError {
         | LiveError::InvalidBdev { .. }
         | LiveError::InvalidSubsystem { .. }
         | LiveError::InvalidHost { .. }
+        | LiveError::Key(_)
         | LiveError::InvalidAddress { .. }
         | LiveError::UnsupportedTransport { .. }
         | LiveError::TransportOptions(_) => RpcError::invalid_params(e.to_string()),
@@ -248,6 +249,41 @@ fn other_transports_params(mut v: Value) -> Result<Value, RpcError> {
     Ok(v)
 }
 
+/// SPDK's `keyring_file_add_key`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFileParams {
+    name: String,
+    path: String,
+}
+
+/// A key's name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyName {
+    name: String,
+}
+
+/// SPDK's keyring methods (the `keyring_file` module): keys by name for
+/// `nvmf_subsystem_add_host`'s `dhchap_key` and `dhchap_ctrlr_key`.
+fn register_keyring(methods: &mut Methods, target: &Arc<Target>) {
+    let t = target.clone();
+    methods.add("keyring_file_add_key", move |p| {
+        let q: KeyFileParams = params(p)?;
+        t.add_key(&q.name, std::path::Path::new(&q.path))
+            .map_err(live_err)?;
+        Ok(Value::Bool(true))
+    });
+    let t = target.clone();
+    methods.add("keyring_file_remove_key", move |p| {
+        let q: KeyName = params(p)?;
+        t.remove_key(&q.name).map_err(live_err)?;
+        Ok(Value::Bool(true))
+    });
+    let t = target.clone();
+    methods.add("keyring_get_keys", move |_| Ok(Value::Array(t.keys())));
+}
+
 /// Refuses a parameter given that pollux does not implement.
 fn unsupported(name: &str, given: bool) -> Result<(), RpcError> {
     if given {
@@ -272,6 +308,7 @@ fn ns_bdevs(t: &Target, nqn: &str) -> Vec<String> {
 /// Registers the `nvmf_*` methods on `target`; `bdevs` are the target's
 /// (a namespace's bdev is claimed by its subsystem while it is one).
 pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bdev::Registry>) {
+    register_keyring(methods, &target);
     let t = target.clone();
     methods.add("nvmf_create_transport", move |p| {
         let v = p.cloned().unwrap_or_else(|| json!({}));
@@ -404,11 +441,25 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             let q: Host = params(p)?;
             check_tgt(&q.tgt_name)?;
             unsupported("psk", q.psk.is_some())?;
-            unsupported("dhchap_key", q.dhchap_key.is_some())?;
-            unsupported("dhchap_ctrlr_key", q.dhchap_ctrlr_key.is_some())?;
             if add {
-                t.add_host(&q.nqn, &q.host).map_err(live_err)?;
+                t.add_host_with_keys(
+                    &q.nqn,
+                    &q.host,
+                    q.dhchap_key.as_deref(),
+                    q.dhchap_ctrlr_key.as_deref(),
+                )
+                .map_err(live_err)?;
             } else {
+                for (k, v) in [
+                    ("dhchap_key", &q.dhchap_key),
+                    ("dhchap_ctrlr_key", &q.dhchap_ctrlr_key),
+                ] {
+                    if v.is_some() {
+                        return Err(RpcError::invalid_params(format!(
+                            "{k}: not a parameter of nvmf_subsystem_remove_host"
+                        )));
+                    }
+                }
                 t.remove_host(&q.nqn, &q.host).map_err(live_err)?;
             }
             Ok(Value::Bool(true))

@@ -6,6 +6,7 @@
 //! entries) may be of any transport, side by side: PCIe devices, emulated
 //! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
+mod auth;
 mod banner;
 mod bdevs;
 
@@ -59,6 +60,8 @@ pub struct TargetArgs {
     /// A host NQN allowed to connect, repeatable (default: any host).
     #[arg(long = "host")]
     pub host: Vec<String>,
+    #[command(flatten)]
+    pub dhchap: auth::DhchapArgs,
     /// Serial number (quick mode).
     #[arg(long = "serial")]
     pub serial: Option<String>,
@@ -228,11 +231,11 @@ pub fn config(
 ) -> Result<TargetConfig, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
-        if quick || !a.listen.is_empty() || !a.host.is_empty() {
+        if quick || !a.listen.is_empty() || !a.host.is_empty() || a.dhchap.any_key() {
             return Err(bad(
                 "-c",
                 path,
-                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host",
+                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host/--dhchap-key",
             ));
         }
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
@@ -243,7 +246,7 @@ pub fn config(
             .filter(|o| o.is_some())
             .count();
         if given == 0 {
-            if !a.listen.is_empty() || !a.host.is_empty() {
+            if !a.listen.is_empty() || !a.host.is_empty() || a.dhchap.any_key() {
                 return Err(bad(
                     "--listen/--host",
                     "",
@@ -257,6 +260,7 @@ pub fn config(
             quick_config(a, given, nvme)?
         }
     };
+    a.dhchap.apply_options(&mut cfg)?;
 
     let t: &mut TransportOptions = &mut cfg.transport;
     if let Some(v) = size_opt("--in-capsule-data-size", &a.in_capsule_data_size)? {
@@ -389,6 +393,7 @@ fn quick_config(
             .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
         s.listeners.push(addr);
     }
+    a.dhchap.apply_keys(&mut cfg, &mut s)?;
     cfg.bdevs.extend(bdevs);
     cfg.subsystems.push(s);
     Ok(cfg)
@@ -470,6 +475,8 @@ fn serve(
     app.set_runtime(target.clone());
     let mut methods = crate::rpc::methods(app);
     crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
+    let t = target.clone();
+    app.add_save_config("keyring", Box::new(move || t.save_config_keyring()));
     let t = target.clone();
     app.add_save_config("nvmf", Box::new(move || t.save_config_nvmf()));
     let server = crate::rpc::serve(rpc, methods)?;

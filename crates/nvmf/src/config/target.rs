@@ -6,6 +6,7 @@ use pollux_bdev::Bdev;
 use pollux_controller::MAX_NAMESPACES;
 use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 
+use super::auth::{AuthOptions, HostKeys, Keyring};
 use super::error::ConfigError;
 use super::transport::TransportOptions;
 
@@ -27,6 +28,9 @@ pub struct SubsystemConfig {
     /// Any host may connect; else only `hosts`.
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
+    /// DH-HMAC-CHAP keys of hosts of `hosts` (by keyring name): such a
+    /// host must authenticate before any other command.
+    pub host_keys: Vec<HostKeys>,
     pub namespaces: Vec<NamespaceConfig>,
     /// Where it is reachable (port 0: any free port, for tests).
     pub listeners: Vec<SocketAddr>,
@@ -43,6 +47,7 @@ impl SubsystemConfig {
             model: None,
             allow_any_host: true,
             hosts: Vec::new(),
+            host_keys: Vec::new(),
             namespaces: Vec::new(),
             listeners: Vec::new(),
             max_namespaces: 0,
@@ -67,6 +72,12 @@ pub struct TargetConfig {
     /// `nvmf_subsystem_add_listener` of the discovery NQN); it is served
     /// on every subsystem's listener too.
     pub discovery_listeners: Vec<SocketAddr>,
+    /// The DH-HMAC-CHAP keys hosts' entries name (SPDK's `keyring`
+    /// subsystem).
+    pub keyring: Keyring,
+    /// The digests and DH groups DH-HMAC-CHAP offers (SPDK's
+    /// `nvmf_set_config`).
+    pub auth: AuthOptions,
 }
 
 impl Clone for TargetConfig {
@@ -78,6 +89,8 @@ impl Clone for TargetConfig {
             warnings: self.warnings.clone(),
             transport_created: self.transport_created,
             discovery_listeners: self.discovery_listeners.clone(),
+            keyring: self.keyring.clone(),
+            auth: self.auth,
         }
     }
 }
@@ -87,6 +100,8 @@ impl std::fmt::Debug for TargetConfig {
         f.debug_struct("TargetConfig")
             .field("transport", &self.transport)
             .field("subsystems", &self.subsystems)
+            .field("keyring", &self.keyring)
+            .field("auth", &self.auth)
             .field(
                 "bdevs",
                 &self.bdevs.iter().map(|b| b.name()).collect::<Vec<_>>(),
@@ -117,6 +132,22 @@ impl TargetConfig {
             for h in &s.hosts {
                 if let Err(e) = check_nqn(h) {
                     return bad(format!("host NQN {h:?}: {e}"));
+                }
+            }
+            for k in &s.host_keys {
+                if !s.hosts.contains(&k.host) {
+                    return bad(format!(
+                        "host {:?} has DH-HMAC-CHAP keys but is not among the subsystem's hosts",
+                        k.host
+                    ));
+                }
+                for name in std::iter::once(&k.key).chain(&k.ctrlr_key) {
+                    if self.keyring.get(name).is_none() {
+                        return bad(format!(
+                            "host {:?}: no key '{name}' in the keyring (keyring_file_add_key)",
+                            k.host
+                        ));
+                    }
                 }
             }
             // A subsystem without listener is valid (SPDK's too): one
