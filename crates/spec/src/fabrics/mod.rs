@@ -2,14 +2,16 @@
 //! Set", §5.27.1.x Discovery Log Page, §4.1.2 SGL descriptors; NVMe/TCP
 //! Transport spec 1.0 §3.5 for the TCP SGL usage): the Fabrics command
 //! (opcode 7Fh) and its Connect, Property Get/Set and Disconnect forms, the
-//! Connect data and response, NQN helpers, SGL descriptors and the
-//! Discovery Log Page.
+//! Connect data and response, NQN helpers, SGL descriptors, the
+//! Discovery Log Page, and the in-band authentication (DH-HMAC-CHAP)
+//! commands and messages.
 //!
 //! Command views ([`ConnectCmd`], [`PropertyGetCmd`], ...) are 64-byte
 //! overlays of an [`Sqe`]: convert with `from_sqe`/`to_sqe`.
 
 use crate::Sqe;
 
+mod auth;
 mod cmd;
 mod discovery;
 mod nqn;
@@ -18,6 +20,7 @@ mod sgl;
 
 // Each part's public items are `fabrics`'s: the paths stay
 // `crate::fabrics::X`.
+pub use auth::*;
 pub use cmd::*;
 pub use discovery::*;
 pub use nqn::*;
