@@ -7,8 +7,8 @@ use std::time::Duration;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
     fabrics_sc, fabrics_status, read_nqn, ConnectCmd, ConnectData, ConnectResponse, ConnectStatus,
-    DisconnectCmd, FcType, ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW,
-    CNTLID_DYNAMIC, CONNECT_DATA_LEN,
+    DisconnectCmd, FcType, ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, AUTHREQ_ATR,
+    CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC, CONNECT_DATA_LEN,
 };
 use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
@@ -18,10 +18,6 @@ use crate::auth::state::QueueAuth;
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
 use crate::shared::{listener_of, lock, ConnRef, CtrlEntry, SubsysId};
-
-/// AUTHREQ's ATR bit (Connect response DW0 bit 17): the host must
-/// authenticate (DH-HMAC-CHAP) before anything else on the queue.
-const AUTHREQ_ATR: u16 = 1 << 1;
 
 /// A refused Connect: its status, DW0 and why (for the target's log).
 type Refusal = (Status, u32, String);
@@ -199,15 +195,7 @@ impl Qpair {
         let mut auth = entry
             .as_ref()
             .and_then(|e| e.host_keys.iter().find(|k| k.host == hostnqn))
-            .map(|k| {
-                Box::new(QueueAuth::new(
-                    k.clone(),
-                    shared.auth,
-                    subnqn,
-                    cmd.qid,
-                    self.now,
-                ))
-            });
+            .map(|k| Box::new(QueueAuth::new(k, shared.auth, subnqn, self.now)));
         let model = match &entry {
             Some(e) => &e.model,
             None => &shared.discovery,

@@ -62,7 +62,6 @@
 //! over memory; it is not part of the API.
 mod admin;
 mod auth;
-mod auth_shim;
 mod buf;
 pub mod config;
 mod discovery;

@@ -3,7 +3,7 @@
 //! Authentication Send and Receive on a queue whose host has a key, and
 //! the gate that keeps every other command out until the exchange
 //! succeeds. The messages and the cryptography are `pollux-auth`'s
-//! ([`CtrlAuth`]); this module moves them over the queue.
+//! (`CtrlAuth`, in `state`); this module moves them over the queue.
 //!
 //! - Connect of a host with a key answers AUTHREQ.ATR, and the queue
 //!   (admin or I/O) gets a [`QueueAuth`]. Until the exchange succeeds,
@@ -23,19 +23,15 @@
 //!   failure tears the controller down as a first one's does.
 use std::time::Instant;
 
-use crate::auth_shim::{CtrlAuth, CtrlOutcome};
 use pollux_runtime::ThreadCtx;
-use pollux_spec::fabrics::{fabrics_sc, fabrics_status, FcType, Sgl};
+use pollux_spec::fabrics::{fabrics_sc, fabrics_status, AuthCmd, FcType, Sgl};
 use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
 
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, St};
 
 pub(crate) mod state;
-use state::{Phase, QueueAuth};
-
-/// Security Protocol of DH-HMAC-CHAP (Authentication Send/Receive SECP).
-const SECP_DHCHAP: u8 = 0xE9;
+use state::{Phase, QueueAuth, Step};
 
 /// The largest Authentication Send (TL) or Receive (AL) transfer taken.
 /// (The largest message, a Reply with an ffdhe8192 value and SHA-512,
@@ -95,15 +91,13 @@ impl Qpair {
         icd: u32,
         send: bool,
     ) {
-        let secp = (sqe.cdw10 >> 24) as u8;
-        let spsp1 = (sqe.cdw10 >> 16) as u8;
-        let spsp0 = (sqe.cdw10 >> 8) as u8;
-        let len = sqe.cdw11;
+        let cmd = AuthCmd::from_sqe(sqe);
+        let len = cmd.len;
         if matches!(self.bound, Bound::Admin { .. }) {
             // (The exchange is the host's traffic: Keep Alive waits.)
             self.last_admin = self.now;
         }
-        if secp != SECP_DHCHAP || spsp0 != 1 || spsp1 != 1 || len == 0 || len > MAX_AUTH_XFER {
+        if !cmd.is_dhchap_protocol() || len == 0 || len > MAX_AUTH_XFER {
             return self.finish(x, i, gen(generic::INVALID_FIELD), 0, 0);
         }
         if self.auth.is_none() {
@@ -141,7 +135,8 @@ impl Qpair {
         }
     }
 
-    /// An Authentication Send's message `msg` (slot `i`).
+    /// An Authentication Send's message `msg` (slot `i`); `ctx`: at hand
+    /// (else a failure closes the queue at the transport's next tick).
     fn auth_message<X: QueueTransport>(
         &mut self,
         ctx: Option<&mut ThreadCtx>,
@@ -149,26 +144,26 @@ impl Qpair {
         i: u16,
         msg: &[u8],
     ) {
-        let (peer, qid) = (self.peer, self.qid);
-        let now = self.now;
+        let (peer, qid, now) = (self.peer, self.qid, self.now);
         let Some(a) = self.auth.as_mut() else {
             return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
         };
-        if matches!(a.phase, Phase::Running | Phase::Done) && CtrlAuth::is_negotiate(msg) {
+        if matches!(a.phase, Phase::Running | Phase::Done) && QueueAuth::is_negotiate(msg) {
             // A Negotiate starts the exchange over (Linux's "reset
-            // negotiation"); on an authenticated queue, a
+            // negotiation"); on an authenticated queue it is a
             // re-authentication, with a deadline of its own (a restart
             // keeps the first exchange's).
             if a.phase == Phase::Done {
                 tracing::info!(%peer, qid, host = a.host(), "re-authentication asked");
                 a.since = now;
             }
-            a.machine = QueueAuth::machine(&a.keys, a.opts, &a.subnqn, qid);
-            a.phase = Phase::Running;
+            a.restart();
         }
-        let outcome = a.machine.on_send(msg);
-        let status = self.auth_outcome(outcome);
-        self.finish(x, i, status, 0, 0);
+        let step = a.on_send(msg);
+        self.auth_step(step);
+        // (Linux completes the command; the host learns of a failure
+        // from the AUTH_Failure1 its Authentication Receive returns.)
+        self.finish(x, i, Status::SUCCESS, 0, 0);
         if let Some(ctx) = ctx {
             self.auth_close_if_failed(ctx, x);
         }
@@ -180,57 +175,56 @@ impl Qpair {
         let Some(a) = self.auth.as_mut() else {
             return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
         };
-        let (msg, outcome) = a.machine.on_receive(al as usize);
-        let st = self.auth_outcome(outcome);
-        if !st.is_success() {
-            self.finish(x, i, st, 0, 0);
+        let (msg, failed) = a.on_receive();
+        if let Some(why) = failed {
+            if !why.is_empty() {
+                self.auth_step(Step::Failed(why));
+            }
+            if let Some(a) = self.auth.as_mut() {
+                a.phase = Phase::Failed;
+            }
+        }
+        if msg.len() > al as usize {
+            // (Linux: "buffer too small", an internal error.)
+            if let Some(a) = self.auth.as_mut() {
+                a.phase = Phase::Failed;
+            }
+            self.finish(x, i, gen(generic::INVALID_FIELD), 0, 0);
             return self.auth_close_if_failed(ctx, x);
         }
         if !self.slot_buf(i, al as usize, false) {
             return self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
         }
         if let Some(b) = self.slots[i as usize].buf.as_mut() {
-            let n = msg.len().min(al as usize);
-            let (head, tail) = b.as_mut_slice().split_at_mut(n);
-            head.copy_from_slice(&msg[..n]);
+            let (head, tail) = b.as_mut_slice().split_at_mut(msg.len());
+            head.copy_from_slice(&msg);
             tail.fill(0);
         }
         x.send_data(self, i, al);
         self.auth_close_if_failed(ctx, x);
     }
 
-    /// Applies what the exchange says after a message: the gate opens,
-    /// or the failure is logged; the command's status.
-    fn auth_outcome(&mut self, o: CtrlOutcome) -> Status {
+    /// What a message did: the gate opens, or the failure is logged (at
+    /// WARN, with the peer and the NQNs; never a key).
+    fn auth_step(&mut self, step: Step) {
         let (peer, local, qid) = (self.peer, self.local, self.qid);
         let cntlid = match self.bound {
             Bound::Admin { cntlid, .. } | Bound::Io { cntlid, .. } => cntlid,
             Bound::None => 0,
         };
         let Some(a) = self.auth.as_mut() else {
-            return gen(generic::COMMAND_SEQUENCE_ERROR);
+            return;
         };
-        match o {
-            CtrlOutcome::Continue => Status::SUCCESS,
-            CtrlOutcome::Authenticated => {
-                let first = !a.authenticated;
-                a.authenticated = true;
-                a.phase = Phase::Done;
-                tracing::info!(%peer, qid, cntlid, host = a.host(), subnqn = a.subnqn, first, "host authenticated (DH-HMAC-CHAP)");
+        match step {
+            Step::Continue => {}
+            Step::Authenticated => {
+                tracing::info!(%peer, qid, cntlid, host = a.host(), subnqn = a.subnqn(), "host authenticated (DH-HMAC-CHAP)");
                 if let Some(io) = a.parked_io.take() {
                     self.io = Some(io);
                 }
-                Status::SUCCESS
             }
-            CtrlOutcome::Failed(why) => {
-                a.phase = Phase::Failed;
-                tracing::warn!(%peer, %local, qid, cntlid, hostnqn = a.host(), subnqn = a.subnqn, "authentication failed: {why}; closing the controller");
-                Status::SUCCESS
-            }
-            CtrlOutcome::Invalid(why) => {
-                a.phase = Phase::Failed;
-                tracing::warn!(%peer, %local, qid, cntlid, hostnqn = a.host(), subnqn = a.subnqn, "authentication refused: {why}; closing the controller");
-                gen(generic::INVALID_FIELD)
+            Step::Failed(why) => {
+                tracing::warn!(%peer, %local, qid, cntlid, hostnqn = a.host(), subnqn = a.subnqn(), "DH-HMAC-CHAP authentication failed: {why}; closing the controller");
             }
         }
     }
@@ -290,13 +284,13 @@ impl Qpair {
                 self.auth_teardown(ctx);
                 true
             }
-            Phase::Running if now.saturating_duration_since(a.since) > limit => {
-                if a.authenticated {
+            Phase::Running | Phase::Failing if now.saturating_duration_since(a.since) > limit => {
+                if a.authenticated && a.phase == Phase::Running {
                     tracing::warn!(%peer, qid, host = a.host(), "re-authentication timed out; the queue stays authenticated");
                     a.phase = Phase::Done;
                     return false;
                 }
-                tracing::warn!(%peer, qid, hostnqn = a.host(), subnqn = a.subnqn, timeout_ms = limit.as_millis() as u64, "authentication not done in time; closing the controller");
+                tracing::warn!(%peer, qid, hostnqn = a.host(), subnqn = a.subnqn(), timeout_ms = limit.as_millis() as u64, "authentication not done in time; closing the controller");
                 a.phase = Phase::Closed;
                 self.auth_teardown(ctx);
                 true

@@ -6,7 +6,7 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use crate::auth_shim::Secret;
+use pollux_auth::DhchapKey;
 
 use super::error::ConfigError;
 
@@ -16,7 +16,7 @@ use super::error::ConfigError;
 pub struct KeyFile {
     pub name: String,
     pub path: PathBuf,
-    pub(crate) secret: Arc<Secret>,
+    pub(crate) secret: Arc<DhchapKey>,
 }
 
 impl std::fmt::Debug for KeyFile {
@@ -71,9 +71,13 @@ impl KeyFile {
                 meta.uid()
             )));
         }
-        let text = std::fs::read(path).map_err(|e| bad(format!("cannot read it: {e}")))?;
-        let secret =
-            Secret::from_file_bytes(&text).map_err(|e| bad(format!("not a DHHC-1 secret: {e}")))?;
+        let secret = match DhchapKey::from_file(path) {
+            Ok(k) => k,
+            Err(pollux_auth::SecretError::Io { source, .. }) => {
+                return Err(bad(format!("cannot read it: {source}")))
+            }
+            Err(e) => return Err(bad(format!("not a DHHC-1 secret: {e}"))),
+        };
         Ok(KeyFile {
             name: name.to_string(),
             path: path.to_path_buf(),
