@@ -2,7 +2,9 @@
 # Build the guest kernel + initramfs used by run.sh (pollux's guest tests).
 #
 # Everything comes from Debian packages (apt-get download + dpkg -x), cached in
-# $GUEST_CACHE (default ~/.cache/pollux-guest). Idempotent: downloads only
+# $GUEST_CACHE (default ~/.cache/pollux-guest, or ~/.cache/pollux-guest-$KSUITE).
+# KSUITE=bookworm-backports takes the kernel from that suite (6.12).
+# Idempotent: downloads only
 # missing .debs and does nothing when the outputs are newer than this script
 # and init.
 #
@@ -18,7 +20,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-CACHE=${GUEST_CACHE:-$HOME/.cache/pollux-guest}
+CACHE=${GUEST_CACHE:-$HOME/.cache/pollux-guest${KSUITE:+-$KSUITE}}
 OUT_KERNEL=$CACHE/vmlinux
 OUT_INITRD=$CACHE/initramfs.cpio
 
@@ -27,6 +29,9 @@ PACKAGES=(busybox-static fio nvme-cli)
 # Kernel modules wanted in the guest (their dependencies and softdeps are added).
 MODULES=(nvme nvme-tcp nvmet nvmet-tcp crc32c_generic crc32c-intel vfio-pci vfio_iommu_type1 uio_pci_generic
          null_blk loop brd configfs crc64_rocksoft_generic crct10dif_generic crct10dif_pclmul ext4)
+# Taken when the kernel has them (6.12 from bookworm-backports: in-band
+# authentication, CONFIG_NVME_AUTH=m, and the crypto it loads by name).
+OPT_MODULES=(nvme-auth nvme-keyring dh_generic hmac sha256_generic sha512_generic sha3_generic)
 
 log() { echo "build.sh: $*" >&2; }
 
@@ -34,7 +39,7 @@ log() { echo "build.sh: $*" >&2; }
 # tool -> Debian package. apt-get/dpkg are assumed (Debian/Ubuntu host).
 declare -A HOST_TOOLS=([qemu-system-x86_64]=qemu-system-x86 [cpio]=cpio [xz]=xz-utils
                        [modprobe]=kmod [depmod]=kmod [flock]=util-linux [truncate]=coreutils
-                       [timeout]=coreutils)
+                       [timeout]=coreutils [zstd]=zstd)
 APT_UPDATED=0
 apt_update_once() { ((APT_UPDATED)) || { apt-get update -qq; APT_UPDATED=1; }; }
 need=()
@@ -65,8 +70,22 @@ mkdir -p "$CACHE/debs"
 apt-cache show fio >/dev/null 2>&1 || apt_update_once
 
 # --- which packages -----------------------------------------------------------
+# KSUITE=bookworm-backports takes the kernel from that suite (6.12: iommufd,
+# VFIO cdev); apt lists for it live in the cache, the host's apt setup is untouched.
+KAPT=()
+if [[ -n ${KSUITE:-} ]]; then
+    mkdir -p "$CACHE/apt-$KSUITE/lists/partial"
+    # the Debian archive this machine's apt already uses (its first URIs: / deb line)
+    ARCHIVE=$(sed -n 's/^URIs: *\([^ ]*\/debian\)$/\1/p' /etc/apt/sources.list.d/*.sources 2>/dev/null | head -1)
+    [[ -n $ARCHIVE ]] || ARCHIVE=$(awk '$1=="deb" && $2 ~ /\/debian\/?$/ {print $2; exit}' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null)
+    [[ -n $ARCHIVE ]] || { echo "build.sh: no Debian archive in apt's sources" >&2; exit 1; }
+    echo "deb $ARCHIVE $KSUITE main" >"$CACHE/apt-$KSUITE/sources.list"
+    KAPT=(-o "Dir::Etc::SourceList=$CACHE/apt-$KSUITE/sources.list" -o Dir::Etc::SourceParts=/dev/null
+          -o "Dir::State::Lists=$CACHE/apt-$KSUITE/lists")
+    compgen -G "$CACHE/apt-$KSUITE/lists/*Packages*" >/dev/null || apt-get "${KAPT[@]}" update -qq
+fi
 if [[ -z ${KVER:-} ]]; then
-    KVER=$(apt-cache depends linux-image-amd64 | awk '$1=="Depends:" && $2 ~ /^linux-image-[0-9]/ {sub("linux-image-","",$2); print $2; exit}')
+    KVER=$(apt-cache "${KAPT[@]}" depends linux-image-amd64 | awk '$1=="Depends:" && $2 ~ /^linux-image-[0-9]/ {sub("linux-image-","",$2); print $2; exit}')
 fi
 [[ -n $KVER ]] || { log "cannot determine kernel version; set KVER"; exit 1; }
 
@@ -87,7 +106,7 @@ KPKG=linux-image-$KVER
 
 # --- download (only what is missing) -------------------------------------------
 missing=()
-for p in "$KPKG" "${USERPKGS[@]}"; do
+for p in "${USERPKGS[@]}"; do
     compgen -G "$CACHE/debs/${p}_*.deb" >/dev/null || missing+=("$p")
 done
 if ((${#missing[@]})); then
@@ -96,6 +115,12 @@ if ((${#missing[@]})); then
     for p in "${missing[@]}"; do
         compgen -G "$CACHE/debs/${p}_*.deb" >/dev/null || { log "failed to download $p"; exit 1; }
     done
+fi
+
+if ! compgen -G "$CACHE/debs/${KPKG}_*.deb" >/dev/null; then
+    log "downloading $KPKG"
+    (cd "$CACHE/debs" && apt-get "${KAPT[@]}" download -qq "$KPKG" 2>&1 | grep -v '^W: Download is performed unsandboxed' >&2 || true)
+    compgen -G "$CACHE/debs/${KPKG}_*.deb" >/dev/null || { log "failed to download $KPKG"; exit 1; }
 fi
 
 # --- extract ---------------------------------------------------------------------
@@ -112,8 +137,14 @@ for deb in "$CACHE/debs/${KPKG}"_*.deb; do extract "$deb" "$KROOT"; done
 # vmlinux = the xz payload of Debian's bzImage; QEMU boots it via its PVH note
 # (falls back to the bzImage if that extraction does not give an ELF file)
 vmlinuz=$KROOT/boot/vmlinuz-$KVER
-off=$(grep -abo $'\xfd7zXZ' "$vmlinuz" | head -1 | cut -d: -f1)
-tail -c +$((${off:-0} + 1)) "$vmlinuz" | xz -dc --single-stream > "$OUT_KERNEL.tmp" 2>/dev/null || true
+off=$(grep -abo $'\xfd7zXZ' "$vmlinuz" | head -1 | cut -d: -f1 || true)
+if [[ -n $off ]]; then
+    tail -c +$((off + 1)) "$vmlinuz" | xz -dc --single-stream > "$OUT_KERNEL.tmp" 2>/dev/null || true
+else  # newer kernels: zstd payload
+    off=$(grep -abo $'\x28\xb5\x2f\xfd' "$vmlinuz" | head -1 | cut -d: -f1 || true)
+    : >"$OUT_KERNEL.tmp"
+    [[ -n $off ]] && command -v zstd >/dev/null && { tail -c +$((off + 1)) "$vmlinuz" | zstd -dc > "$OUT_KERNEL.tmp" 2>/dev/null || true; }
+fi
 [[ $(head -c4 "$OUT_KERNEL.tmp") == $'\x7fELF' ]] || cp "$vmlinuz" "$OUT_KERNEL.tmp"
 mv "$OUT_KERNEL.tmp" "$OUT_KERNEL"
 
@@ -152,7 +183,11 @@ install -m755 "$LDSO" "$ROOT/usr/lib64/ld-linux-x86-64.so.2"
 MODDIR=lib/modules/$KVER
 mkdir -p "$ROOT/usr/$MODDIR"
 cp "$KROOT/$MODDIR"/modules.{order,builtin,builtin.modinfo} "$ROOT/usr/$MODDIR/"
-for m in "${MODULES[@]}"; do
+for m in "${MODULES[@]}" "${OPT_MODULES[@]}"; do
+    if ! modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" >/dev/null 2>&1; then
+        [[ " ${OPT_MODULES[*]} " == *" $m "* ]] && continue
+        log "kernel $KVER has no module $m"; exit 1
+    fi
     modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1=="insmod" {print $2}'
 done | sort -u | while read -r ko; do
     install -D -m644 "$ko" "$ROOT/usr/${ko#"$KROOT"/}"

@@ -11,9 +11,12 @@
 #
 # Env: CARGO_TARGET_DIR (default: <repo>/target), PERF_T (seconds per perf
 # and fio run, default 4), PERF_DB_T (seconds per doorbell-variant run,
-# 4 rounds, default 2), GUEST_TIMEOUT (default 480 s), and run.sh's
+# 4 rounds, default 2), GUEST_TIMEOUT (default 480 s), KSUITE (default
+# bookworm-backports: Debian's 6.12 kernel, which has NVMe in-band
+# authentication; KSUITE= takes Debian 12's own 6.1), and run.sh's
 # GUEST_CACHE / GUEST_CPUS / GUEST_MEM.
 set -euo pipefail
+export KSUITE=${KSUITE-bookworm-backports}
 
 HERE=$(cd "$(dirname "$0")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)

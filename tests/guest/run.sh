@@ -11,7 +11,7 @@
 set -euo pipefail
 
 HERE=$(cd "$(dirname "$0")" && pwd)
-CACHE=${GUEST_CACHE:-$HOME/.cache/pollux-guest}
+CACHE=${GUEST_CACHE:-$HOME/.cache/pollux-guest${KSUITE:+-$KSUITE}}
 NVME_SIZE=1G NVME_OPTS= TIMEOUT=600 CONSOLE=0
 EXTRA=() QEMU_EXTRA=()
 
