@@ -722,4 +722,87 @@ mod tests {
         assert!(e.message.contains("tgt_name"), "{}", e.message);
         t.shutdown().unwrap();
     }
+
+    /// SPDK's keyring and DH-HMAC-CHAP parameters: `keyring_file_add_key`,
+    /// `nvmf_subsystem_add_host` with key names, the listing with names
+    /// only.
+    #[test]
+    fn keyring_and_host_keys() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = Arc::new(
+            Target::start(TargetConfig::default(), &[0], RuntimeOptions::default()).unwrap(),
+        );
+        let mut m = Methods::new();
+        register(&mut m, t.clone(), Arc::new(pollux_bdev::Registry::new()));
+        let dir = std::env::temp_dir().join(format!("pollux-rpc-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key0");
+        std::fs::write(
+            &path,
+            "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let p = path.display().to_string();
+        assert_eq!(
+            call(
+                &m,
+                "keyring_file_add_key",
+                json!({"name": "key0", "path": p})
+            ),
+            Ok(json!(true))
+        );
+        let e = call(
+            &m,
+            "keyring_file_add_key",
+            json!({"name": "key0", "path": p}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("already"), "{}", e.message);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let e = call(
+            &m,
+            "keyring_file_add_key",
+            json!({"name": "key1", "path": p}),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("key1") && e.message.contains("0604"),
+            "{}",
+            e.message
+        );
+        let keys = call(&m, "keyring_get_keys", json!({})).unwrap();
+        assert_eq!(keys[0]["name"], "key0");
+        assert!(!keys.to_string().contains("DHHC"), "{keys}");
+
+        let tr = json!({"trtype": "TCP"});
+        call(&m, "nvmf_create_transport", tr).unwrap();
+        call(&m, "nvmf_create_subsystem", json!({"nqn": NQN})).unwrap();
+        let e = call(
+            &m,
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": HOST, "dhchap_key": "nokey"}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("no key 'nokey'"), "{}", e.message);
+        assert_eq!(
+            call(
+                &m,
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": HOST, "dhchap_key": "key0", "dhchap_ctrlr_key": "key0"})
+            ),
+            Ok(json!(true))
+        );
+        let s = call(&m, "nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
+        assert_eq!(
+            s[0]["hosts"][0],
+            json!({"nqn": HOST, "dhchap_key": "key0", "dhchap_ctrlr_key": "key0"})
+        );
+        assert_eq!(
+            call(&m, "keyring_file_remove_key", json!({"name": "key0"})),
+            Ok(json!(true))
+        );
+        let e = call(&m, "keyring_file_remove_key", json!({"name": "key0"})).unwrap_err();
+        assert_eq!(e.code, -libc::ENOENT);
+    }
 }

@@ -583,7 +583,13 @@ mod tests {
     fn cfg(extra: &[&str]) -> Result<TargetConfig, TargetCliError> {
         let mut argv = vec!["target", "--ram", "1MiB", "--listen", "127.0.0.1:0"];
         argv.extend_from_slice(extra);
-        let a = Cli::try_parse_from(argv).expect("arguments").a;
+        let m = <Cli as clap::CommandFactory>::command()
+            .try_get_matches_from(argv)
+            .expect("arguments");
+        let mut a = <Cli as clap::FromArgMatches>::from_arg_matches(&m)
+            .expect("arguments")
+            .a;
+        a.dhchap.record_order(&m);
         config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
@@ -699,5 +705,110 @@ mod tests {
             d.icreq_timeout.as_secs().to_string()
         );
         assert_eq!(d.icreq_timeout, d.connect_timeout);
+    }
+
+    /// A key file of mode `mode` holding `text`, in this test's directory.
+    fn key_file(name: &str, text: &str, mode: u32) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pollux-cli-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p.display().to_string()
+    }
+
+    const K0: &str = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n";
+    const K1: &str = "DHHC-1:01:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOeXryU:\n";
+    const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000a1";
+    const H2: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000a2";
+
+    /// `--dhchap-key` and `--dhchap-ctrl-key` go to the `--host` before
+    /// them; the keyring gets `key<N>`/`ckey<N>`.
+    #[test]
+    fn dhchap_keys_go_to_the_host_before_them() {
+        let (k0, k1) = (key_file("k0", K0, 0o600), key_file("k1", K1, 0o600));
+        let c = cfg(&[
+            "--host",
+            H1,
+            "--dhchap-key",
+            &k0,
+            "--host",
+            H2,
+            "--dhchap-key",
+            &k1,
+            "--dhchap-ctrl-key",
+            &k0,
+            "--dhchap-digests",
+            "sha512",
+            "--dhchap-dhgroups",
+            "ffdhe2048,null",
+        ])
+        .unwrap();
+        let s = &c.subsystems[0];
+        assert_eq!(s.hosts, [H1, H2]);
+        assert_eq!(s.host_keys.len(), 2);
+        assert_eq!(
+            (s.host_keys[0].host.as_str(), s.host_keys[0].key.as_str()),
+            (H1, "key0")
+        );
+        assert_eq!(s.host_keys[0].ctrlr_key, None);
+        assert_eq!(
+            (s.host_keys[1].host.as_str(), s.host_keys[1].key.as_str()),
+            (H2, "key1")
+        );
+        assert_eq!(s.host_keys[1].ctrlr_key.as_deref(), Some("ckey1"));
+        let names: Vec<&str> = c.keyring.keys.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["key0", "key1", "ckey1"]);
+        assert_eq!(
+            pollux_nvmf::mask_to_names(&pollux_nvmf::DIGESTS, c.auth.digests),
+            ["sha512"]
+        );
+        assert_eq!(
+            pollux_nvmf::mask_to_names(&pollux_nvmf::DHGROUPS, c.auth.dhgroups),
+            ["null", "ffdhe2048"]
+        );
+    }
+
+    #[test]
+    fn dhchap_flags_are_refused_naming_the_culprit() {
+        let k0 = key_file("r0", K0, 0o600);
+        let open = key_file("r1", K0, 0o644);
+        let bad_key = key_file("r2", "DHHC-1:00:notbase64!:\n", 0o600);
+        let e = cfg(&["--dhchap-key", &k0, "--host", H1])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--dhchap-key ") && e.contains("before any --host"),
+            "{e}"
+        );
+        let e = cfg(&["--host", H1, "--dhchap-ctrl-key", &k0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a host key"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", &open])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&open) && e.contains("0644"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", &bad_key])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&bad_key) && e.contains("DHHC-1"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", "/nonexistent/k"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/k") && e.contains("cannot stat"),
+            "{e}"
+        );
+        let e = cfg(&["--host", H1, "--dhchap-key", &k0, "--dhchap-key", &k0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a second one"), "{e}");
+        let e = cfg(&["--dhchap-digests", "md5"]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--dhchap-digests md5: ") && e.contains("'md5'"),
+            "{e}"
+        );
     }
 }
