@@ -305,3 +305,5 @@ check setup-list-final listed "$BDF.* nvme "
 . /opt/target.sh   # Linux's host (nvme-tcp) -> pollux target
 . /opt/ns-live.sh  # namespaces added and removed live over JSON-RPC, Linux rescans
 ns_live_checks
+# --- DH-HMAC-CHAP --------------------------------------------------------
+. /opt/auth-target.sh   # Linux's host -> pollux target, with authentication
