@@ -118,3 +118,54 @@ fn digests_and_dh_groups_take_spdks_names() {
     let c = base("{}").unwrap();
     assert_eq!(c.auth, pollux_nvmf::AuthOptions::default());
 }
+
+/// A configuration with keys reads, starts, and its `save_config`
+/// (keyring, then nvmf) reads back to the same hosts' keys and options.
+#[test]
+fn keys_read_start_and_save_back() {
+    // A valid DHHC-1 secret (32 bytes 0..31 and their CRC-32).
+    let k = file(
+        "good.key",
+        "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n",
+        0o600,
+    );
+    let keyring = format!("{}, {}", add_key("key0", &k), add_key("ckey0", &k));
+    let c = config(
+        &keyring,
+        r#", "dhchap_key": "key0", "dhchap_ctrlr_key": "ckey0""#,
+    )
+    .unwrap();
+    let s = &c.subsystems[0];
+    assert_eq!(s.host_keys.len(), 1);
+    assert_eq!(s.host_keys[0].key, "key0");
+    assert_eq!(s.host_keys[0].ctrlr_key.as_deref(), Some("ckey0"));
+    assert_eq!(c.keyring.keys.len(), 2);
+    // The key's Debug shows its name and path only.
+    let dbg = format!("{:?}", c.keyring);
+    assert!(dbg.contains("key0") && !dbg.contains("AAECAw"), "{dbg}");
+    let mut c = c;
+    c.auth.digests = pollux_nvmf::names_to_mask(&pollux_nvmf::DIGESTS, ["sha512"]).unwrap();
+    let t = pollux_nvmf::Target::start(c, &[0], Default::default()).unwrap();
+    let saved = serde_json::json!({"subsystems": [
+        {"subsystem": "keyring", "config": t.save_config_keyring()},
+        {"subsystem": "bdev", "config": [
+            {"method": "bdev_malloc_create", "params": {"name": "Malloc0", "num_blocks": 2048, "block_size": 512}}]},
+        {"subsystem": "nvmf", "config": t.save_config_nvmf()},
+    ]});
+    let text = saved.to_string();
+    assert!(!text.contains("AAECAw"), "{text}");
+    let back = TargetConfig::from_json(&text).unwrap();
+    assert_eq!(back.subsystems[0].host_keys, t_host_keys());
+    assert_eq!(
+        pollux_nvmf::mask_to_names(&pollux_nvmf::DIGESTS, back.auth.digests),
+        ["sha512"]
+    );
+}
+
+fn t_host_keys() -> Vec<pollux_nvmf::HostKeys> {
+    vec![pollux_nvmf::HostKeys {
+        host: "nqn.2014-08.org.nvmexpress:uuid:1".into(),
+        key: "key0".into(),
+        ctrlr_key: Some("ckey0".into()),
+    }]
+}
