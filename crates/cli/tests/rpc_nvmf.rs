@@ -495,3 +495,122 @@ fn sock_impl_uring_over_json_rpc() {
     drop(rpc);
     stop(child);
 }
+
+/// The ANA names over JSON-RPC: `nvmf_create_subsystem` `ana_reporting`,
+/// `min_cntlid`, `max_cntlid`; `nvmf_subsystem_add_ns` `uuid`, `nguid`,
+/// `eui64`, `anagrpid`; `nvmf_subsystem_add_listener` `ana_state`;
+/// `nvmf_subsystem_listener_set_ana_state`; each bad value named.
+#[test]
+fn ana_methods_over_json_rpc() {
+    let sock_s = common::rpc_socket();
+    let sock = PathBuf::from(&sock_s);
+    let (child, _addr, _out) = common::start_target(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "1MiB",
+            "--nqn",
+            NQN,
+            "-m",
+            "0x1",
+            "-r",
+            &sock_s,
+        ],
+        Stdio::null(),
+    );
+    let mut rpc = Rpc::connect(&sock);
+    rpc.call(
+        "bdev_malloc_create",
+        json!({"name": "M0", "num_blocks": 2048, "block_size": 512}),
+    )
+    .unwrap();
+    let e = rpc
+        .call(
+            "nvmf_create_subsystem",
+            json!({"nqn": LIVE, "min_cntlid": 50, "max_cntlid": 40}),
+        )
+        .unwrap_err();
+    assert!(e["message"].as_str().unwrap().contains("50-40"), "{e}");
+    rpc.call(
+        "nvmf_create_subsystem",
+        json!({"nqn": LIVE, "allow_any_host": true, "ana_reporting": true, "min_cntlid": 40, "max_cntlid": 49}),
+    )
+    .unwrap();
+    let ns = |extra: Value| {
+        let mut n = json!({"bdev_name": "M0"});
+        for (k, v) in extra.as_object().unwrap() {
+            n[k] = v.clone();
+        }
+        json!({"nqn": LIVE, "namespace": n})
+    };
+    for (bad, name) in [
+        (json!({"uuid": "x"}), "namespace.uuid"),
+        (json!({"nguid": "00"}), "namespace.nguid"),
+        (json!({"eui64": "00"}), "namespace.eui64"),
+        (json!({"anagrpid": 0}), "namespace.anagrpid"),
+    ] {
+        let e = rpc.call("nvmf_subsystem_add_ns", ns(bad)).unwrap_err();
+        assert!(e["message"].as_str().unwrap().contains(name), "{e}");
+    }
+    assert_eq!(
+        rpc.call(
+            "nvmf_subsystem_add_ns",
+            ns(json!({"uuid": "6b1e0a51-2c4d-4e8f-9a01-112233445566", "nguid": "00112233445566778899aabbccddeeff", "eui64": "0011223344556677", "anagrpid": 4})),
+        ),
+        Ok(json!(1))
+    );
+    let la = json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"});
+    let e = rpc
+        .call(
+            "nvmf_subsystem_add_listener",
+            json!({"nqn": LIVE, "listen_address": la, "ana_state": "sideways"}),
+        )
+        .unwrap_err();
+    assert!(e["message"].as_str().unwrap().contains("ana_state"), "{e}");
+    rpc.call(
+        "nvmf_subsystem_add_listener",
+        json!({"nqn": LIVE, "listen_address": la, "ana_state": "non_optimized"}),
+    )
+    .unwrap();
+    let subs = rpc
+        .call("nvmf_get_subsystems", json!({"nqn": LIVE}))
+        .unwrap();
+    let s = &subs[0];
+    assert_eq!(
+        (&s["ana_reporting"], &s["min_cntlid"], &s["max_cntlid"]),
+        (&json!(true), &json!(40), &json!(49)),
+        "{s}"
+    );
+    let n = &s["namespaces"][0];
+    assert_eq!(n["uuid"], "6b1e0a51-2c4d-4e8f-9a01-112233445566", "{n}");
+    assert_eq!(n["nguid"], "00112233445566778899aabbccddeeff", "{n}");
+    assert_eq!(n["anagrpid"], 4, "{n}");
+    let real = s["listen_addresses"][0].clone();
+    let set = |st: &str, g: Option<u32>| {
+        let mut p = json!({"nqn": LIVE, "listen_address": real, "ana_state": st});
+        if let Some(g) = g {
+            p["anagrpid"] = g.into();
+        }
+        p
+    };
+    assert_eq!(
+        rpc.call(
+            "nvmf_subsystem_listener_set_ana_state",
+            set("inaccessible", Some(4))
+        ),
+        Ok(json!(true))
+    );
+    let e = rpc
+        .call("nvmf_subsystem_listener_set_ana_state", set("change", None))
+        .unwrap_err();
+    assert!(e["message"].as_str().unwrap().contains("'change'"), "{e}");
+    let saved = rpc.call("save_config", json!({})).unwrap().to_string();
+    assert!(saved.contains(r#""ana_state":"non_optimized""#), "{saved}");
+    assert!(
+        saved.contains(r#""anagrpid":4,"#) || saved.contains(r#""anagrpid":4}"#),
+        "{saved}"
+    );
+    assert!(saved.contains(r#""ana_state":"inaccessible""#), "{saved}");
+    stop(child);
+}

@@ -3,7 +3,9 @@
 //!
 //! Once an event of a type is reported, further events of that type are
 //! masked until the host reads the associated log page with RAE cleared
-//! (spec §5.2). Pending events are bounded; extra ones are dropped (logged).
+//! (spec §5.2). Notices are masked each on its own, by their log page (as
+//! Linux's nvmet does): a Namespace Attribute Changed notice waiting for
+//! its log to be read does not hide an ANA Change. Pending events are bounded; extra ones are dropped (logged).
 use std::collections::VecDeque;
 
 use pollux_spec::features::aer;
@@ -18,14 +20,28 @@ pub struct AerState {
     pub outstanding: VecDeque<u16>,
     /// Completion DW0 of events not yet reported.
     pub pending: VecDeque<u32>,
-    /// Bit `t` set: event type `t` is masked until its log is read.
-    masked: u8,
+    /// Bit `t` set: event type `t` is masked until its log is read;
+    /// notices have bits of their own (`mask_bit`).
+    masked: u16,
+}
+
+/// The mask bit of an event: its type, or for a notice one of its own.
+fn mask_bit(event_type: u8, info: u8) -> u16 {
+    if event_type == aer::NOTICE {
+        match info {
+            aer::NOTICE_NS_ATTR_CHANGED => 1 << 8,
+            aer::NOTICE_ANA_CHANGE => 1 << 9,
+            _ => 1 << aer::NOTICE,
+        }
+    } else {
+        1 << (event_type & 7)
+    }
 }
 
 impl AerState {
     /// Queues an event unless its type is masked.
     pub fn raise(&mut self, event_type: u8, info: u8, log_page: u8) {
-        let bit = 1u8 << (event_type & 7);
+        let bit = mask_bit(event_type, info);
         if self.masked & bit != 0 {
             tracing::debug!(event_type, info, "asynchronous event masked");
             return;
@@ -45,13 +61,14 @@ impl AerState {
 
     /// Unmasks the event type tied to log page `log` (read with RAE = 0).
     pub fn log_read(&mut self, log: u8) {
-        let t = match log {
-            lid::ERROR => aer::ERROR,
-            lid::SMART => aer::SMART,
-            lid::CHANGED_NS_LIST => aer::NOTICE,
+        let bit = match log {
+            lid::ERROR => mask_bit(aer::ERROR, 0),
+            lid::SMART => mask_bit(aer::SMART, 0),
+            lid::CHANGED_NS_LIST => mask_bit(aer::NOTICE, aer::NOTICE_NS_ATTR_CHANGED),
+            lid::ANA => mask_bit(aer::NOTICE, aer::NOTICE_ANA_CHANGE),
             _ => return,
         };
-        self.masked &= !(1 << t);
+        self.masked &= !bit;
     }
 
     /// Next (AER CID, DW0) pair to complete, if both are available.

@@ -13,6 +13,7 @@ use pollux_spec::status::sct;
 use pollux_spec::Status;
 
 use crate::aer::AerState;
+use crate::ana::AnaPort;
 use crate::errlog::ErrorLog;
 use crate::features::Features;
 use crate::notice::NsNotice;
@@ -22,6 +23,8 @@ use crate::subsystem::{Personality, Subsystem};
 
 /// Asynchronous Event Configuration bit 8: Namespace Attribute Notices.
 const AEC_NS_ATTR: u32 = 1 << 8;
+/// Asynchronous Event Configuration bit 11: ANA Change Notices.
+const AEC_ANA_CHANGE: u32 = 1 << 11;
 
 /// The controller state shared by the admin commands and the registers.
 pub struct Controller {
@@ -41,6 +44,12 @@ pub struct Controller {
     pub(crate) keep_alives: u64,
     /// Largest data transfer in bytes.
     pub(crate) max_xfer: usize,
+    /// The port (listener) the admin queue connected through, whose ANA
+    /// states this controller reports and enforces (None: every group
+    /// optimized).
+    pub(crate) ana_port: Option<Arc<AnaPort>>,
+    /// The port's change count as last announced (ANA Change notice).
+    pub(crate) ana_seen: u64,
 }
 
 impl std::fmt::Debug for Controller {
@@ -77,9 +86,23 @@ impl Controller {
             created: Instant::now(),
             keep_alives: 0,
             max_xfer: l.max_transfer().unwrap_or(usize::MAX),
+            ana_port: None,
+            ana_seen: 0,
             cntlid,
             subsys,
         }
+    }
+
+    /// Reports and enforces the ANA states of `port` (the listener the
+    /// admin queue connected through); before any I/O queue is made.
+    pub fn set_ana_port(&mut self, port: Arc<AnaPort>) {
+        self.ana_seen = port.change_count();
+        self.ana_port = Some(port);
+    }
+
+    /// The port whose ANA states this controller reports.
+    pub fn ana_port(&self) -> Option<&Arc<AnaPort>> {
+        self.ana_port.as_ref()
     }
 
     pub fn subsystem(&self) -> &Arc<Subsystem> {
@@ -261,9 +284,12 @@ impl Controller {
 
     /// Raises the Namespace Attribute Changed notice (log page 04h) if a
     /// namespace of the subsystem changed since the last call and the
-    /// host enabled it (Asynchronous Event Configuration bit 8); the
-    /// transport calls it on the controller's thread when told of a
-    /// change, then completes what [`Controller::next_event`] gives.
+    /// host enabled it (Asynchronous Event Configuration bit 8), and the
+    /// ANA Change notice (log page 0Ch) if the ANA states of its port
+    /// changed since the last call (with ANA reporting on and AEC bit
+    /// 11 set); the transport calls it on the controller's thread when
+    /// told of a change, then completes what [`Controller::next_event`]
+    /// gives.
     pub fn namespace_events(&mut self) {
         use pollux_spec::features::aer;
         use pollux_spec::log::lid;
@@ -273,6 +299,18 @@ impl Controller {
                 aer::NOTICE_NS_ATTR_CHANGED,
                 lid::CHANGED_NS_LIST,
             );
+        }
+        let Some(port) = &self.ana_port else {
+            return;
+        };
+        let now = port.change_count();
+        if now != self.ana_seen {
+            self.ana_seen = now;
+            if self.subsys.ana_reporting() && self.feat.aec & AEC_ANA_CHANGE != 0 {
+                tracing::info!(cntlid = self.cntlid, chgcnt = now, "ANA change notice");
+                self.aer
+                    .raise(aer::NOTICE, aer::NOTICE_ANA_CHANGE, lid::ANA);
+            }
         }
     }
 

@@ -19,6 +19,16 @@
 //! open and a removed namespace's channel leaves the table (its commands
 //! get Invalid Namespace) but is polled until its requests are over.
 //!
+//! Asymmetric Namespace Access: a queue of a controller with a port
+//! (`Controller::set_ana_port`) refuses commands to a namespace whose ANA
+//! group is inaccessible (or in persistent loss, or changing) through
+//! that port, with the path status of the state (Asymmetric Access
+//! Inaccessible etc., DNR clear: a multipath host retries on another
+//! path). Which namespaces are refused is recomputed with the namespace
+//! table (the subsystem's generation moves on at each ANA change); the
+//! I/O path pays one predictable test of a flag that is set only while
+//! some namespace is refused.
+//!
 //! Checks, in order: FUSE (fused commands are not supported) and, on
 //! PCIe, PSDT (SGLs are not: Invalid Field), opcode, NSID (Invalid
 //! Namespace or Format), transfer size vs MDTS (Invalid Field), LBA range
@@ -58,13 +68,14 @@ use pollux_spec::log::ERROR_LOG_NOT_SPECIFIC;
 use pollux_spec::status::{generic, media};
 use pollux_spec::{NvmOpcode, Sqe, Status};
 
+use crate::ana::AnaPort;
 use crate::command::{lba_ok, IoCmd, IoOp};
 use crate::completion::{count, finish, poll_staged, rw_failed, Report};
 use crate::ctrl::Controller;
 use crate::stage::Staged;
 use crate::stats::{IoErrorRecord, IoStats, StatsHandle};
 use crate::store::{NsChan, StoreError};
-use crate::subsystem::Subsystem;
+use crate::subsystem::{NsTable, Subsystem};
 use crate::user_data::{Kind, UserData, KID};
 use crate::ControllerError;
 
@@ -127,6 +138,13 @@ pub struct IoQueue {
     info: Vec<(u16, u64)>,
     /// Asynchronous commands made of several bdev requests (`multi`).
     multi: multi::Multis,
+    /// The port whose ANA states the queue enforces (its controller's).
+    ana: Option<Arc<AnaPort>>,
+    /// Some namespace is refused for its ANA state (see `ana_refused`).
+    ana_block: bool,
+    /// Slot `nsid - 1`: the path status a command to the namespace gets
+    /// for its ANA state (None: accessible).
+    ana_refused: Vec<Option<Status>>,
 }
 
 impl std::fmt::Debug for IoQueue {
@@ -192,7 +210,33 @@ impl IoQueue {
             report: None,
             info: Vec::new(),
             multi: multi::Multis::default(),
+            ana: None,
+            ana_block: false,
+            ana_refused: Vec::new(),
         })
+    }
+
+    /// Recomputes which namespaces of `table` are refused for their ANA
+    /// state through `self.ana`.
+    #[cold]
+    fn ana_refresh(&mut self, table: &NsTable) {
+        self.ana_refused.clear();
+        if let Some(port) = self.ana.as_ref().filter(|_| self.subsys.ana_reporting()) {
+            self.ana_refused
+                .extend(table.iter().enumerate().map(|(i, n)| {
+                    let nsid = i as u32 + 1;
+                    n.as_ref()
+                        .and_then(|n| port.state(n.anagrpid(nsid)).io_status())
+                }));
+        }
+        self.ana_block = self.ana_refused.iter().any(Option::is_some);
+    }
+
+    /// The ANA refusal of a command to `nsid`, if any.
+    #[cold]
+    #[inline(never)]
+    fn ana_status(&self, nsid: u32) -> Option<Status> {
+        *self.ana_refused.get((nsid as usize).wrapping_sub(1))?
     }
 
     /// Reports the commands of this queue that fail to the controller's
@@ -261,7 +305,13 @@ impl IoQueue {
         ctrl: &Controller,
         opts: IoQueueOptions,
     ) -> Result<IoQueue, ControllerError> {
-        IoQueue::new(ctrl.subsystem(), ctrl.io_stats_handle(), opts)
+        let mut q = IoQueue::new(ctrl.subsystem(), ctrl.io_stats_handle(), opts)?;
+        if let Some(port) = &ctrl.ana_port {
+            q.ana = Some(port.clone());
+            let (_, table) = ctrl.subsystem().table_at();
+            q.ana_refresh(&table);
+        }
+        Ok(q)
     }
 
     /// This queue's counts (successful reads and writes), up to date.
@@ -334,6 +384,9 @@ impl IoQueue {
             self.ns.pop();
             self.ns_ids.pop();
         }
+        if self.ana.is_some() {
+            self.ana_refresh(&table);
+        }
         self.ns_gen = gen;
     }
 
@@ -352,6 +405,11 @@ impl IoQueue {
             return Err(gen(generic::INVALID_FIELD));
         }
         let nsid = sqe.nsid;
+        if self.ana_block {
+            if let Some(st) = self.ana_status(nsid) {
+                return Err(st);
+            }
+        }
         let mut cmd = IoCmd {
             op: IoOp::Flush,
             nsid,

@@ -36,7 +36,7 @@
 //! Module map: `subsystem`, `ctrl` (the controller state, register
 //! reactions, errors and events), `features` (the values of the features
 //! and their defaults), `regs` (CAP/VS/CC/CSTS), `admin` (+ `identify`,
-//! `log`, `features`), `aer`, `notice` (changed namespaces per controller), `errlog`, `command` (a checked I/O
+//! `log`, `features`), `aer`, `ana` (ANA states per port), `notice` (changed namespaces per controller), `errlog`, `command` (a checked I/O
 //! command), `io` (NVM commands, `IoQueue`; `io::multi`: commands run as
 //! several bdev requests, a piece per poll), `completion` (what `poll`
 //! makes of a finished request), `store` (a queue's channel to a
@@ -48,6 +48,7 @@
 
 pub mod admin;
 mod aer;
+mod ana;
 mod command;
 mod completion;
 mod ctrl;
@@ -66,6 +67,7 @@ mod user_data;
 
 pub use admin::identify::{ns_ids, FABRICS_SGLS};
 pub use admin::{AdminEnv, AdminOutcome, AfterSend, ADMIN_XFER_LIMIT};
+pub use ana::AnaPort;
 pub use command::{IoCmd, IoOp};
 pub use ctrl::Controller;
 pub use errlog::ERROR_LOG_ENTRIES;
@@ -75,6 +77,6 @@ pub use notice::CHANGED_NS_LIST_ENTRIES;
 pub use regs::{CcChange, Registers};
 pub use stats::{IoStats, StatsHandle};
 pub use subsystem::{
-    FabricsTraits, Identity, Limits, Namespace, PcieTraits, Personality, Subsystem, MAX_MDTS,
-    MAX_NAMESPACES,
+    FabricsTraits, Identity, Limits, Namespace, NsIds, PcieTraits, Personality, Subsystem,
+    MAX_MDTS, MAX_NAMESPACES,
 };

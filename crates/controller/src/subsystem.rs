@@ -15,8 +15,8 @@
 //!
 //! A namespace is any bdev (`pollux_bdev::Bdev`): null, RAM, io_uring, or
 //! an NVMe namespace on any transport, side by side in one subsystem.
-use std::sync::atomic::AtomicU64;
 use std::sync::atomic::Ordering::{Relaxed, Release};
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use pollux_bdev::Bdev;
@@ -118,11 +118,25 @@ impl Personality {
     }
 }
 
+/// A namespace's identifiers given by the configuration (EUI-64, NGUID,
+/// UUID), instead of those derived from the serial number and NSID: two
+/// targets exporting the same storage give it the same identifiers, so a
+/// host sees one namespace through both.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NsIds {
+    pub eui64: Option<[u8; 8]>,
+    pub nguid: Option<[u8; 16]>,
+    pub uuid: Option<[u8; 16]>,
+}
+
 /// One namespace: its bdev and geometry.
 pub struct Namespace {
     bdev: Bdev,
     lba_shift: u8,
     nsze: u64,
+    /// ANA group (0: the NSID, as SPDK does).
+    anagrpid: u32,
+    ids: NsIds,
     /// Unique per `Namespace::new` (clones share it): tells an I/O queue
     /// whether an NSID still names the namespace its channel is to.
     id: u64,
@@ -137,6 +151,8 @@ impl Clone for Namespace {
             bdev: self.bdev.clone(),
             lba_shift: self.lba_shift,
             nsze: self.nsze,
+            anagrpid: self.anagrpid,
+            ids: self.ids,
             id: self.id,
         }
     }
@@ -181,6 +197,8 @@ impl Namespace {
             bdev,
             lba_shift,
             nsze,
+            anagrpid: 0,
+            ids: NsIds::default(),
             id: NEXT_NS_ID.fetch_add(1, Relaxed),
         })
     }
@@ -197,6 +215,37 @@ impl Namespace {
     /// Size in logical blocks.
     pub fn nsze(&self) -> u64 {
         self.nsze
+    }
+
+    /// In ANA group `anagrpid` (0: the group of its NSID's number).
+    pub fn with_anagrpid(mut self, anagrpid: u32) -> Namespace {
+        self.anagrpid = anagrpid;
+        self
+    }
+
+    /// With identifiers of its own (see [`NsIds`]).
+    pub fn with_ids(mut self, ids: NsIds) -> Namespace {
+        self.ids = ids;
+        self
+    }
+
+    /// The ANA group as configured (0: its NSID).
+    pub fn anagrpid_config(&self) -> u32 {
+        self.anagrpid
+    }
+
+    /// Its ANA group as namespace `nsid`.
+    pub fn anagrpid(&self, nsid: u32) -> u32 {
+        if self.anagrpid == 0 {
+            nsid
+        } else {
+            self.anagrpid
+        }
+    }
+
+    /// The identifiers the configuration gave.
+    pub fn ids(&self) -> &NsIds {
+        &self.ids
     }
 
     /// Identity of this namespace (shared by its clones only).
@@ -219,6 +268,12 @@ pub struct Subsystem {
     generation: AtomicU64,
     /// Each controller's changed-namespace notes.
     pub(crate) notices: Notices,
+    /// Asymmetric Namespace Access reporting (CMIC bit 3, the ANA log).
+    ana_reporting: AtomicBool,
+    /// Several controllers, through several ports, may share the
+    /// namespaces (CMIC bits 0 and 1, NMIC bit 0): a host may make one
+    /// namespace of several paths.
+    multipath: AtomicBool,
 }
 
 /// NSID FFFFFFFFh (every namespace) and 0 are never a namespace's.
@@ -307,6 +362,8 @@ impl Subsystem {
             namespaces: Mutex::new(Arc::new(namespaces.into_iter().map(Some).collect())),
             generation: AtomicU64::new(0),
             notices: Notices::default(),
+            ana_reporting: AtomicBool::new(false),
+            multipath: AtomicBool::new(false),
         }))
     }
 
@@ -320,6 +377,44 @@ impl Subsystem {
 
     pub fn personality(&self) -> &Personality {
         &self.personality
+    }
+
+    /// Turns ANA reporting on or off (before controllers connect); ANA
+    /// reporting implies multipath (see [`Subsystem::set_multipath`]).
+    pub fn set_ana_reporting(&self, on: bool) {
+        self.ana_reporting.store(on, Relaxed);
+    }
+
+    pub fn ana_reporting(&self) -> bool {
+        self.ana_reporting.load(Relaxed)
+    }
+
+    /// Reports the subsystem as multi-port and multi-controller, its
+    /// namespaces as shared (before controllers connect).
+    pub fn set_multipath(&self, on: bool) {
+        self.multipath.store(on, Relaxed);
+    }
+
+    pub fn multipath(&self) -> bool {
+        self.multipath.load(Relaxed) || self.ana_reporting()
+    }
+
+    /// An ANA state of a port changed: every I/O queue recomputes which
+    /// namespaces it refuses at its next `IoQueue::sync_namespaces` (the
+    /// namespace generation is bumped; the table is unchanged).
+    pub fn ana_changed(&self) {
+        let _t = self.lock_table();
+        self.generation.fetch_add(1, Release);
+    }
+
+    /// The ANA groups of the active namespaces: (ANAGRPID, NSIDs
+    /// ascending), ANAGRPID order.
+    pub fn ana_groups(&self) -> Vec<(u32, Vec<u32>)> {
+        let mut g: std::collections::BTreeMap<u32, Vec<u32>> = Default::default();
+        for (nsid, ns) in self.namespaces() {
+            g.entry(ns.anagrpid(nsid)).or_default().push(nsid);
+        }
+        g.into_iter().collect()
     }
 
     fn lock_table(&self) -> MutexGuard<'_, NsTable> {
@@ -366,6 +461,15 @@ impl Subsystem {
     /// Changed event); I/O queues open a channel to it at their next
     /// `IoQueue::sync_namespaces`.
     pub fn add_namespace(&self, ns: Namespace, nsid: Option<u32>) -> Result<u32, ControllerError> {
+        if ns.anagrpid as usize > MAX_NAMESPACES {
+            return Err(ControllerError::InvalidNamespace {
+                bdev: ns.bdev.name().to_string(),
+                why: format!(
+                    "ANA group ID {} is beyond ANAGRPMAX ({MAX_NAMESPACES})",
+                    ns.anagrpid
+                ),
+            });
+        }
         let nsid = {
             let mut t = self.lock_table();
             let nsid = match nsid {

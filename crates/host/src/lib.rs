@@ -32,6 +32,7 @@
 //! library does not depend on the emulator.
 mod ctrl;
 mod discovery;
+pub mod multipath;
 mod qpair;
 pub mod trid;
 
@@ -39,6 +40,7 @@ pub use ctrl::{
     connect, connect_with, ConnectError, Controller, DmaMemory, Emulator, EmulatorError,
 };
 pub use discovery::discover;
+pub use multipath::{MpQueuePair, Multipath, MultipathError, Policy, Selector};
 pub use pollux_nvme::{
     wait_readable, Completion, ControllerOptions, DmaBuffer, DmaSlice, Error, IoBuf, IoError,
     Namespace, QpairOptions, QpairStats, Refused, RwFlags, SubmitError,

@@ -53,6 +53,7 @@ fn ram_target() -> pollux_nvmf::Target {
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);

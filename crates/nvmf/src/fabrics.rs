@@ -260,9 +260,19 @@ impl Qpair {
             } else {
                 cmd.kato
             };
-            let id = shared.table().insert(|id| {
+            let cntlids = entry.as_ref().map_or(
+                (crate::config::CNTLID_MIN, crate::config::CNTLID_MAX),
+                |e| e.cntlids,
+            );
+            let ana_port = entry
+                .as_ref()
+                .and_then(|e| e.ana_port(listener.unwrap_or(self.local)).cloned());
+            let id = shared.table().insert(cntlids, |id| {
                 let mut c = Ctrl::new(model, id);
                 c.set_kato(kato);
+                if let Some(p) = ana_port {
+                    c.set_ana_port(p);
+                }
                 let c = Arc::new(Mutex::new(c));
                 slot_ctrl = Some(c.clone());
                 CtrlEntry {
@@ -277,7 +287,10 @@ impl Qpair {
             let (Some(id), Some(ctrl)) = (id, slot_ctrl) else {
                 return Err(refuse(
                     fabrics_status(fabrics_sc::CONTROLLER_BUSY),
-                    "no controller ID left".into(),
+                    format!(
+                        "no controller ID left in the subsystem's range {}-{}",
+                        cntlids.0, cntlids.1
+                    ),
                 ));
             };
             cntlid = id;

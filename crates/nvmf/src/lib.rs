@@ -73,6 +73,7 @@ mod discovery;
 mod fabrics;
 mod io;
 mod live;
+mod live_ana;
 mod live_ns;
 mod model;
 mod pool;
@@ -84,15 +85,18 @@ pub mod testing;
 mod tgt;
 
 pub use config::{
-    mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
+    check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, ConfigError, NamespaceConfig,
+    SockImpl, SubsystemConfig, TargetConfig, TransportOptions, CNTLID_MAX, CNTLID_MIN,
+    MAX_SEND_IOV,
 };
 pub use config::{
-    ConfigError, NamespaceConfig, SockImpl, SubsystemConfig, TargetConfig, TransportOptions,
-    MAX_SEND_IOV,
+    mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;
+pub use pollux_controller::NsIds;
 pub use pollux_runtime::RuntimeOptions;
+pub use pollux_spec::log::AnaState;
 pub use tgt::{Target, TargetError};

@@ -149,6 +149,11 @@ pub struct SubsystemOptions {
     pub allow_any_host: bool,
     /// SPDK's `max_namespaces` (0: no limit of its own).
     pub max_namespaces: u32,
+    /// SPDK's `ana_reporting`.
+    pub ana_reporting: bool,
+    /// SPDK's `min_cntlid`, `max_cntlid` (None: 1, FFEFh).
+    pub min_cntlid: Option<u16>,
+    pub max_cntlid: Option<u16>,
 }
 
 /// A listen address from SPDK's `listen_address` fields (`trtype` TCP,
@@ -198,24 +203,13 @@ pub(crate) fn address_json(a: &SocketAddr) -> Value {
 
 /// A UUID's text form.
 fn uuid_str(b: &[u8; 16]) -> String {
-    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    crate::config::uuid_string(b)
 }
 
 /// The discovery subsystem's NQN, or SPDK's client's shortcut for it.
 fn is_discovery(nqn: &str) -> bool {
     nqn == DISCOVERY_NQN || nqn == "discovery"
 }
-
-/// SPDK's highest dynamic controller ID (pollux's too).
-const MAX_CNTLID: u32 = 0xFFEF;
 
 impl Target {
     fn live(&self) -> MutexGuard<'_, Live> {
@@ -403,13 +397,21 @@ impl Target {
                 )));
             }
         }
+        let cntlids = (
+            o.min_cntlid.unwrap_or(crate::config::CNTLID_MIN),
+            o.max_cntlid.unwrap_or(crate::config::CNTLID_MAX),
+        );
+        crate::config::check_cntlid_range(cntlids.0, cntlids.1).map_err(invalid)?;
         let shared = self.shared();
-        let p = subsys_params(
+        let mut p = subsys_params(
             &shared.opts,
             nqn,
             o.serial_number.as_deref(),
             o.model_number.as_deref(),
         );
+        p.ana_reporting = o.ana_reporting;
+        p.multipath =
+            o.ana_reporting || cntlids != (crate::config::CNTLID_MIN, crate::config::CNTLID_MAX);
         let model = Subsys::new(&p, Vec::new(), false).map_err(|source| LiveError::Model {
             nqn: nqn.into(),
             source,
@@ -428,6 +430,8 @@ impl Target {
             host_keys: Vec::new(),
             listeners: Vec::new(),
             max_namespaces: o.max_namespaces,
+            cntlids,
+            ana_ports: Vec::new(),
         }));
         shared.genctr.fetch_add(1, Relaxed);
         tracing::info!(
@@ -435,6 +439,9 @@ impl Target {
             serial = p.serial,
             model = p.model,
             allow_any_host = o.allow_any_host,
+            ana_reporting = o.ana_reporting,
+            min_cntlid = cntlids.0,
+            max_cntlid = cntlids.1,
             "subsystem created"
         );
         Ok(())
@@ -582,6 +589,12 @@ impl Target {
         let real = self.socket(&mut live, &shared, addr)?;
         Self::change(&shared, nqn, |e| {
             e.listeners.push(real);
+            e.ana_ports.push((
+                real,
+                Arc::new(pollux_controller::AnaPort::new(
+                    pollux_spec::log::AnaState::Optimized,
+                )),
+            ));
             Ok(())
         })?;
         tracing::info!(nqn, listen = %real, "listener added to subsystem");
@@ -621,6 +634,7 @@ impl Target {
         let e = Self::change(&shared, nqn, |e| {
             let before = e.listeners.len();
             e.listeners.retain(|a| *a != real);
+            e.ana_ports.retain(|(a, _)| *a != real);
             if e.listeners.len() == before {
                 return Err(LiveError::NoListener {
                     nqn: nqn.into(),
@@ -812,6 +826,11 @@ impl Target {
             if s.max_namespaces != 0 {
                 p["max_namespaces"] = s.max_namespaces.into();
             }
+            if s.model.ana_reporting() {
+                p["ana_reporting"] = true.into();
+            }
+            p["min_cntlid"] = s.cntlids.0.into();
+            p["max_cntlid"] = s.cntlids.1.into();
             out.push(json!({"method": "nvmf_create_subsystem", "params": p}));
             for h in &s.hosts {
                 let mut p = host_json(h, &s.host_keys);
@@ -824,10 +843,20 @@ impl Target {
                 if let Some(u) = ns.uuid {
                     n["uuid"] = u.into();
                 }
+                if let Some(u) = ns.nguid {
+                    n["nguid"] = u.into();
+                }
+                if let Some(u) = ns.eui64 {
+                    n["eui64"] = u.into();
+                }
+                if s.model.ana_reporting() {
+                    n["anagrpid"] = ns.anagrpid.into();
+                }
                 out.push(json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": nqn, "namespace": n}}));
             }
             for a in &s.listeners {
                 out.push(json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": nqn, "listen_address": address_json(a)}}));
+                out.extend(save_ana_states(s, a, nqn));
             }
         }
         out
@@ -844,6 +873,15 @@ fn subsystem_json(s: &SubsysEntry) -> Value {
             let mut j = json!({"nsid": n.nsid, "bdev_name": n.bdev_name, "name": n.bdev_name});
             if let Some(u) = n.uuid {
                 j["uuid"] = u.into();
+            }
+            if let Some(u) = n.nguid {
+                j["nguid"] = u.into();
+            }
+            if let Some(u) = n.eui64 {
+                j["eui64"] = u.into();
+            }
+            if s.model.ana_reporting() {
+                j["anagrpid"] = n.anagrpid.into();
             }
             j
         })
@@ -864,8 +902,33 @@ fn subsystem_json(s: &SubsysEntry) -> Value {
     if s.max_namespaces != 0 {
         j["max_namespaces"] = s.max_namespaces.into();
     }
-    j["min_cntlid"] = 1.into();
-    j["max_cntlid"] = MAX_CNTLID.into();
+    j["min_cntlid"] = s.cntlids.0.into();
+    j["max_cntlid"] = s.cntlids.1.into();
+    if s.model.ana_reporting() {
+        j["ana_reporting"] = true.into();
+    }
     j["namespaces"] = namespaces.into();
     j
+}
+
+/// The `nvmf_subsystem_listener_set_ana_state` calls that give listener
+/// `a` of `s` its ANA states again (none when all are optimized).
+fn save_ana_states(s: &SubsysEntry, a: &SocketAddr, nqn: &str) -> Vec<Value> {
+    let Some(port) = s.ana_port(*a).filter(|_| s.model.ana_reporting()) else {
+        return Vec::new();
+    };
+    let (default, groups) = port.snapshot();
+    let call = |g: Option<u32>, st: pollux_spec::log::AnaState| {
+        let mut p = json!({"nqn": nqn, "listen_address": address_json(a), "ana_state": st.name()});
+        if let Some(g) = g {
+            p["anagrpid"] = g.into();
+        }
+        json!({"method": "nvmf_subsystem_listener_set_ana_state", "params": p})
+    };
+    let mut out = Vec::new();
+    if default != pollux_spec::log::AnaState::Optimized {
+        out.push(call(None, default));
+    }
+    out.extend(groups.into_iter().map(|(g, st)| call(Some(g), st)));
+    out
 }

@@ -15,6 +15,7 @@
 //! namespaces open, a removed namespace's commands get Invalid Namespace
 //! and its requests in flight finish first.
 use pollux_bdev::Bdev;
+use pollux_controller::NsIds;
 
 use crate::live::LiveError;
 use crate::model::NsError;
@@ -47,11 +48,25 @@ impl Target {
         bdev: Bdev,
         nsid: Option<u32>,
     ) -> Result<u32, LiveError> {
+        self.add_namespace_with(nqn, bdev, nsid, NsIds::default(), 0)
+    }
+
+    /// [`Target::add_namespace`] with identifiers of its own (SPDK's
+    /// `uuid`, `nguid`, `eui64`: what two targets exporting the same
+    /// storage give it) and ANA group `anagrpid` (0: its NSID).
+    pub fn add_namespace_with(
+        &self,
+        nqn: &str,
+        bdev: Bdev,
+        nsid: Option<u32>,
+        ids: NsIds,
+        anagrpid: u32,
+    ) -> Result<u32, LiveError> {
         let (id, entry) = self.nvm_subsystem(nqn)?;
         let name = bdev.name().to_string();
         let nsid = entry
             .model
-            .add_namespace(bdev, nsid)
+            .add_namespace(bdev, nsid, ids, anagrpid)
             .map_err(|e| LiveError::from_ns(nqn, e))?;
         tracing::info!(subnqn = nqn, nsid, bdev = %name, "namespace added live");
         self.announce(id);
@@ -95,7 +110,7 @@ impl Target {
 
     /// Tells each controller of subsystem `id` on its admin queue's
     /// thread that its namespaces changed.
-    fn announce(&self, id: SubsysId) {
+    pub(crate) fn announce(&self, id: SubsysId) {
         let shared = self.shared();
         let admins: Vec<_> = shared
             .table()

@@ -15,8 +15,8 @@ use std::sync::Arc;
 
 use pollux_bdev::{Bdev, RawSeg};
 use pollux_controller::{
-    AdminEnv, AdminOutcome, AfterSend, Controller, FabricsTraits, Identity, IoOp, IoQueue,
-    IoQueueOptions, Limits, Namespace, Personality, Subsystem,
+    AdminEnv, AdminOutcome, AfterSend, AnaPort, Controller, FabricsTraits, Identity, IoOp, IoQueue,
+    IoQueueOptions, Limits, Namespace, NsIds, Personality, Subsystem,
 };
 use pollux_spec::cmd::{cns, RwFlags};
 use pollux_spec::fabrics::PropertySize;
@@ -48,6 +48,11 @@ pub(crate) struct SubsysParams {
     pub in_capsule_data: u32,
     /// Keep Alive granularity in 100 ms units (KAS).
     pub kas: u16,
+    /// Asymmetric Namespace Access reporting.
+    pub ana_reporting: bool,
+    /// Reported multi-port, multi-controller, namespaces shared (ANA
+    /// reporting, or a controller ID range of its own).
+    pub multipath: bool,
 }
 
 /// A namespace as `nvmf_get_subsystems` and `save_config` show it.
@@ -57,6 +62,11 @@ pub(crate) struct NsInfo {
     pub bdev_name: String,
     /// Its UUID, when it has one of its own (SPDK lists it then).
     pub uuid: Option<String>,
+    /// Its NGUID and EUI-64 when given (hexadecimal).
+    pub nguid: Option<String>,
+    pub eui64: Option<String>,
+    /// Its ANA group.
+    pub anagrpid: u32,
 }
 
 /// MDTS for a transfer size: `4 KiB << mdts >= size`, at most 16.
@@ -94,11 +104,12 @@ impl Subsys {
     /// allowed: as a live-made subsystem that save_config wrote).
     pub fn with_namespaces(
         p: &SubsysParams,
-        namespaces: Vec<(u32, Bdev)>,
+        namespaces: Vec<(u32, Bdev, NsIds, u32)>,
     ) -> Result<Subsys, ModelError> {
         let s = Subsys::new(p, Vec::new(), false)?;
-        for (nsid, b) in namespaces {
-            s.inner.add_namespace(Namespace::new(b, 0)?, Some(nsid))?;
+        for (nsid, b, ids, anagrpid) in namespaces {
+            let ns = Namespace::new(b, 0)?.with_ids(ids).with_anagrpid(anagrpid);
+            s.inner.add_namespace(ns, Some(nsid))?;
         }
         Ok(s)
     }
@@ -132,7 +143,20 @@ impl Subsys {
             }),
             namespaces,
         )?;
+        inner.set_ana_reporting(p.ana_reporting && !discovery);
+        inner.set_multipath(p.multipath && !discovery);
         Ok(Subsys { inner, discovery })
+    }
+
+    /// ANA reporting is on.
+    pub fn ana_reporting(&self) -> bool {
+        self.inner.ana_reporting()
+    }
+
+    /// An ANA state of one of its ports changed: the I/O queues
+    /// recompute which namespaces they refuse.
+    pub fn ana_changed(&self) {
+        self.inner.ana_changed();
     }
 
     pub fn nqn(&self) -> &str {
@@ -155,10 +179,17 @@ impl Subsys {
         self.inner
             .namespaces()
             .into_iter()
-            .map(|(nsid, n)| NsInfo {
-                nsid,
-                bdev_name: n.bdev().name().to_string(),
-                uuid: None,
+            .map(|(nsid, n)| {
+                let hex = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();
+                let ids = n.ids();
+                NsInfo {
+                    nsid,
+                    bdev_name: n.bdev().name().to_string(),
+                    uuid: ids.uuid.map(|u| crate::config::uuid_string(&u)),
+                    nguid: ids.nguid.map(|b| hex(&b)),
+                    eui64: ids.eui64.map(|b| hex(&b)),
+                    anagrpid: n.anagrpid(nsid),
+                }
             })
             .collect()
     }
@@ -170,8 +201,17 @@ impl Subsys {
 
     /// Adds `bdev` (all of it) as namespace `nsid` (None: the lowest free
     /// NSID) while controllers run; its NSID.
-    pub fn add_namespace(&self, bdev: Bdev, nsid: Option<u32>) -> Result<u32, NsError> {
-        let ns = Namespace::new(bdev, 0).map_err(NsError::from)?;
+    pub fn add_namespace(
+        &self,
+        bdev: Bdev,
+        nsid: Option<u32>,
+        ids: NsIds,
+        anagrpid: u32,
+    ) -> Result<u32, NsError> {
+        let ns = Namespace::new(bdev, 0)
+            .map_err(NsError::from)?
+            .with_ids(ids)
+            .with_anagrpid(anagrpid);
         self.inner.add_namespace(ns, nsid).map_err(NsError::from)
     }
 
@@ -300,6 +340,12 @@ impl Ctrl {
 
     pub fn set_kato(&mut self, ms: u32) {
         self.inner.set_kato(ms);
+    }
+
+    /// Reports and enforces the ANA states of the listener the admin
+    /// queue connected through.
+    pub fn set_ana_port(&mut self, port: std::sync::Arc<AnaPort>) {
+        self.inner.set_ana_port(port);
     }
 
     pub fn kato_ms(&self) -> u32 {

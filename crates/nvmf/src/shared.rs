@@ -13,6 +13,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock, RwLockReadGuard, RwLockWriteGuar
 
 use pollux_runtime::ThreadCtx;
 
+use pollux_controller::AnaPort;
+
 use crate::auth::state::HostSecrets;
 use crate::config::{AuthOptions, TransportOptions};
 use crate::model::{Ctrl, Subsys};
@@ -41,11 +43,21 @@ pub(crate) struct SubsysEntry {
     pub listeners: Vec<SocketAddr>,
     /// SPDK's `max_namespaces` (0: no limit of the target's own).
     pub max_namespaces: u32,
+    /// The controller IDs it gives (SPDK's `min_cntlid`, `max_cntlid`).
+    pub cntlids: (u16, u16),
+    /// The ANA states through each listener (shared by every version of
+    /// the entry, and by the controllers connected through it).
+    pub ana_ports: Vec<(SocketAddr, Arc<AnaPort>)>,
 }
 
 impl SubsysEntry {
     pub fn allows(&self, hostnqn: &str) -> bool {
         self.allow_any_host || self.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    /// The ANA states through listener `l`.
+    pub fn ana_port(&self, l: SocketAddr) -> Option<&Arc<AnaPort>> {
+        self.ana_ports.iter().find(|(a, _)| *a == l).map(|(_, p)| p)
     }
 }
 
@@ -96,28 +108,29 @@ pub(crate) struct CtrlTable {
     pub map: HashMap<u16, CtrlEntry>,
 }
 
-/// Highest dynamic controller ID (FFF0h and above are reserved).
-const MAX_CNTLID: u16 = 0xFFEF;
-
 impl CtrlTable {
-    /// Registers a controller under a fresh ID (1..=FFEFh), `None` when
-    /// every ID is taken.
-    pub fn insert(&mut self, make: impl FnOnce(u16) -> CtrlEntry) -> Option<u16> {
-        if self.map.len() >= MAX_CNTLID as usize {
-            return None;
-        }
-        loop {
-            self.next = if self.next >= MAX_CNTLID {
-                1
-            } else {
-                self.next + 1
-            };
-            if !self.map.contains_key(&self.next) {
-                let id = self.next;
+    /// Registers a controller under a fresh ID of `min..=max` (at most
+    /// 1..=FFEFh; the IDs after the last one given first), `None` when
+    /// every ID of the range is taken.
+    pub fn insert(
+        &mut self,
+        (min, max): (u16, u16),
+        make: impl FnOnce(u16) -> CtrlEntry,
+    ) -> Option<u16> {
+        let (min, max) = (
+            min.max(crate::config::CNTLID_MIN),
+            max.min(crate::config::CNTLID_MAX),
+        );
+        let mut id = self.next;
+        for _ in min..=max {
+            id = if id >= max || id < min { min } else { id + 1 };
+            if !self.map.contains_key(&id) {
+                self.next = id;
                 self.map.insert(id, make(id));
                 return Some(id);
             }
         }
+        None
     }
 }
 

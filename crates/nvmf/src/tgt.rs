@@ -4,8 +4,10 @@ use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, RwLock};
 
+use pollux_controller::AnaPort;
 use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
+use pollux_spec::log::AnaState;
 
 use crate::auth::state::HostSecrets;
 use crate::config::{ConfigError, Keyring, TargetConfig, TransportOptions};
@@ -92,6 +94,8 @@ pub(crate) fn subsys_params(
         max_io_size: o.max_io_size,
         in_capsule_data: o.in_capsule_data_size,
         kas: o.kas,
+        ana_reporting: false,
+        multipath: false,
     }
 }
 
@@ -106,6 +110,8 @@ pub(crate) fn discovery_subsys(o: &TransportOptions) -> Result<Subsys, TargetErr
         max_io_size: o.max_io_size,
         in_capsule_data: 0,
         kas: o.kas,
+        ana_reporting: false,
+        multipath: false,
     };
     Subsys::new(&dp, Vec::new(), true).map_err(|source| TargetError::Model {
         nqn: DISCOVERY_NQN.into(),
@@ -173,13 +179,28 @@ impl Target {
                     })
                 })
                 .collect();
-            let p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
-            let model = Subsys::with_namespaces(&p, cfg.ns_bdevs(s)).map_err(|source| {
+            let mut p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
+            p.ana_reporting = s.ana_reporting;
+            p.multipath = s.ana_reporting
+                || (s.min_cntlid, s.max_cntlid)
+                    != (crate::config::CNTLID_MIN, crate::config::CNTLID_MAX);
+            let model = Subsys::with_namespaces(&p, cfg.ns_specs(s)).map_err(|source| {
                 TargetError::Model {
                     nqn: s.nqn.clone(),
                     source,
                 }
             })?;
+            let ana_ports = s
+                .listeners
+                .iter()
+                .map(|a| {
+                    let port = Arc::new(AnaPort::new(AnaState::Optimized));
+                    for (_, g, st) in s.ana_states.iter().filter(|(l, _, _)| l == a) {
+                        port.set(*g, *st);
+                    }
+                    (listen.real(a), port)
+                })
+                .collect();
             subsystems.push(Arc::new(SubsysEntry {
                 id: k as u64 + 1,
                 model,
@@ -188,6 +209,8 @@ impl Target {
                 host_keys,
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
                 max_namespaces: s.max_namespaces,
+                cntlids: (s.min_cntlid, s.max_cntlid),
+                ana_ports,
             }));
         }
         let live = Live {

@@ -121,6 +121,7 @@ fn target(tag: &str, host: &DhchapKey, ctrl: Option<&DhchapKey>, opts: Transport
     s.namespaces.push(NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.allow_any_host = false;
     s.hosts = vec![HOST_A.into(), HOST_B.into()];
@@ -425,6 +426,7 @@ fn keys_given_live() {
     s.namespaces.push(NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);

@@ -42,6 +42,7 @@ fn failed_io_commands_show_in_the_error_log_and_smart() {
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);

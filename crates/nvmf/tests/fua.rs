@@ -41,6 +41,7 @@ fn target_on(bdev: Bdev) -> Target {
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: name,
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);

@@ -39,6 +39,7 @@ fn two_subsystems() -> Target {
         s.namespaces.push(NamespaceConfig {
             bdev: bdev.into(),
             nsid: None,
+            ..Default::default()
         });
         s.listeners.push(any());
         cfg.subsystems.push(s);

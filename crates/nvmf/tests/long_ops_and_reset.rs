@@ -79,6 +79,7 @@ fn rig() -> Rig {
         s.namespaces.push(pollux_nvmf::NamespaceConfig {
             bdev: b.into(),
             nsid: None,
+            ..Default::default()
         });
     }
     s.listeners.push("127.0.0.1:0".parse().unwrap());

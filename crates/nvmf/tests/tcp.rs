@@ -161,6 +161,7 @@ fn subsystem(nqn: &str, bdev: &str, hosts: &[&str]) -> pollux_nvmf::SubsystemCon
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: bdev.into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     s

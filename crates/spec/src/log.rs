@@ -1,6 +1,7 @@
 //! Log pages (NVMe 2.0c base spec, Get Log Page command): identifiers, the Error
 //! Information log entry, the SMART / Health Information log, the Firmware
-//! Slot Information log and the Commands Supported and Effects log.
+//! Slot Information log, the Commands Supported and Effects log and the
+//! Asymmetric Namespace Access log.
 //!
 //! The Changed Namespace List log page (LID 04h) has the same layout as an
 //! Identify namespace ID list: use [`crate::identify::NsIdList`].
@@ -10,6 +11,9 @@ use zerocopy::{FromBytes, FromZeros, Immutable, IntoBytes, KnownLayout};
 
 use crate::identify::{ascii_str, set_ascii};
 use crate::{assert_offset, assert_size};
+
+mod ana;
+pub use ana::*;
 
 /// Log Page Identifiers (NVMe 2.0c base spec and NVM Command Set spec).
 pub mod lid {

@@ -90,6 +90,24 @@ pub struct PerfArgs {
     /// Don't use shadow doorbells even if the controller offers them.
     #[arg(long = "no-shadow-doorbell")]
     pub no_shadow_doorbell: bool,
+    /// The -r transport IDs are paths to one namespace (the first namespace
+    /// of the first path), driven as one: each job has a queue pair on
+    /// every path, I/O goes by ANA state then --multipath-policy, and
+    /// moves to another path when one fails (NVMe/TCP paths get
+    /// fast_io_fail_tmo:0 unless given).
+    #[arg(long = "multipath")]
+    pub multipath: bool,
+    /// With --multipath: active_passive (the first usable path until it
+    /// fails) or active_active (spread by --multipath-selector). SPDK's
+    /// bdev_nvme_set_multipath_policy names.
+    #[arg(long = "multipath-policy", value_name = "POLICY", default_value = "active_active",
+          value_parser = ["active_passive", "active_active"], requires = "multipath")]
+    pub multipath_policy: String,
+    /// With --multipath active_active: round_robin or queue_depth (the
+    /// path with the fewest I/Os outstanding).
+    #[arg(long = "multipath-selector", value_name = "SELECTOR", default_value = "round_robin",
+          value_parser = ["round_robin", "queue_depth"], requires = "multipath")]
+    pub multipath_selector: String,
 }
 
 impl PerfArgs {

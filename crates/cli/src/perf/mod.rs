@@ -26,7 +26,7 @@ use crate::common::{clock, latency, verify};
 use crate::emulator::SoftEmulator;
 use pollux_host::trid;
 use trid::{Backend, SoftTrid, Trid};
-use worker::{Job, JobCtx, Latency, WorkerCtl, WorkerResult};
+use worker::{Job, JobCtx, Latency, MpJob, WorkerCtl, WorkerResult};
 
 use args::PollMode;
 pub use args::{PerfArgs, Workload};
@@ -46,6 +46,8 @@ pub enum PerfError {
     Args(String),
     #[error(transparent)]
     BadOption(#[from] BadOption),
+    #[error("{0}")]
+    Multipath(#[from] pollux_host::MultipathError),
     /// The run would need more memory than the machine has.
     #[error("{what} need {} of {kind} memory, but {} is available ({source_}): lower -q, -o or -P, or use fewer namespaces or devices", human_bytes(*.need), human_bytes(*.avail))]
     Memory {
@@ -113,6 +115,28 @@ fn check_args(a: &PerfArgs, online: &[usize]) -> Result<Vec<usize>, PerfError> {
 
 /// Option checks against the transport IDs, before any device exists.
 fn check_trids(a: &PerfArgs, trids: &[Trid]) -> Result<(), PerfError> {
+    if a.multipath {
+        if trids.len() < 2 {
+            eprintln!("pollux perf: --multipath with one path: no failover");
+        }
+        if let Some(t) = trids.iter().find(|t| !matches!(t, Trid::Tcp(_))) {
+            // A buffer is the first path's DMA memory: any memory over
+            // TCP, but a PCIe device (emulated or not) reaches only its
+            // own mappings.
+            return Err(bad(
+                "--multipath",
+                "",
+                format!("paths must be NVMe/TCP (buffers are shared by the paths), not {t:?}"),
+            ));
+        }
+        if a.mode() != PollMode::Polled {
+            return Err(bad(
+                "--poll-mode",
+                a.mode().name(),
+                "--multipath polls its paths (no interrupts, no hybrid sleeps)",
+            ));
+        }
+    }
     if a.run.inline && trids.iter().any(|t| !matches!(t, Trid::Soft(_))) {
         return Err(PerfError::Args(
             "--inline only applies to trtype:soft".into(),
@@ -387,6 +411,92 @@ fn check_memory(
     Ok(())
 }
 
+/// What makes one job's context besides the options.
+struct JobShape {
+    label: String,
+    ns: pollux_host::Namespace,
+    bufs: Vec<Option<IoBuf>>,
+    nlb: u32,
+    units: u64,
+    /// I/Os to submit (`u64::MAX`: until stopped).
+    total: u64,
+    /// The job's number (seeds its pattern).
+    seed: u64,
+    random: bool,
+    mix: Mix,
+}
+
+/// A job's context: its pattern, and -L's and --verify's state.
+fn job_ctx(
+    a: &PerfArgs,
+    j: JobShape,
+    written: Option<Arc<verify::Written>>,
+    lat_clock: clock::LatClock,
+) -> Result<JobCtx, PerfError> {
+    let depth = a.run.queue_depth as usize;
+    let JobShape {
+        label,
+        ns,
+        bufs,
+        nlb,
+        units,
+        total,
+        seed,
+        random,
+        mix,
+    } = j;
+    let verify = written.map(|w| verify::Verify::new(w, ns.lba_shift(), depth));
+    let latency = if a.run.latency > 0 {
+        // Reads and writes apart when the workload mixes them.
+        let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
+            1
+        } else {
+            2
+        };
+        let hist = (0..n)
+            .map(|_| latency::histogram())
+            .collect::<Result<_, _>>()
+            .map_err(|e| PerfError::Args(e.to_string()))?;
+        Some(Latency {
+            clock: lat_clock,
+            submit: vec![0; depth],
+            mixed: n - 1,
+            hist,
+        })
+    } else {
+        None
+    };
+    Ok(JobCtx {
+        label,
+        ns,
+        bufs,
+        io_size: a.run.io_size as usize,
+        nlb,
+        pat: Pattern {
+            units,
+            rng: 0x9E37_79B9_7F4A_7C15 ^ ((seed + 1) << 32 | ns.nsid() as u64),
+            random,
+            mix,
+            seq: 0,
+        },
+        total,
+        stop_at: 0,
+        ios: 0,
+        errors: 0,
+        first_errors: Vec::new(),
+        errlog: Default::default(),
+        slow: latency.is_some() || verify.is_some(),
+        latency,
+        verify,
+        slot_lba: if a.run.verify {
+            vec![0; depth]
+        } else {
+            Vec::new()
+        },
+        retry: Vec::new(),
+    })
+}
+
 /// Runs the benchmark and prints its report.
 pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let online = online_cpus();
@@ -398,6 +508,14 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
             .iter()
             .map(|s| trid::parse(s))
             .collect::<Result<Vec<_>, _>>()?
+    };
+    let trids: Vec<Trid> = if a.multipath {
+        trids
+            .iter()
+            .map(pollux_host::multipath::path_trid)
+            .collect()
+    } else {
+        trids
     };
     check_trids(&a, &trids)?;
 
@@ -436,8 +554,12 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         devices.push(open_device(t, i, &mut emu, &copts)?);
     }
     let plans = check_devices(&a, &devices, cores.len())?;
-    let total_jobs: u64 =
-        plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64 * cores.len() as u64;
+    let total_jobs: u64 = if a.multipath {
+        // One namespace over all the paths.
+        plans.first().map_or(0, |p| p.len().min(1) as u64) * a.qpairs as u64 * cores.len() as u64
+    } else {
+        plans.iter().map(|p| p.len() as u64).sum::<u64>() * a.qpairs as u64 * cores.len() as u64
+    };
     if total_jobs == 0 {
         return Err(PerfError::Args("no namespaces found".into()));
     }
@@ -467,11 +589,83 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     };
 
     let lat_clock = clock::LatClock::new();
+    // With --multipath the devices are the paths of one namespace: they
+    // go into the multipath object (and the loop over devices below has
+    // none left).
+    let multipath = if a.multipath {
+        let policy = a.multipath_policy.parse().map_err(PerfError::Args)?;
+        let selector = a.multipath_selector.parse().map_err(PerfError::Args)?;
+        let paths = devices.drain(..).map(|d| (d.name, d.ctrl)).collect();
+        Some(pollux_host::Multipath::new(paths, None, policy, selector)?)
+    } else {
+        None
+    };
     // Jobs, as SPDK's perf: every worker core gets -P queue pairs on
     // every namespace of every device.
     let mut per_worker: Vec<Vec<Job>> = (0..cores.len()).map(|_| Vec::new()).collect();
+    let mut per_worker_mp: Vec<Vec<MpJob>> = (0..cores.len()).map(|_| Vec::new()).collect();
     let mut written: HashMap<(usize, u32), Arc<verify::Written>> = HashMap::new();
     let mut njobs = 0usize;
+    if let (Some(m), Some(plan)) = (&multipath, plans.first().and_then(|p| p.first())) {
+        let io = a.run.io_size as usize;
+        let depth = a.run.queue_depth as usize;
+        let first = m.controller(0).ok_or(PerfError::Args("no paths".into()))?;
+        let per_core = (0..a.qpairs).flat_map(|p| (0..cores.len()).map(move |w| (p, w)));
+        for (p, w) in per_core {
+            let mp = m.alloc_qpair(QpairOptions {
+                depth: a.run.queue_depth,
+                ..qopts.clone()
+            })?;
+            let ns = mp.namespace();
+            let bufs = IoBuf::new(first.alloc_dma(depth * io)?)
+                .chunks(io)
+                .into_iter()
+                .map(Some)
+                .collect();
+            let total = match a.run.io_count {
+                Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
+                None => u64::MAX,
+            };
+            let verify = a.run.verify.then(|| {
+                written
+                    .entry((0, ns.nsid()))
+                    .or_insert_with(|| verify::Written::new(plan.units))
+                    .clone()
+            });
+            let label = format!(
+                "multipath NSID {} ({} paths, {} {}) qpair {p} from core {}",
+                ns.nsid(),
+                m.len(),
+                m.policy().name(),
+                m.selector().name(),
+                cores[w]
+            );
+            let ctx = job_ctx(
+                &a,
+                JobShape {
+                    label,
+                    ns,
+                    bufs,
+                    nlb: plan.nlb,
+                    units: plan.units,
+                    total,
+                    seed: njobs as u64,
+                    random,
+                    mix,
+                },
+                verify,
+                lat_clock,
+            )?;
+            per_worker_mp[w].push(MpJob {
+                mp,
+                ctx,
+                clock: lat_clock,
+                last: 0,
+                max_gap: 0,
+            });
+            njobs += 1;
+        }
+    }
     for (di, (d, ns_plans)) in devices.iter().zip(&plans).enumerate() {
         for (ns, plan) in d.ctrl.namespaces().iter().zip(ns_plans) {
             let io = a.run.io_size as usize;
@@ -495,70 +689,35 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
                     Some(n) => n / total_jobs + u64::from((njobs as u64) < n % total_jobs),
                     None => u64::MAX,
                 };
-                let verify = if a.run.verify {
-                    let w = written
+                let verify = a.run.verify.then(|| {
+                    written
                         .entry((di, ns.nsid()))
                         .or_insert_with(|| verify::Written::new(units))
-                        .clone();
-                    Some(verify::Verify::new(w, ns.lba_shift(), depth))
-                } else {
-                    None
-                };
-                let latency = if a.run.latency > 0 {
-                    // Reads and writes apart when the workload mixes them.
-                    let n = if matches!(mix, Mix::AllRead | Mix::AllWrite) {
-                        1
-                    } else {
-                        2
-                    };
-                    let hist = (0..n)
-                        .map(|_| latency::histogram())
-                        .collect::<Result<_, _>>()
-                        .map_err(|e| PerfError::Args(e.to_string()))?;
-                    Some(Latency {
-                        clock: lat_clock,
-                        submit: vec![0; depth],
-                        mixed: n - 1,
-                        hist,
-                    })
-                } else {
-                    None
-                };
-                let ctx = JobCtx {
-                    label: format!(
-                        "{} NSID {} qpair {} from core {}",
-                        d.name,
-                        ns.nsid(),
-                        p,
-                        cores[w]
-                    ),
-                    ns: *ns,
-                    bufs,
-                    io_size: io,
-                    nlb,
-                    pat: Pattern {
+                        .clone()
+                });
+                let label = format!(
+                    "{} NSID {} qpair {} from core {}",
+                    d.name,
+                    ns.nsid(),
+                    p,
+                    cores[w]
+                );
+                let ctx = job_ctx(
+                    &a,
+                    JobShape {
+                        label,
+                        ns: *ns,
+                        bufs,
+                        nlb,
                         units,
-                        rng: 0x9E37_79B9_7F4A_7C15 ^ ((njobs as u64 + 1) << 32 | ns.nsid() as u64),
+                        total,
+                        seed: njobs as u64,
                         random,
                         mix,
-                        seq: 0,
                     },
-                    total,
-                    stop_at: 0,
-                    ios: 0,
-                    errors: 0,
-                    first_errors: Vec::new(),
-                    errlog: Default::default(),
-                    slow: latency.is_some() || verify.is_some(),
-                    latency,
                     verify,
-                    slot_lba: if a.run.verify {
-                        vec![0; depth]
-                    } else {
-                        Vec::new()
-                    },
-                    retry: Vec::new(),
-                };
+                    lat_clock,
+                )?;
                 per_worker[w].push(Job { qp, ctx });
                 njobs += 1;
             }
@@ -585,12 +744,19 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
     let results: Vec<WorkerResult> = std::thread::scope(|s| {
         let handles: Vec<_> = per_worker
             .into_iter()
+            .zip(per_worker_mp)
             .zip(&ctls)
             .zip(&cores)
-            .map(|((jobs, ctl), &core)| {
+            .map(|(((jobs, mp_jobs), ctl), &core)| {
                 let inl = inline_devs.clone();
                 let mode = a.mode();
-                s.spawn(move || worker::run(Some(core), jobs, inl, ctl, drain_timeout, mode))
+                s.spawn(move || {
+                    if mp_jobs.is_empty() {
+                        worker::run(Some(core), jobs, inl, ctl, drain_timeout, mode)
+                    } else {
+                        worker::run(Some(core), mp_jobs, inl, ctl, drain_timeout, mode)
+                    }
+                })
             })
             .collect();
         // Status line and sample each second; stop after -t seconds.
@@ -657,6 +823,7 @@ pub fn run(a: PerfArgs) -> Result<Summary, PerfError> {
         &samples,
     );
     drop(devices);
+    drop(multipath);
     drop(emu);
     drop(signals);
     Ok(summary)

@@ -106,6 +106,10 @@ pub(super) fn report(
     let mut cpu_total = 0f64;
     let mut hybrid = Vec::new();
     let (mut db_jobs, mut n_jobs) = (0usize, 0usize);
+    // Multipath jobs: the longest gap between completions (us), and a
+    // line per job for the table's report.
+    let mut max_gap: Option<f64> = None;
+    let mut mp_lines = Vec::new();
     for r in results {
         let secs = r.elapsed.as_secs_f64().max(1e-9);
         max_elapsed = max_elapsed.max(secs);
@@ -150,6 +154,33 @@ pub(super) fn report(
                 read_write: j.read_write.as_ref(),
             };
             latency::extend(&mut row, lat.json(ns_per_tick, level));
+            if let Some(m) = &j.multipath {
+                let gap_us = m.max_gap_ticks as f64 * ns_per_tick / 1e3;
+                max_gap = Some(max_gap.unwrap_or(0f64).max(gap_us));
+                row["max_completion_gap_us"] = json!(gap_us);
+                row["paths"] = m
+                    .paths
+                    .iter()
+                    .map(|(n, p)| {
+                        json!({"name": n, "submitted": p.submitted, "failed_over": p.failed_over, "downs": p.downs, "ups": p.ups})
+                    })
+                    .collect();
+                let paths: Vec<String> = m
+                    .paths
+                    .iter()
+                    .map(|(n, p)| {
+                        format!(
+                            "{n}: {} sent, {} failed over, down {}x, back {}x",
+                            p.submitted, p.failed_over, p.downs, p.ups
+                        )
+                    })
+                    .collect();
+                mp_lines.push(format!(
+                    "{}: longest gap between completions {gap_us:.0} us; {}",
+                    j.label,
+                    paths.join("; ")
+                ));
+            }
             rows.push(row);
         }
         if let Some(e) = &r.drain_error {
@@ -209,6 +240,7 @@ pub(super) fn report(
                 "inline": a.run.inline, "verify": a.run.verify, "latency": a.run.latency, "latency_clock": clock_source,
                 "delayed_doorbell": !a.no_delayed_doorbell, "sq_batch": a.sq_batch, "lazy_cq": !a.no_lazy_cq,
                 "prefetch": a.prefetch, "nt_copy": a.nt_copy, "cq_line_batch": a.cq_line_batch, "interrupts": a.mode() == PollMode::Interrupts, "poll_mode": a.mode().name(), "shadow_doorbell": !a.no_shadow_doorbell,
+                "multipath": a.multipath.then(|| json!({"policy": a.multipath_policy, "selector": a.multipath_selector})),
             },
             "devices": rows,
             "cores": cores_json,
@@ -224,6 +256,9 @@ pub(super) fn report(
                 // The workers' CPU time (the drain included) per I/O.
                 "worker_cpu_ns_per_io": cpu_total * 1e9 / t_ios.max(1) as f64,
                 "hybrid": (!hybrid.is_empty()).then_some(&hybrid),
+                // Multipath: the longest interval between two polls that
+                // found completions, over the jobs (the failover gap).
+                "max_completion_gap_us": max_gap,
             }
         });
         latency::extend(&mut out["total"], total_lat.json(ns_per_tick, level));
@@ -333,6 +368,9 @@ pub(super) fn report(
             );
         }
         println!("I/Os: {t_ios}  errors: {t_err}");
+        for l in &mp_lines {
+            println!("{l}");
+        }
         if interrupted {
             println!("Stopped early by a signal.");
         }

@@ -10,8 +10,10 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use pollux_host::multipath::PathStats;
 use pollux_host::{
-    Completion, Handler, IoBuf, Namespace, QpairStats, QueuePair, Refused, SubmitError, Submitter,
+    Completion, Handler, IoBuf, MpQueuePair, Namespace, QpairStats, QueuePair, Refused,
+    SubmitError, Submitter,
 };
 use pollux_softnvme::SoftDevice;
 
@@ -80,7 +82,23 @@ pub struct Job {
     pub ctx: JobCtx,
 }
 
-impl Job {
+/// What the worker loop drives: a job on one queue pair ([`Job`]) or on
+/// a multipath namespace ([`MpJob`]). The loop is monomorphised per
+/// kind: a plain run's is what it was before multipath.
+pub trait WorkerJob: Send {
+    fn poll(&mut self) -> u32;
+    fn start(&mut self);
+    fn retry_failed(&mut self);
+    fn ctx(&self) -> &JobCtx;
+    fn ctx_mut(&mut self) -> &mut JobCtx;
+    fn in_flight(&self) -> usize;
+    /// See `QueuePair::arm` (no interrupts: `Ok(false)`, poll instead).
+    fn arm(&mut self) -> Result<bool, pollux_host::Error>;
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>>;
+    fn into_result(self) -> JobResult;
+}
+
+impl WorkerJob for Job {
     #[inline(always)]
     fn poll(&mut self) -> u32 {
         self.qp.poll_with(u32::MAX, &mut self.ctx)
@@ -88,20 +106,33 @@ impl Job {
 
     fn start(&mut self) {
         let Job { qp, ctx } = self;
-        // One I/O per slot (-q of them): what the queue cannot hold
-        // waits in the queue pair's backlog.
-        let fill = (ctx.bufs.len() as u64).min(ctx.total);
-        // Completion k resubmits while fill + k - 1 < total. Set before
-        // the first submission: a refused one decides by it too.
-        ctx.stop_at = ctx.total - fill;
-        for slot in 0..fill as usize {
-            ctx.submit_waiting(&mut qp.submitter(), slot);
-        }
-        qp.flush();
+        ctx.fill(qp);
     }
 
     fn retry_failed(&mut self) {
         self.ctx.retry_failed(&mut self.qp)
+    }
+
+    #[inline(always)]
+    fn ctx(&self) -> &JobCtx {
+        &self.ctx
+    }
+
+    #[inline(always)]
+    fn ctx_mut(&mut self) -> &mut JobCtx {
+        &mut self.ctx
+    }
+
+    fn in_flight(&self) -> usize {
+        self.qp.in_flight()
+    }
+
+    fn arm(&mut self) -> Result<bool, pollux_host::Error> {
+        self.qp.arm()
+    }
+
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        self.qp.interrupt_fd()
     }
 
     /// Out of line: the run's loop stays as small as before -L's figures.
@@ -109,20 +140,205 @@ impl Job {
     #[inline(never)]
     fn into_result(self) -> JobResult {
         let doorbells = matches!(self.qp, QueuePair::Pcie(_));
-        let (mut ctx, qp) = (self.ctx, self.qp.stats());
-        ctx.errlog.finish(&ctx.label, &mut ctx.first_errors);
-        let hists = ctx.latency.map(|l| l.hist).unwrap_or_default();
-        JobResult {
-            doorbells,
-            label: ctx.label,
-            ios: ctx.ios,
-            errors: ctx.errors,
-            first_errors: ctx.first_errors,
-            io_size: ctx.io_size,
-            hist: latency::merged(&hists),
-            read_write: <[Histogram<u64>; 2]>::try_from(hists).ok(),
-            qp,
+        let qp = self.qp.stats();
+        self.ctx.into_result(doorbells, qp, None)
+    }
+}
+
+/// A job on a multipath namespace: its queue pair on every path, and the
+/// longest time between two polls that found completions (the failover
+/// gap: one clock read per poll that finds completions, multipath runs
+/// only).
+pub struct MpJob {
+    pub mp: MpQueuePair,
+    pub ctx: JobCtx,
+    pub clock: crate::common::clock::LatClock,
+    /// Clock of the last poll that found completions, and the longest
+    /// interval between two such polls, in clock ticks.
+    pub last: u64,
+    pub max_gap: u64,
+}
+
+impl WorkerJob for MpJob {
+    #[inline(always)]
+    fn poll(&mut self) -> u32 {
+        let ctx = &mut self.ctx;
+        let n = self.mp.poll(|mp, c| ctx.on_complete(mp, c));
+        if n > 0 {
+            let now = self.clock.now();
+            self.max_gap = self.max_gap.max(now.wrapping_sub(self.last));
+            self.last = now;
         }
+        n
+    }
+
+    fn start(&mut self) {
+        self.last = self.clock.now();
+        self.ctx.fill(&mut self.mp);
+    }
+
+    fn retry_failed(&mut self) {
+        self.ctx.retry_failed(&mut self.mp)
+    }
+
+    #[inline(always)]
+    fn ctx(&self) -> &JobCtx {
+        &self.ctx
+    }
+
+    #[inline(always)]
+    fn ctx_mut(&mut self) -> &mut JobCtx {
+        &mut self.ctx
+    }
+
+    fn in_flight(&self) -> usize {
+        self.mp.in_flight()
+    }
+
+    fn arm(&mut self) -> Result<bool, pollux_host::Error> {
+        Ok(false)
+    }
+
+    fn interrupt_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn into_result(self) -> JobResult {
+        let mut qp = QpairStats::default();
+        for i in 0..self.mp.path_stats().len() {
+            if let Some(q) = self.mp.path_qpair(i) {
+                let s = q.stats();
+                qp.submitted += s.submitted;
+                qp.completed += s.completed;
+                qp.polls += s.polls;
+                qp.queued += s.queued;
+                qp.timeouts += s.timeouts;
+            }
+        }
+        let mp = MpResult {
+            max_gap_ticks: self.max_gap,
+            paths: self.mp.path_stats(),
+        };
+        self.ctx.into_result(false, qp, Some(mp))
+    }
+}
+
+/// Where a job's requests go: a queue pair (or its submitter, inside a
+/// poll) or a multipath queue pair (which ignores the namespace: each
+/// path has its own).
+pub trait Sink {
+    fn read(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused>;
+    fn write(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused>;
+    fn flush(&mut self);
+    fn in_flight(&self) -> usize;
+}
+
+impl Sink for Submitter<'_> {
+    #[inline(always)]
+    fn read(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        Submitter::read(self, ns, lba, nlb, buf, ud)
+    }
+    #[inline(always)]
+    fn write(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        Submitter::write(self, ns, lba, nlb, buf, ud)
+    }
+    fn flush(&mut self) {
+        Submitter::flush(self)
+    }
+    fn in_flight(&self) -> usize {
+        Submitter::in_flight(self)
+    }
+}
+
+impl Sink for QueuePair {
+    #[inline(always)]
+    fn read(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        QueuePair::read(self, ns, lba, nlb, buf, ud)
+    }
+    #[inline(always)]
+    fn write(
+        &mut self,
+        ns: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        QueuePair::write(self, ns, lba, nlb, buf, ud)
+    }
+    fn flush(&mut self) {
+        QueuePair::flush(self)
+    }
+    fn in_flight(&self) -> usize {
+        QueuePair::in_flight(self)
+    }
+}
+
+impl Sink for MpQueuePair {
+    #[inline(always)]
+    fn read(
+        &mut self,
+        _: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        MpQueuePair::read(self, lba, nlb, buf, ud)
+    }
+    #[inline(always)]
+    fn write(
+        &mut self,
+        _: &Namespace,
+        lba: u64,
+        nlb: u32,
+        buf: IoBuf,
+        ud: u64,
+    ) -> Result<(), Refused> {
+        MpQueuePair::write(self, lba, nlb, buf, ud)
+    }
+    fn flush(&mut self) {
+        MpQueuePair::flush(self)
+    }
+    fn in_flight(&self) -> usize {
+        MpQueuePair::in_flight(self)
     }
 }
 
@@ -134,10 +350,47 @@ impl Handler for JobCtx {
 }
 
 impl JobCtx {
+    /// One I/O per slot (-q of them): what the queue cannot hold waits in
+    /// the queue pair's backlog.
+    fn fill<S: Sink>(&mut self, sink: &mut S) {
+        let fill = (self.bufs.len() as u64).min(self.total);
+        // Completion k resubmits while fill + k - 1 < total. Set before
+        // the first submission: a refused one decides by it too.
+        self.stop_at = self.total - fill;
+        for slot in 0..fill as usize {
+            self.submit_waiting(sink, slot);
+        }
+        sink.flush();
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn into_result(
+        mut self,
+        doorbells: bool,
+        qp: QpairStats,
+        multipath: Option<MpResult>,
+    ) -> JobResult {
+        self.errlog.finish(&self.label, &mut self.first_errors);
+        let hists = self.latency.map(|l| l.hist).unwrap_or_default();
+        JobResult {
+            doorbells,
+            label: self.label,
+            ios: self.ios,
+            errors: self.errors,
+            first_errors: self.first_errors,
+            io_size: self.io_size,
+            hist: latency::merged(&hists),
+            read_write: <[Histogram<u64>; 2]>::try_from(hists).ok(),
+            qp,
+            multipath,
+        }
+    }
+
     /// Submits slot `slot`'s next I/O with its buffer, taken from where it
     /// waits (the first submission of a slot, and retries).
     #[cold]
-    pub fn submit_waiting(&mut self, sub: &mut Submitter<'_>, slot: usize) {
+    pub fn submit_waiting<S: Sink>(&mut self, sub: &mut S, slot: usize) {
         match self.bufs[slot].take() {
             Some(buf) => self.submit(sub, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
@@ -145,7 +398,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn submit(&mut self, sub: &mut Submitter<'_>, slot: usize, mut buf: IoBuf) {
+    pub fn submit<S: Sink>(&mut self, sub: &mut S, slot: usize, mut buf: IoBuf) {
         let (unit, is_read) = self.pat.next();
         let lba = unit * self.nlb as u64;
         if self.slow {
@@ -181,13 +434,13 @@ impl JobCtx {
     /// completion can ever come to change that: the job gives up (its I/O
     /// count stops) instead of spinning or waiting forever.
     #[cold]
-    fn retry_failed(&mut self, qp: &mut QueuePair) {
+    fn retry_failed<S: Sink>(&mut self, qp: &mut S) {
         let slots = std::mem::take(&mut self.retry);
         if self.stop_at == 0 {
             return; // stopped: nothing more is submitted
         }
         for &slot in &slots {
-            self.submit_waiting(&mut qp.submitter(), slot);
+            self.submit_waiting(qp, slot);
         }
         qp.flush();
         if !self.retry.is_empty() && qp.in_flight() == 0 {
@@ -240,7 +493,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
+    pub fn on_complete<S: Sink>(&mut self, sub: &mut S, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -303,6 +556,17 @@ pub struct JobResult {
     /// The queue pair rings doorbells (PCIe, emulated or not): its
     /// doorbell counts mean something.
     pub doorbells: bool,
+    /// A multipath job's figures.
+    pub multipath: Option<MpResult>,
+}
+
+/// What a multipath job measured.
+pub struct MpResult {
+    /// The longest interval between two polls that found completions, in
+    /// latency clock ticks.
+    pub max_gap_ticks: u64,
+    /// Per path: its name and what the job's queue pair did on it.
+    pub paths: Vec<(String, PathStats)>,
 }
 
 pub struct WorkerResult {
@@ -327,13 +591,13 @@ pub struct WorkerResult {
 /// the queue pairs' interrupts (at most `nap`, so the stop flag is seen).
 /// Arms each first: a completion already posted means no sleep.
 #[cold]
-fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
+fn sleep_on_interrupts<J: WorkerJob>(jobs: &mut [J], nap: Duration) {
     let mut ready = false;
     for j in jobs.iter_mut() {
-        match j.qp.arm() {
+        match j.arm() {
             Ok(armed) => ready |= !armed,
             Err(e) => {
-                j.ctx.error(format!("interrupt: {e}"));
+                j.ctx_mut().error(format!("interrupt: {e}"));
                 return;
             }
         }
@@ -341,7 +605,7 @@ fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
     if ready {
         return;
     }
-    let fds: Vec<_> = jobs.iter().filter_map(|j| j.qp.interrupt_fd()).collect();
+    let fds: Vec<_> = jobs.iter().filter_map(|j| j.interrupt_fd()).collect();
     if let Err(e) = pollux_host::wait_readable(&fds, Some(nap)) {
         tracing::error!("waiting for interrupts: {e}");
     }
@@ -351,9 +615,9 @@ fn sleep_on_interrupts(jobs: &mut [Job], nap: Duration) {
 /// `mode`: what a round of polls that finds nothing does: spin on
 /// (polled), sleep on the queue pairs' interrupts, or (hybrid) sleep once
 /// for about half the mean time between completions.
-pub fn run(
+pub fn run<J: WorkerJob>(
     core: Option<usize>,
-    mut jobs: Vec<Job>,
+    mut jobs: Vec<J>,
     inline: Vec<Arc<SoftDevice>>,
     ctl: &WorkerCtl,
     drain_timeout: Duration,
@@ -399,33 +663,33 @@ pub fn run(
             continue;
         }
         for job in jobs.iter_mut() {
-            if !job.ctx.retry.is_empty() {
+            if !job.ctx().retry.is_empty() {
                 job.retry_failed();
             }
         }
-        let ios: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+        let ios: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
         ctl.progress.store(ios, Ordering::Relaxed);
         match stopped_at {
             None => {
                 // A slot owed a retry still has a submission to make.
                 let all_submitted = jobs
                     .iter()
-                    .all(|j| j.ctx.ios >= j.ctx.stop_at && j.ctx.retry.is_empty());
+                    .all(|j| j.ctx().ios >= j.ctx().stop_at && j.ctx().retry.is_empty());
                 let stop = ctl.stop.load(Ordering::Relaxed);
                 if stop || all_submitted {
                     by_count = !stop;
                     for j in jobs.iter_mut() {
-                        j.ctx.stop_at = 0;
+                        j.ctx_mut().stop_at = 0;
                     }
                     stopped_at = Some((Instant::now(), ios));
                 }
             }
             Some((at, _)) => {
-                if jobs.iter().all(|j| j.qp.in_flight() == 0) {
+                if jobs.iter().all(|j| j.in_flight() == 0) {
                     break;
                 }
                 if at.elapsed() > drain_timeout {
-                    let n: usize = jobs.iter().map(|j| j.qp.in_flight()).sum();
+                    let n: usize = jobs.iter().map(|j| j.in_flight()).sum();
                     drain_error = Some(format!(
                         "{n} I/Os still outstanding {drain_timeout:?} after the stop"
                     ));
@@ -442,7 +706,7 @@ pub fn run(
     } else {
         stop_time
     };
-    let total: u64 = jobs.iter().map(|j| j.ctx.ios).sum();
+    let total: u64 = jobs.iter().map(|j| j.ctx().ios).sum();
     let cpu = thread_cpu_time().saturating_sub(cpu0);
     WorkerResult {
         core,
@@ -450,7 +714,7 @@ pub fn run(
         wall: t0.elapsed(),
         elapsed: end.duration_since(t0),
         ios_in_window: if count_mode { total } else { stop_ios },
-        jobs: jobs.into_iter().map(Job::into_result).collect(),
+        jobs: jobs.into_iter().map(J::into_result).collect(),
         drain_error,
         hybrid: hybrid.map(|h| h.stats()),
     }

@@ -2,13 +2,19 @@
 //! `lib/nvmf/nvmf_rpc.c`: same method names, parameters (decoded with
 //! `deny_unknown_fields`, so a misspelt one is named), defaults, results
 //! and error codes, on `pollux_nvmf::Target`'s live API. SPDK parameters
-//! pollux does not implement (TLS PSKs, ANA, cntlid
-//! ranges, a second target `tgt_name`) are refused naming the parameter
-//! unless given their default.
+//! pollux does not implement (TLS PSKs, a second target
+//! `tgt_name`) are refused naming the parameter unless given their
+//! default. ANA: `nvmf_create_subsystem` `ana_reporting`, `min_cntlid`,
+//! `max_cntlid`; `nvmf_subsystem_add_ns` `uuid`, `nguid`, `eui64`,
+//! `anagrpid`; `nvmf_subsystem_add_listener` `ana_state`;
+//! `nvmf_subsystem_listener_set_ana_state`.
 use std::net::SocketAddr;
 use std::sync::Arc;
 
-use pollux_nvmf::{ConfigError, LiveError, SubsystemOptions, Target, TargetConfig};
+use pollux_nvmf::{
+    parse_hex_id, parse_uuid, AnaState, ConfigError, LiveError, NsIds, SubsystemOptions, Target,
+    TargetConfig,
+};
 use pollux_rpc::{params, Methods, RpcError};
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -169,6 +175,47 @@ struct Listener {
     ana_state: Option<String>,
     anagrpid: Option<u32>,
     sock_impl: Option<String>,
+}
+
+/// SPDK's `nvmf_subsystem_listener_set_ana_state` parameters.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct SetAnaState {
+    nqn: String,
+    listen_address: ListenAddress,
+    ana_state: String,
+    anagrpid: Option<u32>,
+    tgt_name: Option<String>,
+}
+
+/// An `ana_state` by SPDK's names (what its RPC accepts).
+fn ana_state(v: &str) -> Result<AnaState, RpcError> {
+    match AnaState::from_name(v) {
+        Some(st @ (AnaState::Optimized | AnaState::NonOptimized | AnaState::Inaccessible)) => {
+            Ok(st)
+        }
+        _ => Err(RpcError::invalid_params(format!(
+            "ana_state: '{v}': optimized, non_optimized or inaccessible"
+        ))),
+    }
+}
+
+/// The namespace identifiers of `nvmf_subsystem_add_ns`.
+fn ns_ids(n: &NsParams) -> Result<NsIds, RpcError> {
+    let bad = |k: &str, v: &str, what: &str| {
+        RpcError::invalid_params(format!("namespace.{k}: '{v}' is not {what}"))
+    };
+    let mut ids = NsIds::default();
+    if let Some(u) = &n.uuid {
+        ids.uuid = Some(parse_uuid(u).ok_or_else(|| bad("uuid", u, "a UUID"))?);
+    }
+    if let Some(u) = &n.nguid {
+        ids.nguid = Some(parse_hex_id(u).ok_or_else(|| bad("nguid", u, "32 hex digits"))?);
+    }
+    if let Some(u) = &n.eui64 {
+        ids.eui64 = Some(parse_hex_id(u).ok_or_else(|| bad("eui64", u, "16 hex digits"))?);
+    }
+    Ok(ids)
 }
 
 #[derive(Deserialize)]
@@ -365,11 +412,8 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
     methods.add("nvmf_create_subsystem", move |p| {
         let q: CreateSubsystem = params(p)?;
         check_tgt(&q.tgt_name)?;
-        unsupported("ana_reporting", q.ana_reporting)?;
         unsupported("passthrough", q.passthrough)?;
         unsupported("enable_nssr", q.enable_nssr)?;
-        unsupported("min_cntlid", q.min_cntlid.is_some_and(|c| c != 1))?;
-        unsupported("max_cntlid", q.max_cntlid.is_some_and(|c| c != 0xFFEF))?;
         unsupported("max_discard_size_kib", q.max_discard_size_kib.is_some())?;
         unsupported(
             "max_write_zeroes_size_kib",
@@ -380,6 +424,9 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             model_number: q.model_number,
             allow_any_host: q.allow_any_host,
             max_namespaces: q.max_namespaces,
+            ana_reporting: q.ana_reporting,
+            min_cntlid: q.min_cntlid,
+            max_cntlid: q.max_cntlid,
         };
         t.create_subsystem(&q.nqn, o).map_err(|e| match e {
             // SPDK: "Unable to create subsystem <nqn>" (-32603).
@@ -412,8 +459,15 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             let q: Listener = params(p)?;
             check_tgt(&q.tgt_name)?;
             unsupported("secure_channel", q.secure_channel)?;
-            unsupported("ana_state", q.ana_state.is_some())?;
-            unsupported("anagrpid", q.anagrpid.is_some())?;
+            let ana = match (&q.ana_state, add) {
+                (Some(v), true) => Some(ana_state(v)?),
+                (Some(_), false) => {
+                    return Err(RpcError::invalid_params(
+                        "ana_state: only when adding a listener",
+                    ))
+                }
+                (None, _) => None,
+            };
             if let Some(s) = q.sock_impl.as_deref() {
                 // One implementation for the whole target, chosen at start.
                 let running = t.sock_impl().name();
@@ -425,7 +479,14 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             }
             let addr = q.listen_address.addr()?;
             if add {
-                t.add_listener(&q.nqn, addr).map_err(live_err)?;
+                let real = t.add_listener(&q.nqn, addr).map_err(live_err)?;
+                if let Some(st) = ana.filter(|&st| st != AnaState::Optimized) {
+                    if let Err(e) = t.set_ana_state(&q.nqn, real, st, q.anagrpid) {
+                        // As if never added.
+                        let _ = t.remove_listener(&q.nqn, real);
+                        return Err(live_err(e));
+                    }
+                }
             } else {
                 t.remove_listener(&q.nqn, addr).map_err(live_err)?;
             }
@@ -466,6 +527,16 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
         });
     }
     let t = target.clone();
+    methods.add("nvmf_subsystem_listener_set_ana_state", move |p| {
+        let q: SetAnaState = params(p)?;
+        check_tgt(&q.tgt_name)?;
+        let st = ana_state(&q.ana_state)?;
+        let addr = q.listen_address.addr()?;
+        t.set_ana_state(&q.nqn, addr, st, q.anagrpid)
+            .map_err(live_err)?;
+        Ok(Value::Bool(true))
+    });
+    let t = target.clone();
     methods.add("nvmf_subsystem_allow_any_host", move |p| {
         let q: AllowAnyHost = params(p)?;
         check_tgt(&q.tgt_name)?;
@@ -504,11 +575,14 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
         let q: AddNs = params(p)?;
         check_tgt(&q.tgt_name)?;
         let n = q.namespace;
-        unsupported("nguid", n.nguid.is_some())?;
-        unsupported("eui64", n.eui64.is_some())?;
-        unsupported("uuid", n.uuid.is_some())?;
+        let ids = ns_ids(&n)?;
+        if n.anagrpid.is_some_and(|g| g == 0 || g > 1024) {
+            return Err(RpcError::invalid_params(format!(
+                "namespace.anagrpid: {}: must be 1..=1024",
+                n.anagrpid.unwrap_or(0)
+            )));
+        }
         unsupported("ptpl_file", n.ptpl_file.is_some())?;
-        unsupported("anagrpid", n.anagrpid.is_some())?;
         unsupported("no_auto_visible", n.no_auto_visible)?;
         unsupported("hide_metadata", n.hide_metadata)?;
         // The bdev is claimed first (a bdev is one namespace at a time),
@@ -523,7 +597,7 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             .claim(&n.bdev_name, &crate::rpc::claimer(&q.nqn))
             .map_err(|e| RpcError::invalid_params(format!("namespace.bdev_name: {e}")))?;
         let nsid = (n.nsid != 0).then_some(n.nsid);
-        match t.add_namespace(&q.nqn, bdev, nsid) {
+        match t.add_namespace_with(&q.nqn, bdev, nsid, ids, n.anagrpid.unwrap_or(0)) {
             Ok(nsid) => Ok(json!(nsid)),
             Err(e) => {
                 b.release(&n.bdev_name);

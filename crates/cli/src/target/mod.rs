@@ -19,7 +19,8 @@ use clap::Args;
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::{Bdev, UringOptions};
 use pollux_nvmf::{
-    NamespaceConfig, RuntimeOptions, SubsystemConfig, Target, TargetConfig, TransportOptions,
+    check_cntlid_range, parse_uuid, AnaState, NamespaceConfig, NsIds, RuntimeOptions,
+    SubsystemConfig, Target, TargetConfig, TransportOptions,
 };
 
 use crate::common::cores::online_cpus;
@@ -57,6 +58,22 @@ pub struct TargetArgs {
     /// Subsystem NQN (quick mode).
     #[arg(long = "nqn", default_value = "nqn.2016-06.io.pollux:cnode1")]
     pub nqn: String,
+    /// The namespace's UUID (quick mode; also its NGUID): two targets
+    /// exporting the same storage with the same UUID and NQN are one
+    /// namespace with two paths to a host [default: derived from the
+    /// serial number].
+    #[arg(long = "ns-uuid", value_name = "UUID")]
+    pub ns_uuid: Option<String>,
+    /// The controller IDs the subsystem gives (quick mode), e.g. 1-99 on
+    /// one target and 100-199 on another serving the same subsystem
+    /// [default: 1-65519].
+    #[arg(long = "cntlid-range", value_name = "MIN-MAX")]
+    pub cntlid_range: Option<String>,
+    /// ANA state of the --listen of the same rank, repeatable (quick
+    /// mode): optimized, non_optimized or inaccessible; turns ANA
+    /// reporting on (listeners without one: optimized).
+    #[arg(long = "ana-state", value_name = "STATE")]
+    pub ana_state: Vec<String>,
     /// A host NQN allowed to connect, repeatable (default: any host).
     #[arg(long = "host")]
     pub host: Vec<String>,
@@ -231,11 +248,16 @@ pub fn config(
 ) -> Result<TargetConfig, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
-        if quick || !a.listen.is_empty() || !a.host.is_empty() || a.dhchap.any_key() {
+        if quick
+            || !a.listen.is_empty()
+            || !a.host.is_empty()
+            || multipath_flags(a)
+            || a.dhchap.any_key()
+        {
             return Err(bad(
                 "-c",
                 path,
-                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host/--dhchap-key",
+                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host/--ns-uuid/--cntlid-range/--ana-state/--dhchap-key",
             ));
         }
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
@@ -246,9 +268,17 @@ pub fn config(
             .filter(|o| o.is_some())
             .count();
         if given == 0 {
-            if !a.listen.is_empty() || !a.host.is_empty() || a.dhchap.any_key() {
+            if !a.listen.is_empty()
+                || !a.host.is_empty()
+                || multipath_flags(a)
+                || a.dhchap.any_key()
+            {
                 return Err(bad(
-                    "--listen/--host",
+                    if !a.listen.is_empty() || !a.host.is_empty() {
+                        "--listen/--host"
+                    } else {
+                        "--ns-uuid/--cntlid-range/--ana-state"
+                    },
                     "",
                     "quick mode needs a namespace (--null/--ram/--uring/--nvme); without one the target starts empty, configured over JSON-RPC (-r)",
                 ));
@@ -378,25 +408,88 @@ fn quick_config(
     s.model = a.model.clone();
     s.allow_any_host = a.host.is_empty();
     s.hosts = a.host.clone();
+    let mut ids = NsIds::default();
+    if let Some(u) = &a.ns_uuid {
+        ids.uuid =
+            Some(parse_uuid(u).ok_or_else(|| {
+                bad("--ns-uuid", u, "not a UUID (8-4-4-4-12 hexadecimal digits)")
+            })?);
+        if bdevs.len() > 1 {
+            return Err(bad(
+                "--ns-uuid",
+                u,
+                format!(
+                    "one UUID for {} namespaces: use -c with one uuid per nvmf_subsystem_add_ns",
+                    bdevs.len()
+                ),
+            ));
+        }
+    }
     s.namespaces.extend(bdevs.iter().map(|b| NamespaceConfig {
         bdev: b.name().to_string(),
         nsid: None,
+        ids,
+        ..Default::default()
     }));
+    if let Some(r) = &a.cntlid_range {
+        let why = "MIN-MAX, 1 <= MIN <= MAX <= 65519";
+        let (lo, hi) = r
+            .split_once('-')
+            .ok_or_else(|| bad("--cntlid-range", r, why))?;
+        let (lo, hi) = match (lo.trim().parse::<u16>(), hi.trim().parse::<u16>()) {
+            (Ok(l), Ok(h)) => (l, h),
+            _ => return Err(bad("--cntlid-range", r, why)),
+        };
+        check_cntlid_range(lo, hi).map_err(|e| bad("--cntlid-range", r, e))?;
+        (s.min_cntlid, s.max_cntlid) = (lo, hi);
+    }
     let listen = if a.listen.is_empty() {
         vec!["127.0.0.1:4420".to_string()]
     } else {
         a.listen.clone()
     };
-    for l in &listen {
+    if a.ana_state.len() > listen.len() {
+        return Err(bad(
+            "--ana-state",
+            &a.ana_state[listen.len()],
+            format!(
+                "{} --ana-state for {} --listen: one per --listen, in order",
+                a.ana_state.len(),
+                listen.len()
+            ),
+        ));
+    }
+    for (k, l) in listen.iter().enumerate() {
         let addr: SocketAddr = l
             .parse()
             .map_err(|_| bad("--listen", l, "not an IP:port address"))?;
         s.listeners.push(addr);
+        if let Some(v) = a.ana_state.get(k) {
+            let st = match AnaState::from_name(v) {
+                Some(
+                    st @ (AnaState::Optimized | AnaState::NonOptimized | AnaState::Inaccessible),
+                ) => st,
+                _ => {
+                    return Err(bad(
+                        "--ana-state",
+                        v,
+                        "optimized, non_optimized or inaccessible",
+                    ))
+                }
+            };
+            s.ana_states.push((addr, None, st));
+        }
     }
+    s.ana_reporting = !a.ana_state.is_empty();
     a.dhchap.apply_keys(&mut cfg, &mut s)?;
     cfg.bdevs.extend(bdevs);
     cfg.subsystems.push(s);
     Ok(cfg)
+}
+
+/// Any of the quick mode's multipath flags was given.
+fn multipath_flags(a: &TargetArgs) -> bool {
+    a.ns_uuid.is_some() || a.cntlid_range.is_some() || !a.ana_state.is_empty()
 }
 
 /// Runs until SIGINT/SIGTERM.
@@ -641,6 +734,68 @@ mod tests {
         let e = none(&parse(&["target", "--listen", "127.0.0.1:0"]))
             .expect_err("--listen without a namespace");
         assert!(e.to_string().starts_with("--listen/--host: "), "{e}");
+    }
+
+    #[test]
+    fn multipath_quick_flags() {
+        let u = "6b1e0a51-2c4d-4e8f-9a01-112233445566";
+        let c = cfg(&[
+            "--ns-uuid",
+            u,
+            "--cntlid-range",
+            "100-199",
+            "--listen",
+            "127.0.0.2:0",
+            "--ana-state",
+            "optimized",
+            "--ana-state",
+            "inaccessible",
+        ])
+        .expect("multipath flags");
+        let s = &c.subsystems[0];
+        assert_eq!(s.namespaces[0].ids.uuid, pollux_nvmf::parse_uuid(u));
+        assert_eq!((s.min_cntlid, s.max_cntlid), (100, 199));
+        assert!(s.ana_reporting);
+        assert_eq!(
+            s.ana_states
+                .iter()
+                .map(|(l, g, st)| (l.to_string(), *g, *st))
+                .collect::<Vec<_>>(),
+            [
+                ("127.0.0.1:0".to_string(), None, AnaState::Optimized),
+                ("127.0.0.2:0".to_string(), None, AnaState::Inaccessible)
+            ]
+        );
+        let plain = cfg(&[]).expect("default");
+        assert!(!plain.subsystems[0].ana_reporting);
+        assert_eq!(
+            (
+                plain.subsystems[0].min_cntlid,
+                plain.subsystems[0].max_cntlid
+            ),
+            (1, 0xFFEF)
+        );
+        for (argv, start) in [
+            (&["--ns-uuid", "1234"][..], "--ns-uuid 1234: "),
+            (&["--cntlid-range", "5"][..], "--cntlid-range 5: "),
+            (
+                &["--cntlid-range", "200-100"][..],
+                "--cntlid-range 200-100: ",
+            ),
+            (&["--cntlid-range", "0-9"][..], "--cntlid-range 0-9: "),
+            (&["--ana-state", "bogus"][..], "--ana-state bogus: "),
+            (
+                &["--ana-state", "persistent_loss"][..],
+                "--ana-state persistent_loss: ",
+            ),
+            (
+                &["--ana-state", "optimized", "--ana-state", "optimized"][..],
+                "--ana-state optimized: 2 --ana-state for 1 --listen",
+            ),
+        ] {
+            let e = cfg(argv).expect_err("refused").to_string();
+            assert!(e.starts_with(start), "{argv:?}: {e}");
+        }
     }
 
     #[test]

@@ -13,13 +13,27 @@
 //! (`MAX_NAMESPACES`): namespaces are added and removed live; the active
 //! list holds those that exist, and an inactive NSID's Identify Namespace
 //! is zeros. OAES advertises Namespace Attribute Notices.
+//!
+//! Identifiers the configuration gives (`NsIds`) replace the derived
+//! ones: a UUID or NGUID given alone is both (so two targets given the
+//! same one report the same namespace), and the EUI-64 is then reported
+//! only if given. A multipath subsystem reports CMIC multi-port and
+//! multi-controller and its namespaces shared (NMIC bit 0); with ANA
+//! reporting, CMIC bit 3, ANA Change notices, ANACAP (optimized,
+//! non-optimized, inaccessible; ANAGRPID fixed while attached), ANATT
+//! 10 s, ANAGRPMAX = NANAGRPID = MNAN = the most namespaces, and each
+//! namespace's ANAGRPID (NUSE 0 while its group is inaccessible through
+//! this controller's port, as SPDK reports).
 use pollux_spec::cmd::cns;
 use pollux_spec::identify::{
     write_ns_descriptors, IdentifyController, IdentifyNamespace, LbaFormat, NsDescriptor, NsIdList,
-    CNTRLTYPE_IO, CSI_NVM, DLFEAT_READ_ZEROES, DLFEAT_WRITE_ZEROES_DEALLOC, IDENTIFY_DATA_SIZE,
-    LPA_COMMANDS_EFFECTS, LPA_EXTENDED_DATA, OACS_DBBUF_CONFIG, OAES_NS_ATTR, ONCS_DSM,
-    ONCS_SAVE_SELECT, ONCS_WRITE_ZEROES, VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
+    ANACAP_GRPID_STATIC, ANACAP_INACCESSIBLE, ANACAP_NON_OPTIMIZED, ANACAP_OPTIMIZED, CMIC_ANA,
+    CMIC_MULTI_CONTROLLER, CMIC_MULTI_PORT, CNTRLTYPE_IO, CSI_NVM, DLFEAT_READ_ZEROES,
+    DLFEAT_WRITE_ZEROES_DEALLOC, IDENTIFY_DATA_SIZE, LPA_COMMANDS_EFFECTS, LPA_EXTENDED_DATA,
+    OACS_DBBUF_CONFIG, OAES_ANA_CHANGE, OAES_NS_ATTR, ONCS_DSM, ONCS_SAVE_SELECT,
+    ONCS_WRITE_ZEROES, VWC_FLUSH_BROADCAST_SUPPORTED, VWC_PRESENT,
 };
+use pollux_spec::log::AnaState;
 use pollux_spec::regs::Vs;
 use pollux_spec::status::generic;
 use pollux_spec::Sqe;
@@ -40,6 +54,9 @@ const SGLS_OFFSET: u32 = 1 << 20;
 const SGLS_TRANSPORT_DATA_BLOCK: u32 = 1 << 21;
 /// SGLS reported by a fabrics controller.
 pub const FABRICS_SGLS: u32 = SGLS_SUPPORTED | SGLS_OFFSET | SGLS_TRANSPORT_DATA_BLOCK;
+
+/// ANA Transition Time reported (seconds), SPDK's.
+const ANATT_SECS: u8 = 10;
 
 /// FNV-1a 64 over `bytes`, continuing from `h`.
 fn fnv(mut h: u64, bytes: &[u8]) -> u64 {
@@ -97,18 +114,32 @@ impl Controller {
                 if !self.nsid_valid(nsid) {
                     return gen(generic::INVALID_NAMESPACE);
                 }
-                let (eui, nguid, uuid) = ns_ids(&self.subsys.identity().serial, nsid);
-                let list = [
-                    NsDescriptor::Eui64(eui),
-                    NsDescriptor::Nguid(nguid),
-                    NsDescriptor::Uuid(uuid),
-                    NsDescriptor::Csi(CSI_NVM),
-                ];
+                let (eui, nguid, uuid) = self.ns_identifiers(nsid);
+                let mut list = Vec::with_capacity(4);
+                if eui != [0; 8] {
+                    list.push(NsDescriptor::Eui64(eui));
+                }
+                list.push(NsDescriptor::Nguid(nguid));
+                list.push(NsDescriptor::Uuid(uuid));
+                list.push(NsDescriptor::Csi(CSI_NVM));
                 write_ns_descriptors(&list, &mut data);
             }
             _ => return gen(generic::INVALID_FIELD),
         }
         self.send(data, IDENTIFY_DATA_SIZE, AfterKind::Nothing)
+    }
+
+    /// EUI-64 (zeros: none), NGUID and UUID of namespace `nsid`: those
+    /// the configuration gave, else derived (see the module doc).
+    fn ns_identifiers(&self, nsid: u32) -> ([u8; 8], [u8; 16], [u8; 16]) {
+        let derived = ns_ids(&self.subsys.identity().serial, nsid);
+        let Some(ids) = self.subsys.namespace(nsid).map(|n| *n.ids()) else {
+            return derived;
+        };
+        match (ids.nguid.or(ids.uuid), ids.uuid.or(ids.nguid)) {
+            (Some(nguid), Some(uuid)) => (ids.eui64.unwrap_or([0; 8]), nguid, uuid),
+            _ => (ids.eui64.unwrap_or(derived.0), derived.1, derived.2),
+        }
     }
 
     fn nsid_valid(&self, nsid: u32) -> bool {
@@ -161,7 +192,22 @@ impl Controller {
                 };
             }
             Personality::Fabrics(f) => {
-                // CMIC, ANA: off (one port, no ANA); OACS: no DBBC.
+                // CMIC, ANA: see the module doc; OACS: no DBBC.
+                if self.subsys.multipath() {
+                    id.cmic = CMIC_MULTI_PORT | CMIC_MULTI_CONTROLLER;
+                }
+                if self.subsys.ana_reporting() {
+                    id.cmic |= CMIC_ANA;
+                    id.oaes |= OAES_ANA_CHANGE;
+                    id.anatt = ANATT_SECS;
+                    id.anacap = ANACAP_OPTIMIZED
+                        | ANACAP_NON_OPTIMIZED
+                        | ANACAP_INACCESSIBLE
+                        | ANACAP_GRPID_STATIC;
+                    id.anagrpmax = MAX_NAMESPACES as u32;
+                    id.nanagrpid = MAX_NAMESPACES as u32;
+                    id.mnan = MAX_NAMESPACES as u32;
+                }
                 id.kas = f.kas;
                 id.sgls = FABRICS_SGLS;
                 // In 16-byte units: the 64-byte SQE plus in-capsule data;
@@ -191,9 +237,23 @@ impl Controller {
         id.lbaf[1] = LbaFormat::new(0, 12, 0);
         id.set_lba_format_index(if ns.lba_shift() == 12 { 1 } else { 0 });
         id.dlfeat = DLFEAT_READ_ZEROES | DLFEAT_WRITE_ZEROES_DEALLOC;
-        let (eui, nguid, _) = ns_ids(&self.subsys.identity().serial, nsid);
+        let (eui, nguid, _) = self.ns_identifiers(nsid);
         id.eui64 = eui;
         id.nguid = nguid;
+        if self.subsys.multipath() {
+            id.nmic = 1; // shared: may be reached through other controllers
+        }
+        if self.subsys.ana_reporting() {
+            id.anagrpid = ns.anagrpid(nsid);
+            if let Some(p) = &self.ana_port {
+                if matches!(
+                    p.state(id.anagrpid),
+                    AnaState::Inaccessible | AnaState::PersistentLoss
+                ) {
+                    id.nuse = 0;
+                }
+            }
+        }
         Some(id)
     }
 }

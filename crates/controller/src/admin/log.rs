@@ -1,7 +1,9 @@
 //! Get Log Page: Error Information (01h), SMART / Health Information
-//! (02h), Firmware Slot Information (03h), Changed Namespace List (04h)
-//! and Commands Supported and
-//! Effects (05h); anything else is Invalid Log Page.
+//! (02h), Firmware Slot Information (03h), Changed Namespace List (04h),
+//! Commands Supported and Effects (05h) and, with ANA reporting,
+//! Asymmetric Namespace Access (0Ch: the groups of the active namespaces
+//! with their states through this controller's port; LSP bit 0, RGO,
+//! leaves out the NSID lists); anything else is Invalid Log Page.
 //!
 //! NUMD (NUMDL/NUMDU), the byte offset (LPOL/LPOU, dword aligned, not past
 //! the end of the log) and RAE are honoured. The length NUMD asks for is
@@ -10,7 +12,10 @@
 //! sent fewer bytes would make its host see a short transfer). The index
 //! offset type (OT) is not supported (Invalid Field).
 use pollux_spec::cmd::NvmOpcode;
-use pollux_spec::log::{data_units, effects, lid, CommandEffectsLog, FirmwareSlotLog, SmartLog};
+use pollux_spec::log::{
+    data_units, effects, lid, AnaGroup, AnaLog, AnaState, CommandEffectsLog, FirmwareSlotLog,
+    SmartLog, ANA_LSP_RGO,
+};
 use pollux_spec::status::{generic, specific};
 use pollux_spec::AdminOpcode;
 use pollux_spec::Sqe;
@@ -55,6 +60,10 @@ impl Controller {
             // Linux's nvmet does.
             lid::CHANGED_NS_LIST => self.ns_notice.take_page(),
             lid::COMMANDS_SUPPORTED => self.command_effects().as_bytes().to_vec(),
+            lid::ANA if self.subsys.ana_reporting() => {
+                let lsp = (sqe.cdw10 >> 8) as u8 & 0xF;
+                self.ana_log().build(lsp & ANA_LSP_RGO != 0)
+            }
             _ => return spec(specific::INVALID_LOG_PAGE),
         };
         if offset > page.len() as u64 {
@@ -71,6 +80,31 @@ impl Controller {
             AfterKind::LogRead(log_id)
         };
         self.send(page, len, then)
+    }
+
+    /// The ANA log page as this controller reports it: a group per ANA
+    /// group of the active namespaces, in its state through the port the
+    /// controller connected through (optimized without one).
+    pub fn ana_log(&self) -> AnaLog {
+        let port = self.ana_port.as_deref();
+        AnaLog {
+            chgcnt: port.map_or(0, |p| p.change_count()),
+            groups: self
+                .subsys
+                .ana_groups()
+                .into_iter()
+                .map(|(anagrpid, nsids)| {
+                    let (state, chgcnt) =
+                        port.map_or((AnaState::Optimized, 0), |p| p.group(anagrpid));
+                    AnaGroup {
+                        anagrpid,
+                        chgcnt,
+                        state,
+                        nsids,
+                    }
+                })
+                .collect(),
+        }
     }
 
     /// The Commands Supported and Effects log: the commands this

@@ -6,12 +6,17 @@ use std::time::Duration;
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::params::Params;
 use pollux_bdev::Bdev;
+use pollux_controller::NsIds;
 use pollux_spec::fabrics::DISCOVERY_NQN;
+use pollux_spec::log::AnaState;
 use serde_json::{Map, Value};
 
 use super::auth::{names_to_mask, HostKeys, KeyFile, DHGROUPS, DIGESTS};
 use super::error::ConfigError;
-use super::target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+use super::target::{
+    check_cntlid_range, parse_hex_id, parse_uuid, NamespaceConfig, SubsystemConfig, TargetConfig,
+    CNTLID_MAX,
+};
 use super::transport::{SockImpl, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
 
 impl TargetConfig {
@@ -278,9 +283,15 @@ impl TargetConfig {
                 s.model = p.str_opt("model_number")?.map(str::to_string);
                 s.allow_any_host = p.bool_opt("allow_any_host")?.unwrap_or(false);
                 s.max_namespaces = p.uint("max_namespaces", 0, 1024)?.unwrap_or(0) as u32;
-                if p.bool_opt("ana_reporting")? == Some(true) {
-                    return Err(p.bad("ana_reporting", "ANA is not supported").into());
+                s.ana_reporting = p.bool_opt("ana_reporting")?.unwrap_or(false);
+                if let Some(v) = p.uint("min_cntlid", 1, CNTLID_MAX as u64)? {
+                    s.min_cntlid = v as u16;
                 }
+                if let Some(v) = p.uint("max_cntlid", 1, CNTLID_MAX as u64)? {
+                    s.max_cntlid = v as u16;
+                }
+                check_cntlid_range(s.min_cntlid, s.max_cntlid)
+                    .map_err(|why| p.bad("min_cntlid", why))?;
                 if self.subsystems.iter().any(|o| o.nqn == nqn) {
                     return Err(p.bad("nqn", format!("'{nqn}' is created twice")).into());
                 }
@@ -301,15 +312,35 @@ impl TargetConfig {
                 ])?;
                 let bdev = q.str_req("bdev_name")?.to_string();
                 let nsid = q.uint("nsid", 1, 1024)?.map(|v| v as u32);
-                for ignored in ["uuid", "nguid", "eui64"] {
-                    if q.get(ignored).is_some() {
-                        self.warn(format!(
-                            "{method}: namespace.{ignored} ignored (identifiers derive from the serial number)"
-                        ));
-                    }
+                let mut ids = NsIds::default();
+                if let Some(u) = q.str_opt("uuid")? {
+                    ids.uuid = Some(parse_uuid(u).ok_or_else(|| {
+                        q.bad(
+                            "uuid",
+                            format!("'{u}' is not a UUID (8-4-4-4-12 hex digits)"),
+                        )
+                    })?);
                 }
+                if let Some(u) = q.str_opt("nguid")? {
+                    ids.nguid =
+                        Some(parse_hex_id(u).ok_or_else(|| {
+                            q.bad("nguid", format!("'{u}' is not 32 hex digits"))
+                        })?);
+                }
+                if let Some(u) = q.str_opt("eui64")? {
+                    ids.eui64 =
+                        Some(parse_hex_id(u).ok_or_else(|| {
+                            q.bad("eui64", format!("'{u}' is not 16 hex digits"))
+                        })?);
+                }
+                let anagrpid = q.uint("anagrpid", 1, 1024)?.unwrap_or(0) as u32;
                 let s = self.subsystem_mut(&p)?;
-                s.namespaces.push(NamespaceConfig { bdev, nsid });
+                s.namespaces.push(NamespaceConfig {
+                    bdev,
+                    nsid,
+                    ids,
+                    anagrpid,
+                });
             }
             "nvmf_subsystem_add_listener" => {
                 p.known(&[
@@ -319,47 +350,12 @@ impl TargetConfig {
                     "secure_channel",
                     "ana_state",
                 ])?;
-                let q = p.object("listen_address")?;
-                q.known(&["trtype", "adrfam", "traddr", "trsvcid"])?;
-                let trtype = q.str_req("trtype")?;
-                if !trtype.eq_ignore_ascii_case("tcp") {
-                    return Err(q
-                        .bad("trtype", format!("'{trtype}': only TCP is supported"))
-                        .into());
-                }
-                let traddr = q.str_req("traddr")?;
-                let ip: IpAddr = traddr
-                    .parse()
-                    .map_err(|_| q.bad("traddr", format!("'{traddr}' is not an IP address")))?;
-                let port = match q.get("trsvcid") {
-                    None => 4420,
-                    Some(Value::String(s)) => s
-                        .parse::<u16>()
-                        .map_err(|_| q.bad("trsvcid", format!("'{s}' is not a port number")))?,
-                    Some(Value::Number(n)) => n
-                        .as_u64()
-                        .and_then(|v| u16::try_from(v).ok())
-                        .ok_or_else(|| q.bad("trsvcid", format!("{n} is not a port number")))?,
-                    Some(v) => {
-                        return Err(q
-                            .bad(
-                                "trsvcid",
-                                format!("expected a port number (a string or an integer), got {v}"),
-                            )
-                            .into())
-                    }
+                let addr = listen_address(&p)?;
+                let ana = match p.str_opt("ana_state")? {
+                    Some(v) => Some(ana_state(&p, v)?),
+                    None => None,
                 };
-                if let Some(f) = q.str_opt("adrfam")? {
-                    let ok = (f.eq_ignore_ascii_case("ipv4") && ip.is_ipv4())
-                        || (f.eq_ignore_ascii_case("ipv6") && ip.is_ipv6());
-                    if !ok {
-                        return Err(q
-                            .bad("adrfam", format!("'{f}' does not match '{traddr}'"))
-                            .into());
-                    }
-                }
                 let nqn = p.str_req("nqn")?;
-                let addr = SocketAddr::new(ip, port);
                 if nqn == DISCOVERY_NQN || nqn == "discovery" {
                     // The discovery subsystem listens wherever any does,
                     // and here too (SPDK's discovery port, e.g. 8009).
@@ -372,6 +368,34 @@ impl TargetConfig {
                 if !s.listeners.contains(&addr) {
                     s.listeners.push(addr);
                 }
+                if let Some(st) = ana {
+                    s.ana_states.push((addr, None, st));
+                }
+            }
+            "nvmf_subsystem_listener_set_ana_state" => {
+                p.known(&["nqn", "listen_address", "ana_state", "anagrpid", "tgt_name"])?;
+                let addr = listen_address(&p)?;
+                let v = p.str_req("ana_state")?;
+                let st = ana_state(&p, v)?;
+                let g = p.uint("anagrpid", 1, 1024)?.map(|g| g as u32);
+                let s = self.subsystem_mut(&p)?;
+                if !s.ana_reporting {
+                    return Err(p
+                        .bad(
+                            "nqn",
+                            "ANA reporting is off (nvmf_create_subsystem ana_reporting true)",
+                        )
+                        .into());
+                }
+                if !s.listeners.contains(&addr) {
+                    return Err(p
+                        .bad(
+                            "listen_address",
+                            format!("{addr} is not a listener of the subsystem (nvmf_subsystem_add_listener first)"),
+                        )
+                        .into());
+                }
+                s.ana_states.push((addr, g, st));
             }
             "nvmf_subsystem_add_host" => {
                 p.known(&[
@@ -498,4 +522,65 @@ fn name_list(p: &Params<'_>, param: &str, t: &[(&str, u8)]) -> Result<Option<u8>
     names_to_mask(t, names)
         .map(Some)
         .map_err(|why| p.bad(param, why).into())
+}
+
+/// SPDK's `listen_address` object of `p` (TCP, an IP address, a port:
+/// 4420 if none).
+fn listen_address(p: &Params<'_>) -> Result<SocketAddr, ConfigError> {
+    let q = p.object("listen_address")?;
+    q.known(&["trtype", "adrfam", "traddr", "trsvcid"])?;
+    let trtype = q.str_req("trtype")?;
+    if !trtype.eq_ignore_ascii_case("tcp") {
+        return Err(q
+            .bad("trtype", format!("'{trtype}': only TCP is supported"))
+            .into());
+    }
+    let traddr = q.str_req("traddr")?;
+    let ip: IpAddr = traddr
+        .parse()
+        .map_err(|_| q.bad("traddr", format!("'{traddr}' is not an IP address")))?;
+    let port = match q.get("trsvcid") {
+        None => 4420,
+        Some(Value::String(s)) => s
+            .parse::<u16>()
+            .map_err(|_| q.bad("trsvcid", format!("'{s}' is not a port number")))?,
+        Some(Value::Number(n)) => n
+            .as_u64()
+            .and_then(|v| u16::try_from(v).ok())
+            .ok_or_else(|| q.bad("trsvcid", format!("{n} is not a port number")))?,
+        Some(v) => {
+            return Err(q
+                .bad(
+                    "trsvcid",
+                    format!("expected a port number (a string or an integer), got {v}"),
+                )
+                .into())
+        }
+    };
+    if let Some(f) = q.str_opt("adrfam")? {
+        let ok = (f.eq_ignore_ascii_case("ipv4") && ip.is_ipv4())
+            || (f.eq_ignore_ascii_case("ipv6") && ip.is_ipv6());
+        if !ok {
+            return Err(q
+                .bad("adrfam", format!("'{f}' does not match '{traddr}'"))
+                .into());
+        }
+    }
+    Ok(SocketAddr::new(ip, port))
+}
+
+/// An ANA state by SPDK's name (`optimized`, `non_optimized`,
+/// `inaccessible`), `v` of `p`'s `ana_state`.
+fn ana_state(p: &Params<'_>, v: &str) -> Result<AnaState, ConfigError> {
+    match AnaState::from_name(v) {
+        Some(st @ (AnaState::Optimized | AnaState::NonOptimized | AnaState::Inaccessible)) => {
+            Ok(st)
+        }
+        _ => Err(p
+            .bad(
+                "ana_state",
+                format!("'{v}': optimized, non_optimized or inaccessible"),
+            )
+            .into()),
+    }
 }

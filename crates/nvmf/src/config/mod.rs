@@ -53,7 +53,10 @@ pub use auth::{
     mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
 };
 pub use error::ConfigError;
-pub use target::{NamespaceConfig, SubsystemConfig, TargetConfig};
+pub use target::{
+    check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, NamespaceConfig, SubsystemConfig,
+    TargetConfig, CNTLID_MAX, CNTLID_MIN,
+};
 pub use transport::{
     SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS,
 };

@@ -3,18 +3,47 @@
 use std::net::SocketAddr;
 
 use pollux_bdev::Bdev;
-use pollux_controller::MAX_NAMESPACES;
+use pollux_controller::{NsIds, MAX_NAMESPACES};
 use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
+use pollux_spec::log::AnaState;
 
 use super::auth::{AuthOptions, HostKeys, Keyring};
 use super::error::ConfigError;
 use super::transport::TransportOptions;
 
-/// A namespace: a bdev by name, with an optional NSID.
-#[derive(Clone, Debug, PartialEq, Eq)]
+/// A namespace: a bdev by name, with an optional NSID, identifiers
+/// (SPDK's `uuid`, `nguid`, `eui64`; none: derived from the serial
+/// number) and ANA group (SPDK's `anagrpid`; 0: its NSID).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct NamespaceConfig {
     pub bdev: String,
     pub nsid: Option<u32>,
+    pub ids: NsIds,
+    pub anagrpid: u32,
+}
+
+/// Controller IDs a subsystem gives (SPDK's `min_cntlid`/`max_cntlid`).
+pub const CNTLID_MIN: u16 = 1;
+pub const CNTLID_MAX: u16 = 0xFFEF;
+
+/// Parses `N` bytes written as hexadecimal digits, dashes allowed
+/// anywhere (a UUID's `8-4-4-4-12` form, SPDK's NGUID and EUI-64).
+pub fn parse_hex_id<const N: usize>(s: &str) -> Option<[u8; N]> {
+    let digits: Vec<u8> = s.bytes().filter(|&b| b != b'-').collect();
+    if digits.len() != 2 * N {
+        return None;
+    }
+    let mut out = [0u8; N];
+    for (o, pair) in out.iter_mut().zip(digits.chunks_exact(2)) {
+        *o = u8::from_str_radix(std::str::from_utf8(pair).ok()?, 16).ok()?;
+    }
+    Some(out)
+}
+
+/// A UUID in its text form, `8-4-4-4-12` hexadecimal digits.
+pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
+    let groups: Vec<usize> = s.split('-').map(str::len).collect();
+    (groups == [8, 4, 4, 4, 12]).then(|| parse_hex_id(s))?
 }
 
 /// One NVM subsystem.
@@ -37,6 +66,17 @@ pub struct SubsystemConfig {
     /// SPDK's `max_namespaces` (0: no limit of its own), kept for the
     /// listings and `save_config`.
     pub max_namespaces: u32,
+    /// SPDK's `ana_reporting`: Asymmetric Namespace Access reporting.
+    pub ana_reporting: bool,
+    /// SPDK's `min_cntlid`/`max_cntlid`: the controller IDs it gives
+    /// (disjoint ranges let two targets serve one subsystem to a host).
+    pub min_cntlid: u16,
+    pub max_cntlid: u16,
+    /// ANA states of listeners other than optimized (SPDK's
+    /// `nvmf_subsystem_add_listener` `ana_state`, or
+    /// `nvmf_subsystem_listener_set_ana_state`): (listener, ANA group or
+    /// None for all, state), applied in order.
+    pub ana_states: Vec<(SocketAddr, Option<u32>, AnaState)>,
 }
 
 impl SubsystemConfig {
@@ -51,6 +91,10 @@ impl SubsystemConfig {
             namespaces: Vec::new(),
             listeners: Vec::new(),
             max_namespaces: 0,
+            ana_reporting: false,
+            min_cntlid: CNTLID_MIN,
+            max_cntlid: CNTLID_MAX,
+            ana_states: Vec::new(),
         }
     }
 }
@@ -150,6 +194,14 @@ impl TargetConfig {
                     }
                 }
             }
+            if let Err(why) = check_cntlid_range(s.min_cntlid, s.max_cntlid) {
+                return bad(why);
+            }
+            for (l, _, _) in &s.ana_states {
+                if !s.listeners.contains(l) {
+                    return bad(format!("ANA state of {l}, which is not a listener of it"));
+                }
+            }
             // A subsystem without listener is valid (SPDK's too): one
             // may be added live (`Target::add_listener`).
             let mut nsids: Vec<u32> = Vec::new();
@@ -175,12 +227,25 @@ impl TargetConfig {
         Ok(())
     }
 
-    /// The namespaces of subsystem `s`: NSID and bdev, by NSID (owned).
-    pub(crate) fn ns_bdevs(&self, s: &SubsystemConfig) -> Vec<(u32, Bdev)> {
-        self.namespaces(s)
-            .into_iter()
-            .map(|(id, b)| (id, b.clone()))
-            .collect()
+    /// The namespaces of subsystem `s`: NSID, bdev, identifiers and ANA
+    /// group, by NSID (owned).
+    pub(crate) fn ns_specs(&self, s: &SubsystemConfig) -> Vec<(u32, Bdev, NsIds, u32)> {
+        let mut v: Vec<_> = s
+            .namespaces
+            .iter()
+            .enumerate()
+            .filter_map(|(k, ns)| {
+                let b = self.bdevs.iter().find(|b| b.name() == ns.bdev)?;
+                Some((
+                    ns.nsid.unwrap_or(k as u32 + 1),
+                    b.clone(),
+                    ns.ids,
+                    ns.anagrpid,
+                ))
+            })
+            .collect();
+        v.sort_by_key(|n| n.0);
+        v
     }
 
     /// The namespaces of subsystem `s`: NSID and bdev, by NSID.
@@ -196,5 +261,59 @@ impl TargetConfig {
             .collect();
         v.sort_by_key(|(id, _)| *id);
         v
+    }
+}
+
+/// A UUID's text form, `8-4-4-4-12` lower-case hexadecimal digits.
+pub fn uuid_string(b: &[u8; 16]) -> String {
+    let h: String = b.iter().map(|x| format!("{x:02x}")).collect();
+    format!(
+        "{}-{}-{}-{}-{}",
+        &h[0..8],
+        &h[8..12],
+        &h[12..16],
+        &h[16..20],
+        &h[20..32]
+    )
+}
+
+/// Checks a controller ID range (SPDK's rule: 1 <= min <= max <= FFEFh).
+pub fn check_cntlid_range(min: u16, max: u16) -> Result<(), String> {
+    if min < CNTLID_MIN || max > CNTLID_MAX || min > max {
+        return Err(format!(
+            "invalid controller ID range {min}-{max}: min_cntlid {CNTLID_MIN}..=max_cntlid..={CNTLID_MAX}"
+        ));
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hex_ids_and_uuids() {
+        let u = "0123abcd-4567-89ab-cdef-0123456789ab";
+        let b = parse_uuid(u).unwrap();
+        assert_eq!(b[0], 0x01);
+        assert_eq!(b[15], 0xab);
+        assert_eq!(uuid_string(&b), u);
+        assert_eq!(parse_uuid("0123abcd456789abcdef0123456789ab"), None);
+        assert_eq!(parse_uuid("0123abcd-4567-89ab-cdef-0123456789ax"), None);
+        assert_eq!(
+            parse_hex_id::<16>("0123abcd456789abcdef0123456789ab"),
+            Some(b)
+        );
+        assert_eq!(
+            parse_hex_id::<8>("00112233-44556677"),
+            Some([0, 0x11, 0x22, 0x33, 0x44, 0x55, 0x66, 0x77])
+        );
+        assert_eq!(parse_hex_id::<8>("0011"), None);
+        assert!(check_cntlid_range(1, 0xFFEF).is_ok());
+        assert!(check_cntlid_range(10, 9).is_err());
+        assert!(check_cntlid_range(0, 9).is_err());
+        assert!(check_cntlid_range(1, 0xFFF0)
+            .unwrap_err()
+            .contains("1-65520"));
     }
 }

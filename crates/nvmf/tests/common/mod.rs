@@ -56,6 +56,7 @@ pub fn ram_target_with(
     s.namespaces.push(pollux_nvmf::NamespaceConfig {
         bdev: "Malloc0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);

@@ -47,6 +47,7 @@ pub(crate) fn target(opts: pollux_nvmf::TransportOptions) -> Target {
     s.namespaces.push(NamespaceConfig {
         bdev: "Fuzz0".into(),
         nsid: None,
+        ..Default::default()
     });
     s.listeners.push("127.0.0.1:0".parse().expect("address"));
     cfg.subsystems.push(s);

@@ -85,6 +85,21 @@ pub const CMIC_SRIOV: u8 = 1 << 2;
 /// CMIC bit 3: Asymmetric Namespace Access reporting.
 pub const CMIC_ANA: u8 = 1 << 3;
 
+/// ANACAP bit 0: reports the ANA Optimized state.
+pub const ANACAP_OPTIMIZED: u8 = 1 << 0;
+/// ANACAP bit 1: reports the ANA Non-Optimized state.
+pub const ANACAP_NON_OPTIMIZED: u8 = 1 << 1;
+/// ANACAP bit 2: reports the ANA Inaccessible state.
+pub const ANACAP_INACCESSIBLE: u8 = 1 << 2;
+/// ANACAP bit 3: reports the ANA Persistent Loss state.
+pub const ANACAP_PERSISTENT_LOSS: u8 = 1 << 3;
+/// ANACAP bit 4: reports the ANA Change state.
+pub const ANACAP_CHANGE: u8 = 1 << 4;
+/// ANACAP bit 6: a namespace's ANAGRPID does not change while attached.
+pub const ANACAP_GRPID_STATIC: u8 = 1 << 6;
+/// ANACAP bit 7: a non-zero ANAGRPID is accepted in Namespace Management.
+pub const ANACAP_GRPID_MGMT: u8 = 1 << 7;
+
 /// OAES bit 8: Namespace Attribute Notices.
 pub const OAES_NS_ATTR: u32 = 1 << 8;
 /// OAES bit 9: Firmware Activation Notices.
