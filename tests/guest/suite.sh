@@ -305,5 +305,7 @@ check setup-list-final listed "$BDF.* nvme "
 . /opt/target.sh   # Linux's host (nvme-tcp) -> pollux target
 . /opt/ns-live.sh  # namespaces added and removed live over JSON-RPC, Linux rescans
 ns_live_checks
+# --- In-band authentication (DH-HMAC-CHAP), 6.12 kernel only -----------
+. /opt/auth-host.sh   # pollux host -> Linux nvmet with DH-HMAC-CHAP
 # --- DH-HMAC-CHAP --------------------------------------------------------
 . /opt/auth-target.sh   # Linux's host -> pollux target, with authentication

@@ -4,12 +4,22 @@
 //! traddr:127.0.0.1 trsvcid:4420 subnqn:nqn... hostnqn:... hdgst:1 ddgst:1
 //! ctrl_loss_tmo:600 reconnect_delay:10 fast_io_fail_tmo:-1`.
 //!
+//! NVMe/TCP takes DH-HMAC-CHAP in-band authentication keys as SPDK and
+//! Linux name them: `dhchap_key:PATH` (the host's secret, a file holding
+//! `DHHC-1:XX:...:` as `nvme gen-dhchap-key` writes it),
+//! `dhchap_ctrlr_key:PATH` (the controller's secret: bidirectional
+//! authentication), and `dhchap_digests:sha256,sha384,sha512` /
+//! `dhchap_dhgroups:null,ffdhe2048,...` to restrict what is offered.
+//!
 //! `trtype:soft` (an emulated controller) parses into a plain
 //! [`SoftTrid`], its controller limits (`mdts:`, `mqes:`) included: the
 //! emulator the caller supplies (`crate::Emulator`) builds the controller
 //! from all of it, so no key is dropped on the way.
 use std::collections::BTreeMap;
 use std::path::PathBuf;
+
+use pollux_auth::DhchapKey;
+use pollux_spec::fabrics::{DhGroupId, HashId};
 
 /// Largest `mdts:` of an emulated controller (4 KiB << 16 = 256 MiB), the
 /// emulator's own bound.
@@ -157,6 +167,16 @@ pub struct TcpTrid {
     /// `busy_poll:US`: `SO_BUSY_POLL` microseconds on the connections
     /// (0, the default: off).
     pub busy_poll: u32,
+    /// `dhchap_key:PATH`: the host's DH-HMAC-CHAP secret (DHHC-1 file),
+    /// read by [`TcpTrid::options`].
+    pub dhchap_key: Option<PathBuf>,
+    /// `dhchap_ctrlr_key:PATH`: the controller's secret (bidirectional
+    /// authentication); needs `dhchap_key:`.
+    pub dhchap_ctrlr_key: Option<PathBuf>,
+    /// `dhchap_digests:` (comma separated; empty: all).
+    pub dhchap_digests: Vec<HashId>,
+    /// `dhchap_dhgroups:` (comma separated; empty: all).
+    pub dhchap_dhgroups: Vec<DhGroupId>,
 }
 
 /// Linux's defaults (drivers/nvme/host/fabrics.h: NVMF_DEF_CTRL_LOSS_TMO,
@@ -196,6 +216,21 @@ impl TcpTrid {
         o.reconnect_delay = std::time::Duration::from_secs(self.reconnect_delay as u64);
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         o.busy_poll_us = self.busy_poll;
+        let key = |k: &'static str, p: &Option<PathBuf>| {
+            p.as_ref()
+                .map(|p| {
+                    DhchapKey::from_file(p).map_err(|e| TridError::BadValue {
+                        key: k,
+                        value: p.display().to_string(),
+                        why: e.to_string(),
+                    })
+                })
+                .transpose()
+        };
+        o.auth.key = key("dhchap_key", &self.dhchap_key)?;
+        o.auth.ctrl_key = key("dhchap_ctrlr_key", &self.dhchap_ctrlr_key)?;
+        o.auth.digests = self.dhchap_digests.clone();
+        o.auth.dhgroups = self.dhchap_dhgroups.clone();
         Ok(o)
     }
 }
@@ -331,6 +366,26 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
                 })?
         }
     };
+    let dhchap_key = kv.remove("dhchap_key").map(PathBuf::from);
+    let dhchap_ctrlr_key = kv.remove("dhchap_ctrlr_key").map(PathBuf::from);
+    if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
+        return Err(TridError::Missing(
+            "tcp with dhchap_ctrlr_key:",
+            "dhchap_key: (bidirectional authentication needs the host's key too)",
+        ));
+    }
+    let dhchap_digests = list(
+        kv,
+        "dhchap_digests",
+        HashId::from_name,
+        "sha256, sha384, sha512",
+    )?;
+    let dhchap_dhgroups = list(
+        kv,
+        "dhchap_dhgroups",
+        DhGroupId::from_name,
+        "null, ffdhe2048, ffdhe3072, ffdhe4096, ffdhe6144, ffdhe8192",
+    )?;
     if fast_io_fail_tmo >= 0 && ctrl_loss_tmo >= 0 && fast_io_fail_tmo > ctrl_loss_tmo {
         // As Linux: allowed, but the controller is given up first.
         tracing::warn!(
@@ -356,7 +411,38 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         reconnect_delay,
         fast_io_fail_tmo,
         busy_poll,
+        dhchap_key,
+        dhchap_ctrlr_key,
+        dhchap_digests,
+        dhchap_dhgroups,
     })
+}
+
+/// A comma-separated list of names of `key` (none repeated), each
+/// turned into its id by `id`; `known` names them all for the error.
+fn list<T: PartialEq>(
+    kv: &mut BTreeMap<String, String>,
+    key: &'static str,
+    id: fn(&str) -> Option<T>,
+    known: &str,
+) -> Result<Vec<T>, TridError> {
+    let Some(v) = kv.remove(key) else {
+        return Ok(Vec::new());
+    };
+    let mut out = Vec::new();
+    for name in v.split(',') {
+        let bad = |why: String| TridError::BadValue {
+            key,
+            value: v.clone(),
+            why,
+        };
+        let x = id(name).ok_or_else(|| bad(format!("unknown '{name}' (known: {known})")))?;
+        if out.contains(&x) {
+            return Err(bad(format!("'{name}' given twice")));
+        }
+        out.push(x);
+    }
+    Ok(out)
 }
 
 /// Parses sizes like `4096`, `4k`, `4KiB`, `1GiB`, `512M` (binary units).
@@ -827,5 +913,85 @@ mod tests {
             "{base} subnqn:nqn.2014-08.org.nvmexpress.discovery hostnqn:nqn.2014-08.org.nvmexpress:uuid:3d1219c7-c4c5-404a-aa1f-6d2a48adfda4"
         );
         assert!(parse(&ok).is_ok());
+    }
+
+    #[test]
+    fn dhchap_keys() {
+        let dir = std::env::temp_dir().join(format!("pollux-trid-dhchap-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let hk = dir.join("host.key");
+        let ck = dir.join("ctrl.key");
+        std::fs::write(
+            &hk,
+            "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n",
+        )
+        .unwrap();
+        std::fs::write(
+            &ck,
+            "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:",
+        )
+        .unwrap();
+        let base = "trtype:tcp traddr:127.0.0.1 subnqn:nqn.2026-01.io.pollux:a";
+        let Trid::Tcp(t) = parse(&format!(
+            "{base} dhchap_key:{} dhchap_ctrlr_key:{} dhchap_digests:sha512,sha256 dhchap_dhgroups:ffdhe3072,null",
+            hk.display(),
+            ck.display()
+        ))
+        .unwrap() else {
+            panic!("tcp")
+        };
+        assert_eq!(t.dhchap_digests, vec![HashId::Sha512, HashId::Sha256]);
+        assert_eq!(
+            t.dhchap_dhgroups,
+            vec![DhGroupId::Ffdhe3072, DhGroupId::Null]
+        );
+        let o = t.options(None).unwrap();
+        let key = o.auth.key.as_ref().expect("host key");
+        assert_eq!(key.transform_hash(), Some(HashId::Sha256));
+        assert_eq!(
+            o.auth.ctrl_key.as_ref().expect("ctrl key").transform_hash(),
+            None
+        );
+        assert_eq!(o.auth.digests, t.dhchap_digests);
+        // No keys: no authentication settings.
+        let Trid::Tcp(t) = parse(base).unwrap() else {
+            panic!("tcp")
+        };
+        let o = t.options(None).unwrap();
+        assert!(o.auth.key.is_none() && o.auth.ctrl_key.is_none() && o.auth.digests.is_empty());
+        // The controller's key needs the host's.
+        let e = parse(&format!("{base} dhchap_ctrlr_key:{}", ck.display())).unwrap_err();
+        assert!(e.to_string().contains("dhchap_key:"), "{e}");
+        for (extra, want) in [
+            ("dhchap_digests:sha1", "unknown 'sha1'"),
+            ("dhchap_digests:sha256,sha256", "given twice"),
+            ("dhchap_dhgroups:ffdhe1024", "unknown 'ffdhe1024'"),
+        ] {
+            let e = parse(&format!("{base} {extra}")).unwrap_err();
+            assert!(e.to_string().contains(want), "{extra}: {e}");
+        }
+        // A key file that is missing or not DHHC-1: named with the key.
+        std::fs::write(
+            &ck,
+            "DHHC-1:01:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaS:",
+        )
+        .unwrap();
+        for (k, path, want) in [
+            (
+                "dhchap_key",
+                dir.join("missing"),
+                "reading DH-HMAC-CHAP key file",
+            ),
+            ("dhchap_key", ck.clone(), "CRC-32"),
+        ] {
+            let Trid::Tcp(t) = parse(&format!("{base} {k}:{}", path.display())).unwrap() else {
+                panic!("tcp")
+            };
+            let e = t.options(None).unwrap_err();
+            let s = e.to_string();
+            assert!(s.contains(k) && s.contains(want), "{s}");
+            assert!(!s.contains("AAECAwQF"), "the secret is never printed: {s}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

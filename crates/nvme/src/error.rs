@@ -4,6 +4,7 @@
 //! completion (the command was accepted but did not succeed).
 use pollux_spec::Status;
 
+use crate::fabrics::auth_failed::AuthFailed;
 use crate::fabrics::refused::ConnectRefused;
 
 #[derive(Debug, thiserror::Error)]
@@ -24,6 +25,11 @@ pub enum Error {
     /// command: an unknown subsystem, a host not allowed, ...).
     #[error("{0}")]
     ConnectRefused(Box<ConnectRefused>),
+    /// In-band authentication (DH-HMAC-CHAP) of a queue failed: the
+    /// controller refused the host, or (bidirectional) the host refused the
+    /// controller, or the host has no key for a controller that asks.
+    #[error("{0}")]
+    Auth(Box<AuthFailed>),
     #[error("invalid argument: {0}")]
     InvalidArgument(String),
     #[error("controller granted no I/O queues (or all are in use)")]

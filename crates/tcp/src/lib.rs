@@ -48,7 +48,7 @@ use std::time::Duration;
 
 use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::error::{Error, Result};
-use pollux_nvme::fabrics::{self, AdminLink, FabricsOptions, KeepAlive};
+use pollux_nvme::fabrics::{self, AdminLink, AuthOptions, FabricsOptions, KeepAlive};
 use pollux_nvme::{AdminExec, QueueSpec, Registers, Transport};
 use pollux_spec::fabrics::{DiscoveryLogEntry, PropertySize, DISCOVERY_NQN};
 use pollux_spec::identify::IdentifyController;
@@ -113,6 +113,9 @@ pub struct TcpOptions {
     /// `SO_BUSY_POLL` microseconds on every connection (`busy_poll:US`;
     /// 0, the default: off). See [`sockopt::set_busy_poll`].
     pub busy_poll_us: u32,
+    /// In-band authentication (DH-HMAC-CHAP) on every queue: the host's
+    /// and the controller's secrets, the digests and groups offered.
+    pub auth: AuthOptions,
 }
 
 impl TcpOptions {
@@ -135,6 +138,7 @@ impl TcpOptions {
             admin_timeout: Duration::from_secs(5),
             sq_flow: false,
             busy_poll_us: 0,
+            auth: AuthOptions::default(),
         }
     }
 
@@ -156,6 +160,7 @@ impl TcpOptions {
             fast_io_fail_tmo: self.fast_io_fail_tmo,
             admin_timeout: self.admin_timeout,
             sq_flow: self.sq_flow,
+            auth: self.auth,
         };
         (fabric, opts)
     }

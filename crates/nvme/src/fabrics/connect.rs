@@ -7,12 +7,14 @@ use pollux_spec::Cqe;
 use zerocopy::IntoBytes;
 
 use crate::error::{Error, Result};
+use crate::fabrics::auth::authenticate;
 use crate::fabrics::options::FabricsOptions;
 use crate::fabrics::refused::ConnectRefused;
 use crate::fabrics::wire::{CapsuleData, Connection, Fabric};
 
 /// Opens a connection for queue `qid` and sends Connect (`cntlid`:
-/// 0xFFFF for the admin queue), returning it and the controller ID.
+/// 0xFFFF for the admin queue), then authenticates the queue when needed
+/// (`auth`), returning it and the controller ID.
 ///
 /// I/O queues ask the controller to disable SQ flow control (it then
 /// ends a read with C2HData's SUCCESS flag instead of a response
@@ -67,6 +69,14 @@ fn connect_once<F: Fabric>(
         "Connect",
     )?;
     let got = answer(fabric, opts, &cmd, &data, &cqe)?;
+    authenticate(
+        &mut conn,
+        fabric.addr(),
+        opts,
+        qid,
+        got,
+        (cqe.dw0 >> 16) as u16,
+    )?;
     Ok((conn, got))
 }
 

@@ -6,6 +6,7 @@
 //!   associations, a lost association reconnected.
 //! - `connect`: fabrics Connect on every queue (and asking the controller
 //!   to disable SQ flow control on I/O queues).
+//! - `auth`: in-band authentication (DH-HMAC-CHAP) after each Connect.
 //! - `property`: registers as Property Get/Set.
 //! - `keepalive`: the Keep Alive thread.
 //! - `reconnect`: the reconnect policy (`ctrl_loss_tmo`, `reconnect_delay`,
@@ -18,6 +19,8 @@
 //! [`Fabric`] opens a connection for a queue, a [`Connection`] exchanges
 //! capsules on it. NVMe/TCP (`pollux-tcp`) is one; the core imports no
 //! transport.
+mod auth;
+pub(crate) mod auth_failed;
 mod connect;
 mod discovery;
 mod held;
@@ -29,10 +32,11 @@ mod reconnect;
 pub(crate) mod refused;
 mod wire;
 
+pub use auth_failed::{AuthFailed, AuthFailure};
 pub use discovery::discover;
 pub use held::{aborted_status, path_error, retry, MAX_RETRIES};
 pub use keepalive::KeepAlive;
 pub use link::{AdminLink, ADMIN_MAX_DATA, ADMIN_SLOTS, ADMIN_SQ_ENTRIES};
-pub use options::FabricsOptions;
+pub use options::{AuthOptions, FabricsOptions};
 pub use refused::ConnectRefused;
 pub use wire::{CapsuleData, Connection, Fabric};

@@ -2,6 +2,8 @@
 //! Keep Alive, and the reconnect policy.
 use std::time::Duration;
 
+use pollux_auth::{DhGroupId, DhchapKey, HashId};
+
 /// The transport-independent options of a fabrics controller.
 #[derive(Clone, Debug)]
 pub struct FabricsOptions {
@@ -27,4 +29,22 @@ pub struct FabricsOptions {
     /// Keep SQ flow control on the I/O queues (`sqflow:1`); off, Connect
     /// asks the controller to disable it.
     pub sq_flow: bool,
+    /// In-band authentication (DH-HMAC-CHAP) after each Connect.
+    pub auth: AuthOptions,
+}
+
+/// The host's DH-HMAC-CHAP settings (TRID keys `dhchap_key:`,
+/// `dhchap_ctrlr_key:`, `dhchap_digests:`, `dhchap_dhgroups:`).
+#[derive(Clone, Debug, Default)]
+pub struct AuthOptions {
+    /// The host's secret; `None`: no authentication unless the controller
+    /// asks for it (and then an error).
+    pub key: Option<DhchapKey>,
+    /// The controller's secret: the controller must authenticate too
+    /// (bidirectional), else it is refused.
+    pub ctrl_key: Option<DhchapKey>,
+    /// Hashes offered (empty: SHA-256, SHA-384, SHA-512).
+    pub digests: Vec<HashId>,
+    /// DH groups offered (empty: null and ffdhe2048..ffdhe8192).
+    pub dhgroups: Vec<DhGroupId>,
 }

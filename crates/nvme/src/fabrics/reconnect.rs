@@ -111,6 +111,7 @@ mod tests {
             fast_io_fail_tmo: ff.map(Duration::from_secs),
             admin_timeout: Duration::from_secs(1),
             sq_flow: false,
+            auth: Default::default(),
         }
     }
 

@@ -717,17 +717,20 @@ impl<M: Memory> HostQueue<M> {
     /// all of it came. An admin structure (a log page) shorter than the
     /// length asked for: the spec leaves the bytes past its end undefined,
     /// so a controller that sends only what exists loses nothing; they
-    /// read as zeros here (what Linux's nvmet sends). Data of I/O
-    /// commands must be complete: Data Transfer Error.
+    /// read as zeros here (what Linux's nvmet sends). The same for a
+    /// fabrics command on any queue (Authentication Receive: SPDK's target
+    /// sends only the AUTH message, shorter than the allocation length).
+    /// Data of I/O commands must be complete: Data Transfer Error.
     #[cold]
     fn short_transfer(mem: &M, addr: SocketAddr, qid: u16, cid: u16, s: &mut Slot, cqe: &mut Cqe) {
-        if qid == 0 && s.done < s.len {
+        let lenient = qid == 0 || s.sqe.opc == pollux_spec::fabrics::FABRICS_OPCODE;
+        if lenient && s.done < s.len {
             tracing::debug!(
                 %addr,
                 cid,
                 got = s.done,
                 expected = s.len,
-                "admin data shorter than asked for: the rest reads as zeros"
+                "admin or fabrics data shorter than asked for: the rest reads as zeros"
             );
             if s.dir == Dir::In {
                 // SAFETY: `done..len` lies in the command's buffer, which

@@ -7,16 +7,19 @@ use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use pollux_auth::{CtrlAuth, CtrlConfig};
 use pollux_spec::fabrics::fabrics_sc;
 use pollux_spec::fabrics::{
-    fabrics_status, set_property_value, ConnectCmd, ConnectData, FcType, PropertyGetCmd,
-    PropertySetCmd, PropertySize, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
+    fabrics_status, set_property_value, AuthCmd, ConnectCmd, ConnectData, FcType, PropertyGetCmd,
+    PropertySetCmd, PropertySize, AUTHREQ_ATR, CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC,
 };
 use pollux_spec::regs::{self, Cc, Csts};
 use pollux_spec::{Cqe, Sqe, Status};
 use zerocopy::FromBytes;
 
 use super::*;
+
+mod auth;
 
 const SUBNQN: &str = "nqn.2026-01.io.pollux:scripted";
 const HOSTNQN: &str = "nqn.2014-08.org.nvmexpress:uuid:11111111-2222-3333-4444-555555555555";
@@ -41,6 +44,13 @@ struct Ctl {
     open_delay: Duration,
     /// Connections of earlier generations are dead (`kill`).
     gen: u32,
+    /// DH-HMAC-CHAP: the controller's side (None: Authentication
+    /// Send/Receive are refused as an unknown command).
+    auth: Option<Arc<CtrlConfig>>,
+    /// Set AUTHREQ.ATR in Connect responses.
+    atr: bool,
+    /// Each authentication transaction that ended: QID, host accepted.
+    auths: Vec<(u16, bool)>,
 }
 
 #[derive(Clone, Default)]
@@ -63,6 +73,12 @@ struct Conn {
     /// Failed: seen on the wire (`kill`) or expired.
     dead: bool,
     answers: VecDeque<(u16, Cqe, Option<Vec<u8>>)>,
+    /// The queue this connection carries (from its Connect).
+    qid: u16,
+    /// The controller's side of the authentication on this queue.
+    ctrl_auth: Option<CtrlAuth>,
+    /// The AUTH message the next Authentication Receive returns.
+    recv: Option<Vec<u8>>,
 }
 
 fn ok(wcid: u16, dw0: u32) -> Cqe {
@@ -114,7 +130,53 @@ impl Conn {
                 } else {
                     d.cntlid
                 };
-                Some(ok(wcid, cntlid as u32))
+                self.qid = cmd.qid;
+                let authreq = if c.atr { AUTHREQ_ATR as u32 } else { 0 };
+                Some(ok(wcid, cntlid as u32 | authreq << 16))
+            }
+            Some(FcType::AuthenticationSend) => {
+                let cmd = AuthCmd::from_sqe(&sqe);
+                assert!(cmd.is_dhchap_protocol());
+                let CapsuleData::Bytes(m) = data else {
+                    panic!("Authentication Send without data")
+                };
+                assert_eq!(cmd.len as usize, m.len(), "TL");
+                let Some(cfg) = c.auth.clone() else {
+                    let st = Status::generic(pollux_spec::status::generic::INVALID_OPCODE);
+                    return Some(Cqe {
+                        status: st.0 << 1,
+                        ..ok(wcid, 0)
+                    });
+                };
+                let qid = self.qid;
+                match pollux_auth::msg::message_id(m) {
+                    Some((0, 0)) => {
+                        let mut a = CtrlAuth::new(cfg);
+                        self.recv = Some(a.negotiate(m).unwrap_or_else(|e| {
+                            c.auths.push((qid, false));
+                            a.failure1(&e).unwrap()
+                        }));
+                        self.ctrl_auth = Some(a);
+                    }
+                    Some((1, 2)) => {
+                        let a = self.ctrl_auth.as_mut().expect("negotiated");
+                        self.recv = Some(a.reply(m).unwrap_or_else(|e| a.failure1(&e).unwrap()));
+                        if !a.awaits_success2() {
+                            c.auths.push((qid, a.is_done()));
+                        }
+                    }
+                    Some((1, 4)) => {
+                        let a = self.ctrl_auth.as_mut().expect("negotiated");
+                        c.auths.push((qid, a.success2(m).is_ok()));
+                    }
+                    Some((0, 0xF0)) => c.auths.push((qid, false)),
+                    o => panic!("unexpected AUTH message {o:?}"),
+                }
+                Some(ok(wcid, 0))
+            }
+            Some(FcType::AuthenticationReceive) => {
+                assert!(AuthCmd::from_sqe(&sqe).is_dhchap_protocol());
+                Some(ok(wcid, 0))
             }
             Some(FcType::PropertyGet) => {
                 let p = PropertyGetCmd::from_sqe(&sqe);
@@ -151,7 +213,13 @@ impl Connection for Conn {
         }
         if let Some(cqe) = self.answer(wcid, sqe, data) {
             let bounce = match data {
-                CapsuleData::Bounce(len) => Some(vec![0xC3; len as usize]),
+                CapsuleData::Bounce(len) => Some(match self.recv.take() {
+                    Some(mut m) => {
+                        m.resize(len as usize, 0);
+                        m
+                    }
+                    None => vec![0xC3; len as usize],
+                }),
                 _ => None,
             };
             self.answers.push_back((wcid, cqe, bounce));
@@ -243,6 +311,9 @@ impl Fabric for Scripted {
             gen,
             dead: false,
             answers: VecDeque::new(),
+            qid: 0,
+            ctrl_auth: None,
+            recv: None,
         })
     }
 
@@ -266,6 +337,7 @@ fn opts() -> FabricsOptions {
         fast_io_fail_tmo: None,
         admin_timeout: Duration::from_millis(200),
         sq_flow: false,
+        auth: Default::default(),
     }
 }
 

@@ -234,6 +234,18 @@ impl Ctl {
                 self.writes.insert(ttag, (sqe, vec![0; len]));
                 self.q.r2t(ttag, sqe.cid, len as u32);
             }
+            // A fabrics command (Authentication Receive) returns a short
+            // message, 100 bytes, whatever the length asked for (as SPDK's
+            // target sends only the AUTH message).
+            0x7F => {
+                let ttag = self.ttag();
+                let buf = vec![0xAB; 100];
+                let resp = Some(Self::ok(sqe.cid));
+                // SAFETY: as for a read: kept in `sending` until its mark.
+                let ok = unsafe { self.q.send_data(sqe.cid, &buf, self.c2h_chunk, resp, ttag) };
+                assert!(ok);
+                self.sending.insert(ttag, buf);
+            }
             _ => self.q.respond(Self::ok(sqe.cid), None),
         }
     }
@@ -475,6 +487,28 @@ fn bounce_commands_get_their_data_back_with_the_completion() {
     let (tag, st, data) = &p.done[0];
     assert_eq!((*tag, *st), (77, 0));
     assert_eq!(data[..], p.ctl.store[3 * BS..3 * BS + 2048]);
+}
+
+/// An Authentication Receive on an I/O queue whose controller sends only
+/// the AUTH message, shorter than the allocation length (SPDK's target):
+/// success, the rest zeros, as on the admin queue. Before, the host failed
+/// it with Data Transfer Error, so authenticating an I/O queue failed.
+#[test]
+fn a_short_fabrics_transfer_on_an_io_queue_succeeds_zero_filled() {
+    use pollux_spec::fabrics::{AuthCmd, SglDescriptor};
+    let mut p = Pair::new(Digests::NONE, 4096, 4096, false, 0);
+    let sqe = AuthCmd::receive(4096, SglDescriptor::tcp_transport(4096)).to_sqe();
+    // SAFETY: no buffer address: the data goes to the slot's bounce.
+    unsafe {
+        p.host
+            .submit(5, sqe, Data::InBounce { len: 4096 }, 77, true)
+    }
+    .unwrap();
+    p.run(&[usize::MAX]);
+    let (tag, st, data) = &p.done[0];
+    assert_eq!((*tag, *st), (77, 0), "status {st:#x}");
+    assert!(data[..100].iter().all(|&b| b == 0xAB));
+    assert!(data[100..].iter().all(|&b| b == 0));
 }
 
 #[test]
