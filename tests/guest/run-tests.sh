@@ -50,7 +50,8 @@ GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIME
     --extra-file "$PEER_BIN:/opt/tcp-peer-test" \
     --extra-file "$HERE/tcp.sh:/opt/tcp.sh" --extra-file "$HERE/target.sh:/opt/target.sh" \
     --extra-file "$HERE/target-nvme.sh:/opt/target-nvme.sh" --extra-file "$HERE/ns-live.sh:/opt/ns-live.sh" \
-    --extra-file "$HERE/auth-host.sh:/opt/auth-host.sh" --extra-file "$HERE/multipath.sh:/opt/multipath.sh" \
+    --extra-file "$HERE/auth-host.sh:/opt/auth-host.sh" --extra-file "$HERE/auth-target.sh:/opt/auth-target.sh" \
+    --extra-file "$HERE/multipath.sh:/opt/multipath.sh" \
     -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 

@@ -308,4 +308,5 @@ ns_live_checks
 # --- Multipath: Linux native multipath over two pollux targets ----------
 . /opt/multipath.sh; multipath_checks
 # --- In-band authentication (DH-HMAC-CHAP), 6.12 kernel only -----------
-. /opt/auth-host.sh   # pollux host -> Linux nvmet with DH-HMAC-CHAP
+. /opt/auth-host.sh     # pollux host -> Linux nvmet with DH-HMAC-CHAP
+. /opt/auth-target.sh   # Linux's host -> pollux target, with authentication

@@ -1,5 +1,5 @@
 //! `pollux` — command-line tools of the pollux NVMe stack.
-use clap::{Parser, Subcommand};
+use clap::{CommandFactory, FromArgMatches, Subcommand};
 
 mod bdevperf;
 mod common;
@@ -14,7 +14,7 @@ mod rpc_client;
 mod setup;
 mod target;
 
-#[derive(Parser)]
+#[derive(clap::Parser)]
 #[command(
     name = "pollux",
     version,
@@ -63,7 +63,12 @@ fn main() {
         .with_writer(std::io::stderr)
         .with_ansi(colour)
         .init();
-    let cli = Cli::parse();
+    let m = Cli::command().get_matches();
+    let mut cli = Cli::from_arg_matches(&m).unwrap_or_else(|e| e.exit());
+    // `pollux target`: each --dhchap-key goes to the --host before it.
+    if let (Command::Target(a), Some(("target", tm))) = (&mut cli.cmd, m.subcommand()) {
+        a.dhchap.record_order(tm);
+    }
     let code = match cli.cmd {
         Command::Perf(args) => match perf::run(args) {
             Ok(report) => {

@@ -24,6 +24,10 @@ impl Qpair {
             return;
         };
         let (ctrl, subsys) = (ctrl.clone(), *subsys);
+        if self.auth_gated() {
+            let st = self.refusal_before_auth();
+            return self.finish(x, i, st, 0, 0);
+        }
         self.last_admin = self.now;
         // Data direction from the opcode's low bits (01b: to the
         // controller, 10b: to the host).

@@ -7,13 +7,14 @@ use std::time::Duration;
 use pollux_runtime::ThreadCtx;
 use pollux_spec::fabrics::{
     fabrics_sc, fabrics_status, read_nqn, ConnectCmd, ConnectData, ConnectResponse, ConnectStatus,
-    DisconnectCmd, FcType, ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, CATTR_DISABLE_SQ_FLOW,
-    CNTLID_DYNAMIC, CONNECT_DATA_LEN,
+    DisconnectCmd, FcType, ParamIn, PropertyGetCmd, PropertySetCmd, Sgl, AUTHREQ_ATR,
+    CATTR_DISABLE_SQ_FLOW, CNTLID_DYNAMIC, CONNECT_DATA_LEN,
 };
 use pollux_spec::status::generic;
 use pollux_spec::{Sqe, Status};
 use zerocopy::FromBytes;
 
+use crate::auth::state::QueueAuth;
 use crate::model::Ctrl;
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, DISCOVERY_KATO_MS};
 use crate::shared::{listener_of, lock, ConnRef, CtrlEntry, SubsysId};
@@ -58,7 +59,9 @@ impl Qpair {
         }
         match self.connect::<X>(ctx, sqe) {
             Ok(cntlid) => {
-                let dw0 = ConnectResponse::Success { cntlid, authreq: 0 }.dw0();
+                // AUTHREQ.ATR: the host authenticates before anything else.
+                let authreq = if self.auth.is_some() { AUTHREQ_ATR } else { 0 };
+                let dw0 = ConnectResponse::Success { cntlid, authreq }.dw0();
                 self.advance_sqhd();
                 self.answer(x, sqe.cid, Status::SUCCESS, dw0);
             }
@@ -188,6 +191,11 @@ impl Qpair {
                 ));
             }
         }
+        // DH-HMAC-CHAP: a host with a key authenticates on every queue.
+        let mut auth = entry
+            .as_ref()
+            .and_then(|e| e.host_keys.iter().find(|k| k.host == hostnqn))
+            .map(|k| Box::new(QueueAuth::new(k, shared.auth, subnqn, self.now)));
         let model = match &entry {
             Some(e) => &e.model,
             None => &shared.discovery,
@@ -356,7 +364,11 @@ impl Qpair {
             drop(ctrl);
             e.io.push((cmd.qid, me));
             cntlid = data.cntlid;
-            self.io = Some(q);
+            // Not authenticated yet: the I/O queue waits aside.
+            match auth.as_mut() {
+                Some(a) => a.parked_io = Some(q),
+                None => self.io = Some(q),
+            }
             self.icd_max = shared.opts.in_capsule_data_size;
             self.bound = Bound::Io {
                 cntlid,
@@ -375,18 +387,34 @@ impl Qpair {
         self.flow_off = cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0;
         self.make_slots(entries);
         self.sqhd = 0;
+        self.auth = auth;
         Ok(cntlid)
     }
 
-    /// A Fabrics command on a connected queue: Property Get/Set and
-    /// Disconnect.
+    /// A Fabrics command on a connected queue: Property Get/Set,
+    /// Disconnect, Authentication Send/Receive (`icd`: bytes of
+    /// in-capsule data).
     pub(crate) fn fabrics<X: QueueTransport>(
         &mut self,
         ctx: &mut ThreadCtx,
         x: &mut X,
         i: u16,
         sqe: &Sqe,
+        icd: u32,
     ) {
+        match FcType::of(sqe) {
+            Some(FcType::AuthenticationSend) => {
+                return self.auth_command(ctx, x, i, sqe, icd, true)
+            }
+            Some(FcType::AuthenticationReceive) => {
+                return self.auth_command(ctx, x, i, sqe, icd, false)
+            }
+            _ if self.auth_gated() => {
+                let st = fabrics_status(fabrics_sc::AUTHENTICATION_REQUIRED);
+                return self.finish(x, i, st, 0, 0);
+            }
+            _ => {}
+        }
         let Bound::Admin { ctrl, .. } = &self.bound else {
             // Only Connect goes on an I/O queue, and only once.
             let st = match FcType::of(sqe) {

@@ -27,7 +27,9 @@ impl Qpair {
 
     pub(crate) fn nvm<X: QueueTransport>(&mut self, x: &mut X, i: u16, sqe: &Sqe, icd: u32) {
         let Some(q) = self.io.as_ref() else {
-            return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+            // (An I/O queue not authenticated yet keeps its `io` aside.)
+            let st = self.refusal_before_auth();
+            return self.finish(x, i, st, 0, 0);
         };
         let cmd = match q.check(sqe) {
             Ok(c) => c,
@@ -95,10 +97,10 @@ impl Qpair {
     /// data) to the I/O queue.
     pub(crate) fn submit<X: QueueTransport>(&mut self, x: &mut X, i: u16, len: Option<u32>) {
         let (Some(q), Some(s)) = (self.io.as_mut(), self.slots.get_mut(i as usize)) else {
-            return;
+            return self.data_in_other(x, i);
         };
         let Some(cmd) = s.io else {
-            return self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
+            return self.data_in_other(x, i);
         };
         let seg = match len {
             Some(n) => match s.buf.take() {

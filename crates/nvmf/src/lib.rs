@@ -30,6 +30,11 @@
 //! - **Fabrics** (`fabrics`): Connect (admin and I/O queues, dynamic
 //!   controller IDs, host allow lists, SQSIZE/QID checks), Property
 //!   Get/Set (CAP, VS, CC, CSTS), Disconnect.
+//! - **Authentication** (`auth`): DH-HMAC-CHAP (`pollux-auth`'s
+//!   `CtrlAuth`) over Authentication Send/Receive for hosts given a key
+//!   (a keyring of DHHC-1 key files, SPDK's `keyring_file_add_key`, and
+//!   the hosts' `dhchap_key`/`dhchap_ctrlr_key`); until a queue's host
+//!   has authenticated, its other commands get Authentication Required.
 //! - **Admin and I/O commands** (`admin`, `io`) against the controller
 //!   model (`pollux-controller`, reached through `model` only): SGL
 //!   checks (in-capsule offset 01h, transport 5Ah), data buffers, the I/O
@@ -61,6 +66,7 @@
 //! `testing` (hidden) is what `tests/fuzz/` needs to drive a connection
 //! over memory; it is not part of the API.
 mod admin;
+mod auth;
 mod buf;
 pub mod config;
 mod discovery;
@@ -82,6 +88,9 @@ pub use config::{
     check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, ConfigError, NamespaceConfig,
     SockImpl, SubsystemConfig, TargetConfig, TransportOptions, CNTLID_MAX, CNTLID_MIN,
     MAX_SEND_IOV,
+};
+pub use config::{
+    mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use model::ModelError;

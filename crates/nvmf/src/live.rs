@@ -13,6 +13,8 @@
 //! lock until the controller table has its queue, so a queue connected
 //! through a change is either refused or found and closed. Nothing here
 //! is on the I/O path.
+mod auth;
+
 use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex, MutexGuard, RwLock};
@@ -20,7 +22,8 @@ use std::sync::{Arc, Mutex, MutexGuard, RwLock};
 use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 use serde_json::{json, Value};
 
-use crate::config::{ConfigError, TransportOptions};
+use crate::auth::state::host_json;
+use crate::config::{AuthOptions, ConfigError, TransportOptions};
 use crate::model::{ModelError, Subsys};
 use crate::shared::{ConnRef, Shared, SubsysEntry, SubsysId};
 use crate::tcp::server::{replace_shared, start_listening, stop_listening, Listeners, TcpShared};
@@ -58,6 +61,11 @@ pub enum LiveError {
     },
     #[error("subsystem '{nqn}' has no host '{host}'")]
     NoHost { nqn: String, host: String },
+    /// A key file refused (`keyring_file_add_key`), never its contents.
+    #[error("{0}")]
+    Key(String),
+    #[error("no key '{name}' in the keyring")]
+    NoKey { name: String },
     #[error("subsystem '{nqn}' already listens on {addr}")]
     ListenerExists { nqn: String, addr: SocketAddr },
     #[error("subsystem '{nqn}' does not listen on {addr}")]
@@ -121,7 +129,9 @@ impl LiveError {
             LiveError::NoSubsystem { .. }
             | LiveError::NoTransport
             | LiveError::NoNamespace { .. } => libc::ENODEV,
-            LiveError::NoHost { .. } | LiveError::NoListener { .. } => libc::ENOENT,
+            LiveError::NoHost { .. } | LiveError::NoListener { .. } | LiveError::NoKey { .. } => {
+                libc::ENOENT
+            }
             LiveError::Listen { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             _ => libc::EINVAL,
         }
@@ -319,6 +329,7 @@ impl Target {
             subsystems: RwLock::new(Vec::new()),
             listeners: RwLock::new(Vec::new()),
             genctr: (cur.shared.genctr.load(Relaxed) + 1).into(),
+            auth: cur.shared.auth,
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });
@@ -416,6 +427,7 @@ impl Target {
             model,
             allow_any_host: o.allow_any_host,
             hosts: Vec::new(),
+            host_keys: Vec::new(),
             listeners: Vec::new(),
             max_namespaces: o.max_namespaces,
             cntlids,
@@ -497,6 +509,7 @@ impl Target {
         let e = Self::change(&shared, nqn, |e| {
             let before = e.hosts.len();
             e.hosts.retain(|h| h != host);
+            e.host_keys.retain(|k| k.host != host);
             if e.hosts.len() == before {
                 return Err(LiveError::NoHost {
                     nqn: nqn.into(),
@@ -750,6 +763,9 @@ impl Target {
         };
         let shared = self.shared();
         let mut out = Vec::new();
+        if shared.auth != AuthOptions::default() {
+            out.push(self.save_config_set_config());
+        }
         if transport {
             let o = &shared.opts;
             let mut p = json!({
@@ -771,7 +787,7 @@ impl Target {
             }
             let d = TransportOptions::default();
             let ms = |t: std::time::Duration| t.as_millis() as u64;
-            let extra: [(&str, u64, u64); 7] = [
+            let extra: [(&str, u64, u64); 8] = [
                 ("kas", o.kas.into(), d.kas.into()),
                 ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
                 (
@@ -779,6 +795,7 @@ impl Target {
                     ms(o.connect_timeout),
                     ms(d.connect_timeout),
                 ),
+                ("auth_timeout_ms", ms(o.auth_timeout), ms(d.auth_timeout)),
                 ("send_iov", o.send_iov as u64, d.send_iov as u64),
                 (
                     "max_unbound_connections",
@@ -816,9 +833,10 @@ impl Target {
             p["max_cntlid"] = s.cntlids.1.into();
             out.push(json!({"method": "nvmf_create_subsystem", "params": p}));
             for h in &s.hosts {
-                out.push(
-                    json!({"method": "nvmf_subsystem_add_host", "params": {"nqn": nqn, "host": h}}),
-                );
+                let mut p = host_json(h, &s.host_keys);
+                p["nqn"] = nqn.into();
+                p["host"] = h.as_str().into();
+                out.push(json!({"method": "nvmf_subsystem_add_host", "params": p}));
             }
             for ns in s.model.namespaces() {
                 let mut n = json!({"bdev_name": ns.bdev_name, "nsid": ns.nsid});
@@ -873,7 +891,11 @@ fn subsystem_json(s: &SubsysEntry) -> Value {
         "subtype": "NVMe",
         "listen_addresses": s.listeners.iter().map(address_json).collect::<Vec<_>>(),
         "allow_any_host": s.allow_any_host,
-        "hosts": s.hosts.iter().map(|h| json!({"nqn": h})).collect::<Vec<_>>(),
+        "hosts": s.hosts.iter().map(|h| {
+            let mut j = host_json(h, &s.host_keys);
+            j["nqn"] = h.as_str().into();
+            j
+        }).collect::<Vec<_>>(),
         "serial_number": s.model.serial(),
         "model_number": s.model.model_number(),
     });

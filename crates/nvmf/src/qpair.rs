@@ -182,6 +182,10 @@ pub(crate) struct Qpair {
     pub scratch: Vec<u8>,
     pub kato: Duration,
     pub last_admin: Instant,
+    /// DH-HMAC-CHAP (the host has a key): the exchange's state, and
+    /// until it succeeds the queue takes only Authentication Send and
+    /// Receive (an I/O queue's `io` waits in it meanwhile).
+    pub auth: Option<Box<crate::auth::state::QueueAuth>>,
 }
 
 impl Drop for Qpair {
@@ -251,6 +255,7 @@ impl Qpair {
             scratch: Vec::with_capacity(CONNECT_DATA_LEN as usize),
             kato: Duration::ZERO,
             last_admin: now,
+            auth: None,
         }
     }
 
@@ -517,7 +522,7 @@ impl Qpair {
             return self.finish(x, i, st, 0, 0);
         }
         if sqe.opc == FABRICS_OPCODE {
-            return self.fabrics(ctx, x, i, &sqe);
+            return self.fabrics(ctx, x, i, &sqe, icd);
         }
         match self.bound {
             Bound::Admin { .. } => self.admin(ctx, x, i, &sqe, icd),

@@ -15,7 +15,8 @@ use pollux_runtime::ThreadCtx;
 
 use pollux_controller::AnaPort;
 
-use crate::config::TransportOptions;
+use crate::auth::state::HostSecrets;
+use crate::config::{AuthOptions, TransportOptions};
 use crate::model::{Ctrl, Subsys};
 
 /// Which subsystem a controller belongs to (an NVM subsystem by its
@@ -36,6 +37,8 @@ pub(crate) struct SubsysEntry {
     pub model: Subsys,
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
+    /// The DH-HMAC-CHAP keys of hosts of `hosts` that must authenticate.
+    pub host_keys: Vec<HostSecrets>,
     /// Bound addresses (a configured port 0 resolved).
     pub listeners: Vec<SocketAddr>,
     /// SPDK's `max_namespaces` (0: no limit of the target's own).
@@ -141,6 +144,8 @@ pub(crate) struct Shared {
     /// The discovery log's generation counter: one more at each change of
     /// the subsystems or listeners.
     pub genctr: AtomicU64,
+    /// The digests and DH groups DH-HMAC-CHAP offers.
+    pub auth: AuthOptions,
     pub ctrls: Mutex<CtrlTable>,
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).

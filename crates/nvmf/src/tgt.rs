@@ -9,7 +9,8 @@ use pollux_runtime::{Runtime, RuntimeHandle, RuntimeOptions, SignalWatcher};
 use pollux_spec::fabrics::DISCOVERY_NQN;
 use pollux_spec::log::AnaState;
 
-use crate::config::{ConfigError, TargetConfig, TransportOptions};
+use crate::auth::state::HostSecrets;
+use crate::config::{ConfigError, Keyring, TargetConfig, TransportOptions};
 use crate::model::{ModelError, Subsys, SubsysParams};
 use crate::shared::{Shared, SubsysEntry};
 use crate::tcp::server::{init, Listeners, TcpShared};
@@ -62,6 +63,8 @@ pub(crate) struct Live {
     pub sockets: Vec<(SocketAddr, SocketAddr)>,
     /// The discovery subsystem's own listeners (bound addresses).
     pub discovery: Vec<SocketAddr>,
+    /// The DH-HMAC-CHAP keys hosts may be given by name.
+    pub keyring: Keyring,
 }
 
 impl Live {
@@ -160,6 +163,22 @@ impl Target {
         .map_err(|(addr, source)| TargetError::Listen { addr, source })?;
         let mut subsystems = Vec::new();
         for (k, s) in cfg.subsystems.iter().enumerate() {
+            // (validate checked that the keyring has every key named.)
+            let key = |n: &String| cfg.keyring.get(n).cloned();
+            let host_keys = s
+                .host_keys
+                .iter()
+                .filter_map(|h| {
+                    Some(HostSecrets {
+                        host: h.host.clone(),
+                        key: key(&h.key)?,
+                        ctrlr_key: match &h.ctrlr_key {
+                            Some(c) => Some(key(c)?),
+                            None => None,
+                        },
+                    })
+                })
+                .collect();
             let mut p = subsys_params(&o, &s.nqn, s.serial.as_deref(), s.model.as_deref());
             p.ana_reporting = s.ana_reporting;
             p.multipath = s.ana_reporting
@@ -187,6 +206,7 @@ impl Target {
                 model,
                 allow_any_host: s.allow_any_host,
                 hosts: s.hosts.clone(),
+                host_keys,
                 listeners: s.listeners.iter().map(|a| listen.real(a)).collect(),
                 max_namespaces: s.max_namespaces,
                 cntlids: (s.min_cntlid, s.max_cntlid),
@@ -204,6 +224,7 @@ impl Target {
                 .iter()
                 .map(|a| listen.real(a))
                 .collect(),
+            keyring: cfg.keyring.clone(),
         };
         let discovery = discovery_subsys(&o)?;
         let tcp = Arc::new(TcpShared::new(&o, cores));
@@ -213,6 +234,7 @@ impl Target {
             discovery,
             listeners: RwLock::new(listen.addrs()),
             genctr: 1.into(),
+            auth: cfg.auth,
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });

@@ -2,8 +2,8 @@
 //! `lib/nvmf/nvmf_rpc.c`: same method names, parameters (decoded with
 //! `deny_unknown_fields`, so a misspelt one is named), defaults, results
 //! and error codes, on `pollux_nvmf::Target`'s live API. SPDK parameters
-//! pollux does not implement (TLS PSKs, DH-HMAC-CHAP keys, a second
-//! target `tgt_name`) are refused naming the parameter unless given their
+//! pollux does not implement (TLS PSKs, a second target
+//! `tgt_name`) are refused naming the parameter unless given their
 //! default. ANA: `nvmf_create_subsystem` `ana_reporting`, `min_cntlid`,
 //! `max_cntlid`; `nvmf_subsystem_add_ns` `uuid`, `nguid`, `eui64`,
 //! `anagrpid`; `nvmf_subsystem_add_listener` `ana_state`;
@@ -37,6 +37,7 @@ fn live_err(e: LiveError) -> RpcError {
         | LiveError::InvalidBdev { .. }
         | LiveError::InvalidSubsystem { .. }
         | LiveError::InvalidHost { .. }
+        | LiveError::Key(_)
         | LiveError::InvalidAddress { .. }
         | LiveError::UnsupportedTransport { .. }
         | LiveError::TransportOptions(_) => RpcError::invalid_params(e.to_string()),
@@ -295,6 +296,41 @@ fn other_transports_params(mut v: Value) -> Result<Value, RpcError> {
     Ok(v)
 }
 
+/// SPDK's `keyring_file_add_key`.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyFileParams {
+    name: String,
+    path: String,
+}
+
+/// A key's name.
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyName {
+    name: String,
+}
+
+/// SPDK's keyring methods (the `keyring_file` module): keys by name for
+/// `nvmf_subsystem_add_host`'s `dhchap_key` and `dhchap_ctrlr_key`.
+fn register_keyring(methods: &mut Methods, target: &Arc<Target>) {
+    let t = target.clone();
+    methods.add("keyring_file_add_key", move |p| {
+        let q: KeyFileParams = params(p)?;
+        t.add_key(&q.name, std::path::Path::new(&q.path))
+            .map_err(live_err)?;
+        Ok(Value::Bool(true))
+    });
+    let t = target.clone();
+    methods.add("keyring_file_remove_key", move |p| {
+        let q: KeyName = params(p)?;
+        t.remove_key(&q.name).map_err(live_err)?;
+        Ok(Value::Bool(true))
+    });
+    let t = target.clone();
+    methods.add("keyring_get_keys", move |_| Ok(Value::Array(t.keys())));
+}
+
 /// Refuses a parameter given that pollux does not implement.
 fn unsupported(name: &str, given: bool) -> Result<(), RpcError> {
     if given {
@@ -319,6 +355,7 @@ fn ns_bdevs(t: &Target, nqn: &str) -> Vec<String> {
 /// Registers the `nvmf_*` methods on `target`; `bdevs` are the target's
 /// (a namespace's bdev is claimed by its subsystem while it is one).
 pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bdev::Registry>) {
+    register_keyring(methods, &target);
     let t = target.clone();
     methods.add("nvmf_create_transport", move |p| {
         let v = p.cloned().unwrap_or_else(|| json!({}));
@@ -465,11 +502,25 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             let q: Host = params(p)?;
             check_tgt(&q.tgt_name)?;
             unsupported("psk", q.psk.is_some())?;
-            unsupported("dhchap_key", q.dhchap_key.is_some())?;
-            unsupported("dhchap_ctrlr_key", q.dhchap_ctrlr_key.is_some())?;
             if add {
-                t.add_host(&q.nqn, &q.host).map_err(live_err)?;
+                t.add_host_with_keys(
+                    &q.nqn,
+                    &q.host,
+                    q.dhchap_key.as_deref(),
+                    q.dhchap_ctrlr_key.as_deref(),
+                )
+                .map_err(live_err)?;
             } else {
+                for (k, v) in [
+                    ("dhchap_key", &q.dhchap_key),
+                    ("dhchap_ctrlr_key", &q.dhchap_ctrlr_key),
+                ] {
+                    if v.is_some() {
+                        return Err(RpcError::invalid_params(format!(
+                            "{k}: not a parameter of nvmf_subsystem_remove_host"
+                        )));
+                    }
+                }
                 t.remove_host(&q.nqn, &q.host).map_err(live_err)?;
             }
             Ok(Value::Bool(true))
@@ -751,5 +802,88 @@ mod tests {
         .unwrap_err();
         assert!(e.message.contains("tgt_name"), "{}", e.message);
         t.shutdown().unwrap();
+    }
+
+    /// SPDK's keyring and DH-HMAC-CHAP parameters: `keyring_file_add_key`,
+    /// `nvmf_subsystem_add_host` with key names, the listing with names
+    /// only.
+    #[test]
+    fn keyring_and_host_keys() {
+        use std::os::unix::fs::PermissionsExt;
+        let t = Arc::new(
+            Target::start(TargetConfig::default(), &[0], RuntimeOptions::default()).unwrap(),
+        );
+        let mut m = Methods::new();
+        register(&mut m, t.clone(), Arc::new(pollux_bdev::Registry::new()));
+        let dir = std::env::temp_dir().join(format!("pollux-rpc-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("key0");
+        std::fs::write(
+            &path,
+            "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let p = path.display().to_string();
+        assert_eq!(
+            call(
+                &m,
+                "keyring_file_add_key",
+                json!({"name": "key0", "path": p})
+            ),
+            Ok(json!(true))
+        );
+        let e = call(
+            &m,
+            "keyring_file_add_key",
+            json!({"name": "key0", "path": p}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("already"), "{}", e.message);
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o604)).unwrap();
+        let e = call(
+            &m,
+            "keyring_file_add_key",
+            json!({"name": "key1", "path": p}),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains("key1") && e.message.contains("0604"),
+            "{}",
+            e.message
+        );
+        let keys = call(&m, "keyring_get_keys", json!({})).unwrap();
+        assert_eq!(keys[0]["name"], "key0");
+        assert!(!keys.to_string().contains("DHHC"), "{keys}");
+
+        let tr = json!({"trtype": "TCP"});
+        call(&m, "nvmf_create_transport", tr).unwrap();
+        call(&m, "nvmf_create_subsystem", json!({"nqn": NQN})).unwrap();
+        let e = call(
+            &m,
+            "nvmf_subsystem_add_host",
+            json!({"nqn": NQN, "host": HOST, "dhchap_key": "nokey"}),
+        )
+        .unwrap_err();
+        assert!(e.message.contains("no key 'nokey'"), "{}", e.message);
+        assert_eq!(
+            call(
+                &m,
+                "nvmf_subsystem_add_host",
+                json!({"nqn": NQN, "host": HOST, "dhchap_key": "key0", "dhchap_ctrlr_key": "key0"})
+            ),
+            Ok(json!(true))
+        );
+        let s = call(&m, "nvmf_get_subsystems", json!({"nqn": NQN})).unwrap();
+        assert_eq!(
+            s[0]["hosts"][0],
+            json!({"nqn": HOST, "dhchap_key": "key0", "dhchap_ctrlr_key": "key0"})
+        );
+        assert_eq!(
+            call(&m, "keyring_file_remove_key", json!({"name": "key0"})),
+            Ok(json!(true))
+        );
+        let e = call(&m, "keyring_file_remove_key", json!({"name": "key0"})).unwrap_err();
+        assert_eq!(e.code, -libc::ENOENT);
     }
 }

@@ -6,6 +6,7 @@
 //! entries) may be of any transport, side by side: PCIe devices, emulated
 //! controllers, NVMe/TCP controllers (`crate::nvme_open`).
 
+mod auth;
 mod banner;
 mod bdevs;
 
@@ -76,6 +77,8 @@ pub struct TargetArgs {
     /// A host NQN allowed to connect, repeatable (default: any host).
     #[arg(long = "host")]
     pub host: Vec<String>,
+    #[command(flatten)]
+    pub dhchap: auth::DhchapArgs,
     /// Serial number (quick mode).
     #[arg(long = "serial")]
     pub serial: Option<String>,
@@ -245,11 +248,16 @@ pub fn config(
 ) -> Result<TargetConfig, TargetCliError> {
     let quick = a.null.is_some() || a.ram.is_some() || a.uring.is_some() || a.nvme.is_some();
     let mut cfg = if let Some(path) = &a.config {
-        if quick || !a.listen.is_empty() || !a.host.is_empty() || multipath_flags(a) {
+        if quick
+            || !a.listen.is_empty()
+            || !a.host.is_empty()
+            || multipath_flags(a)
+            || a.dhchap.any_key()
+        {
             return Err(bad(
                 "-c",
                 path,
-                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host/--ns-uuid/--cntlid-range/--ana-state",
+                "the JSON configuration defines subsystems, namespaces, listeners and hosts: not with --null/--ram/--uring/--nvme/--listen/--host/--ns-uuid/--cntlid-range/--ana-state/--dhchap-key",
             ));
         }
         let json = std::fs::read_to_string(path).map_err(|e| bad("-c", path, e.to_string()))?;
@@ -260,7 +268,11 @@ pub fn config(
             .filter(|o| o.is_some())
             .count();
         if given == 0 {
-            if !a.listen.is_empty() || !a.host.is_empty() || multipath_flags(a) {
+            if !a.listen.is_empty()
+                || !a.host.is_empty()
+                || multipath_flags(a)
+                || a.dhchap.any_key()
+            {
                 return Err(bad(
                     if !a.listen.is_empty() || !a.host.is_empty() {
                         "--listen/--host"
@@ -278,6 +290,7 @@ pub fn config(
             quick_config(a, given, nvme)?
         }
     };
+    a.dhchap.apply_options(&mut cfg)?;
 
     let t: &mut TransportOptions = &mut cfg.transport;
     if let Some(v) = size_opt("--in-capsule-data-size", &a.in_capsule_data_size)? {
@@ -468,6 +481,7 @@ fn quick_config(
         }
     }
     s.ana_reporting = !a.ana_state.is_empty();
+    a.dhchap.apply_keys(&mut cfg, &mut s)?;
     cfg.bdevs.extend(bdevs);
     cfg.subsystems.push(s);
     Ok(cfg)
@@ -554,6 +568,8 @@ fn serve(
     app.set_runtime(target.clone());
     let mut methods = crate::rpc::methods(app);
     crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
+    let t = target.clone();
+    app.add_save_config("keyring", Box::new(move || t.save_config_keyring()));
     let t = target.clone();
     app.add_save_config("nvmf", Box::new(move || t.save_config_nvmf()));
     let server = crate::rpc::serve(rpc, methods)?;
@@ -660,7 +676,13 @@ mod tests {
     fn cfg(extra: &[&str]) -> Result<TargetConfig, TargetCliError> {
         let mut argv = vec!["target", "--ram", "1MiB", "--listen", "127.0.0.1:0"];
         argv.extend_from_slice(extra);
-        let a = Cli::try_parse_from(argv).expect("arguments").a;
+        let m = <Cli as clap::CommandFactory>::command()
+            .try_get_matches_from(argv)
+            .expect("arguments");
+        let mut a = <Cli as clap::FromArgMatches>::from_arg_matches(&m)
+            .expect("arguments")
+            .a;
+        a.dhchap.record_order(&m);
         config(
             &a,
             &mut |t: &str| Err(bad("--nvme", t, "none")),
@@ -838,5 +860,110 @@ mod tests {
             d.icreq_timeout.as_secs().to_string()
         );
         assert_eq!(d.icreq_timeout, d.connect_timeout);
+    }
+
+    /// A key file of mode `mode` holding `text`, in this test's directory.
+    fn key_file(name: &str, text: &str, mode: u32) -> String {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("pollux-cli-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p.display().to_string()
+    }
+
+    const K0: &str = "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n";
+    const K1: &str = "DHHC-1:01:ZGVmZ2hpamtsbW5vcHFyc3R1dnd4eXp7fH1+f4CBgoOeXryU:\n";
+    const H1: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000a1";
+    const H2: &str = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-0000000000a2";
+
+    /// `--dhchap-key` and `--dhchap-ctrl-key` go to the `--host` before
+    /// them; the keyring gets `key<N>`/`ckey<N>`.
+    #[test]
+    fn dhchap_keys_go_to_the_host_before_them() {
+        let (k0, k1) = (key_file("k0", K0, 0o600), key_file("k1", K1, 0o600));
+        let c = cfg(&[
+            "--host",
+            H1,
+            "--dhchap-key",
+            &k0,
+            "--host",
+            H2,
+            "--dhchap-key",
+            &k1,
+            "--dhchap-ctrl-key",
+            &k0,
+            "--dhchap-digests",
+            "sha512",
+            "--dhchap-dhgroups",
+            "ffdhe2048,null",
+        ])
+        .unwrap();
+        let s = &c.subsystems[0];
+        assert_eq!(s.hosts, [H1, H2]);
+        assert_eq!(s.host_keys.len(), 2);
+        assert_eq!(
+            (s.host_keys[0].host.as_str(), s.host_keys[0].key.as_str()),
+            (H1, "key0")
+        );
+        assert_eq!(s.host_keys[0].ctrlr_key, None);
+        assert_eq!(
+            (s.host_keys[1].host.as_str(), s.host_keys[1].key.as_str()),
+            (H2, "key1")
+        );
+        assert_eq!(s.host_keys[1].ctrlr_key.as_deref(), Some("ckey1"));
+        let names: Vec<&str> = c.keyring.keys.iter().map(|k| k.name.as_str()).collect();
+        assert_eq!(names, ["key0", "key1", "ckey1"]);
+        assert_eq!(
+            pollux_nvmf::mask_to_names(&pollux_nvmf::DIGESTS, c.auth.digests),
+            ["sha512"]
+        );
+        assert_eq!(
+            pollux_nvmf::mask_to_names(&pollux_nvmf::DHGROUPS, c.auth.dhgroups),
+            ["null", "ffdhe2048"]
+        );
+    }
+
+    #[test]
+    fn dhchap_flags_are_refused_naming_the_culprit() {
+        let k0 = key_file("r0", K0, 0o600);
+        let open = key_file("r1", K0, 0o644);
+        let bad_key = key_file("r2", "DHHC-1:00:notbase64!:\n", 0o600);
+        let e = cfg(&["--dhchap-key", &k0, "--host", H1])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.starts_with("--dhchap-key ") && e.contains("before any --host"),
+            "{e}"
+        );
+        let e = cfg(&["--host", H1, "--dhchap-ctrl-key", &k0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("needs a host key"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", &open])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&open) && e.contains("0644"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", &bad_key])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains(&bad_key) && e.contains("DHHC-1"), "{e}");
+        let e = cfg(&["--host", H1, "--dhchap-key", "/nonexistent/k"])
+            .unwrap_err()
+            .to_string();
+        assert!(
+            e.contains("/nonexistent/k") && e.contains("cannot stat"),
+            "{e}"
+        );
+        let e = cfg(&["--host", H1, "--dhchap-key", &k0, "--dhchap-key", &k0])
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("a second one"), "{e}");
+        let e = cfg(&["--dhchap-digests", "md5"]).unwrap_err().to_string();
+        assert!(
+            e.starts_with("--dhchap-digests md5: ") && e.contains("'md5'"),
+            "{e}"
+        );
     }
 }

@@ -10,7 +10,7 @@ pub enum ConfigError {
     Shape(String),
     #[error(transparent)]
     Bdev(#[from] pollux_bdev::config::ConfigError),
-    #[error("JSON configuration: method '{method}' (nvmf subsystem) is not supported; supported: nvmf_create_transport, nvmf_create_subsystem, nvmf_subsystem_add_ns, nvmf_subsystem_add_listener, nvmf_subsystem_add_host")]
+    #[error("JSON configuration: method '{method}' (nvmf subsystem) is not supported; supported: nvmf_create_transport, nvmf_create_subsystem, nvmf_subsystem_add_ns, nvmf_subsystem_add_listener, nvmf_subsystem_add_host, nvmf_set_config, keyring_file_add_key")]
     UnknownMethod { method: String },
     /// A method's parameter is unknown, missing or ill-typed (read by
     /// the bdev configuration's reader, worded as its errors are).
@@ -18,6 +18,13 @@ pub enum ConfigError {
     Param(#[from] ParamError),
     #[error("subsystem '{nqn}': {why}")]
     Subsystem { nqn: String, why: String },
+    /// A DH-HMAC-CHAP key file refused (never its contents).
+    #[error("key '{name}' ({path}): {why}")]
+    Key {
+        name: String,
+        path: String,
+        why: String,
+    },
     #[error("transport option {option} = {value}: {why}")]
     Transport {
         option: &'static str,

@@ -11,6 +11,7 @@ use pollux_spec::fabrics::DISCOVERY_NQN;
 use pollux_spec::log::AnaState;
 use serde_json::{Map, Value};
 
+use super::auth::{names_to_mask, HostKeys, KeyFile, DHGROUPS, DIGESTS};
 use super::error::ConfigError;
 use super::target::{
     check_cntlid_range, parse_hex_id, parse_uuid, NamespaceConfig, SubsystemConfig, TargetConfig,
@@ -48,11 +49,19 @@ impl TargetConfig {
         let mut cfg = TargetConfig::default();
         let mut bdev_doc = None;
         let mut nvmf: &[Value] = &[];
+        let mut keyring: &[Value] = &[];
         for s in subsystems {
             match s.get("subsystem").and_then(Value::as_str) {
                 Some("bdev") => bdev_doc = Some(s.clone()),
                 Some("nvmf") => {
                     nvmf = s
+                        .get("config")
+                        .and_then(Value::as_array)
+                        .map(Vec::as_slice)
+                        .unwrap_or(&[])
+                }
+                Some("keyring") => {
+                    keyring = s
                         .get("config")
                         .and_then(Value::as_array)
                         .map(Vec::as_slice)
@@ -71,6 +80,10 @@ impl TargetConfig {
             let bc = pollux_bdev::config::Config::parse(&only)?;
             cfg.warnings.extend(bc.warnings.iter().cloned());
             cfg.bdevs = bc.create(attach)?;
+        }
+        // The keys first, wherever the file has them: hosts name them.
+        for e in keyring {
+            cfg.apply(e)?;
         }
         for e in nvmf {
             cfg.apply(e)?;
@@ -135,6 +148,7 @@ impl TargetConfig {
                     "kas",
                     "icreq_timeout_ms",
                     "connect_timeout_ms",
+                    "auth_timeout_ms",
                     "send_iov",
                     "max_unbound_connections",
                     "data_timeout_ms",
@@ -178,6 +192,9 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.uint("connect_timeout_ms", 1, max_ms)? {
                     t.connect_timeout = Duration::from_millis(v);
+                }
+                if let Some(v) = p.uint("auth_timeout_ms", 1, max_ms)? {
+                    t.auth_timeout = Duration::from_millis(v);
                 }
                 if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
                     t.send_iov = v as usize;
@@ -389,23 +406,88 @@ impl TargetConfig {
                     "dhchap_key",
                     "dhchap_ctrlr_key",
                 ])?;
-                for k in ["psk", "dhchap_key", "dhchap_ctrlr_key"] {
-                    if params.contains_key(k) {
-                        return Err(p.bad(k, "TLS and authentication are not supported").into());
-                    }
+                if params.contains_key("psk") {
+                    return Err(p.bad("psk", "TLS is not supported").into());
                 }
                 let host = p.str_req("host")?;
+                let keys = self.host_keys(&p, host)?;
                 let s = self.subsystem_mut(&p)?;
                 if !s.hosts.iter().any(|h| h == host) {
                     s.hosts.push(host.to_string());
                 }
+                s.host_keys.retain(|k| k.host != host);
+                s.host_keys.extend(keys);
             }
-            "nvmf_set_config" | "nvmf_set_max_subsystems" | "nvmf_set_crdt" => {
+            "keyring_file_add_key" => {
+                p.known(&["name", "path"])?;
+                let name = p.str_req("name")?;
+                let path = p.str_req("path")?;
+                let key = KeyFile::load(name, std::path::Path::new(path))?;
+                self.keyring.add(key)?;
+            }
+            "nvmf_set_config" => {
+                p.known(&[
+                    "discovery_filter",
+                    "poll_groups_mask",
+                    "admin_cmd_passthru",
+                    "dhchap_digests",
+                    "dhchap_dhgroups",
+                ])?;
+                if let Some(m) = name_list(&p, "dhchap_digests", &DIGESTS)? {
+                    self.auth.digests = m;
+                }
+                if let Some(m) = name_list(&p, "dhchap_dhgroups", &DHGROUPS)? {
+                    self.auth.dhgroups = m;
+                }
+                for k in ["discovery_filter", "poll_groups_mask", "admin_cmd_passthru"] {
+                    if params.contains_key(k) {
+                        self.warn(format!("{method}: parameter '{k}' ignored"));
+                    }
+                }
+            }
+            "nvmf_set_max_subsystems" | "nvmf_set_crdt" => {
                 self.warn(format!("{method} ignored"));
             }
             _ => return Err(ConfigError::UnknownMethod { method }),
         }
         Ok(())
+    }
+
+    /// The DH-HMAC-CHAP keys of `nvmf_subsystem_add_host`'s `params`
+    /// for `host`, checked against the keyring (none: no entry).
+    pub(crate) fn host_keys(
+        &self,
+        p: &Params<'_>,
+        host: &str,
+    ) -> Result<Option<HostKeys>, ConfigError> {
+        let key = p.str_opt("dhchap_key")?;
+        let ctrlr_key = p.str_opt("dhchap_ctrlr_key")?;
+        for (param, name) in [("dhchap_key", key), ("dhchap_ctrlr_key", ctrlr_key)] {
+            if let Some(n) = name {
+                if self.keyring.get(n).is_none() {
+                    return Err(p
+                        .bad(
+                            param,
+                            format!("no key '{n}' in the keyring (keyring_file_add_key first)"),
+                        )
+                        .into());
+                }
+            }
+        }
+        match (key, ctrlr_key) {
+            (None, None) => Ok(None),
+            (None, Some(_)) => Err(p
+                .bad(
+                    "dhchap_ctrlr_key",
+                    "a controller key needs a host key (dhchap_key)",
+                )
+                .into()),
+            (Some(k), c) => Ok(Some(HostKeys {
+                host: host.to_string(),
+                key: k.to_string(),
+                ctrlr_key: c.map(str::to_string),
+            })),
+        }
     }
 
     fn subsystem_mut(&mut self, p: &Params<'_>) -> Result<&mut SubsystemConfig, ConfigError> {
@@ -421,6 +503,25 @@ impl TargetConfig {
                 )
             })?)
     }
+}
+
+/// A list of names (`param`, an array of strings) of table `t` as a mask.
+fn name_list(p: &Params<'_>, param: &str, t: &[(&str, u8)]) -> Result<Option<u8>, ConfigError> {
+    let Some(v) = p.get(param) else {
+        return Ok(None);
+    };
+    let names: Option<Vec<&str>> = v
+        .as_array()
+        .map(|a| a.iter().map(Value::as_str).collect::<Option<Vec<_>>>())
+        .unwrap_or(None);
+    let Some(names) = names else {
+        return Err(p
+            .bad(param, format!("expected an array of strings, got {v}"))
+            .into());
+    };
+    names_to_mask(t, names)
+        .map(Some)
+        .map_err(|why| p.bad(param, why).into())
 }
 
 /// SPDK's `listen_address` object of `p` (TCP, an IP address, a port:

@@ -25,24 +25,33 @@
 //! `num_shared_buffers`, `io_unit_size`, `buf_cache_size`; SPDK's
 //! other tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
 //! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`], `send_iov`,
+//! the handshake timeouts of [`TransportOptions`], `auth_timeout_ms`, `send_iov`,
 //! `max_unbound_connections` and `data_timeout_ms`),
 //! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
 //! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
 //! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
 //! `listen_address.{trtype,adrfam,traddr,trsvcid}`; the discovery NQN or
 //! `discovery`: a listener of the discovery subsystem alone),
-//! `nvmf_subsystem_add_host` (`nqn`, `host`). `nvmf_set_config`,
-//! `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
-//! warning. Anything else is refused naming the method and parameter.
+//! `nvmf_subsystem_add_host` (`nqn`, `host`, and DH-HMAC-CHAP keys by
+//! keyring name: `dhchap_key`, `dhchap_ctrlr_key`), `nvmf_set_config`
+//! (`dhchap_digests`, `dhchap_dhgroups`: what DH-HMAC-CHAP offers; its
+//! other parameters ignored with a warning). The `keyring` subsystem
+//! (read before `nvmf`, wherever it stands): `keyring_file_add_key`
+//! (`name`, `path`: a DHHC-1 secret in a file only its owner may access,
+//! as SPDK's `keyring_file` takes it). `nvmf_set_max_subsystems` and
+//! `nvmf_set_crdt` are ignored with a warning. Anything else is refused naming the method and parameter.
 //! Parameters are read by `pollux_bdev::params`, the reader of the bdev
 //! subsystem's methods too, so both are refused in the same words
 //! (`<method>: parameter 'namespace.nsid': expected ..., got ...`).
+mod auth;
 mod error;
 mod json;
 mod target;
 mod transport;
 
+pub use auth::{
+    mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
+};
 pub use error::ConfigError;
 pub use target::{
     check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, NamespaceConfig, SubsystemConfig,

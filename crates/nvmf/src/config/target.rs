@@ -7,6 +7,7 @@ use pollux_controller::{NsIds, MAX_NAMESPACES};
 use pollux_spec::fabrics::{check_nqn, DISCOVERY_NQN};
 use pollux_spec::log::AnaState;
 
+use super::auth::{AuthOptions, HostKeys, Keyring};
 use super::error::ConfigError;
 use super::transport::TransportOptions;
 
@@ -56,6 +57,9 @@ pub struct SubsystemConfig {
     /// Any host may connect; else only `hosts`.
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
+    /// DH-HMAC-CHAP keys of hosts of `hosts` (by keyring name): such a
+    /// host must authenticate before any other command.
+    pub host_keys: Vec<HostKeys>,
     pub namespaces: Vec<NamespaceConfig>,
     /// Where it is reachable (port 0: any free port, for tests).
     pub listeners: Vec<SocketAddr>,
@@ -83,6 +87,7 @@ impl SubsystemConfig {
             model: None,
             allow_any_host: true,
             hosts: Vec::new(),
+            host_keys: Vec::new(),
             namespaces: Vec::new(),
             listeners: Vec::new(),
             max_namespaces: 0,
@@ -111,6 +116,12 @@ pub struct TargetConfig {
     /// `nvmf_subsystem_add_listener` of the discovery NQN); it is served
     /// on every subsystem's listener too.
     pub discovery_listeners: Vec<SocketAddr>,
+    /// The DH-HMAC-CHAP keys hosts' entries name (SPDK's `keyring`
+    /// subsystem).
+    pub keyring: Keyring,
+    /// The digests and DH groups DH-HMAC-CHAP offers (SPDK's
+    /// `nvmf_set_config`).
+    pub auth: AuthOptions,
 }
 
 impl Clone for TargetConfig {
@@ -122,6 +133,8 @@ impl Clone for TargetConfig {
             warnings: self.warnings.clone(),
             transport_created: self.transport_created,
             discovery_listeners: self.discovery_listeners.clone(),
+            keyring: self.keyring.clone(),
+            auth: self.auth,
         }
     }
 }
@@ -131,6 +144,8 @@ impl std::fmt::Debug for TargetConfig {
         f.debug_struct("TargetConfig")
             .field("transport", &self.transport)
             .field("subsystems", &self.subsystems)
+            .field("keyring", &self.keyring)
+            .field("auth", &self.auth)
             .field(
                 "bdevs",
                 &self.bdevs.iter().map(|b| b.name()).collect::<Vec<_>>(),
@@ -161,6 +176,22 @@ impl TargetConfig {
             for h in &s.hosts {
                 if let Err(e) = check_nqn(h) {
                     return bad(format!("host NQN {h:?}: {e}"));
+                }
+            }
+            for k in &s.host_keys {
+                if !s.hosts.contains(&k.host) {
+                    return bad(format!(
+                        "host {:?} has DH-HMAC-CHAP keys but is not among the subsystem's hosts",
+                        k.host
+                    ));
+                }
+                for name in std::iter::once(&k.key).chain(&k.ctrlr_key) {
+                    if self.keyring.get(name).is_none() {
+                        return bad(format!(
+                            "host {:?}: no key '{name}' in the keyring (keyring_file_add_key)",
+                            k.host
+                        ));
+                    }
                 }
             }
             if let Err(why) = check_cntlid_range(s.min_cntlid, s.max_cntlid) {

@@ -55,6 +55,10 @@ pub struct TransportOptions {
     /// accepted) this long after its ICResp is closed (pollux-specific;
     /// JSON `connect_timeout_ms`).
     pub connect_timeout: Duration,
+    /// A queue whose host must authenticate (DH-HMAC-CHAP) and has not
+    /// succeeded this long after Connect is closed with its controller
+    /// (pollux-specific; JSON `auth_timeout_ms`).
+    pub auth_timeout: Duration,
     /// Data buffers of the whole target: `num_shared_buffers` units of
     /// `io_unit_size` bytes (SPDK's names). A command whose data needs a
     /// buffer the budget cannot give waits (no R2T sent yet).
@@ -152,6 +156,7 @@ impl Default for TransportOptions {
             send_iov: MAX_SEND_IOV,
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
+            auth_timeout: Duration::from_secs(10),
             num_shared_buffers: 511,
             io_unit_size: 128 << 10,
             buf_cache_size: None,
@@ -240,6 +245,7 @@ impl TransportOptions {
         for (option, t) in [
             ("icreq_timeout_ms", self.icreq_timeout),
             ("connect_timeout_ms", self.connect_timeout),
+            ("auth_timeout_ms", self.auth_timeout),
         ] {
             if t < Duration::from_millis(1) || t > MAX_HANDSHAKE_TIMEOUT {
                 return bad(

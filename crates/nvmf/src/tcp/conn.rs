@@ -348,6 +348,16 @@ impl<W: Wire> Conn<W> {
         self.tcp.phase == Phase::Ready && self.qp.kato_expired(now)
     }
 
+    /// DH-HMAC-CHAP failed (its last response out) or was not done
+    /// within `auth_timeout`: the connection is to close now (logged,
+    /// and an I/O queue's controller told to go, by `Qpair::auth_expired`).
+    pub fn auth_expired(&mut self, ctx: &mut ThreadCtx, now: Instant) -> bool {
+        let limit = self.qp.shared.opts.auth_timeout;
+        self.tcp.phase == Phase::Ready
+            && self.qp.auth.is_some()
+            && self.qp.auth_expired(ctx, now, limit)
+    }
+
     /// The handshake stage this connection has spent longer in than the
     /// transport options allow, if any, and that limit.
     pub fn handshake_expired(&self, now: Instant) -> Option<(Stage, Duration)> {

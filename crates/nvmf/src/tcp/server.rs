@@ -387,6 +387,8 @@ fn init_with<W: SockImpl>(
                         "handshake timeout: {stage}; closing the connection"
                     );
                     c.close_now(ctx, "handshake timeout");
+                } else if c.auth_expired(ctx, now) {
+                    c.close_now(ctx, "authentication failed or timed out");
                 } else if c.linger_over(now) {
                     c.close_now(ctx, "linger time over");
                 }
