@@ -145,10 +145,17 @@ fn help_shows_the_tcp_transport_id() {
     for (cmd, opt) in [("perf", "-r"), ("bdevperf", "--nvme")] {
         let (code, out, err) = run(&[cmd, "--help"]);
         assert_eq!(code, 0, "{err}");
-        let at = out
-            .find(&format!("{opt} "))
-            .or_else(|| out.find(&format!("{opt},")))
-            .unwrap_or_else(|| panic!("{cmd} --help has no {opt}: {out}"));
+        // The option's own line (its name first on the line: other
+        // options' text may name it, e.g. --multipath's "the -r ...").
+        let at = [
+            format!("\n  {opt} "),
+            format!("\n  {opt},"),
+            format!("\n      {opt} "),
+        ]
+        .iter()
+        .filter_map(|p| out.find(p.as_str()).map(|i| i + 1))
+        .min()
+        .unwrap_or_else(|| panic!("{cmd} --help has no {opt}: {out}"));
         let end = out[at..].find("\n  -").map_or(out.len(), |e| at + e);
         let text = &out[at..end];
         assert!(
