@@ -277,8 +277,21 @@ struct NvmfTgt {
     sock: PathBuf,
 }
 
+/// A host allowed in with DH-HMAC-CHAP keys (files): SPDK's
+/// `keyring_file_add_key` and `nvmf_subsystem_add_host --dhchap-key
+/// [--dhchap-ctrlr-key]`, on a subsystem without "allow any host".
+struct AuthHost<'a> {
+    nqn: &'a str,
+    key: &'a Path,
+    ctrlr_key: Option<&'a Path>,
+}
+
 impl NvmfTgt {
     fn start(dir: &Path) -> NvmfTgt {
+        NvmfTgt::start_with(dir, None)
+    }
+
+    fn start_with(dir: &Path, auth: Option<&AuthHost>) -> NvmfTgt {
         let sock = std::env::temp_dir().join(format!("pollux-spdk-{}.sock", std::process::id()));
         let _ = std::fs::remove_file(&sock);
         let child = Command::new(dir.join("build/bin/nvmf_tgt"))
@@ -314,13 +327,31 @@ impl NvmfTgt {
         };
         rpc(&["nvmf_create_transport", "-t", "TCP"]);
         rpc(&["bdev_malloc_create", "-b", "Malloc0", "64", "512"]);
-        rpc(&[
-            "nvmf_create_subsystem",
-            NQN,
-            "-a",
-            "-s",
-            "SPDK00000000000001",
-        ]);
+        let mut create = vec!["nvmf_create_subsystem", NQN, "-s", "SPDK00000000000001"];
+        if auth.is_none() {
+            create.push("-a");
+        }
+        rpc(&create);
+        if let Some(a) = auth {
+            let key = a.key.to_str().expect("key path");
+            rpc(&["keyring_file_add_key", "key0", key]);
+            let mut add = vec![
+                "nvmf_subsystem_add_host",
+                NQN,
+                a.nqn,
+                "--dhchap-key",
+                "key0",
+            ];
+            if let Some(c) = a.ctrlr_key {
+                rpc(&[
+                    "keyring_file_add_key",
+                    "ckey0",
+                    c.to_str().expect("key path"),
+                ]);
+                add.extend(["--dhchap-ctrlr-key", "ckey0"]);
+            }
+            rpc(&add);
+        }
         rpc(&["nvmf_subsystem_add_ns", NQN, "Malloc0"]);
         rpc(&[
             "nvmf_subsystem_add_listener",
@@ -403,5 +434,196 @@ fn pollux_perf_verify_against_spdk_nvmf_tgt() {
         let v: serde_json::Value = serde_json::from_str(&out).expect("perf --json");
         assert_eq!(v["total"]["ios"], 3000, "{args:?}: {out}");
         assert_eq!(v["total"]["errors"], 0, "{args:?}: {out}");
+    }
+}
+
+/// The host NQN of the authentication tests.
+const AUTH_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6f3a1d2e-51c4-4b8e-9a57-0c2d8e4f7b19";
+
+/// Test secrets in the DHHC-1 form `nvme gen-dhchap-key` writes (32 bytes,
+/// untransformed), and one more that neither side is given: the wrong one.
+const HOST_SECRET: &str = "DHHC-1:00:StC3qVqxy/Gil2n5tE3USLshTqie1f/+tuuuDALzmEb8/b5T:";
+const CTRL_SECRET: &str = "DHHC-1:00:WD0PoYZH6nGJODFeKUsbvKbN1xX0iJ2SyDv8848hUDutoxnQ:";
+const WRONG_SECRET: &str = "DHHC-1:00:LEqzV5I3xkOxCV1MFP72U4Aa9LLUgBIDmSyh9/CfJ9lcDcp0:";
+
+/// Key files (mode 0600, as SPDK's keyring and pollux require) in a fresh
+/// directory: host.key, ctrl.key, wrong.key. Removed on drop.
+struct Keys(PathBuf);
+
+impl Keys {
+    fn new(tag: &str) -> Keys {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("pollux-spdk-keys-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("key dir");
+        for (name, text) in [
+            ("host.key", HOST_SECRET),
+            ("ctrl.key", CTRL_SECRET),
+            ("wrong.key", WRONG_SECRET),
+        ] {
+            let p = d.join(name);
+            std::fs::write(&p, format!("{text}\n")).expect("key file");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        Keys(d)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
+
+/// SPDK's host (spdk_nvme_perf `--dhchap-key`/`--dhchap-ctrlr-key`)
+/// against `pollux target --host NQN --dhchap-key [--dhchap-ctrl-key]`:
+/// one-way and bidirectional authentication succeed and I/O runs; a wrong
+/// host secret, and a wrong controller secret on SPDK's side, attach no
+/// controller.
+#[test]
+fn spdk_perf_authenticates_to_pollux_target() {
+    let Some((dir, _lock, _serial)) = setup() else {
+        return;
+    };
+    let keys = Keys::new("tgt");
+    let (host_key, ctrl_key, wrong) = (
+        keys.path("host.key"),
+        keys.path("ctrl.key"),
+        keys.path("wrong.key"),
+    );
+    let (hk, ck, wk) = (
+        host_key.to_str().unwrap(),
+        ctrl_key.to_str().unwrap(),
+        wrong.to_str().unwrap(),
+    );
+    let perf = dir.join("build/bin/spdk_nvme_perf");
+    for bidirectional in [false, true] {
+        let mut extra = vec!["--host", AUTH_HOST, "--dhchap-key", hk];
+        if bidirectional {
+            extra.extend(["--dhchap-ctrl-key", ck]);
+        }
+        let (_t, port) = pollux_target_with(&extra, Stdio::null());
+        let trid = format!("{} hostnqn:{AUTH_HOST}", spdk_trid(port));
+        let run = |host: &str, ctrl: Option<&str>| {
+            let mut args = vec![
+                "-c",
+                "0x2",
+                "-r",
+                &trid,
+                "-q",
+                "32",
+                "-o",
+                "4096",
+                "-w",
+                "randread",
+                "-t",
+                "1",
+                "--dhchap-key",
+                host,
+            ];
+            if let Some(c) = ctrl {
+                args.extend(["--dhchap-ctrlr-key", c]);
+            }
+            let (code, out) = run_spdk(&perf, &args);
+            (
+                code,
+                out,
+                args.iter().map(|a| a.to_string()).collect::<Vec<_>>(),
+            )
+        };
+        let ctrl = bidirectional.then_some(ck);
+        let (code, out, args) = run(hk, ctrl);
+        assert_eq!(code, 0, "{args:?}:\n{out}");
+        assert!(total_iops(&out) > 0.0, "{args:?}:\n{out}");
+        let (_, out, args) = run(wk, ctrl);
+        assert!(
+            out.contains("No valid NVMe controllers"),
+            "a wrong host secret got in: {args:?}:\n{out}"
+        );
+        if bidirectional {
+            let (_, out, args) = run(hk, Some(wk));
+            assert!(
+                out.contains("No valid NVMe controllers"),
+                "SPDK accepted a controller that does not know its controller secret: {args:?}:\n{out}"
+            );
+        }
+    }
+}
+
+/// `pollux perf --verify` with `dhchap_key:`/`dhchap_ctrlr_key:` against
+/// SPDK's nvmf_tgt with the host's keys in its keyring: one-way and
+/// bidirectional authentication on the admin and I/O queues, zero errors;
+/// a wrong host secret is refused by SPDK, and a controller that fails
+/// bidirectional authentication (SPDK given another controller secret) is
+/// refused by pollux; both exit non-zero naming authentication.
+#[test]
+fn pollux_perf_authenticates_to_spdk_nvmf_tgt() {
+    let Some((dir, _lock, _serial)) = setup() else {
+        return;
+    };
+    let keys = Keys::new("host");
+    let (host_key, ctrl_key, wrong) = (
+        keys.path("host.key"),
+        keys.path("ctrl.key"),
+        keys.path("wrong.key"),
+    );
+    for bidirectional in [false, true] {
+        let t = NvmfTgt::start_with(
+            &dir,
+            Some(&AuthHost {
+                nqn: AUTH_HOST,
+                key: &host_key,
+                ctrlr_key: bidirectional.then_some(ctrl_key.as_path()),
+            }),
+        );
+        let perf = |key: &Path, ctrl: Option<&Path>| {
+            let mut r = format!(
+                "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{} subnqn:{NQN} hostnqn:{AUTH_HOST} dhchap_key:{}",
+                t.port,
+                key.display()
+            );
+            if let Some(c) = ctrl {
+                r.push_str(&format!(" dhchap_ctrlr_key:{}", c.display()));
+            }
+            let args = [
+                "perf",
+                "-r",
+                &r,
+                "-w",
+                "randrw",
+                "-M",
+                "50",
+                "-o",
+                "4096",
+                "--verify",
+                "-t",
+                "0",
+                "--io-count",
+                "2000",
+                "--json",
+                "-c",
+                "1",
+            ];
+            let (code, out, err) = common::pollux(&args);
+            (code, out, err, r)
+        };
+        let ctrl = bidirectional.then_some(ctrl_key.as_path());
+        let (code, out, err, r) = perf(&host_key, ctrl);
+        assert_eq!(code, 0, "{r}: {out}\n{err}");
+        let v: serde_json::Value = serde_json::from_str(&out).expect("perf --json");
+        assert_eq!(v["total"]["ios"], 2000, "{r}: {out}");
+        assert_eq!(v["total"]["errors"], 0, "{r}: {out}");
+        let (code, out, err, r) = perf(&wrong, ctrl);
+        assert_ne!(code, 0, "a wrong host secret got in: {r}: {out}\n{err}");
+        assert!(err.to_lowercase().contains("authenticat"), "{r}: {err}");
+        if bidirectional {
+            let (code, out, err, r) = perf(&host_key, Some(&wrong));
+            assert_ne!(code, 0, "pollux accepted a controller that failed bidirectional authentication: {r}: {out}\n{err}");
+            assert!(err.to_lowercase().contains("authenticat"), "{r}: {err}");
+        }
     }
 }
