@@ -9,6 +9,7 @@ use pollux_nvme::IoBuf;
 use crate::error::{Error, Result};
 use crate::info::{check_geometry, BdevInfo};
 use crate::local::{LocalShared, RamStore, VolatileCache};
+use crate::nvme::multipath::MpShared;
 use crate::nvme::NvmeShared;
 use crate::stats::{BdevStats, Registry};
 use crate::uring::{UringOptions, UringShared};
@@ -32,6 +33,7 @@ pub(crate) struct Inner {
 pub(crate) enum Shared {
     Local(Arc<LocalShared>),
     Nvme(NvmeShared),
+    NvmeMp(MpShared),
     Uring(Arc<UringShared>),
 }
 
@@ -115,6 +117,28 @@ impl Bdev {
         })))
     }
 
+    /// One namespace over several controllers (paths, see
+    /// [`pollux_host::multipath`]); each channel gets an
+    /// [`pollux_host::MpQueuePair`] (`qopts`, with the channel's depth).
+    /// Reads and writes of one buffer only (no vectors, flags, flush,
+    /// zeroing, reset or passthrough: `Caps` says so).
+    pub fn nvme_multipath(
+        name: &str,
+        mp: Arc<pollux_host::Multipath>,
+        qopts: QpairOptions,
+    ) -> Result<Bdev> {
+        let info = crate::nvme::multipath::describe(name, &mp).ok_or_else(|| Error::Invalid {
+            name: name.to_string(),
+            msg: "a multipath namespace without paths".to_string(),
+        })?;
+        check_geometry(name, info.block_size, info.num_blocks)?;
+        Ok(Bdev(Arc::new(Inner {
+            info,
+            backend: Shared::NvmeMp(MpShared { mp, qopts }),
+            stats: Default::default(),
+        })))
+    }
+
     /// A regular file or a block device through io_uring (see
     /// [`UringOptions`]): each channel gets its own ring. A regular file
     /// shorter than `opts.size` is extended (sparse) to it.
@@ -185,6 +209,21 @@ impl Bdev {
                 name: self.name().to_string(),
                 source,
             }),
+            // The first path's memory: every path takes it (as
+            // `pollux perf --multipath` does).
+            Shared::NvmeMp(m) => match m.mp.controller(0) {
+                Some(c) => c
+                    .alloc_dma(len)
+                    .map(|d| exact(IoBuf::new(d), len))
+                    .map_err(|source| Error::Nvme {
+                        name: self.name().to_string(),
+                        source,
+                    }),
+                None => Err(Error::Invalid {
+                    name: self.name().to_string(),
+                    msg: "a multipath namespace without paths".to_string(),
+                }),
+            },
         }
     }
 
@@ -200,7 +239,7 @@ impl Bdev {
                 (Some(ram), Some(c)) => Some(c.lose(ram)),
                 _ => None,
             },
-            Shared::Uring(_) | Shared::Nvme(_) => None,
+            Shared::Uring(_) | Shared::Nvme(_) | Shared::NvmeMp(_) => None,
         }
     }
 
@@ -218,7 +257,7 @@ impl Bdev {
                 u.failed.store(true, Relaxed);
                 true
             }
-            Shared::Nvme(_) => false,
+            Shared::Nvme(_) | Shared::NvmeMp(_) => false,
         }
     }
 }

@@ -26,6 +26,7 @@ pub(crate) enum ChanBe {
     Local(LocalChan),
     Nvme(NvmeChan),
     Uring(UringChan),
+    NvmeMp(pollux_host::MpQueuePair),
 }
 
 /// A thread's channel to a bdev. All I/O on it is lock-free and
@@ -53,6 +54,7 @@ impl Channel {
             ChanBe::Local(l) => IoBe::Local(l),
             ChanBe::Nvme(n) => IoBe::Nvme(n.qp.submitter(), &mut n.side),
             ChanBe::Uring(u) => IoBe::Uring(u),
+            ChanBe::NvmeMp(m) => IoBe::NvmeMp(m),
         };
         Io { c: &mut self.c, be }
     }
@@ -63,6 +65,7 @@ impl Channel {
             ChanBe::Local(l) => l.outstanding() + self.c.parents.open_count(),
             ChanBe::Nvme(n) => n.qp.outstanding() as usize + n.side.deferred.len(),
             ChanBe::Uring(u) => u.outstanding(),
+            ChanBe::NvmeMp(m) => m.in_flight(),
         }
     }
 
@@ -77,6 +80,7 @@ impl Channel {
             ChanBe::Local(_) => None,
             ChanBe::Nvme(n) => n.qp.interrupt_fd(),
             ChanBe::Uring(u) => u.wake_fd(),
+            ChanBe::NvmeMp(_) => None,
         }
     }
 
@@ -84,7 +88,7 @@ impl Channel {
     pub fn nvme_qpair(&mut self) -> Option<&mut pollux_host::QueuePair> {
         match &mut self.be {
             ChanBe::Nvme(n) => Some(&mut n.qp),
-            ChanBe::Local(_) | ChanBe::Uring(_) => None,
+            ChanBe::Local(_) | ChanBe::Uring(_) | ChanBe::NvmeMp(_) => None,
         }
     }
 
@@ -94,6 +98,7 @@ impl Channel {
         match &mut self.be {
             ChanBe::Nvme(n) => n.qp.flush(),
             ChanBe::Uring(u) => u.kick(),
+            ChanBe::NvmeMp(m) => m.flush(),
             ChanBe::Local(_) => {}
         }
     }
@@ -308,6 +313,7 @@ pub(crate) enum IoBe<'a> {
     Local(&'a mut LocalChan),
     Nvme(pollux_host::Submitter<'a>, &'a mut NvmeSide),
     Uring(&'a mut UringChan),
+    NvmeMp(&'a mut pollux_host::MpQueuePair),
 }
 
 /// A channel's submission half, borrowed: from [`Channel::io`], and in
@@ -398,6 +404,7 @@ impl<'a> Io<'a> {
                 Ok(()) => u.rw(write, lba << self.c.shift, buf, flags, ud),
                 Err(e) => Err(Refused::new(e, Data::One(buf))),
             },
+            IoBe::NvmeMp(m) => nvme::multipath::rw(self.c, m, write, lba, buf, flags, ud),
         };
         match r {
             Ok(()) => {
@@ -497,6 +504,10 @@ impl<'a> Io<'a> {
                 nvme::submit_vec(self.c, sub, side, write, lba, bufs, flags, ud)
             }
             IoBe::Uring(u) => u.rwv(write, lba << self.c.shift, len as u64, bufs, flags, ud),
+            IoBe::NvmeMp(_) => Err(Refused::new(
+                nvme::multipath::unsupported(self.c, "vectors on a multipath namespace"),
+                Data::Vec(Box::new(bufs)),
+            )),
         };
         match r {
             Ok(()) => {
@@ -610,7 +621,7 @@ impl<'a> Io<'a> {
             IoBe::Uring(u) => unsafe {
                 u.rwv_raw(write, lba << self.c.shift, len, segs, flags, ud)
             },
-            IoBe::Nvme(..) => Err(SubmitError::Unsupported {
+            IoBe::Nvme(..) | IoBe::NvmeMp(_) => Err(SubmitError::Unsupported {
                 op: "borrowed host memory",
                 backend: self.c.backend,
             }),
@@ -638,6 +649,10 @@ impl<'a> Io<'a> {
                 .flush_cache(&side.ns, ud)
                 .map_err(|e| from_nvme(e, 1 << self.c.shift)),
             IoBe::Uring(u) => u.other(UringOp::Flush, 0, 0, ud),
+            IoBe::NvmeMp(_) => Err(nvme::multipath::unsupported(
+                self.c,
+                "flush on a multipath namespace",
+            )),
         };
         self.other_done(r, ud)
     }
@@ -669,6 +684,10 @@ impl<'a> Io<'a> {
                 u.other(op, lba << shift, nlb << shift, ud)
             }
             IoBe::Nvme(sub, side) => nvme::zero(self.c, sub, side, lba, nlb, ud, unmap),
+            IoBe::NvmeMp(_) => Err(nvme::multipath::unsupported(
+                self.c,
+                "zeroing on a multipath namespace",
+            )),
         };
         self.other_done(r, ud)
     }
@@ -698,6 +717,10 @@ impl<'a> Io<'a> {
                 Ok(())
             }
             IoBe::Uring(u) => u.other(UringOp::Drain, 0, 0, ud),
+            IoBe::NvmeMp(_) => Err(nvme::multipath::unsupported(
+                self.c,
+                "reset of a multipath namespace",
+            )),
         };
         self.other_done(r, ud)
     }
@@ -719,7 +742,7 @@ impl<'a> Io<'a> {
             IoBe::Nvme(sub, _) => sub
                 .raw(sqe, data, ud)
                 .map_err(|r| Refused::new(SubmitError::Nvme(r.error), r.buf.into())),
-            IoBe::Local(_) | IoBe::Uring(_) => Err(Refused::new(
+            IoBe::Local(_) | IoBe::Uring(_) | IoBe::NvmeMp(_) => Err(Refused::new(
                 SubmitError::Unsupported {
                     op: "NVMe passthrough",
                     backend: self.c.backend,

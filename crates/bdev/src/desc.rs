@@ -52,6 +52,10 @@ impl Desc {
                 })?)
             }
             Shared::Uring(u) => ChanBe::Uring(UringChan::open(u, opts, &inner.info.name)?),
+            Shared::NvmeMp(m) => ChanBe::NvmeMp(
+                crate::nvme::multipath::open(m, opts)
+                    .map_err(|msg| Error::Invalid { name: name(), msg })?,
+            ),
         };
         let c = Common::new(&inner.info, self.write, inner.stats.clone(), opts.latency);
         Ok(Channel::new(c, be, self.bdev.clone()))

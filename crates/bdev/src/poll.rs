@@ -218,6 +218,21 @@ impl Channel {
                 u.polled(n);
                 n
             }
+            ChanBe::NvmeMp(m) => {
+                let c = &mut self.c;
+                m.poll(|m, comp| {
+                    let comp = Completion {
+                        user_data: comp.user_data,
+                        result: comp.result,
+                        data: comp.buf.into(),
+                    };
+                    let mut io = Io {
+                        c: &mut *c,
+                        be: IoBe::NvmeMp(m),
+                    };
+                    deliver(&mut io, comp, h);
+                })
+            }
         };
         self.c.publish();
         n
@@ -235,7 +250,7 @@ impl Channel {
                 ChanBe::Nvme(n) => n.side.ctrl.relax(),
                 // Sleep in the kernel until a completion (or 1 ms).
                 ChanBe::Uring(u) => u.wait(std::time::Duration::from_millis(1)),
-                ChanBe::Local(_) => {}
+                ChanBe::Local(_) | ChanBe::NvmeMp(_) => {}
             }
         }
         self.outstanding() == 0

@@ -3,6 +3,7 @@
 //! splits what exceeds the controller's transfer size itself); the layer
 //! adds only a vector split and the conversion of the completion.
 pub(crate) mod config;
+pub(crate) mod multipath;
 
 use std::sync::Arc;
 

@@ -198,6 +198,12 @@ impl Multipath {
         self.paths.list.get(i).map(|p| &p.ctrl)
     }
 
+    /// The namespace as the first path's controller made it (block size
+    /// and size are the same on every path).
+    pub fn namespace(&self) -> pollux_nvme::Namespace {
+        self.paths.list[0].ns
+    }
+
     /// Paths.
     pub fn len(&self) -> usize {
         self.paths.list.len()
