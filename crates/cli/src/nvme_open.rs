@@ -68,6 +68,8 @@ pub struct NvmeOpener {
     ctrls: Vec<Arc<Controller>>,
     /// The name each of `ctrls` was opened as.
     names: Vec<String>,
+    /// Multipath namespaces, by controller name.
+    mps: Vec<(String, Arc<pollux_host::Multipath>)>,
     emu: SoftEmulator,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
@@ -86,6 +88,7 @@ impl NvmeOpener {
         NvmeOpener {
             ctrls: Vec::new(),
             names: Vec::new(),
+            mps: Vec::new(),
             emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
@@ -100,6 +103,10 @@ impl NvmeOpener {
     /// Forgets controller `name` (`bdev_nvme_detach_controller`): it
     /// closes once its bdevs are gone. Whether it was there.
     pub fn detach(&mut self, name: &str) -> bool {
+        if let Some(i) = self.mps.iter().position(|(n, _)| n == name) {
+            self.mps.remove(i);
+            return true;
+        }
         match self.names.iter().position(|n| n == name) {
             Some(i) => {
                 self.names.remove(i);
@@ -123,6 +130,71 @@ impl NvmeOpener {
             why: e.to_string(),
         })?;
         self.open(name, &t, what)
+    }
+
+    /// `--multipath --nvme TRID...`: one namespace over every transport
+    /// ID (see [`NvmeOpener::open_multipath`]).
+    pub fn open_paths(&mut self, name: &str, trids: &[String]) -> Result<Vec<Bdev>, OpenError> {
+        let what = format!("--multipath --nvme '{}'", trids.join("' --nvme '"));
+        let mut ts = Vec::with_capacity(trids.len());
+        for t in trids {
+            ts.push(trid::parse(t).map_err(|e| OpenError {
+                what: format!("--nvme '{t}'"),
+                why: e.to_string(),
+            })?);
+        }
+        self.open_multipath(name, &ts, None, what)
+    }
+
+    /// Controller `name` over several paths: a connection to each of
+    /// `trids` (through [`pollux_host::multipath::path_trid`]), and one
+    /// bdev `<name>n<nsid>` of namespace `nsid` (None: the first path's
+    /// first) over all of them; a path to another namespace is refused,
+    /// named.
+    pub fn open_multipath(
+        &mut self,
+        name: &str,
+        trids: &[Trid],
+        nsid: Option<u32>,
+        what: String,
+    ) -> Result<Vec<Bdev>, OpenError> {
+        let fail = |why: String| OpenError {
+            what: what.clone(),
+            why,
+        };
+        if self.emu.inline() {
+            return Err(fail(
+                "a multipath namespace is not stepped inline (--inline)".into(),
+            ));
+        }
+        let mut copts = ControllerOptions::default();
+        copts.io_queues =
+            (self.per_ns).clamp(copts.io_queues as usize, u16::MAX as usize - 1) as u16;
+        let mut paths = Vec::with_capacity(trids.len());
+        for t in trids {
+            if matches!(t, Trid::Soft(_)) {
+                self.emu
+                    .start_thread()
+                    .map_err(|e| fail(format!("emulated controller thread: {e}")))?;
+            }
+            let t = pollux_host::multipath::path_trid(t);
+            let ctrl = pollux_host::connect_with(&t, &copts, &mut self.emu)
+                .map_err(|e| fail(e.to_string()))?;
+            paths.push((ctrl.describe(), ctrl));
+        }
+        let mp = pollux_host::Multipath::new(
+            paths,
+            nsid,
+            pollux_host::Policy::ActiveActive,
+            pollux_host::Selector::RoundRobin,
+        )
+        .map_err(|e| fail(e.to_string()))?;
+        let bdev_name = format!("{name}n{}", mp.namespace().nsid());
+        let mp = Arc::new(mp);
+        self.mps.push((name.to_string(), mp.clone()));
+        let b = Bdev::nvme_multipath(&bdev_name, mp, self.qopts.clone())
+            .map_err(|e| fail(e.to_string()))?;
+        Ok(vec![b])
     }
 
     /// `bdev_nvme_attach_controller` from `-c`.

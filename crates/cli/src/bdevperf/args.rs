@@ -66,6 +66,12 @@ pub struct BdevperfArgs {
         trid_help!()
     ))]
     pub nvme: Vec<String>,
+    /// Every --nvme is a path to one namespace (its first, on every
+    /// path): one bdev Nvme0n<nsid> over all of them, I/O by ANA state,
+    /// round robin among the best paths, failed over between them (as
+    /// `pollux perf --multipath`). Reads and writes only.
+    #[arg(long = "multipath", requires = "nvme")]
+    pub multipath: bool,
     /// Block size of the --null and --ram bdevs.
     #[arg(long = "block-size", default_value_t = 512)]
     pub block_size: u32,

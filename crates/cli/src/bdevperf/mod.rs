@@ -124,6 +124,7 @@ fn make_bdevs(
     a: &BdevperfArgs,
     cfg: Option<&Config>,
     nvme: &mut impl FnMut(&str, &str) -> Result<Vec<Bdev>, BdevperfError>,
+    nvme_mp: &mut impl FnMut(&str, &[String]) -> Result<Vec<Bdev>, BdevperfError>,
     attach: &mut impl FnMut(&NvmeAttach) -> Result<Vec<Bdev>, BdevperfError>,
 ) -> Result<Vec<Bdev>, BdevperfError> {
     let mut used: Vec<String> = Vec::new();
@@ -192,9 +193,14 @@ fn make_bdevs(
         };
         bdevs.push(made.map_err(|e| bad("--uring", path.display(), e.to_string()))?);
     }
-    for t in &a.nvme {
+    if a.multipath {
         let name = fresh_name("Nvme", &mut ctrl_names);
-        bdevs.extend(nvme(&name, t)?);
+        bdevs.extend(nvme_mp(&name, &a.nvme)?);
+    } else {
+        for t in &a.nvme {
+            let name = fresh_name("Nvme", &mut ctrl_names);
+            bdevs.extend(nvme(&name, t)?);
+        }
     }
     if let Some(d) = bdevs.iter().enumerate().find_map(|(i, b)| {
         bdevs[..i]
@@ -251,6 +257,7 @@ fn run_with(
             a,
             cfg,
             &mut |name: &str, trid: &str| Ok(op.borrow_mut().open_trid(name, trid)?),
+            &mut |name: &str, trids: &[String]| Ok(op.borrow_mut().open_paths(name, trids)?),
             // (The config's error names the controller: only why here.)
             &mut |att: &NvmeAttach| {
                 op.borrow_mut()
