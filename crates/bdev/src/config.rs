@@ -328,6 +328,7 @@ impl Config {
         if !found {
             return Err(ConfigError::NoBdevSubsystem);
         }
+        cfg.merge_paths()?;
         cfg.name_and_check()?;
         Ok(cfg)
     }
@@ -365,6 +366,39 @@ impl Config {
             }
             r => r,
         }
+    }
+
+    /// Folds each later `bdev_nvme_attach_controller` of an earlier one's
+    /// name with `"multipath": "multipath"` into the earlier one's
+    /// `paths` (SPDK: the second call adds a path to the controller's
+    /// namespaces). Another entry of a name already used stays (and is
+    /// refused as a duplicate).
+    fn merge_paths(&mut self) -> Result<()> {
+        let mut out: Vec<Entry> = Vec::with_capacity(self.entries.len());
+        for e in std::mem::take(&mut self.entries) {
+            let Entry::NvmeAttach(mut a) = e else {
+                out.push(e);
+                continue;
+            };
+            let mode = nvme_config::multipath_mode(&a).map_err(|why| ConfigError::Attach {
+                name: a.name.clone(),
+                source: why.into(),
+            })?;
+            let first = out.iter_mut().find_map(|o| match o {
+                Entry::NvmeAttach(f) if f.name == a.name => Some(f),
+                _ => None,
+            });
+            match first {
+                Some(f) if mode == Some(true) => {
+                    a.params.remove("multipath");
+                    f.params.remove("multipath");
+                    f.paths.push(a);
+                }
+                _ => out.push(Entry::NvmeAttach(a)),
+            }
+        }
+        self.entries = out;
+        Ok(())
     }
 
     /// Gives unnamed null/malloc bdevs SPDK-like names and refuses
@@ -508,6 +542,57 @@ mod tests {
         let m = bdevs[1].info();
         assert_eq!((m.backend, m.block_size, m.num_blocks), ("ram", 512, 16384));
         assert_eq!(bdevs[2].info().num_blocks, 8);
+    }
+
+    #[test]
+    fn nvme_attach_of_one_name_with_multipath_adds_a_path() {
+        let entry = |addr: &str, mp: &str| {
+            format!(
+                r#"{{"method": "bdev_nvme_attach_controller",
+                    "params": {{"name": "Nvme0", "trtype": "tcp", "traddr": "{addr}"{mp}}}}}"#
+            )
+        };
+        let mp = r#", "multipath": "multipath""#;
+        let json = bdev_cfg(&format!(
+            "{}, {}, {}",
+            entry("10.0.0.1", mp),
+            r#"{"method": "bdev_null_create", "params": {"name": "n", "num_blocks": 8, "block_size": 512}}"#,
+            entry("10.0.0.2", mp)
+        ));
+        let cfg = Config::parse(&json).unwrap();
+        assert_eq!(cfg.entries.len(), 2);
+        let Entry::NvmeAttach(a) = &cfg.entries[0] else {
+            panic!("{:?}", cfg.entries)
+        };
+        assert_eq!(a.traddr.as_deref(), Some("10.0.0.1"));
+        assert_eq!(a.paths.len(), 1);
+        assert_eq!(a.paths[0].traddr.as_deref(), Some("10.0.0.2"));
+        // The mode is this layer's: not passed on as a parameter.
+        assert!(!a.params.contains_key("multipath"));
+        assert!(!a.paths[0].params.contains_key("multipath"));
+
+        // Without the multipath mode (or with "disable") the name is used
+        // twice.
+        for second in ["", r#", "multipath": "disable""#] {
+            let json = bdev_cfg(&format!(
+                "{}, {}",
+                entry("10.0.0.1", ""),
+                entry("10.0.0.2", second)
+            ));
+            let e = err(Config::parse(&json).map(|_| Vec::new()), "no multipath");
+            assert!(
+                matches!(&e, ConfigError::DuplicateName(n) if n == "Nvme0"),
+                "{e}"
+            );
+        }
+        // SPDK's failover mode is refused, named.
+        let json = bdev_cfg(&format!(
+            "{}, {}",
+            entry("10.0.0.1", ""),
+            entry("10.0.0.2", r#", "multipath": "failover""#)
+        ));
+        let e = err(Config::parse(&json).map(|_| Vec::new()), "failover").to_string();
+        assert!(e.contains("Nvme0") && e.contains("failover"), "{e}");
     }
 
     #[test]

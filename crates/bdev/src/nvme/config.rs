@@ -17,6 +17,11 @@ pub struct NvmeAttach {
     /// Every other parameter, unchanged: the caller interprets them and
     /// refuses those it does not know.
     pub params: BTreeMap<String, Value>,
+    /// More paths to the same namespace: later
+    /// `bdev_nvme_attach_controller` entries of the same name with
+    /// `"multipath": "multipath"` (SPDK's multipath mode), in order
+    /// (their own `paths` empty). Empty: one path.
+    pub paths: Vec<NvmeAttach>,
 }
 
 impl NvmeAttach {
@@ -49,5 +54,20 @@ pub(crate) fn attach_controller(obj: &Map<String, Value>) -> Result<NvmeAttach, 
             .filter(|(k, _)| !OWN.contains(&k.as_str()))
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect(),
+        paths: Vec::new(),
     })
+}
+
+/// The `multipath` parameter of an entry: `Some(true)` for SPDK's
+/// "multipath" mode, `Some(false)` for "disable"; "failover" (SPDK's
+/// second path kept idle) and other values are refused.
+pub(crate) fn multipath_mode(a: &NvmeAttach) -> Result<Option<bool>, String> {
+    match a.params.get("multipath") {
+        None => Ok(None),
+        Some(Value::String(s)) if s == "multipath" => Ok(Some(true)),
+        Some(Value::String(s)) if s == "disable" => Ok(Some(false)),
+        Some(v) => Err(format!(
+            "multipath {v}: only \"multipath\" (or \"disable\") is supported"
+        )),
+    }
 }
