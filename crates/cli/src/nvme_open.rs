@@ -14,7 +14,10 @@
 //! `fast_io_fail_timeout_sec` → `fast_io_fail_tmo`, SPDK's 0 = off being
 //! Linux's -1); SPDK's parameters that mean nothing to this transport ID
 //! (multipath, protection checks, and the fabrics ones for a local
-//! controller) are ignored with a warning.
+//! controller) are ignored with a warning. A later entry of the same
+//! name with `"multipath": "multipath"` adds a path: the controller's
+//! bdev is then one multipath namespace (the first path's first) over
+//! every path ([`NvmeOpener::open_multipath`]).
 use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
@@ -200,6 +203,15 @@ impl NvmeOpener {
     /// `bdev_nvme_attach_controller` from `-c`.
     pub fn attach(&mut self, att: &NvmeAttach) -> Result<Vec<Bdev>, OpenError> {
         let t = attach_trid(att)?;
+        if !att.paths.is_empty() {
+            // SPDK's multipath mode: the same name attached again adds a
+            // path to its namespace (the first path's first).
+            let mut ts = vec![t];
+            for p in &att.paths {
+                ts.push(attach_trid(p)?);
+            }
+            return self.open_multipath(&att.name, &ts, None, attach_what(att));
+        }
         self.open(&att.name, &t, attach_what(att))
     }
 
@@ -361,6 +373,7 @@ mod tests {
                 .iter()
                 .map(|(k, v)| (k.to_string(), v.clone()))
                 .collect::<BTreeMap<_, _>>(),
+            paths: Vec::new(),
         }
     }
 
