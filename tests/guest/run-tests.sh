@@ -11,7 +11,7 @@
 #
 # Env: CARGO_TARGET_DIR (default: <repo>/target), PERF_T (seconds per perf
 # and fio run, default 4), PERF_DB_T (seconds per doorbell-variant run,
-# 4 rounds, default 2), GUEST_TIMEOUT (default 600 s), KSUITE (default
+# default 2; PERF_DB_ROUNDS rounds, default 2), GUEST_TIMEOUT (default 900 s), KSUITE (default
 # bookworm-backports: Debian's 6.12 kernel, which has NVMe in-band
 # authentication; KSUITE= takes Debian 12's own 6.1), and run.sh's
 # GUEST_CACHE / GUEST_CPUS / GUEST_MEM.
@@ -45,14 +45,14 @@ trap 'rm -f "$LOG"' EXIT
 rc=0
 # iommu=pt: uio_pci_generic needs untranslated DMA (physical addresses);
 # vfio-pci still gets its own translated IOMMU domain.
-GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-600}" \
+GUEST_APPEND="iommu=pt ${GUEST_APPEND:-}" "$HERE/run.sh" --timeout "${GUEST_TIMEOUT:-900}" \
     --extra-file "$POLLUX_BIN:/opt/pollux" --extra-file "$TEST_BIN:/opt/pcie-test" \
     --extra-file "$PEER_BIN:/opt/tcp-peer-test" \
     --extra-file "$HERE/tcp.sh:/opt/tcp.sh" --extra-file "$HERE/target.sh:/opt/target.sh" \
     --extra-file "$HERE/target-nvme.sh:/opt/target-nvme.sh" --extra-file "$HERE/ns-live.sh:/opt/ns-live.sh" \
     --extra-file "$HERE/auth-host.sh:/opt/auth-host.sh" --extra-file "$HERE/auth-target.sh:/opt/auth-target.sh" \
     --extra-file "$HERE/multipath.sh:/opt/multipath.sh" \
-    -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
+    -- "PERF_T=${PERF_T:-4}; PERF_DB_T=${PERF_DB_T:-2}; PERF_DB_ROUNDS=${PERF_DB_ROUNDS:-2}; $(cat "$HERE/suite.sh")" 2>&1 | tee "$LOG" || rc=$?
 load_after=$(cut -d' ' -f1-3 /proc/loadavg)
 
 # Median of a metric's values (runs are repeated, interleaved).
