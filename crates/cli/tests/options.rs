@@ -110,6 +110,7 @@ fn bdevperf_help_lists_every_option() {
         ("--iopoll", None),
         ("--uring-yield", Some("16")),
         ("--nvme", None),
+        ("--multipath", None),
         ("--block-size", Some("512")),
         ("-r, --rpc-socket", Some("/var/tmp/pollux.sock")),
         ("--metrics", None),
