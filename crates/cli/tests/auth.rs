@@ -7,49 +7,13 @@
 //! tests/spdk.rs.)
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use common::{CTRL_SECRET, HOST_SECRET, WRONG_SECRET};
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Stdio};
 
 const NQN: &str = "nqn.2026-11.io.pollux:auth";
 const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:0b8c2a61-7d3e-4f0a-9c55-2e6b1f4d8a70";
-
-/// Test secrets in the DHHC-1 form `nvme gen-dhchap-key` writes; the
-/// third is given to neither side.
-const HOST_SECRET: &str = "DHHC-1:00:StC3qVqxy/Gil2n5tE3USLshTqie1f/+tuuuDALzmEb8/b5T:";
-const CTRL_SECRET: &str = "DHHC-1:00:WD0PoYZH6nGJODFeKUsbvKbN1xX0iJ2SyDv8848hUDutoxnQ:";
-const WRONG_SECRET: &str = "DHHC-1:00:LEqzV5I3xkOxCV1MFP72U4Aa9LLUgBIDmSyh9/CfJ9lcDcp0:";
-
-/// Key files (mode 0600) in a fresh directory, removed on drop.
-struct Keys(PathBuf);
-
-impl Keys {
-    fn new(tag: &str) -> Keys {
-        let d = std::env::temp_dir().join(format!("pollux-auth-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("key dir");
-        for (name, text) in [
-            ("host.key", HOST_SECRET),
-            ("ctrl.key", CTRL_SECRET),
-            ("wrong.key", WRONG_SECRET),
-        ] {
-            let p = d.join(name);
-            std::fs::write(&p, format!("{text}\n")).expect("key file");
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        }
-        Keys(d)
-    }
-
-    fn path(&self, name: &str) -> String {
-        self.0.join(name).to_str().expect("utf-8 path").to_string()
-    }
-}
-
-impl Drop for Keys {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
 
 /// A `pollux target` killed and reaped on drop.
 struct Target(Child, u16, PathBuf);
@@ -132,13 +96,10 @@ fn assert_refused(r: (i32, String, String), what: &str, says: &str) {
 
 #[test]
 fn pollux_host_authenticates_to_pollux_target() {
-    let keys = Keys::new("oneway");
-    let (hk, ck, wk) = (
-        keys.path("host.key"),
-        keys.path("ctrl.key"),
-        keys.path("wrong.key"),
-    );
-    let log = keys.0.join("target.log");
+    let keys = common::Keys::new("oneway");
+    let s = |n: &str| keys.path(n).display().to_string();
+    let (hk, ck, wk) = (s("host.key"), s("ctrl.key"), s("wrong.key"));
+    let log = keys.path("target.log");
 
     // One-way: the host proves itself.
     let t = Target::start(&["--host", HOST, "--dhchap-key", &hk], &log);

@@ -440,45 +440,6 @@ fn pollux_perf_verify_against_spdk_nvmf_tgt() {
 /// The host NQN of the authentication tests.
 const AUTH_HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:6f3a1d2e-51c4-4b8e-9a57-0c2d8e4f7b19";
 
-/// Test secrets in the DHHC-1 form `nvme gen-dhchap-key` writes (32 bytes,
-/// untransformed), and one more that neither side is given: the wrong one.
-const HOST_SECRET: &str = "DHHC-1:00:StC3qVqxy/Gil2n5tE3USLshTqie1f/+tuuuDALzmEb8/b5T:";
-const CTRL_SECRET: &str = "DHHC-1:00:WD0PoYZH6nGJODFeKUsbvKbN1xX0iJ2SyDv8848hUDutoxnQ:";
-const WRONG_SECRET: &str = "DHHC-1:00:LEqzV5I3xkOxCV1MFP72U4Aa9LLUgBIDmSyh9/CfJ9lcDcp0:";
-
-/// Key files (mode 0600, as SPDK's keyring and pollux require) in a fresh
-/// directory: host.key, ctrl.key, wrong.key. Removed on drop.
-struct Keys(PathBuf);
-
-impl Keys {
-    fn new(tag: &str) -> Keys {
-        use std::os::unix::fs::PermissionsExt;
-        let d = std::env::temp_dir().join(format!("pollux-spdk-keys-{tag}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&d);
-        std::fs::create_dir_all(&d).expect("key dir");
-        for (name, text) in [
-            ("host.key", HOST_SECRET),
-            ("ctrl.key", CTRL_SECRET),
-            ("wrong.key", WRONG_SECRET),
-        ] {
-            let p = d.join(name);
-            std::fs::write(&p, format!("{text}\n")).expect("key file");
-            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
-        }
-        Keys(d)
-    }
-
-    fn path(&self, name: &str) -> PathBuf {
-        self.0.join(name)
-    }
-}
-
-impl Drop for Keys {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
 /// SPDK's host (spdk_nvme_perf `--dhchap-key`/`--dhchap-ctrlr-key`)
 /// against `pollux target --host NQN --dhchap-key [--dhchap-ctrl-key]`:
 /// one-way and bidirectional authentication succeed and I/O runs; a wrong
@@ -489,7 +450,7 @@ fn spdk_perf_authenticates_to_pollux_target() {
     let Some((dir, _lock, _serial)) = setup() else {
         return;
     };
-    let keys = Keys::new("tgt");
+    let keys = common::Keys::new("tgt");
     let (host_key, ctrl_key, wrong) = (
         keys.path("host.key"),
         keys.path("ctrl.key"),
@@ -565,7 +526,7 @@ fn pollux_perf_authenticates_to_spdk_nvmf_tgt() {
     let Some((dir, _lock, _serial)) = setup() else {
         return;
     };
-    let keys = Keys::new("host");
+    let keys = common::Keys::new("host");
     let (host_key, ctrl_key, wrong) = (
         keys.path("host.key"),
         keys.path("ctrl.key"),

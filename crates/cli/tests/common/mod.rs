@@ -168,3 +168,43 @@ pub fn latencies_in_order(t: &serde_json::Value) -> bool {
             .windows(2)
             .all(|k| t[k[0]].as_f64() <= t[k[1]].as_f64())
 }
+
+/// Test secrets in the DHHC-1 form `nvme gen-dhchap-key` writes (32 bytes,
+/// untransformed); the third is given to neither side: the wrong one.
+pub const HOST_SECRET: &str = "DHHC-1:00:StC3qVqxy/Gil2n5tE3USLshTqie1f/+tuuuDALzmEb8/b5T:";
+pub const CTRL_SECRET: &str = "DHHC-1:00:WD0PoYZH6nGJODFeKUsbvKbN1xX0iJ2SyDv8848hUDutoxnQ:";
+pub const WRONG_SECRET: &str = "DHHC-1:00:LEqzV5I3xkOxCV1MFP72U4Aa9LLUgBIDmSyh9/CfJ9lcDcp0:";
+
+/// Key files host.key, ctrl.key and wrong.key (mode 0600, as SPDK's
+/// keyring and pollux require) in a fresh directory, removed on drop.
+pub struct Keys(std::path::PathBuf);
+
+impl Keys {
+    pub fn new(tag: &str) -> Keys {
+        use std::os::unix::fs::PermissionsExt;
+        let d = std::env::temp_dir().join(format!("pollux-keys-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(&d).expect("key dir");
+        for (name, text) in [
+            ("host.key", HOST_SECRET),
+            ("ctrl.key", CTRL_SECRET),
+            ("wrong.key", WRONG_SECRET),
+        ] {
+            let p = d.join(name);
+            std::fs::write(&p, format!("{text}\n")).expect("key file");
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+        }
+        Keys(d)
+    }
+
+    /// A file of the directory.
+    pub fn path(&self, name: &str) -> std::path::PathBuf {
+        self.0.join(name)
+    }
+}
+
+impl Drop for Keys {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.0);
+    }
+}
