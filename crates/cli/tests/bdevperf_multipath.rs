@@ -4,50 +4,9 @@
 //! given as `--multipath --nvme A --nvme B`.
 mod common;
 
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 const NQN: &str = "nqn.2024-01.io.pollux:bdev-mp-test";
-
-struct Target {
-    child: Child,
-    port: u16,
-}
-
-impl Target {
-    fn start(file: &str, nqn: &str, port: u16) -> Target {
-        let listen = format!("127.0.0.1:{port}");
-        let args = [
-            "--listen", &listen, "--uring", file, "--nqn", nqn, "-m", "0x1",
-        ];
-        let (child, addr, _out) = common::start_target(&args, Stdio::null());
-        Target {
-            child,
-            port: common::port_of(&addr),
-        }
-    }
-
-    fn trid(&self, nqn: &str) -> String {
-        format!(
-            "trtype:tcp traddr:127.0.0.1 trsvcid:{} subnqn:{nqn} reconnect_delay:1",
-            self.port
-        )
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn image(name: &str) -> String {
-    let p = std::env::temp_dir().join(format!("pollux-bdev-mp-{}-{name}.img", std::process::id()));
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(16 << 20).unwrap();
-    p.display().to_string()
-}
 
 fn json(out: &str, err: &str) -> serde_json::Value {
     serde_json::from_str(out).unwrap_or_else(|e| panic!("bad JSON ({e}): {out}\n{err}"))
@@ -55,9 +14,9 @@ fn json(out: &str, err: &str) -> serde_json::Value {
 
 #[test]
 fn bdevperf_verify_over_two_paths_while_one_target_is_killed_and_restarted() {
-    let file = image("kill");
-    let a = Target::start(&file, NQN, 0);
-    let b = Target::start(&file, NQN, 0);
+    let file = common::image("bdev-mp-kill");
+    let a = common::FileTarget::start(&file, NQN, 0);
+    let b = common::FileTarget::start(&file, NQN, 0);
     let port = a.port;
     let (ra, rb) = (a.trid(NQN), b.trid(NQN));
     let args = [
@@ -90,7 +49,7 @@ fn bdevperf_verify_over_two_paths_while_one_target_is_killed_and_restarted() {
         let _ = a.child.kill();
         let _ = a.child.wait();
         std::thread::sleep(Duration::from_millis(1500));
-        Target::start(&file2, NQN, port)
+        common::FileTarget::start(&file2, NQN, port)
     });
     let (code, out, err) = common::finish(child, &args, None);
     let _again = killer.join().unwrap();
@@ -135,9 +94,9 @@ fn config(tag: &str, ports: &[u16]) -> std::path::PathBuf {
 
 #[test]
 fn json_attach_of_one_name_twice_with_multipath_is_one_bdev_over_two_paths() {
-    let file = image("json");
-    let a = Target::start(&file, NQN, 0);
-    let b = Target::start(&file, NQN, 0);
+    let file = common::image("bdev-mp-json");
+    let a = common::FileTarget::start(&file, NQN, 0);
+    let b = common::FileTarget::start(&file, NQN, 0);
     let cfg = config("json", &[a.port, b.port]);
     let path = cfg.display().to_string();
     let args = [
@@ -156,14 +115,14 @@ fn json_attach_of_one_name_twice_with_multipath_is_one_bdev_over_two_paths() {
 
     // A path to another namespace (another file, of another size) is
     // refused, named.
-    let other = image("json-other");
+    let other = common::image("bdev-mp-json-other");
     std::fs::File::options()
         .write(true)
         .open(&other)
         .unwrap()
         .set_len(8 << 20)
         .unwrap();
-    let c = Target::start(&other, NQN, 0);
+    let c = common::FileTarget::start(&other, NQN, 0);
     let cfg2 = config("json-other", &[a.port, c.port]);
     let path2 = cfg2.display().to_string();
     let args = ["bdevperf", "-c", &path2, "-t", "1", "-m", "0"];

@@ -5,50 +5,9 @@
 //! name.
 mod common;
 
-use std::process::{Child, Stdio};
 use std::time::Duration;
 
 const NQN: &str = "nqn.2024-01.io.pollux:mp-test";
-
-struct Target {
-    child: Child,
-    port: u16,
-}
-
-impl Target {
-    fn start(file: &str, nqn: &str, port: u16) -> Target {
-        let listen = format!("127.0.0.1:{port}");
-        let args = [
-            "--listen", &listen, "--uring", file, "--nqn", nqn, "-m", "0x1",
-        ];
-        let (child, addr, _out) = common::start_target(&args, Stdio::null());
-        Target {
-            child,
-            port: common::port_of(&addr),
-        }
-    }
-
-    fn trid(&self, nqn: &str) -> String {
-        format!(
-            "trtype:tcp traddr:127.0.0.1 trsvcid:{} subnqn:{nqn} reconnect_delay:1",
-            self.port
-        )
-    }
-}
-
-impl Drop for Target {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn image(name: &str) -> String {
-    let p = std::env::temp_dir().join(format!("pollux-mp-{}-{name}.img", std::process::id()));
-    let f = std::fs::File::create(&p).unwrap();
-    f.set_len(16 << 20).unwrap();
-    p.display().to_string()
-}
 
 fn perf_json(out: &str) -> serde_json::Value {
     serde_json::from_str(out.lines().last().unwrap_or("")).unwrap_or_else(|e| panic!("{e}: {out}"))
@@ -56,9 +15,9 @@ fn perf_json(out: &str) -> serde_json::Value {
 
 #[test]
 fn verify_over_two_paths_while_one_target_is_killed_and_restarted() {
-    let file = image("kill");
-    let a = Target::start(&file, NQN, 0);
-    let b = Target::start(&file, NQN, 0);
+    let file = common::image("mp-kill");
+    let a = common::FileTarget::start(&file, NQN, 0);
+    let b = common::FileTarget::start(&file, NQN, 0);
     let port = a.port;
     let (ra, rb) = (a.trid(NQN), b.trid(NQN));
     let args = [
@@ -91,7 +50,7 @@ fn verify_over_two_paths_while_one_target_is_killed_and_restarted() {
         let _ = a.child.kill();
         let _ = a.child.wait();
         std::thread::sleep(Duration::from_millis(1500));
-        Target::start(&file2, NQN, port)
+        common::FileTarget::start(&file2, NQN, port)
     });
     let (code, out, err) = common::finish(child, &args, None);
     let _again = killer.join().unwrap();
@@ -115,9 +74,9 @@ fn verify_over_two_paths_while_one_target_is_killed_and_restarted() {
 
 #[test]
 fn both_selectors_use_both_paths() {
-    let file = image("sel");
-    let a = Target::start(&file, NQN, 0);
-    let b = Target::start(&file, NQN, 0);
+    let file = common::image("mp-sel");
+    let a = common::FileTarget::start(&file, NQN, 0);
+    let b = common::FileTarget::start(&file, NQN, 0);
     let (ra, rb) = (a.trid(NQN), b.trid(NQN));
     for sel in ["round_robin", "queue_depth"] {
         let args = [
@@ -154,10 +113,10 @@ fn both_selectors_use_both_paths() {
 
 #[test]
 fn a_path_to_another_subsystem_is_refused_by_name() {
-    let file = image("other");
+    let file = common::image("mp-other");
     let other = "nqn.2024-01.io.pollux:mp-other";
-    let a = Target::start(&file, NQN, 0);
-    let b = Target::start(&file, other, 0);
+    let a = common::FileTarget::start(&file, NQN, 0);
+    let b = common::FileTarget::start(&file, other, 0);
     let (ra, rb) = (a.trid(NQN), b.trid(other));
     let args = [
         "perf",

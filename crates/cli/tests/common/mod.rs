@@ -208,3 +208,48 @@ impl Drop for Keys {
         let _ = std::fs::remove_dir_all(&self.0);
     }
 }
+
+/// A `pollux target` exporting a file through io_uring (`--uring FILE`) on
+/// a loopback port (0: any free one), killed and reaped on drop: one path
+/// of the multipath tests.
+pub struct FileTarget {
+    pub child: Child,
+    pub port: u16,
+}
+
+impl FileTarget {
+    pub fn start(file: &str, nqn: &str, port: u16) -> FileTarget {
+        let listen = format!("127.0.0.1:{port}");
+        let args = [
+            "--listen", &listen, "--uring", file, "--nqn", nqn, "-m", "0x1",
+        ];
+        let (child, addr, _out) = start_target(&args, Stdio::null());
+        FileTarget {
+            child,
+            port: port_of(&addr),
+        }
+    }
+
+    /// Its transport ID for subsystem `nqn` (reconnecting every second).
+    pub fn trid(&self, nqn: &str) -> String {
+        format!(
+            "trtype:tcp traddr:127.0.0.1 trsvcid:{} subnqn:{nqn} reconnect_delay:1",
+            self.port
+        )
+    }
+}
+
+impl Drop for FileTarget {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A 16 MiB sparse file in the temporary directory, named after `name`.
+pub fn image(name: &str) -> String {
+    let p = std::env::temp_dir().join(format!("pollux-{}-{name}.img", std::process::id()));
+    let f = std::fs::File::create(&p).expect("image file");
+    f.set_len(16 << 20).expect("image size");
+    p.display().to_string()
+}
