@@ -44,7 +44,7 @@ pub(super) fn registry_error(e: RegistryError) -> RpcError {
     let code = match e {
         RegistryError::Exists(_) => libc::EEXIST,
         RegistryError::NotFound(_) => libc::ENODEV,
-        RegistryError::Claimed { .. } => libc::EBUSY,
+        RegistryError::Claimed { .. } | RegistryError::Open(_) => libc::EBUSY,
     };
     RpcError::errno(code, e.to_string())
 }
@@ -102,9 +102,9 @@ pub(super) fn create(
             None => Err("this app does not attach NVMe controllers".to_string()),
         })
         .map_err(config_error)?;
-    let saved = entry.saved_config(&made);
+    let saved = entry.saved_configs(&made);
     let names: Vec<String> = made.iter().map(|b| b.name().to_string()).collect();
-    let r = app.registry.insert_all(
+    let r = app.registry.insert_entries(
         made.into_iter()
             .map(|b| (b.name().to_string(), b))
             .collect(),
