@@ -24,7 +24,7 @@ use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
-use pollux_host::{trid, Controller, ControllerOptions, QpairOptions, Trid};
+use pollux_host::{trid, Controller, ControllerOptions, Policy, QpairOptions, Selector, Trid};
 use pollux_softnvme::SoftDevice;
 use serde_json::Value;
 
@@ -78,6 +78,9 @@ pub struct NvmeOpener {
     /// Multipath namespaces, by controller name.
     mps: Vec<(String, Arc<pollux_host::Multipath>)>,
     emu: SoftEmulator,
+    /// Path policies set by `bdev_nvme_set_multipath_policy`, by
+    /// controller name (the others: active-active, round robin).
+    policies: Vec<(String, Policy, Selector)>,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
     qopts: QpairOptions,
@@ -111,6 +114,7 @@ impl NvmeOpener {
             ctrls: Vec::new(),
             names: Vec::new(),
             mps: Vec::new(),
+            policies: Vec::new(),
             emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
@@ -125,6 +129,7 @@ impl NvmeOpener {
     /// Forgets controller `name` (`bdev_nvme_detach_controller`): it
     /// closes once its bdevs are gone. Whether it was there.
     pub fn detach(&mut self, name: &str) -> bool {
+        self.policies.retain(|(n, ..)| n != name);
         if let Some(i) = self.mps.iter().position(|(n, _)| n == name) {
             self.mps.remove(i);
             return true;
@@ -150,6 +155,38 @@ impl NvmeOpener {
             t.ctrls.push((self.names.remove(i), self.ctrls.remove(i)));
         }
         t
+    }
+
+    /// The path policy of controller `name` from now on (None: the
+    /// default); the one it replaces. A controller open already keeps
+    /// its own until it is opened again.
+    pub fn set_policy(
+        &mut self,
+        name: &str,
+        p: Option<(Policy, Selector)>,
+    ) -> Option<(Policy, Selector)> {
+        let old = self.policy_of(name);
+        self.policies.retain(|(n, ..)| n != name);
+        if let Some((policy, selector)) = p {
+            self.policies.push((name.to_string(), policy, selector));
+        }
+        old
+    }
+
+    fn policy_of(&self, name: &str) -> Option<(Policy, Selector)> {
+        self.policies
+            .iter()
+            .find(|(n, ..)| n == name)
+            .map(|&(_, p, s)| (p, s))
+    }
+
+    /// The path policy controller `name` is open with, if it is open over
+    /// several paths.
+    pub fn open_policy(&self, name: &str) -> Option<(Policy, Selector)> {
+        self.mps
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, mp)| (mp.policy(), mp.selector()))
     }
 
     /// Puts back what [`NvmeOpener::take`] took.
@@ -249,13 +286,10 @@ impl NvmeOpener {
                 .map_err(|e| fail(e.to_string()))?;
             paths.push((ctrl.describe(), ctrl));
         }
-        let mp = pollux_host::Multipath::new(
-            paths,
-            nsid,
-            pollux_host::Policy::ActiveActive,
-            pollux_host::Selector::RoundRobin,
-        )
-        .map_err(|e| {
+        let (policy, selector) = self
+            .policy_of(name)
+            .unwrap_or((Policy::ActiveActive, Selector::RoundRobin));
+        let mp = pollux_host::Multipath::new(paths, nsid, policy, selector).map_err(|e| {
             use pollux_host::MultipathError as M;
             let wrong_path = matches!(
                 e,

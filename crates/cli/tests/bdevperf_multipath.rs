@@ -206,6 +206,22 @@ fn live_rpc_attaches_lists_saves_and_detaches_paths(
     assert_eq!(attach(&sock, b, Some("multipath"))["error"]["code"], -114);
     let both = [a.port.to_string(), b.port.to_string()];
     assert_eq!(path_ports(&sock), both);
+    // The path policy, as SPDK's bdev_nvme_set_multipath_policy.
+    let policy = || {
+        let b = common::call(&sock, "bdev_get_bdevs", json!({"name": "Nvme0n1"}));
+        b["result"][0]["driver_specific"].clone()
+    };
+    assert_eq!(
+        policy(),
+        json!({"mp_policy": "active_active", "selector": "round_robin", "rr_min_io": 1})
+    );
+    let set = |p: Value| common::call(&sock, "bdev_nvme_set_multipath_policy", p);
+    let e = set(json!({"name": "Nvme0n1", "policy": "active_passive", "selector": "queue_depth"}));
+    assert_eq!(e["error"]["code"], -22, "{e}");
+    let r = set(json!({"name": "Nvme0n1", "policy": "active_passive"}));
+    assert_eq!(r["result"], true, "{r}");
+    assert_eq!(policy(), json!({"mp_policy": "active_passive"}));
+    assert_eq!(path_ports(&sock), both);
 
     // save_config, loaded by a fresh target: the same two paths.
     let saved = common::call(&sock, "save_config", Value::Null)["result"].clone();

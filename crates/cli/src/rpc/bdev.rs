@@ -198,6 +198,17 @@ fn bdev_json(app: &App, name: &str, b: &Bdev) -> Value {
         },
         "driver_specific": {}
     });
+    if let Some((policy, selector)) = b.multipath_policy() {
+        // SPDK's NVMe bdev's (without its per-path "nvme" list).
+        let mut d = json!({ "mp_policy": policy.name() });
+        if policy == pollux_host::Policy::ActiveActive {
+            d["selector"] = selector.name().into();
+            if selector == pollux_host::Selector::RoundRobin {
+                d["rr_min_io"] = 1.into();
+            }
+        }
+        v["driver_specific"] = d;
+    }
     if let Some(by) = claimed_by {
         v["claim_type"] = "exclusive_write".into();
         v["claimed_by"] = by.into();

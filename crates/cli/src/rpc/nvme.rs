@@ -6,6 +6,7 @@
 //! | `bdev_nvme_attach_controller` | the names of its bdevs (`<name>n<nsid>`) |
 //! | `bdev_nvme_detach_controller` | `true` |
 //! | `bdev_nvme_get_controllers` | `[{name, ctrlrs: [{state, trid, cntlid, host}, ...]}]`, one `ctrlrs` entry per path |
+//! | `bdev_nvme_set_multipath_policy` | `true` |
 //!
 //! # Paths (SPDK's multipath mode)
 //! `bdev_nvme_attach_controller` of a controller name in use with
@@ -28,8 +29,17 @@
 //! the bdev must be unused: not a namespace of a subsystem and not open
 //! (-16, EBUSY, naming who uses it). Changing the paths of a bdev in use
 //! (live queue pairs) is not done.
+//!
+//! `bdev_nvme_set_multipath_policy` sets the policy of the bdev's
+//! controller (`policy` active_passive or active_active, `selector`
+//! round_robin or queue_depth, `rr_min_io` only 1): one open over several
+//! paths is opened again with it (so also only while unused); one of one
+//! path keeps it for when paths are added. As in SPDK, `save_config` does
+//! not write it. `bdev_get_bdevs` shows it (`driver_specific`:
+//! `mp_policy`, `selector`, `rr_min_io`).
 use pollux_bdev::config::{multipath_mode, Entry, NvmeAttach};
 use pollux_bdev::RegistryError;
+use pollux_host::{Policy, Selector};
 use pollux_rpc::{params, Methods, RpcError};
 use serde::Deserialize;
 use serde_json::{json, Map, Value};
@@ -423,6 +433,68 @@ fn get_controllers(app: &App, p: Option<&Value>) -> Result<Value, RpcError> {
     Ok(Value::Array(out))
 }
 
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct PolicyParams {
+    /// The bdev's name (SPDK's).
+    name: String,
+    policy: String,
+    #[serde(default)]
+    selector: Option<String>,
+    #[serde(default)]
+    rr_min_io: Option<u32>,
+}
+
+/// `bdev_nvme_set_multipath_policy`: the path policy of an NVMe bdev's
+/// controller, applied by opening it again (so only while the bdev is
+/// unused) if it is open over several paths, else kept for when it is.
+fn set_policy(app: &App, p: Option<&Value>) -> Result<Value, RpcError> {
+    let q: PolicyParams = params(p)?;
+    let bad = |e: String| RpcError::invalid_params(format!("Invalid parameters: {e}"));
+    let policy: Policy = q.policy.parse().map_err(bad)?;
+    let selector = match (&q.selector, policy) {
+        (Some(_), Policy::ActivePassive) => {
+            return Err(einval("selector only works in active_active mode"))
+        }
+        (Some(s), _) => s.parse::<Selector>().map_err(bad)?,
+        (None, _) => Selector::RoundRobin,
+    };
+    if q.rr_min_io.is_some_and(|n| n != 1) {
+        return Err(einval(
+            "rr_min_io: only 1 is supported (round robin moves to the next path at each I/O)",
+        ));
+    }
+    let ctrl = app
+        .registry
+        .entries_of(&q.name)
+        .first()
+        .filter(|e| e["method"] == ATTACH)
+        .and_then(|e| e["params"]["name"].as_str().map(str::to_string))
+        .ok_or_else(|| {
+            RpcError::errno(
+                libc::ENODEV,
+                format!("No such device: no NVMe bdev {}", q.name),
+            )
+        })?;
+    let Some(o) = &app.opener else {
+        return Err(einval("this app does not attach NVMe controllers"));
+    };
+    let want = (policy, selector);
+    let (prev, open) = {
+        let mut op = lock(o);
+        (op.set_policy(&ctrl, Some(want)), op.open_policy(&ctrl))
+    };
+    if open.is_some_and(|p| p != want) {
+        let bdevs = controller_bdevs(app, &ctrl);
+        let r = current(app, &ctrl, &bdevs).and_then(|cur| reopen(app, &ctrl, &bdevs, &cur));
+        if let Err(e) = r {
+            lock(o).set_policy(&ctrl, prev);
+            return Err(e);
+        }
+    }
+    Ok(Value::Bool(true))
+}
+
 pub fn add(m: &mut Methods, app: &App) {
     let a = app.clone();
     m.add("bdev_nvme_get_controllers", move |p| get_controllers(&a, p));
@@ -433,4 +505,6 @@ pub fn add(m: &mut Methods, app: &App) {
     m.add(ATTACH, move |p| attach(&a, p));
     let a = app.clone();
     m.add("bdev_nvme_detach_controller", move |p| detach(&a, p));
+    let a = app.clone();
+    m.add("bdev_nvme_set_multipath_policy", move |p| set_policy(&a, p));
 }
