@@ -249,33 +249,21 @@ fn live_rpc_attaches_lists_saves_and_detaches_paths(
     assert_eq!(t2.stop(), 0);
     let _ = std::fs::remove_file(&file);
 
-    // Detach the first path: the bdev stays, over the second.
-    let d = |port: u16| {
-        common::call(
-            &sock,
-            "bdev_nvme_detach_controller",
-            json!({"name": "Nvme0", "trsvcid": port.to_string()}),
-        )
-    };
-    assert_eq!(d(c.port)["error"]["code"], -19, "no such path");
-    assert_eq!(d(a.port)["result"], true);
-    assert_eq!(path_ports(&sock), [b.port.to_string()]);
-    // ... and serves I/O: exported, driven by perf --verify.
+    // The bdev over both paths serves I/O: exported, driven by perf
+    // --verify.
     let port = {
         let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
         l.local_addr().unwrap().port().to_string()
     };
     const SUB: &str = "nqn.2016-06.io.spdk:mp-rpc";
+    let add_ns = json!({"nqn": SUB, "namespace": {"bdev_name": "Nvme0n1", "nsid": 1}});
     for (m, p) in [
         ("nvmf_create_transport", json!({"trtype": "TCP"})),
         (
             "nvmf_create_subsystem",
             json!({"nqn": SUB, "allow_any_host": true}),
         ),
-        (
-            "nvmf_subsystem_add_ns",
-            json!({"nqn": SUB, "namespace": {"bdev_name": "Nvme0n1"}}),
-        ),
+        ("nvmf_subsystem_add_ns", add_ns.clone()),
         (
             "nvmf_subsystem_add_listener",
             json!({"nqn": SUB, "listen_address":
@@ -285,32 +273,72 @@ fn live_rpc_attaches_lists_saves_and_detaches_paths(
         let r = common::call(&sock, m, p);
         assert!(r.get("error").is_none(), "{m}: {r}");
     }
-    // A namespace's bdev: its paths do not change under it (EBUSY).
-    let e = attach(&sock, a, Some("multipath"));
-    assert_eq!(e["error"]["code"], -16, "{e}");
-    assert_eq!(path_ports(&sock), [b.port.to_string()]);
     let trid = format!("trtype:tcp traddr:127.0.0.1 trsvcid:{port} subnqn:{SUB}");
-    let args = [
-        "perf",
-        "-r",
-        &trid,
-        "-w",
-        "randrw",
-        "-q",
-        "8",
-        "-o",
-        "4096",
-        "--io-count",
-        "2000",
-        "-t",
-        "20",
-        "--verify",
-        "--json",
-    ];
-    let (code, out, err) = common::pollux(&args);
-    assert_eq!(code, 0, "{out}{err}");
-    let v = json(&out, &err);
-    assert_eq!(v["total"]["errors"], 0, "{v}");
-    assert!(v["total"]["ios"].as_u64().unwrap() >= 2000, "{v}");
+    let verify = || {
+        let args = [
+            "perf",
+            "-r",
+            &trid,
+            "-w",
+            "randrw",
+            "-q",
+            "8",
+            "-o",
+            "4096",
+            "--io-count",
+            "2000",
+            "-t",
+            "20",
+            "--verify",
+            "--json",
+        ];
+        let (code, out, err) = common::pollux(&args);
+        assert_eq!(code, 0, "{out}{err}");
+        let v = json(&out, &err);
+        assert_eq!(v["total"]["errors"], 0, "{v}");
+        assert!(v["total"]["ios"].as_u64().unwrap() >= 2000, "{v}");
+    };
+    verify();
+    // A namespace's bdev: its paths do not change under it (EBUSY).
+    let d = |port: u16| {
+        common::call(
+            &sock,
+            "bdev_nvme_detach_controller",
+            json!({"name": "Nvme0", "trsvcid": port.to_string()}),
+        )
+    };
+    let e = attach(&sock, c, Some("multipath"));
+    assert_eq!(e["error"]["code"], -16, "{e}");
+    assert_eq!(d(a.port)["error"]["code"], -16);
+    assert_eq!(path_ports(&sock), both);
+    let r = common::call(
+        &sock,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": SUB, "nsid": 1}),
+    );
+    assert!(r.get("error").is_none(), "{r}");
+
+    // Detach the first path: the bdev stays, over the second, and serves
+    // I/O.
+    assert_eq!(d(c.port)["error"]["code"], -19, "no such path");
+    assert_eq!(d(a.port)["result"], true);
+    assert_eq!(path_ports(&sock), [b.port.to_string()]);
+    let r = common::call(&sock, "nvmf_subsystem_add_ns", add_ns);
+    assert!(r.get("error").is_none(), "{r}");
+    verify();
+    // The last path takes the controller and its bdev with it.
+    let r = common::call(
+        &sock,
+        "nvmf_subsystem_remove_ns",
+        json!({"nqn": SUB, "nsid": 1}),
+    );
+    assert!(r.get("error").is_none(), "{r}");
+    assert_eq!(d(b.port)["result"], true);
+    let r = common::call(&sock, "bdev_nvme_get_controllers", Value::Null);
+    assert_eq!(r["result"], json!([]), "{r}");
+    assert_eq!(
+        common::call(&sock, "bdev_get_bdevs", Value::Null)["result"],
+        json!([])
+    );
     assert_eq!(t.stop(), 0);
 }
