@@ -50,6 +50,9 @@ const SPDK_IGNORED: &[&str] = &[
     "fast_io_fail_timeout_sec",
     "psk",
     "max_bdevs",
+    // SPDK's client (spdk-rpc) sends these two on every attach.
+    "allow_unrecognized_csi",
+    "disable_sq_flow_control",
 ];
 
 /// The keys of a `trtype:tcp` transport ID among [`SPDK_IGNORED`].

@@ -144,10 +144,13 @@ fn json_attach_of_one_name_twice_with_multipath_is_one_bdev_over_two_paths() {
 }
 
 /// `bdev_nvme_attach_controller` of one path of `t` to a target serving
-/// JSON-RPC on `sock` (`mode`: its `multipath` parameter).
+/// JSON-RPC on `sock` (`mode`: its `multipath` parameter), with every
+/// parameter SPDK's client `spdk-rpc` sends.
 fn attach(sock: &str, t: &common::FileTarget, mode: Option<&str>) -> Value {
     let mut p = json!({"name": "Nvme0", "trtype": "tcp", "adrfam": "ipv4",
-        "traddr": "127.0.0.1", "trsvcid": t.port.to_string(), "subnqn": NQN});
+        "traddr": "127.0.0.1", "trsvcid": t.port.to_string(), "subnqn": NQN,
+        "prchk_reftag": false, "prchk_guard": false, "hdgst": false, "ddgst": false,
+        "allow_unrecognized_csi": false, "disable_sq_flow_control": false});
     if let Some(m) = mode {
         p["multipath"] = m.into();
     }
