@@ -508,3 +508,37 @@ pub fn add(m: &mut Methods, app: &App) {
     let a = app.clone();
     m.add("bdev_nvme_set_multipath_policy", move |p| set_policy(&a, p));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn path(port: Value) -> NvmeAttach {
+        let obj = json!({"name": "Nvme0", "trtype": "tcp", "traddr": "10.0.0.1",
+            "adrfam": "ipv4", "trsvcid": port, "subnqn": "nqn.2024-01.io.pollux:a"});
+        let mut w = Vec::new();
+        match Entry::decode(ATTACH, obj.as_object().unwrap(), &mut w) {
+            Ok(Some(Entry::NvmeAttach(a))) => a,
+            e => panic!("{e:?}"),
+        }
+    }
+
+    #[test]
+    fn detach_selectors_match_as_spdk_compares_them() {
+        // trsvcid as a string or a number; trtype and adrfam in any case.
+        for p in [path("4420".into()), path(4420.into())] {
+            assert!(matches(&p, &[]));
+            assert!(matches(&p, &[("trtype", "TCP"), ("trsvcid", "4420")]));
+            assert!(matches(&p, &[("adrfam", "IPv4"), ("traddr", "10.0.0.1")]));
+            assert!(!matches(&p, &[("trsvcid", "4421")]));
+            assert!(!matches(&p, &[("trsvcid", "4420"), ("traddr", "10.0.0.2")]));
+            // A selector the path was attached without matches nothing.
+            assert!(!matches(&p, &[("hostaddr", "10.0.0.9")]));
+        }
+        assert_eq!(
+            trid_json(&path("4420".into())),
+            json!({"trtype": "TCP", "adrfam": "IPv4", "traddr": "10.0.0.1",
+                   "trsvcid": "4420", "subnqn": "nqn.2024-01.io.pollux:a"})
+        );
+    }
+}
