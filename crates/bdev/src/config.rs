@@ -21,6 +21,11 @@
 //! | `bdev_uring_create` | [`Bdev::uring`] (O_DIRECT, else the page cache) | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
 //! | `bdev_nvme_attach_controller` | `<name>n<nsid>` per namespace | `name`, `trtype`, `traddr`, any other: handed to the caller |
 //!
+//! A later `bdev_nvme_attach_controller` of the same `name` with
+//! `"multipath": "multipath"` adds a path to that controller's namespace
+//! (SPDK's multipath mode); [`Entry::saved_configs`] writes such a
+//! controller back as one entry per path, so it loads again.
+//!
 //! `name` is optional for null and malloc bdevs as in SPDK (`Null<k>` /
 //! `Malloc<k>` are made up); a name used twice is an error.
 //!
