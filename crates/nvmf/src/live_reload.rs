@@ -14,8 +14,9 @@ use crate::tgt::Target;
 /// What a reload's live changes did.
 #[derive(Debug, Default)]
 pub struct ReloadOutcome {
-    /// Each change made: "subsystem 'NQN': what".
-    pub applied: Vec<String>,
+    /// Each change made: (the subsystem, "subsystem 'NQN'" or "the
+    /// discovery subsystem"; the change).
+    pub applied: Vec<(String, String)>,
     /// Each change refused by the target, with why.
     pub failed: Vec<String>,
 }
@@ -96,8 +97,7 @@ impl Target {
                         }
                         out.failed
                             .push(format!("{name}: {c}: {e} (none of its changes made)"));
-                        let mine = format!("{name}: ");
-                        out.applied.retain(|a| !a.starts_with(&mine));
+                        out.applied.retain(|(w, _)| *w != name);
                         return;
                     }
                 },
@@ -122,7 +122,7 @@ impl Target {
                 LiveChange::RemoveListener(a) => self.remove_listener(nqn, *a),
             };
             match r {
-                Ok(()) => out.applied.push(format!("{name}: {c}")),
+                Ok(()) => out.applied.push((name.clone(), c.to_string())),
                 Err(e) => out.failed.push(format!("{name}: {c}: {e}")),
             }
         }
