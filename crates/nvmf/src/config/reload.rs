@@ -12,7 +12,8 @@
 //!   target started in the transport, the keyring, `nvmf_set_config`, the
 //!   bdevs, subsystems added or removed, and a subsystem's serial or
 //!   model number, `max_namespaces`, `ana_reporting`, controller ID
-//!   range, namespaces or hosts' DH-HMAC-CHAP keys.
+//!   range, namespaces, a host's DH-HMAC-CHAP keys, or a host added with
+//!   a key the target did not start with.
 //! - A subsystem is never half changed: one with a change of the second
 //!   kind gets none of the first applied either (both are named).
 //! - A listener of port 0 (any free port) is the running listener asked
@@ -317,13 +318,28 @@ fn restart_only(
             v.push(format!("namespace {} {what}", list.join(", ")));
         }
     }
-    let keys = |s: &SubsystemConfig| {
-        let mut k = s.host_keys.clone();
-        k.sort_by(|x, y| x.host.cmp(&y.host));
-        k
-    };
-    if keys(old) != keys(new) {
-        v.push("hosts' DH-HMAC-CHAP keys changed".into());
+    // A host kept keeps its keys; one added may only name keys the
+    // target started with (the keyring is not reloaded).
+    let keys = |s: &SubsystemConfig, h: &str| s.host_keys.iter().find(|k| k.host == h).cloned();
+    for h in &new.hosts {
+        let k = keys(new, h);
+        if old.hosts.contains(h) {
+            if keys(old, h) != k {
+                v.push(format!("host {h}'s DH-HMAC-CHAP keys changed"));
+            }
+            continue;
+        }
+        let names = k
+            .iter()
+            .flat_map(|k| std::iter::once(&k.key).chain(&k.ctrlr_key));
+        for n in names {
+            let had = started.target.keyring.get(n);
+            if had.is_none() || had != new_file.target.keyring.get(n) {
+                v.push(format!(
+                    "host {h} added with key '{n}', which the target did not start with"
+                ));
+            }
+        }
     }
     v
 }
@@ -776,5 +792,73 @@ mod tests {
             .expect("an NVMe controller's namespace");
         assert!(f.target.bdevs.is_empty());
         assert_eq!(f.bdevs.len(), 1);
+    }
+
+    /// Hosts with DH-HMAC-CHAP keys: added (with a key the target has) or
+    /// removed live; a kept host's keys changed, or a key the target did
+    /// not start with, are for a restart.
+    #[test]
+    fn hosts_with_keys() {
+        use super::super::auth::{HostKeys, KeyFile};
+        use std::os::unix::fs::PermissionsExt;
+        let path = std::env::temp_dir().join(format!("pollux-reload-key-{}", std::process::id()));
+        std::fs::write(
+            &path,
+            "DHHC-1:00:AAECAwQFBgcICQoLDA0ODxAREhMUFRYXGBkaGxwdHh+KfiaR:\n",
+        )
+        .unwrap();
+        std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let key = |n: &str| KeyFile::load(n, &path).unwrap();
+        let hk = |h: &str, k: &str, c: Option<&str>| HostKeys {
+            host: h.into(),
+            key: k.into(),
+            ctrlr_key: c.map(Into::into),
+        };
+        let mut started = file(64, "", &[listener(L1, None), host(H1)]);
+        started.target.keyring.add(key("key0")).unwrap();
+        started.target.subsystems[0].host_keys = vec![hk(H1, "key0", None)];
+        let run = running_of(&started);
+        let mut gone = started.clone();
+        gone.target.subsystems[0].hosts.clear();
+        gone.target.subsystems[0].host_keys.clear();
+        let p = plan(&started, &gone, &run);
+        assert!(p.not_applied.is_empty(), "{:?}", p.not_applied);
+        assert_eq!(p.subsystems[0].changes, [LiveChange::RemoveHost(H1.into())]);
+        let mut more = started.clone();
+        more.target.subsystems[0].hosts.push(H2.into());
+        more.target.subsystems[0]
+            .host_keys
+            .push(hk(H2, "key0", Some("key0")));
+        let p = plan(&started, &more, &run);
+        assert!(p.not_applied.is_empty(), "{:?}", p.not_applied);
+        assert_eq!(
+            p.subsystems[0].changes,
+            [LiveChange::AddHost {
+                host: H2.into(),
+                key: Some("key0".into()),
+                ctrlr_key: Some("key0".into())
+            }]
+        );
+        let mut changed = started.clone();
+        changed.target.subsystems[0].host_keys = vec![hk(H1, "key0", Some("key0"))];
+        assert_eq!(
+            plan(&started, &changed, &run).not_applied,
+            [format!(
+                "subsystem '{NQN}': host {H1}'s DH-HMAC-CHAP keys changed"
+            )]
+        );
+        let mut new_key = more.clone();
+        new_key.target.keyring.add(key("key1")).unwrap();
+        new_key.target.subsystems[0].host_keys[1] = hk(H2, "key1", None);
+        let p = plan(&started, &new_key, &run);
+        let _ = std::fs::remove_file(&path);
+        assert!(p.subsystems.is_empty());
+        assert_eq!(
+            p.not_applied,
+            [
+                "keyring: key 'key1' added".to_string(),
+                format!("subsystem '{NQN}': host {H2} added with key 'key1', which the target did not start with (so its live changes are not made either: host {H2} added)")
+            ]
+        );
     }
 }
