@@ -88,7 +88,9 @@ pub struct TargetArgs {
     pub model: Option<String>,
     #[command(flatten)]
     pub cpumask: CpumaskArgs,
-    /// SPDK JSON configuration (bdev and nvmf subsystems).
+    /// SPDK JSON configuration (bdev and nvmf subsystems). SIGHUP (or
+    /// JSON-RPC pollux_reload_config) reloads it: listeners, their ANA
+    /// states and hosts change live; what needs a restart is logged.
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
     /// In-capsule data bytes of I/O capsules (-c: nvmf_create_transport's
