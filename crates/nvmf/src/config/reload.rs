@@ -671,6 +671,28 @@ mod tests {
     }
 
     #[test]
+    fn the_discovery_subsystems_own_listeners() {
+        let old = file(64, "", &[listener(L1, None)]);
+        let mut new = old.clone();
+        new.target.discovery_listeners.push(a("127.0.0.1:8009"));
+        let mut run = running_of(&old);
+        run.discovery
+            .push((a("127.0.0.1:8010"), a("127.0.0.1:8010")));
+        let p = plan(&old, &new, &run);
+        assert!(p.not_applied.is_empty(), "{:?}", p.not_applied);
+        assert_eq!(
+            p.subsystems,
+            [SubsystemPlan {
+                nqn: DISCOVERY_NQN.into(),
+                changes: vec![
+                    LiveChange::AddListener(a("127.0.0.1:8009")),
+                    LiveChange::RemoveListener(a("127.0.0.1:8010"))
+                ]
+            }]
+        );
+    }
+
+    #[test]
     fn a_port_0_listener_is_the_one_bound_for_it() {
         let f = file(64, "", &[listener("127.0.0.1:0", Some("optimized"))]);
         let mut run = running_of(&f);
