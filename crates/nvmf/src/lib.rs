@@ -75,6 +75,7 @@ mod io;
 mod live;
 mod live_ana;
 mod live_ns;
+mod live_reload;
 mod model;
 mod pool;
 mod qpair;
@@ -93,6 +94,7 @@ pub use config::{
     mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
+pub use live_reload::ReloadOutcome;
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;

@@ -46,6 +46,7 @@
 mod auth;
 mod error;
 mod json;
+mod reload;
 mod target;
 mod transport;
 
@@ -53,6 +54,9 @@ pub use auth::{
     mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
 };
 pub use error::ConfigError;
+pub use reload::{
+    plan, ConfigFile, LiveChange, ReloadPlan, Running, RunningAna, RunningSubsystem, SubsystemPlan,
+};
 pub use target::{
     check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, NamespaceConfig, SubsystemConfig,
     TargetConfig, CNTLID_MAX, CNTLID_MIN,
