@@ -7,7 +7,7 @@
 # /opt/auth-host.sh), or alone:
 #
 #   KSUITE=bookworm-backports tests/guest/run.sh \
-#       --extra-file target/x86_64-unknown-linux-gnu/release/pollux:/opt/pollux \
+#       --extra-file target/x86_64-unknown-linux-gnu/guest/pollux:/opt/pollux \
 #       --extra-file tests/guest/auth-host.sh:/opt/auth-host.sh -- '. /opt/auth-host.sh'
 #
 # Keys come from nvme-cli (`nvme gen-dhchap-key`), as a user makes them.

@@ -11,6 +11,11 @@
 #                        sysfs (the ANA Change event and log page), and
 #                        fio's I/O (verified) goes through the other path
 #                        only (per-path I/O counters in /sys/block/*/stat);
+#   multipath-ana-reload the same through target 1's configuration file
+#                        (it runs from -c): SIGHUP with the file unchanged
+#                        undoes the JSON-RPC change (optimized again); the
+#                        file's listener set inaccessible + SIGHUP moves
+#                        fio's I/O to the other path; back to optimized;
 #   multipath-kill-verify the listener back to optimized, round-robin
 #                        over both paths, one target killed (SIGKILL)
 #                        during `fio --verify`: fio finishes, zero errors.
@@ -33,10 +38,33 @@ if ! command -v check > /dev/null 2>&1; then
     }
 fi
 
-mp_target() {  # mp_target N PORT CNTLIDS CORE: starts target N
-    $P target --uring $MP_IMG --nqn $MP_NQN --ns-uuid $MP_UUID --cntlid-range $3 \
-        --listen $MP_ADDR:$2 --ana-state optimized -m $4 -r /tmp/mp$1.sock \
-        > /tmp/mp$1.log 2>&1 &
+# Target 1's configuration file: what target 2's quick flags say, its
+# listener in ANA state $1.
+mp_conf() {
+    cat > /tmp/mp1.json <<EOF
+{"subsystems": [
+ {"subsystem": "bdev", "config": [
+  {"method": "bdev_uring_create", "params": {"name": "Uring0", "filename": "$MP_IMG"}}]},
+ {"subsystem": "nvmf", "config": [
+  {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+  {"method": "nvmf_create_subsystem", "params": {"nqn": "$MP_NQN", "allow_any_host": true,
+   "ana_reporting": true, "min_cntlid": 1, "max_cntlid": 99}},
+  {"method": "nvmf_subsystem_add_ns", "params": {"nqn": "$MP_NQN",
+   "namespace": {"bdev_name": "Uring0", "uuid": "$MP_UUID"}}},
+  {"method": "nvmf_subsystem_add_listener", "params": {"nqn": "$MP_NQN", "listen_address":
+   {"trtype": "TCP", "adrfam": "IPv4", "traddr": "$MP_ADDR", "trsvcid": "$MP_PORT1"}, "ana_state": "$1"}}]}]}
+EOF
+}
+
+mp_target() {  # mp_target N PORT CNTLIDS CORE: starts target N (1: from mp_conf's file)
+    if [ $1 = 1 ]; then
+        mp_conf optimized
+        $P target -c /tmp/mp1.json -m $4 -r /tmp/mp$1.sock > /tmp/mp$1.log 2>&1 &
+    else
+        $P target --uring $MP_IMG --nqn $MP_NQN --ns-uuid $MP_UUID --cntlid-range $3 \
+            --listen $MP_ADDR:$2 --ana-state optimized -m $4 -r /tmp/mp$1.sock \
+            > /tmp/mp$1.log 2>&1 &
+    fi
     eval MP_PID$1=$!
     for i in $(seq 150); do
         # (busybox nc has no -z: the banner's last line says it is up.)
@@ -132,6 +160,24 @@ mp_ana_move() {
     [ $((b1 - a1)) = 0 ] && [ $((b2 - a2)) -gt 1000 ]
 }
 
+mp_ana_reload() {
+    # The file still says optimized: a reload undoes mp_ana_move's RPC.
+    kill -HUP $MP_PID1 || return 1
+    mp_wait_state $MP_P1 optimized || return 1
+    mp_conf inaccessible
+    kill -HUP $MP_PID1 || return 1
+    mp_wait_state $MP_P1 inaccessible || return 1
+    mp_wait_state $MP_P2 optimized || return 1
+    a1=$(mp_ios $MP_P1); a2=$(mp_ios $MP_P2)
+    mp_fio mp-reload 16M || return 1
+    b1=$(mp_ios $MP_P1); b2=$(mp_ios $MP_P2)
+    echo "   I/O through $MP_P1 (inaccessible by reload): $((b1 - a1)), through $MP_P2: $((b2 - a2))"
+    [ $((b1 - a1)) = 0 ] && [ $((b2 - a2)) -gt 1000 ] || return 1
+    mp_conf optimized
+    kill -HUP $MP_PID1 || return 1
+    mp_wait_state $MP_P1 optimized
+}
+
 mp_kill_verify() {
     mp_set 1 $MP_PORT1 optimized || return 1
     mp_wait_state $MP_P1 optimized || return 1
@@ -157,8 +203,9 @@ multipath_checks() {
     echo "   nvme_core multipath: $(cat /sys/module/nvme_core/parameters/multipath 2>/dev/null)"
     check multipath-paths mp_paths
     check multipath-ana-move mp_ana_move
+    check multipath-ana-reload mp_ana_reload
     check multipath-kill-verify mp_kill_verify
     nvme disconnect -n $MP_NQN > /dev/null 2>&1
     for p in $MP_PID1 $MP_PID2; do kill -TERM $p 2>/dev/null; wait $p 2>/dev/null; done
-    rm -f $MP_IMG /tmp/mp1.sock /tmp/mp2.sock /tmp/mp-ana.fio /tmp/mp-kill.fio
+    rm -f $MP_IMG /tmp/mp1.sock /tmp/mp2.sock /tmp/mp-ana.fio /tmp/mp-reload.fio /tmp/mp-kill.fio /tmp/mp1.json
 }

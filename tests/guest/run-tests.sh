@@ -29,14 +29,14 @@ load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 export RUSTFLAGS="${RUSTFLAGS:-} -C target-feature=+crt-static"
 export CARGO_TARGET_DIR=$TARGET_DIR
 echo "run-tests.sh: building pollux and the PCIe test binary (static, $TRIPLE)" >&2
-(cd "$ROOT" && cargo build --release -q -p pollux-cli --target $TRIPLE)
-TEST_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-pcie --test pcie \
-    --target $TRIPLE --no-run --message-format=json 2>/dev/null |
-    grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/pcie-' | tail -1)
-PEER_BIN=$(cd "$ROOT" && cargo test --release -q -p pollux-tcp --test peer \
-    --target $TRIPLE --no-run --message-format=json 2>/dev/null |
-    grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/' | grep '/peer-' | tail -1)
-POLLUX_BIN=$TARGET_DIR/$TRIPLE/release/pollux
+# One cargo run, profile `guest` (release, unwinding): pollux and the test
+# binaries share their dependencies' builds.
+BUILT=$(cd "$ROOT" && cargo build --profile guest -q --target $TRIPLE \
+    -p pollux-cli -p pollux-pcie -p pollux-tcp --bin pollux --test pcie --test peer \
+    --message-format=json 2>/dev/null | grep -o '"executable":"[^"]*"' | sed 's/"executable":"\(.*\)"/\1/')
+TEST_BIN=$(grep '/pcie-' <<<"$BUILT" | tail -1)
+PEER_BIN=$(grep '/peer-' <<<"$BUILT" | tail -1)
+POLLUX_BIN=$TARGET_DIR/$TRIPLE/guest/pollux
 [[ -x $POLLUX_BIN && -x $TEST_BIN && -x $PEER_BIN ]] || { echo "run-tests.sh: build did not produce the binaries" >&2; exit 2; }
 build_s=$((SECONDS - start))
 

@@ -2,7 +2,7 @@
 # (configfs) on 127.0.0.1:4420, a brd RAM disk as the namespace. Runs INSIDE
 # the guest (busybox sh): sourced by suite.sh (from /opt/tcp.sh), or alone:
 #
-#   tests/guest/run.sh --extra-file target/x86_64-unknown-linux-gnu/release/pollux:/opt/pollux \
+#   tests/guest/run.sh --extra-file target/x86_64-unknown-linux-gnu/guest/pollux:/opt/pollux \
 #       -- "$(cat tests/guest/tcp.sh)"
 #
 # Prints `RESULT <name> ok|FAIL` per check (suite.sh's convention) and

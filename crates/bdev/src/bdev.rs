@@ -227,6 +227,15 @@ impl Bdev {
         }
     }
 
+    /// The path policy and selector of a namespace over several paths
+    /// ([`Bdev::nvme_multipath`]); None for any other bdev.
+    pub fn multipath_policy(&self) -> Option<(pollux_host::Policy, pollux_host::Selector)> {
+        match &self.0.backend {
+            Shared::NvmeMp(m) => Some((m.mp.policy(), m.mp.selector())),
+            Shared::Local(_) | Shared::Nvme(_) | Shared::Uring(_) => None,
+        }
+    }
+
     /// Testing aid: a power loss of a RAM disk made by
     /// [`Bdev::ram_with_volatile_cache`]: every block written and not yet
     /// committed (by a flush or Force Unit Access) reads back as it was

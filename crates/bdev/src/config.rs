@@ -21,6 +21,11 @@
 //! | `bdev_uring_create` | [`Bdev::uring`] (O_DIRECT, else the page cache) | `name`, `filename`, `block_size` (0 or absent: the file's), `uuid` |
 //! | `bdev_nvme_attach_controller` | `<name>n<nsid>` per namespace | `name`, `trtype`, `traddr`, any other: handed to the caller |
 //!
+//! A later `bdev_nvme_attach_controller` of the same `name` with
+//! `"multipath": "multipath"` adds a path to that controller's namespace
+//! (SPDK's multipath mode); [`Entry::saved_configs`] writes such a
+//! controller back as one entry per path, so it loads again.
+//!
 //! `name` is optional for null and malloc bdevs as in SPDK (`Null<k>` /
 //! `Malloc<k>` are made up); a name used twice is an error.
 //!
@@ -49,7 +54,7 @@ use crate::bdev::Bdev;
 use crate::local::config as local_config;
 pub use crate::local::config::LocalParams;
 use crate::nvme::config as nvme_config;
-pub use crate::nvme::config::NvmeAttach;
+pub use crate::nvme::config::{multipath_mode, NvmeAttach};
 pub use crate::params::ParamError;
 use crate::uring::config as uring_config;
 pub use crate::uring::config::UringParams;
@@ -253,6 +258,25 @@ impl Entry {
         serde_json::json!({ "method": self.method(), "params": p })
     }
 
+    /// Every `{"method", "params"}` object that makes this entry again:
+    /// [`Entry::saved_config`], except for an NVMe controller of several
+    /// paths: one `bdev_nvme_attach_controller` per path, in order, each
+    /// with `"multipath": "multipath"` (SPDK's `save_config` writes it so;
+    /// [`Config::parse`] folds them together again).
+    pub fn saved_configs(&self, made: &[Bdev]) -> Vec<Value> {
+        match self {
+            Entry::NvmeAttach(a) if !a.paths.is_empty() => a
+                .each_path()
+                .into_iter()
+                .map(|mut p| {
+                    p.params.insert("multipath".into(), "multipath".into());
+                    Entry::NvmeAttach(p).saved_config(made)
+                })
+                .collect(),
+            e => vec![e.saved_config(made)],
+        }
+    }
+
     /// The bdev's name (the controller's for NVMe).
     pub fn name(&self) -> &str {
         match self {
@@ -376,7 +400,7 @@ impl Config {
     fn merge_paths(&mut self) -> Result<()> {
         let mut out: Vec<Entry> = Vec::with_capacity(self.entries.len());
         for e in std::mem::take(&mut self.entries) {
-            let Entry::NvmeAttach(mut a) = e else {
+            let Entry::NvmeAttach(a) = e else {
                 out.push(e);
                 continue;
             };
@@ -389,11 +413,7 @@ impl Config {
                 _ => None,
             });
             match first {
-                Some(f) if mode == Some(true) => {
-                    a.params.remove("multipath");
-                    f.params.remove("multipath");
-                    f.paths.push(a);
-                }
+                Some(f) if mode == Some(true) => f.add_path(a),
                 _ => out.push(Entry::NvmeAttach(a)),
             }
         }
@@ -570,6 +590,17 @@ mod tests {
         // The mode is this layer's: not passed on as a parameter.
         assert!(!a.params.contains_key("multipath"));
         assert!(!a.paths[0].params.contains_key("multipath"));
+        // save_config writes one entry per path, each with the mode, and
+        // they parse back to the same entry.
+        let saved = cfg.entries[0].saved_configs(&[]);
+        assert_eq!(saved.len(), 2, "{saved:?}");
+        assert!(saved
+            .iter()
+            .all(|e| e["params"]["multipath"] == "multipath"));
+        assert_eq!(saved[1]["params"]["traddr"], "10.0.0.2");
+        let list: Vec<String> = saved.iter().map(Value::to_string).collect();
+        let again = Config::parse(&bdev_cfg(&list.join(", "))).unwrap();
+        assert_eq!(again.entries, cfg.entries[..1]);
 
         // Without the multipath mode (or with "disable") the name is used
         // twice.

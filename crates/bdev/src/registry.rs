@@ -23,12 +23,18 @@ pub enum RegistryError {
     /// The bdev is claimed (e.g. a namespace of a subsystem uses it).
     #[error("bdev '{name}' is in use by {by}")]
     Claimed { name: String, by: String },
+    /// Something holds the bdev open (a descriptor or channels).
+    #[error("bdev '{0}' is open")]
+    Open(String),
 }
 
 struct Slot {
     name: String,
     bdev: Bdev,
     config: Value,
+    /// More entries after `config` that make the bdev with it (the other
+    /// paths of a multipath NVMe controller).
+    more: Vec<Value>,
     claimed_by: Option<String>,
 }
 
@@ -70,19 +76,124 @@ impl Registry {
         bdevs: Vec<(String, Bdev)>,
         config_entry: Value,
     ) -> Result<(), RegistryError> {
+        self.insert_entries(bdevs, vec![config_entry])
+    }
+
+    /// As [`Registry::insert_all`], made by several config entries
+    /// together (`save_config` writes them all, in order): a multipath
+    /// NVMe controller's, one per path. The first is what
+    /// [`Registry::names_where`] looks at.
+    pub fn insert_entries(
+        &self,
+        bdevs: Vec<(String, Bdev)>,
+        entries: Vec<Value>,
+    ) -> Result<(), RegistryError> {
         let mut slots = self.lock();
         for (i, (n, _)) in bdevs.iter().enumerate() {
             if slots.iter().any(|s| &s.name == n) || bdevs[..i].iter().any(|(m, _)| m == n) {
                 return Err(RegistryError::Exists(n.clone()));
             }
         }
-        slots.extend(bdevs.into_iter().map(|(name, bdev)| Slot {
-            name,
-            bdev,
-            config: config_entry.clone(),
-            claimed_by: None,
-        }));
+        let at = slots.len();
+        Self::put(&mut slots, at, bdevs, entries);
         Ok(())
+    }
+
+    /// Puts `bdevs` at index `at` of `slots`.
+    fn put(slots: &mut Vec<Slot>, at: usize, bdevs: Vec<(String, Bdev)>, mut entries: Vec<Value>) {
+        let config = if entries.is_empty() {
+            Value::Null
+        } else {
+            entries.remove(0)
+        };
+        let new: Vec<Slot> = bdevs
+            .into_iter()
+            .map(|(name, bdev)| Slot {
+                name,
+                bdev,
+                config: config.clone(),
+                more: entries.clone(),
+                claimed_by: None,
+            })
+            .collect();
+        slots.splice(at..at, new);
+    }
+
+    /// The config entries that made `name` (empty if there is no such
+    /// bdev).
+    pub fn entries_of(&self, name: &str) -> Vec<Value> {
+        self.lock()
+            .iter()
+            .find(|s| s.name == name)
+            .map(|s| {
+                std::iter::once(s.config.clone())
+                    .chain(s.more.iter().cloned())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Whether every bdev of `names` is there and unused: neither claimed
+    /// nor open (no descriptor, channel or other handle out of the
+    /// registry).
+    pub fn check_unused(&self, names: &[&str]) -> Result<(), RegistryError> {
+        Self::unused(&self.lock(), names)
+    }
+
+    fn unused(slots: &[Slot], names: &[&str]) -> Result<(), RegistryError> {
+        for n in names {
+            let s = slots
+                .iter()
+                .find(|s| s.name == *n)
+                .ok_or_else(|| RegistryError::NotFound(n.to_string()))?;
+            if let Some(by) = &s.claimed_by {
+                return Err(RegistryError::Claimed {
+                    name: n.to_string(),
+                    by: by.clone(),
+                });
+            }
+            if std::sync::Arc::strong_count(&s.bdev.0) > 1 {
+                return Err(RegistryError::Open(n.to_string()));
+            }
+        }
+        Ok(())
+    }
+
+    /// Replaces the bdevs `old` by `new` (made by `entries`), where the
+    /// first of `old` was, all or nothing: refused if one of `old` is
+    /// missing, claimed or open ([`Registry::check_unused`], checked under
+    /// the same lock), or a name of `new` is another bdev's. Returns the
+    /// old bdevs.
+    pub fn replace(
+        &self,
+        old: &[&str],
+        new: Vec<(String, Bdev)>,
+        entries: Vec<Value>,
+    ) -> Result<Vec<Bdev>, RegistryError> {
+        let mut slots = self.lock();
+        Self::unused(&slots, old)?;
+        for (i, (n, _)) in new.iter().enumerate() {
+            let other = slots
+                .iter()
+                .any(|s| &s.name == n && !old.contains(&n.as_str()));
+            if other || new[..i].iter().any(|(m, _)| m == n) {
+                return Err(RegistryError::Exists(n.clone()));
+            }
+        }
+        let at = old
+            .iter()
+            .filter_map(|n| slots.iter().position(|s| s.name == *n))
+            .min()
+            .unwrap_or(slots.len());
+        let mut out = Vec::with_capacity(old.len());
+        for n in old {
+            if let Some(i) = slots.iter().position(|s| s.name == *n) {
+                out.push(slots.remove(i).bdev);
+            }
+        }
+        let at = at.min(slots.len());
+        Self::put(&mut slots, at, new, entries);
+        Ok(out)
     }
 
     pub fn get(&self, name: &str) -> Option<Bdev> {
@@ -153,6 +264,7 @@ impl Registry {
         for s in self.lock().iter() {
             if !out.contains(&s.config) {
                 out.push(s.config.clone());
+                out.extend(s.more.iter().cloned());
             }
         }
         out
@@ -290,6 +402,65 @@ mod tests {
         r.release("c");
         assert_eq!(r.remove_all(&["b", "c"]).unwrap().len(), 2);
         assert_eq!(r.free_name("a"), "a0");
+    }
+
+    #[test]
+    fn replace_is_all_or_nothing_and_keeps_the_place() {
+        let r = Registry::new();
+        let bdev = |n: &str| {
+            make(
+                "bdev_null_create",
+                json!({"name": n, "num_blocks": 8, "block_size": 512}),
+            )
+            .1
+            .remove(0)
+        };
+        let (a, b, c) = (bdev("a"), bdev("b"), bdev("c"));
+        let two = vec![json!({"m": 1}), json!({"m": 2})];
+        r.insert("a", a.clone(), json!({"m": 0})).unwrap();
+        r.insert_entries(vec![("b".into(), b.clone())], two.clone())
+            .unwrap();
+        r.insert("c", c.clone(), json!({"m": 3})).unwrap();
+        assert_eq!(r.entries_of("b"), two);
+        assert_eq!(
+            r.save_config(),
+            [
+                json!({"m": 0}),
+                json!({"m": 1}),
+                json!({"m": 2}),
+                json!({"m": 3})
+            ]
+        );
+        // Open elsewhere (the clone held here): refused, nothing changed.
+        assert_eq!(
+            r.replace(&["b"], vec![("b".into(), bdev("b"))], vec![json!({"m": 9})])
+                .err(),
+            Some(RegistryError::Open("b".into()))
+        );
+        drop(b);
+        // A new name that is another bdev's: refused.
+        assert_eq!(
+            r.replace(&["b"], vec![("c".into(), bdev("c"))], vec![])
+                .err(),
+            Some(RegistryError::Exists("c".into()))
+        );
+        r.claim("b", "ns").unwrap();
+        assert!(matches!(
+            r.check_unused(&["b"]),
+            Err(RegistryError::Claimed { .. })
+        ));
+        r.release("b");
+        r.check_unused(&["b"]).unwrap();
+        let old = r
+            .replace(&["b"], vec![("b".into(), bdev("b"))], vec![json!({"m": 9})])
+            .unwrap();
+        assert_eq!(old.len(), 1);
+        let names: Vec<String> = r.list().into_iter().map(|(n, _)| n).collect();
+        assert_eq!(names, ["a", "b", "c"]);
+        assert_eq!(
+            r.save_config(),
+            [json!({"m": 0}), json!({"m": 9}), json!({"m": 3})]
+        );
     }
 
     #[test]

@@ -13,16 +13,18 @@
 //! `ctrl_loss_tmo`, `reconnect_delay_sec` → `reconnect_delay`,
 //! `fast_io_fail_timeout_sec` → `fast_io_fail_tmo`, SPDK's 0 = off being
 //! Linux's -1); SPDK's parameters that mean nothing to this transport ID
-//! (multipath, protection checks, and the fabrics ones for a local
-//! controller) are ignored with a warning. A later entry of the same
-//! name with `"multipath": "multipath"` adds a path: the controller's
-//! bdev is then one multipath namespace (the first path's first) over
-//! every path ([`NvmeOpener::open_multipath`]).
+//! (protection checks, and the fabrics ones for a local controller) are
+//! ignored with a warning. A later entry of the same name with
+//! `"multipath": "multipath"` adds a path: the controller's bdev is then
+//! one multipath namespace (the first path's first) over every path
+//! ([`NvmeOpener::open_multipath`]); JSON-RPC adds and removes paths of
+//! a live controller by opening it again ([`NvmeOpener::take`], see
+//! `rpc/nvme.rs`).
 use std::sync::Arc;
 
 use pollux_bdev::config::NvmeAttach;
 use pollux_bdev::Bdev;
-use pollux_host::{trid, Controller, ControllerOptions, QpairOptions, Trid};
+use pollux_host::{trid, Controller, ControllerOptions, Policy, QpairOptions, Selector, Trid};
 use pollux_softnvme::SoftDevice;
 use serde_json::Value;
 
@@ -42,13 +44,15 @@ const SPDK_IGNORED: &[&str] = &[
     "hdgst",
     "ddgst",
     "fabrics_connect_timeout_us",
-    "multipath",
     "num_io_queues",
     "ctrlr_loss_timeout_sec",
     "reconnect_delay_sec",
     "fast_io_fail_timeout_sec",
     "psk",
     "max_bdevs",
+    // SPDK's client (spdk-rpc) sends these two on every attach.
+    "allow_unrecognized_csi",
+    "disable_sq_flow_control",
 ];
 
 /// The keys of a `trtype:tcp` transport ID among [`SPDK_IGNORED`].
@@ -61,6 +65,9 @@ const TCP_KEYS: &[&str] = &["adrfam", "trsvcid", "subnqn", "hostnqn", "hdgst", "
 pub struct OpenError {
     pub what: String,
     pub why: String,
+    /// A path of a multipath namespace leads to another namespace (or has
+    /// none to compare): the path is refused, not the connection.
+    pub wrong_path: bool,
 }
 
 /// Opens controllers and keeps them (and the emulated devices and their
@@ -74,9 +81,27 @@ pub struct NvmeOpener {
     /// Multipath namespaces, by controller name.
     mps: Vec<(String, Arc<pollux_host::Multipath>)>,
     emu: SoftEmulator,
+    /// Path policies set by `bdev_nvme_set_multipath_policy`, by
+    /// controller name (the others: active-active, round robin).
+    policies: Vec<(String, Policy, Selector)>,
     /// Queue pairs each namespace needs (one per job on it).
     per_ns: usize,
     qopts: QpairOptions,
+}
+
+/// What [`NvmeOpener::take`] took out: dropped, its controllers close
+/// once their bdevs are gone too.
+#[derive(Default)]
+pub struct Taken {
+    mps: Vec<(String, Arc<pollux_host::Multipath>)>,
+    ctrls: Vec<(String, Arc<Controller>)>,
+}
+
+/// One path of a controller ([`NvmeOpener::paths_of`]).
+#[derive(Clone, Copy, Debug)]
+pub struct PathState {
+    pub cntlid: u16,
+    pub failed: bool,
 }
 
 impl NvmeOpener {
@@ -92,6 +117,7 @@ impl NvmeOpener {
             ctrls: Vec::new(),
             names: Vec::new(),
             mps: Vec::new(),
+            policies: Vec::new(),
             emu: SoftEmulator::new(inline, device_core),
             per_ns,
             qopts,
@@ -106,6 +132,7 @@ impl NvmeOpener {
     /// Forgets controller `name` (`bdev_nvme_detach_controller`): it
     /// closes once its bdevs are gone. Whether it was there.
     pub fn detach(&mut self, name: &str) -> bool {
+        self.policies.retain(|(n, ..)| n != name);
         if let Some(i) = self.mps.iter().position(|(n, _)| n == name) {
             self.mps.remove(i);
             return true;
@@ -120,6 +147,80 @@ impl NvmeOpener {
         }
     }
 
+    /// Takes controller `name` out (to open it again over other paths):
+    /// [`NvmeOpener::restore`] puts it back.
+    pub fn take(&mut self, name: &str) -> Taken {
+        let mut t = Taken::default();
+        while let Some(i) = self.mps.iter().position(|(n, _)| n == name) {
+            t.mps.push(self.mps.remove(i));
+        }
+        while let Some(i) = self.names.iter().position(|n| n == name) {
+            t.ctrls.push((self.names.remove(i), self.ctrls.remove(i)));
+        }
+        t
+    }
+
+    /// The path policy of controller `name` from now on (None: the
+    /// default); the one it replaces. A controller open already keeps
+    /// its own until it is opened again.
+    pub fn set_policy(
+        &mut self,
+        name: &str,
+        p: Option<(Policy, Selector)>,
+    ) -> Option<(Policy, Selector)> {
+        let old = self.policy_of(name);
+        self.policies.retain(|(n, ..)| n != name);
+        if let Some((policy, selector)) = p {
+            self.policies.push((name.to_string(), policy, selector));
+        }
+        old
+    }
+
+    fn policy_of(&self, name: &str) -> Option<(Policy, Selector)> {
+        self.policies
+            .iter()
+            .find(|(n, ..)| n == name)
+            .map(|&(_, p, s)| (p, s))
+    }
+
+    /// The path policy controller `name` is open with, if it is open over
+    /// several paths.
+    pub fn open_policy(&self, name: &str) -> Option<(Policy, Selector)> {
+        self.mps
+            .iter()
+            .find(|(n, _)| n == name)
+            .map(|(_, mp)| (mp.policy(), mp.selector()))
+    }
+
+    /// Puts back what [`NvmeOpener::take`] took.
+    pub fn restore(&mut self, t: Taken) {
+        self.mps.extend(t.mps);
+        for (n, c) in t.ctrls {
+            self.names.push(n);
+            self.ctrls.push(c);
+        }
+    }
+
+    /// Controller `name`'s paths, in order (one for a controller of one
+    /// path): each one's controller ID and whether it failed for good.
+    pub fn paths_of(&self, name: &str) -> Vec<PathState> {
+        let state = |c: &Controller| PathState {
+            cntlid: c.identify().cntlid,
+            failed: c.is_failed(),
+        };
+        if let Some((_, mp)) = self.mps.iter().find(|(n, _)| n == name) {
+            return (0..mp.len())
+                .filter_map(|i| mp.controller(i).map(state))
+                .collect();
+        }
+        self.names
+            .iter()
+            .zip(&self.ctrls)
+            .filter(|(n, _)| *n == name)
+            .map(|(_, c)| state(c))
+            .collect()
+    }
+
     /// The emulated controllers (stepped by the caller in inline mode).
     pub fn soft_devices(&self) -> Vec<Arc<SoftDevice>> {
         self.emu.devices().to_vec()
@@ -131,6 +232,7 @@ impl NvmeOpener {
         let t = trid::parse(trid).map_err(|e| OpenError {
             what: what.clone(),
             why: e.to_string(),
+            wrong_path: false,
         })?;
         self.open(name, &t, what)
     }
@@ -144,6 +246,7 @@ impl NvmeOpener {
             ts.push(trid::parse(t).map_err(|e| OpenError {
                 what: format!("--nvme '{t}'"),
                 why: e.to_string(),
+                wrong_path: false,
             })?);
         }
         self.open_multipath(name, &ts, None, what)
@@ -164,6 +267,7 @@ impl NvmeOpener {
         let fail = |why: String| OpenError {
             what: what.clone(),
             why,
+            wrong_path: false,
         };
         if self.emu.inline() {
             return Err(fail(
@@ -185,13 +289,20 @@ impl NvmeOpener {
                 .map_err(|e| fail(e.to_string()))?;
             paths.push((ctrl.describe(), ctrl));
         }
-        let mp = pollux_host::Multipath::new(
-            paths,
-            nsid,
-            pollux_host::Policy::ActiveActive,
-            pollux_host::Selector::RoundRobin,
-        )
-        .map_err(|e| fail(e.to_string()))?;
+        let (policy, selector) = self
+            .policy_of(name)
+            .unwrap_or((Policy::ActiveActive, Selector::RoundRobin));
+        let mp = pollux_host::Multipath::new(paths, nsid, policy, selector).map_err(|e| {
+            use pollux_host::MultipathError as M;
+            let wrong_path = matches!(
+                e,
+                M::Mismatch { .. } | M::NoNamespace { .. } | M::NoIdentifier { .. }
+            );
+            OpenError {
+                wrong_path,
+                ..fail(e.to_string())
+            }
+        })?;
         let bdev_name = format!("{name}n{}", mp.namespace().nsid());
         let mp = Arc::new(mp);
         self.mps.push((name.to_string(), mp.clone()));
@@ -219,6 +330,7 @@ impl NvmeOpener {
         let fail = |why: String| OpenError {
             what: what.clone(),
             why,
+            wrong_path: false,
         };
         if self.emu.inline() && !matches!(t, Trid::Soft(_)) {
             return Err(fail(
@@ -275,6 +387,7 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<Trid, OpenError> {
     let fail = |why: String| OpenError {
         what: attach_what(att),
         why,
+        wrong_path: false,
     };
     let trtype = att.trtype.to_ascii_lowercase();
     let mut s = format!("trtype:{trtype}");
@@ -286,6 +399,10 @@ pub fn attach_trid(att: &NvmeAttach) -> Result<Trid, OpenError> {
         .get("ctrlr_loss_timeout_sec")
         .is_some_and(|v| v.as_i64() == Some(0) || v.as_str() == Some("0"));
     for (k, v) in &att.params {
+        if k == "multipath" {
+            // The mode of adding paths (see the module docs), understood.
+            continue;
+        }
         if trtype == "tcp" {
             if let Some(kv) = spdk_reconnect_param(k, v, loss_is_zero).map_err(fail)? {
                 s.push_str(&format!(" {kv}"));

@@ -432,3 +432,261 @@ fn pollux_host_reads_log_pages_at_the_length_asked_for() {
     let e = CommandEffectsLog::read_from_bytes(&d).unwrap();
     assert_ne!(e.iocs[0x02] & 1, 0, "Read supported");
 }
+
+/// `pollux target ARGS` logging at INFO: the child, the address it
+/// listens on first, its stdout, and its stderr's lines as they come.
+fn target_logging(
+    args: &[&str],
+) -> (
+    std::process::Child,
+    String,
+    impl std::io::BufRead,
+    std::sync::mpsc::Receiver<String>,
+) {
+    use std::io::BufRead;
+    let full: Vec<&str> = std::iter::once("target")
+        .chain(args.iter().copied())
+        .collect();
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_pollux"))
+        .args(common::with_rpc_socket(&full))
+        .env("POLLUX_LOG", "info")
+        .env("NO_COLOR", "1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run pollux target");
+    let err = std::io::BufReader::new(child.stderr.take().expect("stderr"));
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for l in err.lines().map_while(Result::ok) {
+            if tx.send(l).is_err() {
+                break;
+            }
+        }
+    });
+    let mut out = std::io::BufReader::new(child.stdout.take().expect("stdout"));
+    let mut line = String::new();
+    out.read_line(&mut line).expect("first line");
+    let addr = line
+        .trim()
+        .strip_prefix("pollux target: listening on ")
+        .unwrap_or_else(|| panic!("pollux target's first line: {line:?}"))
+        .to_string();
+    (child, addr, out, rx)
+}
+
+/// Waits for a line of `rx` that has every one of `words`; the line.
+fn line_with(rx: &std::sync::mpsc::Receiver<String>, words: &[&str]) -> String {
+    let start = Instant::now();
+    loop {
+        let left = common::HANG
+            .checked_sub(start.elapsed())
+            .unwrap_or_else(|| panic!("no log line with {words:?}"));
+        match rx.recv_timeout(left) {
+            Ok(l) if words.iter().all(|w| l.contains(w)) => return l,
+            Ok(_) => {}
+            Err(e) => panic!("no log line with {words:?}: {e}"),
+        }
+    }
+}
+
+fn hangup(child: &std::process::Child) {
+    // SAFETY: kill(2) on the child we spawned.
+    assert_eq!(unsafe { libc::kill(child.id() as i32, libc::SIGHUP) }, 0);
+}
+
+/// SIGTERM, then its exit status (killed after `common::HANG`).
+fn stop(mut child: std::process::Child) -> std::process::ExitStatus {
+    // SAFETY: kill(2) on the child we spawned.
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let start = Instant::now();
+    loop {
+        if let Some(st) = child.try_wait().unwrap() {
+            return st;
+        }
+        if start.elapsed() > common::HANG {
+            let _ = child.kill();
+            panic!("pollux target did not stop on SIGTERM");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// `pollux target -c FILE` reloads FILE on SIGHUP: a listener's ANA state
+/// changed in the file reaches a connected host's ANA log page; a bad
+/// file changes nothing (logged at ERROR naming the file and the
+/// culprit) and the target goes on serving; what a reload cannot apply
+/// is named at WARN. Before, SIGHUP killed the target.
+#[test]
+fn sighup_reloads_the_configuration_file() {
+    use pollux_spec::log::{lid, AnaLog, AnaState};
+    let dir = std::env::temp_dir().join(format!("pollux-tgt-reload-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("target.json");
+    let p = path.display().to_string();
+    let file = |ana: &str, blocks: u32| {
+        format!(
+            r#"{{"subsystems": [
+  {{"subsystem": "bdev", "config": [
+    {{"method": "bdev_malloc_create", "params": {{"name": "Malloc0", "num_blocks": {blocks}, "block_size": 512}}}}]}},
+  {{"subsystem": "nvmf", "config": [
+    {{"method": "nvmf_create_transport", "params": {{"trtype": "TCP"}}}},
+    {{"method": "nvmf_create_subsystem", "params": {{"nqn": "{NQN}", "allow_any_host": true, "ana_reporting": true}}}},
+    {{"method": "nvmf_subsystem_add_ns", "params": {{"nqn": "{NQN}", "namespace": {{"bdev_name": "Malloc0"}}}}}},
+    {{"method": "nvmf_subsystem_add_listener", "params": {{"nqn": "{NQN}", "listen_address": {{"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"}}, "ana_state": "{ana}"}}}}]}}
+]}}"#
+        )
+    };
+    std::fs::write(&path, file("optimized", 8192)).unwrap();
+    let sock = common::rpc_socket();
+    let (child, addr, _out, log) = target_logging(&["-c", &p, "-m", "0x1", "-r", &sock]);
+    let trid: pollux_host::Trid = format!(
+        "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{} subnqn:{NQN}",
+        common::port_of(&addr)
+    )
+    .parse()
+    .expect("transport ID");
+    let c =
+        pollux_host::connect(&trid, &pollux_host::ControllerOptions::default()).expect("bring-up");
+    let state = |c: &pollux_host::Controller| {
+        let d = c.get_log_page(lid::ANA, 0, 4096).expect("ANA log page");
+        AnaLog::parse(&d).expect("ANA log").groups[0].state
+    };
+    assert_eq!(state(&c), AnaState::Optimized);
+
+    // The listener inaccessible in the file, then SIGHUP.
+    std::fs::write(&path, file("inaccessible", 8192)).unwrap();
+    hangup(&child);
+    let summary = line_with(
+        &log,
+        &["configuration reloaded from", &p, "1 change(s) made"],
+    );
+    assert!(
+        summary.contains("inaccessible") && summary.contains("INFO"),
+        "{summary}"
+    );
+    let start = Instant::now();
+    while state(&c) != AnaState::Inaccessible {
+        assert!(
+            start.elapsed() < common::HANG,
+            "the host never saw the change"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+
+    // A bad file: refused whole, naming the file and the culprit.
+    std::fs::write(&path, file("optimised", 8192)).unwrap();
+    hangup(&child);
+    let e = line_with(&log, &["configuration reload refused", &p]);
+    assert!(
+        e.contains("ERROR") && e.contains("ana_state") && e.contains("optimised"),
+        "{e}"
+    );
+    assert_eq!(
+        state(&c),
+        AnaState::Inaccessible,
+        "a bad file changes nothing"
+    );
+    let again = pollux_host::connect(&trid, &pollux_host::ControllerOptions::default())
+        .expect("still serving");
+    assert_eq!(state(&again), AnaState::Inaccessible);
+
+    // A bigger bdev is for a restart, said at WARN; and a subsystem is
+    // never half changed: its namespace changes with the bdev, so its ANA
+    // state does not change either.
+    std::fs::write(&path, file("optimized", 16384)).unwrap();
+    hangup(&child);
+    let w = line_with(
+        &log,
+        &[
+            "reload of",
+            &p,
+            "restart to apply",
+            "bdev 'Malloc0' changed",
+        ],
+    );
+    assert!(w.contains("WARN"), "{w}");
+    let w = line_with(
+        &log,
+        &["reload of", &p, "restart to apply", "namespace 1 changed"],
+    );
+    assert!(
+        w.contains("not made either") && w.contains("optimized"),
+        "{w}"
+    );
+    line_with(&log, &["configuration reloaded from", "0 change(s) made"]);
+    assert_eq!(state(&c), AnaState::Inaccessible);
+
+    // The same reload over JSON-RPC (pollux's own method): back to
+    // optimized; its result says what was done.
+    std::fs::write(&path, file("optimized", 8192)).unwrap();
+    let r = rpc_call(&sock, "pollux_reload_config");
+    assert_eq!(
+        r["result"]["applied"],
+        serde_json::json!([format!(
+            "subsystem '{NQN}': ANA state through {addr}: optimized"
+        )]),
+        "{r}"
+    );
+    assert_eq!(state(&c), AnaState::Optimized);
+    std::fs::write(&path, "{").unwrap();
+    let r = rpc_call(&sock, "pollux_reload_config");
+    assert!(
+        r["error"]["message"]
+            .as_str()
+            .is_some_and(|m| m.contains(&p)),
+        "{r}"
+    );
+
+    drop((c, again));
+    assert!(stop(child).success());
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Quick mode has no file to reload: SIGHUP is logged and changes
+/// nothing, the target goes on serving (before, it killed the target).
+#[test]
+fn sighup_without_a_configuration_file_is_harmless() {
+    let (child, addr, _out, log) = target_logging(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--ram",
+        "1MiB",
+        "--nqn",
+        NQN,
+        "-m",
+        "0x1",
+    ]);
+    hangup(&child);
+    let w = line_with(&log, &["no configuration file to reload"]);
+    assert!(w.contains("WARN"), "{w}");
+    let trid: pollux_host::Trid = format!(
+        "trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{} subnqn:{NQN}",
+        common::port_of(&addr)
+    )
+    .parse()
+    .expect("transport ID");
+    pollux_host::connect(&trid, &pollux_host::ControllerOptions::default()).expect("still serving");
+    assert!(stop(child).success());
+}
+
+/// One JSON-RPC request without parameters over `sock`: the response.
+fn rpc_call(sock: &str, method: &str) -> serde_json::Value {
+    let mut s = std::os::unix::net::UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(common::HANG)).unwrap();
+    let req = serde_json::json!({"jsonrpc": "2.0", "method": method, "id": 1});
+    s.write_all(req.to_string().as_bytes()).unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).expect("read the response");
+        assert!(n > 0, "closed: {}", String::from_utf8_lossy(&buf));
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(Ok(v)) = serde_json::Deserializer::from_slice(&buf)
+            .into_iter::<serde_json::Value>()
+            .next()
+        {
+            return v;
+        }
+    }
+}

@@ -75,6 +75,7 @@ mod io;
 mod live;
 mod live_ana;
 mod live_ns;
+mod live_reload;
 mod model;
 mod pool;
 mod qpair;
@@ -94,6 +95,7 @@ pub use config::{
     MAX_DH_QUEUE, MAX_DH_THREADS,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
+pub use live_reload::ReloadOutcome;
 pub use model::ModelError;
 /// The parameter errors of [`ConfigError::Param`] (the bdev configuration's reader).
 pub use pollux_bdev::params::ParamError;

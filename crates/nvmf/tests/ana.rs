@@ -1,7 +1,8 @@
 //! ANA multipath on the target over TCP: per-listener ANA states in the
 //! ANA log page and on I/O, the ANA Change event when a state is set
-//! live, controller ID ranges, configured namespace identifiers, and the
-//! JSON configuration's names (each accepted, each bad value named).
+//! live or by a reload of the configuration, controller ID ranges,
+//! configured namespace identifiers, and the JSON configuration's names
+//! (each accepted, each bad value named).
 mod common;
 
 use std::net::SocketAddr;
@@ -27,6 +28,15 @@ const UUID: [u8; 16] = [
 /// inaccessible), namespace 1 (ANA group 5) with `UUID`, controller IDs
 /// `cntlids`.
 fn ana_target(cntlids: (u16, u16)) -> (pollux_nvmf::Target, SocketAddr, SocketAddr) {
+    let t = start(ana_config(cntlids));
+    let subs = t.subsystem_listeners();
+    let ls = &subs[0].1;
+    let (a, b) = (ls[0], ls[1]);
+    (t, a, b)
+}
+
+/// [`ana_target`]'s configuration.
+fn ana_config(cntlids: (u16, u16)) -> TargetConfig {
     let mut cfg = TargetConfig::default();
     cfg.bdevs.push(Bdev::ram("Malloc0", 512, 2048).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
@@ -46,11 +56,7 @@ fn ana_target(cntlids: (u16, u16)) -> (pollux_nvmf::Target, SocketAddr, SocketAd
     s.ana_states.push((l2, None, AnaState::Inaccessible));
     (s.min_cntlid, s.max_cntlid) = cntlids;
     cfg.subsystems.push(s);
-    let t = start(cfg);
-    let subs = t.subsystem_listeners();
-    let ls = &subs[0].1;
-    let (a, b) = (ls[0], ls[1]);
-    (t, a, b)
+    cfg
 }
 
 fn ana_log(c: &mut Client) -> AnaLog {
@@ -251,4 +257,69 @@ fn json_names_accepted_and_bad_values_named() {
             .to_string();
         assert!(e.contains(name), "{name}: {e}");
     }
+}
+
+/// A reload's plan made live (`Target::apply_reload`): the new ANA state
+/// raises the ANA Change notice as `set_ana_state` does; a listener that
+/// cannot be bound leaves its subsystem as it was (the host added with it
+/// is not).
+#[test]
+fn a_reload_changes_ana_states_with_the_event_and_never_half_a_subsystem() {
+    use pollux_nvmf::config::{plan, ConfigFile, LiveChange};
+    let cfg = ana_config((1, 0xFFEF));
+    let started = ConfigFile {
+        target: cfg.clone(),
+        bdevs: Vec::new(),
+    };
+    let t = start(cfg);
+    let l1 = t.subsystem_listeners()[0].1[0];
+    let (mut a1, _) = admin(l1);
+    let mut en = Sqe::set_features(fid::ASYNC_EVENT_CONFIG, 0, 1 << 11);
+    en.cid = a1.next_cid();
+    a1.capsule(&en, &[]);
+    assert!(a1.resp().status().is_success());
+    let mut aer_sqe = Sqe::async_event_request();
+    aer_sqe.cid = a1.next_cid();
+    a1.capsule(&aer_sqe, &[]);
+    assert_eq!(ana_log(&mut a1).groups[0].state, AnaState::Optimized);
+
+    // The file says: the first listener (asked for as port 0)
+    // inaccessible.
+    let mut new = started.clone();
+    let s = &mut new.target.subsystems[0];
+    let asked = s.listeners[0];
+    s.ana_states.push((asked, None, AnaState::Inaccessible));
+    let p = plan(&started, &new, &t.running());
+    assert!(p.not_applied.is_empty(), "{:?}", p.not_applied);
+    let done = t.apply_reload(&p);
+    assert!(done.failed.is_empty(), "{:?}", done.failed);
+    assert_eq!(done.applied.len(), 1, "{:?}", done.applied);
+    let ev = a1.resp();
+    let want = aer::encode(aer::NOTICE, aer::NOTICE_ANA_CHANGE, lid::ANA);
+    assert_eq!((ev.cid, ev.dw0), (aer_sqe.cid, want));
+    assert_eq!(ana_log(&mut a1).groups[0].state, AnaState::Inaccessible);
+    // The same file again: nothing to do.
+    assert!(plan(&started, &new, &t.running()).is_empty());
+
+    // A listener on a port taken, with a host: neither is made.
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut bad = new.clone();
+    let s = &mut bad.target.subsystems[0];
+    s.listeners.push(taken.local_addr().unwrap());
+    s.allow_any_host = false;
+    s.hosts.push(HOST_B.into());
+    let p = plan(&started, &bad, &t.running());
+    assert_eq!(
+        p.subsystems[0].changes[0],
+        LiveChange::AddListener(taken.local_addr().unwrap())
+    );
+    let before = t.running();
+    let done = t.apply_reload(&p);
+    assert!(done.applied.is_empty(), "{:?}", done.applied);
+    assert!(
+        done.failed.len() == 1 && done.failed[0].contains("none of its changes made"),
+        "{:?}",
+        done.failed
+    );
+    assert_eq!(t.running(), before);
 }

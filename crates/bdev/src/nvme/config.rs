@@ -29,6 +29,38 @@ impl NvmeAttach {
     pub fn bdev_name(&self, nsid: u32) -> String {
         format!("{}n{nsid}", self.name)
     }
+
+    /// Adds `p` as one more path (SPDK's multipath mode: the entries'
+    /// `multipath` parameter is then implied and dropped from both).
+    pub fn add_path(&mut self, mut p: NvmeAttach) {
+        p.params.remove("multipath");
+        self.params.remove("multipath");
+        self.paths.extend(std::mem::take(&mut p.paths));
+        self.paths.push(p);
+    }
+
+    /// Every path, the first one (this entry's own) first; each without
+    /// its `paths`.
+    pub fn each_path(&self) -> Vec<NvmeAttach> {
+        let first = NvmeAttach {
+            paths: Vec::new(),
+            ..self.clone()
+        };
+        std::iter::once(first)
+            .chain(self.paths.iter().cloned())
+            .collect()
+    }
+
+    /// The entry of the paths `list` (the first one's, with the others as
+    /// its `paths`); None if `list` is empty.
+    pub fn of_paths(list: Vec<NvmeAttach>) -> Option<NvmeAttach> {
+        let mut it = list.into_iter();
+        let mut first = it.next()?;
+        for p in it {
+            first.add_path(p);
+        }
+        Some(first)
+    }
 }
 
 /// `bdev_nvme_attach_controller`: its own parameters are read, the rest
@@ -61,7 +93,7 @@ pub(crate) fn attach_controller(obj: &Map<String, Value>) -> Result<NvmeAttach, 
 /// The `multipath` parameter of an entry: `Some(true)` for SPDK's
 /// "multipath" mode, `Some(false)` for "disable"; "failover" (SPDK's
 /// second path kept idle) and other values are refused.
-pub(crate) fn multipath_mode(a: &NvmeAttach) -> Result<Option<bool>, String> {
+pub fn multipath_mode(a: &NvmeAttach) -> Result<Option<bool>, String> {
     match a.params.get("multipath") {
         None => Ok(None),
         Some(Value::String(s)) if s == "multipath" => Ok(Some(true)),

@@ -296,6 +296,10 @@ fn run_with(
     let r = execute(a, cores, bdevs, inline, &app);
     drop(metrics);
     drop(server);
+    // The registry's bdevs hold the controllers: they go before the
+    // opener, whose device thread must still be running when the
+    // controllers shut down (else each waits out CSTS.SHST and CSTS.RDY).
+    drop(app);
     // Controllers close after every bdev and channel, the device
     // thread last (the opener's field order).
     drop(opener);

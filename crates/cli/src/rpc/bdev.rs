@@ -9,6 +9,8 @@
 //! | `bdev_null_create`, `bdev_malloc_create`, `bdev_uring_create` | the bdev's name |
 //! | `bdev_nvme_attach_controller` | the names of its bdevs (`<name>n<nsid>`) |
 //! | `bdev_*_delete`, `bdev_nvme_detach_controller` | `true` |
+//!
+//! (`bdev_nvme_*` are served by `nvme.rs`, with this file's creation.)
 //! | `bdev_get_bdevs` | `[{name, aliases, product_name, block_size, num_blocks, uuid, claimed, ...}]` |
 //! | `bdev_get_iostat` | `{tick_rate, ticks, bdevs: [{name, bytes_read, num_read_ops, ...}]}` |
 //!
@@ -27,7 +29,7 @@ use super::framework::{ticks, TICK_RATE};
 /// message names method and parameter), a name in use -17 (EEXIST),
 /// creation failures -22 (EINVAL), an NVMe controller that would not open
 /// -19 (ENODEV).
-fn config_error(e: ConfigError) -> RpcError {
+pub(super) fn config_error(e: ConfigError) -> RpcError {
     match e {
         ConfigError::Param(p) => RpcError::invalid_params(format!("Invalid parameters: {p}")),
         ConfigError::DuplicateName(n) => {
@@ -38,11 +40,11 @@ fn config_error(e: ConfigError) -> RpcError {
     }
 }
 
-fn registry_error(e: RegistryError) -> RpcError {
+pub(super) fn registry_error(e: RegistryError) -> RpcError {
     let code = match e {
         RegistryError::Exists(_) => libc::EEXIST,
         RegistryError::NotFound(_) => libc::ENODEV,
-        RegistryError::Claimed { .. } => libc::EBUSY,
+        RegistryError::Claimed { .. } | RegistryError::Open(_) => libc::EBUSY,
     };
     RpcError::errno(code, e.to_string())
 }
@@ -61,7 +63,7 @@ fn object(method: &str, p: Option<&Value>) -> Result<Map<String, Value>, RpcErro
 /// Decodes and creates the bdevs of `method`, and adds them to the
 /// registry with their config entry. `name_prefix`: for an unnamed bdev
 /// (SPDK's malloc makes up `Malloc<k>`).
-fn create(
+pub(super) fn create(
     app: &App,
     method: &str,
     p: Option<&Value>,
@@ -100,9 +102,9 @@ fn create(
             None => Err("this app does not attach NVMe controllers".to_string()),
         })
         .map_err(config_error)?;
-    let saved = entry.saved_config(&made);
+    let saved = entry.saved_configs(&made);
     let names: Vec<String> = made.iter().map(|b| b.name().to_string()).collect();
-    let r = app.registry.insert_all(
+    let r = app.registry.insert_entries(
         made.into_iter()
             .map(|b| (b.name().to_string(), b))
             .collect(),
@@ -118,7 +120,7 @@ fn create(
 }
 
 /// The bdevs of NVMe controller `name`, as the registry knows them.
-fn controller_bdevs(app: &App, name: &str) -> Vec<String> {
+pub(super) fn controller_bdevs(app: &App, name: &str) -> Vec<String> {
     app.registry.names_where(|c| {
         c["method"] == "bdev_nvme_attach_controller" && c["params"]["name"] == name
     })
@@ -143,54 +145,6 @@ fn delete(app: &App, create_method: &str, p: Option<&Value>) -> Result<Value, Rp
         ));
     }
     app.registry.remove(&name).map_err(registry_error)?;
-    Ok(Value::Bool(true))
-}
-
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct DetachParams {
-    name: String,
-    // SPDK's selectors of one path of a multipath controller: a controller
-    // here has one path, so they are accepted and must match nothing else.
-    #[serde(default)]
-    #[allow(dead_code)]
-    trtype: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    traddr: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    adrfam: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    trsvcid: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    subnqn: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    hostaddr: Option<String>,
-    #[serde(default)]
-    #[allow(dead_code)]
-    hostsvcid: Option<String>,
-}
-
-fn detach(app: &App, p: Option<&Value>) -> Result<Value, RpcError> {
-    let d: DetachParams = params(p)?;
-    let names = controller_bdevs(app, &d.name);
-    if names.is_empty() {
-        return Err(RpcError::errno(
-            libc::ENODEV,
-            format!("Failed to find NVMe controller {}", d.name),
-        ));
-    }
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let bdevs = app.registry.remove_all(&refs).map_err(registry_error)?;
-    // The controller closes after its bdevs.
-    drop(bdevs);
-    if let Some(o) = &app.opener {
-        lock(o).detach(&d.name);
-    }
     Ok(Value::Bool(true))
 }
 
@@ -244,6 +198,17 @@ fn bdev_json(app: &App, name: &str, b: &Bdev) -> Value {
         },
         "driver_specific": {}
     });
+    if let Some((policy, selector)) = b.multipath_policy() {
+        // SPDK's NVMe bdev's (without its per-path "nvme" list).
+        let mut d = json!({ "mp_policy": policy.name() });
+        if policy == pollux_host::Policy::ActiveActive {
+            d["selector"] = selector.name().into();
+            if selector == pollux_host::Selector::RoundRobin {
+                d["rr_min_io"] = 1.into();
+            }
+        }
+        v["driver_specific"] = d;
+    }
     if let Some(by) = claimed_by {
         v["claim_type"] = "exclusive_write".into();
         v["claimed_by"] = by.into();
@@ -356,11 +321,4 @@ pub fn add(m: &mut Methods, app: &App) {
         let a = app.clone();
         m.add(delete_method, move |p| delete(&a, create_method, p));
     }
-    let a = app.clone();
-    m.add("bdev_nvme_attach_controller", move |p| {
-        let names = create(&a, "bdev_nvme_attach_controller", p, None)?;
-        Ok(json!(names))
-    });
-    let a = app.clone();
-    m.add("bdev_nvme_detach_controller", move |p| detach(&a, p));
 }

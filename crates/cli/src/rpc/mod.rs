@@ -7,11 +7,13 @@
 //! opener (for `bdev_nvme_attach_controller`), the runtime (for the
 //! thread statistics) and the `save_config` parts of other subsystems.
 //! `framework.rs` has the framework methods and `save_config`, `bdev.rs`
-//! the bdev ones, `nvmf.rs` the target's `nvmf_*` ones (the target adds
-//! them to the [`Methods`] before starting the server).
+//! the bdev ones, `nvme.rs` the NVMe controller ones (`bdev_nvme_*`),
+//! `nvmf.rs` the target's `nvmf_*` ones (the target adds them to the
+//! [`Methods`] before starting the server).
 mod app;
 mod bdev;
 mod framework;
+mod nvme;
 pub mod nvmf;
 mod registry;
 
@@ -54,5 +56,6 @@ pub fn methods(app: &App) -> Methods {
     let mut m = Methods::new();
     framework::add(&mut m, app);
     bdev::add(&mut m, app);
+    nvme::add(&mut m, app);
     m
 }

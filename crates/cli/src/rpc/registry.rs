@@ -70,11 +70,11 @@ pub fn registry_of(
             continue;
         }
         let mine: Vec<Bdev> = made.iter().map(|&k| bdevs[k].clone()).collect();
-        let saved = e.saved_config(&mine);
+        let saved = e.saved_configs(&mine);
         for &k in &made {
             done[k] = true;
         }
-        r.insert_all(
+        r.insert_entries(
             mine.into_iter()
                 .map(|b| (b.name().to_string(), b))
                 .collect(),

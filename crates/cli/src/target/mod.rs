@@ -9,6 +9,7 @@
 mod auth;
 mod banner;
 mod bdevs;
+mod reload;
 
 use std::io::Write;
 use std::net::SocketAddr;
@@ -87,7 +88,9 @@ pub struct TargetArgs {
     pub model: Option<String>,
     #[command(flatten)]
     pub cpumask: CpumaskArgs,
-    /// SPDK JSON configuration (bdev and nvmf subsystems).
+    /// SPDK JSON configuration (bdev and nvmf subsystems). SIGHUP (or
+    /// JSON-RPC pollux_reload_config) reloads it: listeners, their ANA
+    /// states and hosts change live; what needs a restart is logged.
     #[arg(short = 'c', long = "config")]
     pub config: Option<String>,
     /// In-capsule data bytes of I/O capsules (-c: nvmf_create_transport's
@@ -178,6 +181,9 @@ pub enum TargetCliError {
     /// The metrics endpoint could not start.
     #[error(transparent)]
     Metrics(#[from] crate::metrics::MetricsError),
+    /// The SIGHUP (reload) watcher could not start.
+    #[error("watching for SIGHUP (configuration reload): {0}")]
+    Hangup(#[source] std::io::Error),
     /// A listener could not be bound: a refusal, with what to do.
     #[error("cannot listen on {addr}: {why}")]
     Listen { addr: SocketAddr, why: String },
@@ -532,7 +538,7 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
             bdevs::registry(a.uring.as_deref(), a.nvme.as_deref(), &cfg, json.as_deref())
                 .map_err(|e| bad("--null/--ram/--uring/--nvme/-c", "", e.to_string()))?;
         let app = crate::rpc::App::new(Arc::new(registry), Some(opener.clone()));
-        serve(cfg, &cores, a.config.is_some(), &app, &a)
+        serve(cfg, &cores, json.as_deref(), &app, &a)
     });
     // The controllers close after the target's bdevs and channels, the
     // device thread last (the opener's field order).
@@ -542,15 +548,16 @@ pub fn run(a: TargetArgs) -> Result<(), TargetCliError> {
 
 /// Starts the target and its JSON-RPC server, prints its addresses and
 /// what it serves (its subsystems, their namespaces, listeners and hosts,
-/// its cores, the RPC socket), and runs until a signal. (`config`: from
-/// `-c`.)
+/// its cores, the RPC socket), and runs until SIGINT/SIGTERM; SIGHUP
+/// reloads `-c`'s file (`json`: its text at start).
 fn serve(
     cfg: TargetConfig,
     cores: &[usize],
-    config: bool,
+    json: Option<&str>,
     app: &crate::rpc::App,
     a: &TargetArgs,
 ) -> Result<(), TargetCliError> {
+    let config = a.config.is_some();
     let rpc = &a.rpc;
     let subs = banner::subsystems(&cfg);
     let mut rt = RuntimeOptions {
@@ -568,6 +575,25 @@ fn serve(
     app.set_runtime(target.clone());
     let mut methods = crate::rpc::methods(app);
     crate::rpc::nvmf::register(&mut methods, target.clone(), app.registry.clone());
+    let reloader = Arc::new(reload::Reloader::new(
+        target.clone(),
+        a.config.as_deref(),
+        json,
+    ));
+    let _hangup = reload::HangupWatcher::start(reloader.clone()).map_err(TargetCliError::Hangup)?;
+    let r = reloader.clone();
+    // pollux's own (SPDK has no reload): the reload SIGHUP makes.
+    methods.add("pollux_reload_config", move |p| {
+        if p.is_some_and(|p| p.as_object().is_none_or(|o| !o.is_empty())) {
+            return Err(pollux_rpc::RpcError::invalid_params(
+                "pollux_reload_config takes no parameters",
+            ));
+        }
+        match r.reload() {
+            Ok(report) => Ok(report.to_json()),
+            Err(e) => Err(pollux_rpc::RpcError::invalid_params(e.to_string())),
+        }
+    });
     let t = target.clone();
     app.add_save_config("keyring", Box::new(move || t.save_config_keyring()));
     let t = target.clone();

@@ -1,8 +1,11 @@
 //! Running the `pollux` binary in tests, as a user does.
 #![allow(dead_code)]
-use std::io::Read;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::net::UnixStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
 
 /// A run that has not exited by then is a hang: it is killed and the test
 /// fails (instead of hanging CI).
@@ -101,7 +104,6 @@ pub fn start_target(
     args: &[&str],
     stderr: Stdio,
 ) -> (Child, String, std::io::BufReader<std::process::ChildStdout>) {
-    use std::io::{BufRead, BufReader};
     let full: Vec<&str> = std::iter::once("target")
         .chain(args.iter().copied())
         .collect();
@@ -252,4 +254,103 @@ pub fn image(name: &str) -> String {
     let f = std::fs::File::create(&p).expect("image file");
     f.set_len(16 << 20).expect("image size");
     p.display().to_string()
+}
+
+/// A running `pollux target` on socket `sock`; SIGINT and reaped on drop.
+pub struct Target {
+    pub child: Child,
+    pub sock: String,
+    /// Its stdout up to the JSON-RPC line.
+    pub lines: Vec<String>,
+}
+
+impl Target {
+    pub fn start(sock: &str, extra: &[&str]) -> Target {
+        let core = allowed_cores()[0].to_string();
+        let mut args = vec!["target", "-r", sock, "--cpumask", &core];
+        let mask;
+        if core != "0" {
+            mask = format!("[{core}]");
+            args[4] = &mask;
+        }
+        args.extend_from_slice(extra);
+        let mut child = Command::new(env!("CARGO_BIN_EXE_pollux"))
+            .args(&args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("run pollux target");
+        let mut out = BufReader::new(child.stdout.take().expect("stdout"));
+        let mut lines = Vec::new();
+        loop {
+            let mut line = String::new();
+            if out.read_line(&mut line).expect("read") == 0 {
+                let _ = child.wait();
+                panic!("pollux target {args:?} exited before serving JSON-RPC");
+            }
+            let done = line.contains("JSON-RPC on");
+            lines.push(line.trim().to_string());
+            if done {
+                break;
+            }
+        }
+        // Drain the rest so the target never blocks on a full pipe.
+        std::thread::spawn(move || {
+            let mut sink = Vec::new();
+            let _ = out.read_to_end(&mut sink);
+        });
+        Target {
+            child,
+            sock: sock.to_string(),
+            lines,
+        }
+    }
+
+    /// SIGINT; the exit code.
+    pub fn stop(&mut self) -> i32 {
+        // SAFETY: kill(2) on the child we spawned.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        for _ in 0..500 {
+            if let Ok(Some(st)) = self.child.try_wait() {
+                return st.code().unwrap_or(-1);
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = self.child.kill();
+        panic!("pollux target did not stop on SIGINT");
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.stop();
+        }
+    }
+}
+
+/// One request over a raw socket, as SPDK's client frames it.
+pub fn call(sock: &str, method: &str, params: Value) -> Value {
+    let mut s = UnixStream::connect(sock).expect("connect");
+    s.set_read_timeout(Some(Duration::from_secs(20))).unwrap();
+    let req = json!({"jsonrpc": "2.0", "method": method, "id": 1, "params": params});
+    s.write_all(serde_json::to_string_pretty(&req).unwrap().as_bytes())
+        .unwrap();
+    let mut buf = Vec::new();
+    let mut chunk = [0u8; 4096];
+    loop {
+        let n = s.read(&mut chunk).expect("read the response");
+        assert!(
+            n > 0,
+            "closed before a response: {}",
+            String::from_utf8_lossy(&buf)
+        );
+        buf.extend_from_slice(&chunk[..n]);
+        if let Some(Ok(v)) = serde_json::Deserializer::from_slice(&buf)
+            .into_iter::<Value>()
+            .next()
+        {
+            return v;
+        }
+    }
 }

@@ -3,7 +3,7 @@
 use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
-use pollux_bdev::config::NvmeAttach;
+use pollux_bdev::config::{Config as BdevConfig, Entry, NvmeAttach};
 use pollux_bdev::params::Params;
 use pollux_bdev::Bdev;
 use pollux_controller::NsIds;
@@ -46,6 +46,38 @@ impl TargetConfig {
     where
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
+        let (cfg, _) = TargetConfig::read_json(json, |bc| Ok(bc.create(attach)?))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Reads SPDK's JSON configuration as [`TargetConfig::from_json_with`]
+    /// does, checking it as completely, but creates no bdev (`bdevs` stays
+    /// empty): what a reload reads before it changes anything. A
+    /// namespace's bdev must be one the bdev subsystem's entries name (an
+    /// NVMe controller's: `<name>n<nsid>`). Also returns those entries.
+    pub fn from_json_unmade(json: &str) -> Result<(TargetConfig, Vec<Entry>), ConfigError> {
+        let (cfg, entries) = TargetConfig::read_json(json, |_| Ok(Vec::new()))?;
+        let named = |bdev: &str| {
+            entries.iter().any(|e| match e {
+                Entry::NvmeAttach(a) => bdev
+                    .strip_prefix(a.name.as_str())
+                    .and_then(|r| r.strip_prefix('n'))
+                    .is_some_and(|n| n.parse::<u32>().is_ok_and(|id| id > 0)),
+                e => e.name() == bdev,
+            })
+        };
+        cfg.validate_with(&named)?;
+        Ok((cfg, entries))
+    }
+
+    /// Reads the document into a configuration (not validated), its
+    /// bdevs made by `make` of the bdev subsystem's entries; also returns
+    /// those entries.
+    fn read_json(
+        json: &str,
+        make: impl FnOnce(&BdevConfig) -> Result<Vec<Bdev>, ConfigError>,
+    ) -> Result<(TargetConfig, Vec<Entry>), ConfigError> {
         let doc: Value = serde_json::from_str(json)?;
         let subsystems = pollux_bdev::config::subsystems(&doc)?;
         let mut cfg = TargetConfig::default();
@@ -77,11 +109,13 @@ impl TargetConfig {
                 }
             }
         }
+        let mut entries = Vec::new();
         if let Some(b) = bdev_doc {
             let only = serde_json::json!({ "subsystems": [b] }).to_string();
-            let bc = pollux_bdev::config::Config::parse(&only)?;
+            let bc = BdevConfig::parse(&only)?;
             cfg.warnings.extend(bc.warnings.iter().cloned());
-            cfg.bdevs = bc.create(attach)?;
+            cfg.bdevs = make(&bc)?;
+            entries = bc.entries;
         }
         // The keys first, wherever the file has them: hosts name them.
         for e in keyring {
@@ -90,8 +124,7 @@ impl TargetConfig {
         for e in nvmf {
             cfg.apply(e)?;
         }
-        cfg.validate()?;
-        Ok(cfg)
+        Ok((cfg, entries))
     }
 
     /// Reads one entry of the `nvmf` subsystem (`{"method", "params"}`)

@@ -48,6 +48,7 @@
 mod auth;
 mod error;
 mod json;
+mod reload;
 mod target;
 mod transport;
 
@@ -56,6 +57,9 @@ pub use auth::{
     MAX_DH_QUEUE, MAX_DH_THREADS,
 };
 pub use error::ConfigError;
+pub use reload::{
+    plan, ConfigFile, LiveChange, ReloadPlan, Running, RunningAna, RunningSubsystem, SubsystemPlan,
+};
 pub use target::{
     check_cntlid_range, parse_hex_id, parse_uuid, uuid_string, NamespaceConfig, SubsystemConfig,
     TargetConfig, CNTLID_MAX, CNTLID_MIN,

@@ -156,6 +156,12 @@ impl std::fmt::Debug for TargetConfig {
 impl TargetConfig {
     /// Checks names, NQNs, namespaces and listeners against each other.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_with(&|name| self.bdevs.iter().any(|b| b.name() == name))
+    }
+
+    /// [`TargetConfig::validate`], a namespace's bdev checked by
+    /// `has_bdev` (its name) instead of against `bdevs`.
+    pub(crate) fn validate_with(&self, has_bdev: &dyn Fn(&str) -> bool) -> Result<(), ConfigError> {
         self.transport.validate()?;
         for (i, s) in self.subsystems.iter().enumerate() {
             let bad = |why: String| {
@@ -206,7 +212,7 @@ impl TargetConfig {
             // may be added live (`Target::add_listener`).
             let mut nsids: Vec<u32> = Vec::new();
             for (k, ns) in s.namespaces.iter().enumerate() {
-                if !self.bdevs.iter().any(|b| b.name() == ns.bdev) {
+                if !has_bdev(&ns.bdev) {
                     return bad(format!("namespace bdev '{}' does not exist", ns.bdev));
                 }
                 nsids.push(ns.nsid.unwrap_or(k as u32 + 1));
