@@ -123,6 +123,27 @@ impl CtrlAuth {
         matches!(self.state, State::AwaitSuccess2)
     }
 
+    /// Whether taking message `m` now costs a modular exponentiation: an
+    /// AUTH_Negotiate that would choose an ffdhe group (the key pair), or
+    /// the DH-HMAC-CHAP_Reply of a transaction that chose one (the shared
+    /// secret). What a caller may want off its thread; cheap (parses
+    /// the Negotiate, nothing else).
+    pub fn needs_dh(&self, m: &[u8]) -> bool {
+        match &self.state {
+            State::AwaitNegotiate => msg::parse_negotiate(m).is_ok_and(|n| {
+                self.cfg
+                    .dhgroups
+                    .iter()
+                    .find(|g| n.dhgroups.contains(&(**g as u8)))
+                    .is_some_and(|g| *g != DhGroupId::Null)
+            }),
+            State::AwaitReply { kp: Some(_), .. } => {
+                msg::message_id(m) == Some((AuthId::Reply.auth_type(), AuthId::Reply as u8))
+            }
+            _ => false,
+        }
+    }
+
     fn wrong_state(&self, op: &'static str) -> AuthError {
         AuthError::WrongState {
             op,

@@ -369,3 +369,37 @@ fn malformed_negotiates_and_replies_are_refused() {
     let (mut c, reply) = fresh();
     c.reply(&reply).expect("the untouched reply passes");
 }
+
+/// `needs_dh`: a Negotiate that chooses an ffdhe group and the Reply of
+/// such a transaction cost a modular exponentiation; the null group's
+/// messages, a Success2, and anything out of turn do not.
+#[test]
+fn needs_dh_marks_the_messages_with_a_modular_exponentiation() {
+    for (g, dh) in [(DhGroupId::Null, false), (DhGroupId::Ffdhe2048, true)] {
+        let mut s = setup(true);
+        only(&mut s, HashId::Sha256, g);
+        let mut h = HostAuth::new(Arc::new(s.host.clone()), 5);
+        let mut c = CtrlAuth::new(Arc::new(s.ctrl.clone()));
+        let neg = h.negotiate().unwrap();
+        assert_eq!(c.needs_dh(&neg), dh, "{g:?} Negotiate");
+        assert!(!c.needs_dh(&[0xFF]), "a truncated message");
+        let chal = c.negotiate(&neg).unwrap();
+        let reply = h.challenge(&chal).unwrap();
+        assert!(!c.needs_dh(&neg), "{g:?}: a Negotiate out of turn");
+        assert_eq!(c.needs_dh(&reply), dh, "{g:?} Reply");
+        let s1 = c.reply(&reply).unwrap();
+        let s2 = h.success1(&s1).unwrap().expect("bidirectional");
+        assert!(!c.needs_dh(&s2), "{g:?} Success2");
+    }
+    // A Negotiate offering no group the controller allows: no DH.
+    let mut s = setup(false);
+    only(&mut s, HashId::Sha256, DhGroupId::Ffdhe3072);
+    let mut h = HostAuth::new(Arc::new(s.host.clone()), 6);
+    let c = CtrlAuth::new(Arc::new(s.ctrl.clone()));
+    let neg = h.negotiate().unwrap();
+    let mut hs = s.host.clone();
+    hs.dhgroups = vec![DhGroupId::Ffdhe2048];
+    let mut h2 = HostAuth::new(Arc::new(hs), 6);
+    assert!(c.needs_dh(&neg));
+    assert!(!c.needs_dh(&h2.negotiate().unwrap()));
+}

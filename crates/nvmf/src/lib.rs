@@ -92,6 +92,7 @@ pub use config::{
 };
 pub use config::{
     mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
+    MAX_DH_QUEUE, MAX_DH_THREADS,
 };
 pub use live::{listen_address, LiveError, SubsystemOptions};
 pub use live_reload::ReloadOutcome;

@@ -330,6 +330,7 @@ impl Target {
             listeners: RwLock::new(Vec::new()),
             genctr: (cur.shared.genctr.load(Relaxed) + 1).into(),
             auth: cur.shared.auth,
+            dh: cur.shared.dh.clone(),
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });

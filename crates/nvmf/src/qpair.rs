@@ -74,6 +74,10 @@ pub(crate) trait QueueTransport {
     /// `conn` of this thread, an admin queue, with the events its
     /// controller has (a namespace changed: `Qpair::deliver_events`).
     fn queue_events(ctx: &mut ThreadCtx, conn: u64);
+
+    /// Hands the DH pool's result `done` to connection `conn` of this
+    /// thread (`Qpair::auth_done`); dropped if it is gone.
+    fn auth_done(ctx: &mut ThreadCtx, conn: u64, done: crate::auth::state::DhDone);
 }
 
 /// A command slot's state.
@@ -93,6 +97,8 @@ pub(crate) enum St {
     Tx,
     /// An Asynchronous Event Request held by the controller.
     Held,
+    /// An Authentication Send whose step is at the DH pool.
+    Auth,
 }
 
 /// One command slot; a queue has SQSIZE + 1 of them.
@@ -277,6 +283,9 @@ impl Qpair {
         matches!(self.bound, Bound::Admin { .. })
             && !self.kato.is_zero()
             && now.saturating_duration_since(self.last_admin) > self.kato
+            // (A step of the exchange at the DH pool is the host's
+            // traffic too; `auth_timeout` bounds the exchange.)
+            && self.auth.as_ref().is_none_or(|a| a.job.is_none())
     }
 
     /// Slots for the `entries` commands of a queue just connected.

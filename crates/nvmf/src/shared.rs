@@ -15,6 +15,7 @@ use pollux_runtime::ThreadCtx;
 
 use pollux_controller::AnaPort;
 
+use crate::auth::pool::DhPool;
 use crate::auth::state::HostSecrets;
 use crate::config::{AuthOptions, TransportOptions};
 use crate::model::{Ctrl, Subsys};
@@ -146,6 +147,9 @@ pub(crate) struct Shared {
     pub genctr: AtomicU64,
     /// The digests and DH groups DH-HMAC-CHAP offers.
     pub auth: AuthOptions,
+    /// Where DH-HMAC-CHAP's Diffie-Hellman work runs (off the reactor
+    /// threads).
+    pub dh: Arc<DhPool>,
     pub ctrls: Mutex<CtrlTable>,
     /// Connections bound to an NVM subsystem (at most
     /// `opts.max_connections`; see [`DataSlot`]).

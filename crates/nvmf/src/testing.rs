@@ -133,3 +133,14 @@ impl<W: Wire> TestConn<W> {
         self.0.footprint()
     }
 }
+
+/// The DH worker pool of `t` holds (`on`) each job it takes, counted as
+/// running, until called again with `false`.
+pub fn hold_dh(t: &Target, on: bool) {
+    t.shared().dh.hold(on);
+}
+
+/// The DH worker pool's (waiting, running) jobs.
+pub fn dh_jobs(t: &Target) -> (usize, usize) {
+    t.shared().dh.counts()
+}

@@ -235,6 +235,7 @@ impl Target {
             listeners: RwLock::new(listen.addrs()),
             genctr: 1.into(),
             auth: cfg.auth,
+            dh: Arc::new(crate::auth::pool::DhPool::new(&cfg.auth)),
             ctrls: Mutex::default(),
             data_conns: Default::default(),
         });

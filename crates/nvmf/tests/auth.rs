@@ -17,7 +17,8 @@ use common::{pattern, Client, Pdu, HOST_A, HOST_B, SUB1};
 use pollux_auth::{AuthError, DhchapKey, HashId, HostAuth, HostConfig, Secret};
 use pollux_bdev::Bdev;
 use pollux_nvmf::{
-    HostKeys, KeyFile, NamespaceConfig, SubsystemConfig, Target, TargetConfig, TransportOptions,
+    testing, AuthOptions, HostKeys, KeyFile, NamespaceConfig, SubsystemConfig, Target,
+    TargetConfig, TransportOptions,
 };
 use pollux_spec::fabrics::PropertySize;
 use pollux_spec::fabrics::{fabrics_sc, AuthCmd, SglDescriptor, AUTHREQ_ATR, CNTLID_DYNAMIC};
@@ -101,20 +102,41 @@ fn key_file(name: &str, k: &DhchapKey) -> PathBuf {
 /// A target whose subsystem `SUB1` (one RAM namespace) lets HOST_A in
 /// with key `host` (and `ctrl`: bidirectional), and HOST_B without one.
 fn target(tag: &str, host: &DhchapKey, ctrl: Option<&DhchapKey>, opts: TransportOptions) -> Target {
+    target_with(tag, &[(HOST_A, host)], ctrl, opts, AuthOptions::default())
+}
+
+/// A target (one thread) whose subsystem `SUB1` (one RAM namespace) lets
+/// HOST_A and HOST_B in, those of `hosts` with their keys (and `ctrl`:
+/// bidirectional), with `auth`'s DH-HMAC-CHAP options.
+fn target_with(
+    tag: &str,
+    hosts: &[(&str, &DhchapKey)],
+    ctrl: Option<&DhchapKey>,
+    opts: TransportOptions,
+    auth: AuthOptions,
+) -> Target {
     capture_logs();
     let mut cfg = TargetConfig {
         transport: opts,
+        auth,
         ..Default::default()
     };
-    let hk = key_file(&format!("{tag}-host.key"), host);
-    cfg.keyring
-        .add(KeyFile::load("key0", &hk).unwrap())
-        .unwrap();
     if let Some(c) = ctrl {
         let ck = key_file(&format!("{tag}-ctrl.key"), c);
         cfg.keyring
             .add(KeyFile::load("ckey0", &ck).unwrap())
             .unwrap();
+    }
+    let mut host_keys = Vec::new();
+    for (n, (h, k)) in hosts.iter().enumerate() {
+        let name = format!("key{n}");
+        let hk = key_file(&format!("{tag}-host{n}.key"), k);
+        cfg.keyring.add(KeyFile::load(&name, &hk).unwrap()).unwrap();
+        host_keys.push(HostKeys {
+            host: h.to_string(),
+            key: name,
+            ctrlr_key: ctrl.map(|_| "ckey0".to_string()),
+        });
     }
     cfg.bdevs.push(Bdev::ram("Malloc0", 512, 2048).unwrap());
     let mut s = SubsystemConfig::new(SUB1);
@@ -125,11 +147,7 @@ fn target(tag: &str, host: &DhchapKey, ctrl: Option<&DhchapKey>, opts: Transport
     });
     s.allow_any_host = false;
     s.hosts = vec![HOST_A.into(), HOST_B.into()];
-    s.host_keys = vec![HostKeys {
-        host: HOST_A.into(),
-        key: "key0".into(),
-        ctrlr_key: ctrl.map(|_| "ckey0".to_string()),
-    }];
+    s.host_keys = host_keys;
     s.listeners.push("127.0.0.1:0".parse().unwrap());
     cfg.subsystems.push(s);
     Target::start(cfg, &[0], Default::default()).unwrap()
@@ -483,4 +501,177 @@ fn malformed_authentication_commands() {
         r.status().is(sct::GENERIC, generic::COMMAND_SEQUENCE_ERROR),
         "{r:?}"
     );
+}
+
+// ---------------------------------------------------------------------
+// The DH worker pool: Diffie-Hellman off the reactor thread
+// ---------------------------------------------------------------------
+
+/// Waits (up to 20 s) until `f` holds.
+fn wait_until(what: &str, mut f: impl FnMut() -> bool) {
+    for _ in 0..2000 {
+        if f() {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    panic!("not reached: {what}");
+}
+
+/// Sends HOST_A's AUTH_Negotiate (transaction `t_id`) on `c` without
+/// waiting for its completion; the host's side, to go on with.
+fn negotiate_only(c: &mut Client, host: &str, k: &DhchapKey, t_id: u16) -> HostAuth {
+    let cfg = HostConfig::new(host, SUB1, k.clone());
+    let mut h = HostAuth::new(Arc::new(cfg), t_id);
+    let n = h.negotiate().unwrap();
+    let mut sqe = AuthCmd::send(n.len() as u32).to_sqe();
+    sqe.cid = c.next_cid();
+    c.capsule(&sqe, &n);
+    h
+}
+
+/// The rest of an exchange whose Negotiate `negotiate_only` sent.
+fn finish_exchange(c: &mut Client, mut h: HostAuth) -> Result<(), AuthError> {
+    let r = c.resp();
+    assert!(r.status().is_success(), "Authentication Send: {r:?}");
+    let reply = h.challenge(&auth_recv(c))?;
+    assert!(auth_send(c, &reply).status().is_success());
+    h.success1(&auth_recv(c)).map(|_| ())
+}
+
+/// While a queue's DH work is held at the worker, another connection on
+/// the same (only) reactor thread connects and does I/O; then the held
+/// exchange completes. (With the DH done inline on the reactor, as
+/// before the pool, the other connection waits for the hold: its Connect
+/// times out.)
+#[test]
+fn dh_work_does_not_hold_the_reactor() {
+    let k = key(20);
+    let t = target("dhpool", &k, None, Default::default());
+    let addr = t.listen_addrs()[0];
+    testing::hold_dh(&t, true);
+    let (mut a, _) = admin(addr, HOST_A);
+    let h = negotiate_only(&mut a, HOST_A, &k, 3);
+    wait_until("the Negotiate's key pair held at the worker", || {
+        testing::dh_jobs(&t) == (0, 1)
+    });
+
+    // HOST_B (no key) on the same thread meanwhile: Connect, enable, an
+    // I/O queue, a write and a read.
+    let (mut b, r) = admin(addr, HOST_B);
+    let cntlid = r.dw0 as u16;
+    enable(&mut b);
+    let (mut q, _) = io_connect(addr, cntlid, HOST_B);
+    check_io(&mut q, 21);
+    assert_eq!(testing::dh_jobs(&t), (0, 1), "the job is still held");
+
+    testing::hold_dh(&t, false);
+    finish_exchange(&mut a, h).unwrap();
+    enable(&mut a);
+    let l = wait_logged(&["host authenticated", HOST_A, "reactor_us="]);
+    println!("{}", l[0]);
+    wait_until("the pool empty", || testing::dh_jobs(&t) == (0, 0));
+}
+
+/// A host beyond `dh_queue_per_host` gets AUTH_Failure1 ("authentication
+/// failed") and a WARN naming its peer and NQN (never a key), while
+/// another host's exchange, queued meanwhile, succeeds.
+#[test]
+fn a_host_over_its_dh_share_is_refused_another_is_served() {
+    let (ka, kb) = (key(22), key(23));
+    let auth = AuthOptions {
+        dh_queue_per_host: 1,
+        ..Default::default()
+    };
+    let t = target_with(
+        "dhshare",
+        &[(HOST_A, &ka), (HOST_B, &kb)],
+        None,
+        Default::default(),
+        auth,
+    );
+    let addr = t.listen_addrs()[0];
+    testing::hold_dh(&t, true);
+    let (mut a1, _) = admin(addr, HOST_A);
+    let h1 = negotiate_only(&mut a1, HOST_A, &ka, 1);
+    wait_until("HOST_A's first job held", || testing::dh_jobs(&t) == (0, 1));
+
+    // HOST_A's second exchange: over its share.
+    let (mut a2, _) = admin(addr, HOST_A);
+    let peer = a2.s.local_addr().unwrap().to_string();
+    let mut h2 = HostAuth::new(Arc::new(HostConfig::new(HOST_A, SUB1, ka.clone())), 2);
+    assert!(auth_send(&mut a2, &h2.negotiate().unwrap())
+        .status()
+        .is_success());
+    let f1 = auth_recv(&mut a2);
+    match h2.challenge(&f1) {
+        Err(AuthError::Failure1 {
+            reason: 1,
+            explanation: 1,
+        }) => {}
+        r => panic!("over the share: {r:?}"),
+    }
+    assert_eq!(&f1[4..6], &2u16.to_le_bytes(), "the host's T_ID");
+    a2.expect_eof();
+    let l = wait_logged(&["WARN", "DH-HMAC-CHAP exchange refused", &peer, HOST_A]);
+    assert!(l[0].contains("dhchap_dh_queue_per_host"), "{l:?}");
+    assert!(!l[0].contains("DHHC-1"), "{l:?}");
+
+    // HOST_B's exchange is taken meanwhile (its own share), and both
+    // complete once the worker goes on.
+    let (mut b, _) = admin(addr, HOST_B);
+    let hb = negotiate_only(&mut b, HOST_B, &kb, 4);
+    wait_until("HOST_B's job queued", || testing::dh_jobs(&t) == (1, 1));
+    testing::hold_dh(&t, false);
+    finish_exchange(&mut a1, h1).unwrap();
+    finish_exchange(&mut b, hb).unwrap();
+    enable(&mut a1);
+    enable(&mut b);
+    wait_until("the pool empty", || testing::dh_jobs(&t) == (0, 0));
+}
+
+/// A connection that goes away while its job is at the worker (closed by
+/// the host, or by `auth_timeout`) leaves nothing behind: the job is
+/// dropped, the pool's counts go back to zero, the host's share is free
+/// again (one job per host here) and the thread serves on.
+#[test]
+fn a_connection_gone_while_its_dh_job_runs_leaves_nothing() {
+    let k = key(24);
+    let auth = AuthOptions {
+        dh_queue_per_host: 1,
+        ..Default::default()
+    };
+    let o = TransportOptions {
+        auth_timeout: Duration::from_millis(300),
+        ..Default::default()
+    };
+    let t = target_with("dhgone", &[(HOST_A, &k)], None, o, auth);
+    let addr = t.listen_addrs()[0];
+
+    // Closed by the host.
+    testing::hold_dh(&t, true);
+    let (mut a, _) = admin(addr, HOST_A);
+    let _h = negotiate_only(&mut a, HOST_A, &k, 1);
+    wait_until("the job held", || testing::dh_jobs(&t) == (0, 1));
+    drop(a);
+    wait_until("the controller gone", || t.controllers() == 0);
+    testing::hold_dh(&t, false);
+    wait_until("the pool empty", || testing::dh_jobs(&t) == (0, 0));
+
+    // Closed by auth_timeout while the job is held.
+    testing::hold_dh(&t, true);
+    let (mut a, _) = admin(addr, HOST_A);
+    let peer = a.s.local_addr().unwrap().to_string();
+    let _h = negotiate_only(&mut a, HOST_A, &k, 2);
+    wait_until("the job held", || testing::dh_jobs(&t) == (0, 1));
+    a.expect_eof();
+    wait_logged(&["WARN", "not done in time", &peer, HOST_A]);
+    testing::hold_dh(&t, false);
+    wait_until("the pool empty", || testing::dh_jobs(&t) == (0, 0));
+    assert_eq!(t.controllers(), 0);
+
+    // The host's share is free: a new exchange succeeds.
+    let (mut a, _) = admin(addr, HOST_A);
+    authenticate(&mut a, HOST_A, &k, None, false).unwrap();
+    enable(&mut a);
 }

@@ -114,9 +114,25 @@ fn digests_and_dh_groups_take_spdks_names() {
         .unwrap_err()
         .to_string();
     assert!(e.contains("dhchap_dhgroups") && e.contains("array"), "{e}");
-    // The defaults: everything.
+    // The DH worker pool (pollux's own).
+    let c = base(
+        r#"{"dhchap_dh_threads": 2, "dhchap_dh_queue_per_host": 4, "dhchap_dh_queue_max": 16}"#,
+    )
+    .unwrap();
+    assert_eq!(
+        (
+            c.auth.dh_threads,
+            c.auth.dh_queue_per_host,
+            c.auth.dh_queue_max
+        ),
+        (2, 4, 16)
+    );
+    let e = base(r#"{"dhchap_dh_threads": 0}"#).unwrap_err().to_string();
+    assert!(e.contains("dhchap_dh_threads"), "{e}");
+    // The defaults: everything, one DH thread.
     let c = base("{}").unwrap();
     assert_eq!(c.auth, pollux_nvmf::AuthOptions::default());
+    assert_eq!(c.auth.dh_threads, 1);
 }
 
 /// A configuration with keys reads, starts, and its `save_config`
@@ -145,6 +161,7 @@ fn keys_read_start_and_save_back() {
     assert!(dbg.contains("key0") && !dbg.contains("AAECAw"), "{dbg}");
     let mut c = c;
     c.auth.digests = pollux_nvmf::names_to_mask(&pollux_nvmf::DIGESTS, ["sha512"]).unwrap();
+    c.auth.dh_queue_per_host = 7;
     let t = pollux_nvmf::Target::start(c, &[0], Default::default()).unwrap();
     let saved = serde_json::json!({"subsystems": [
         {"subsystem": "keyring", "config": t.save_config_keyring()},
@@ -160,6 +177,9 @@ fn keys_read_start_and_save_back() {
         pollux_nvmf::mask_to_names(&pollux_nvmf::DIGESTS, back.auth.digests),
         ["sha512"]
     );
+    assert_eq!(back.auth.dh_queue_per_host, 7);
+    // (Only what differs from the default: SPDK refuses unknown names.)
+    assert!(!text.contains("dhchap_dh_threads"), "{text}");
 }
 
 fn t_host_keys() -> Vec<pollux_nvmf::HostKeys> {

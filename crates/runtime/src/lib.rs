@@ -446,6 +446,28 @@ impl Drop for RuntimeHandle {
     }
 }
 
+/// Sends closures to a runtime's threads from any thread (a worker
+/// thread's results, say): a cheap handle to clone and keep, unlike
+/// [`RuntimeHandle`], which owns the runtime. From
+/// [`ThreadCtx::remote`]. Sending fails once the runtime shuts down (the
+/// closure is dropped unrun).
+#[derive(Clone)]
+pub struct Remote {
+    pub(crate) shared: Arc<Shared>,
+}
+
+impl Remote {
+    /// Sends `f` to run on thread `index` (as [`RuntimeHandle::send`]).
+    /// Do not call from a runtime thread (use [`ThreadCtx::send`]).
+    pub fn send(
+        &self,
+        index: usize,
+        f: impl FnOnce(&mut ThreadCtx) + Send + 'static,
+    ) -> Result<()> {
+        send_external(&self.shared, index, Box::new(f))
+    }
+}
+
 fn send_external(shared: &Shared, index: usize, msg: Msg) -> Result<()> {
     let count = shared.threads.len();
     let t = shared

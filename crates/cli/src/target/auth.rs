@@ -3,7 +3,8 @@
 //! the controller's, for bidirectional authentication), read as SPDK's
 //! `keyring_file_add_key` reads a key (a DHHC-1 secret in a file only its
 //! owner may access); `--dhchap-digests` and `--dhchap-dhgroups` restrict
-//! what the target offers (SPDK's `nvmf_set_config` names).
+//! what the target offers (SPDK's `nvmf_set_config` names);
+//! `--dhchap-dh-threads` sizes the DH worker pool.
 use std::path::{Path, PathBuf};
 
 use clap::{ArgMatches, Args};
@@ -37,6 +38,12 @@ pub struct DhchapArgs {
     /// null,ffdhe2048,ffdhe3072,ffdhe4096,ffdhe6144,ffdhe8192).
     #[arg(long = "dhchap-dhgroups", value_name = "LIST")]
     pub dhchap_dhgroups: Option<String>,
+    /// DH-HMAC-CHAP: threads that compute the Diffie-Hellman values
+    /// (off the reactor threads; JSON `nvmf_set_config`
+    /// `dhchap_dh_threads`; default 1).
+    #[arg(long = "dhchap-dh-threads", value_name = "N",
+          value_parser = clap::value_parser!(u32).range(1..=pollux_nvmf::MAX_DH_THREADS as i64))]
+    pub dhchap_dh_threads: Option<u32>,
     /// --host, --dhchap-key and --dhchap-ctrl-key in command-line order
     /// (from the parser's matches: `record_order`).
     #[arg(skip)]
@@ -84,6 +91,9 @@ impl DhchapArgs {
         if let Some(v) = &self.dhchap_dhgroups {
             cfg.auth.dhgroups = names_to_mask(&DHGROUPS, v.split(','))
                 .map_err(|e| bad("--dhchap-dhgroups", v, e))?;
+        }
+        if let Some(n) = self.dhchap_dh_threads {
+            cfg.auth.dh_threads = n;
         }
         Ok(())
     }

@@ -924,6 +924,8 @@ mod tests {
             "sha512",
             "--dhchap-dhgroups",
             "ffdhe2048,null",
+            "--dhchap-dh-threads",
+            "2",
         ])
         .unwrap();
         let s = &c.subsystems[0];
@@ -949,6 +951,7 @@ mod tests {
             pollux_nvmf::mask_to_names(&pollux_nvmf::DHGROUPS, c.auth.dhgroups),
             ["null", "ffdhe2048"]
         );
+        assert_eq!(c.auth.dh_threads, 2);
     }
 
     #[test]

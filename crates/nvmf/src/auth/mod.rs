@@ -30,8 +30,10 @@ use pollux_spec::{Sqe, Status};
 
 use crate::qpair::{gen, Bound, Qpair, QueueTransport, St};
 
+pub(crate) mod pool;
 pub(crate) mod state;
-use state::{Phase, QueueAuth, Step};
+use pool::{HostKey, Refused};
+use state::{DhDone, Phase, QueueAuth, Step};
 
 /// The largest Authentication Send (TL) or Receive (AL) transfer taken.
 /// (The largest message, a Reply with an ffdhe8192 value and SHA-512,
@@ -73,16 +75,44 @@ impl Qpair {
                 .as_ref()
                 .map(|b| b.as_slice()[..len.min(b.as_slice().len())].to_vec())
                 .unwrap_or_default();
-            return self.auth_message(None, x, i, &msg);
+            self.auth_time(true);
+            self.auth_message(None, x, i, &msg);
+            return self.auth_time(false);
         }
         if self.io.is_some() {
             self.finish(x, i, gen(generic::INTERNAL_ERROR), 0, 0);
         }
     }
 
+    /// The reactor's time on the exchange: a command (or result) begins
+    /// (`true`) or ends.
+    fn auth_time(&mut self, begin: bool) {
+        if let Some(a) = self.auth.as_mut() {
+            if begin {
+                a.reactor.begin();
+            } else {
+                a.reactor.end();
+            }
+        }
+    }
+
     /// Authentication Send or Receive (`send`) in slot `i`, with `icd`
     /// bytes of in-capsule data.
     pub(crate) fn auth_command<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        i: u16,
+        sqe: &Sqe,
+        icd: u32,
+        send: bool,
+    ) {
+        self.auth_time(true);
+        self.auth_command_timed(ctx, x, i, sqe, icd, send);
+        self.auth_time(false);
+    }
+
+    fn auth_command_timed<X: QueueTransport>(
         &mut self,
         ctx: &mut ThreadCtx,
         x: &mut X,
@@ -103,6 +133,12 @@ impl Qpair {
         if self.auth.is_none() {
             // The host has no key here: nothing to authenticate against.
             tracing::warn!(peer = %self.peer, qid = self.qid, "authentication command from a host without a DH-HMAC-CHAP key");
+            return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+        }
+        if self.auth.as_ref().is_some_and(|a| a.job.is_some()) {
+            // One step at a time: a host waits for its Authentication
+            // Send to complete before its next command of the exchange
+            // (as Linux's and SPDK's do).
             return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
         }
         let sgl = match Self::data_sgl(sqe, len, !send, self.icd_max.min(icd)) {
@@ -159,6 +195,9 @@ impl Qpair {
             }
             a.restart();
         }
+        if a.needs_worker(msg) {
+            return self.auth_offload(x, i, msg);
+        }
         let step = a.on_send(msg);
         self.auth_step(step);
         // (Linux completes the command; the host learns of a failure
@@ -167,6 +206,87 @@ impl Qpair {
         if let Some(ctx) = ctx {
             self.auth_close_if_failed(ctx, x);
         }
+    }
+
+    /// Sends the step of `msg` (an Authentication Send in slot `i`) to
+    /// the DH pool: the command completes when the result is back
+    /// ([`auth_done`](Self::auth_done)), and the reactor serves the other
+    /// queues meanwhile. Refused by the pool's bounds: the exchange fails
+    /// (the pool warns, once per burst), and the host's Authentication
+    /// Receive gets the AUTH_Failure1.
+    #[cold]
+    fn auth_offload<X: QueueTransport>(&mut self, x: &mut X, i: u16, msg: &[u8]) {
+        let (peer, thread, conn, qid) = (self.peer, self.thread, self.id, self.qid);
+        let pool = self.shared.dh.clone();
+        let Some(a) = self.auth.as_mut() else {
+            return self.finish(x, i, gen(generic::COMMAND_SEQUENCE_ERROR), 0, 0);
+        };
+        let host = HostKey {
+            addr: peer.ip(),
+            hostnqn: a.host().to_string(),
+        };
+        let (work, cancel) = a.lend(msg, i);
+        let deliver: fn(&mut ThreadCtx, u64, DhDone) = X::auth_done;
+        let r = match pool.remote().cloned() {
+            Some(remote) => pool.submit(
+                host,
+                peer,
+                cancel,
+                Box::new(move || {
+                    let done = work.run();
+                    Box::new(move || {
+                        // (The runtime shutting down: the result is dropped.)
+                        let _ = remote.send(thread, move |ctx| deliver(ctx, conn, done));
+                    })
+                }),
+            ),
+            None => Err(Refused::Stopped),
+        };
+        match r {
+            Ok(()) => self.slots[i as usize].st = St::Auth,
+            Err(why) => {
+                if let Some(a) = self.auth.as_mut() {
+                    tracing::debug!(%peer, qid, hostnqn = a.host(), "DH-HMAC-CHAP exchange refused: {why}");
+                    a.refuse(msg);
+                }
+                self.finish(x, i, Status::SUCCESS, 0, 0);
+            }
+        }
+    }
+
+    /// A DH pool's result for this queue: the step is taken, and the
+    /// Authentication Send that asked for it completes. (A result for a
+    /// job of an exchange started over or ended is dropped.)
+    #[cold]
+    pub(crate) fn auth_done<X: QueueTransport>(
+        &mut self,
+        ctx: &mut ThreadCtx,
+        x: &mut X,
+        done: DhDone,
+    ) {
+        let Some(a) = self.auth.as_mut() else {
+            return;
+        };
+        if a.job.as_ref().is_none_or(|j| j.ticket != done.ticket) {
+            return;
+        }
+        a.reactor.begin();
+        let job = a.job.take();
+        let step = a.on_done(done);
+        if let Some(step) = step {
+            self.auth_step(step);
+        }
+        if let Some(j) = job {
+            if self
+                .slots
+                .get(j.slot as usize)
+                .is_some_and(|s| s.st == St::Auth)
+            {
+                self.finish(x, j.slot, Status::SUCCESS, 0, 0);
+            }
+        }
+        self.auth_close_if_failed(ctx, x);
+        self.auth_time(false);
     }
 
     /// Authentication Receive of `al` bytes (slot `i`): the message the
@@ -218,7 +338,7 @@ impl Qpair {
         match step {
             Step::Continue => {}
             Step::Authenticated => {
-                tracing::info!(%peer, qid, cntlid, host = a.host(), subnqn = a.subnqn(), "host authenticated (DH-HMAC-CHAP)");
+                tracing::info!(%peer, qid, cntlid, host = a.host(), subnqn = a.subnqn(), reactor_us = a.reactor.micros(), "host authenticated (DH-HMAC-CHAP)");
                 if let Some(io) = a.parked_io.take() {
                     self.io = Some(io);
                 }

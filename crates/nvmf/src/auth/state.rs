@@ -2,6 +2,7 @@
 //! keys (what a subsystem's entry holds). The messages and their checks
 //! are `pollux-auth`'s [`CtrlAuth`]; this picks the step each message
 //! is and keeps what the next Authentication Receive returns.
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -61,6 +62,75 @@ pub(crate) enum Step {
     Failed(String),
 }
 
+/// A job of the queue's at the DH pool: the Authentication Send (slot)
+/// it completes, and its cancellation (set when the queue goes away).
+pub(crate) struct JobRef {
+    pub ticket: u64,
+    pub slot: u16,
+    cancel: Arc<AtomicBool>,
+}
+
+/// The step of an exchange that a DH group makes expensive, moved to a
+/// DH worker: the transaction (its keys zeroise themselves when dropped)
+/// and the message. No `Debug`: it holds the keys.
+pub(crate) struct DhWork {
+    ticket: u64,
+    machine: CtrlAuth,
+    msg: Vec<u8>,
+}
+
+impl DhWork {
+    /// Runs the step (on the worker).
+    pub fn run(mut self) -> DhDone {
+        let r = QueueAuth::dispatch(&mut self.machine, &self.msg);
+        DhDone {
+            ticket: self.ticket,
+            machine: self.machine,
+            r,
+        }
+    }
+}
+
+/// What a DH worker did: the transaction back, and the step's result.
+pub(crate) struct DhDone {
+    pub ticket: u64,
+    machine: CtrlAuth,
+    r: Result<Option<Vec<u8>>, AuthError>,
+}
+
+/// The time the reactor thread spent on the exchange so far (its
+/// Authentication Send/Receive commands and the DH pool's results).
+#[derive(Default)]
+pub(crate) struct ReactorTime {
+    total: std::time::Duration,
+    /// The start of the command (or result) being handled.
+    current: Option<Instant>,
+}
+
+impl ReactorTime {
+    pub fn begin(&mut self) {
+        self.current = Some(Instant::now());
+    }
+
+    pub fn end(&mut self) {
+        if let Some(t) = self.current.take() {
+            self.total += t.elapsed();
+        }
+    }
+
+    /// Microseconds so far (the current command's included).
+    pub fn micros(&self) -> u64 {
+        let now = self
+            .current
+            .map_or(std::time::Duration::ZERO, |t| t.elapsed());
+        (self.total + now).as_micros() as u64
+    }
+
+    pub fn reset(&mut self) {
+        self.total = std::time::Duration::ZERO;
+    }
+}
+
 /// One queue's DH-HMAC-CHAP state.
 pub(crate) struct QueueAuth {
     cfg: Arc<CtrlConfig>,
@@ -76,6 +146,21 @@ pub(crate) struct QueueAuth {
     pub since: Instant,
     /// An I/O queue's submission side, waiting for the gate to open.
     pub parked_io: Option<IoQ>,
+    /// A step of the exchange at the DH pool (its Authentication Send
+    /// completes when it is back).
+    pub job: Option<JobRef>,
+    tickets: u64,
+    /// The reactor thread's time on the exchange (logged with its end).
+    pub reactor: ReactorTime,
+}
+
+impl Drop for QueueAuth {
+    fn drop(&mut self) {
+        // The queue is gone: its job, if still waiting, is not run.
+        if let Some(j) = &self.job {
+            j.cancel.store(true, Relaxed);
+        }
+    }
 }
 
 impl QueueAuth {
@@ -94,6 +179,9 @@ impl QueueAuth {
             phase: Phase::Running,
             since: now,
             parked_io: None,
+            job: None,
+            tickets: 0,
+            reactor: Default::default(),
         }
     }
 
@@ -122,6 +210,7 @@ impl QueueAuth {
         self.machine = CtrlAuth::new(self.cfg.clone());
         self.pending = None;
         self.phase = Phase::Running;
+        self.reactor.reset();
     }
 
     /// An Authentication Send's message.
@@ -133,27 +222,95 @@ impl QueueAuth {
             };
             return self.fail(e);
         }
+        let r = Self::dispatch(&mut self.machine, msg);
+        self.apply(r)
+    }
+
+    /// Taking `msg` costs a modular exponentiation (an ffdhe group's key
+    /// pair or shared secret): it goes to the DH pool ([`lend`](Self::lend)).
+    pub fn needs_worker(&self, msg: &[u8]) -> bool {
+        self.phase == Phase::Running && self.job.is_none() && self.machine.needs_dh(msg)
+    }
+
+    /// The step of `msg`, an Authentication Send in slot `slot`, as a job
+    /// for the DH pool (the transaction moves with it), and its
+    /// cancellation.
+    pub fn lend(&mut self, msg: &[u8], slot: u16) -> (DhWork, Arc<AtomicBool>) {
+        self.tickets += 1;
+        let cancel = Arc::new(AtomicBool::new(false));
+        self.job = Some(JobRef {
+            ticket: self.tickets,
+            slot,
+            cancel: cancel.clone(),
+        });
+        let machine = std::mem::replace(&mut self.machine, CtrlAuth::new(self.cfg.clone()));
+        let work = DhWork {
+            ticket: self.tickets,
+            machine,
+            msg: msg.to_vec(),
+        };
+        (work, cancel)
+    }
+
+    /// The job's result is back (its ticket is the queue's `job`'s, which
+    /// the caller took): the transaction returns, and the step is taken
+    /// unless the exchange ended meanwhile (a re-authentication out of
+    /// time): `None` then.
+    pub fn on_done(&mut self, d: DhDone) -> Option<Step> {
+        self.machine = d.machine;
+        if self.phase != Phase::Running {
+            self.machine = CtrlAuth::new(self.cfg.clone());
+            return None;
+        }
+        Some(self.apply(d.r))
+    }
+
+    /// The DH pool refused the job for `msg` (its bounds): the exchange
+    /// fails with AUTH_Failure1, "authentication failed" (the host may
+    /// try again later).
+    pub fn refuse(&mut self, msg: &[u8]) {
+        self.job = None;
+        // (Every DH-HMAC-CHAP message has its T_ID at bytes 4..6.)
+        let t_id = msg
+            .get(4..6)
+            .map_or(self.machine.t_id(), |b| u16::from_le_bytes([b[0], b[1]]));
+        self.machine = CtrlAuth::new(self.cfg.clone());
+        self.pending = Some(encode_failure(
+            AuthId::Failure1,
+            t_id,
+            FailureExplanation::Failed as u8,
+        ));
+        self.phase = Phase::Failing;
+    }
+
+    /// Takes `msg` into the transaction `machine`: the message to return
+    /// next, if any.
+    fn dispatch(machine: &mut CtrlAuth, msg: &[u8]) -> Result<Option<Vec<u8>>, AuthError> {
         let Some((ty, id)) = message_id(msg) else {
-            return self.fail(AuthError::Truncated {
+            return Err(AuthError::Truncated {
                 msg: "AUTH message",
                 len: msg.len(),
                 need: 2,
             });
         };
         let is = |a: AuthId| (ty, id) == (a.auth_type(), a as u8);
-        let r = if is(AuthId::Negotiate) {
-            self.machine.negotiate(msg).map(Some)
+        if is(AuthId::Negotiate) {
+            machine.negotiate(msg).map(Some)
         } else if is(AuthId::Reply) {
-            self.machine.reply(msg).map(Some)
+            machine.reply(msg).map(Some)
         } else if is(AuthId::Success2) || is(AuthId::Failure2) {
-            self.machine.success2(msg).map(|()| None)
+            machine.success2(msg).map(|()| None)
         } else {
             Err(AuthError::UnexpectedMessage {
                 expected: "AUTH_Negotiate, DH-HMAC-CHAP_Reply or DH-HMAC-CHAP_Success2",
                 auth_type: ty,
                 auth_id: id,
             })
-        };
+        }
+    }
+
+    /// What a step's result does to the exchange.
+    fn apply(&mut self, r: Result<Option<Vec<u8>>, AuthError>) -> Step {
         match r {
             Ok(out) => {
                 self.pending = out;

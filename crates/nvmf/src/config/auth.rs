@@ -143,18 +143,39 @@ pub const DHGROUPS: [(&str, u8); 6] = [
 ];
 
 /// What the target offers in DH-HMAC-CHAP: masks of identifiers (bit
-/// `id`) of [`DIGESTS`] and [`DHGROUPS`]; all of them by default.
+/// `id`) of [`DIGESTS`] and [`DHGROUPS`]; all of them by default. And
+/// where its Diffie-Hellman work runs: on `dh_threads` worker threads
+/// (not the reactor threads), with at most `dh_queue_per_host` jobs of
+/// one host (peer address and host NQN) and `dh_queue_max` in all
+/// waiting or running; an exchange beyond them fails (AUTH_Failure1).
+/// (pollux's own, `nvmf_set_config` `dhchap_dh_threads`,
+/// `dhchap_dh_queue_per_host`, `dhchap_dh_queue_max`; SPDK has none.)
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AuthOptions {
     pub digests: u8,
     pub dhgroups: u8,
+    pub dh_threads: u32,
+    pub dh_queue_per_host: u32,
+    pub dh_queue_max: u32,
 }
+
+/// Most DH worker threads.
+pub const MAX_DH_THREADS: u32 = 64;
+/// Most jobs the DH pool may be allowed to hold.
+pub const MAX_DH_QUEUE: u32 = 65536;
 
 impl Default for AuthOptions {
     fn default() -> Self {
         AuthOptions {
             digests: mask(&DIGESTS),
             dhgroups: mask(&DHGROUPS),
+            dh_threads: 1,
+            // A controller's queues re-authenticating at once (Linux
+            // starts every I/O queue's exchange together): 127 I/O
+            // queues and the admin queue.
+            dh_queue_per_host: 128,
+            // At most one job per queue: the default max_connections.
+            dh_queue_max: 1024,
         }
     }
 }

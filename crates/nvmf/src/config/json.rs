@@ -11,7 +11,9 @@ use pollux_spec::fabrics::DISCOVERY_NQN;
 use pollux_spec::log::AnaState;
 use serde_json::{Map, Value};
 
-use super::auth::{names_to_mask, HostKeys, KeyFile, DHGROUPS, DIGESTS};
+use super::auth::{
+    names_to_mask, HostKeys, KeyFile, DHGROUPS, DIGESTS, MAX_DH_QUEUE, MAX_DH_THREADS,
+};
 use super::error::ConfigError;
 use super::target::{
     check_cntlid_range, parse_hex_id, parse_uuid, NamespaceConfig, SubsystemConfig, TargetConfig,
@@ -465,12 +467,24 @@ impl TargetConfig {
                     "admin_cmd_passthru",
                     "dhchap_digests",
                     "dhchap_dhgroups",
+                    "dhchap_dh_threads",
+                    "dhchap_dh_queue_per_host",
+                    "dhchap_dh_queue_max",
                 ])?;
                 if let Some(m) = name_list(&p, "dhchap_digests", &DIGESTS)? {
                     self.auth.digests = m;
                 }
                 if let Some(m) = name_list(&p, "dhchap_dhgroups", &DHGROUPS)? {
                     self.auth.dhgroups = m;
+                }
+                if let Some(v) = p.uint("dhchap_dh_threads", 1, MAX_DH_THREADS as u64)? {
+                    self.auth.dh_threads = v as u32;
+                }
+                if let Some(v) = p.uint("dhchap_dh_queue_per_host", 1, MAX_DH_QUEUE as u64)? {
+                    self.auth.dh_queue_per_host = v as u32;
+                }
+                if let Some(v) = p.uint("dhchap_dh_queue_max", 1, MAX_DH_QUEUE as u64)? {
+                    self.auth.dh_queue_max = v as u32;
                 }
                 for k in ["discovery_filter", "poll_groups_mask", "admin_cmd_passthru"] {
                     if params.contains_key(k) {

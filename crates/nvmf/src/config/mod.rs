@@ -34,8 +34,10 @@
 //! `discovery`: a listener of the discovery subsystem alone),
 //! `nvmf_subsystem_add_host` (`nqn`, `host`, and DH-HMAC-CHAP keys by
 //! keyring name: `dhchap_key`, `dhchap_ctrlr_key`), `nvmf_set_config`
-//! (`dhchap_digests`, `dhchap_dhgroups`: what DH-HMAC-CHAP offers; its
-//! other parameters ignored with a warning). The `keyring` subsystem
+//! (`dhchap_digests`, `dhchap_dhgroups`: what DH-HMAC-CHAP offers;
+//! pollux's own `dhchap_dh_threads`, `dhchap_dh_queue_per_host`,
+//! `dhchap_dh_queue_max`: its DH worker pool; its other parameters
+//! ignored with a warning). The `keyring` subsystem
 //! (read before `nvmf`, wherever it stands): `keyring_file_add_key`
 //! (`name`, `path`: a DHHC-1 secret in a file only its owner may access,
 //! as SPDK's `keyring_file` takes it). `nvmf_set_max_subsystems` and
@@ -52,6 +54,7 @@ mod transport;
 
 pub use auth::{
     mask_to_names, names_to_mask, AuthOptions, HostKeys, KeyFile, Keyring, DHGROUPS, DIGESTS,
+    MAX_DH_QUEUE, MAX_DH_THREADS,
 };
 pub use error::ConfigError;
 pub use reload::{

@@ -158,8 +158,9 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
             .push("the transport's options (nvmf_create_transport) changed".into());
     }
     if o.auth != n.auth {
-        out.not_applied
-            .push("nvmf_set_config's dhchap_digests/dhchap_dhgroups changed".into());
+        out.not_applied.push(
+            "nvmf_set_config's dhchap_* options (digests, DH groups, DH pool) changed".into(),
+        );
     }
     for (what, names) in named_diff(
         o.keyring.keys.iter().map(|k| (k.name.as_str(), k)),

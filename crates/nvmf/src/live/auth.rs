@@ -122,9 +122,26 @@ impl Target {
     /// digests and DH groups offered.
     pub(crate) fn save_config_set_config(&self) -> Value {
         let a = self.shared().auth;
-        json!({"method": "nvmf_set_config", "params": {
+        let mut j = json!({"method": "nvmf_set_config", "params": {
             "dhchap_digests": mask_to_names(&DIGESTS, a.digests),
             "dhchap_dhgroups": mask_to_names(&DHGROUPS, a.dhgroups),
-        }})
+        }});
+        // pollux's own: written only when not the default (SPDK's reader
+        // refuses unknown parameters).
+        let d = crate::config::AuthOptions::default();
+        for (k, v, dv) in [
+            ("dhchap_dh_threads", a.dh_threads, d.dh_threads),
+            (
+                "dhchap_dh_queue_per_host",
+                a.dh_queue_per_host,
+                d.dh_queue_per_host,
+            ),
+            ("dhchap_dh_queue_max", a.dh_queue_max, d.dh_queue_max),
+        ] {
+            if v != dv {
+                j["params"][k] = v.into();
+            }
+        }
+        j
     }
 }

@@ -358,6 +358,14 @@ impl<W: Wire> Conn<W> {
             && self.qp.auth_expired(ctx, now, limit)
     }
 
+    /// The DH pool's result for this queue's exchange (dropped if the
+    /// connection is closing).
+    pub fn auth_done(&mut self, ctx: &mut ThreadCtx, done: crate::auth::state::DhDone) {
+        if self.tcp.phase == Phase::Ready {
+            self.qp.auth_done(ctx, &mut self.tcp, done);
+        }
+    }
+
     /// The handshake stage this connection has spent longer in than the
     /// transport options allow, if any, and that limit.
     pub fn handshake_expired(&self, now: Instant) -> Option<(Stage, Duration)> {

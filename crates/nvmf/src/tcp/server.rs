@@ -25,6 +25,7 @@ use std::time::{Duration, Instant};
 
 use pollux_runtime::{Poll, ThreadCtx};
 
+use crate::auth::state::DhDone;
 use crate::config::{SockImpl as SockImplKind, TransportOptions};
 use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
@@ -289,6 +290,20 @@ fn events_conn_in<W: SockImpl>(tab: &TableRef<W>, id: u64) {
     }
 }
 
+/// Hands the DH pool's result `done` to connection `id` of this thread
+/// (dropped, its keys zeroised, if the connection is gone).
+pub(crate) fn auth_done_conn(ctx: &mut ThreadCtx, id: u64, done: DhDone) {
+    on_this_table!(tab => auth_done_in(ctx, &tab, id, done), ())
+}
+
+fn auth_done_in<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>, id: u64, done: DhDone) {
+    with(tab, |t| {
+        if let Some(c) = t.conns.iter_mut().find(|c| c.id() == id) {
+            c.auth_done(ctx, done);
+        }
+    });
+}
+
 /// Sets up runtime thread `ctx` (its connection table, pollers, timer
 /// and drain); `listeners` (thread 0's) are accepted from here.
 pub(crate) fn init(
@@ -319,6 +334,7 @@ fn init_with<W: SockImpl>(
     listeners: Option<Listeners>,
 ) -> std::io::Result<()> {
     let io = W::thread(ctx, &shared.opts)?;
+    shared.dh.set_remote(ctx.remote());
     let listeners: Vec<TcpListener> = listeners.map(Listeners::into_sockets).unwrap_or_default();
     for l in &listeners {
         if let Err(e) = ctx.register_wake_fd(l.as_fd()) {

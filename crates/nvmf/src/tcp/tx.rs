@@ -93,6 +93,10 @@ impl<W: Wire> QueueTransport for Tcp<W> {
     fn queue_events(ctx: &mut ThreadCtx, conn: u64) {
         crate::tcp::server::events_conn(ctx, conn);
     }
+
+    fn auth_done(ctx: &mut ThreadCtx, conn: u64, done: crate::auth::state::DhDone) {
+        crate::tcp::server::auth_done_conn(ctx, conn, done);
+    }
 }
 
 impl<W: Wire> Tcp<W> {

@@ -256,6 +256,14 @@ impl ThreadCtx {
         self.draining
     }
 
+    /// A handle that sends closures to this runtime's threads from any
+    /// thread (see [`Remote`](crate::Remote)).
+    pub fn remote(&self) -> crate::Remote {
+        crate::Remote {
+            shared: self.shared.clone(),
+        }
+    }
+
     /// Sends `f` to run on thread `target` (possibly this one, at its next
     /// loop iteration). Messages from one thread to another run in the
     /// order sent.
