@@ -388,3 +388,48 @@ fn ana_states_choose_the_path_and_follow_changes() {
     v.drain(&mut mp);
     assert!(v.errors.is_empty(), "{:?}", v.errors);
 }
+
+/// A usable path learns of a better state with no I/O error to tell it
+/// (no ANA Change notice either: the host runs no AERs): the optimized
+/// path turns non-optimized and the non-optimized one optimized, both
+/// still usable; the periodic reading of the ANA logs moves the I/O.
+#[test]
+fn usable_paths_follow_ana_changes_without_an_io_error() {
+    let b = ram();
+    let non = ana_target(&b, AnaState::NonOptimized, (1, 99));
+    let opt = ana_target(&b, AnaState::Optimized, (100, 199));
+    let m = Multipath::connect(
+        &[trid(&non, NQN), trid(&opt, NQN)],
+        &ControllerOptions::default(),
+        None,
+        Policy::ActivePassive,
+        Selector::RoundRobin,
+    )
+    .unwrap();
+    let mut mp = m
+        .alloc_qpair(QpairOptions {
+            depth: 16,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let mut v = Verify::new(16);
+    v.start(&mut mp, &m);
+    v.run(&mut mp, |_, v| v.ios >= 1000);
+    assert_eq!(stats(&mp)[0].submitted, 0, "{:?}", stats(&mp));
+    opt.set_ana_state(NQN, opt.listen_addrs()[0], AnaState::NonOptimized, None)
+        .unwrap();
+    non.set_ana_state(NQN, non.listen_addrs()[0], AnaState::Optimized, None)
+        .unwrap();
+    v.run(&mut mp, |mp, _| stats(mp)[0].submitted >= 1000);
+    let before = stats(&mp)[1].submitted;
+    let at = v.ios;
+    v.run(&mut mp, |_, v| v.ios >= at + 1000);
+    let s = stats(&mp);
+    assert!(
+        s[1].submitted - before <= 16,
+        "the now non-optimized path still gets I/O: {s:?}"
+    );
+    v.drain(&mut mp);
+    assert!(v.errors.is_empty(), "{:?}", v.errors);
+    assert_eq!(s[0].downs + s[1].downs, 0, "{s:?}");
+}

@@ -18,12 +18,14 @@
 //! controller is down. The state is read from the ANA log page at
 //! connect, again when an I/O gets an ANA path status (Asymmetric Access
 //! Inaccessible, Persistent Loss, Transition), and when a path comes
-//! back, and every 65536 polls of a queue pair for a path whose state
-//! makes it unusable (at most every [`PROBE_INTERVAL`]); a controller
-//! without ANA reporting (CMIC bit 3) is optimized. (ANA Change notices,
-//! AENs, are not used: the host core does not run Asynchronous Event
-//! Requests; so a path that is usable, e.g. non-optimized, learns of a
-//! better state only through an I/O's ANA status.) Among the best paths, as SPDK's
+//! back; and every 65536 polls of a queue pair, for a path whose state
+//! makes it unusable (at most every [`PROBE_INTERVAL`]) and for the
+//! usable ones (at most every [`ANA_REFRESH`], by whichever queue pair
+//! of the paths comes first). A controller without ANA reporting (CMIC
+//! bit 3) is optimized. (ANA Change notices, AENs, are not used: the
+//! host core does not run Asynchronous Event Requests; the periodic
+//! reading is how a usable path, e.g. non-optimized, learns of a better
+//! state, or an optimized one of a worse.) Among the best paths, as SPDK's
 //! `bdev_nvme_set_multipath_policy`: [`Policy::ActivePassive`] uses the
 //! first (in the order given) until it fails; [`Policy::ActiveActive`]
 //! spreads I/O by [`Selector::RoundRobin`] or [`Selector::QueueDepth`]
@@ -72,6 +74,6 @@ mod paths;
 mod qpair;
 mod set;
 
-pub use paths::{Policy, Selector, PROBE_INTERVAL};
+pub use paths::{Policy, Selector, ANA_REFRESH, PROBE_INTERVAL};
 pub use qpair::{MpQueuePair, PathStats};
 pub use set::{path_trid, Multipath, MultipathError};

@@ -1,8 +1,8 @@
 //! The paths of a multipath namespace, shared by its queue pairs: each
 //! path's controller and namespace, its ANA state, and the policy that
 //! chooses among them.
-use std::sync::atomic::{AtomicU32, AtomicU8, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
 
 use pollux_nvme::Namespace;
 use pollux_spec::identify::CMIC_ANA;
@@ -13,6 +13,11 @@ use crate::ctrl::Controller;
 /// How often a queue pair asks a down path's controller whether it is
 /// back.
 pub const PROBE_INTERVAL: Duration = Duration::from_millis(10);
+
+/// How often the ANA states of usable paths are read again (the host
+/// core runs no Asynchronous Event Requests, so ANA Change notices are
+/// not seen: a usable path learns of a better or worse state this way).
+pub const ANA_REFRESH: Duration = Duration::from_secs(1);
 
 /// SPDK's `bdev_nvme_set_multipath_policy` `policy`.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
@@ -121,6 +126,12 @@ pub(crate) struct Paths {
     /// Bumped whenever a path's ANA rank changes: queue pairs compare it
     /// once per poll.
     pub ana_gen: AtomicU32,
+    /// Time base of `ana_due`.
+    pub epoch: Instant,
+    /// When the usable paths' ANA states are read again (ms since
+    /// `epoch`): the queue pair that finds it due first claims the
+    /// reading.
+    pub ana_due: AtomicU64,
 }
 
 impl Path {
@@ -176,6 +187,31 @@ impl Paths {
     pub fn read_all_ana(&self) {
         for i in 0..self.list.len() {
             self.refresh_ana(i);
+        }
+    }
+
+    /// Reads again the ANA state of each path `usable` names, if
+    /// `ANA_REFRESH` passed since the last such reading by any queue
+    /// pair of these paths (the first to find it due claims it, so the
+    /// controllers see one Get Log Page per path per interval).
+    pub fn refresh_due(&self, now: Instant, usable: impl Fn(usize) -> bool) {
+        let ms = now.saturating_duration_since(self.epoch).as_millis() as u64;
+        let due = self.ana_due.load(Ordering::Relaxed);
+        if ms < due {
+            return;
+        }
+        let next = ms + ANA_REFRESH.as_millis() as u64;
+        if self
+            .ana_due
+            .compare_exchange(due, next, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        for i in 0..self.list.len() {
+            if usable(i) {
+                self.refresh_ana(i);
+            }
         }
     }
 }

@@ -193,15 +193,16 @@ pub struct MpQueuePair {
     ana_gen: u32,
     ndown: usize,
     /// Some path's ANA state makes it unusable: its ANA log is read again
-    /// every `ANA_POLLS` polls (no ANA Change notices: see the module
-    /// docs).
+    /// at most every `PROBE_INTERVAL` (no ANA Change notices: see the
+    /// module docs).
     unusable: bool,
     polls: u32,
     next_probe: Option<Instant>,
 }
 
-/// Polls between two readings of the ANA state of a path whose state
-/// makes it unusable (at most every `PROBE_INTERVAL` too).
+/// Polls between two looks at the ANA states (`cold`): an unusable
+/// path's is read again at most every `PROBE_INTERVAL`, the usable
+/// paths' at most every `ANA_REFRESH` (by one queue pair of the paths).
 const ANA_POLLS: u32 = 1 << 16;
 
 impl MpQueuePair {
@@ -439,7 +440,7 @@ impl MpQueuePair {
         self.polls = self.polls.wrapping_add(1);
         if self.b.cold
             || self.ndown > 0
-            || (self.unusable && self.polls & (ANA_POLLS - 1) == 0)
+            || self.polls & (ANA_POLLS - 1) == 0
             || !self.b.again.is_empty()
             || !self.b.parked.is_empty()
             || self
@@ -491,6 +492,11 @@ impl MpQueuePair {
             }
         }
         self.probe();
+        if self.polls & (ANA_POLLS - 1) == 0 {
+            let qps = &self.qps;
+            self.paths
+                .refresh_due(Instant::now(), |p| qps[p].rank < UNUSABLE);
+        }
         self.reload_ranks();
         for (p, n) in self.b.failed_over.iter_mut().enumerate() {
             self.qps[p].stats.failed_over += std::mem::take(n);

@@ -1,12 +1,12 @@
 //! [`Multipath`]: the paths of one namespace, checked to be the same
 //! namespace, and the queue pairs over them.
-use std::sync::atomic::{AtomicU32, AtomicU8};
+use std::sync::atomic::{AtomicU32, AtomicU64, AtomicU8};
 use std::sync::Arc;
 
 use pollux_nvme::QpairOptions;
 
 use super::ident::NsIdentity;
-use super::paths::{Path, Paths, Policy, Selector, OPTIMIZED};
+use super::paths::{Path, Paths, Policy, Selector, ANA_REFRESH, OPTIMIZED};
 use super::qpair::MpQueuePair;
 use crate::ctrl::Controller;
 use crate::trid::Trid;
@@ -135,6 +135,8 @@ impl Multipath {
             policy,
             selector,
             ana_gen: AtomicU32::new(0),
+            epoch: std::time::Instant::now(),
+            ana_due: AtomicU64::new(ANA_REFRESH.as_millis() as u64),
         };
         paths.read_all_ana();
         Ok(Multipath {
