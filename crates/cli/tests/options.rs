@@ -139,6 +139,7 @@ fn target_help_lists_every_option() {
             ("--dhchap-ctrl-key", None),
             ("--dhchap-digests", None),
             ("--dhchap-dhgroups", None),
+            ("--dhchap-dh-threads", None),
             ("--serial", None),
             ("--model", None),
             ("-m, --cpumask", Some("0x1")),
