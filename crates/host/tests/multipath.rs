@@ -338,6 +338,30 @@ fn a_path_that_dies_fails_over_and_comes_back() {
     drop(again);
 }
 
+/// One namespace over `non` (path 0) and `opt` (path 1), round robin
+/// under `policy`, and a queue pair of depth 16.
+fn over_non_and_opt(
+    non: &pollux_nvmf::Target,
+    opt: &pollux_nvmf::Target,
+    policy: Policy,
+) -> (Multipath, MpQueuePair) {
+    let m = Multipath::connect(
+        &[trid(non, NQN), trid(opt, NQN)],
+        &ControllerOptions::default(),
+        None,
+        policy,
+        Selector::RoundRobin,
+    )
+    .unwrap();
+    let mp = m
+        .alloc_qpair(QpairOptions {
+            depth: 16,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    (m, mp)
+}
+
 /// ANA states choose the path: the optimized one over the non-optimized
 /// one; when it turns inaccessible (live, as
 /// nvmf_subsystem_listener_set_ana_state does), the I/O it refuses goes
@@ -348,20 +372,7 @@ fn ana_states_choose_the_path_and_follow_changes() {
     let b = ram();
     let opt = ana_target(&b, AnaState::Optimized, (1, 99));
     let non = ana_target(&b, AnaState::NonOptimized, (100, 199));
-    let m = Multipath::connect(
-        &[trid(&non, NQN), trid(&opt, NQN)],
-        &ControllerOptions::default(),
-        None,
-        Policy::ActiveActive,
-        Selector::RoundRobin,
-    )
-    .unwrap();
-    let mut mp = m
-        .alloc_qpair(QpairOptions {
-            depth: 16,
-            ..QpairOptions::default()
-        })
-        .unwrap();
+    let (m, mut mp) = over_non_and_opt(&non, &opt, Policy::ActiveActive);
     let mut v = Verify::new(16);
     v.start(&mut mp, &m);
     v.run(&mut mp, |_, v| v.ios >= 1000);
@@ -398,20 +409,7 @@ fn usable_paths_follow_ana_changes_without_an_io_error() {
     let b = ram();
     let non = ana_target(&b, AnaState::NonOptimized, (1, 99));
     let opt = ana_target(&b, AnaState::Optimized, (100, 199));
-    let m = Multipath::connect(
-        &[trid(&non, NQN), trid(&opt, NQN)],
-        &ControllerOptions::default(),
-        None,
-        Policy::ActivePassive,
-        Selector::RoundRobin,
-    )
-    .unwrap();
-    let mut mp = m
-        .alloc_qpair(QpairOptions {
-            depth: 16,
-            ..QpairOptions::default()
-        })
-        .unwrap();
+    let (m, mut mp) = over_non_and_opt(&non, &opt, Policy::ActivePassive);
     let mut v = Verify::new(16);
     v.start(&mut mp, &m);
     v.run(&mut mp, |_, v| v.ios >= 1000);
