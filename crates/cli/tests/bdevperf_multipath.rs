@@ -19,7 +19,6 @@ fn bdevperf_verify_over_two_paths_while_one_target_is_killed_and_restarted() {
     let file = common::image("bdev-mp-kill");
     let a = common::FileTarget::start(&file, NQN, 0);
     let b = common::FileTarget::start(&file, NQN, 0);
-    let port = a.port;
     let (ra, rb) = (a.trid(NQN), b.trid(NQN));
     let args = [
         "bdevperf",
@@ -44,15 +43,7 @@ fn bdevperf_verify_over_two_paths_while_one_target_is_killed_and_restarted() {
     let child = common::spawn(&args);
     // Kill the first target 1.5 s in, serve the file again on its port
     // 1.5 s later.
-    let file2 = file.clone();
-    let killer = std::thread::spawn(move || {
-        let mut a = a;
-        std::thread::sleep(Duration::from_millis(1500));
-        let _ = a.child.kill();
-        let _ = a.child.wait();
-        std::thread::sleep(Duration::from_millis(1500));
-        common::FileTarget::start(&file2, NQN, port)
-    });
+    let killer = a.kill_and_restart(&file, NQN, Duration::from_millis(1500));
     let (code, out, err) = common::finish(child, &args, None);
     let _again = killer.join().unwrap();
     assert_eq!(code, 0, "{out}\n{err}");

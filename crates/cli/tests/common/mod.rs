@@ -233,6 +233,25 @@ impl FileTarget {
     }
 
     /// Its transport ID for subsystem `nqn` (reconnecting every second).
+    /// On a thread of its own: kills this target `after` from now, then
+    /// serves `file` again on its port `after` later; the thread returns
+    /// the new target.
+    pub fn kill_and_restart(
+        mut self,
+        file: &str,
+        nqn: &str,
+        after: std::time::Duration,
+    ) -> std::thread::JoinHandle<FileTarget> {
+        let (file, nqn, port) = (file.to_string(), nqn.to_string(), self.port);
+        std::thread::spawn(move || {
+            std::thread::sleep(after);
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+            std::thread::sleep(after);
+            FileTarget::start(&file, &nqn, port)
+        })
+    }
+
     pub fn trid(&self, nqn: &str) -> String {
         format!(
             "trtype:tcp traddr:127.0.0.1 trsvcid:{} subnqn:{nqn} reconnect_delay:1",
