@@ -232,7 +232,6 @@ impl FileTarget {
         }
     }
 
-    /// Its transport ID for subsystem `nqn` (reconnecting every second).
     /// On a thread of its own: kills this target `after` from now, then
     /// serves `file` again on its port `after` later; the thread returns
     /// the new target.
@@ -252,6 +251,7 @@ impl FileTarget {
         })
     }
 
+    /// Its transport ID for subsystem `nqn` (reconnecting every second).
     pub fn trid(&self, nqn: &str) -> String {
         format!(
             "trtype:tcp traddr:127.0.0.1 trsvcid:{} subnqn:{nqn} reconnect_delay:1",
