@@ -143,16 +143,17 @@ impl PcieCq {
         }
     }
 
-    /// The loop over one entry at a time.
+    /// The loop over one entry at a time; `PREFETCH` is `self.prefetch`,
+    /// a constant of the loop so it is not tested per entry.
     #[inline(always)]
-    fn reap_each<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
+    fn reap_each<S: CqeSink, const PREFETCH: bool>(&mut self, max: u32, sink: &mut S) -> u32 {
         let mut n = 0;
         while n < max {
             let Some((w3, dw0)) = self.posted(self.head) else {
                 break;
             };
             self.advance();
-            if self.prefetch {
+            if PREFETCH {
                 // A relaxed peek only chooses what to prefetch; a stale CID
                 // is harmless.
                 // SAFETY: as in `status_word`.
@@ -208,8 +209,10 @@ impl CompletionQueue for PcieCq {
     fn reap<S: CqeSink>(&mut self, max: u32, sink: &mut S) -> u32 {
         if self.line_batch {
             self.reap_lines(max, sink)
+        } else if self.prefetch {
+            self.reap_each::<S, true>(max, sink)
         } else {
-            self.reap_each(max, sink)
+            self.reap_each::<S, false>(max, sink)
         }
     }
 
