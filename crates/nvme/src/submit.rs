@@ -421,12 +421,24 @@ fn check_rw(
     check_lbas(ns, lba, nlb)?;
     let expected = (nlb as usize) << ns.lba_shift;
     if len != expected {
-        return Err(SubmitError::BufferLength { expected, got: len });
+        return Err(bad_length(expected, len));
     }
     if iova0 & 3 != 0 {
-        return Err(SubmitError::Unaligned { iova: iova0 });
+        return Err(unaligned(iova0));
     }
     Ok(())
+}
+
+/// Out of line, as `out_of_range`: built inline, each error's variant was
+/// set ahead of its test on the path that passes it.
+#[cold]
+fn bad_length(expected: usize, got: usize) -> SubmitError {
+    SubmitError::BufferLength { expected, got }
+}
+
+#[cold]
+fn unaligned(iova: u64) -> SubmitError {
+    SubmitError::Unaligned { iova }
 }
 
 /// A request refused at submission: nothing was queued or sent, and the
