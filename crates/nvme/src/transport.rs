@@ -237,6 +237,35 @@ pub trait SubmissionQueue: Send {
         addr0: u64,
         addr_at: impl Fn(usize) -> u64,
     ) -> Result<(), SubmitError>;
+    /// A Read or Write (`opc`) of the NVM command set for tracker `cid`:
+    /// `nsid`, starting LBA `slba`, `cdw12` (NLB, 0's based, and the
+    /// flags), the data as for [`push`](Self::push), every other field
+    /// zero. The same command as `push` of `Sqe::rw(..)`; a transport
+    /// may store it field by field, where a built `Sqe` went through
+    /// vector registers (PCIe).
+    ///
+    /// # Safety
+    /// As for [`push`](Self::push).
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    unsafe fn push_rw(
+        &mut self,
+        cid: u16,
+        opc: u8,
+        nsid: u32,
+        slba: u64,
+        cdw12: u32,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+    ) -> Result<(), SubmitError> {
+        let mut sqe = Sqe::new(opc, nsid);
+        sqe.cdw10 = slba as u32;
+        sqe.cdw11 = (slba >> 32) as u32;
+        sqe.cdw12 = cdw12;
+        // SAFETY: the caller's contract is `push`'s.
+        unsafe { self.push(cid, sqe, len, addr0, addr_at) }
+    }
     /// Dataset Management, deallocate one range, for tracker `cid` (the
     /// transport places the range descriptor).
     ///

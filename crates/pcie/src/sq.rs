@@ -47,6 +47,9 @@ pub struct PcieSq {
     entries: u16,
     nt: bool,
     delayed: bool,
+    /// Neither `nt` nor a doorbell per command (the defaults): Reads and
+    /// Writes are stored field by field (`push_rw`).
+    plain: bool,
     batch: u16,
     prp_pool: NonNull<u64>,
     prp_pool_iova: u64,
@@ -97,6 +100,7 @@ impl PcieSq {
             entries: cfg.entries,
             nt: cfg.nt && cfg!(target_arch = "x86_64"),
             delayed: cfg.delayed,
+            plain: cfg.delayed && !(cfg.nt && cfg!(target_arch = "x86_64")),
             batch: cfg.batch,
             prp_pool,
             prp_pool_iova: prp_mem.iova_at(0),
@@ -148,14 +152,42 @@ impl PcieSq {
             // SAFETY: as above.
             unsafe { ptr::write(slot, *sqe) };
         }
+        self.advance_tail();
+        if !self.delayed {
+            self.ring();
+        }
+    }
+
+    #[inline(always)]
+    fn advance_tail(&mut self) {
         self.tail = if self.tail + 1 == self.entries {
             0
         } else {
             self.tail + 1
         };
-        if !self.delayed {
-            self.ring();
+    }
+
+    /// PRP1 and PRP2 of `len` bytes at `addr0` (PRP2 a list in `cid`'s
+    /// slice of the pool when they span more than two pages).
+    #[inline(always)]
+    fn prps(
+        &mut self,
+        cid: u16,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+    ) -> Result<(u64, u64), SubmitError> {
+        if len == 0 {
+            return Ok((0, 0));
         }
+        if len as u64 > prp::PAGE - (addr0 & (prp::PAGE - 1)) {
+            let (list, list_iova) = self.prp_list(cid);
+            return match prp::build(len, addr0, addr_at, list, list_iova) {
+                Ok(p) => Ok((addr0, p.prp2)),
+                Err(e) => Err(prp_error(e, addr0)),
+            };
+        }
+        Ok((addr0, 0))
     }
 
     /// Tells the controller about new SQ entries.
@@ -220,6 +252,51 @@ impl SubmissionQueue for PcieSq {
         }
         sqe.cid = cid;
         self.push_sqe(&sqe);
+        Ok(())
+    }
+
+    #[inline(always)]
+    unsafe fn push_rw(
+        &mut self,
+        cid: u16,
+        opc: u8,
+        nsid: u32,
+        slba: u64,
+        cdw12: u32,
+        len: usize,
+        addr0: u64,
+        addr_at: impl Fn(usize) -> u64,
+    ) -> Result<(), SubmitError> {
+        if !self.plain {
+            let mut sqe = Sqe::new(opc, nsid);
+            sqe.cdw10 = slba as u32;
+            sqe.cdw11 = (slba >> 32) as u32;
+            sqe.cdw12 = cdw12;
+            // SAFETY: the caller's contract.
+            return unsafe { self.push(cid, sqe, len, addr0, addr_at) };
+        }
+        let (prp1, prp2) = self.prps(cid, len, addr0, addr_at)?;
+        // Eight 64-bit stores from registers (little endian: the entry's
+        // byte layout): dword 0 (opcode, FUSE/PSDT 0, CID) and NSID;
+        // CDW2-3; MPTR; PRP1; PRP2; SLBA (CDW10-11); CDW12-13; CDW14-15.
+        let words = [
+            opc as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
+            0,
+            0,
+            prp1,
+            prp2,
+            slba,
+            cdw12 as u64,
+            0,
+        ];
+        // SAFETY: tail < entries, the ring holds `entries` 64-byte slots
+        // and this one is free (see `push_sqe`); word `i` < 8 lies in it.
+        let d = unsafe { self.ring.as_ptr().add(self.tail as usize) }.cast::<u64>();
+        for (i, w) in words.into_iter().enumerate() {
+            // SAFETY: as above.
+            unsafe { ptr::write(d.add(i), w.to_le()) };
+        }
+        self.advance_tail();
         Ok(())
     }
 
