@@ -101,7 +101,15 @@ pub trait WorkerJob: Send {
 impl WorkerJob for Job {
     #[inline(always)]
     fn poll(&mut self) -> u32 {
-        self.qp.poll_with(u32::MAX, &mut self.ctx)
+        // One loop per kind (each monomorphised): the plain run's tests
+        // neither -L nor --verify per I/O.
+        if self.ctx.slow {
+            self.qp
+                .poll_with(u32::MAX, &mut Measured::<true>(&mut self.ctx))
+        } else {
+            self.qp
+                .poll_with(u32::MAX, &mut Measured::<false>(&mut self.ctx))
+        }
     }
 
     fn start(&mut self) {
@@ -163,7 +171,11 @@ impl WorkerJob for MpJob {
     #[inline(always)]
     fn poll(&mut self) -> u32 {
         let ctx = &mut self.ctx;
-        let n = self.mp.poll(|mp, c| ctx.on_complete(mp, c));
+        let n = if ctx.slow {
+            self.mp.poll(|mp, c| ctx.on_complete::<_, true>(mp, c))
+        } else {
+            self.mp.poll(|mp, c| ctx.on_complete::<_, false>(mp, c))
+        };
         if n > 0 {
             let now = self.clock.now();
             self.max_gap = self.max_gap.max(now.wrapping_sub(self.last));
@@ -342,10 +354,14 @@ impl Sink for MpQueuePair {
     }
 }
 
-impl Handler for JobCtx {
+/// A job's completion handler; `SLOW` is `JobCtx::slow` (-L or
+/// --verify), a constant of each loop.
+struct Measured<'a, const SLOW: bool>(&'a mut JobCtx);
+
+impl<const SLOW: bool> Handler for Measured<'_, SLOW> {
     #[inline(always)]
     fn complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
-        self.on_complete(sub, c)
+        self.0.on_complete::<_, SLOW>(sub, c)
     }
 }
 
@@ -392,16 +408,17 @@ impl JobCtx {
     #[cold]
     pub fn submit_waiting<S: Sink>(&mut self, sub: &mut S, slot: usize) {
         match self.bufs[slot].take() {
-            Some(buf) => self.submit(sub, slot, buf),
+            Some(buf) if self.slow => self.submit::<_, true>(sub, slot, buf),
+            Some(buf) => self.submit::<_, false>(sub, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
         }
     }
 
     #[inline(always)]
-    pub fn submit<S: Sink>(&mut self, sub: &mut S, slot: usize, mut buf: IoBuf) {
+    pub fn submit<S: Sink, const SLOW: bool>(&mut self, sub: &mut S, slot: usize, mut buf: IoBuf) {
         let (unit, is_read) = self.pat.next();
         let lba = unit * self.nlb as u64;
-        if self.slow {
+        if SLOW {
             self.before_submit(slot, unit, lba, is_read, &mut buf);
         }
         let r = if is_read {
@@ -493,7 +510,7 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete<S: Sink>(&mut self, sub: &mut S, c: Completion) {
+    pub fn on_complete<S: Sink, const SLOW: bool>(&mut self, sub: &mut S, c: Completion) {
         let Completion {
             user_data,
             result,
@@ -501,7 +518,7 @@ impl JobCtx {
         } = c;
         let slot = user_data as usize;
         self.ios += 1;
-        if self.slow {
+        if SLOW {
             // By value, in and out: a reference would make the completion
             // live in memory on the fast path too.
             buf = self.after_complete(slot, result.is_ok(), buf);
@@ -510,7 +527,7 @@ impl JobCtx {
             self.error(format!("I/O failed: {e}"));
         }
         match buf {
-            Some(buf) if self.ios <= self.stop_at => self.submit(sub, slot, buf),
+            Some(buf) if self.ios <= self.stop_at => self.submit::<_, SLOW>(sub, slot, buf),
             buf => self.park(slot, buf),
         }
     }
