@@ -49,6 +49,21 @@ impl Pattern {
         self.rng
     }
 
+    /// Random units, reads only: [`next_random_read`](Self::next_random_read)
+    /// gives the same units as [`next`](Self::next).
+    pub fn random_reads(&self) -> bool {
+        self.random && matches!(self.mix, Mix::AllRead)
+    }
+
+    /// The next I/O's unit when [`random_reads`](Self::random_reads)
+    /// (the same draw as `next`, without its tests of the mix and order).
+    #[inline(always)]
+    pub fn next_random_read(&mut self) -> u64 {
+        debug_assert!(self.random_reads());
+        let r = self.next_rand();
+        ((r as u128 * self.units as u128) >> 64) as u64
+    }
+
     /// The next I/O: its unit (`0..units`) and whether it reads.
     #[inline(always)]
     pub fn next(&mut self) -> (u64, bool) {
@@ -108,5 +123,26 @@ mod tests {
         assert_eq!(got, [(2, false), (0, false), (1, false), (2, false)]);
         assert!(matches!(Mix::from_percent(100), Mix::AllRead));
         assert!(matches!(Mix::from_percent(0), Mix::AllWrite));
+    }
+
+    /// The random-read loop's draw is `next`'s: the same units in the
+    /// same order, all reads; only random all-read patterns qualify.
+    #[test]
+    fn random_read_draw_is_nexts() {
+        let p = |random, mix| Pattern {
+            rng: 99,
+            random,
+            mix,
+            seq: 0,
+            units: 12_345,
+        };
+        let (mut a, mut b) = (p(true, Mix::AllRead), p(true, Mix::AllRead));
+        assert!(a.random_reads());
+        for _ in 0..10_000 {
+            assert_eq!(a.next(), (b.next_random_read(), true));
+        }
+        assert!(!p(false, Mix::AllRead).random_reads());
+        assert!(!p(true, Mix::AllWrite).random_reads());
+        assert!(!p(true, Mix::from_percent(70)).random_reads());
     }
 }

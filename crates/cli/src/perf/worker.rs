@@ -102,13 +102,17 @@ impl WorkerJob for Job {
     #[inline(always)]
     fn poll(&mut self) -> u32 {
         // One loop per kind (each monomorphised): the plain run's tests
-        // neither -L nor --verify per I/O.
+        // neither -L nor --verify per I/O, and random reads (the common
+        // benchmark) test neither the read/write mix nor the order.
         if self.ctx.slow {
             self.qp
-                .poll_with(u32::MAX, &mut Measured::<true>(&mut self.ctx))
+                .poll_with(u32::MAX, &mut Measured::<true, false>(&mut self.ctx))
+        } else if self.ctx.pat.random_reads() {
+            self.qp
+                .poll_with(u32::MAX, &mut Measured::<false, true>(&mut self.ctx))
         } else {
             self.qp
-                .poll_with(u32::MAX, &mut Measured::<false>(&mut self.ctx))
+                .poll_with(u32::MAX, &mut Measured::<false, false>(&mut self.ctx))
         }
     }
 
@@ -172,9 +176,11 @@ impl WorkerJob for MpJob {
     fn poll(&mut self) -> u32 {
         let ctx = &mut self.ctx;
         let n = if ctx.slow {
-            self.mp.poll(|mp, c| ctx.on_complete::<_, true>(mp, c))
+            self.mp
+                .poll(|mp, c| ctx.on_complete::<_, true, false>(mp, c))
         } else {
-            self.mp.poll(|mp, c| ctx.on_complete::<_, false>(mp, c))
+            self.mp
+                .poll(|mp, c| ctx.on_complete::<_, false, false>(mp, c))
         };
         if n > 0 {
             let now = self.clock.now();
@@ -354,14 +360,14 @@ impl Sink for MpQueuePair {
     }
 }
 
-/// A job's completion handler; `SLOW` is `JobCtx::slow` (-L or
-/// --verify), a constant of each loop.
-struct Measured<'a, const SLOW: bool>(&'a mut JobCtx);
+/// A job's completion handler; constants of each loop: `SLOW` is
+/// `JobCtx::slow` (-L or --verify), `RR` `Pattern::random_reads`.
+struct Measured<'a, const SLOW: bool, const RR: bool>(&'a mut JobCtx);
 
-impl<const SLOW: bool> Handler for Measured<'_, SLOW> {
+impl<const SLOW: bool, const RR: bool> Handler for Measured<'_, SLOW, RR> {
     #[inline(always)]
     fn complete(&mut self, sub: &mut Submitter<'_>, c: Completion) {
-        self.0.on_complete::<_, SLOW>(sub, c)
+        self.0.on_complete::<_, SLOW, RR>(sub, c)
     }
 }
 
@@ -408,15 +414,24 @@ impl JobCtx {
     #[cold]
     pub fn submit_waiting<S: Sink>(&mut self, sub: &mut S, slot: usize) {
         match self.bufs[slot].take() {
-            Some(buf) if self.slow => self.submit::<_, true>(sub, slot, buf),
-            Some(buf) => self.submit::<_, false>(sub, slot, buf),
+            Some(buf) if self.slow => self.submit::<_, true, false>(sub, slot, buf),
+            Some(buf) => self.submit::<_, false, false>(sub, slot, buf),
             None => self.error(format!("slot {slot} has no buffer")),
         }
     }
 
     #[inline(always)]
-    pub fn submit<S: Sink, const SLOW: bool>(&mut self, sub: &mut S, slot: usize, mut buf: IoBuf) {
-        let (unit, is_read) = self.pat.next();
+    pub fn submit<S: Sink, const SLOW: bool, const RR: bool>(
+        &mut self,
+        sub: &mut S,
+        slot: usize,
+        mut buf: IoBuf,
+    ) {
+        let (unit, is_read) = if RR {
+            (self.pat.next_random_read(), true)
+        } else {
+            self.pat.next()
+        };
         let lba = unit * self.nlb as u64;
         if SLOW {
             self.before_submit(slot, unit, lba, is_read, &mut buf);
@@ -510,7 +525,11 @@ impl JobCtx {
     }
 
     #[inline(always)]
-    pub fn on_complete<S: Sink, const SLOW: bool>(&mut self, sub: &mut S, c: Completion) {
+    pub fn on_complete<S: Sink, const SLOW: bool, const RR: bool>(
+        &mut self,
+        sub: &mut S,
+        c: Completion,
+    ) {
         let Completion {
             user_data,
             result,
@@ -527,7 +546,7 @@ impl JobCtx {
             self.error(format!("I/O failed: {e}"));
         }
         match buf {
-            Some(buf) if self.ios <= self.stop_at => self.submit::<_, SLOW>(sub, slot, buf),
+            Some(buf) if self.ios <= self.stop_at => self.submit::<_, SLOW, RR>(sub, slot, buf),
             buf => self.park(slot, buf),
         }
     }
