@@ -699,7 +699,6 @@ impl<'a, T: Transport> Submitter<'a, T> {
         // tracker in the same store sequence as its other fields.
         if nlb.wrapping_sub(1) < ns.max_lbas && self.core.fast {
             if let Some(cid) = self.core.pop_free() {
-                let cdw12 = Sqe::rw(opc, ns.nsid, lba, nlb).with_rw_flags(flags).cdw12;
                 // The buffer's page table is looked up only past the first
                 // page (`iova`); `move`: the closure holds the reference,
                 // so nothing need live in memory on the one-page path (a
@@ -711,7 +710,7 @@ impl<'a, T: Transport> Submitter<'a, T> {
                 // NLB blocks of this controller's namespace).
                 let r = unsafe {
                     self.sq
-                        .push_rw(cid, opc as u8, ns.nsid, lba, cdw12, len, iova0, move |i| {
+                        .push_rw(cid, opc, ns.nsid, lba, nlb, flags, len, iova0, move |i| {
                             at.at(i)
                         })
                 };

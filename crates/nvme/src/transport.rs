@@ -127,7 +127,7 @@
 //! # }
 //! ```
 use pollux_spec::identify::IdentifyController;
-use pollux_spec::{Cqe, Sqe};
+use pollux_spec::{Cqe, NvmOpcode, RwFlags, Sqe};
 
 use crate::dma::DmaBuffer;
 use crate::error::{Result, SubmitError};
@@ -237,12 +237,10 @@ pub trait SubmissionQueue: Send {
         addr0: u64,
         addr_at: impl Fn(usize) -> u64,
     ) -> Result<(), SubmitError>;
-    /// A Read or Write (`opc`) of the NVM command set for tracker `cid`:
-    /// `nsid`, starting LBA `slba`, `cdw12` (NLB, 0's based, and the
-    /// flags), the data as for [`push`](Self::push), every other field
-    /// zero. The same command as `push` of `Sqe::rw(..)`; a transport
-    /// may store it field by field, where a built `Sqe` went through
-    /// vector registers (PCIe).
+    /// A Read or Write (`opc`) for tracker `cid`: `push` of
+    /// `Sqe::rw(opc, nsid, slba, nlb).with_rw_flags(flags)`, which a
+    /// transport may store field by field (PCIe: a built `Sqe` went
+    /// through vector registers).
     ///
     /// # Safety
     /// As for [`push`](Self::push).
@@ -251,18 +249,16 @@ pub trait SubmissionQueue: Send {
     unsafe fn push_rw(
         &mut self,
         cid: u16,
-        opc: u8,
+        opc: NvmOpcode,
         nsid: u32,
         slba: u64,
-        cdw12: u32,
+        nlb: u32,
+        flags: RwFlags,
         len: usize,
         addr0: u64,
         addr_at: impl Fn(usize) -> u64,
     ) -> Result<(), SubmitError> {
-        let mut sqe = Sqe::new(opc, nsid);
-        sqe.cdw10 = slba as u32;
-        sqe.cdw11 = (slba >> 32) as u32;
-        sqe.cdw12 = cdw12;
+        let sqe = Sqe::rw(opc, nsid, slba, nlb).with_rw_flags(flags);
         // SAFETY: the caller's contract is `push`'s.
         unsafe { self.push(cid, sqe, len, addr0, addr_at) }
     }

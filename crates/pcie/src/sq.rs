@@ -9,7 +9,7 @@ use std::ptr::{self, NonNull};
 use pollux_nvme::dma::DmaBuffer;
 use pollux_nvme::{SubmissionQueue, SubmitError, WireCounters};
 use pollux_spec::cmd::{DsmRange, DSM_ATTR_DEALLOCATE};
-use pollux_spec::Sqe;
+use pollux_spec::{NvmOpcode, RwFlags, Sqe};
 
 use crate::doorbell::{Doorbell, Shadow};
 use crate::prp;
@@ -259,19 +259,17 @@ impl SubmissionQueue for PcieSq {
     unsafe fn push_rw(
         &mut self,
         cid: u16,
-        opc: u8,
+        opc: NvmOpcode,
         nsid: u32,
         slba: u64,
-        cdw12: u32,
+        nlb: u32,
+        flags: RwFlags,
         len: usize,
         addr0: u64,
         addr_at: impl Fn(usize) -> u64,
     ) -> Result<(), SubmitError> {
         if !self.plain {
-            let mut sqe = Sqe::new(opc, nsid);
-            sqe.cdw10 = slba as u32;
-            sqe.cdw11 = (slba >> 32) as u32;
-            sqe.cdw12 = cdw12;
+            let sqe = Sqe::rw(opc, nsid, slba, nlb).with_rw_flags(flags);
             // SAFETY: the caller's contract.
             return unsafe { self.push(cid, sqe, len, addr0, addr_at) };
         }
@@ -280,13 +278,13 @@ impl SubmissionQueue for PcieSq {
         // byte layout): dword 0 (opcode, FUSE/PSDT 0, CID) and NSID;
         // CDW2-3; MPTR; PRP1; PRP2; SLBA (CDW10-11); CDW12-13; CDW14-15.
         let words = [
-            opc as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
+            opc as u8 as u64 | (cid as u64) << 16 | (nsid as u64) << 32,
             0,
             0,
             prp1,
             prp2,
             slba,
-            cdw12 as u64,
+            Sqe::rw_cdw12(nlb, flags) as u64,
             0,
         ];
         // SAFETY: tail < entries, the ring holds `entries` 64-byte slots

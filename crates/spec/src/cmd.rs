@@ -346,8 +346,14 @@ impl Sqe {
         let mut s = Sqe::new(opc as u8, nsid);
         s.cdw10 = slba as u32;
         s.cdw11 = (slba >> 32) as u32;
-        s.cdw12 = (nlb - 1) & 0xFFFF;
+        s.cdw12 = Sqe::rw_cdw12(nlb, RwFlags::NONE);
         s
+    }
+
+    /// CDW12 of a Read or Write of `nlb` blocks (1's based) with `flags`.
+    #[inline(always)]
+    pub const fn rw_cdw12(nlb: u32, flags: RwFlags) -> u32 {
+        ((nlb - 1) & 0xFFFF) | flags.bits()
     }
 
     /// This Read or Write with `flags` set in CDW12 as well.
