@@ -147,8 +147,12 @@ impl PcieCq {
     /// a constant of the loop so it is not tested per entry.
     #[inline(always)]
     fn reap_each<S: CqeSink, const PREFETCH: bool>(&mut self, max: u32, sink: &mut S) -> u32 {
-        let mut n = 0;
-        while n < max {
+        // Counted down: the count lives in memory across the handler
+        // (the loop is at the register limit), and a decrement with its
+        // zero test is one instruction fewer than load, increment and
+        // compare.
+        let mut left = max;
+        while left > 0 {
             let Some((w3, dw0)) = self.posted(self.head) else {
                 break;
             };
@@ -163,10 +167,10 @@ impl PcieCq {
                 .load(Ordering::Relaxed);
                 sink.peek((nw & 0xFFFF) as u16);
             }
-            n += 1;
+            left -= 1;
             sink.cqe((w3 & 0xFFFF) as u16, (w3 >> 17) as u16, dw0);
         }
-        n
+        max - left
     }
 
     /// The loop over a cache line (four entries) at a time: the posted
