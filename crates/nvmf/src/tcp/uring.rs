@@ -18,6 +18,21 @@
 //!   buffers keep the rules of the copying sends. The bytes a send took
 //!   are reported by the connection's next `send_iov` (the send queue
 //!   advances then, its slots released then).
+//! - Zero-copy sends (`uring_zcopy_threshold`, off by default): a send
+//!   of at least that many bytes is a `SENDMSG_ZC`; the kernel pins the
+//!   pages and sends from them, posting the send's result (flagged
+//!   `MORE`) and later a notification once it no longer reads them.
+//!   `Ring::end` waits for those notifications too, so the rule above
+//!   holds for them as well: nothing reads the memory after the poll.
+//!   The price: a notification comes when the last socket buffer naming
+//!   the pages is freed, which for TCP on a network card is when the
+//!   peer acknowledged the data (the retransmit queue holds it until
+//!   then): the thread waits about a round trip per poll that sent
+//!   zero-copy. On loopback the kernel copies the pages anyway when it
+//!   delivers them to the local socket (`skb_orphan_frags_rx`), and the
+//!   notification comes at once. (Not waiting would need the send queue
+//!   to keep its own bytes and the lent slot buffers until the
+//!   notification, i.e. the wire reporting `sent` only then.)
 //! - Files: the sockets are registered files of the ring
 //!   (`uring_fixed_files`), the ring's own descriptor registered too.
 //! - Idle: the ring runs its task work only when asked
@@ -59,6 +74,14 @@ const BGID: u16 = 0;
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
+
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the
+/// kernel copied after all (`IORING_NOTIF_USAGE_ZC_COPIED` in its result).
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+const NOTIF_USAGE_ZC_COPIED: i32 = 1 << 31;
+/// `IORING_CQE_F_MORE | IORING_CQE_F_NOTIF`: a zero-copy send's result or
+/// notification.
+const ZC_FLAGS: u32 = 1 << 1 | 1 << 3;
 
 /// A completion's tag: the connection's key, the key's generation (a
 /// key is reused only once its receive has ended), the operation.
@@ -200,6 +223,9 @@ struct Slot {
     rearm: bool,
     /// A send was queued and has not completed.
     sending: bool,
+    /// Zero-copy sends whose notification has not come (the kernel may
+    /// still read their memory).
+    notifs: u32,
     /// The result of the last send, not yet reported.
     sent: Option<i32>,
     /// The send's message and iovecs (in place until it completes).
@@ -215,6 +241,14 @@ pub(crate) struct Ring {
     free: Vec<u32>,
     /// Sends queued, not completed.
     sending: u32,
+    /// Zero-copy notifications outstanding, all connections.
+    notifs: u32,
+    /// `uring_zcopy_threshold` (0: off).
+    zc_threshold: usize,
+    /// Zero-copy sends, and those the kernel copied after all (told by
+    /// their notification), for the log at exit.
+    zc_sends: u64,
+    zc_copied: u64,
     /// Keys whose receive waits for buffers.
     rearm: Vec<u32>,
     fixed_files: bool,
@@ -246,6 +280,15 @@ impl Ring {
                 0,
             )?
         };
+        if o.uring_zcopy_threshold != 0 {
+            let mut p = io_uring::Probe::new();
+            ring.submitter().register_probe(&mut p)?;
+            if !p.is_supported(opcode::SendMsgZc::CODE) {
+                return Err(io::Error::other(
+                    "uring_zcopy_threshold: this kernel has no zero-copy sendmsg (IORING_OP_SENDMSG_ZC, Linux 6.1+): set it to 0",
+                ));
+            }
+        }
         let mut fixed_free = Vec::new();
         if o.uring_fixed_files {
             ring.submitter().register_files_sparse(FIXED_FILES)?;
@@ -267,6 +310,10 @@ impl Ring {
             slots: Vec::new(),
             free: Vec::new(),
             sending: 0,
+            notifs: 0,
+            zc_threshold: o.uring_zcopy_threshold as usize,
+            zc_sends: 0,
+            zc_copied: 0,
             rearm: Vec::new(),
             fixed_files: o.uring_fixed_files,
             fixed_free,
@@ -318,6 +365,7 @@ impl Ring {
                     armed: false,
                     rearm: false,
                     sending: false,
+                    notifs: 0,
                     sent: None,
                     // SAFETY: a zeroed msghdr is valid (no name, no
                     // control, no iovecs).
@@ -358,8 +406,14 @@ impl Ring {
 
     /// The connection of `key` is gone: its receive cancelled, its
     /// buffers given back; the key is reused once the receive ended.
+    ///
+    /// Connections are dropped only after the thread's poll ended
+    /// (`Ring::end`), which waited for every send and zero-copy
+    /// notification: none is outstanding here, the memory the key's sends
+    /// named may go.
     fn remove(&mut self, key: u32) {
         let s = &mut self.slots[key as usize];
+        debug_assert!(!s.sending && s.notifs == 0, "send outstanding at remove");
         s.live = false;
         let pieces: Vec<Piece> = s.rx.drain(..).collect();
         let (armed, fixed, t) = (s.armed, s.fixed.take(), tag(key, s.gen, OP_RECV));
@@ -471,6 +525,10 @@ impl Ring {
                 }
             }
             OP_SEND => {
+                // (Zero-copy sends only: one branch for the copying ones.)
+                if flags & ZC_FLAGS != 0 && self.zc_complete(key, res, flags) {
+                    return;
+                }
                 let s = &mut self.slots[key as usize];
                 if s.sending {
                     s.sending = false;
@@ -480,6 +538,28 @@ impl Ring {
             }
             _ => {}
         }
+    }
+
+    /// A zero-copy send's completion (`flags` has `MORE` or `NOTIF`):
+    /// true if it was the notification (nothing more to do).
+    #[cold]
+    fn zc_complete(&mut self, key: u32, res: i32, flags: u32) -> bool {
+        let s = &mut self.slots[key as usize];
+        if cqueue::notif(flags) {
+            // The send's memory is the kernel's no more.
+            if s.notifs > 0 {
+                s.notifs -= 1;
+                self.notifs -= 1;
+                if res & NOTIF_USAGE_ZC_COPIED != 0 {
+                    self.zc_copied += 1;
+                }
+            }
+            return true;
+        }
+        // The result (`MORE`): its notification follows.
+        s.notifs += 1;
+        self.notifs += 1;
+        false
     }
 
     /// Runs what the kernel has for us and reaps it.
@@ -494,7 +574,8 @@ impl Ring {
     }
 
     /// Submits what the connections queued (their sends, in one
-    /// `io_uring_enter`) and waits until every send completed.
+    /// `io_uring_enter`) and waits until every send completed and every
+    /// zero-copy send's notification came.
     fn end(&mut self) -> bool {
         let mut any = false;
         if !self.rearm.is_empty() && self.bufs.held < self.bufs.count / 2 {
@@ -518,8 +599,8 @@ impl Ring {
         self.reap();
         // The sends' memory must not be read by the kernel after this
         // poll: a non-blocking send completes at submission, this waits
-        // only if one did not.
-        while self.sending > 0 {
+        // only if one did not, or for zero-copy notifications.
+        while self.sending > 0 || self.notifs > 0 {
             if let Err(e) = self.ring.submit_and_wait(1) {
                 if e.raw_os_error() != Some(libc::EINTR) {
                     tracing::warn!("io_uring_enter: {e}");
@@ -570,12 +651,29 @@ impl Drop for Ring {
             let _ = self.push(&e);
         }
         let mut rounds = 0;
-        while self.slots.iter().any(|s| s.armed) && rounds < 1000 {
+        // (Sends and notifications end with each poll: none is expected.)
+        while (self.slots.iter().any(|s| s.armed) || self.sending > 0 || self.notifs > 0)
+            && rounds < 1000
+        {
             if self.ring.submit_and_wait(1).is_err() {
                 break;
             }
             self.reap();
             rounds += 1;
+        }
+        if self.zc_sends > 0 {
+            tracing::debug!(
+                sends = self.zc_sends,
+                copied = self.zc_copied,
+                "zero-copy sends of this thread, and those the kernel copied after all"
+            );
+        }
+        if self.sending > 0 || self.notifs > 0 {
+            tracing::error!(
+                sends = self.sending,
+                notifications = self.notifs,
+                "io_uring sends outstanding at exit"
+            );
         }
         if self.slots.iter().any(|s| s.armed)
             || self.ring.submitter().unregister_buf_ring(BGID).is_err()
@@ -647,7 +745,8 @@ impl Wire for UringSock {
 
     /// # Safety
     /// As the trait's, and the memory stays valid and unwritten until
-    /// the thread's poll ends (`Ring::end` waits for the send).
+    /// the thread's poll ends (`Ring::end` waits for the send, and for a
+    /// zero-copy send's notification).
     unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         let mut r = self.ring.borrow_mut();
         let r = &mut *r;
@@ -669,13 +768,27 @@ impl Wire for UringSock {
         s.msg.msg_iovlen = s.iov.len() as _;
         let flags = (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32;
         let msg: *const libc::msghdr = &*s.msg;
-        let e = match s.fixed {
-            Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
-                .flags(flags)
-                .build(),
-            None => opcode::SendMsg::new(types::Fd(s.fd), msg)
-                .flags(flags)
-                .build(),
+        let e = if r.zc_threshold != 0 && zc_worth(&s.iov, r.zc_threshold) {
+            r.zc_sends += 1;
+            match s.fixed {
+                Some(f) => opcode::SendMsgZc::new(types::Fixed(f), msg)
+                    .flags(flags)
+                    .ioprio(SEND_ZC_REPORT_USAGE)
+                    .build(),
+                None => opcode::SendMsgZc::new(types::Fd(s.fd), msg)
+                    .flags(flags)
+                    .ioprio(SEND_ZC_REPORT_USAGE)
+                    .build(),
+            }
+        } else {
+            match s.fixed {
+                Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
+                    .flags(flags)
+                    .build(),
+                None => opcode::SendMsg::new(types::Fd(s.fd), msg)
+                    .flags(flags)
+                    .build(),
+            }
         }
         .user_data(tag(self.key, s.gen, OP_SEND));
         // The message and iovecs stay in the slot, unchanged, until the
@@ -702,6 +815,21 @@ impl Wire for UringSock {
             e => Err(io::Error::from_raw_os_error(-e)),
         })
     }
+}
+
+/// Whether a send of `iov` carries at least `threshold` bytes (a
+/// zero-copy send's pinning and notification cost more than copying a
+/// few bytes).
+#[cold]
+fn zc_worth(iov: &[libc::iovec], threshold: usize) -> bool {
+    let mut n = 0;
+    for v in iov {
+        n += v.iov_len;
+        if n >= threshold {
+            return true;
+        }
+    }
+    false
 }
 
 /// What a thread keeps for `uring`: its ring.
