@@ -100,7 +100,7 @@ fn bad_options_are_refused_naming_the_option() {
             "--uring-zcopy-threshold",
         ),
         (
-            &["--ram", "1MiB", "--uring-zcopy-threshold", "-1"][..],
+            &["--ram", "1MiB", "--uring-zcopy-threshold", "64k"][..],
             "--uring-zcopy-threshold",
         ),
         (&["-c", "/nonexistent/pollux.json"][..], "-c"),
