@@ -246,7 +246,7 @@ pub(crate) struct Ring {
     /// `uring_zcopy_threshold` (0: off).
     zc_threshold: usize,
     /// Zero-copy sends, and those the kernel copied after all (told by
-    /// their notification), for the log at exit.
+    /// their notification): logged at the first copy.
     zc_sends: u64,
     zc_copied: u64,
     /// Keys whose receive waits for buffers.
@@ -552,6 +552,12 @@ impl Ring {
                 self.notifs -= 1;
                 if res & NOTIF_USAGE_ZC_COPIED != 0 {
                     self.zc_copied += 1;
+                    if self.zc_copied == 1 {
+                        tracing::debug!(
+                            zero_copy_sends = self.zc_sends,
+                            "the kernel copied a zero-copy send's data after all (a local peer: loopback)"
+                        );
+                    }
                 }
             }
             return true;
@@ -660,20 +666,6 @@ impl Drop for Ring {
             }
             self.reap();
             rounds += 1;
-        }
-        if self.zc_sends > 0 {
-            tracing::debug!(
-                sends = self.zc_sends,
-                copied = self.zc_copied,
-                "zero-copy sends of this thread, and those the kernel copied after all"
-            );
-        }
-        if self.sending > 0 || self.notifs > 0 {
-            tracing::error!(
-                sends = self.sending,
-                notifications = self.notifs,
-                "io_uring sends outstanding at exit"
-            );
         }
         if self.slots.iter().any(|s| s.armed)
             || self.ring.submitter().unregister_buf_ring(BGID).is_err()
