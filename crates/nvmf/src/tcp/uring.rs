@@ -74,14 +74,13 @@ const BGID: u16 = 0;
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
+/// A zero-copy send (its result, then its notification).
+const OP_SEND_ZC: u64 = 4;
 
 /// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the
 /// kernel copied after all (`IORING_NOTIF_USAGE_ZC_COPIED` in its result).
 const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
 const NOTIF_USAGE_ZC_COPIED: i32 = 1 << 31;
-/// `IORING_CQE_F_MORE | IORING_CQE_F_NOTIF`: a zero-copy send's result or
-/// notification.
-const ZC_FLAGS: u32 = 1 << 1 | 1 << 3;
 
 /// A completion's tag: the connection's key, the key's generation (a
 /// key is reused only once its receive has ended), the operation.
@@ -525,10 +524,6 @@ impl Ring {
                 }
             }
             OP_SEND => {
-                // (Zero-copy sends only: one branch for the copying ones.)
-                if flags & ZC_FLAGS != 0 && self.zc_complete(key, res, flags) {
-                    return;
-                }
                 let s = &mut self.slots[key as usize];
                 if s.sending {
                     s.sending = false;
@@ -536,14 +531,15 @@ impl Ring {
                     self.sending -= 1;
                 }
             }
+            OP_SEND_ZC => self.zc_complete(key, res, flags),
             _ => {}
         }
     }
 
-    /// A zero-copy send's completion (`flags` has `MORE` or `NOTIF`):
-    /// true if it was the notification (nothing more to do).
+    /// A zero-copy send's completion: its result (as a copying send's,
+    /// `MORE` set if a notification follows), or its notification.
     #[cold]
-    fn zc_complete(&mut self, key: u32, res: i32, flags: u32) -> bool {
+    fn zc_complete(&mut self, key: u32, res: i32, flags: u32) {
         let s = &mut self.slots[key as usize];
         if cqueue::notif(flags) {
             // The send's memory is the kernel's no more.
@@ -560,12 +556,17 @@ impl Ring {
                     }
                 }
             }
-            return true;
+            return;
         }
-        // The result (`MORE`): its notification follows.
-        s.notifs += 1;
-        self.notifs += 1;
-        false
+        if cqueue::more(flags) {
+            s.notifs += 1;
+            self.notifs += 1;
+        }
+        if s.sending {
+            s.sending = false;
+            s.sent = Some(res);
+            self.sending -= 1;
+        }
     }
 
     /// Runs what the kernel has for us and reaps it.
@@ -762,6 +763,7 @@ impl Wire for UringSock {
         let msg: *const libc::msghdr = &*s.msg;
         let e = if r.zc_threshold != 0 && zc_worth(&s.iov, r.zc_threshold) {
             r.zc_sends += 1;
+            let t = tag(self.key, s.gen, OP_SEND_ZC);
             match s.fixed {
                 Some(f) => opcode::SendMsgZc::new(types::Fixed(f), msg)
                     .flags(flags)
@@ -772,7 +774,9 @@ impl Wire for UringSock {
                     .ioprio(SEND_ZC_REPORT_USAGE)
                     .build(),
             }
+            .user_data(t)
         } else {
+            let t = tag(self.key, s.gen, OP_SEND);
             match s.fixed {
                 Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
                     .flags(flags)
@@ -781,8 +785,8 @@ impl Wire for UringSock {
                     .flags(flags)
                     .build(),
             }
-        }
-        .user_data(tag(self.key, s.gen, OP_SEND));
+            .user_data(t)
+        };
         // The message and iovecs stay in the slot, unchanged, until the
         // send completes (`sending`); the memory they name per the
         // caller's contract.
