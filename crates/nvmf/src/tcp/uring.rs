@@ -25,14 +25,18 @@
 //!   `Ring::end` waits for those notifications too, so the rule above
 //!   holds for them as well: nothing reads the memory after the poll.
 //!   The price: a notification comes when the last socket buffer naming
-//!   the pages is freed, which for TCP on a network card is when the
-//!   peer acknowledged the data (the retransmit queue holds it until
-//!   then): the thread waits about a round trip per poll that sent
-//!   zero-copy. On loopback the kernel copies the pages anyway when it
-//!   delivers them to the local socket (`skb_orphan_frags_rx`), and the
-//!   notification comes at once. (Not waiting would need the send queue
-//!   to keep its own bytes and the lent slot buffers until the
-//!   notification, i.e. the wire reporting `sent` only then.)
+//!   the pages is freed, which for TCP is when the peer acknowledged the
+//!   data (the retransmit queue holds it until then), on loopback too
+//!   (where the kernel also copies the pages when it delivers them to
+//!   the local socket, `skb_orphan_frags_rx`): the thread waits about a
+//!   round trip per poll that sent zero-copy. Data a host leaves in the
+//!   socket (it reads nothing: its window is closed) would hold the
+//!   thread for good: after 100 ms (`ZC_WAIT`) such connections are
+//!   reset (`connect(AF_UNSPEC)` purges their unsent data, which frees
+//!   the buffers), and the wait goes on until every notification came.
+//!   (Not waiting would need the send queue to keep its own bytes and the
+//!   lent slot buffers until the notification: marks released, and its
+//!   buffer cleared or grown, only then.)
 //! - Files: the sockets are registered files of the ring
 //!   (`uring_fixed_files`), the ring's own descriptor registered too.
 //! - Idle: the ring runs its task work only when asked
@@ -76,6 +80,10 @@ const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
 /// A zero-copy send (its result, then its notification).
 const OP_SEND_ZC: u64 = 4;
+/// How long a poll waits for zero-copy notifications before it
+/// disconnects the connections whose data has not left (see
+/// `Ring::wait_notifs`).
+const ZC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the
 /// kernel copied after all (`IORING_NOTIF_USAGE_ZC_COPIED` in its result).
@@ -606,16 +614,81 @@ impl Ring {
         self.reap();
         // The sends' memory must not be read by the kernel after this
         // poll: a non-blocking send completes at submission, this waits
-        // only if one did not, or for zero-copy notifications.
-        while self.sending > 0 || self.notifs > 0 {
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                if e.raw_os_error() != Some(libc::EINTR) {
+        // only if one did not.
+        while self.sending > 0 {
+            self.wait(1);
+        }
+        if self.notifs > 0 {
+            self.wait_notifs();
+        }
+        any
+    }
+
+    /// Submits and waits for `n` completions, then reaps.
+    fn wait(&mut self, n: usize) {
+        if let Err(e) = self.ring.submit_and_wait(n) {
+            if e.raw_os_error() != Some(libc::EINTR) {
+                tracing::warn!("io_uring_enter: {e}");
+            }
+        }
+        self.reap();
+    }
+
+    /// Waits for the notifications of the zero-copy sends. One comes once
+    /// the kernel frees the last socket buffer naming the send's pages:
+    /// after the peer acknowledged the data, or never while the data waits
+    /// in the socket for a window a host that reads nothing keeps closed.
+    /// So after [`ZC_WAIT`] the connections still waiting are disconnected
+    /// (`connect(AF_UNSPEC)`: a reset, their unsent data purged, which
+    /// frees those buffers), and the wait goes on until every notification
+    /// came: only then may the memory be touched.
+    #[cold]
+    fn wait_notifs(&mut self) {
+        let deadline = Instant::now() + ZC_WAIT;
+        while self.notifs > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let ts = types::Timespec::from(deadline - now);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            if let Err(e) = self.ring.submitter().submit_with_args(1, &args) {
+                if !matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) {
                     tracing::warn!("io_uring_enter: {e}");
                 }
             }
             self.reap();
         }
-        any
+        if self.notifs == 0 {
+            return;
+        }
+        for s in self.slots.iter().filter(|s| s.notifs > 0) {
+            tracing::warn!(
+                fd = s.fd,
+                wait_ms = ZC_WAIT.as_millis() as u64,
+                "a zero-copy send's data has not left the socket in time (the host reads nothing): connection reset"
+            );
+            let a = libc::sockaddr {
+                sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+                sa_data: [0; 14],
+            };
+            // SAFETY: `a` is a valid sockaddr for the call's duration;
+            // `fd` is the connection's socket, open while its key is live
+            // (the connection is dropped only after this poll).
+            let r = unsafe {
+                libc::connect(
+                    s.fd,
+                    &a,
+                    std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                tracing::warn!(fd = s.fd, "disconnecting: {}", io::Error::last_os_error());
+            }
+        }
+        while self.notifs > 0 {
+            self.wait(1);
+        }
     }
 
     /// Whether the thread may sleep: nothing received waits to be taken,
