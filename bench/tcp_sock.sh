@@ -3,8 +3,8 @@
 # per round a fresh target per variant (core 0, null namespace of 4 KiB blocks; the
 # order rotates by round), each driven by pollux perf on core 1. Default: posix against
 # uring; 4 KiB randread at QD 1 and QD 127, 128 KiB randread at QD 32. Prints IOPS per
-# row, each variant over the first per round, and per workload the median and range of
-# those ratios, with the cross-core round trip (pollux pingpong) before and after.
+# row, each variant over each one before it in VARIANTS per round, and per workload the
+# median and range of those ratios, with the cross-core round trip (pollux pingpong) before and after.
 #   bench/tcp_sock.sh [BINARY] [ROUNDS] [SECS]
 # env: OUT, PORT; UFLAGS / PFLAGS: more flags for the variants named uring / posix;
 #   VARIANTS: words NAME or NAME=IMPL,FLAG,FLAG... (the first is the baseline), e.g.
@@ -60,8 +60,10 @@ for l in open(sys.argv[1]).read().splitlines()[1:]:
         if i not in names: names.append(i)
     except ValueError:
         pass
+pairs = [(b, o) for k, b in enumerate(names) for o in names[k + 1:]]
+pairs.sort(key=lambda p: p[0] != base)
 for w in sorted({k[0] for k in d}, key=lambda s: (s.split("-")[1], int(s[2:].split("-")[0]))):
-    for other in [x for x in names if x != base]:
+    for base, other in pairs:
         x = []
         for (ww, r), v in sorted(d.items(), key=lambda kv: int(kv[0][1])):
             if ww == w and v.get(base) and v.get(other):
