@@ -155,6 +155,7 @@ fn target_help_lists_every_option() {
             ("--no-uring-fixed-files", None),
             ("--uring-rx-buffers", Some("512")),
             ("--uring-rx-buffer-size", Some("16384")),
+            ("--uring-zcopy-threshold", Some("0")),
             ("--send-iov", Some("512")),
             ("--busy-poll", None),
             ("--idle-spin", Some("200")),

@@ -95,6 +95,14 @@ fn bad_options_are_refused_naming_the_option() {
         (&["--ram", "1MiB", "--nqn", ""][..], "--nqn"),
         (&["--ram", "1MiB", "--send-iov", "0"][..], "--send-iov"),
         (&["--ram", "1MiB", "--send-iov", "513"][..], "--send-iov"),
+        (
+            &["--ram", "1MiB", "--uring-zcopy-threshold", "1073741825"][..],
+            "--uring-zcopy-threshold",
+        ),
+        (
+            &["--ram", "1MiB", "--uring-zcopy-threshold", "64k"][..],
+            "--uring-zcopy-threshold",
+        ),
         (&["-c", "/nonexistent/pollux.json"][..], "-c"),
     ] {
         let mut full = vec!["target", "--listen", "127.0.0.1:0"];
@@ -155,11 +163,13 @@ impl Drop for Served {
 #[test]
 fn pollux_host_against_pollux_target() {
     let uring = &["--sock-impl", "uring"][..];
+    let zcopy = &["--sock-impl", "uring", "--uring-zcopy-threshold", "65536"][..];
     for (target_extra, io, host_extra) in [
         (&[][..], "4096", ""),
         (&[][..], "128k", "hdgst:1 ddgst:1"),
         (uring, "4096", ""),
         (uring, "128k", "hdgst:1 ddgst:1"),
+        (zcopy, "128k", ""),
     ] {
         let t = Served::start(target_extra);
         let r = t.trid(host_extra);

@@ -374,3 +374,33 @@ fn spdks_default_transport_flags_are_not_warned_about() {
         .iter()
         .any(|w| w.contains("'c2h_success' ignored")));
 }
+
+/// `uring_zcopy_threshold` (io_uring zero-copy sends): off unless given,
+/// read in bytes, refused (named) beyond 1 GiB or when not a count.
+#[test]
+fn uring_zcopy_threshold_is_read_and_bad_values_refused() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.uring_zcopy_threshold, 0, "off by default");
+    let at = "\"max_queue_depth\": 64";
+    let c = TargetConfig::from_json(&GOOD.replace(
+        at,
+        "\"max_queue_depth\": 64, \"sock_impl\": \"uring\", \"uring_zcopy_threshold\": 65536",
+    ))
+    .unwrap();
+    assert_eq!(c.transport.uring_zcopy_threshold, 65536);
+    for bad in ["-1", "1073741825", "\"64k\""] {
+        let e = refused(
+            at,
+            &format!("\"max_queue_depth\": 64, \"uring_zcopy_threshold\": {bad}"),
+        );
+        assert!(
+            e.contains("uring_zcopy_threshold") && e.contains("nvmf_create_transport"),
+            "{bad}: {e}"
+        );
+    }
+    // Set directly, the bound is checked too.
+    let mut c = TargetConfig::from_json(GOOD).unwrap();
+    c.transport.uring_zcopy_threshold = u32::MAX;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(e.contains("uring_zcopy_threshold"), "{e}");
+}

@@ -708,6 +708,23 @@ fn every_technique_switch_moves_data_intact() {
             },
         ),
         (
+            "io_uring, zero-copy sends of 64 KiB and more (the 4 KiB read copies)",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                uring_zcopy_threshold: 64 << 10,
+                ..base.clone()
+            },
+        ),
+        (
+            "io_uring, every send zero-copy, no registered files",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                uring_zcopy_threshold: 1,
+                uring_fixed_files: false,
+                ..base.clone()
+            },
+        ),
+        (
             "io_uring, no epoll idle sleep",
             TransportOptions {
                 sock_impl: pollux_nvmf::SockImpl::Uring,
@@ -753,11 +770,48 @@ fn reset(s: std::net::TcpStream) {
 /// I/O goes on, on every socket implementation.
 #[test]
 fn hosts_vanishing_mid_transfer_leave_nothing_behind() {
-    use pollux_spec::tcp::H2CData;
-    use zerocopy::IntoBytes;
     for si in SOCK_IMPLS {
         eprintln!("sock_impl {si:?}");
-        let t = ram_target_on(4096, si);
+        hosts_vanishing_on(&ram_target_on(4096, si));
+    }
+}
+
+/// As [`hosts_vanishing_mid_transfer_leave_nothing_behind`], with
+/// io_uring zero-copy sends (every send of 4 KiB and more): the reads
+/// reset mid-transfer go out zero-copy; and no data buffer is left held
+/// (the threads cache none: every buffer alive is a command's).
+#[test]
+fn hosts_vanishing_mid_zero_copy_sends_leave_no_buffer_behind() {
+    let o = pollux_nvmf::TransportOptions {
+        sock_impl: pollux_nvmf::SockImpl::Uring,
+        uring_zcopy_threshold: 4096,
+        buf_cache_size: Some(0),
+        ..Default::default()
+    };
+    let t = ram_target_with(4096, o, &[0]);
+    let (mut held, limit) = hosts_vanishing_on(&t);
+    // (The healthy queue's last read gives its buffer back at the
+    // target's next poll after the send.)
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while held > 64 << 10 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+        held = t.buffer_bytes().0;
+    }
+    // The admin and the healthy queue keep a page per slot at most; the
+    // 32 reads of a vanished host held 4 MiB.
+    assert!(
+        held <= 64 << 10,
+        "{held} bytes of data buffers still held (of {limit})"
+    );
+}
+
+/// Runs the vanishing hosts against `t`; returns its data buffer bytes
+/// held at the end, and the pool's limit.
+fn hosts_vanishing_on(t: &pollux_nvmf::Target) -> (usize, usize) {
+    use pollux_spec::tcp::H2CData;
+    use zerocopy::IntoBytes;
+    {
+        let si = t.sock_impl();
         let addr = t.listen_addrs()[0];
         let mut a = Client::connect(addr);
         a.ic(Digests::NONE);
@@ -820,4 +874,61 @@ fn hosts_vanishing_mid_transfer_leave_nothing_behind() {
         assert_eq!(t.connections(), 2, "{si:?}: connections left behind");
         check(&mut healthy, 9);
     }
+    t.buffer_bytes()
+}
+
+/// With io_uring zero-copy sends, a host that asks for reads and then
+/// reads nothing (its window closed: the zero-copy sends stay queued in
+/// the socket, their notifications never come) is disconnected after a
+/// bounded wait instead of holding the thread (which waits for the
+/// notifications before it may touch the memory again): another host on
+/// the same thread goes on being served. Before, the thread waited for
+/// good and the other host's read timed out.
+#[test]
+fn a_host_that_stops_reading_under_zero_copy_sends_is_cut_off_not_the_thread() {
+    let o = pollux_nvmf::TransportOptions {
+        sock_impl: pollux_nvmf::SockImpl::Uring,
+        uring_zcopy_threshold: 4096,
+        ..Default::default()
+    };
+    let t = ram_target_with(4096, o, &[0]);
+    let addr = t.listen_addrs()[0];
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(SUB1, HOST_A, 0);
+    let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, (3 << 16) | 3);
+    sqe.cid = a.next_cid();
+    a.capsule(&sqe, &[]);
+    assert!(a.resp().status().is_success());
+    let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
+    let check = |h: &mut Client, seed: u8| {
+        let d = pattern(128 << 10, seed);
+        assert!(h.write(1, 512, &d, false).status().is_success());
+        assert_eq!(h.read(1, 512, d.len()).0, d);
+    };
+    check(&mut healthy, 1);
+    // 6 MiB of reads asked for, none read.
+    let mut r = Client::connect(addr);
+    r.ic(Digests::NONE);
+    let c = r.connect_cmd(2, 63, 0, cntlid, SUB1, HOST_A, true);
+    assert!(c.status().is_success(), "I/O connect");
+    for _ in 0..48 {
+        let mut sqe = Sqe::rw(NvmOpcode::Read, 1, 0, 256);
+        sqe.cid = r.next_cid();
+        SglDescriptor::tcp_transport(128 << 10).write_to_sqe(&mut sqe);
+        r.capsule(&sqe, &[]);
+    }
+    std::thread::sleep(std::time::Duration::from_millis(50));
+    for seed in 2..5 {
+        check(&mut healthy, seed);
+    }
+    // The silent host's connection goes (the admin and the healthy
+    // queue stay).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    while t.connections() > 2 && std::time::Instant::now() < deadline {
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(t.connections(), 2, "the silent host's connection stays");
+    check(&mut healthy, 9);
+    drop(r);
 }

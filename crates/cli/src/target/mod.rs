@@ -138,6 +138,11 @@ pub struct TargetArgs {
     /// uring: bytes of each provided receive buffer [default: 16384].
     #[arg(long = "uring-rx-buffer-size", value_name = "BYTES")]
     pub uring_rx_buffer_size: Option<u32>,
+    /// uring: a connection's send of at least BYTES goes zero-copy
+    /// (SENDMSG_ZC; the poll waits for the kernel's notification); 0: off
+    /// [default: 0].
+    #[arg(long = "uring-zcopy-threshold", value_name = "BYTES")]
+    pub uring_zcopy_threshold: Option<u32>,
     /// Most iovecs in one sendmsg, 1..=512 (512: a full queue's responses
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
@@ -338,6 +343,9 @@ pub fn config(
     if let Some(n) = a.uring_rx_buffer_size {
         t.uring_rx_buffer_size = n;
     }
+    if let Some(n) = a.uring_zcopy_threshold {
+        t.uring_zcopy_threshold = n;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
@@ -348,6 +356,7 @@ pub fn config(
                 "busy_poll_us" => "--busy-poll",
                 "uring_rx_buffers" => "--uring-rx-buffers",
                 "uring_rx_buffer_size" => "--uring-rx-buffer-size",
+                "uring_zcopy_threshold" => "--uring-zcopy-threshold",
                 other => other,
             },
             value,
@@ -880,6 +889,10 @@ mod tests {
         assert_eq!(
             stated("uring-rx-buffer-size"),
             d.uring_rx_buffer_size.to_string()
+        );
+        assert_eq!(
+            stated("uring-zcopy-threshold"),
+            d.uring_zcopy_threshold.to_string()
         );
         assert_eq!(
             stated("handshake-timeout"),

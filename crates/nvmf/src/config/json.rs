@@ -192,6 +192,7 @@ impl TargetConfig {
                     "uring_fixed_files",
                     "uring_rx_buffers",
                     "uring_rx_buffer_size",
+                    "uring_zcopy_threshold",
                 ])?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
@@ -267,6 +268,9 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.uint("uring_rx_buffer_size", 512, 1 << 20)? {
                     t.uring_rx_buffer_size = v as u32;
+                }
+                if let Some(v) = p.uint("uring_zcopy_threshold", 0, 1 << 30)? {
+                    t.uring_zcopy_threshold = v as u32;
                 }
                 p.bool_opt("zcopy")?;
                 // (SPDK's client sends c2h_success true and zcopy false

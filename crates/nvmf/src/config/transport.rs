@@ -90,6 +90,12 @@ pub struct TransportOptions {
     /// `uring_rx_buffers`, `uring_rx_buffer_size`).
     pub uring_rx_buffers: u16,
     pub uring_rx_buffer_size: u32,
+    /// io_uring: a connection's send of at least this many bytes is a
+    /// zero-copy `SENDMSG_ZC` (the kernel pins the pages and sends from
+    /// them; the thread's poll waits for the notification that it is
+    /// done with them); 0: off, every send copies (JSON
+    /// `uring_zcopy_threshold`).
+    pub uring_zcopy_threshold: u32,
 }
 
 /// The target's socket implementation.
@@ -166,9 +172,13 @@ impl Default for TransportOptions {
             uring_fixed_files: true,
             uring_rx_buffers: 512,
             uring_rx_buffer_size: 16 << 10,
+            uring_zcopy_threshold: 0,
         }
     }
 }
+
+/// Largest `uring_zcopy_threshold` accepted.
+const MAX_ZCOPY_THRESHOLD: u32 = 1 << 30;
 
 /// Largest data buffer pool accepted.
 const MAX_POOL_BYTES: u64 = 1 << 40;
@@ -316,6 +326,13 @@ impl TransportOptions {
                 "uring_rx_buffer_size",
                 self.uring_rx_buffer_size as u64,
                 "must be 512..=1048576",
+            );
+        }
+        if self.uring_zcopy_threshold > MAX_ZCOPY_THRESHOLD {
+            return bad(
+                "uring_zcopy_threshold",
+                self.uring_zcopy_threshold as u64,
+                "must be 0 (off) ..=1073741824 bytes",
             );
         }
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {

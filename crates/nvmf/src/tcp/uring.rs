@@ -18,6 +18,25 @@
 //!   buffers keep the rules of the copying sends. The bytes a send took
 //!   are reported by the connection's next `send_iov` (the send queue
 //!   advances then, its slots released then).
+//! - Zero-copy sends (`uring_zcopy_threshold`, off by default): a send
+//!   of at least that many bytes is a `SENDMSG_ZC`; the kernel pins the
+//!   pages and sends from them, posting the send's result (flagged
+//!   `MORE`) and later a notification once it no longer reads them.
+//!   `Ring::end` waits for those notifications too, so the rule above
+//!   holds for them as well: nothing reads the memory after the poll.
+//!   The price: a notification comes when the last socket buffer naming
+//!   the pages is freed, which for TCP is when the peer acknowledged the
+//!   data (the retransmit queue holds it until then), on loopback too
+//!   (where the kernel also copies the pages when it delivers them to
+//!   the local socket, `skb_orphan_frags_rx`): the thread waits about a
+//!   round trip per poll that sent zero-copy. Data a host leaves in the
+//!   socket (it reads nothing: its window is closed) would hold the
+//!   thread for good: after 100 ms (`ZC_WAIT`) such connections are
+//!   reset (`connect(AF_UNSPEC)` purges their unsent data, which frees
+//!   the buffers), and the wait goes on until every notification came.
+//!   (Not waiting would need the send queue to keep its own bytes and the
+//!   lent slot buffers until the notification: marks released, and its
+//!   buffer cleared or grown, only then.)
 //! - Files: the sockets are registered files of the ring
 //!   (`uring_fixed_files`), the ring's own descriptor registered too.
 //! - Idle: the ring runs its task work only when asked
@@ -59,6 +78,17 @@ const BGID: u16 = 0;
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
+/// A zero-copy send (its result, then its notification).
+const OP_SEND_ZC: u64 = 4;
+/// How long a poll waits for zero-copy notifications before it
+/// disconnects the connections whose data has not left (see
+/// `Ring::wait_notifs`).
+const ZC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the
+/// kernel copied after all (`IORING_NOTIF_USAGE_ZC_COPIED` in its result).
+const SEND_ZC_REPORT_USAGE: u16 = 1 << 3;
+const NOTIF_USAGE_ZC_COPIED: i32 = 1 << 31;
 
 /// A completion's tag: the connection's key, the key's generation (a
 /// key is reused only once its receive has ended), the operation.
@@ -200,6 +230,9 @@ struct Slot {
     rearm: bool,
     /// A send was queued and has not completed.
     sending: bool,
+    /// Zero-copy sends whose notification has not come (the kernel may
+    /// still read their memory).
+    notifs: u32,
     /// The result of the last send, not yet reported.
     sent: Option<i32>,
     /// The send's message and iovecs (in place until it completes).
@@ -215,6 +248,14 @@ pub(crate) struct Ring {
     free: Vec<u32>,
     /// Sends queued, not completed.
     sending: u32,
+    /// Zero-copy notifications outstanding, all connections.
+    notifs: u32,
+    /// `uring_zcopy_threshold` (0: off).
+    zc_threshold: usize,
+    /// Zero-copy sends, and those the kernel copied after all (told by
+    /// their notification): logged at the first copy.
+    zc_sends: u64,
+    zc_copied: u64,
     /// Keys whose receive waits for buffers.
     rearm: Vec<u32>,
     fixed_files: bool,
@@ -246,6 +287,15 @@ impl Ring {
                 0,
             )?
         };
+        if o.uring_zcopy_threshold != 0 {
+            let mut p = io_uring::Probe::new();
+            ring.submitter().register_probe(&mut p)?;
+            if !p.is_supported(opcode::SendMsgZc::CODE) {
+                return Err(io::Error::other(
+                    "uring_zcopy_threshold: this kernel has no zero-copy sendmsg (IORING_OP_SENDMSG_ZC, Linux 6.1+): set it to 0",
+                ));
+            }
+        }
         let mut fixed_free = Vec::new();
         if o.uring_fixed_files {
             ring.submitter().register_files_sparse(FIXED_FILES)?;
@@ -267,6 +317,10 @@ impl Ring {
             slots: Vec::new(),
             free: Vec::new(),
             sending: 0,
+            notifs: 0,
+            zc_threshold: o.uring_zcopy_threshold as usize,
+            zc_sends: 0,
+            zc_copied: 0,
             rearm: Vec::new(),
             fixed_files: o.uring_fixed_files,
             fixed_free,
@@ -318,6 +372,7 @@ impl Ring {
                     armed: false,
                     rearm: false,
                     sending: false,
+                    notifs: 0,
                     sent: None,
                     // SAFETY: a zeroed msghdr is valid (no name, no
                     // control, no iovecs).
@@ -358,8 +413,14 @@ impl Ring {
 
     /// The connection of `key` is gone: its receive cancelled, its
     /// buffers given back; the key is reused once the receive ended.
+    ///
+    /// Connections are dropped only after the thread's poll ended
+    /// (`Ring::end`), which waited for every send and zero-copy
+    /// notification: none is outstanding here, the memory the key's sends
+    /// named may go.
     fn remove(&mut self, key: u32) {
         let s = &mut self.slots[key as usize];
+        debug_assert!(!s.sending && s.notifs == 0, "send outstanding at remove");
         s.live = false;
         let pieces: Vec<Piece> = s.rx.drain(..).collect();
         let (armed, fixed, t) = (s.armed, s.fixed.take(), tag(key, s.gen, OP_RECV));
@@ -478,7 +539,41 @@ impl Ring {
                     self.sending -= 1;
                 }
             }
+            OP_SEND_ZC => self.zc_complete(key, res, flags),
             _ => {}
+        }
+    }
+
+    /// A zero-copy send's completion: its result (as a copying send's,
+    /// `MORE` set if a notification follows), or its notification.
+    #[cold]
+    fn zc_complete(&mut self, key: u32, res: i32, flags: u32) {
+        let s = &mut self.slots[key as usize];
+        if cqueue::notif(flags) {
+            // The send's memory is the kernel's no more.
+            if s.notifs > 0 {
+                s.notifs -= 1;
+                self.notifs -= 1;
+                if res & NOTIF_USAGE_ZC_COPIED != 0 {
+                    self.zc_copied += 1;
+                    if self.zc_copied == 1 {
+                        tracing::debug!(
+                            zero_copy_sends = self.zc_sends,
+                            "the kernel copied a zero-copy send's data after all (a local peer: loopback)"
+                        );
+                    }
+                }
+            }
+            return;
+        }
+        if cqueue::more(flags) {
+            s.notifs += 1;
+            self.notifs += 1;
+        }
+        if s.sending {
+            s.sending = false;
+            s.sent = Some(res);
+            self.sending -= 1;
         }
     }
 
@@ -494,7 +589,8 @@ impl Ring {
     }
 
     /// Submits what the connections queued (their sends, in one
-    /// `io_uring_enter`) and waits until every send completed.
+    /// `io_uring_enter`) and waits until every send completed and every
+    /// zero-copy send's notification came.
     fn end(&mut self) -> bool {
         let mut any = false;
         if !self.rearm.is_empty() && self.bufs.held < self.bufs.count / 2 {
@@ -520,14 +616,79 @@ impl Ring {
         // poll: a non-blocking send completes at submission, this waits
         // only if one did not.
         while self.sending > 0 {
-            if let Err(e) = self.ring.submit_and_wait(1) {
-                if e.raw_os_error() != Some(libc::EINTR) {
+            self.wait(1);
+        }
+        if self.notifs > 0 {
+            self.wait_notifs();
+        }
+        any
+    }
+
+    /// Submits and waits for `n` completions, then reaps.
+    fn wait(&mut self, n: usize) {
+        if let Err(e) = self.ring.submit_and_wait(n) {
+            if e.raw_os_error() != Some(libc::EINTR) {
+                tracing::warn!("io_uring_enter: {e}");
+            }
+        }
+        self.reap();
+    }
+
+    /// Waits for the notifications of the zero-copy sends. One comes once
+    /// the kernel frees the last socket buffer naming the send's pages:
+    /// after the peer acknowledged the data, or never while the data waits
+    /// in the socket for a window a host that reads nothing keeps closed.
+    /// So after [`ZC_WAIT`] the connections still waiting are disconnected
+    /// (`connect(AF_UNSPEC)`: a reset, their unsent data purged, which
+    /// frees those buffers), and the wait goes on until every notification
+    /// came: only then may the memory be touched.
+    #[cold]
+    fn wait_notifs(&mut self) {
+        let deadline = Instant::now() + ZC_WAIT;
+        while self.notifs > 0 {
+            let now = Instant::now();
+            if now >= deadline {
+                break;
+            }
+            let ts = types::Timespec::from(deadline - now);
+            let args = types::SubmitArgs::new().timespec(&ts);
+            if let Err(e) = self.ring.submitter().submit_with_args(1, &args) {
+                if !matches!(e.raw_os_error(), Some(libc::ETIME | libc::EINTR)) {
                     tracing::warn!("io_uring_enter: {e}");
                 }
             }
             self.reap();
         }
-        any
+        if self.notifs == 0 {
+            return;
+        }
+        for s in self.slots.iter().filter(|s| s.notifs > 0) {
+            tracing::warn!(
+                fd = s.fd,
+                wait_ms = ZC_WAIT.as_millis() as u64,
+                "a zero-copy send's data has not left the socket in time (the host reads nothing): connection reset"
+            );
+            let a = libc::sockaddr {
+                sa_family: libc::AF_UNSPEC as libc::sa_family_t,
+                sa_data: [0; 14],
+            };
+            // SAFETY: `a` is a valid sockaddr for the call's duration;
+            // `fd` is the connection's socket, open while its key is live
+            // (the connection is dropped only after this poll).
+            let r = unsafe {
+                libc::connect(
+                    s.fd,
+                    &a,
+                    std::mem::size_of::<libc::sockaddr>() as libc::socklen_t,
+                )
+            };
+            if r != 0 {
+                tracing::warn!(fd = s.fd, "disconnecting: {}", io::Error::last_os_error());
+            }
+        }
+        while self.notifs > 0 {
+            self.wait(1);
+        }
     }
 
     /// Whether the thread may sleep: nothing received waits to be taken,
@@ -570,7 +731,10 @@ impl Drop for Ring {
             let _ = self.push(&e);
         }
         let mut rounds = 0;
-        while self.slots.iter().any(|s| s.armed) && rounds < 1000 {
+        // (Sends and notifications end with each poll: none is expected.)
+        while (self.slots.iter().any(|s| s.armed) || self.sending > 0 || self.notifs > 0)
+            && rounds < 1000
+        {
             if self.ring.submit_and_wait(1).is_err() {
                 break;
             }
@@ -647,7 +811,8 @@ impl Wire for UringSock {
 
     /// # Safety
     /// As the trait's, and the memory stays valid and unwritten until
-    /// the thread's poll ends (`Ring::end` waits for the send).
+    /// the thread's poll ends (`Ring::end` waits for the send, and for a
+    /// zero-copy send's notification).
     unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         let mut r = self.ring.borrow_mut();
         let r = &mut *r;
@@ -669,15 +834,32 @@ impl Wire for UringSock {
         s.msg.msg_iovlen = s.iov.len() as _;
         let flags = (libc::MSG_DONTWAIT | libc::MSG_NOSIGNAL) as u32;
         let msg: *const libc::msghdr = &*s.msg;
-        let e = match s.fixed {
-            Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
-                .flags(flags)
-                .build(),
-            None => opcode::SendMsg::new(types::Fd(s.fd), msg)
-                .flags(flags)
-                .build(),
-        }
-        .user_data(tag(self.key, s.gen, OP_SEND));
+        let e = if r.zc_threshold != 0 && zc_worth(&s.iov, r.zc_threshold) {
+            r.zc_sends += 1;
+            let t = tag(self.key, s.gen, OP_SEND_ZC);
+            match s.fixed {
+                Some(f) => opcode::SendMsgZc::new(types::Fixed(f), msg)
+                    .flags(flags)
+                    .ioprio(SEND_ZC_REPORT_USAGE)
+                    .build(),
+                None => opcode::SendMsgZc::new(types::Fd(s.fd), msg)
+                    .flags(flags)
+                    .ioprio(SEND_ZC_REPORT_USAGE)
+                    .build(),
+            }
+            .user_data(t)
+        } else {
+            let t = tag(self.key, s.gen, OP_SEND);
+            match s.fixed {
+                Some(f) => opcode::SendMsg::new(types::Fixed(f), msg)
+                    .flags(flags)
+                    .build(),
+                None => opcode::SendMsg::new(types::Fd(s.fd), msg)
+                    .flags(flags)
+                    .build(),
+            }
+            .user_data(t)
+        };
         // The message and iovecs stay in the slot, unchanged, until the
         // send completes (`sending`); the memory they name per the
         // caller's contract.
@@ -702,6 +884,21 @@ impl Wire for UringSock {
             e => Err(io::Error::from_raw_os_error(-e)),
         })
     }
+}
+
+/// Whether a send of `iov` carries at least `threshold` bytes (a
+/// zero-copy send's pinning and notification cost more than copying a
+/// few bytes).
+#[cold]
+fn zc_worth(iov: &[libc::iovec], threshold: usize) -> bool {
+    let mut n = 0;
+    for v in iov {
+        n += v.iov_len;
+        if n >= threshold {
+            return true;
+        }
+    }
+    false
 }
 
 /// What a thread keeps for `uring`: its ring.
