@@ -238,7 +238,10 @@ const EVICT_LOG_EVERY: Duration = Duration::from_secs(10);
 type TableRef<W> = Rc<RefCell<Table<W>>>;
 
 thread_local! {
-    /// This thread's `TableRef`, for messages.
+    /// This thread's table, for messages: weak, so the table (and with
+    /// `uring` its ring) goes with the thread's pollers, while the thread
+    /// still runs; a strong one here was dropped among the thread-local
+    /// destructors, where a log event aborts the process.
     static TABLE: RefCell<Option<Box<dyn Any>>> = const { RefCell::new(None) };
 }
 
@@ -253,8 +256,8 @@ fn this_table<W: SockImpl>() -> Option<TableRef<W>> {
         t.try_borrow()
             .ok()?
             .as_ref()?
-            .downcast_ref::<TableRef<W>>()
-            .cloned()
+            .downcast_ref::<std::rc::Weak<RefCell<Table<W>>>>()?
+            .upgrade()
     })
 }
 
@@ -364,7 +367,7 @@ fn init_with<W: SockImpl>(
         evicted: 0,
         evict_logged: None,
     }));
-    TABLE.with(|t| *t.borrow_mut() = Some(Box::new(tab.clone())));
+    TABLE.with(|t| *t.borrow_mut() = Some(Box::new(Rc::downgrade(&tab))));
     let t = tab.clone();
     ctx.register_poller("nvmf-tcp", move |ctx| poll(ctx, &t));
     if accepting {
