@@ -1,0 +1,163 @@
+#!/usr/bin/env python3
+"""Why one NVMe/TCP target serves more or fewer I/Os than another under the
+same client: per target and client, the target process's system calls per
+I/O (`perf stat -e raw_syscalls:sys_enter`), the share of its CPU samples
+in the kernel and in each of its top objects (`perf record -e cpu-clock`),
+and the top symbols by self time; the IOPS of the same window.
+
+Each target is a fresh process on core 0 (SPDK's nvmf_tgt and each pollux
+target, all from bench/tcp_sbs.py's SPDK JSON config, null namespace), the
+client on core 1: SPDK's perf or `pollux perf`, 4 KiB randread QD 128. The
+perf tools sample over SECS in the middle of a run of SECS + 3 s. Rounds
+alternate the order of the targets. Figures are ratios and shares of this
+machine: both perf tools slow what they watch a little, alike for every
+target.
+
+    bench/tcp_target_profile.py [--bin BIN] [--target NAME=BIN[,ARG...]]...
+        [--clients spdk,pollux] [--rounds 3] [--secs 4] [--top 8]
+
+Needs an SPDK build (../shared/spdk/build.sh; SPDK_DIR, default /tmp/spdk).
+Wrap in `flock /tmp/bench.lock`."""
+import argparse
+import collections
+import json
+import os
+import re
+import statistics as st
+import subprocess
+import sys
+import tempfile
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import tcp_sbs  # noqa: E402  (its config, targets and clients)
+
+
+def client_cmd(kind, spdk, client, secs):
+    nqn = tcp_sbs.NQN_NULL
+    if kind == "spdk":
+        trid = (f"trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn} "
+                f"hostnqn:{tcp_sbs.HOSTNQN}")
+        return [f"{spdk}/build/bin/spdk_nvme_perf", "-c", "0x2", "-r", trid, "-q", "128", "-o", "4096",
+                "-w", "randread", "-t", str(secs)]
+    trid = f"trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn}"
+    return [client, "perf", "-c", "1", "-r", trid, "-q", "128", "-o", "4096", "-w", "randread",
+            "-t", str(secs), "--json"]
+
+
+def iops_of(kind, out):
+    if kind == "spdk":
+        for line in out.splitlines():
+            f = line.split()
+            if len(f) >= 5 and f[0] == "Total" and f[1] == ":":
+                return float(f[2])
+        return None
+    try:
+        return float(json.loads(out)["total"]["iops"])
+    except (ValueError, KeyError):
+        return None
+
+
+def measure(target, kind, spdk, client, secs, tmp, tag):
+    """(IOPS, syscalls per I/O, {object: share}, kernel share, [(share, symbol)])."""
+    target.start()
+    data = os.path.join(tmp, f"{tag}.data")
+    cl = subprocess.Popen(client_cmd(kind, spdk, client, secs + 3), stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True)
+    time.sleep(1.5)
+    pid = str(target.p.pid)
+    stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", pid,
+                             "--", "sleep", str(secs)], stderr=subprocess.PIPE, text=True)
+    rec = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-p", pid, "-o", data, "--",
+                          "sleep", str(secs)], capture_output=True, text=True)
+    _, err = stat.communicate()
+    out, _ = cl.communicate(timeout=secs + 120)
+    target.stop()
+    iops = iops_of(kind, out)
+    calls = None
+    for line in err.splitlines():
+        f = line.split(",")
+        if len(f) > 2 and "raw_syscalls:sys_enter" in f[2] and f[0].strip().isdigit():
+            calls = int(f[0])
+    if rec.returncode != 0 or not iops:
+        return None
+    script = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym,dso"], capture_output=True,
+                            text=True).stdout
+    objs, syms, n = collections.Counter(), collections.Counter(), 0
+    for line in script.splitlines():
+        m = re.match(r"\s*([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$", line)
+        if not m:
+            continue
+        n += 1
+        obj = os.path.basename(m.group(3))
+        objs[obj] += 1
+        syms[re.sub(r"\+0x[0-9a-f]+$", "", m.group(2))] += 1
+    if n == 0:
+        return None
+    kernel = sum(v for k, v in objs.items() if "kernel" in k or k.startswith("[")) / n
+    return (iops, calls / (iops * secs) if calls else None, {k: v / n for k, v in objs.items()}, kernel,
+            [(v / n, s) for s, v in syms.most_common(40)])
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--bin", default="target/release/pollux")
+    ap.add_argument("--target", action="append", default=[])
+    ap.add_argument("--clients", default="spdk,pollux")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--secs", type=int, default=4)
+    ap.add_argument("--top", type=int, default=8)
+    a = ap.parse_args()
+    spdk = os.environ.get("SPDK_DIR", "/tmp/spdk")
+    if not os.access(f"{spdk}/build/bin/nvmf_tgt", os.X_OK):
+        sys.exit(f"no SPDK build at {spdk} (../shared/spdk/build.sh)")
+    tmp = tempfile.mkdtemp(prefix="tcp-prof-")
+    conf = os.path.join(tmp, "conf.json")
+    json.dump(tcp_sbs.config(), open(conf, "w"))
+    subprocess.run(["sh", "-c", "[ $(cat /proc/sys/vm/nr_hugepages) -ge 1024 ] || echo 1024 > /proc/sys/vm/nr_hugepages;"
+                    " mount | grep -q 'type hugetlbfs' || { mkdir -p /dev/hugepages; mount -t hugetlbfs nodev /dev/hugepages; }"])
+    targets = [tcp_sbs.Target("spdk", [f"{spdk}/build/bin/nvmf_tgt", "-m", "0x1", "-r",
+                                       os.path.join(tmp, "spdk.sock"), "--json", conf], tmp)]
+    for t in a.target or [f"pollux={a.bin}"]:
+        name, rest = t.split("=", 1)
+        parts = rest.split(",")
+        targets.append(tcp_sbs.Target(name, [parts[0], "target", "-c", conf, "-m", "0x1", "-r",
+                                             os.path.join(tmp, f"{name}.sock")] + parts[1:], tmp))
+    res = collections.defaultdict(list)
+    for r in range(a.rounds):
+        order = targets if r % 2 == 0 else [targets[0]] + targets[:0:-1]
+        for t in order:
+            for kind in a.clients.split(","):
+                m = measure(t, kind, spdk, a.bin, a.secs, tmp, f"{r}-{t.name}-{kind}")
+                print(f"round {r} target {t.name} client {kind}: "
+                      + (f"{m[0]:,.0f} IOPS, {m[1]:.2f} syscalls/IO, kernel {m[3]:.1%}" if m and m[1]
+                         else "FAIL"), flush=True)
+                if m:
+                    res[(t.name, kind)].append(m)
+    print()
+    for kind in a.clients.split(","):
+        for t in targets:
+            ms = res.get((t.name, kind))
+            if not ms:
+                continue
+            io = [m[0] for m in ms]
+            sc = [m[1] for m in ms if m[1]]
+            kn = [m[3] for m in ms]
+            print(f"client {kind}, target {t.name}: IOPS {st.median(io):,.0f} ({min(io):,.0f}-{max(io):,.0f}); "
+                  f"syscalls/IO {st.median(sc):.2f} ({min(sc):.2f}-{max(sc):.2f}); "
+                  f"kernel share {st.median(kn):.1%} ({min(kn):.1%}-{max(kn):.1%})")
+            objs = collections.Counter()
+            syms = collections.Counter()
+            for m in ms:
+                for k, v in m[2].items():
+                    objs[k] += v / len(ms)
+                for v, s in m[4]:
+                    syms[s] += v / len(ms)
+            print("   objects: " + ", ".join(f"{k} {v:.1%}" for k, v in objs.most_common(4)))
+            for s, v in syms.most_common(a.top):
+                print(f"   {v:6.1%}  {s}")
+    print(f"\n(perf data in {tmp})")
+
+
+if __name__ == "__main__":
+    main()
