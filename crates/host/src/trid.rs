@@ -167,6 +167,9 @@ pub struct TcpTrid {
     /// `busy_poll:US`: `SO_BUSY_POLL` microseconds on the connections
     /// (0, the default: off).
     pub busy_poll: u32,
+    /// `sock_impl:posix|uring`: how the I/O queues' sockets are driven
+    /// (default posix; see `pollux_tcp::SockImpl`).
+    pub sock_impl: pollux_tcp::SockImpl,
     /// `dhchap_key:PATH`: the host's DH-HMAC-CHAP secret (DHHC-1 file),
     /// read by [`TcpTrid::options`].
     pub dhchap_key: Option<PathBuf>,
@@ -216,6 +219,7 @@ impl TcpTrid {
         o.reconnect_delay = std::time::Duration::from_secs(self.reconnect_delay as u64);
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         o.busy_poll_us = self.busy_poll;
+        o.sock_impl = self.sock_impl;
         let key = |k: &'static str, p: &Option<PathBuf>| {
             p.as_ref()
                 .map(|p| {
@@ -366,6 +370,14 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
                 })?
         }
     };
+    let sock_impl = match kv.remove("sock_impl") {
+        None => pollux_tcp::SockImpl::default(),
+        Some(v) => pollux_tcp::SockImpl::from_name(&v).ok_or(TridError::BadValue {
+            key: "sock_impl",
+            value: v,
+            why: "expected posix or uring".into(),
+        })?,
+    };
     let dhchap_key = kv.remove("dhchap_key").map(PathBuf::from);
     let dhchap_ctrlr_key = kv.remove("dhchap_ctrlr_key").map(PathBuf::from);
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
@@ -411,6 +423,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         reconnect_delay,
         fast_io_fail_tmo,
         busy_poll,
+        sock_impl,
         dhchap_key,
         dhchap_ctrlr_key,
         dhchap_digests,
@@ -776,6 +789,42 @@ mod tests {
                     })
                 ),
                 "{s}"
+            );
+        }
+        // Socket implementation: posix by default, uring when asked, and
+        // anything else refused naming the key and the value.
+        assert_eq!(o.sock_impl, pollux_tcp::SockImpl::Posix);
+        let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring"
+            .parse()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            t.options(Some("nqn.2026-01.io.pollux:a"))
+                .unwrap()
+                .sock_impl,
+            pollux_tcp::SockImpl::Uring
+        );
+        for v in ["epoll", "URING", "io_uring"] {
+            let s = format!("trtype:tcp traddr:127.0.0.1 sock_impl:{v}");
+            let e = s.parse::<Trid>().unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TridError::BadValue {
+                        key: "sock_impl",
+                        ..
+                    }
+                ),
+                "{s}: {e}"
+            );
+            let m = e.to_string();
+            assert!(
+                m.contains("sock_impl")
+                    && m.contains(&format!("'{v}'"))
+                    && m.contains("posix or uring"),
+                "{m}"
             );
         }
         // Defaults: port 4420, no digests, this machine's host NQN.
