@@ -334,6 +334,7 @@ impl Conn {
                     let e = self.err(ConnErrorKind::Io, format!("enabling the io_uring: {e}"));
                     return Err(self.fail(e));
                 }
+                tracing::debug!(addr = %self.addr, qid = self.qid, "I/O queue on io_uring");
             }
         }
         Ok(())

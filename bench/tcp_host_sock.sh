@@ -1,0 +1,80 @@
+#!/bin/bash
+# The host's socket implementations (transport-ID key sock_impl:posix|uring),
+# in one interleaved run: per round a fresh `pollux target` (core 0, null
+# namespace of 4 KiB blocks, --sock-impl $TSOCK, default posix) and, in an
+# order that rotates by round, pollux perf on core 1 with the host on posix,
+# on uring, and (if BASE names an older pollux binary) on that binary's
+# posix, each over 4 KiB randread at QD 1 and QD 128 and 128 KiB randread at
+# QD 32. Prints IOPS per row, then per workload uring/posix (and posix/base)
+# per round with the median and range, and the cross-core round trip
+# (pollux pingpong) before and after.
+#   bench/tcp_host_sock.sh [BINARY] [ROUNDS] [SECS]
+#     env: BASE (older binary, host side only), TSOCK (target --sock-impl),
+#          OUT, PORT, PROFILE=1 (instead: `perf record -e cpu-clock -a -C 1 -g`
+#          of one QD 128 4 KiB run per host implementation, top symbols)
+# Wrap timed runs in `flock /tmp/bench.lock`.
+set -u
+B=${1:-target/release/pollux}; R=${2:-5}; S=${3:-3}; PORT=${PORT:-4473}
+OUT=${OUT:-/tmp/tcp-host-sock/$(date +%H%M%S)}; mkdir -p "$OUT"
+NQN=nqn.2016-06.io.spdk:cnode1
+TRP="trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:$PORT subnqn:$NQN"
+up() { for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/$PORT) 2>/dev/null && return 0; sleep 0.1; done; return 1; }
+start() {
+  "$B" target --listen 127.0.0.1:$PORT --null 1GiB --block-size 4096 --nqn $NQN -m 0x1 \
+    -r $OUT/rpc.sock --sock-impl "${TSOCK:-posix}" >$OUT/t.log 2>&1 & TP=$!; up; }
+stop() { kill $TP 2>/dev/null; wait $TP 2>/dev/null; sleep 0.3; }
+perf() { # VARIANT QD SIZE
+  local bin=$B impl=$1
+  [ $1 = base ] && { bin=$BASE; impl=posix; }
+  timeout 60 taskset -c 1 "$bin" perf -c 1 -r "$TRP sock_impl:$impl" -q $2 -o $3 -w randread -t $S --json >$OUT/last.json 2>$OUT/last.err
+  python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"]["iops"])' $OUT/last.json 2>/dev/null || echo NaN; }
+rt() { "$B" pingpong --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["round_trip_ns"])' 2>/dev/null || echo NaN; }
+VARS="posix uring"; [ -n "${BASE:-}" ] && VARS="posix uring base"
+if [ -n "${PROFILE:-}" ]; then
+  start
+  for v in $VARS; do
+    [ $v = base ] && continue
+    command perf record -e cpu-clock -a -C 1 -g -o $OUT/perf-$v.data -- \
+      taskset -c 1 "$B" perf -c 1 -r "$TRP sock_impl:$v" -q 128 -o 4096 -w randread -t $S >/dev/null 2>&1
+    echo "== host sock_impl:$v (core 1), top symbols"
+    command perf report -i $OUT/perf-$v.data --no-children --sort sym --stdio 2>/dev/null \
+      | grep -v '^#' | grep '%' | head -25
+  done
+  stop
+  exit 0
+fi
+echo "round trip before: $(rt) ns"
+echo "round variant workload iops" > $OUT/rows
+set -- $VARS; NV=$#
+for r in $(seq $R); do
+  start
+  # Rotate the order by round.
+  set -- $VARS; for _ in $(seq $(( (r - 1) % NV ))); do a=$1; shift; set -- "$@" $a; done
+  for v in "$@"; do
+    for w in "1 4096" "128 4096" "32 131072"; do
+      set -- $w
+      echo "$r $v qd$1-$(($2 / 1024))k $(perf $v $1 $2)" | tee -a $OUT/rows
+    done
+  done
+  stop
+done
+echo "round trip after: $(rt) ns"
+python3 - $OUT/rows <<'P'
+import sys, statistics as st, collections
+d = collections.defaultdict(dict)
+for l in open(sys.argv[1]).read().splitlines()[1:]:
+    try:
+        r, v, w, x = l.split(); d[(w, r)][v] = float(x)
+    except ValueError:
+        pass
+ws = sorted({k[0] for k in d}, key=lambda s: (s.split("-")[1], int(s[2:].split("-")[0])))
+for num, den in (("uring", "posix"), ("posix", "base")):
+    for w in ws:
+        x = []
+        for (ww, r), v in sorted(d.items(), key=lambda kv: int(kv[0][1])):
+            if ww == w and v.get(num) and v.get(den):
+                x.append(v[num] / v[den])
+                print(f"  {w} round {r}: {den} {v[den]:.0f}  {num} {v[num]:.0f}  {num}/{den} {x[-1]:.3f}")
+        if x:
+            print(f"{w}: {num}/{den} median {st.median(x):.3f} (range {min(x):.3f}-{max(x):.3f}, n={len(x)})")
+P
