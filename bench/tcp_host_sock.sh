@@ -24,9 +24,9 @@ start() {
     -r $OUT/rpc.sock --sock-impl "${TSOCK:-posix}" >$OUT/t.log 2>&1 & TP=$!; up; }
 stop() { kill $TP 2>/dev/null; wait $TP 2>/dev/null; sleep 0.3; }
 perf() { # VARIANT QD SIZE
-  local bin=$B impl=$1
-  [ $1 = base ] && { bin=$BASE; impl=posix; }
-  timeout 60 taskset -c 1 "$bin" perf -c 1 -r "$TRP sock_impl:$impl" -q $2 -o $3 -w randread -t $S --json >$OUT/last.json 2>$OUT/last.err
+  local bin=$B key="sock_impl:$1"
+  [ $1 = base ] && { bin=$BASE; key=""; }  # (an older binary may not know the key)
+  timeout 60 taskset -c 1 "$bin" perf -c 1 -r "$TRP $key" -q $2 -o $3 -w randread -t $S --json >$OUT/last.json 2>$OUT/last.err
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"]["iops"])' $OUT/last.json 2>/dev/null || echo NaN; }
 rt() { "$B" pingpong --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["round_trip_ns"])' 2>/dev/null || echo NaN; }
 VARS="posix uring"; [ -n "${BASE:-}" ] && VARS="posix uring base"
@@ -72,7 +72,7 @@ for num, den in (("uring", "posix"), ("posix", "base")):
     for w in ws:
         x = []
         for (ww, r), v in sorted(d.items(), key=lambda kv: int(kv[0][1])):
-            if ww == w and v.get(num) and v.get(den):
+            if ww == w and v.get(num, 0) > 0 and v.get(den, 0) > 0:
                 x.append(v[num] / v[den])
                 print(f"  {w} round {r}: {den} {v[den]:.0f}  {num} {v[num]:.0f}  {num}/{den} {x[-1]:.3f}")
         if x:

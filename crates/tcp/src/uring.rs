@@ -436,8 +436,11 @@ impl HostRing {
             }
         }
         self.bufs.publish();
-        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held < RX_BUFFERS / 2 {
-            // Ended for want of buffers (or without error): armed again.
+        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held < RX_BUFFERS {
+            // Ended for want of buffers (or without error): armed again as
+            // soon as one is back (waiting for half of them, as the
+            // target's shared ring does, left the socket unread for
+            // whole polls at QD 128).
             self.arm().map_err(RingError::Io)?;
             self.enter(0).map_err(RingError::Io)?;
             if at == 0 {
