@@ -2,7 +2,7 @@
 # The host's socket implementations (transport-ID key sock_impl:posix|uring),
 # in one interleaved run: per round a fresh `pollux target` (core 0, null
 # namespace of 4 KiB blocks, --sock-impl $TSOCK, default posix) and, in an
-# order that rotates by round, pollux perf on core 1 with the host on posix,
+# order that rotates by round, per workload back to back, pollux perf on core 1 with the host on posix,
 # on uring, and (if BASE names an older pollux binary) on that binary's
 # posix, each over 4 KiB randread at QD 1 and QD 128 and 128 KiB randread at
 # QD 32. Prints IOPS per row, then per workload uring/posix (and posix/base)
@@ -48,11 +48,13 @@ echo "round variant workload iops" > $OUT/rows
 set -- $VARS; NV=$#
 for r in $(seq $R); do
   start
-  # Rotate the order by round.
+  # Per workload the variants back to back (this VM's speed drifts over
+  # minutes), their order rotating by round.
   set -- $VARS; for _ in $(seq $(( (r - 1) % NV ))); do a=$1; shift; set -- "$@" $a; done
-  for v in "$@"; do
-    for w in "1 4096" "128 4096" "32 131072"; do
-      set -- $w
+  order="$*"
+  for w in "1 4096" "128 4096" "32 131072"; do
+    set -- $w
+    for v in $order; do
       echo "$r $v qd$1-$(($2 / 1024))k $(perf $v $1 $2)" | tee -a $OUT/rows
     done
   done

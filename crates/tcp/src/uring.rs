@@ -107,11 +107,6 @@ impl Drop for Mapping {
     }
 }
 
-// SAFETY: the mapping is plain memory owned by this value; the connection
-// that owns it may move between threads (the ring checks where it is
-// used: `HostRing::enable`, `Drop`).
-unsafe impl Send for Mapping {}
-
 /// The provided buffers: the ring of entries the kernel picks from, and
 /// the buffers. A buffer is either in the ring (the kernel may write it)
 /// or handed to us by a receive's completion (until it is given back):
