@@ -24,6 +24,10 @@
 //!   negotiated in ICReq. Sends are batched per poll (one writev), receives
 //!   read what the socket has and parse PDUs from a per-connection buffer
 //!   (`conn`). How the SQ and CQ halves share a connection: `queue`.
+//!   With `sock_impl:uring` ([`SockImpl::Uring`]) an I/O queue's socket
+//!   goes through an io_uring of its own instead (`uring`): the send and
+//!   the receive in one `io_uring_enter` per poll, none when there is
+//!   nothing to do.
 //! - **Buffers** (`alloc_dma`) are ordinary page-aligned memory; their
 //!   "bus address" is their virtual address (tagged; see `mem`).
 //! - **Failure**: a connection that closes, a Termination Request, a PDU
