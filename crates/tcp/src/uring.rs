@@ -273,9 +273,9 @@ impl HostRing {
     pub(crate) fn enable(&mut self) -> io::Result<()> {
         self.ring.submitter().register_enable_rings()?;
         self.enabled = Some(std::thread::current().id());
-        // (Best effort: spares the descriptor lookup per enter; the
-        // registration is the calling thread's.)
-        let _ = self.ring.submitter().register_ring_fd();
+        // (No `register_ring_fd`: io-uring 0.7 remembers that registration
+        // in the `Submitter` that made it, and `IoUring::submitter` makes
+        // a new one per call, so it would never be used.)
         self.arm()?;
         self.enter(0)
     }
