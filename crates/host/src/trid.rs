@@ -170,6 +170,9 @@ pub struct TcpTrid {
     /// `sock_impl:posix|uring`: how the I/O queues' sockets are driven
     /// (default posix; see `pollux_tcp::SockImpl`).
     pub sock_impl: pollux_tcp::SockImpl,
+    /// `uring_direct:0|1`: with `sock_impl:uring`, PDUs parsed in the
+    /// receive's provided buffers rather than copied first (default 1).
+    pub uring_direct: bool,
     /// `dhchap_key:PATH`: the host's DH-HMAC-CHAP secret (DHHC-1 file),
     /// read by [`TcpTrid::options`].
     pub dhchap_key: Option<PathBuf>,
@@ -220,6 +223,7 @@ impl TcpTrid {
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         o.busy_poll_us = self.busy_poll;
         o.sock_impl = self.sock_impl;
+        o.uring_direct = self.uring_direct;
         let key = |k: &'static str, p: &Option<PathBuf>| {
             p.as_ref()
                 .map(|p| {
@@ -378,6 +382,17 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
             why: "expected posix or uring".into(),
         })?,
     };
+    let uring_direct = match kv.remove("uring_direct").as_deref() {
+        None | Some("1") => true,
+        Some("0") => false,
+        Some(o) => {
+            return Err(TridError::BadValue {
+                key: "uring_direct",
+                value: o.into(),
+                why: "expected 0 or 1".into(),
+            })
+        }
+    };
     let dhchap_key = kv.remove("dhchap_key").map(PathBuf::from);
     let dhchap_ctrlr_key = kv.remove("dhchap_ctrlr_key").map(PathBuf::from);
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
@@ -424,6 +439,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         fast_io_fail_tmo,
         busy_poll,
         sock_impl,
+        uring_direct,
         dhchap_key,
         dhchap_ctrlr_key,
         dhchap_digests,
@@ -794,6 +810,25 @@ mod tests {
         // Socket implementation: posix by default, uring when asked, and
         // anything else refused naming the key and the value.
         assert_eq!(o.sock_impl, pollux_tcp::SockImpl::Posix);
+        assert!(o.uring_direct);
+        let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring uring_direct:0"
+            .parse()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            !t.options(Some("nqn.2026-01.io.pollux:a"))
+                .unwrap()
+                .uring_direct
+        );
+        assert!(matches!(
+            "trtype:tcp traddr:127.0.0.1 uring_direct:2".parse::<Trid>(),
+            Err(TridError::BadValue {
+                key: "uring_direct",
+                ..
+            })
+        ));
         let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring"
             .parse()
             .unwrap()

@@ -64,6 +64,9 @@ pub struct ConnError {
 
 /// Most bytes one receive call reads.
 const RX_BUF: usize = 256 << 10;
+/// Most bytes of the next provided buffer copied after a cut header
+/// (`poll_direct`): more than any header with its digest.
+const STITCH: usize = 256;
 /// Most segments per writev (or `SENDMSG`).
 pub(crate) const IOV_MAX: usize = 64;
 
@@ -179,8 +182,8 @@ impl Conn {
     /// (`sock_impl:uring`), which the thread that next flushes or polls
     /// the connection enables (see `crate::uring`). For I/O queues, once
     /// they are connected: the setup exchanges are over.
-    pub fn use_uring(&mut self) -> Result<(), ConnError> {
-        let ring = HostRing::new(self.sock.as_raw_fd(), true).map_err(|e| {
+    pub fn use_uring(&mut self, direct: bool) -> Result<(), ConnError> {
+        let ring = HostRing::new(self.sock.as_raw_fd(), true, direct).map_err(|e| {
             self.err(
                 ConnErrorKind::Connect,
                 format!("sock_impl:uring: setting up an io_uring: {e}"),
@@ -456,6 +459,11 @@ impl Conn {
         n: &mut u32,
     ) -> Result<(), ConnError> {
         self.check_alive()?;
+        if let Wire::Uring(r) = &self.wire {
+            if r.direct {
+                return self.poll_direct(budget, f, n);
+            }
+        }
         while *n < budget {
             // (Nothing buffered, nothing to hand the engine: the host's
             // engine needs bytes to move on. An empty poll goes straight
@@ -485,6 +493,118 @@ impl Conn {
         if self.tx_pending() {
             self.flush_tx()?;
         }
+        Ok(())
+    }
+
+    /// `poll_inner` on io_uring with `uring_direct`: PDUs are parsed
+    /// where the receive put them (the provided buffers), not copied into
+    /// the receive buffer first. Only a header cut by the end of a buffer
+    /// is: its start goes to the receive buffer, followed by the first
+    /// bytes of the next buffer ([`STITCH`] at most), and once the engine
+    /// is past the cut it goes on in the buffer itself.
+    #[inline]
+    fn poll_direct(
+        &mut self,
+        budget: u32,
+        f: &mut impl FnMut(u16, &mut Slot, Cqe),
+        n: &mut u32,
+    ) -> Result<(), ConnError> {
+        self.ensure_ring()?;
+        let r = self.direct_inner(budget, f, n);
+        match r {
+            Ok(()) => {}
+            Err(Some(e)) => return Err(self.ring_error(e, "receiving")),
+            Err(None) => return Err(self.engine_error()),
+        }
+        if self.tx_pending() {
+            self.flush_tx()?;
+        }
+        Ok(())
+    }
+
+    /// The loop of `poll_direct`; `Err(None)`: the engine failed.
+    #[inline]
+    fn direct_inner(
+        &mut self,
+        budget: u32,
+        f: &mut impl FnMut(u16, &mut Slot, Cqe),
+        n: &mut u32,
+    ) -> Result<(), Option<RingError>> {
+        let Wire::Uring(ring) = &mut self.wire else {
+            return Ok(());
+        };
+        while *n < budget {
+            if self.re > self.rs {
+                // A cut header (or bytes left from the setup exchanges):
+                // the next buffer's first bytes after it.
+                let Some(src) = ring.front() else {
+                    if !ring.collect().map_err(Some)? {
+                        break;
+                    }
+                    continue;
+                };
+                if self.rs > 0 {
+                    self.rx.copy_within(self.rs..self.re, 0);
+                    self.re -= self.rs;
+                    self.rs = 0;
+                }
+                let l = self.re;
+                let c = src.len().min(STITCH).min(self.rx.len() - l);
+                if c == 0 {
+                    // (The receive buffer is full of an unfinished
+                    // header: cannot happen, headers are small.)
+                    break;
+                }
+                self.rx[l..l + c].copy_from_slice(&src[..c]);
+                self.re = l + c;
+                let r = self.eng.receive(&self.rx[..self.re], budget - *n, f);
+                *n += r.completed;
+                if r.failed {
+                    return Err(None);
+                }
+                if r.consumed >= l {
+                    // Past the cut: what is left of the copy is still in
+                    // the buffer, which goes on from there.
+                    ring.consume(r.consumed - l);
+                    self.rs = 0;
+                    self.re = 0;
+                } else {
+                    // Still short of a whole header: the copied bytes
+                    // live on in the receive buffer.
+                    ring.consume(c);
+                    self.rs = r.consumed;
+                }
+            } else if let Some(src) = ring.front() {
+                let len = src.len();
+                let r = self.eng.receive(src, budget - *n, f);
+                *n += r.completed;
+                if r.failed {
+                    return Err(None);
+                }
+                ring.consume(r.consumed);
+                if r.consumed < len && *n < budget {
+                    // The engine needs more than the buffer has: a header
+                    // cut by its end. Its start goes to the receive buffer.
+                    if let Some(rest) = ring.front() {
+                        let k = rest.len();
+                        self.rx[..k].copy_from_slice(rest);
+                        self.rs = 0;
+                        self.re = k;
+                        ring.consume(k);
+                    }
+                }
+            } else {
+                // Completions were handed out and nothing is left
+                // received: return (as `poll_inner` does).
+                if *n > 0 {
+                    break;
+                }
+                if !ring.collect().map_err(Some)? {
+                    break;
+                }
+            }
+        }
+        ring.publish();
         Ok(())
     }
 

@@ -121,6 +121,10 @@ pub struct TcpOptions {
     /// How the I/O queues' sockets are driven (`sock_impl:posix|uring`;
     /// default `posix`). The admin queue's is always `posix`.
     pub sock_impl: SockImpl,
+    /// With `uring`: parse PDUs in the provided buffers the receive
+    /// filled rather than copy them into the connection's receive buffer
+    /// first (`uring_direct:0|1`; default 1).
+    pub uring_direct: bool,
     /// In-band authentication (DH-HMAC-CHAP) on every queue: the host's
     /// and the controller's secrets, the digests and groups offered.
     pub auth: AuthOptions,
@@ -147,6 +151,7 @@ impl TcpOptions {
             sq_flow: false,
             busy_poll_us: 0,
             sock_impl: SockImpl::Posix,
+            uring_direct: true,
             auth: AuthOptions::default(),
         }
     }
@@ -159,6 +164,7 @@ impl TcpOptions {
             connect_timeout: self.connect_timeout,
             busy_poll_us: self.busy_poll_us,
             sock_impl: self.sock_impl,
+            uring_direct: self.uring_direct,
         };
         let opts = FabricsOptions {
             subnqn: self.subnqn,
@@ -267,7 +273,9 @@ impl TcpTransport {
     fn wire_up(&self, conn: &mut conn::Conn) -> Result<()> {
         match self.link.fabric.sock_impl {
             SockImpl::Posix => Ok(()),
-            SockImpl::Uring => conn.use_uring().map_err(fabric::conn_error),
+            SockImpl::Uring => conn
+                .use_uring(self.link.fabric.uring_direct)
+                .map_err(fabric::conn_error),
         }
     }
 

@@ -193,6 +193,9 @@ pub(crate) struct HostRing {
     fd: RawFd,
     /// The socket is the ring's registered file 0.
     fixed: bool,
+    /// PDUs are parsed in the provided buffers (`uring_direct`), not
+    /// copied into the connection's receive buffer first.
+    pub direct: bool,
     /// The thread that enabled the ring (its only issuer).
     enabled: Option<ThreadId>,
     /// The multishot receive is armed (its last completion not seen).
@@ -220,7 +223,7 @@ unsafe impl Send for HostRing {}
 impl HostRing {
     /// A disabled ring for socket `fd` (which outlives it): buffers and
     /// the file registered, nothing submitted until [`enable`](Self::enable).
-    pub(crate) fn new(fd: RawFd, fixed_file: bool) -> io::Result<Box<HostRing>> {
+    pub(crate) fn new(fd: RawFd, fixed_file: bool, direct: bool) -> io::Result<Box<HostRing>> {
         let ring = IoUring::builder()
             .setup_r_disabled()
             .setup_single_issuer()
@@ -248,6 +251,7 @@ impl HostRing {
             bufs,
             fd,
             fixed: fixed_file,
+            direct,
             enabled: None,
             armed: false,
             pieces: VecDeque::with_capacity(RX_BUFFERS as usize),
@@ -387,6 +391,79 @@ impl HostRing {
         // here, every other use takes `&mut self`).
         unsafe {
             !self.ring.completion_shared().is_empty() || self.ring.submission_shared().taskrun()
+        }
+    }
+
+    /// The received bytes not taken yet of the oldest buffer held. The
+    /// kernel does not write it until [`consume`](Self::consume) gives it
+    /// back, which the borrow rules keep after the slice's last use.
+    #[inline]
+    pub(crate) fn front(&self) -> Option<&[u8]> {
+        let p = self.pieces.front()?;
+        // SAFETY: buffer `bid` was handed to us by a receive's completion
+        // and is not in the ring: the kernel does not write it until it
+        // is given back (`consume`, which takes `&mut self`); `at..end`
+        // lies within it (the completion's length, at most its size).
+        Some(unsafe {
+            std::slice::from_raw_parts(
+                self.bufs
+                    .bufs
+                    .ptr
+                    .add(p.bid as usize * RX_BUFFER_SIZE as usize + p.at as usize),
+                (p.end - p.at) as usize,
+            )
+        })
+    }
+
+    /// `k` bytes of the oldest buffer held are taken (at most what
+    /// `front` showed); the buffer goes back to the kernel once all are
+    /// (seen at the next `publish`).
+    #[inline]
+    pub(crate) fn consume(&mut self, k: usize) {
+        let Some(p) = self.pieces.front_mut() else {
+            return;
+        };
+        debug_assert!(k <= (p.end - p.at) as usize, "consumed beyond the buffer");
+        p.at = (p.at + k as u32).min(p.end);
+        if p.at == p.end {
+            let bid = p.bid;
+            self.pieces.pop_front();
+            self.bufs.give(bid);
+            self.bufs.held -= 1;
+        }
+    }
+
+    /// Tells the kernel of the buffers given back.
+    #[inline]
+    pub(crate) fn publish(&mut self) {
+        self.bufs.publish();
+    }
+
+    /// Takes what the kernel received meanwhile (entering the ring only
+    /// when it flagged deferred work) and arms the receive again if it
+    /// ended for want of buffers: whether there is something to take.
+    #[inline]
+    pub(crate) fn collect(&mut self) -> Result<bool, RingError> {
+        if self.ring.submission().taskrun() {
+            self.enter(0).map_err(RingError::Io)?;
+        }
+        self.reap();
+        if !self.pieces.is_empty() {
+            return Ok(true);
+        }
+        self.bufs.publish();
+        if !self.armed && !self.eof && self.err.is_none() {
+            self.arm().map_err(RingError::Io)?;
+            self.enter(0).map_err(RingError::Io)?;
+            self.reap();
+            if !self.pieces.is_empty() {
+                return Ok(true);
+            }
+        }
+        match (self.err, self.eof) {
+            (Some(e), _) => Err(RingError::Io(io::Error::from_raw_os_error(e))),
+            (None, true) => Err(RingError::Closed),
+            (None, false) => Ok(false),
         }
     }
 
