@@ -1,13 +1,14 @@
 #!/bin/bash
 # The host's socket implementations (transport-ID key sock_impl:posix|uring),
 # in one interleaved run: per round a fresh `pollux target` (core 0, null
-# namespace of 4 KiB blocks, --sock-impl $TSOCK, default posix) and, in an
-# order that rotates by round, per workload back to back, pollux perf on core 1 with the host on posix,
-# on uring, and (if BASE names an older pollux binary) on that binary's
-# posix, each over 4 KiB randread at QD 1 and QD 128 and 128 KiB randread at
-# QD 32. Prints IOPS per row, then per workload uring/posix (and posix/base)
-# per round with the median and range, and the cross-core round trip
-# (pollux pingpong) before and after.
+# namespace of 4 KiB blocks, --sock-impl $TSOCK, default posix), and per
+# workload, back to back in an order that rotates by round, pollux perf on
+# core 1 with the host on posix, on uring (PDUs parsed in the provided
+# buffers), on uring copying them out first (uring_direct:0, "uringcopy"),
+# and (if BASE names an older pollux binary) on that binary's posix: 4 KiB
+# randread at QD 1 and QD 128, 128 KiB randread at QD 32. Prints IOPS per
+# row, then per workload each ratio per round with its median and range,
+# and the cross-core round trip (pollux pingpong) before and after.
 #   bench/tcp_host_sock.sh [BINARY] [ROUNDS] [SECS]
 #     env: BASE (older binary, host side only), TSOCK (target --sock-impl),
 #          OUT, PORT, PROFILE=1 (instead: `perf record -e cpu-clock -a -C 1 -g`
@@ -26,19 +27,24 @@ stop() { kill $TP 2>/dev/null; wait $TP 2>/dev/null; sleep 0.3; }
 perf() { # VARIANT QD SIZE
   local bin=$B key="sock_impl:$1"
   [ $1 = base ] && { bin=$BASE; key=""; }  # (an older binary may not know the key)
+  [ $1 = uringcopy ] && key="sock_impl:uring uring_direct:0"
   timeout 60 taskset -c 1 "$bin" perf -c 1 -r "$TRP $key" -q $2 -o $3 -w randread -t $S --json >$OUT/last.json 2>$OUT/last.err
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"]["iops"])' $OUT/last.json 2>/dev/null || echo NaN; }
 rt() { "$B" pingpong --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["round_trip_ns"])' 2>/dev/null || echo NaN; }
-VARS="posix uring"; [ -n "${BASE:-}" ] && VARS="posix uring base"
+VARS="posix uring uringcopy"; [ -n "${BASE:-}" ] && VARS="$VARS base"
 if [ -n "${PROFILE:-}" ]; then
   start
   for v in $VARS; do
     [ $v = base ] && continue
+    k="sock_impl:$v"; [ $v = uringcopy ] && k="sock_impl:uring uring_direct:0"
     command perf record -e cpu-clock -a -C 1 -g -o $OUT/perf-$v.data -- \
-      taskset -c 1 "$B" perf -c 1 -r "$TRP sock_impl:$v" -q 128 -o 4096 -w randread -t $S >/dev/null 2>&1
+      taskset -c 1 "$B" perf -c 1 -r "$TRP $k" -q 128 -o 4096 -w randread -t $S >/dev/null 2>&1
     echo "== host sock_impl:$v (core 1), top symbols"
-    command perf report -i $OUT/perf-$v.data --no-children --sort sym --stdio 2>/dev/null \
+    command perf report -i $OUT/perf-$v.data --comm pollux --no-children --sort sym --stdio -g none 2>/dev/null \
       | grep -v '^#' | grep '%' | head -25
+    command perf report -i $OUT/perf-$v.data --comm pollux --no-children --sort sym --stdio -g none 2>/dev/null \
+      | grep '%' | grep -v '^#' | awk '{p=$1; sub("%","",p); if ($2=="[k]") k+=p; else u+=p}
+        END {printf "pollux on core 1: kernel %.1f%%, user %.1f%% of the core'"'"'s samples\n", k, u}'
   done
   stop
   exit 0
@@ -70,7 +76,7 @@ for l in open(sys.argv[1]).read().splitlines()[1:]:
     except ValueError:
         pass
 ws = sorted({k[0] for k in d}, key=lambda s: (s.split("-")[1], int(s[2:].split("-")[0])))
-for num, den in (("uring", "posix"), ("posix", "base")):
+for num, den in (("uring", "posix"), ("uringcopy", "posix"), ("uring", "uringcopy"), ("posix", "base")):
     for w in ws:
         x = []
         for (ww, r), v in sorted(d.items(), key=lambda kv: int(kv[0][1])):
