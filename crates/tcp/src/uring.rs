@@ -22,10 +22,16 @@
 //!   whose ring the new thread enables.
 //! - **Receive**: one multishot receive, armed at enable, picks buffers
 //!   from the connection's provided-buffer ring ([`RX_BUFFERS`] of
-//!   [`RX_BUFFER_SIZE`]); the receive path copies what came into the
-//!   connection's receive buffer (one copy more than `posix`, whose read
-//!   lands there directly) and gives the buffers back. A receive that
-//!   ran out of buffers (`ENOBUFS`) is armed again once they are back.
+//!   [`RX_BUFFER_SIZE`]). With `uring_direct` (the default) the engine
+//!   parses PDUs where they lie in those buffers ([`HostRing::front`],
+//!   [`HostRing::consume`]; `Conn::poll_direct`): C2HData is copied
+//!   once, from the provided buffer to the command's, as `posix` copies
+//!   it once from its receive buffer; only a header cut by the end of a
+//!   buffer is stitched together in the connection's receive buffer.
+//!   Without it, what came is copied into the receive buffer first
+//!   ([`HostRing::recv`]; the target's way, one copy more). Buffers go
+//!   back to the kernel as soon as they are parsed; a receive that ran
+//!   out of them (`ENOBUFS`) is armed again once one is back.
 //! - **Send**: the send queue's iovecs go as one `SENDMSG`
 //!   (`MSG_DONTWAIT`), submitted with the same `io_uring_enter` that runs
 //!   the deferred receive work (`GETEVENTS`): one system call per flush
