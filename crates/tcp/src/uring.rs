@@ -116,7 +116,7 @@ impl Drop for Mapping {
 /// The provided buffers: the ring of entries the kernel picks from, and
 /// the buffers. A buffer is either in the ring (the kernel may write it)
 /// or handed to us by a receive's completion (until it is given back):
-/// only then is it read, through [`HostRing::piece`].
+/// only then is it read, through [`HostRing::front`] or [`HostRing::recv`].
 struct BufRing {
     ring: Mapping,
     bufs: Mapping,
