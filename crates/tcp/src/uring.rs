@@ -577,6 +577,12 @@ impl HostRing {
         self.enter(1).map_err(RingError::Io)?;
         self.reap();
         // A non-blocking send completes at submission; wait if it did not.
+        // (An `io_uring_enter` that submitted something returns how many,
+        // whatever its wait then does: an error means nothing was
+        // submitted, so the send either is still in the submission queue,
+        // never to be read (the ring is poisoned, never entered again,
+        // and closed with the connection), or completed at an earlier
+        // enter.)
         while self.sent.is_none() {
             self.enter(1).map_err(RingError::Io)?;
             self.reap();
