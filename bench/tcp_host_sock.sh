@@ -11,6 +11,8 @@
 # and the cross-core round trip (pollux pingpong) before and after.
 #   bench/tcp_host_sock.sh [BINARY] [ROUNDS] [SECS]
 #     env: BASE (older binary, host side only), TSOCK (target --sock-impl),
+#          VARS (default "posix uring uringcopy"; also uring64k: 16 receive
+#          buffers of 64 KiB),
 #          OUT, PORT, PROFILE=1 (instead: `perf record -e cpu-clock -a -C 1 -g`
 #          of one QD 128 4 KiB run per host implementation, top symbols)
 # Wrap timed runs in `flock /tmp/bench.lock`.
@@ -24,19 +26,25 @@ start() {
   "$B" target --listen 127.0.0.1:$PORT --null 1GiB --block-size 4096 --nqn $NQN -m 0x1 \
     -r $OUT/rpc.sock --sock-impl "${TSOCK:-posix}" >$OUT/t.log 2>&1 & TP=$!; up; }
 stop() { kill $TP 2>/dev/null; wait $TP 2>/dev/null; sleep 0.3; }
+key_of() { # VARIANT: its transport-ID keys
+  case $1 in
+    base) echo "" ;;  # (an older binary may not know the keys)
+    uringcopy) echo "sock_impl:uring uring_direct:0" ;;
+    uring64k) echo "sock_impl:uring uring_rx_buffers:16 uring_rx_buffer_size:65536" ;;
+    *) echo "sock_impl:$1" ;;
+  esac; }
 perf() { # VARIANT QD SIZE
-  local bin=$B key="sock_impl:$1"
-  [ $1 = base ] && { bin=$BASE; key=""; }  # (an older binary may not know the key)
-  [ $1 = uringcopy ] && key="sock_impl:uring uring_direct:0"
+  local bin=$B key; key=$(key_of $1)
+  [ $1 = base ] && bin=$BASE
   timeout 60 taskset -c 1 "$bin" perf -c 1 -r "$TRP $key" -q $2 -o $3 -w randread -t $S --json >$OUT/last.json 2>$OUT/last.err
   python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))["total"]["iops"])' $OUT/last.json 2>/dev/null || echo NaN; }
 rt() { "$B" pingpong --json 2>/dev/null | python3 -c 'import json,sys; print(json.load(sys.stdin)["round_trip_ns"])' 2>/dev/null || echo NaN; }
-VARS="posix uring uringcopy"; [ -n "${BASE:-}" ] && VARS="$VARS base"
+VARS=${VARS:-posix uring uringcopy}; [ -n "${BASE:-}" ] && VARS="$VARS base"
 if [ -n "${PROFILE:-}" ]; then
   start
   for v in $VARS; do
     [ $v = base ] && continue
-    k="sock_impl:$v"; [ $v = uringcopy ] && k="sock_impl:uring uring_direct:0"
+    k=$(key_of $v)
     command perf record -e cpu-clock -a -C 1 -g -o $OUT/perf-$v.data -- \
       taskset -c 1 "$B" perf -c 1 -r "$TRP $k" -q 128 -o 4096 -w randread -t $S >/dev/null 2>&1
     echo "== host sock_impl:$v (core 1), top symbols"
@@ -76,7 +84,8 @@ for l in open(sys.argv[1]).read().splitlines()[1:]:
     except ValueError:
         pass
 ws = sorted({k[0] for k in d}, key=lambda s: (s.split("-")[1], int(s[2:].split("-")[0])))
-for num, den in (("uring", "posix"), ("uringcopy", "posix"), ("uring", "uringcopy"), ("posix", "base")):
+pairs = [(v, "posix") for v in ("uring", "uringcopy", "uring64k")] + [("uring", "uringcopy"), ("uring64k", "uring"), ("posix", "base")]
+for num, den in pairs:
     for w in ws:
         x = []
         for (ww, r), v in sorted(d.items(), key=lambda kv: int(kv[0][1])):

@@ -170,9 +170,12 @@ pub struct TcpTrid {
     /// `sock_impl:posix|uring`: how the I/O queues' sockets are driven
     /// (default posix; see `pollux_tcp::SockImpl`).
     pub sock_impl: pollux_tcp::SockImpl,
-    /// `uring_direct:0|1`: with `sock_impl:uring`, PDUs parsed in the
-    /// receive's provided buffers rather than copied first (default 1).
-    pub uring_direct: bool,
+    /// With `sock_impl:uring`: `uring_direct:0|1` (PDUs parsed in the
+    /// receive's provided buffers rather than copied first; default 1),
+    /// `uring_rx_buffers:N` (provided buffers per connection, a power of
+    /// two; default 64), `uring_rx_buffer_size:BYTES` (default 16384, at
+    /// most 262144).
+    pub uring: pollux_tcp::UringOptions,
     /// `dhchap_key:PATH`: the host's DH-HMAC-CHAP secret (DHHC-1 file),
     /// read by [`TcpTrid::options`].
     pub dhchap_key: Option<PathBuf>,
@@ -223,7 +226,7 @@ impl TcpTrid {
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         o.busy_poll_us = self.busy_poll;
         o.sock_impl = self.sock_impl;
-        o.uring_direct = self.uring_direct;
+        o.uring = self.uring;
         let key = |k: &'static str, p: &Option<PathBuf>| {
             p.as_ref()
                 .map(|p| {
@@ -382,9 +385,10 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
             why: "expected posix or uring".into(),
         })?,
     };
-    let uring_direct = match kv.remove("uring_direct").as_deref() {
-        None | Some("1") => true,
-        Some("0") => false,
+    let mut uring = pollux_tcp::UringOptions::default();
+    match kv.remove("uring_direct").as_deref() {
+        None | Some("1") => {}
+        Some("0") => uring.direct = false,
         Some(o) => {
             return Err(TridError::BadValue {
                 key: "uring_direct",
@@ -392,7 +396,30 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
                 why: "expected 0 or 1".into(),
             })
         }
-    };
+    }
+    if let Some(v) = kv.remove("uring_rx_buffers") {
+        uring.rx_buffers = v
+            .parse::<u16>()
+            .ok()
+            .filter(|n| n.is_power_of_two() && *n <= 32768)
+            .ok_or(TridError::BadValue {
+                key: "uring_rx_buffers",
+                value: v,
+                why: "expected a power of two, 1..=32768".into(),
+            })?;
+    }
+    if let Some(v) = kv.remove("uring_rx_buffer_size") {
+        let max = pollux_tcp::RX_BUFFER_SIZE_MAX;
+        uring.rx_buffer_size = v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (512..=max).contains(n))
+            .ok_or(TridError::BadValue {
+                key: "uring_rx_buffer_size",
+                value: v,
+                why: format!("expected bytes, 512..={max}"),
+            })?;
+    }
     let dhchap_key = kv.remove("dhchap_key").map(PathBuf::from);
     let dhchap_ctrlr_key = kv.remove("dhchap_ctrlr_key").map(PathBuf::from);
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
@@ -439,7 +466,7 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         fast_io_fail_tmo,
         busy_poll,
         sock_impl,
-        uring_direct,
+        uring,
         dhchap_key,
         dhchap_ctrlr_key,
         dhchap_digests,
@@ -810,7 +837,7 @@ mod tests {
         // Socket implementation: posix by default, uring when asked, and
         // anything else refused naming the key and the value.
         assert_eq!(o.sock_impl, pollux_tcp::SockImpl::Posix);
-        assert!(o.uring_direct);
+        assert_eq!(o.uring, pollux_tcp::UringOptions::default());
         let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring uring_direct:0"
             .parse()
             .unwrap()
@@ -820,15 +847,33 @@ mod tests {
         assert!(
             !t.options(Some("nqn.2026-01.io.pollux:a"))
                 .unwrap()
-                .uring_direct
+                .uring
+                .direct
         );
-        assert!(matches!(
-            "trtype:tcp traddr:127.0.0.1 uring_direct:2".parse::<Trid>(),
-            Err(TridError::BadValue {
-                key: "uring_direct",
-                ..
-            })
-        ));
+        let Trid::Tcp(t) =
+            "trtype:tcp traddr:127.0.0.1 uring_rx_buffers:16 uring_rx_buffer_size:65536"
+                .parse()
+                .unwrap()
+        else {
+            panic!()
+        };
+        let u = t.options(Some("nqn.2026-01.io.pollux:a")).unwrap().uring;
+        assert_eq!((u.rx_buffers, u.rx_buffer_size), (16, 65536));
+        for (k, v) in [
+            ("uring_direct", "2"),
+            ("uring_rx_buffers", "48"),
+            ("uring_rx_buffers", "0"),
+            ("uring_rx_buffer_size", "262145"),
+            ("uring_rx_buffer_size", "x"),
+        ] {
+            let s = format!("trtype:tcp traddr:127.0.0.1 {k}:{v}");
+            match s.parse::<Trid>() {
+                Err(TridError::BadValue { key, value, .. }) => {
+                    assert_eq!((key, value.as_str()), (k, v))
+                }
+                r => panic!("{s}: {r:?}"),
+            }
+        }
         let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring"
             .parse()
             .unwrap()

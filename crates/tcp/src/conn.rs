@@ -27,7 +27,7 @@ pub(crate) use crate::engine::host::{Data, Slot};
 use crate::engine::host::{HostError, HostErrorKind, HostQueue};
 use crate::engine::ic;
 use crate::mem::TcpMem;
-use crate::uring::{HostRing, RingError};
+use crate::uring::{HostRing, RingError, UringOptions};
 
 /// What went wrong on a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -182,8 +182,8 @@ impl Conn {
     /// (`sock_impl:uring`), which the thread that next flushes or polls
     /// the connection enables (see `crate::uring`). For I/O queues, once
     /// they are connected: the setup exchanges are over.
-    pub fn use_uring(&mut self, direct: bool) -> Result<(), ConnError> {
-        let ring = HostRing::new(self.sock.as_raw_fd(), true, direct).map_err(|e| {
+    pub fn use_uring(&mut self, o: &UringOptions) -> Result<(), ConnError> {
+        let ring = HostRing::new(self.sock.as_raw_fd(), true, o).map_err(|e| {
             self.err(
                 ConnErrorKind::Connect,
                 format!("sock_impl:uring: setting up an io_uring: {e}"),

@@ -28,8 +28,8 @@ pub(crate) struct TcpFabric {
     pub busy_poll_us: u32,
     /// How the I/O queues' sockets are driven once connected.
     pub sock_impl: crate::SockImpl,
-    /// With `uring`: PDUs parsed in the provided buffers.
-    pub uring_direct: bool,
+    /// With `uring`: how each connection's ring is set up.
+    pub uring: crate::UringOptions,
 }
 
 pub(crate) fn conn_error(e: ConnError) -> Error {

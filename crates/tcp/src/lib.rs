@@ -70,6 +70,7 @@ mod uring;
 pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
 pub use queue::{TcpCq, TcpSq};
+pub use uring::{UringOptions, RX_BUFFERS, RX_BUFFER_SIZE, RX_BUFFER_SIZE_MAX};
 
 use fabric::TcpFabric;
 
@@ -121,10 +122,10 @@ pub struct TcpOptions {
     /// How the I/O queues' sockets are driven (`sock_impl:posix|uring`;
     /// default `posix`). The admin queue's is always `posix`.
     pub sock_impl: SockImpl,
-    /// With `uring`: parse PDUs in the provided buffers the receive
-    /// filled rather than copy them into the connection's receive buffer
-    /// first (`uring_direct:0|1`; default 1).
-    pub uring_direct: bool,
+    /// With `uring`: how each connection's ring is set up
+    /// (`uring_direct:0|1`, `uring_rx_buffers:N`,
+    /// `uring_rx_buffer_size:BYTES`).
+    pub uring: UringOptions,
     /// In-band authentication (DH-HMAC-CHAP) on every queue: the host's
     /// and the controller's secrets, the digests and groups offered.
     pub auth: AuthOptions,
@@ -151,7 +152,7 @@ impl TcpOptions {
             sq_flow: false,
             busy_poll_us: 0,
             sock_impl: SockImpl::Posix,
-            uring_direct: true,
+            uring: UringOptions::default(),
             auth: AuthOptions::default(),
         }
     }
@@ -164,7 +165,7 @@ impl TcpOptions {
             connect_timeout: self.connect_timeout,
             busy_poll_us: self.busy_poll_us,
             sock_impl: self.sock_impl,
-            uring_direct: self.uring_direct,
+            uring: self.uring,
         };
         let opts = FabricsOptions {
             subnqn: self.subnqn,
@@ -274,7 +275,7 @@ impl TcpTransport {
         match self.link.fabric.sock_impl {
             SockImpl::Posix => Ok(()),
             SockImpl::Uring => conn
-                .use_uring(self.link.fabric.uring_direct)
+                .use_uring(&self.link.fabric.uring)
                 .map_err(fabric::conn_error),
         }
     }

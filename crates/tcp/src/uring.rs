@@ -21,7 +21,8 @@
 //!   `EEXIST`); the controller reset that follows makes a new connection,
 //!   whose ring the new thread enables.
 //! - **Receive**: one multishot receive, armed at enable, picks buffers
-//!   from the connection's provided-buffer ring ([`RX_BUFFERS`] of
+//!   from the connection's provided-buffer ring (`uring_rx_buffers`,
+//!   default [`RX_BUFFERS`], of `uring_rx_buffer_size` bytes, default
 //!   [`RX_BUFFER_SIZE`]). With `uring_direct` (the default) the engine
 //!   parses PDUs where they lie in those buffers ([`HostRing::front`],
 //!   [`HostRing::consume`]; `Conn::poll_direct`): C2HData is copied
@@ -66,10 +67,13 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 const SQ_ENTRIES: u32 = 8;
 /// Completion queue entries: a multishot receive posts one per buffer.
 const CQ_ENTRIES: u32 = 256;
-/// Provided receive buffers per connection (a power of two).
-pub(crate) const RX_BUFFERS: u16 = 64;
-/// Bytes of each provided receive buffer.
-pub(crate) const RX_BUFFER_SIZE: u32 = 16 << 10;
+/// Provided receive buffers per connection by default (a power of two).
+pub const RX_BUFFERS: u16 = 64;
+/// Bytes of each provided receive buffer by default.
+pub const RX_BUFFER_SIZE: u32 = 16 << 10;
+/// Most bytes of a provided receive buffer (a buffer's bytes must fit in
+/// the connection's receive buffer: `Conn::poll_direct`).
+pub const RX_BUFFER_SIZE_MAX: u32 = 256 << 10;
 /// The provided-buffer group of the receive.
 const BGID: u16 = 0;
 
@@ -120,6 +124,9 @@ impl Drop for Mapping {
 struct BufRing {
     ring: Mapping,
     bufs: Mapping,
+    /// Buffers (a power of two) and bytes of each.
+    count: u16,
+    size: u32,
     /// Our tail (entries given to the kernel), published by `publish`.
     tail: u16,
     published: u16,
@@ -128,17 +135,25 @@ struct BufRing {
 }
 
 impl BufRing {
-    fn new() -> io::Result<BufRing> {
-        let ring = Mapping::new((RX_BUFFERS as usize * 16).max(4096))?;
-        let bufs = Mapping::new(RX_BUFFERS as usize * RX_BUFFER_SIZE as usize)?;
+    fn new(count: u16, size: u32) -> io::Result<BufRing> {
+        if !count.is_power_of_two() || size == 0 || size > RX_BUFFER_SIZE_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("{count} receive buffers of {size} bytes: a power of two of at most {RX_BUFFER_SIZE_MAX} bytes each"),
+            ));
+        }
+        let ring = Mapping::new((count as usize * 16).max(4096))?;
+        let bufs = Mapping::new(count as usize * size as usize)?;
         let mut b = BufRing {
             ring,
             bufs,
+            count,
+            size,
             tail: 0,
             published: 0,
             held: 0,
         };
-        for bid in 0..RX_BUFFERS {
+        for bid in 0..count {
             b.give(bid);
         }
         b.publish();
@@ -154,9 +169,9 @@ impl BufRing {
         // count), which only we write between publications (the kernel
         // reads entries below the published tail, and this one is not).
         unsafe {
-            let e = &mut *e.add((self.tail & (RX_BUFFERS - 1)) as usize);
-            e.set_addr(self.bufs.ptr as u64 + bid as u64 * RX_BUFFER_SIZE as u64);
-            e.set_len(RX_BUFFER_SIZE);
+            let e = &mut *e.add((self.tail & (self.count - 1)) as usize);
+            e.set_addr(self.bufs.ptr as u64 + bid as u64 * self.size as u64);
+            e.set_len(self.size);
             e.set_bid(bid);
         }
         self.tail = self.tail.wrapping_add(1);
@@ -181,6 +196,30 @@ struct Piece {
     bid: u16,
     at: u32,
     end: u32,
+}
+
+/// How a connection's ring is set up (`TcpOptions::uring`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct UringOptions {
+    /// Parse PDUs in the provided buffers the receive filled rather than
+    /// copy them into the connection's receive buffer first
+    /// (`uring_direct:0|1`; default 1).
+    pub direct: bool,
+    /// Provided receive buffers, a power of two (`uring_rx_buffers:N`).
+    pub rx_buffers: u16,
+    /// Bytes of each, at most [`RX_BUFFER_SIZE_MAX`]
+    /// (`uring_rx_buffer_size:BYTES`).
+    pub rx_buffer_size: u32,
+}
+
+impl Default for UringOptions {
+    fn default() -> UringOptions {
+        UringOptions {
+            direct: true,
+            rx_buffers: RX_BUFFERS,
+            rx_buffer_size: RX_BUFFER_SIZE,
+        }
+    }
 }
 
 /// What a send or a receive found.
@@ -229,7 +268,7 @@ unsafe impl Send for HostRing {}
 impl HostRing {
     /// A disabled ring for socket `fd` (which outlives it): buffers and
     /// the file registered, nothing submitted until [`enable`](Self::enable).
-    pub(crate) fn new(fd: RawFd, fixed_file: bool, direct: bool) -> io::Result<Box<HostRing>> {
+    pub(crate) fn new(fd: RawFd, fixed_file: bool, o: &UringOptions) -> io::Result<Box<HostRing>> {
         let ring = IoUring::builder()
             .setup_r_disabled()
             .setup_single_issuer()
@@ -237,14 +276,14 @@ impl HostRing {
             .setup_taskrun_flag()
             .setup_cqsize(CQ_ENTRIES)
             .build(SQ_ENTRIES)?;
-        let bufs = BufRing::new()?;
+        let bufs = BufRing::new(o.rx_buffers, o.rx_buffer_size)?;
         // SAFETY: the entries' mapping lives as long as the ring (it is
-        // dropped after it, or leaked: `Drop`) and holds RX_BUFFERS
+        // dropped after it, or leaked: `Drop`) and holds `rx_buffers`
         // entries.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
                 bufs.ring.ptr as u64,
-                RX_BUFFERS,
+                o.rx_buffers,
                 BGID,
                 0,
             )?
@@ -257,10 +296,10 @@ impl HostRing {
             bufs,
             fd,
             fixed: fixed_file,
-            direct,
+            direct: o.direct,
             enabled: None,
             armed: false,
-            pieces: VecDeque::with_capacity(RX_BUFFERS as usize),
+            pieces: VecDeque::with_capacity(o.rx_buffers as usize),
             eof: false,
             err: None,
             sent: None,
@@ -360,12 +399,12 @@ impl HostRing {
                     self.armed = false;
                 }
                 if let Some(bid) = cqueue::buffer_select(flags) {
-                    if res > 0 && bid < RX_BUFFERS {
+                    if res > 0 && bid < self.bufs.count {
                         self.bufs.held += 1;
                         self.pieces.push_back(Piece {
                             bid,
                             at: 0,
-                            end: (res as u32).min(RX_BUFFER_SIZE),
+                            end: (res as u32).min(self.bufs.size),
                         });
                     } else {
                         self.bufs.give(bid);
@@ -415,7 +454,7 @@ impl HostRing {
                 self.bufs
                     .bufs
                     .ptr
-                    .add(p.bid as usize * RX_BUFFER_SIZE as usize + p.at as usize),
+                    .add(p.bid as usize * self.bufs.size as usize + p.at as usize),
                 (p.end - p.at) as usize,
             )
         })
@@ -499,7 +538,7 @@ impl HostRing {
                     self.bufs
                         .bufs
                         .ptr
-                        .add(p.bid as usize * RX_BUFFER_SIZE as usize + p.at as usize),
+                        .add(p.bid as usize * self.bufs.size as usize + p.at as usize),
                     k,
                 )
             };
@@ -514,7 +553,7 @@ impl HostRing {
             }
         }
         self.bufs.publish();
-        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held < RX_BUFFERS {
+        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held < self.bufs.count {
             // Ended for want of buffers (or without error): armed again as
             // soon as one is back (waiting for half of them, as the
             // target's shared ring does, left the socket unread for
@@ -624,7 +663,7 @@ impl Drop for HostRing {
             // closes (ending the receive), the buffers are leaked.
             tracing::warn!(
                 "io_uring receive of a closed NVMe/TCP connection not seen to end (ring dropped by another thread than its poller, or after an error): its {} KiB of receive buffers are leaked",
-                (RX_BUFFERS as usize * RX_BUFFER_SIZE as usize) >> 10
+                (self.bufs.count as usize * self.bufs.size as usize) >> 10
             );
             std::mem::forget(std::mem::replace(
                 &mut self.bufs.bufs,

@@ -225,11 +225,22 @@ fn header_and_data_digests() {
 /// `sock_impl:uring`, PDUs parsed in the provided buffers or copied out
 /// first (`uring_direct`), with and without digests: the controller sends
 /// every PDU in writes of 13 or 100 bytes, so headers arrive cut at every
-/// offset; reads (some outstanding together) and R2T writes come back
-/// intact, and so do in-capsule writes answered in a burst.
+/// offset, or the host has 4 receive buffers of 512 bytes; reads (some
+/// outstanding together) and R2T writes come back intact, and so do
+/// in-capsule writes answered in a burst.
 #[test]
 fn uring_with_headers_cut_anywhere() {
-    for (direct, trickle) in [(true, 13), (true, 100), (false, 13)] {
+    // (4 buffers of 512 bytes: the receive runs out of them and is armed
+    // again all the time.)
+    let small = (4, 512);
+    let default = (pollux_tcp::RX_BUFFERS, pollux_tcp::RX_BUFFER_SIZE);
+    for (direct, trickle, (n, size)) in [
+        (true, 13, default),
+        (true, 100, default),
+        (false, 13, default),
+        (true, 1 << 20, small),
+        (false, 1 << 20, small),
+    ] {
         for digests in [Digests::NONE, Digests::BOTH] {
             let fake = Fake::start(Script {
                 trickle: Some(trickle),
@@ -238,10 +249,12 @@ fn uring_with_headers_cut_anywhere() {
             });
             let mut o = opts(&fake, digests);
             o.sock_impl = pollux_tcp::SockImpl::Uring;
-            o.uring_direct = direct;
+            o.uring.direct = direct;
+            o.uring.rx_buffers = n;
+            o.uring.rx_buffer_size = size;
             let c = pollux_tcp::open(o, ControllerOptions::default()).expect("bring-up");
             let mut qp = qpair(&c, 8);
-            let what = format!("direct {direct}, {digests:?}");
+            let what = format!("direct {direct}, trickle {trickle}, {n} x {size}, {digests:?}");
             // 16 KiB: R2T, then H2CData.
             write(&mut qp, &c, 0, 16 << 10, 4);
             expect_pattern(&read(&mut qp, &c, 0, 16 << 10), 16 << 10, 4);
