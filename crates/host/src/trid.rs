@@ -167,6 +167,15 @@ pub struct TcpTrid {
     /// `busy_poll:US`: `SO_BUSY_POLL` microseconds on the connections
     /// (0, the default: off).
     pub busy_poll: u32,
+    /// `sock_impl:posix|uring`: how the I/O queues' sockets are driven
+    /// (default posix; see `pollux_tcp::SockImpl`).
+    pub sock_impl: pollux_tcp::SockImpl,
+    /// With `sock_impl:uring`: `uring_direct:0|1` (PDUs parsed in the
+    /// receive's provided buffers rather than copied first; default 1),
+    /// `uring_rx_buffers:N` (provided buffers per connection, a power of
+    /// two; default 64), `uring_rx_buffer_size:BYTES` (default 16384, at
+    /// most 262144).
+    pub uring: pollux_tcp::UringOptions,
     /// `dhchap_key:PATH`: the host's DH-HMAC-CHAP secret (DHHC-1 file),
     /// read by [`TcpTrid::options`].
     pub dhchap_key: Option<PathBuf>,
@@ -216,6 +225,8 @@ impl TcpTrid {
         o.reconnect_delay = std::time::Duration::from_secs(self.reconnect_delay as u64);
         o.fast_io_fail_tmo = secs(self.fast_io_fail_tmo);
         o.busy_poll_us = self.busy_poll;
+        o.sock_impl = self.sock_impl;
+        o.uring = self.uring;
         let key = |k: &'static str, p: &Option<PathBuf>| {
             p.as_ref()
                 .map(|p| {
@@ -366,6 +377,49 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
                 })?
         }
     };
+    let sock_impl = match kv.remove("sock_impl") {
+        None => pollux_tcp::SockImpl::default(),
+        Some(v) => pollux_tcp::SockImpl::from_name(&v).ok_or(TridError::BadValue {
+            key: "sock_impl",
+            value: v,
+            why: "expected posix or uring".into(),
+        })?,
+    };
+    let mut uring = pollux_tcp::UringOptions::default();
+    match kv.remove("uring_direct").as_deref() {
+        None | Some("1") => {}
+        Some("0") => uring.direct = false,
+        Some(o) => {
+            return Err(TridError::BadValue {
+                key: "uring_direct",
+                value: o.into(),
+                why: "expected 0 or 1".into(),
+            })
+        }
+    }
+    if let Some(v) = kv.remove("uring_rx_buffers") {
+        uring.rx_buffers = v
+            .parse::<u16>()
+            .ok()
+            .filter(|n| n.is_power_of_two() && *n <= 32768)
+            .ok_or(TridError::BadValue {
+                key: "uring_rx_buffers",
+                value: v,
+                why: "expected a power of two, 1..=32768".into(),
+            })?;
+    }
+    if let Some(v) = kv.remove("uring_rx_buffer_size") {
+        let max = pollux_tcp::RX_BUFFER_SIZE_MAX;
+        uring.rx_buffer_size = v
+            .parse::<u32>()
+            .ok()
+            .filter(|n| (512..=max).contains(n))
+            .ok_or(TridError::BadValue {
+                key: "uring_rx_buffer_size",
+                value: v,
+                why: format!("expected bytes, 512..={max}"),
+            })?;
+    }
     let dhchap_key = kv.remove("dhchap_key").map(PathBuf::from);
     let dhchap_ctrlr_key = kv.remove("dhchap_ctrlr_key").map(PathBuf::from);
     if dhchap_ctrlr_key.is_some() && dhchap_key.is_none() {
@@ -411,6 +465,8 @@ fn parse_tcp(kv: &mut BTreeMap<String, String>) -> Result<TcpTrid, TridError> {
         reconnect_delay,
         fast_io_fail_tmo,
         busy_poll,
+        sock_impl,
+        uring,
         dhchap_key,
         dhchap_ctrlr_key,
         dhchap_digests,
@@ -776,6 +832,79 @@ mod tests {
                     })
                 ),
                 "{s}"
+            );
+        }
+        // Socket implementation: posix by default, uring when asked, and
+        // anything else refused naming the key and the value.
+        assert_eq!(o.sock_impl, pollux_tcp::SockImpl::Posix);
+        assert_eq!(o.uring, pollux_tcp::UringOptions::default());
+        let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring uring_direct:0"
+            .parse()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert!(
+            !t.options(Some("nqn.2026-01.io.pollux:a"))
+                .unwrap()
+                .uring
+                .direct
+        );
+        let Trid::Tcp(t) =
+            "trtype:tcp traddr:127.0.0.1 uring_rx_buffers:16 uring_rx_buffer_size:65536"
+                .parse()
+                .unwrap()
+        else {
+            panic!()
+        };
+        let u = t.options(Some("nqn.2026-01.io.pollux:a")).unwrap().uring;
+        assert_eq!((u.rx_buffers, u.rx_buffer_size), (16, 65536));
+        for (k, v) in [
+            ("uring_direct", "2"),
+            ("uring_rx_buffers", "48"),
+            ("uring_rx_buffers", "0"),
+            ("uring_rx_buffer_size", "262145"),
+            ("uring_rx_buffer_size", "x"),
+        ] {
+            let s = format!("trtype:tcp traddr:127.0.0.1 {k}:{v}");
+            match s.parse::<Trid>() {
+                Err(TridError::BadValue { key, value, .. }) => {
+                    assert_eq!((key, value.as_str()), (k, v))
+                }
+                r => panic!("{s}: {r:?}"),
+            }
+        }
+        let Trid::Tcp(t) = "trtype:tcp traddr:127.0.0.1 sock_impl:uring"
+            .parse()
+            .unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!(
+            t.options(Some("nqn.2026-01.io.pollux:a"))
+                .unwrap()
+                .sock_impl,
+            pollux_tcp::SockImpl::Uring
+        );
+        for v in ["epoll", "URING", "io_uring"] {
+            let s = format!("trtype:tcp traddr:127.0.0.1 sock_impl:{v}");
+            let e = s.parse::<Trid>().unwrap_err();
+            assert!(
+                matches!(
+                    e,
+                    TridError::BadValue {
+                        key: "sock_impl",
+                        ..
+                    }
+                ),
+                "{s}: {e}"
+            );
+            let m = e.to_string();
+            assert!(
+                m.contains("sock_impl")
+                    && m.contains(&format!("'{v}'"))
+                    && m.contains("posix or uring"),
+                "{m}"
             );
         }
         // Defaults: port 4420, no digests, this machine's host NQN.

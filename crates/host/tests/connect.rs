@@ -249,3 +249,62 @@ fn an_unreachable_tcp_controller_is_named_so() {
         Ok(_) => panic!("connected to a closed port"),
     }
 }
+
+/// `sock_impl:uring`: a queue pair's ring belongs to the thread that first
+/// polled it. Moved to another thread, the queue pair's connection fails
+/// there (the kernel refuses that thread), the controller is reset and the
+/// I/O queue reconnected on a ring of the new thread; the commands run on,
+/// every block read back as written.
+#[test]
+fn a_uring_queue_pair_moved_to_another_thread_goes_on() {
+    let target = ram_target();
+    let addr = target.listen_addrs()[0];
+    let t: Trid = format!(
+        "trtype:tcp traddr:{} trsvcid:{} subnqn:{NQN} sock_impl:uring reconnect_delay:1 ctrl_loss_tmo:20",
+        addr.ip(),
+        addr.port()
+    )
+    .parse()
+    .unwrap();
+    let tcp = connect(&t, &ControllerOptions::default()).unwrap();
+    let mut qp = tcp
+        .alloc_qpair(QpairOptions {
+            depth: 8,
+            ..QpairOptions::default()
+        })
+        .unwrap();
+    let n = 64;
+    let mut h = Check {
+        ns: vec![tcp.namespaces()[0]],
+        next: vec![(0, false)],
+        n,
+        done: 0,
+        errors: Vec::new(),
+    };
+    let buf = IoBuf::new(tcp.alloc_dma(4096).unwrap()).truncate(512);
+    h.submit(&mut qp.submitter(), 0, buf);
+    qp.flush();
+    // Half the writes on this thread...
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while h.next[0].0 < n / 2 && h.errors.is_empty() {
+        qp.poll_with(u32::MAX, &mut h);
+        assert!(Instant::now() < deadline, "stuck: {:?}", h.next);
+    }
+    // ... the rest, and every read, on another.
+    let (qp, h) = std::thread::spawn(move || {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while h.done < 1 && h.errors.is_empty() {
+            qp.poll_with(u32::MAX, &mut h);
+            assert!(Instant::now() < deadline, "stuck: {:?}", h.next);
+        }
+        (qp, h)
+    })
+    .join()
+    .unwrap();
+    assert!(h.errors.is_empty(), "{:?}", h.errors);
+    assert_eq!(qp.in_flight(), 0);
+    assert!(qp.stats().resets_seen >= 1, "{:?}", qp.stats());
+    drop(qp);
+    drop(tcp);
+    target.shutdown().unwrap();
+}

@@ -16,7 +16,7 @@
 //! restarting the connection drops everything that points at buffers.
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd};
 use std::time::{Duration, Instant};
 
 use pollux_spec::tcp::Digests;
@@ -27,6 +27,7 @@ pub(crate) use crate::engine::host::{Data, Slot};
 use crate::engine::host::{HostError, HostErrorKind, HostQueue};
 use crate::engine::ic;
 use crate::mem::TcpMem;
+use crate::uring::{HostRing, RingError, UringOptions};
 
 /// What went wrong on a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,10 +64,24 @@ pub struct ConnError {
 
 /// Most bytes one receive call reads.
 const RX_BUF: usize = 256 << 10;
-/// Most segments per writev.
-const IOV_MAX: usize = 64;
+/// Most bytes of the next provided buffer copied after a cut header
+/// (`poll_direct`): more than any header with its digest.
+const STITCH: usize = 256;
+/// Most segments per writev (or `SENDMSG`).
+pub(crate) const IOV_MAX: usize = 64;
+
+/// How a connection's socket is driven once it is set up.
+pub(crate) enum Wire {
+    /// Non-blocking `writev`/`read` (`sock_impl:posix`).
+    Posix,
+    /// Its own io_uring (`sock_impl:uring`; see `crate::uring`).
+    Uring(Box<HostRing>),
+}
 
 pub(crate) struct Conn {
+    // (Before `sock`: the ring, which may hold the socket as a registered
+    // file, ends before the socket closes.)
+    wire: Wire,
     sock: TcpStream,
     pub addr: SocketAddr,
     pub qid: u16,
@@ -136,6 +151,7 @@ impl Conn {
             .map_err(|e| cerr(format!("non-blocking socket: {e}")))?;
         tracing::debug!(%addr, qid, ?params, "NVMe/TCP connection initialized");
         Ok(Conn {
+            wire: Wire::Posix,
             sock,
             addr,
             qid,
@@ -152,9 +168,29 @@ impl Conn {
         self.sock.as_fd()
     }
 
-    /// True if received bytes wait to be parsed.
+    /// True if received bytes wait to be parsed (or, on io_uring,
+    /// wait in the ring).
     pub fn has_rx(&self) -> bool {
         self.re > self.rs
+            || match &self.wire {
+                Wire::Posix => false,
+                Wire::Uring(r) => r.has_rx(),
+            }
+    }
+
+    /// From now on, the socket goes through an io_uring of its own
+    /// (`sock_impl:uring`), which the thread that next flushes or polls
+    /// the connection enables (see `crate::uring`). For I/O queues, once
+    /// they are connected: the setup exchanges are over.
+    pub fn use_uring(&mut self, o: &UringOptions) -> Result<(), ConnError> {
+        let ring = HostRing::new(self.sock.as_raw_fd(), true, o).map_err(|e| {
+            self.err(
+                ConnErrorKind::Connect,
+                format!("sock_impl:uring: setting up an io_uring: {e}"),
+            )
+        })?;
+        self.wire = Wire::Uring(ring);
+        Ok(())
     }
 
     /// The command slots, by wire CID.
@@ -217,8 +253,17 @@ impl Conn {
     }
 
     /// Sends what is queued, as far as the socket takes it.
+    #[inline]
     pub fn flush_tx(&mut self) -> Result<(), ConnError> {
         self.check_alive()?;
+        match self.wire {
+            Wire::Posix => self.flush_posix(),
+            Wire::Uring(_) => self.flush_uring(),
+        }
+    }
+
+    #[inline]
+    fn flush_posix(&mut self) -> Result<(), ConnError> {
         while !self.eng.tx.is_empty() {
             let mut iov = [IoSlice::new(&[]); IOV_MAX];
             // SAFETY: a queued segment of a command's buffer belongs to an
@@ -259,6 +304,9 @@ impl Conn {
             self.re -= self.rs;
             self.rs = 0;
         }
+        if let Wire::Uring(_) = self.wire {
+            return self.fill_uring();
+        }
         loop {
             match (&self.sock).read(&mut self.rx[self.re..]) {
                 Ok(0) => {
@@ -276,6 +324,87 @@ impl Conn {
                     return Err(self.fail(e));
                 }
             }
+        }
+    }
+
+    /// Enables the ring of a `Wire::Uring` connection on the calling
+    /// thread if it is not yet.
+    #[inline]
+    fn ensure_ring(&mut self) -> Result<(), ConnError> {
+        if let Wire::Uring(r) = &mut self.wire {
+            if !r.is_enabled() {
+                if let Err(e) = r.enable() {
+                    let e = self.err(ConnErrorKind::Io, format!("enabling the io_uring: {e}"));
+                    return Err(self.fail(e));
+                }
+                tracing::debug!(addr = %self.addr, qid = self.qid, "I/O queue on io_uring");
+            }
+        }
+        Ok(())
+    }
+
+    #[cold]
+    fn ring_error(&mut self, e: RingError, what: &str) -> ConnError {
+        let e = match e {
+            RingError::Closed => self.err(
+                ConnErrorKind::Closed,
+                format!("connection closed while {what} (io_uring)"),
+            ),
+            RingError::Io(e) => self.err(ConnErrorKind::Io, format!("{what} (io_uring): {e}")),
+        };
+        self.fail(e)
+    }
+
+    /// `flush_tx` on io_uring: each batch of iovecs as one `SENDMSG`,
+    /// waited for (see `crate::uring`).
+    #[inline]
+    fn flush_uring(&mut self) -> Result<(), ConnError> {
+        self.ensure_ring()?;
+        while !self.eng.tx.is_empty() {
+            let Wire::Uring(r) = &mut self.wire else {
+                return Ok(());
+            };
+            // SAFETY: a queued segment of a command's buffer belongs to an
+            // outstanding command (the engine detaches it before the
+            // completion), so the buffer is valid and unwritten until the
+            // send below returns, which waits for the kernel to be done;
+            // the send queue is not changed meanwhile either.
+            let k = unsafe { self.eng.tx.iovecs_raw(&TcpMem, r.iov_mut(), IOV_MAX) };
+            let total = r.iov_bytes();
+            self.sends += 1;
+            // SAFETY: as above: the ring's iovecs name the send queue's
+            // bytes and outstanding commands' buffers, valid until `send`
+            // returns.
+            let res = if k == 0 { Ok(0) } else { unsafe { r.send() } };
+            match res {
+                Ok(0) => break,
+                Ok(w) => {
+                    self.eng.tx.advance(w, |_| {});
+                    if w < total {
+                        break;
+                    }
+                }
+                Err(e) => return Err(self.ring_error(e, "sending")),
+            }
+        }
+        Ok(())
+    }
+
+    /// `fill` on io_uring: what the receive put in the provided buffers,
+    /// copied into the receive buffer.
+    #[inline]
+    fn fill_uring(&mut self) -> Result<bool, ConnError> {
+        self.ensure_ring()?;
+        let Wire::Uring(r) = &mut self.wire else {
+            return Ok(false);
+        };
+        match r.recv(&mut self.rx[self.re..]) {
+            Ok(0) => Ok(false),
+            Ok(k) => {
+                self.re += k;
+                Ok(true)
+            }
+            Err(e) => Err(self.ring_error(e, "receiving")),
         }
     }
 
@@ -330,6 +459,11 @@ impl Conn {
         n: &mut u32,
     ) -> Result<(), ConnError> {
         self.check_alive()?;
+        if let Wire::Uring(r) = &self.wire {
+            if r.direct {
+                return self.poll_direct(budget, f, n);
+            }
+        }
         while *n < budget {
             // (Nothing buffered, nothing to hand the engine: the host's
             // engine needs bytes to move on. An empty poll goes straight
@@ -359,6 +493,118 @@ impl Conn {
         if self.tx_pending() {
             self.flush_tx()?;
         }
+        Ok(())
+    }
+
+    /// `poll_inner` on io_uring with `uring_direct`: PDUs are parsed
+    /// where the receive put them (the provided buffers), not copied into
+    /// the receive buffer first. Only a header cut by the end of a buffer
+    /// is: its start goes to the receive buffer, followed by the first
+    /// bytes of the next buffer ([`STITCH`] at most), and once the engine
+    /// is past the cut it goes on in the buffer itself.
+    #[inline]
+    fn poll_direct(
+        &mut self,
+        budget: u32,
+        f: &mut impl FnMut(u16, &mut Slot, Cqe),
+        n: &mut u32,
+    ) -> Result<(), ConnError> {
+        self.ensure_ring()?;
+        let r = self.direct_inner(budget, f, n);
+        match r {
+            Ok(()) => {}
+            Err(Some(e)) => return Err(self.ring_error(e, "receiving")),
+            Err(None) => return Err(self.engine_error()),
+        }
+        if self.tx_pending() {
+            self.flush_tx()?;
+        }
+        Ok(())
+    }
+
+    /// The loop of `poll_direct`; `Err(None)`: the engine failed.
+    #[inline]
+    fn direct_inner(
+        &mut self,
+        budget: u32,
+        f: &mut impl FnMut(u16, &mut Slot, Cqe),
+        n: &mut u32,
+    ) -> Result<(), Option<RingError>> {
+        let Wire::Uring(ring) = &mut self.wire else {
+            return Ok(());
+        };
+        while *n < budget {
+            if self.re > self.rs {
+                // A cut header (or bytes left from the setup exchanges):
+                // the next buffer's first bytes after it.
+                let Some(src) = ring.front() else {
+                    if !ring.collect().map_err(Some)? {
+                        break;
+                    }
+                    continue;
+                };
+                if self.rs > 0 {
+                    self.rx.copy_within(self.rs..self.re, 0);
+                    self.re -= self.rs;
+                    self.rs = 0;
+                }
+                let l = self.re;
+                let c = src.len().min(STITCH).min(self.rx.len() - l);
+                if c == 0 {
+                    // (The receive buffer is full of an unfinished
+                    // header: cannot happen, headers are small.)
+                    break;
+                }
+                self.rx[l..l + c].copy_from_slice(&src[..c]);
+                self.re = l + c;
+                let r = self.eng.receive(&self.rx[..self.re], budget - *n, f);
+                *n += r.completed;
+                if r.failed {
+                    return Err(None);
+                }
+                if r.consumed >= l {
+                    // Past the cut: what is left of the copy is still in
+                    // the buffer, which goes on from there.
+                    ring.consume(r.consumed - l);
+                    self.rs = 0;
+                    self.re = 0;
+                } else {
+                    // Still short of a whole header: the copied bytes
+                    // live on in the receive buffer.
+                    ring.consume(c);
+                    self.rs = r.consumed;
+                }
+            } else if let Some(src) = ring.front() {
+                let len = src.len();
+                let r = self.eng.receive(src, budget - *n, f);
+                *n += r.completed;
+                if r.failed {
+                    return Err(None);
+                }
+                ring.consume(r.consumed);
+                if r.consumed < len && *n < budget {
+                    // The engine needs more than the buffer has: a header
+                    // cut by its end. Its start goes to the receive buffer.
+                    if let Some(rest) = ring.front() {
+                        let k = rest.len();
+                        self.rx[..k].copy_from_slice(rest);
+                        self.rs = 0;
+                        self.re = k;
+                        ring.consume(k);
+                    }
+                }
+            } else {
+                // Completions were handed out and nothing is left
+                // received: return (as `poll_inner` does).
+                if *n > 0 {
+                    break;
+                }
+                if !ring.collect().map_err(Some)? {
+                    break;
+                }
+            }
+        }
+        ring.publish();
         Ok(())
     }
 

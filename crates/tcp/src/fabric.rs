@@ -26,6 +26,10 @@ pub(crate) struct TcpFabric {
     pub connect_timeout: Duration,
     /// `SO_BUSY_POLL` microseconds (0: not set).
     pub busy_poll_us: u32,
+    /// How the I/O queues' sockets are driven once connected.
+    pub sock_impl: crate::SockImpl,
+    /// With `uring`: how each connection's ring is set up.
+    pub uring: crate::UringOptions,
 }
 
 pub(crate) fn conn_error(e: ConnError) -> Error {

@@ -24,6 +24,10 @@
 //!   negotiated in ICReq. Sends are batched per poll (one writev), receives
 //!   read what the socket has and parse PDUs from a per-connection buffer
 //!   (`conn`). How the SQ and CQ halves share a connection: `queue`.
+//!   With `sock_impl:uring` ([`SockImpl::Uring`]) an I/O queue's socket
+//!   goes through an io_uring of its own instead (`uring`): the send and
+//!   the receive in one `io_uring_enter` per poll, none when there is
+//!   nothing to do.
 //! - **Buffers** (`alloc_dma`) are ordinary page-aligned memory; their
 //!   "bus address" is their virtual address (tagged; see `mem`).
 //! - **Failure**: a connection that closes, a Termination Request, a PDU
@@ -61,10 +65,12 @@ pub mod hostnqn;
 mod mem;
 mod queue;
 pub mod sockopt;
+mod uring;
 
 pub use conn::{ConnError, ConnErrorKind};
 pub use pollux_spec::tcp::Digests as TcpDigests;
 pub use queue::{TcpCq, TcpSq};
+pub use uring::{UringOptions, RX_BUFFERS, RX_BUFFER_SIZE, RX_BUFFER_SIZE_MAX};
 
 use fabric::TcpFabric;
 
@@ -113,6 +119,13 @@ pub struct TcpOptions {
     /// `SO_BUSY_POLL` microseconds on every connection (`busy_poll:US`;
     /// 0, the default: off). See [`sockopt::set_busy_poll`].
     pub busy_poll_us: u32,
+    /// How the I/O queues' sockets are driven (`sock_impl:posix|uring`;
+    /// default `posix`). The admin queue's is always `posix`.
+    pub sock_impl: SockImpl,
+    /// With `uring`: how each connection's ring is set up
+    /// (`uring_direct:0|1`, `uring_rx_buffers:N`,
+    /// `uring_rx_buffer_size:BYTES`).
+    pub uring: UringOptions,
     /// In-band authentication (DH-HMAC-CHAP) on every queue: the host's
     /// and the controller's secrets, the digests and groups offered.
     pub auth: AuthOptions,
@@ -138,6 +151,8 @@ impl TcpOptions {
             admin_timeout: Duration::from_secs(5),
             sq_flow: false,
             busy_poll_us: 0,
+            sock_impl: SockImpl::Posix,
+            uring: UringOptions::default(),
             auth: AuthOptions::default(),
         }
     }
@@ -149,6 +164,8 @@ impl TcpOptions {
             digests: self.digests,
             connect_timeout: self.connect_timeout,
             busy_poll_us: self.busy_poll_us,
+            sock_impl: self.sock_impl,
+            uring: self.uring,
         };
         let opts = FabricsOptions {
             subnqn: self.subnqn,
@@ -163,6 +180,37 @@ impl TcpOptions {
             auth: self.auth,
         };
         (fabric, opts)
+    }
+}
+
+/// How an I/O queue's socket is driven (SPDK's `sock_impl` vocabulary).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum SockImpl {
+    /// Non-blocking `writev` and `read` per poll.
+    #[default]
+    Posix,
+    /// An io_uring per connection: the send and the deferred receive
+    /// work in one `io_uring_enter`, a multishot receive into provided
+    /// buffers, the socket a registered file (Linux 6.1 or later).
+    Uring,
+}
+
+impl SockImpl {
+    /// The implementation called `name` (`posix`, `uring`).
+    pub fn from_name(name: &str) -> Option<SockImpl> {
+        match name {
+            "posix" => Some(SockImpl::Posix),
+            "uring" => Some(SockImpl::Uring),
+            _ => None,
+        }
+    }
+
+    /// Its name.
+    pub fn name(self) -> &'static str {
+        match self {
+            SockImpl::Posix => "posix",
+            SockImpl::Uring => "uring",
+        }
     }
 }
 
@@ -219,6 +267,22 @@ impl TcpTransport {
     /// Reconnect attempts made since the controller was opened.
     pub fn reconnect_attempts(&self) -> u64 {
         self.link.attempts.load(Ordering::Relaxed)
+    }
+
+    /// An I/O queue's connection, connected: on io_uring from now on if
+    /// asked (`sock_impl:uring`).
+    fn wire_up(&self, conn: &mut conn::Conn) -> Result<()> {
+        match self.link.fabric.sock_impl {
+            SockImpl::Posix => Ok(()),
+            SockImpl::Uring => conn
+                .use_uring(&self.link.fabric.uring)
+                .map_err(fabric::conn_error),
+        }
+    }
+
+    /// The socket implementation of the I/O queues.
+    pub fn sock_impl(&self) -> SockImpl {
+        self.link.fabric.sock_impl
     }
 
     /// In-capsule data bytes I/O writes may carry.
@@ -324,6 +388,7 @@ impl Transport for TcpTransport {
             spec.depth as usize,
         )?;
         conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
+        self.wire_up(&mut conn)?;
         Ok(queue::io_pair(
             conn,
             spec.depth,
@@ -352,6 +417,7 @@ impl Transport for TcpTransport {
             .link
             .connect_queue(qid, entries, self.cntlid(), depth)?;
         conn.set_icd_max(self.icd_max.load(Ordering::Relaxed));
+        self.wire_up(&mut conn)?;
         q.attach(conn);
         Ok(())
     }

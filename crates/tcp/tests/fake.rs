@@ -222,6 +222,81 @@ fn header_and_data_digests() {
     );
 }
 
+/// `sock_impl:uring`, PDUs parsed in the provided buffers or copied out
+/// first (`uring_direct`), with and without digests: the controller sends
+/// every PDU in writes of 13 or 100 bytes, so headers arrive cut at every
+/// offset, or the host has 4 receive buffers of 512 bytes; reads (some
+/// outstanding together) and R2T writes come back intact, and so do
+/// in-capsule writes answered in a burst.
+#[test]
+fn uring_with_headers_cut_anywhere() {
+    // (4 buffers of 512 bytes: the receive runs out of them and is armed
+    // again all the time.)
+    let small = (4, 512);
+    let default = (pollux_tcp::RX_BUFFERS, pollux_tcp::RX_BUFFER_SIZE);
+    for (direct, trickle, (n, size)) in [
+        (true, 13, default),
+        (true, 100, default),
+        (false, 13, default),
+        (true, 1 << 20, small),
+        (false, 1 << 20, small),
+    ] {
+        for digests in [Digests::NONE, Digests::BOTH] {
+            let fake = Fake::start(Script {
+                trickle: Some(trickle),
+                c2h_chunk: 1000,
+                ..Script::default()
+            });
+            let mut o = opts(&fake, digests);
+            o.sock_impl = pollux_tcp::SockImpl::Uring;
+            o.uring.direct = direct;
+            o.uring.rx_buffers = n;
+            o.uring.rx_buffer_size = size;
+            let c = pollux_tcp::open(o, ControllerOptions::default()).expect("bring-up");
+            let mut qp = qpair(&c, 8);
+            let what = format!("direct {direct}, trickle {trickle}, {n} x {size}, {digests:?}");
+            // 16 KiB: R2T, then H2CData.
+            write(&mut qp, &c, 0, 16 << 10, 4);
+            expect_pattern(&read(&mut qp, &c, 0, 16 << 10), 16 << 10, 4);
+            let ns = c.namespaces()[0];
+            for i in 0..4u64 {
+                let b = IoBuf::new(c.alloc_dma(4096).unwrap());
+                qp.read(&ns, i * 8, 8, b, i).unwrap();
+            }
+            let want = expected(16 << 10, 4);
+            for c in wait(&mut qp, 4) {
+                assert_eq!(c.result, Ok(0), "{what}");
+                let i = c.user_data as usize;
+                assert!(
+                    c.buf.unwrap().as_slice() == &want[i * 4096..(i + 1) * 4096],
+                    "{what}: read {i}"
+                );
+            }
+            // In-capsule writes outstanding together: their answers are
+            // 24-byte (28 with a digest) capsules back to back.
+            for i in 0..8u64 {
+                let mut b = IoBuf::new(c.alloc_dma(4096).unwrap()).truncate(512);
+                b.as_mut_slice().fill(i as u8);
+                qp.write(&ns, 64 + i, 1, b, i).unwrap();
+            }
+            for c in wait(&mut qp, 8) {
+                assert_eq!(c.result, Ok(0), "{what}");
+            }
+            for i in 0..8u64 {
+                let r = read(&mut qp, &c, 64 + i, 512);
+                assert_eq!(r.result, Ok(0), "{what}");
+                let b = r.buf.unwrap();
+                assert!(
+                    b.as_slice().iter().all(|&x| x == i as u8),
+                    "{what}: block {i}"
+                );
+            }
+            let s = fake.seen.lock().unwrap();
+            assert!(s.errors.is_empty(), "{what}: {:?}", s.errors);
+        }
+    }
+}
+
 #[test]
 fn many_outstanding_reads_complete() {
     let fake = Fake::start(Script {

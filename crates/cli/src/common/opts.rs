@@ -125,7 +125,7 @@ macro_rules! trid_help {
 mqes:N]'; a PCIe controller: 'trtype:pcie traddr:0000:01:00.0'; NVMe/TCP: \
 'trtype:tcp traddr:IP [adrfam:ipv4|ipv6 trsvcid:4420 subnqn:NQN hostnqn:NQN \
 hdgst:0|1 ddgst:0|1 sqflow:0|1 ctrl_loss_tmo:SECS reconnect_delay:SECS \
-fast_io_fail_tmo:SECS busy_poll:US dhchap_key:PATH dhchap_ctrlr_key:PATH \
+fast_io_fail_tmo:SECS busy_poll:US sock_impl:posix|uring uring_direct:0|1 uring_rx_buffers:N uring_rx_buffer_size:BYTES dhchap_key:PATH dhchap_ctrlr_key:PATH \
 dhchap_digests:LIST dhchap_dhgroups:LIST]'"
     };
 }

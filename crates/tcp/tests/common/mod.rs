@@ -66,6 +66,10 @@ pub struct Script {
     pub answer_early: Option<u16>,
     /// Metadata bytes per block of the namespace's LBA format.
     pub ms: u16,
+    /// On I/O queues, every PDU goes out in writes of this many bytes
+    /// (TCP_NODELAY, a pause between), so the host receives headers cut
+    /// anywhere.
+    pub trickle: Option<usize>,
 }
 
 impl Default for Script {
@@ -86,6 +90,7 @@ impl Default for Script {
             hold_log_page: false,
             answer_early: None,
             ms: 0,
+            trickle: None,
         }
     }
 }
@@ -290,6 +295,14 @@ impl FakeConn {
                 d ^= 1;
             }
             out[r].copy_from_slice(&digest_bytes(d));
+        }
+        if let (Some(k), true) = (self.sh.script.trickle, self.qid > 0) {
+            let _ = self.s.set_nodelay(true);
+            for c in out.chunks(k.max(1)) {
+                let _ = self.s.write_all(c);
+                std::thread::sleep(std::time::Duration::from_micros(20));
+            }
+            return;
         }
         let _ = self.s.write_all(&out);
     }
