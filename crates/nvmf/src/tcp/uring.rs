@@ -38,7 +38,10 @@
 //!   lent slot buffers until the notification: marks released, and its
 //!   buffer cleared or grown, only then.)
 //! - Files: the sockets are registered files of the ring
-//!   (`uring_fixed_files`), the ring's own descriptor registered too.
+//!   (`uring_fixed_files`). The ring's own descriptor is not registered:
+//!   io-uring 0.7 keeps that registration in the `Submitter` that made it,
+//!   and `IoUring::submitter` makes a new one per call, so the enters
+//!   would not use it.
 //! - Idle: the ring runs its task work only when asked
 //!   (`DEFER_TASKRUN`); an eventfd registered with it is signalled when
 //!   work arrives and is in the thread's epoll set, so the thread sleeps
@@ -309,8 +312,6 @@ impl Ring {
         // SAFETY: `efd` is a new descriptor nothing else owns.
         let event = unsafe { OwnedFd::from_raw_fd(efd) };
         ring.submitter().register_eventfd(efd)?;
-        // (Best effort: spares the descriptor lookup per enter.)
-        let _ = ring.submitter().register_ring_fd();
         Ok(Ring {
             ring,
             bufs,
