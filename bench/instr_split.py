@@ -21,7 +21,7 @@ completion loop counts as the perf loop's. What is in no workspace frame
 (not inlined std, libc) is "other".
 
 Usage: bench/instr_split.py [BIN] [--qd 128] [--lo 20000] [--hi 60000]
-           [--files] [--functions N]
+           [--files] [--functions N] [--listing]
 Prints host total, driver share, perf-loop share, other; with --files
 the split by source file, with --functions the top N functions (by the
 innermost workspace frame's function)."""
@@ -194,6 +194,40 @@ def attribute(binary, costs, ios):
     return rows
 
 
+def listing(binary, host, n):
+    """Prints the host's instructions run at least 0.2 times per I/O, by
+    address: cost per I/O, disassembly (objdump), innermost workspace
+    source line and function."""
+    exe = os.path.realpath(binary)
+    per = collections.Counter()
+    for (ob, a), v in host.items():
+        if ob and os.path.realpath(ob) == exe:
+            per[a] += v / n
+    addrs = sorted(a for a, v in per.items() if abs(v) >= 0.2)
+    if not addrs:
+        return
+    chains = symbolize(binary, addrs)
+    dis = {}
+    start = prev = addrs[0]
+    for a in addrs[1:] + [None]:
+        if a is None or a - prev > 4096:
+            out = subprocess.run(["objdump", "-d", "--no-show-raw-insn", "-M", "intel",
+                                  f"--start-address={start}", f"--stop-address={prev + 16}", binary],
+                                 capture_output=True, text=True).stdout
+            for ln in out.splitlines():
+                m = re.match(r"\s*([0-9a-f]+):\s*(.*)", ln)
+                if m:
+                    dis[int(m.group(1), 16)] = m.group(2).strip()
+            start = a
+        if a is not None:
+            prev = a
+    for a in addrs:
+        o = owner(chains.get(a, []))
+        loc = f"{re.sub(r'.*/crates/', '', o[2])}:{o[3]} {short(o[1]).split('::')[-1]}" if o else "?"
+        print(f"{per[a]:6.2f} {a:x}  {dis.get(a, '?')[:50]:50} {loc}")
+    print(f"listed {sum(per[a] for a in addrs):.2f} per I/O")
+
+
 def short(fn):
     """A function name without its generic arguments."""
     out, depth = [], 0
@@ -215,9 +249,15 @@ def main():
     ap.add_argument("--hi", type=int, default=60000)
     ap.add_argument("--files", action="store_true")
     ap.add_argument("--functions", type=int, default=0)
+    ap.add_argument("--listing", action="store_true",
+                    help="every host instruction run at least 0.2 times per I/O, in address order, "
+                         "with its cost, disassembly and innermost workspace line")
     a = ap.parse_args()
     n = a.hi - a.lo
-    rows = attribute(a.binary, costs(perf_cmd(a.binary, a.qd), a.lo, a.hi)[0], n)
+    host = costs(perf_cmd(a.binary, a.qd), a.lo, a.hi)[0]
+    rows = attribute(a.binary, host, n)
+    if a.listing:
+        listing(a.binary, host, n)
     total = sum(r[3] for r in rows)
     by = collections.Counter()
     for c, _, _, v in rows:
