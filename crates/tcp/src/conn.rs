@@ -27,7 +27,7 @@ pub(crate) use crate::engine::host::{Data, Slot};
 use crate::engine::host::{HostError, HostErrorKind, HostQueue};
 use crate::engine::ic;
 use crate::mem::TcpMem;
-use crate::uring::{HostRing, RingError, UringOptions};
+use crate::uring::{HostRing, RingError, UringOptions, IOV_MAX};
 
 /// What went wrong on a connection.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -67,8 +67,6 @@ const RX_BUF: usize = 256 << 10;
 /// Most bytes of the next provided buffer copied after a cut header
 /// (`poll_direct`): more than any header with its digest.
 const STITCH: usize = 256;
-/// Most segments per writev (or `SENDMSG`).
-pub(crate) const IOV_MAX: usize = 64;
 
 /// How a connection's socket is driven once it is set up.
 pub(crate) enum Wire {

@@ -63,6 +63,10 @@ use std::thread::ThreadId;
 use io_uring::types::BufRingEntry;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 
+/// Most segments per send, `writev` or `SENDMSG` (here: the iovecs'
+/// capacity; the connection's plain sockets take as many).
+pub(crate) const IOV_MAX: usize = 64;
+
 /// Submission queue entries (a send, a receive armed again, a cancel).
 const SQ_ENTRIES: u32 = 8;
 /// Completion queue entries: a multishot receive posts one per buffer.
@@ -307,7 +311,7 @@ impl HostRing {
             // SAFETY: a zeroed msghdr is valid (no name, no control, no
             // iovecs).
             msg: unsafe { std::mem::zeroed() },
-            iov: Vec::with_capacity(crate::conn::IOV_MAX),
+            iov: Vec::with_capacity(IOV_MAX),
         }))
     }
 
@@ -575,7 +579,7 @@ impl HostRing {
     }
 
     /// The iovecs of the next [`send`](Self::send), to fill (at most
-    /// `conn::IOV_MAX`: the capacity reserved).
+    /// [`IOV_MAX`]: the capacity reserved).
     #[inline(always)]
     pub(crate) fn iov_mut(&mut self) -> &mut Vec<libc::iovec> {
         &mut self.iov
