@@ -21,7 +21,7 @@ completion loop counts as the perf loop's. What is in no workspace frame
 (not inlined std, libc) is "other".
 
 Usage: bench/instr_split.py [BIN] [--qd 128] [--lo 20000] [--hi 60000]
-           [--files] [--functions N] [--listing]
+           [--files] [--functions N] [--listing] [--bdevperf]
 Prints host total, driver share, perf-loop share, other; with --files
 the split by source file, with --functions the top N functions (by the
 innermost workspace frame's function)."""
@@ -44,6 +44,13 @@ DRIVER = {"nvme", "pcie", "spec", "host"}
 def perf_cmd(binary, qd, extra=()):
     return [binary, "perf", "--json", "--inline", "-t", "0", "-q", str(qd), "-o", "4096",
             "-w", "randread", *extra]
+
+
+def bdevperf_cmd(binary, qd):
+    """The same workload through `pollux bdevperf` (an nvme bdev over the
+    emulated controller)."""
+    return [binary, "bdevperf", "--json", "--inline", "-t", "0", "-q", str(qd), "-o", "4096",
+            "-w", "randread", "--nvme", "trtype:soft backend:null"]
 
 
 def callgrind(cmd, ios, device_only, d):
@@ -249,12 +256,14 @@ def main():
     ap.add_argument("--hi", type=int, default=60000)
     ap.add_argument("--files", action="store_true")
     ap.add_argument("--functions", type=int, default=0)
+    ap.add_argument("--bdevperf", action="store_true", help="measure `pollux bdevperf` instead of perf")
     ap.add_argument("--listing", action="store_true",
                     help="every host instruction run at least 0.2 times per I/O, in address order, "
                          "with its cost, disassembly and innermost workspace line")
     a = ap.parse_args()
     n = a.hi - a.lo
-    host = costs(perf_cmd(a.binary, a.qd), a.lo, a.hi)[0]
+    cmd = bdevperf_cmd(a.binary, a.qd) if a.bdevperf else perf_cmd(a.binary, a.qd)
+    host = costs(cmd, a.lo, a.hi)[0]
     rows = attribute(a.binary, host, n)
     if a.listing:
         listing(a.binary, host, n)
@@ -262,7 +271,8 @@ def main():
     by = collections.Counter()
     for c, _, _, v in rows:
         by["driver" if c in DRIVER else "perf loop" if c == "cli" else c if c == "unknown" else "other"] += v
-    print(f"{a.binary}: perf --inline QD {a.qd} 4 KiB randread, ({a.hi} - {a.lo}) / {n} I/Os, host only")
+    tool = "bdevperf" if a.bdevperf else "perf"
+    print(f"{a.binary}: {tool} --inline QD {a.qd} 4 KiB randread, ({a.hi} - {a.lo}) / {n} I/Os, host only")
     print(f"host total {total:.2f} instructions per I/O")
     for k in ("driver", "perf loop", "unknown", "other"):
         print(f"  {k:10} {by[k]:7.2f}  ({by[k] / total:.1%})")
