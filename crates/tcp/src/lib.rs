@@ -58,6 +58,7 @@ use pollux_spec::fabrics::{DiscoveryLogEntry, PropertySize, DISCOVERY_NQN};
 use pollux_spec::identify::IdentifyController;
 use pollux_spec::tcp::Digests;
 
+pub mod bufring;
 mod conn;
 pub mod engine;
 mod fabric;

@@ -50,18 +50,16 @@
 //!   `io_uring_enter`) it cannot enter the ring: it closes it and leaks
 //!   the buffers rather than unmap memory the kernel might still write.
 //!
-//! What the target's `uring.rs` has that could later be shared:
-//! [`Mapping`] and [`BufRing`] (the provided-buffer ring) are the same
-//! ideas; a `pollux-uring` crate (or a module of `pollux-tcp`, which both
-//! depend on) could hold them once both sides settle.
+//! The provided-buffer ring is [`crate::bufring`], shared with the
+//! target's io_uring path.
 use std::collections::VecDeque;
 use std::io;
 use std::os::fd::RawFd;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::thread::ThreadId;
 
-use io_uring::types::BufRingEntry;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
+
+use crate::bufring::BufRing;
 
 /// Most segments per send, `writev` or `SENDMSG` (here: the iovecs'
 /// capacity; the connection's plain sockets take as many).
@@ -84,115 +82,6 @@ const BGID: u16 = 0;
 const OP_RECV: u64 = 1;
 const OP_SEND: u64 = 2;
 const OP_CANCEL: u64 = 3;
-
-/// An anonymous private mapping of `len` bytes (page aligned).
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a new anonymous private mapping; no existing memory is
-        // touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`; its owner drops it only once
-        // the kernel no longer uses it (see `HostRing::drop`, which
-        // forgets it instead when that is not known).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// The provided buffers: the ring of entries the kernel picks from, and
-/// the buffers. A buffer is either in the ring (the kernel may write it)
-/// or handed to us by a receive's completion (until it is given back):
-/// only then is it read, through [`HostRing::front`] or [`HostRing::recv`].
-struct BufRing {
-    ring: Mapping,
-    bufs: Mapping,
-    /// Buffers (a power of two) and bytes of each.
-    count: u16,
-    size: u32,
-    /// Our tail (entries given to the kernel), published by `publish`.
-    tail: u16,
-    published: u16,
-    /// Buffers handed to us and not given back.
-    held: u16,
-}
-
-impl BufRing {
-    fn new(count: u16, size: u32) -> io::Result<BufRing> {
-        if !count.is_power_of_two() || size == 0 || size > RX_BUFFER_SIZE_MAX {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                format!("{count} receive buffers of {size} bytes: a power of two of at most {RX_BUFFER_SIZE_MAX} bytes each"),
-            ));
-        }
-        let ring = Mapping::new((count as usize * 16).max(4096))?;
-        let bufs = Mapping::new(count as usize * size as usize)?;
-        let mut b = BufRing {
-            ring,
-            bufs,
-            count,
-            size,
-            tail: 0,
-            published: 0,
-            held: 0,
-        };
-        for bid in 0..count {
-            b.give(bid);
-        }
-        b.publish();
-        Ok(b)
-    }
-
-    /// Puts buffer `bid` back in the ring (seen by the kernel at the next
-    /// `publish`).
-    #[inline]
-    fn give(&mut self, bid: u16) {
-        let e = self.ring.ptr.cast::<BufRingEntry>();
-        // SAFETY: the entry is within the ring mapping (masked by the
-        // count), which only we write between publications (the kernel
-        // reads entries below the published tail, and this one is not).
-        unsafe {
-            let e = &mut *e.add((self.tail & (self.count - 1)) as usize);
-            e.set_addr(self.bufs.ptr as u64 + bid as u64 * self.size as u64);
-            e.set_len(self.size);
-            e.set_bid(bid);
-        }
-        self.tail = self.tail.wrapping_add(1);
-    }
-
-    /// Tells the kernel of the buffers given back.
-    #[inline]
-    fn publish(&mut self) {
-        if self.published != self.tail {
-            // SAFETY: the tail field of the ring mapping's first entry, a
-            // u16 the kernel reads atomically.
-            let t = unsafe { &*BufRingEntry::tail(self.ring.ptr.cast()).cast::<AtomicU16>() };
-            t.store(self.tail, Ordering::Release);
-            self.published = self.tail;
-        }
-    }
-}
 
 /// A received piece: buffer, first byte not yet taken, end.
 #[derive(Clone, Copy)]
@@ -280,13 +169,22 @@ impl HostRing {
             .setup_taskrun_flag()
             .setup_cqsize(CQ_ENTRIES)
             .build(SQ_ENTRIES)?;
+        if o.rx_buffer_size > RX_BUFFER_SIZE_MAX {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!(
+                    "receive buffers of {} bytes: at most {RX_BUFFER_SIZE_MAX}",
+                    o.rx_buffer_size
+                ),
+            ));
+        }
         let bufs = BufRing::new(o.rx_buffers, o.rx_buffer_size)?;
         // SAFETY: the entries' mapping lives as long as the ring (it is
         // dropped after it, or leaked: `Drop`) and holds `rx_buffers`
         // entries.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
-                bufs.ring.ptr as u64,
+                bufs.ring_addr(),
                 o.rx_buffers,
                 BGID,
                 0,
@@ -403,12 +301,12 @@ impl HostRing {
                     self.armed = false;
                 }
                 if let Some(bid) = cqueue::buffer_select(flags) {
-                    if res > 0 && bid < self.bufs.count {
-                        self.bufs.held += 1;
+                    self.bufs.hold();
+                    if res > 0 && (bid as u32) < self.bufs.count() {
                         self.pieces.push_back(Piece {
                             bid,
                             at: 0,
-                            end: (res as u32).min(self.bufs.size),
+                            end: (res as u32).min(self.bufs.size()),
                         });
                     } else {
                         self.bufs.give(bid);
@@ -453,15 +351,7 @@ impl HostRing {
         // and is not in the ring: the kernel does not write it until it
         // is given back (`consume`, which takes `&mut self`); `at..end`
         // lies within it (the completion's length, at most its size).
-        Some(unsafe {
-            std::slice::from_raw_parts(
-                self.bufs
-                    .bufs
-                    .ptr
-                    .add(p.bid as usize * self.bufs.size as usize + p.at as usize),
-                (p.end - p.at) as usize,
-            )
-        })
+        Some(unsafe { self.bufs.bytes(p.bid, p.at, p.end) })
     }
 
     /// `k` bytes of the oldest buffer held are taken (at most what
@@ -478,7 +368,6 @@ impl HostRing {
             let bid = p.bid;
             self.pieces.pop_front();
             self.bufs.give(bid);
-            self.bufs.held -= 1;
         }
     }
 
@@ -537,15 +426,7 @@ impl HostRing {
             // completion and is not in the ring: the kernel does not write
             // it until it is given back; `at..end` lies within it (the
             // completion's length, at most the buffer's size).
-            let src = unsafe {
-                std::slice::from_raw_parts(
-                    self.bufs
-                        .bufs
-                        .ptr
-                        .add(p.bid as usize * self.bufs.size as usize + p.at as usize),
-                    k,
-                )
-            };
+            let src = unsafe { self.bufs.bytes(p.bid, p.at, p.at + k as u32) };
             dst[at..at + k].copy_from_slice(src);
             at += k;
             p.at += k as u32;
@@ -553,11 +434,10 @@ impl HostRing {
                 let bid = p.bid;
                 self.pieces.pop_front();
                 self.bufs.give(bid);
-                self.bufs.held -= 1;
             }
         }
         self.bufs.publish();
-        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held < self.bufs.count {
+        if !self.armed && !self.eof && self.err.is_none() && self.bufs.held() < self.bufs.count() {
             // Ended for want of buffers (or without error): armed again as
             // soon as one is back (waiting for half of them, as the
             // target's shared ring does, left the socket unread for
@@ -665,24 +545,10 @@ impl Drop for HostRing {
         if self.armed {
             // Never unmap memory the kernel may still write: the ring
             // closes (ending the receive), the buffers are leaked.
+            let kib = self.bufs.leak() >> 10;
             tracing::warn!(
-                "io_uring receive of a closed NVMe/TCP connection not seen to end (ring dropped by another thread than its poller, or after an error): its {} KiB of receive buffers are leaked",
-                (self.bufs.count as usize * self.bufs.size as usize) >> 10
+                "io_uring receive of a closed NVMe/TCP connection not seen to end (ring dropped by another thread than its poller, or after an error): its {kib} KiB of receive buffers are leaked",
             );
-            std::mem::forget(std::mem::replace(
-                &mut self.bufs.bufs,
-                Mapping {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                },
-            ));
-            std::mem::forget(std::mem::replace(
-                &mut self.bufs.ring,
-                Mapping {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                },
-            ));
         }
     }
 }

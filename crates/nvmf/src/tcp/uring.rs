@@ -52,13 +52,12 @@ use std::io;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsFd, AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::rc::Rc;
-use std::sync::atomic::{AtomicU16, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
-use io_uring::types::BufRingEntry;
 use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use pollux_runtime::ThreadCtx;
+use pollux_tcp::bufring::BufRing;
 
 use crate::config::TransportOptions;
 use crate::pool::Cache;
@@ -103,109 +102,6 @@ fn tag(key: u32, gen: u32, op: u64) -> u64 {
 #[inline(always)]
 fn untag(t: u64) -> (u32, u32, u64) {
     ((t >> 32) as u32, ((t >> 8) & 0xff_ffff) as u32, t & 0xff)
-}
-
-/// An anonymous private mapping of `len` bytes (page aligned).
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a new anonymous private mapping; no existing memory is
-        // touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: the mapping made in `new`; its owner ([`Ring`]) drops it
-        // only once the kernel no longer uses it (see `Ring::drop`).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
-
-/// The provided buffers: the ring of entries the kernel picks from, and
-/// the buffers. A buffer is either in the ring (the kernel may write
-/// it) or handed to us by a receive's completion (until it is given
-/// back): only then is it read, through [`Ring::buf`].
-struct BufRing {
-    ring: Mapping,
-    bufs: Mapping,
-    size: u32,
-    mask: u16,
-    /// Our tail (entries given to the kernel), published by `publish`.
-    tail: u16,
-    published: u16,
-    /// Buffers handed to us and not given back yet.
-    held: u32,
-    count: u32,
-}
-
-impl BufRing {
-    fn new(count: u16, size: u32) -> io::Result<BufRing> {
-        let ring = Mapping::new((count as usize * 16).max(4096))?;
-        let bufs = Mapping::new(count as usize * size as usize)?;
-        let mut b = BufRing {
-            ring,
-            bufs,
-            size,
-            mask: count - 1,
-            tail: 0,
-            published: 0,
-            held: 0,
-            count: count as u32,
-        };
-        for bid in 0..count {
-            b.give(bid);
-        }
-        b.publish();
-        Ok(b)
-    }
-
-    /// Puts buffer `bid` back in the ring (seen by the kernel at the next
-    /// `publish`).
-    #[inline]
-    fn give(&mut self, bid: u16) {
-        let e = self.ring.ptr.cast::<BufRingEntry>();
-        // SAFETY: the entry is within the ring mapping (`mask` < count),
-        // which only we write between publications (the kernel reads
-        // entries below the published tail, and this one is not).
-        unsafe {
-            let e = &mut *e.add((self.tail & self.mask) as usize);
-            e.set_addr(self.bufs.ptr as u64 + bid as u64 * self.size as u64);
-            e.set_len(self.size);
-            e.set_bid(bid);
-        }
-        self.tail = self.tail.wrapping_add(1);
-    }
-
-    /// Tells the kernel of the buffers given back.
-    #[inline]
-    fn publish(&mut self) {
-        if self.published != self.tail {
-            // SAFETY: the tail field of the first entry of the ring
-            // mapping, a u16 the kernel reads atomically.
-            let t = unsafe { &*BufRingEntry::tail(self.ring.ptr.cast()).cast::<AtomicU16>() };
-            t.store(self.tail, Ordering::Release);
-            self.published = self.tail;
-        }
-    }
 }
 
 /// A received piece: buffer, first byte not yet taken, end.
@@ -284,7 +180,7 @@ impl Ring {
         // dropped after it, `Ring::drop`), and holds `count` entries.
         unsafe {
             ring.submitter().register_buf_ring_with_flags(
-                bufs.ring.ptr as u64,
+                bufs.ring_addr(),
                 o.uring_rx_buffers,
                 BGID,
                 0,
@@ -427,7 +323,6 @@ impl Ring {
         let (armed, fixed, t) = (s.armed, s.fixed.take(), tag(key, s.gen, OP_RECV));
         for p in pieces {
             self.bufs.give(p.bid);
-            self.bufs.held -= 1;
         }
         if let Some(f) = fixed {
             // The receive holds its own reference to the file.
@@ -455,20 +350,11 @@ impl Ring {
     /// The bytes of buffer `bid` from `at` to `end`.
     #[inline(always)]
     fn buf(&self, p: Piece) -> &[u8] {
-        let b = &self.bufs;
-        debug_assert!(p.end <= b.size && (p.bid as u32) < b.count);
         // SAFETY: buffer `bid` was handed to us by a receive's completion
         // (it is in a connection's queue) and is not in the ring: the
-        // kernel does not write it until it is given back; `end` is within
-        // it (the completion's length).
-        unsafe {
-            std::slice::from_raw_parts(
-                b.bufs
-                    .ptr
-                    .add(p.bid as usize * b.size as usize + p.at as usize),
-                (p.end - p.at) as usize,
-            )
-        }
+        // kernel does not write it until it is given back; `at <= end`,
+        // and `end` is within it (the completion's length).
+        unsafe { self.bufs.bytes(p.bid, p.at, p.end) }
     }
 
     /// Reaps the completion queue.
@@ -497,7 +383,7 @@ impl Ring {
                     s.armed = false;
                 }
                 if let Some(bid) = bid {
-                    self.bufs.held += 1;
+                    self.bufs.hold();
                     if current && res > 0 {
                         s.rx.push_back(Piece {
                             bid,
@@ -505,7 +391,6 @@ impl Ring {
                             end: res as u32,
                         });
                     } else {
-                        self.bufs.held -= 1;
                         self.bufs.give(bid);
                     }
                 }
@@ -594,7 +479,7 @@ impl Ring {
     /// zero-copy send's notification came.
     fn end(&mut self) -> bool {
         let mut any = false;
-        if !self.rearm.is_empty() && self.bufs.held < self.bufs.count / 2 {
+        if !self.rearm.is_empty() && self.bufs.held() < self.bufs.count() / 2 {
             for key in std::mem::take(&mut self.rearm) {
                 let s = &self.slots[key as usize];
                 if s.live && s.rearm && !s.armed && !s.eof && s.err.is_none() {
@@ -747,13 +632,7 @@ impl Drop for Ring {
         {
             // Never unmap memory the kernel may still write.
             tracing::warn!("io_uring receives still armed at exit: their buffers are leaked");
-            std::mem::forget(std::mem::replace(
-                &mut self.bufs.bufs,
-                Mapping {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                },
-            ));
+            self.bufs.leak();
         }
     }
 }
@@ -802,7 +681,6 @@ impl Wire for UringSock {
                 if front.at == front.end {
                     r.slots[key].rx.pop_front();
                     r.bufs.give(p.bid);
-                    r.bufs.held -= 1;
                 }
             }
             n += at;
