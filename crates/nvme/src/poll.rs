@@ -388,7 +388,17 @@ struct Sink<'a, 'b, T: Transport, F> {
 impl<T: Transport, F: Handler<T>> CqeSink for Sink<'_, '_, T, F> {
     #[inline(always)]
     fn cqe(&mut self, cid: u16, status: u16, dw0: u32) {
-        complete(&mut self.sub, cid, status, dw0, self.f)
+        complete(
+            &mut self.sub,
+            cid as u32 | (status as u32) << 17,
+            dw0,
+            self.f,
+        )
+    }
+
+    #[inline(always)]
+    fn cqe_dw3(&mut self, dw3: u32, dw0: u32) {
+        complete(&mut self.sub, dw3, dw0, self.f)
     }
 
     #[inline(always)]
@@ -397,15 +407,16 @@ impl<T: Transport, F: Handler<T>> CqeSink for Sink<'_, '_, T, F> {
     }
 }
 
-/// Releases tracker `cid` and delivers its completion.
+/// Releases the tracker of the completion whose dword 3 is `dw3` (CID,
+/// phase, status: `CqeSink::cqe_dw3`) and delivers its completion.
 #[inline(always)]
 fn complete<T: Transport, F: Handler<T>>(
     sub: &mut Submitter<'_, T>,
-    cid: u16,
-    status: u16,
+    dw3: u32,
     dw0: u32,
     f: &mut F,
 ) {
+    let cid = dw3 as u16;
     let Some(t) = sub.core.trackers.get_mut(cid as usize) else {
         return bogus(sub.core, cid);
     };
@@ -416,11 +427,11 @@ fn complete<T: Transport, F: Handler<T>>(
         t.flags = 0;
         let buf = t.buf.take();
         sub.core.release_spare(cid);
-        let st = Status(status);
-        let result = if st.is_success() {
+        // SCT and SC (`Status::is_success`) tested in place in dword 3.
+        let result = if dw3 & (0x7FF << 17) == 0 {
             Ok(dw0)
         } else {
-            Err(IoError::Nvme(st))
+            Err(IoError::Nvme(Status((dw3 >> 17) as u16)))
         };
         // A fresh view for the handler (here and wherever a handler is
         // called): if it swaps that view for another queue pair's, `sub`
@@ -434,7 +445,7 @@ fn complete<T: Transport, F: Handler<T>>(
             },
         );
     } else {
-        complete_other(sub, cid, flags, user_data, status, dw0, f);
+        complete_other(sub, cid, flags, user_data, (dw3 >> 17) as u16, dw0, f);
     }
 }
 

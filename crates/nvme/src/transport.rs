@@ -299,6 +299,13 @@ pub trait CqeSink {
     /// One completion: command `cid` ended with `status` (the status field
     /// without the phase bit) and dword 0.
     fn cqe(&mut self, cid: u16, status: u16, dw0: u32);
+    /// One completion as its dword 3 says (CID in bits 15:0, phase bit
+    /// 16, status field 31:17) and dword 0: `cqe`'s, for a transport that
+    /// holds the entry's dword 3 (the success test then needs no shift).
+    #[inline(always)]
+    fn cqe_dw3(&mut self, dw3: u32, dw0: u32) {
+        self.cqe(dw3 as u16, (dw3 >> 17) as u16, dw0)
+    }
     /// The CID of the entry after the current one, for prefetching (it may
     /// be stale).
     fn peek(&mut self, _cid: u16) {}

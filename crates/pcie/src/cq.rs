@@ -168,7 +168,7 @@ impl PcieCq {
                 sink.peek((nw & 0xFFFF) as u16);
             }
             left -= 1;
-            sink.cqe((w3 & 0xFFFF) as u16, (w3 >> 17) as u16, dw0);
+            sink.cqe_dw3(w3, dw0);
         }
         max - left
     }
