@@ -184,15 +184,18 @@ impl TcpOptions {
     }
 }
 
-/// How an I/O queue's socket is driven (SPDK's `sock_impl` vocabulary).
+/// How sockets are driven, by SPDK's `sock_impl` names: the host's I/O
+/// queues (`TcpOptions::sock_impl`) and the target's threads
+/// (`pollux_nvmf`'s transport options) take the same two.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub enum SockImpl {
-    /// Non-blocking `writev` and `read` per poll.
+    /// Non-blocking sockets (the host: `writev` and `read` per poll).
     #[default]
     Posix,
-    /// An io_uring per connection: the send and the deferred receive
-    /// work in one `io_uring_enter`, a multishot receive into provided
-    /// buffers, the socket a registered file (Linux 6.1 or later).
+    /// io_uring (the host: one per connection, the send and the deferred
+    /// receive work in one `io_uring_enter`, a multishot receive into
+    /// provided buffers, the socket a registered file; Linux 6.1 or
+    /// later).
     Uring,
 }
 

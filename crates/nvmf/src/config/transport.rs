@@ -98,37 +98,14 @@ pub struct TransportOptions {
     pub uring_zcopy_threshold: u32,
 }
 
-/// The target's socket implementation.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum SockImpl {
-    /// Non-blocking sockets: `recv`/`readv` and `sendmsg` per connection,
-    /// idle threads asleep in epoll on the sockets.
-    #[default]
-    Posix,
-    /// One io_uring per thread: multishot receive into provided buffers,
-    /// the sends of all connections submitted in one `io_uring_enter` per
-    /// poll; idle threads asleep in epoll on the ring.
-    Uring,
-}
-
-impl SockImpl {
-    /// SPDK's name.
-    pub fn name(self) -> &'static str {
-        match self {
-            SockImpl::Posix => "posix",
-            SockImpl::Uring => "uring",
-        }
-    }
-
-    /// By SPDK's name.
-    pub fn from_name(s: &str) -> Option<SockImpl> {
-        match s {
-            "posix" => Some(SockImpl::Posix),
-            "uring" => Some(SockImpl::Uring),
-            _ => None,
-        }
-    }
-}
+/// The target's socket implementation, by SPDK's names (`posix`,
+/// `uring`; the host's vocabulary too). For the target, `Posix`:
+/// non-blocking sockets, `recv`/`readv` and `sendmsg` per connection, idle
+/// threads asleep in epoll on the sockets; `Uring`: one io_uring per
+/// thread, multishot receive into provided buffers, the sends of all
+/// connections submitted in one `io_uring_enter` per poll, idle threads
+/// asleep in epoll on the ring.
+pub use pollux_tcp::SockImpl;
 
 /// Most iovecs in one `sendmsg`: a header and a data segment for each
 /// command of a queue of depth 256, so a full queue's responses go out in
