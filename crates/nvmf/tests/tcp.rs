@@ -805,6 +805,30 @@ fn hosts_vanishing_mid_zero_copy_sends_leave_no_buffer_behind() {
     );
 }
 
+/// An admin queue of host A on `addr` asking for `queues` I/O queues
+/// (0's based), and I/O queue 1, checked once (`check`): the admin
+/// connection, the controller ID, the I/O queue.
+fn admin_and_healthy(addr: std::net::SocketAddr, queues: u32) -> (Client, u16, Client) {
+    let mut a = Client::connect(addr);
+    a.ic(Digests::NONE);
+    let cntlid = a.bring_up(SUB1, HOST_A, 0);
+    let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, (queues << 16) | queues);
+    sqe.cid = a.next_cid();
+    a.capsule(&sqe, &[]);
+    assert!(a.resp().status().is_success());
+    let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
+    check(&mut healthy, 1);
+    (a, cntlid, healthy)
+}
+
+/// 128 KiB of `seed`'s pattern written to and read back from LBA 512 of
+/// namespace 1 through `h`.
+fn check(h: &mut Client, seed: u8) {
+    let d = pattern(128 << 10, seed);
+    assert!(h.write(1, 512, &d, false).status().is_success());
+    assert_eq!(h.read(1, 512, d.len()).0, d);
+}
+
 /// Runs the vanishing hosts against `t`; returns its data buffer bytes
 /// held at the end, and the pool's limit.
 fn hosts_vanishing_on(t: &pollux_nvmf::Target) -> (usize, usize) {
@@ -813,20 +837,7 @@ fn hosts_vanishing_on(t: &pollux_nvmf::Target) -> (usize, usize) {
     {
         let si = t.sock_impl();
         let addr = t.listen_addrs()[0];
-        let mut a = Client::connect(addr);
-        a.ic(Digests::NONE);
-        let cntlid = a.bring_up(SUB1, HOST_A, 0);
-        let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, (15 << 16) | 15);
-        sqe.cid = a.next_cid();
-        a.capsule(&sqe, &[]);
-        assert!(a.resp().status().is_success());
-        let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
-        let check = |h: &mut Client, seed: u8| {
-            let d = pattern(128 << 10, seed);
-            assert!(h.write(1, 512, &d, false).status().is_success());
-            assert_eq!(h.read(1, 512, d.len()).0, d);
-        };
-        check(&mut healthy, 1);
+        let (_a, cntlid, mut healthy) = admin_and_healthy(addr, 15);
         for round in 0..3u8 {
             // Half the data of an R2T write, then a reset.
             let mut w = Client::connect(addr);
@@ -893,20 +904,7 @@ fn a_host_that_stops_reading_under_zero_copy_sends_is_cut_off_not_the_thread() {
     };
     let t = ram_target_with(4096, o, &[0]);
     let addr = t.listen_addrs()[0];
-    let mut a = Client::connect(addr);
-    a.ic(Digests::NONE);
-    let cntlid = a.bring_up(SUB1, HOST_A, 0);
-    let mut sqe = Sqe::set_features(fid::NUMBER_OF_QUEUES, 0, (3 << 16) | 3);
-    sqe.cid = a.next_cid();
-    a.capsule(&sqe, &[]);
-    assert!(a.resp().status().is_success());
-    let mut healthy = Client::io_queue(addr, Digests::NONE, cntlid, 1, HOST_A, true);
-    let check = |h: &mut Client, seed: u8| {
-        let d = pattern(128 << 10, seed);
-        assert!(h.write(1, 512, &d, false).status().is_success());
-        assert_eq!(h.read(1, 512, d.len()).0, d);
-    };
-    check(&mut healthy, 1);
+    let (_a, cntlid, mut healthy) = admin_and_healthy(addr, 3);
     // 6 MiB of reads asked for, none read.
     let mut r = Client::connect(addr);
     r.ic(Digests::NONE);
