@@ -768,49 +768,7 @@ impl Target {
             out.push(self.save_config_set_config());
         }
         if transport {
-            let o = &shared.opts;
-            let mut p = json!({
-                "trtype": "TCP",
-                "max_queue_depth": o.max_queue_depth,
-                "max_io_qpairs_per_ctrlr": o.max_io_qpairs_per_ctrlr,
-                "in_capsule_data_size": o.in_capsule_data_size,
-                "max_io_size": o.max_io_size,
-                "io_unit_size": o.io_unit_size,
-                "max_aq_depth": o.max_aq_depth,
-                "num_shared_buffers": o.num_shared_buffers,
-                "dif_insert_or_strip": false,
-                // pollux's own (its reader takes them; SPDK's refuses
-                // unknown parameters, so they are written only when not
-                // the default).
-            });
-            if let Some(c) = o.buf_cache_size {
-                p["buf_cache_size"] = c.into();
-            }
-            let d = TransportOptions::default();
-            let ms = |t: std::time::Duration| t.as_millis() as u64;
-            let extra: [(&str, u64, u64); 8] = [
-                ("kas", o.kas.into(), d.kas.into()),
-                ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
-                (
-                    "connect_timeout_ms",
-                    ms(o.connect_timeout),
-                    ms(d.connect_timeout),
-                ),
-                ("auth_timeout_ms", ms(o.auth_timeout), ms(d.auth_timeout)),
-                ("send_iov", o.send_iov as u64, d.send_iov as u64),
-                (
-                    "max_unbound_connections",
-                    o.max_unbound_connections as u64,
-                    d.max_unbound_connections as u64,
-                ),
-                ("data_timeout_ms", ms(o.data_timeout), ms(d.data_timeout)),
-                ("busy_poll_us", o.busy_poll_us.into(), d.busy_poll_us.into()),
-            ];
-            for (k, v, def) in extra {
-                if v != def {
-                    p[k] = v.into();
-                }
-            }
+            let p = shared.opts.create_transport_params();
             out.push(json!({"method": "nvmf_create_transport", "params": p}));
         }
         for a in &discovery {

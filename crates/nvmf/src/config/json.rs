@@ -9,7 +9,7 @@ use pollux_bdev::Bdev;
 use pollux_controller::NsIds;
 use pollux_spec::fabrics::DISCOVERY_NQN;
 use pollux_spec::log::AnaState;
-use serde_json::{Map, Value};
+use serde_json::{json, Map, Value};
 
 use super::auth::{
     names_to_mask, HostKeys, KeyFile, DHGROUPS, DIGESTS, MAX_DH_QUEUE, MAX_DH_THREADS,
@@ -19,7 +19,45 @@ use super::target::{
     check_cntlid_range, parse_hex_id, parse_uuid, NamespaceConfig, SubsystemConfig, TargetConfig,
     CNTLID_MAX,
 };
-use super::transport::{SockImpl, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+use super::transport::{SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+
+/// The parameters `nvmf_create_transport` takes (SPDK's and pollux's own;
+/// [`TransportOptions::create_transport_params`] writes them back).
+const TRANSPORT_PARAMS: &[&str] = &[
+    "trtype",
+    "tgt_name",
+    "max_queue_depth",
+    "max_io_qpairs_per_ctrlr",
+    "max_qpairs_per_ctrlr",
+    "in_capsule_data_size",
+    "max_io_size",
+    "io_unit_size",
+    "max_aq_depth",
+    "num_shared_buffers",
+    "buf_cache_size",
+    "dif_insert_or_strip",
+    "c2h_success",
+    "sock_priority",
+    "abort_timeout_sec",
+    "zcopy",
+    "ack_timeout",
+    "data_wr_pool_size",
+    "control_msg_num",
+    "disable_command_passthru",
+    "kas",
+    "icreq_timeout_ms",
+    "connect_timeout_ms",
+    "auth_timeout_ms",
+    "send_iov",
+    "max_unbound_connections",
+    "data_timeout_ms",
+    "busy_poll_us",
+    "sock_impl",
+    "uring_fixed_files",
+    "uring_rx_buffers",
+    "uring_rx_buffer_size",
+    "uring_zcopy_threshold",
+];
 
 impl TargetConfig {
     /// Reads SPDK's JSON configuration (see the module docs) and creates
@@ -159,41 +197,7 @@ impl TargetConfig {
         let p = Params::new(&method, params);
         match method.as_str() {
             "nvmf_create_transport" => {
-                p.known(&[
-                    "trtype",
-                    "tgt_name",
-                    "max_queue_depth",
-                    "max_io_qpairs_per_ctrlr",
-                    "max_qpairs_per_ctrlr",
-                    "in_capsule_data_size",
-                    "max_io_size",
-                    "io_unit_size",
-                    "max_aq_depth",
-                    "num_shared_buffers",
-                    "buf_cache_size",
-                    "dif_insert_or_strip",
-                    "c2h_success",
-                    "sock_priority",
-                    "abort_timeout_sec",
-                    "zcopy",
-                    "ack_timeout",
-                    "data_wr_pool_size",
-                    "control_msg_num",
-                    "disable_command_passthru",
-                    "kas",
-                    "icreq_timeout_ms",
-                    "connect_timeout_ms",
-                    "auth_timeout_ms",
-                    "send_iov",
-                    "max_unbound_connections",
-                    "data_timeout_ms",
-                    "busy_poll_us",
-                    "sock_impl",
-                    "uring_fixed_files",
-                    "uring_rx_buffers",
-                    "uring_rx_buffer_size",
-                    "uring_zcopy_threshold",
-                ])?;
+                p.known(TRANSPORT_PARAMS)?;
                 let trtype = p.str_req("trtype")?;
                 if !trtype.eq_ignore_ascii_case("tcp") {
                     return Err(p
@@ -553,6 +557,58 @@ impl TargetConfig {
                     format!("no subsystem '{nqn}' (nvmf_create_subsystem first)"),
                 )
             })?)
+    }
+}
+
+impl TransportOptions {
+    /// `nvmf_create_transport`'s `params` for these options, as
+    /// `save_config` writes them: what the reader above reads back to the
+    /// same options.
+    pub(crate) fn create_transport_params(&self) -> Value {
+        let o = self;
+        let mut p = json!({
+            "trtype": "TCP",
+            "max_queue_depth": o.max_queue_depth,
+            "max_io_qpairs_per_ctrlr": o.max_io_qpairs_per_ctrlr,
+            "in_capsule_data_size": o.in_capsule_data_size,
+            "max_io_size": o.max_io_size,
+            "io_unit_size": o.io_unit_size,
+            "max_aq_depth": o.max_aq_depth,
+            "num_shared_buffers": o.num_shared_buffers,
+            "dif_insert_or_strip": false,
+            // pollux's own (its reader takes them; SPDK's refuses
+            // unknown parameters, so they are written only when not
+            // the default).
+        });
+        if let Some(c) = o.buf_cache_size {
+            p["buf_cache_size"] = c.into();
+        }
+        let d = TransportOptions::default();
+        let ms = |t: Duration| t.as_millis() as u64;
+        let extra: [(&str, u64, u64); 8] = [
+            ("kas", o.kas.into(), d.kas.into()),
+            ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
+            (
+                "connect_timeout_ms",
+                ms(o.connect_timeout),
+                ms(d.connect_timeout),
+            ),
+            ("auth_timeout_ms", ms(o.auth_timeout), ms(d.auth_timeout)),
+            ("send_iov", o.send_iov as u64, d.send_iov as u64),
+            (
+                "max_unbound_connections",
+                o.max_unbound_connections as u64,
+                d.max_unbound_connections as u64,
+            ),
+            ("data_timeout_ms", ms(o.data_timeout), ms(d.data_timeout)),
+            ("busy_poll_us", o.busy_poll_us.into(), d.busy_poll_us.into()),
+        ];
+        for (k, v, def) in extra {
+            if v != def {
+                p[k] = v.into();
+            }
+        }
+        p
     }
 }
 
