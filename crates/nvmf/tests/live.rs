@@ -450,6 +450,138 @@ fn save_config_starts_a_target_with_the_same_subsystems() {
     t2.shutdown().unwrap();
 }
 
+/// The `nvmf_create_transport` entry of a `save_config`.
+fn saved_transport(saved: &[Value]) -> &Value {
+    let e = saved
+        .iter()
+        .find(|e| e["method"] == "nvmf_create_transport")
+        .expect("save_config wrote no nvmf_create_transport");
+    &e["params"]
+}
+
+/// Every transport option the configuration reads, none at its default
+/// (io_uring sockets with all their options), survives `save_config`
+/// read back: the whole `TransportOptions`, and the very parameters
+/// (before: `sock_impl` and the `uring_*` options were not written, the
+/// second target ran posix sockets).
+#[test]
+fn save_config_keeps_every_transport_option_of_a_uring_target() {
+    let params = json!({
+        "trtype": "TCP",
+        "max_queue_depth": 64,
+        "max_io_qpairs_per_ctrlr": 7,
+        "in_capsule_data_size": 8192,
+        "max_io_size": 65536,
+        "io_unit_size": 8192,
+        "max_aq_depth": 32,
+        "num_shared_buffers": 1023,
+        "buf_cache_size": 32,
+        "dif_insert_or_strip": false,
+        "kas": 5,
+        "icreq_timeout_ms": 4000,
+        "connect_timeout_ms": 6000,
+        "auth_timeout_ms": 7000,
+        "send_iov": 64,
+        "max_unbound_connections": 32,
+        "data_timeout_ms": 9000,
+        "busy_poll_us": 50,
+        "sock_impl": "uring",
+        "uring_fixed_files": false,
+        "uring_rx_buffers": 256,
+        "uring_rx_buffer_size": 8192,
+        "uring_zcopy_threshold": 16384,
+    });
+    let doc = |p: &Value| {
+        config_doc(
+            &[],
+            vec![json!({"method": "nvmf_create_transport", "params": p})],
+        )
+    };
+    let cfg = TargetConfig::from_json(&doc(&params)).unwrap();
+    let opts = cfg.transport.clone();
+    let d = TransportOptions::default();
+    assert_eq!(opts.sock_impl, pollux_nvmf::SockImpl::Uring);
+    assert_ne!(opts.uring_fixed_files, d.uring_fixed_files);
+    assert_ne!(opts.uring_rx_buffers, d.uring_rx_buffers);
+    assert_ne!(opts.uring_rx_buffer_size, d.uring_rx_buffer_size);
+    assert_ne!(opts.uring_zcopy_threshold, d.uring_zcopy_threshold);
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    let saved = t.save_config_nvmf();
+    t.shutdown().unwrap();
+    drop(t);
+    assert_eq!(saved_transport(&saved), &params);
+    let back = TargetConfig::from_json(&doc(saved_transport(&saved))).unwrap();
+    assert_eq!(back.transport, opts);
+    let t2 = Target::start(back, &[0], RuntimeOptions::default()).unwrap();
+    assert_eq!(t2.sock_impl(), pollux_nvmf::SockImpl::Uring);
+    t2.shutdown().unwrap();
+}
+
+/// SPDK v25.09's `nvmf_create_transport` parameters and their types
+/// (lib/nvmf/nvmf_rpc.c `nvmf_rpc_create_transport_decoder`, lib/nvmf/tcp.c
+/// `tcp_transport_opts_decoder`).
+const SPDK_TRANSPORT_PARAMS: &[(&str, &str)] = &[
+    ("trtype", "string"),
+    ("max_queue_depth", "u16"),
+    ("max_io_qpairs_per_ctrlr", "u16"),
+    ("in_capsule_data_size", "u32"),
+    ("max_io_size", "u32"),
+    ("io_unit_size", "u32"),
+    ("max_aq_depth", "u32"),
+    ("num_shared_buffers", "u32"),
+    ("buf_cache_size", "u32"),
+    ("dif_insert_or_strip", "bool"),
+    ("abort_timeout_sec", "u32"),
+    ("zcopy", "bool"),
+    ("tgt_name", "string"),
+    ("acceptor_poll_rate", "u32"),
+    ("ack_timeout", "u32"),
+    ("data_wr_pool_size", "u32"),
+    ("disable_command_passthru", "bool"),
+    ("kas", "u16"),
+    ("min_kato", "u32"),
+    ("c2h_success", "bool"),
+    ("control_msg_num", "u16"),
+    ("sock_priority", "u32"),
+];
+
+/// A default target's saved `nvmf_create_transport` has SPDK's keys
+/// only, each of SPDK's type (pollux's own options, `sock_impl` and the
+/// `uring_*` ones among them, are written only when not the default), and
+/// reads back to the default options.
+#[test]
+fn save_config_of_a_default_transport_has_spdks_keys_only() {
+    let doc = |p: &Value| {
+        config_doc(
+            &[],
+            vec![json!({"method": "nvmf_create_transport", "params": p})],
+        )
+    };
+    let cfg = TargetConfig::from_json(&doc(&json!({"trtype": "TCP"}))).unwrap();
+    assert_eq!(cfg.transport, TransportOptions::default());
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    let saved = t.save_config_nvmf();
+    t.shutdown().unwrap();
+    drop(t);
+    let p = saved_transport(&saved);
+    for (k, v) in p.as_object().unwrap() {
+        let (_, ty) = SPDK_TRANSPORT_PARAMS
+            .iter()
+            .find(|(n, _)| n == k)
+            .unwrap_or_else(|| panic!("'{k}' is not an SPDK nvmf_create_transport parameter"));
+        let fits = match *ty {
+            "string" => v.is_string(),
+            "bool" => v.is_boolean(),
+            "u16" => v.as_u64().is_some_and(|n| n <= u16::MAX as u64),
+            "u32" => v.as_u64().is_some_and(|n| n <= u32::MAX as u64),
+            _ => unreachable!(),
+        };
+        assert!(fits, "'{k}': {v} is not SPDK's {ty}");
+    }
+    let back = TargetConfig::from_json(&doc(p)).unwrap();
+    assert_eq!(back.transport, TransportOptions::default());
+}
+
 /// A wildcard listener (0.0.0.0) serves connections to any of the
 /// machine's addresses on its port, and they are its queues (before: a
 /// Connect through it was refused, "the subsystem does not listen on

@@ -576,16 +576,18 @@ impl TransportOptions {
             "max_aq_depth": o.max_aq_depth,
             "num_shared_buffers": o.num_shared_buffers,
             "dif_insert_or_strip": false,
-            // pollux's own (its reader takes them; SPDK's refuses
-            // unknown parameters, so they are written only when not
-            // the default).
         });
         if let Some(c) = o.buf_cache_size {
             p["buf_cache_size"] = c.into();
         }
+        // SPDK's `kas` and pollux's own (SPDK's reader ignores parameters
+        // it does not know: it decodes nvmf_create_transport relaxed),
+        // written only when not the default, so a default target's entry
+        // has SPDK's keys alone (and `sock_impl` left out keeps the
+        // threads' own when the entry is sent to a running target).
         let d = TransportOptions::default();
-        let ms = |t: Duration| t.as_millis() as u64;
-        let extra: [(&str, u64, u64); 8] = [
+        let ms = |t: Duration| Value::from(t.as_millis() as u64);
+        let extra: [(&str, Value, Value); 13] = [
             ("kas", o.kas.into(), d.kas.into()),
             ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
             (
@@ -594,18 +596,44 @@ impl TransportOptions {
                 ms(d.connect_timeout),
             ),
             ("auth_timeout_ms", ms(o.auth_timeout), ms(d.auth_timeout)),
-            ("send_iov", o.send_iov as u64, d.send_iov as u64),
+            ("send_iov", o.send_iov.into(), d.send_iov.into()),
             (
                 "max_unbound_connections",
-                o.max_unbound_connections as u64,
-                d.max_unbound_connections as u64,
+                o.max_unbound_connections.into(),
+                d.max_unbound_connections.into(),
             ),
             ("data_timeout_ms", ms(o.data_timeout), ms(d.data_timeout)),
             ("busy_poll_us", o.busy_poll_us.into(), d.busy_poll_us.into()),
+            // SPDK's name and values (a listener's `sock_impl` there).
+            (
+                "sock_impl",
+                o.sock_impl.name().into(),
+                d.sock_impl.name().into(),
+            ),
+            (
+                "uring_fixed_files",
+                o.uring_fixed_files.into(),
+                d.uring_fixed_files.into(),
+            ),
+            (
+                "uring_rx_buffers",
+                o.uring_rx_buffers.into(),
+                d.uring_rx_buffers.into(),
+            ),
+            (
+                "uring_rx_buffer_size",
+                o.uring_rx_buffer_size.into(),
+                d.uring_rx_buffer_size.into(),
+            ),
+            (
+                "uring_zcopy_threshold",
+                o.uring_zcopy_threshold.into(),
+                d.uring_zcopy_threshold.into(),
+            ),
         ];
         for (k, v, def) in extra {
             if v != def {
-                p[k] = v.into();
+                p[k] = v;
             }
         }
         p
@@ -689,5 +717,85 @@ fn ana_state(p: &Params<'_>, v: &str) -> Result<AnaState, ConfigError> {
                 format!("'{v}': optimized, non_optimized or inaccessible"),
             )
             .into()),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The keys of `nvmf_create_transport` that set no transport option:
+    /// the transport's type and target, SPDK's tuning the reader ignores,
+    /// and SPDK's DIF flag (only `false` passes).
+    const NOT_OPTIONS: &[&str] = &[
+        "trtype",
+        "tgt_name",
+        "dif_insert_or_strip",
+        "c2h_success",
+        "sock_priority",
+        "abort_timeout_sec",
+        "zcopy",
+        "ack_timeout",
+        "data_wr_pool_size",
+        "control_msg_num",
+        "disable_command_passthru",
+    ];
+
+    /// The transport options `nvmf_create_transport` with `params` reads.
+    fn read(params: Value) -> Result<TransportOptions, ConfigError> {
+        let mut c = TargetConfig::default();
+        c.apply_entry(&json!({"method": "nvmf_create_transport", "params": params}))?;
+        Ok(c.transport)
+    }
+
+    /// Every key the reader takes either sets an option, and then what
+    /// `save_config` writes for the options it set reads back to the same
+    /// options (the whole `TransportOptions`), or it is one of
+    /// [`NOT_OPTIONS`]. A key added to the reader and forgotten by the
+    /// writer fails here (before: `sock_impl` and the `uring_*` keys).
+    #[test]
+    fn every_transport_option_the_reader_takes_is_saved_back() {
+        let d = TransportOptions::default();
+        // Values tried for each key, in order; the first that the reader
+        // takes and that changes the options is used.
+        let tried = [
+            json!(false),
+            json!(true),
+            json!("uring"),
+            json!("posix"),
+            json!(2),
+            json!(16),
+            json!(512),
+            json!(4096),
+            json!(65536),
+        ];
+        let mut options = 0;
+        for &k in TRANSPORT_PARAMS {
+            let set = tried.iter().find_map(|v| {
+                let mut p = json!({"trtype": "TCP"});
+                p[k] = v.clone();
+                read(p).ok().filter(|o| *o != d)
+            });
+            match set {
+                None => assert!(
+                    NOT_OPTIONS.contains(&k),
+                    "'{k}': none of {tried:?} changes the transport options (an option with other bounds: add a value; not an option: add it to NOT_OPTIONS)"
+                ),
+                Some(o) => {
+                    assert!(
+                        !NOT_OPTIONS.contains(&k),
+                        "'{k}' sets a transport option: take it out of NOT_OPTIONS"
+                    );
+                    let saved = o.create_transport_params();
+                    assert_eq!(
+                        read(saved.clone()).unwrap(),
+                        o,
+                        "'{k}': saved as {saved} reads back to other options"
+                    );
+                    options += 1;
+                }
+            }
+        }
+        assert_eq!(options, TRANSPORT_PARAMS.len() - NOT_OPTIONS.len());
     }
 }
