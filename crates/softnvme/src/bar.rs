@@ -107,6 +107,34 @@ impl BarView {
         unsafe { &*self.ptr.as_ptr().add(off).cast::<AtomicU32>() }
     }
 
+    /// The `n` 32-bit registers from byte offset `off` (one bounds check
+    /// for all of them).
+    #[inline]
+    pub fn regs(&self, off: usize, n: usize) -> &[AtomicU32] {
+        assert!(
+            off.is_multiple_of(4) && n <= (self.len.saturating_sub(off)) / 4,
+            "BAR range {off:#x} + {n} registers out of range"
+        );
+        // SAFETY: `n` registers from `off` are in bounds and 4-byte aligned
+        // (checked above; the mapping is page aligned); the memory lives as
+        // long as `BarMem`, and both the host and the device access it only
+        // atomically.
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr().add(off).cast::<AtomicU32>(), n) }
+    }
+
+    /// The doorbell registers: SQ `q` tail at index `2 * q << dstrd`, CQ
+    /// `q` head at `(2 * q + 1) << dstrd`.
+    #[inline]
+    pub fn doorbells(&self) -> &[AtomicU32] {
+        self.regs(off::DOORBELL_BASE, self.queues * 2 << self.dstrd)
+    }
+
+    /// Doorbell stride in registers (`1 << CAP.DSTRD`).
+    #[inline]
+    pub fn stride(&self) -> usize {
+        1 << self.dstrd
+    }
+
     #[inline(always)]
     pub fn load(&self, off: usize) -> u32 {
         self.reg(off).load(Ordering::Acquire)

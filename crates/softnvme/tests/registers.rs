@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use pollux_softnvme::SoftConfig;
-use pollux_spec::regs::{off, shn, shst, Cap, Cc, Vs};
+use pollux_spec::regs::{self, off, shn, shst, Cap, Cc, Vs};
 use pollux_spec::status::{generic, sct, specific};
 use pollux_spec::{NvmOpcode, Sqe};
 
@@ -185,4 +185,28 @@ fn unmapping_queues_after_shutdown_is_not_fatal() {
     h.dev.dma_unmap(IOVA_BASE).unwrap();
     h.step();
     assert!(h.csts().cfs());
+}
+
+#[test]
+fn housekeeping_clears_reserved_registers_and_stray_doorbells() {
+    // Stride 4 registers: the doorbells of queue q are 16 bytes apart.
+    let h = Host::enabled(SoftConfig {
+        dstrd: 2,
+        max_io_queues: 8,
+        ..cfg_ram()
+    });
+    // Reserved registers anywhere in 0x38..0x1000, the first and the last.
+    for o in [off::CMBLOC, 0x800, 0xE40, 0xFFC] {
+        h.w32(o, 0xA5A5_0001);
+    }
+    // Doorbells of the last queue (8), which does not exist.
+    h.w32(regs::sq_tail_doorbell(8, 2), 3);
+    h.w32(regs::cq_head_doorbell(8, 2), 5);
+    h.steps(300); // includes a housekeeping pass
+    for o in [off::CMBLOC, 0x800, 0xE40, 0xFFC] {
+        assert_eq!(h.r32(o), 0, "reserved register {o:#x}");
+    }
+    assert_eq!(h.r32(regs::sq_tail_doorbell(8, 2)), 0);
+    assert_eq!(h.r32(regs::cq_head_doorbell(8, 2)), 0);
+    assert_eq!(h.dev.stats().invalid_doorbell_writes, 2);
 }

@@ -512,32 +512,47 @@ impl Controller {
 
     /// Periodic checks that are too costly for every step.
     fn housekeeping(&mut self) {
-        // Reserved / unsupported registers read 0 (NSSR, CMB*, BP*, PMR*...).
+        // Reserved / unsupported registers read 0 (NSSR, CMB*, BP*, PMR*...):
+        // one pass of loads over the ~1,000 registers, stores only if the
+        // host wrote one.
         self.bar.publish(off::NSSR, 0);
-        for o in (off::CMBLOC..off::DOORBELL_BASE).step_by(4) {
-            self.bar.publish(o, 0);
+        let reserved = self
+            .bar
+            .regs(off::CMBLOC, (off::DOORBELL_BASE - off::CMBLOC) / 4);
+        if reserved.iter().fold(0, |acc, r| {
+            acc | r.load(std::sync::atomic::Ordering::Relaxed)
+        }) != 0
+        {
+            for r in reserved {
+                if r.load(std::sync::atomic::Ordering::Relaxed) != 0 {
+                    r.store(0, std::sync::atomic::Ordering::Release);
+                }
+            }
         }
         if !self.running {
             return;
         }
         // Doorbells of queues that do not exist.
         let bar = self.bar;
-        for q in 0..bar.queues() {
-            let qid = q as u16;
-            let sq_missing = self.sqs[q].is_none();
-            let cq_missing = self.cqs[q].is_none();
-            for (missing, reg) in [
-                (sq_missing, bar.sq_tail(qid)),
-                (cq_missing, bar.cq_head(qid)),
-            ] {
+        let stride = bar.stride();
+        let mut bad = 0;
+        for (qid, ((db, sq), cq)) in bar
+            .doorbells()
+            .chunks_exact(2 * stride)
+            .zip(&self.sqs)
+            .zip(&self.cqs)
+            .enumerate()
+        {
+            for (missing, reg) in [(sq.is_none(), &db[0]), (cq.is_none(), &db[stride])] {
                 if missing && reg.load(std::sync::atomic::Ordering::Acquire) != 0 {
                     reg.store(0, std::sync::atomic::Ordering::Release);
                     tracing::warn!(qid, "doorbell write for a queue that does not exist");
-                    self.invalid_doorbell(
-                        pollux_spec::features::aer::ERROR_INVALID_DOORBELL_REGISTER,
-                    );
+                    bad += 1;
                 }
             }
+        }
+        for _ in 0..bad {
+            self.invalid_doorbell(pollux_spec::features::aer::ERROR_INVALID_DOORBELL_REGISTER);
         }
     }
 }
