@@ -625,3 +625,39 @@ fn two_sqs_share_one_cq() {
     }
     assert_eq!(per_sq, [5, 5]);
 }
+
+#[test]
+fn invalid_admin_and_second_io_sq_doorbells_raise_aer() {
+    let mut h = Host::enabled(cfg_ram());
+    let mut q1 = h.create_ioq(1, 16);
+    let _q2 = h.create_ioq(2, 16);
+    let aer_cid = h.admin_submit(Sqe::async_event_request());
+    h.steps(2);
+    // The admin SQ's tail beyond its size, while it is idle.
+    h.w32(sq_tail_doorbell(0, 0), 4000);
+    let c = h.wait_admin(10).expect("AER for the admin SQ doorbell");
+    assert_eq!(c.cid, aer_cid);
+    let ev = aer::decode(c.dw0);
+    assert_eq!(
+        (ev.event_type, ev.info, ev.log_page),
+        (aer::ERROR, aer::ERROR_INVALID_DOORBELL_WRITE, lid::ERROR)
+    );
+    assert_eq!(h.dev.stats().invalid_doorbell_writes, 1);
+    // Reading the error log unmasks the event type.
+    let (lb, _) = h.alloc(4096);
+    let s = h.admin_status(Sqe::get_log_page(lid::ERROR, 0, 4096, 0, lb, 0));
+    assert!(s.is_success());
+    let aer2 = h.admin_submit(Sqe::async_event_request());
+    h.steps(2);
+    // The second I/O SQ's tail beyond its size.
+    h.w32(sq_tail_doorbell(2, 0), 999);
+    let c = h.wait_admin(10).expect("AER for the second I/O SQ doorbell");
+    assert_eq!(c.cid, aer2);
+    assert_eq!(h.dev.stats().invalid_doorbell_writes, 2);
+    // The first I/O queue still works.
+    let (b, _) = h.alloc(4096);
+    check(
+        h.io_status(&mut q1, rw(NvmOpcode::Read, 1, 0, 1, b, 0)),
+        generic::SUCCESS,
+    );
+}

@@ -59,6 +59,15 @@ impl Controller {
     }
 
     pub(super) fn run_io(&mut self) -> usize {
+        if self.faults.is_empty() {
+            self.run_io_fast()
+        } else {
+            self.run_io_slow()
+        }
+    }
+
+    /// I/O SQs while fault rules exist: the generic loop per SQ.
+    fn run_io_slow(&mut self) -> usize {
         let mut n = 0;
         let mut i = 0;
         while i < self.io_sqs.len() && self.running {
@@ -71,11 +80,7 @@ impl Controller {
             sq.prefetch_head();
             sq.poll_tail();
             let cqid = sq.cqid;
-            n += if self.faults.is_empty() {
-                self.run_io_sq_fast(qid)
-            } else {
-                self.run_sq_slow(qid)
-            };
+            n += self.run_sq_slow(qid);
             if self.db_error_pending(qid, cqid) {
                 self.report_db_errors(Some(qid), Some(cqid));
             }
@@ -102,10 +107,13 @@ impl Controller {
     /// SQEs prefetched at the start of a batch (see `Sq::prefetch_batch`).
     const SQE_PREFETCH: u32 = 32;
 
-    /// The I/O hot loop: no fault rules installed.
+    /// The I/O hot loop (no fault rules installed): each I/O SQ and its CQ
+    /// are looked up once per step; the doorbell error flags are read on
+    /// them there, and reported after the pass (`report_io_db_errors`).
     #[inline]
-    fn run_io_sq_fast(&mut self, qid: u16) -> usize {
+    fn run_io_fast(&mut self) -> usize {
         let Controller {
+            io_sqs,
             sqs,
             cqs,
             core,
@@ -116,36 +124,69 @@ impl Controller {
             page_size,
             ..
         } = self;
-        let Some(sq) = sqs.get_mut(qid as usize).and_then(Option::as_mut) else {
-            return 0;
-        };
-        if sq.head == sq.tail {
-            return 0;
-        }
-        let Some(cq) = cqs.get_mut(sq.cqid as usize).and_then(Option::as_mut) else {
-            debug_assert!(false, "SQ bound to a missing CQ");
-            return 0;
-        };
         let mut n = 0;
-        sq.prefetch_batch(Self::SQE_PREFETCH);
-        while n < BUDGET && sq.head != sq.tail && !cq.stalled() {
-            let sqe = sq.fetch();
-            n += 1;
-            let status = exec_io(io, iommu, segs, *page_size, &sqe);
-            let c = Completion {
-                dw0: 0,
-                sqhd: sq.head as u16,
-                sqid: qid,
-                cid: sqe.cid,
-                status,
+        let mut db_error = false;
+        for &qid in io_sqs.iter() {
+            let Some(sq) = sqs.get_mut(qid as usize).and_then(Option::as_mut) else {
+                debug_assert!(false, "io_sqs out of sync");
+                continue;
             };
-            if !status.is_success() {
-                note_error(counters, core, &c, &sqe);
+            sq.prefetch_head();
+            sq.poll_tail();
+            let Some(cq) = cqs.get_mut(sq.cqid as usize).and_then(Option::as_mut) else {
+                debug_assert!(false, "SQ bound to a missing CQ");
+                db_error |= sq.db_error;
+                continue;
+            };
+            if sq.head != sq.tail {
+                sq.prefetch_batch(Self::SQE_PREFETCH);
+                let mut k = 0;
+                while k < BUDGET && sq.head != sq.tail && !cq.stalled() {
+                    let sqe = sq.fetch();
+                    k += 1;
+                    let status = exec_io(io, iommu, segs, *page_size, &sqe);
+                    let c = Completion {
+                        dw0: 0,
+                        sqhd: sq.head as u16,
+                        sqid: qid,
+                        cid: sqe.cid,
+                        status,
+                    };
+                    if !status.is_success() {
+                        note_error(counters, core, &c, &sqe);
+                    }
+                    post_to(cq, c, counters);
+                }
+                n += k;
             }
-            post_to(cq, c, counters);
+            // Set by the tail poll above, or by a head refresh of a full CQ
+            // while posting.
+            db_error |= sq.db_error | cq.db_error;
         }
         counters.s.io_commands += n as u64;
+        if db_error {
+            self.report_io_db_errors();
+        }
         n
+    }
+
+    /// Reports the doorbell errors flagged on the I/O SQs and their CQs.
+    #[cold]
+    fn report_io_db_errors(&mut self) {
+        for i in 0..self.io_sqs.len() {
+            let qid = self.io_sqs[i];
+            let Some(cqid) = self
+                .sqs
+                .get(qid as usize)
+                .and_then(Option::as_ref)
+                .map(|s| s.cqid)
+            else {
+                continue;
+            };
+            if self.db_error_pending(qid, cqid) {
+                self.report_db_errors(Some(qid), Some(cqid));
+            }
+        }
     }
 
     /// Generic SQ loop: admin commands, and I/O while fault rules exist.
