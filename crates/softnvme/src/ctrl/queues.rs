@@ -25,11 +25,14 @@ impl Controller {
         n
     }
 
+    /// Polls every CQ head and drains backlogs; the doorbell error flags
+    /// are read on the CQs there and reported after the pass.
     pub(super) fn poll_cqs(&mut self) -> usize {
+        let Controller { cq_ids, cqs, .. } = self;
         let mut n = 0;
-        for i in 0..self.cq_ids.len() {
-            let qid = self.cq_ids[i];
-            let Some(cq) = self.cqs.get_mut(qid as usize).and_then(Option::as_mut) else {
+        let mut db_error = false;
+        for &qid in cq_ids.iter() {
+            let Some(cq) = cqs.get_mut(qid as usize).and_then(Option::as_mut) else {
                 debug_assert!(false, "cq_ids out of sync");
                 continue;
             };
@@ -37,11 +40,23 @@ impl Controller {
             if cq.stalled() {
                 n += cq.drain();
             }
-            if cq.db_error {
+            db_error |= cq.db_error;
+        }
+        if db_error {
+            self.report_cq_db_errors();
+        }
+        n
+    }
+
+    /// Reports the doorbell errors flagged on the CQs, in `cq_ids` order.
+    #[cold]
+    fn report_cq_db_errors(&mut self) {
+        for i in 0..self.cq_ids.len() {
+            let qid = self.cq_ids[i];
+            if self.db_error_pending(u16::MAX, qid) {
                 self.report_db_errors(None, Some(qid));
             }
         }
-        n
     }
 
     pub(super) fn run_admin(&mut self) -> usize {
@@ -50,12 +65,19 @@ impl Controller {
             return 0;
         };
         sq.poll_tail();
-        let busy = sq.head != sq.tail;
-        let n = if busy { self.run_sq_slow(0) } else { 0 };
-        if self.db_error_pending(0, 0) {
+        if sq.head != sq.tail {
+            let n = self.run_sq_slow(0);
+            if self.db_error_pending(0, 0) {
+                self.report_db_errors(Some(0), Some(0));
+            }
+            return n;
+        }
+        // Idle: the SQ's flag on the queue at hand; the admin CQ's (set by a
+        // head refresh while posting since `poll_cqs`) as before.
+        if sq.db_error || self.cqs[0].as_ref().is_some_and(|c| c.db_error) {
             self.report_db_errors(Some(0), Some(0));
         }
-        n
+        0
     }
 
     pub(super) fn run_io(&mut self) -> usize {
