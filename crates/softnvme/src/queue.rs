@@ -304,9 +304,11 @@ impl Cq {
         }
     }
 
+    /// No free slot: the slot after the tail is the host's head.
     #[inline(always)]
     pub fn full(&self) -> bool {
-        self.used() == self.size - 1
+        let next = self.tail + 1;
+        (if next == self.size { 0 } else { next }) == self.head
     }
 
     /// Reads the head doorbell. A value is invalid if it is not a slot
@@ -352,8 +354,20 @@ impl Cq {
 
     /// Posts `c` now if the CQ has room and nothing is queued before it;
     /// otherwise appends it to the backlog. Returns whether it was written.
-    #[inline]
+    /// The common case (no backlog, a free slot) is inlined; a queue that
+    /// looks full (its head refreshed) or has a backlog goes out of line.
+    #[inline(always)]
     pub fn post(&mut self, c: Completion) -> bool {
+        if self.backlog.is_empty() && !self.full() {
+            self.write(&c);
+            true
+        } else {
+            self.post_slow(c)
+        }
+    }
+
+    #[inline(never)]
+    fn post_slow(&mut self, c: Completion) -> bool {
         if self.backlog.is_empty() && self.room() {
             self.write(&c);
             true

@@ -651,7 +651,9 @@ fn invalid_admin_and_second_io_sq_doorbells_raise_aer() {
     h.steps(2);
     // The second I/O SQ's tail beyond its size.
     h.w32(sq_tail_doorbell(2, 0), 999);
-    let c = h.wait_admin(10).expect("AER for the second I/O SQ doorbell");
+    let c = h
+        .wait_admin(10)
+        .expect("AER for the second I/O SQ doorbell");
     assert_eq!(c.cid, aer2);
     assert_eq!(h.dev.stats().invalid_doorbell_writes, 2);
     // The first I/O queue still works.
