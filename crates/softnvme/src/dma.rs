@@ -43,7 +43,11 @@ fn read_qwords(iommu: &Iommu, iova: u64, out: &mut [u64]) -> Result<(), PrpError
 
 /// Walks the PRPs of a `len`-byte transfer and translates every segment
 /// into `out` (cleared first). On error nothing has been transferred.
-#[inline]
+///
+/// The one-page case (the common 4 KiB I/O: PRP1 alone, one translation,
+/// no walk) is inlined into the caller; the walk is out of line (its
+/// frame holds a PRP list chunk).
+#[inline(always)]
 pub(crate) fn map_prps(
     iommu: &Iommu,
     prp1: u64,
@@ -53,7 +57,6 @@ pub(crate) fn map_prps(
     out: &mut Vec<Seg>,
 ) -> Result<(), PrpError> {
     out.clear();
-    // One page (the common 4 KiB I/O): PRP1 alone, one translation, no walk.
     // The same checks the walker makes: PRP1 dword aligned, mapped.
     if len > 0 && len <= page_size - (prp1 as usize & (page_size - 1)) {
         if prp1 & 3 != 0 {
@@ -66,6 +69,19 @@ pub(crate) fn map_prps(
         });
         return Ok(());
     }
+    map_prps_walk(iommu, prp1, prp2, len, page_size, out)
+}
+
+/// `map_prps` past one page: the PRP walk (`out` is empty).
+#[inline(never)]
+fn map_prps_walk(
+    iommu: &Iommu,
+    prp1: u64,
+    prp2: u64,
+    len: usize,
+    page_size: usize,
+    out: &mut Vec<Seg>,
+) -> Result<(), PrpError> {
     prp::walk(
         prp1,
         prp2,
