@@ -20,7 +20,7 @@
 //! (`db_error`) for the controller to report as an asynchronous event.
 use std::collections::VecDeque;
 use std::ptr::{self, NonNull};
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use pollux_spec::{Sqe, Status};
 
@@ -223,11 +223,26 @@ impl Sq {
     #[inline(always)]
     pub fn fetch(&mut self) -> Sqe {
         debug_assert!(self.head != self.tail && self.head < self.size);
-        // SAFETY: `head < size` and the queue memory (`size` entries from a
-        // 64-byte aligned base) was translated at creation; it stays mapped
-        // while the controller is not fatal (see `Doorbell::load`). One
-        // volatile copy: the host may scribble on it, we decode only the copy.
-        let sqe = unsafe { ptr::read_volatile(self.base.as_ptr().add(self.head as usize)) };
+        // One copy, as eight relaxed 64-bit loads: the host may scribble on
+        // the slot, we decode only the copy (an atomic load is never
+        // repeated by the compiler). Eight qword loads where a volatile
+        // copy of the struct loaded field by field (sixteen loads).
+        let p = self
+            .base
+            .as_ptr()
+            .wrapping_add(self.head as usize)
+            .cast::<u64>();
+        let mut q = [0u64; 8];
+        for (i, w) in q.iter_mut().enumerate() {
+            // SAFETY: `head < size` and the queue memory (`size` entries
+            // from a 64-byte aligned base) was translated at creation; it
+            // stays mapped while the controller is not fatal (see
+            // `Doorbell::load`), so each qword is in bounds and 8-byte
+            // aligned. The host wrote the entry before the tail doorbell
+            // store we loaded with Acquire; the device only reads it.
+            *w = unsafe { AtomicU64::from_ptr(p.add(i)) }.load(Ordering::Relaxed);
+        }
+        let sqe: Sqe = zerocopy::transmute!(q);
         self.head += 1;
         if self.head == self.size {
             self.head = 0;
