@@ -126,7 +126,7 @@ impl BarView {
     /// `q` head at `(2 * q + 1) << dstrd`.
     #[inline]
     pub fn doorbells(&self) -> &[AtomicU32] {
-        self.regs(off::DOORBELL_BASE, self.queues * 2 << self.dstrd)
+        self.regs(off::DOORBELL_BASE, (self.queues * 2) << self.dstrd)
     }
 
     /// Doorbell stride in registers (`1 << CAP.DSTRD`).
