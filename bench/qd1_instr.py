@@ -13,7 +13,10 @@ Each instruction is attributed to the innermost frame of its inline chain
 that lies in a crate of this workspace (bench/instr_split.py), and listed
 by that function.
 
-Usage: bench/qd1_instr.py [BIN] [--n1 5000] [--n2 15000] [--top 25]"""
+With --listing, also the device's instructions run at least 0.2 times
+per round, by address (instr_split.py's listing of the device's costs).
+
+Usage: bench/qd1_instr.py [BIN] [--n1 5000] [--n2 15000] [--top 25] [--listing]"""
 import argparse
 import collections
 import importlib.util
@@ -49,6 +52,9 @@ def main():
     ap.add_argument("--n1", type=int, default=5000)
     ap.add_argument("--n2", type=int, default=15000)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--listing", action="store_true",
+                    help="the device's instructions run at least 0.2 times per round, in address "
+                         "order, with cost, disassembly and innermost workspace line")
     a = ap.parse_args()
     n = a.n2 - a.n1
     cmd = split.perf_cmd(a.binary, 1)
@@ -58,6 +64,8 @@ def main():
     print(f"{a.binary}: perf --inline -q 1, 4 KiB randread, ({a.n2} - {a.n1}) / {n} I/Os")
     h = table("host", host, a.top)
     d = table("emulated device (SoftDevice::step and below)", dev, a.top)
+    if a.listing:
+        split.listing(a.binary, dc, n)
     print(f"one QD 1 round: {h + d:.1f} instructions, host {h:.1f} ({h / (h + d):.1%}), "
           f"device {d:.1f} ({d / (h + d):.1%})")
 
