@@ -86,7 +86,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 pub use reactor::{PollerId, PollerStats, ThreadCtx, ThreadStats, TimerId};
-pub use sys::{pin_to_core, EventFd, PinError};
+pub use sys::{pin_to_core, Epoll, EventFd, PinError};
 
 use reactor::{lock, External, Prepared, Reactor, Shared, ThreadShared};
 

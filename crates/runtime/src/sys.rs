@@ -145,18 +145,22 @@ impl AsFd for TimerFd {
 }
 
 /// An epoll instance watching descriptors for readability
-/// (level-triggered), each tagged with a u64 token.
+/// (level-triggered), each tagged with a u64 token. The runtime sleeps in
+/// one per thread; users may keep their own to learn which of their
+/// descriptors are readable without touching them.
 #[derive(Debug)]
-pub(crate) struct Epoll(OwnedFd);
+pub struct Epoll(OwnedFd);
 
 impl Epoll {
-    pub(crate) fn new() -> io::Result<Self> {
+    /// A new, empty epoll instance (close-on-exec).
+    pub fn new() -> io::Result<Self> {
         // SAFETY: plain syscall without pointers.
         let fd = unsafe { libc::epoll_create1(libc::EPOLL_CLOEXEC) };
         owned(fd).map(Self)
     }
 
-    pub(crate) fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
+    /// Watches `fd` for readability; its events carry `token`.
+    pub fn add(&self, fd: RawFd, token: u64) -> io::Result<()> {
         let mut ev = libc::epoll_event {
             events: libc::EPOLLIN as u32,
             u64: token,
@@ -166,7 +170,8 @@ impl Epoll {
         cvt(r).map(drop)
     }
 
-    pub(crate) fn delete(&self, fd: RawFd) -> io::Result<()> {
+    /// Stops watching `fd` (closing it does too).
+    pub fn delete(&self, fd: RawFd) -> io::Result<()> {
         let mut ev = libc::epoll_event { events: 0, u64: 0 };
         // SAFETY: `ev` is a live epoll_event (ignored by DEL on new kernels,
         // required non-null by old ones); the kernel validates `fd`.
@@ -176,11 +181,7 @@ impl Epoll {
 
     /// Waits until a descriptor is readable (forever if `timeout_ms` < 0);
     /// returns how many events were stored. An interrupted wait returns 0.
-    pub(crate) fn wait(
-        &self,
-        events: &mut [libc::epoll_event],
-        timeout_ms: i32,
-    ) -> io::Result<usize> {
+    pub fn wait(&self, events: &mut [libc::epoll_event], timeout_ms: i32) -> io::Result<usize> {
         let max = events.len().min(libc::c_int::MAX as usize) as libc::c_int;
         // SAFETY: `events` is a live, writable buffer of at least `max`
         // entries for the duration of the call.
