@@ -663,6 +663,22 @@ fn every_technique_switch_moves_data_intact() {
             },
         ),
         (
+            "epoll-gated receives",
+            TransportOptions {
+                epoll_receive: true,
+                ..base.clone()
+            },
+        ),
+        (
+            "epoll-gated receives, no epoll idle sleep, 4 KiB receive buffer",
+            TransportOptions {
+                epoll_receive: true,
+                epoll_idle: false,
+                rx_buffer: 4096,
+                ..base.clone()
+            },
+        ),
+        (
             "SO_INCOMING_CPU placement",
             TransportOptions {
                 incoming_cpu: true,

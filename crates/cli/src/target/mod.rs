@@ -118,6 +118,10 @@ pub struct TargetArgs {
     /// receiving it straight into the command's buffer.
     #[arg(long = "no-direct-receive")]
     pub no_direct_receive: bool,
+    /// posix: after an empty receive, read a connection again only once
+    /// the thread's epoll reports its socket readable.
+    #[arg(long = "epoll-receive")]
+    pub epoll_receive: bool,
     /// Data buffers of the whole target, in units of io_unit_size (128 KiB
     /// unless -c sets it; -c: num_shared_buffers) [default: 511].
     #[arg(long = "num-shared-buffers", value_name = "N")]
@@ -325,6 +329,7 @@ pub fn config(
     t.incoming_cpu = a.incoming_cpu;
     t.epoll_idle = !a.no_epoll_idle;
     t.direct_receive = !a.no_direct_receive;
+    t.epoll_receive = a.epoll_receive;
     if let Some(n) = a.send_iov {
         t.send_iov = n;
     }

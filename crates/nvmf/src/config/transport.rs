@@ -44,6 +44,15 @@ pub struct TransportOptions {
     /// Receive large data straight into the command's buffer (one
     /// `readv` into buffer and receive buffer) instead of copying it.
     pub direct_receive: bool,
+    /// `posix`: a connection whose receive came up empty is not read
+    /// again until the thread's epoll set reports its socket readable
+    /// (one `epoll_wait` per poll answers for all the thread's waiting
+    /// sockets; an empty `recv` takes the socket's lock, which the peer's
+    /// transmit needs too). Off (the default, measured: it halves the
+    /// time spent spinning on that lock under SPDK's perf but gains no
+    /// I/Os there, and costs QD 1 an `epoll_wait` per I/O; see
+    /// bench/RESULTS.md): every poll reads every connection.
+    pub epoll_receive: bool,
     /// Most iovecs in one `sendmsg` (1..=[`MAX_SEND_IOV`]; JSON
     /// `send_iov`, pollux-specific). Each response is one or two (header,
     /// data): fewer, larger sends cost the kernel less per byte.
@@ -136,6 +145,7 @@ impl Default for TransportOptions {
             incoming_cpu: false,
             epoll_idle: true,
             direct_receive: true,
+            epoll_receive: false,
             send_iov: MAX_SEND_IOV,
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),

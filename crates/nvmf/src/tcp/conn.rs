@@ -67,7 +67,7 @@ use pollux_tcp::engine::target::TargetQueue;
 use crate::pool::Cache;
 use crate::qpair::{Bound, Qpair, St};
 use crate::shared::Shared;
-use crate::tcp::sock::Wire;
+use crate::tcp::sock::{PosixSock, RecvGates, Wire};
 
 /// How long a closing connection waits for the host's FIN.
 pub(crate) const LINGER: Duration = Duration::from_secs(2);
@@ -177,12 +177,13 @@ pub(crate) struct Tcp<W: Wire> {
     pub terminated: bool,
 }
 
-/// One connection, over a socket (`W`: a `TcpStream`, or any [`Wire`]).
+/// One connection, over a socket (`W`: a [`PosixSock`], a `uring` socket,
+/// or any [`Wire`]).
 ///
 /// The queue pair is dropped first (its bdev requests waited for, its
 /// buffers taken back), then the TCP half, which sends nothing more: the
 /// two are private to this file and never part.
-pub(crate) struct Conn<W: Wire = TcpStream> {
+pub(crate) struct Conn<W: Wire = PosixSock> {
     qp: Qpair,
     tcp: Tcp<W>,
 }
@@ -194,15 +195,16 @@ pub(crate) struct Fatal {
     pub why: String,
 }
 
-impl Conn<TcpStream> {
+impl Conn<PosixSock> {
     pub fn new(
         id: u64,
         sock: TcpStream,
+        gates: Option<&Rc<RecvGates>>,
         shared: Arc<Shared>,
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> std::io::Result<Conn<TcpStream>> {
+    ) -> std::io::Result<Conn<PosixSock>> {
         sock.set_nonblocking(true)?;
         sock.set_nodelay(true)?;
         if shared.opts.busy_poll_us > 0 {
@@ -219,7 +221,7 @@ impl Conn<TcpStream> {
         let peer = sock.peer_addr()?;
         Ok(Conn::with_wire(
             id,
-            sock,
+            PosixSock::new(sock, gates)?,
             (local, peer),
             shared,
             cache,

@@ -17,7 +17,8 @@
 //!   close) queued in the engine, C2HTermReq, and the flush: one
 //!   `sendmsg` per poll.
 //! - `sock`: the socket calls beyond `std::net`, behind the `Wire` trait
-//!   (the tests drive connections over memory through it).
+//!   (the tests drive connections over memory through it), and the
+//!   `posix` wire, whose receives the thread's epoll may gate.
 //!
 //! The NVMe/TCP protocol itself (PDU reassembly and checks, send
 //! segments, digests, R2T and H2CData bookkeeping, ICReq/ICResp) is the

@@ -30,7 +30,7 @@ use crate::config::{SockImpl as SockImplKind, TransportOptions};
 use crate::pool::{Cache, Pool};
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
-use crate::tcp::sock;
+use crate::tcp::sock::{self, PosixSock};
 use crate::tcp::sockimpl::SockImpl;
 use crate::tcp::uring::UringSock;
 
@@ -131,7 +131,7 @@ impl Listeners {
 /// implementation it has), or `$none` if it has none.
 macro_rules! on_this_table {
     ($t:ident => $body:expr, $none:expr) => {
-        if let Some($t) = this_table::<TcpStream>() {
+        if let Some($t) = this_table::<PosixSock>() {
             $body
         } else if let Some($t) = this_table::<UringSock>() {
             $body
@@ -317,7 +317,7 @@ pub(crate) fn init(
 ) {
     let name = shared.opts.sock_impl.name();
     let r = match shared.opts.sock_impl {
-        SockImplKind::Posix => init_with::<TcpStream>(ctx, shared, tcp, listeners),
+        SockImplKind::Posix => init_with::<PosixSock>(ctx, shared, tcp, listeners),
         SockImplKind::Uring => init_with::<UringSock>(ctx, shared, tcp, listeners),
     };
     if let Err(e) = r {

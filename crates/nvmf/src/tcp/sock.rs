@@ -1,9 +1,15 @@
 //! The socket system calls the connections use beyond `std::net`: a
 //! vectored send, a receive into two pieces (a command's buffer, then the
-//! connection's receive buffer), and `SO_INCOMING_CPU`.
+//! connection's receive buffer), and `SO_INCOMING_CPU`; and the `posix`
+//! wire, a `TcpStream` whose receives the thread's epoll may gate
+//! ([`RecvGates`]).
+use std::cell::{Cell, RefCell};
 use std::io;
 use std::net::{Shutdown, TcpStream};
-use std::os::fd::{AsRawFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, RawFd};
+use std::rc::Rc;
+
+use pollux_runtime::Epoll;
 
 /// What a connection needs of its socket. The target's sockets are
 /// `TcpStream`s; the connection tests drive the same machine over
@@ -36,18 +42,202 @@ pub trait Wire {
     }
 }
 
-impl Wire for TcpStream {
+/// Epoll events taken per `epoll_wait` of [`RecvGates::poll`] (more
+/// readable sockets are reported by the next one: the set is
+/// level-triggered).
+const GATE_EVENTS: usize = 64;
+
+/// One thread's receive gates (`TransportOptions::epoll_receive`): a
+/// socket whose receive came up empty is not read again until this
+/// thread's own epoll set reports it readable.
+///
+/// An empty `recv` takes the socket's lock, which the peer's transmit
+/// (on loopback, its softirq delivering into this socket) needs too;
+/// `epoll_wait` reads the ready list without it. One `epoll_wait` per
+/// poll, and only while a socket waits, answers for all the thread's
+/// connections.
+pub(crate) struct RecvGates {
+    ep: Epoll,
+    /// By slot: may be read now (its last receive got data, or epoll
+    /// reported it since).
+    ready: RefCell<Vec<bool>>,
+    /// Slots not in use.
+    free: RefCell<Vec<u32>>,
+    /// Sockets waiting for epoll.
+    waiting: Cell<u32>,
+    events: RefCell<Vec<libc::epoll_event>>,
+}
+
+impl RecvGates {
+    pub(crate) fn new() -> io::Result<Rc<RecvGates>> {
+        Ok(Rc::new(RecvGates {
+            ep: Epoll::new()?,
+            ready: RefCell::new(Vec::new()),
+            free: RefCell::new(Vec::new()),
+            waiting: Cell::new(0),
+            events: RefCell::new(vec![libc::epoll_event { events: 0, u64: 0 }; GATE_EVENTS]),
+        }))
+    }
+
+    /// Opens the gates epoll reports readable (one `epoll_wait`, none
+    /// while no socket waits); true if any opened.
+    #[inline]
+    pub(crate) fn poll(&self) -> bool {
+        if self.waiting.get() == 0 {
+            return false;
+        }
+        self.poll_slow()
+    }
+
+    #[cold]
+    fn poll_slow(&self) -> bool {
+        let (Ok(mut ev), Ok(mut ready)) =
+            (self.events.try_borrow_mut(), self.ready.try_borrow_mut())
+        else {
+            return false;
+        };
+        let n = match self.ep.wait(&mut ev, 0) {
+            Ok(n) => n,
+            Err(e) => {
+                // (Not expected: the set and the buffer are ours.) Every
+                // socket is read again, as without gates.
+                tracing::warn!("receive gates: epoll_wait: {e}; opening all");
+                ready.iter_mut().for_each(|r| *r = true);
+                self.waiting.set(0);
+                return true;
+            }
+        };
+        let mut opened = false;
+        for e in &ev[..n] {
+            if let Some(r) = ready.get_mut(e.u64 as usize) {
+                if !*r {
+                    *r = true;
+                    self.waiting.set(self.waiting.get() - 1);
+                    opened = true;
+                }
+            }
+        }
+        opened
+    }
+
+    /// A gate for `fd` (open), watched by this set.
+    fn add(self: &Rc<Self>, fd: RawFd) -> io::Result<Gate> {
+        let mut ready = self.ready.borrow_mut();
+        let slot = match self.free.borrow_mut().pop() {
+            Some(s) => s,
+            None => {
+                ready.push(true);
+                u32::try_from(ready.len() - 1).map_err(|_| io::Error::other("too many sockets"))?
+            }
+        };
+        ready[slot as usize] = true;
+        if let Err(e) = self.ep.add(fd, u64::from(slot)) {
+            self.free.borrow_mut().push(slot);
+            return Err(e);
+        }
+        Ok(Gate {
+            set: self.clone(),
+            slot,
+        })
+    }
+
+    #[inline(always)]
+    fn is_open(&self, slot: u32) -> bool {
+        self.ready
+            .try_borrow()
+            .map_or(true, |r| r.get(slot as usize).copied().unwrap_or(true))
+    }
+
+    /// `slot`'s socket had nothing: wait for epoll.
+    #[inline]
+    fn close(&self, slot: u32) {
+        if let Ok(mut r) = self.ready.try_borrow_mut() {
+            if let Some(g) = r.get_mut(slot as usize) {
+                if *g {
+                    *g = false;
+                    self.waiting.set(self.waiting.get() + 1);
+                }
+            }
+        }
+    }
+
+    fn release(&self, slot: u32, fd: RawFd) {
+        let _ = self.ep.delete(fd);
+        let (Ok(mut r), Ok(mut free)) = (self.ready.try_borrow_mut(), self.free.try_borrow_mut())
+        else {
+            return;
+        };
+        if let Some(g) = r.get_mut(slot as usize) {
+            if !*g {
+                self.waiting.set(self.waiting.get() - 1);
+            }
+            *g = true;
+            free.push(slot);
+        }
+    }
+}
+
+/// A socket's place in its thread's [`RecvGates`].
+struct Gate {
+    set: Rc<RecvGates>,
+    slot: u32,
+}
+
+/// The `posix` wire: a connected `TcpStream`, its receives gated by the
+/// thread's epoll when `TransportOptions::epoll_receive` is on.
+pub(crate) struct PosixSock {
+    s: TcpStream,
+    gate: Option<Gate>,
+}
+
+impl PosixSock {
+    /// `s`, its receives gated by `gates` if given.
+    pub(crate) fn new(s: TcpStream, gates: Option<&Rc<RecvGates>>) -> io::Result<PosixSock> {
+        let gate = match gates {
+            Some(g) => Some(g.add(s.as_raw_fd())?),
+            None => None,
+        };
+        Ok(PosixSock { s, gate })
+    }
+}
+
+impl Drop for PosixSock {
+    fn drop(&mut self) {
+        if let Some(g) = &self.gate {
+            g.set.release(g.slot, self.s.as_raw_fd());
+        }
+    }
+}
+
+impl AsFd for PosixSock {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.s.as_fd()
+    }
+}
+
+impl Wire for PosixSock {
+    #[inline]
     fn recv2(&mut self, first: &mut [u8], second: &mut [u8]) -> io::Result<Option<usize>> {
-        recv2(self.as_raw_fd(), first, second)
+        let Some(g) = &self.gate else {
+            return recv2(self.s.as_raw_fd(), first, second);
+        };
+        if !g.set.is_open(g.slot) {
+            return Ok(None);
+        }
+        let r = recv2(self.s.as_raw_fd(), first, second);
+        if matches!(r, Ok(None)) {
+            g.set.close(g.slot);
+        }
+        r
     }
 
     unsafe fn send_iov(&mut self, iov: &[libc::iovec]) -> io::Result<usize> {
         // SAFETY: the caller's contract is `send_iov`'s.
-        unsafe { send_iov(self.as_raw_fd(), iov) }
+        unsafe { send_iov(self.s.as_raw_fd(), iov) }
     }
 
     fn shutdown(&self, how: Shutdown) -> io::Result<()> {
-        TcpStream::shutdown(self, how)
+        self.s.shutdown(how)
     }
 }
 
@@ -208,6 +398,76 @@ mod tests {
             std::thread::yield_now();
         }
         got
+    }
+
+    /// Polls `g` until it opens a gate (loopback delivers at once, but
+    /// be patient).
+    fn open_soon(g: &RecvGates) -> bool {
+        (0..100_000).any(|_| {
+            let o = g.poll();
+            if !o {
+                std::thread::yield_now();
+            }
+            o
+        })
+    }
+
+    #[test]
+    fn a_gated_socket_is_read_again_only_once_epoll_reports_it() {
+        let g = RecvGates::new().unwrap();
+        let (mut a, b) = pair();
+        let (mut a2, b2) = pair();
+        let mut s = PosixSock::new(b, Some(&g)).unwrap();
+        let mut s2 = PosixSock::new(b2, Some(&g)).unwrap();
+        let mut x = [0u8; 8];
+        // Nothing waits: no epoll_wait, nothing opened.
+        assert!(!g.poll());
+        // Empty: the gate closes.
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), None);
+        assert_eq!(g.waiting.get(), 1);
+        // Data arrives, but the gate stays shut until the set is polled:
+        // no receive is tried (the bytes stay in the socket).
+        a.write_all(b"hello").unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(20));
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), None);
+        assert!(open_soon(&g));
+        assert_eq!(g.waiting.get(), 0);
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), Some(5));
+        assert_eq!(&x[..5], b"hello");
+        // The other socket is gated on its own.
+        assert_eq!(s2.recv2(&mut x, &mut []).unwrap(), None);
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), None);
+        assert_eq!(g.waiting.get(), 2);
+        a2.write_all(b"two").unwrap();
+        assert!(open_soon(&g));
+        assert_eq!(g.waiting.get(), 1);
+        assert_eq!(s2.recv2(&mut x, &mut []).unwrap(), Some(3));
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), None);
+        // The peer's close opens the gate: end of stream is seen.
+        drop(a);
+        assert!(open_soon(&g));
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), Some(0));
+        // A socket dropped while gated no longer counts, and its slot is
+        // taken by the next one.
+        assert_eq!(s2.recv2(&mut x, &mut []).unwrap(), None);
+        assert_eq!(g.waiting.get(), 1);
+        drop(s2);
+        assert_eq!(g.waiting.get(), 0);
+        assert!(!g.poll());
+        let (_a3, b3) = pair();
+        let s3 = PosixSock::new(b3, Some(&g)).unwrap();
+        assert_eq!(s3.gate.as_ref().map(|g| g.slot), Some(1));
+        assert_eq!(g.ready.borrow().len(), 2);
+    }
+
+    #[test]
+    fn an_ungated_socket_reads_every_time() {
+        let (mut a, b) = pair();
+        let mut s = PosixSock::new(b, None).unwrap();
+        let mut x = [0u8; 8];
+        assert_eq!(s.recv2(&mut x, &mut []).unwrap(), None);
+        a.write_all(b"abc").unwrap();
+        assert_eq!(read_until(3, || s.recv2(&mut x, &mut [])), 3);
     }
 
     #[test]

@@ -16,7 +16,7 @@ use crate::config::TransportOptions;
 use crate::pool::Cache;
 use crate::shared::Shared;
 use crate::tcp::conn::Conn;
-use crate::tcp::sock::Wire;
+use crate::tcp::sock::{PosixSock, RecvGates, Wire};
 
 /// A socket implementation of the target's threads.
 pub(crate) trait SockImpl: Wire + Sized + 'static {
@@ -62,16 +62,21 @@ pub(crate) trait SockImpl: Wire + Sized + 'static {
     }
 }
 
-/// `posix`: each connection's socket is in the thread's epoll set.
-impl SockImpl for TcpStream {
-    type Thread = ();
+/// `posix`: each connection's socket is in the thread's epoll set, and,
+/// with `epoll_receive`, in the thread's [`RecvGates`].
+impl SockImpl for PosixSock {
+    type Thread = Option<Rc<RecvGates>>;
 
-    fn thread(_ctx: &mut ThreadCtx, _o: &TransportOptions) -> std::io::Result<()> {
-        Ok(())
+    fn thread(_ctx: &mut ThreadCtx, o: &TransportOptions) -> std::io::Result<Self::Thread> {
+        if o.epoll_receive {
+            RecvGates::new().map(Some)
+        } else {
+            Ok(None)
+        }
     }
 
     fn conn(
-        _t: &mut (),
+        t: &mut Self::Thread,
         ctx: &mut ThreadCtx,
         id: u64,
         s: TcpStream,
@@ -79,15 +84,22 @@ impl SockImpl for TcpStream {
         cache: Rc<Cache>,
         thread: usize,
         now: Instant,
-    ) -> std::io::Result<Conn<TcpStream>> {
-        let c = Conn::new(id, s, shared, cache, thread, now)?;
+    ) -> std::io::Result<Conn<PosixSock>> {
+        let c = Conn::new(id, s, t.as_ref(), shared, cache, thread, now)?;
         if let Err(e) = ctx.register_wake_fd(c.as_fd()) {
             tracing::warn!("connection wake-up: {e}");
         }
         Ok(c)
     }
 
-    fn forget(_t: &mut (), ctx: &mut ThreadCtx, c: &mut Conn<TcpStream>) {
+    fn forget(_t: &mut Self::Thread, ctx: &mut ThreadCtx, c: &mut Conn<PosixSock>) {
         let _ = ctx.unregister_wake_fd(c.wire().as_fd());
+    }
+
+    #[inline(always)]
+    fn begin_poll(t: &mut Self::Thread) {
+        if let Some(g) = t {
+            g.poll();
+        }
     }
 }
