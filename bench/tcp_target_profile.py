@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """Why one NVMe/TCP target serves more or fewer I/Os than another under the
 same client: per target and client, the target process's system calls per
-I/O (`perf stat -e raw_syscalls:sys_enter`), the share of its CPU samples
+I/O (`perf stat -e raw_syscalls:sys_enter`) and of each kind that moves data
+or waits (recvfrom, readv, sendmsg, writev, epoll_wait, io_uring_enter), the
+TCP segments per I/O both ways (/proc/net/snmp OutSegs: loopback carries
+the client's and the target's), the share of its CPU samples
 in the kernel and in each of its top objects (`perf record -e cpu-clock`),
 and the top symbols by self time; the IOPS of the same window.
 
@@ -14,7 +17,10 @@ machine: both perf tools slow what they watch a little, alike for every
 target.
 
     bench/tcp_target_profile.py [--bin BIN] [--target NAME=BIN[,ARG...]]...
-        [--clients spdk,pollux] [--rounds 3] [--secs 4] [--top 8]
+        [--clients spdk,pollux] [--rounds 3] [--secs 4] [--top 8] [--side target|client]
+
+With `--side client` the same is measured of the client process instead:
+how each target's way of answering changes what the client spends.
 
 Needs an SPDK build (../shared/spdk/build.sh; SPDK_DIR, default /tmp/spdk).
 Wrap in `flock /tmp/bench.lock`."""
@@ -58,27 +64,33 @@ def iops_of(kind, out):
         return None
 
 
-def measure(target, kind, spdk, client, secs, tmp, tag):
+def measure(target, kind, spdk, client, secs, tmp, tag, side):
     """(IOPS, syscalls per I/O, {object: share}, kernel share, [(share, symbol)])."""
     target.start()
     data = os.path.join(tmp, f"{tag}.data")
     cl = subprocess.Popen(client_cmd(kind, spdk, client, secs + 3), stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True)
     time.sleep(1.5)
-    pid = str(target.p.pid)
-    stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e", "raw_syscalls:sys_enter", "-p", pid,
-                             "--", "sleep", str(secs)], stderr=subprocess.PIPE, text=True)
+    pid = str(target.p.pid if side == "target" else cl.pid)
+    segs0 = out_segs()
+    stat = subprocess.Popen(["perf", "stat", "-x", ",", "-e",
+                             ",".join(["raw_syscalls:sys_enter"] + [f"syscalls:sys_enter_{k}" for k in KINDS]),
+                             "-p", pid, "--", "sleep", str(secs)], stderr=subprocess.PIPE, text=True)
     rec = subprocess.run(["perf", "record", "-q", "-e", "cpu-clock", "-p", pid, "-o", data, "--",
                           "sleep", str(secs)], capture_output=True, text=True)
     _, err = stat.communicate()
+    segs = out_segs() - segs0
     out, _ = cl.communicate(timeout=secs + 120)
     target.stop()
     iops = iops_of(kind, out)
-    calls = None
+    calls, kinds = None, {}
     for line in err.splitlines():
         f = line.split(",")
-        if len(f) > 2 and "raw_syscalls:sys_enter" in f[2] and f[0].strip().isdigit():
-            calls = int(f[0])
+        if len(f) > 2 and f[0].strip().isdigit():
+            if "raw_syscalls:sys_enter" in f[2]:
+                calls = int(f[0])
+            elif f[2].startswith("syscalls:sys_enter_"):
+                kinds[f[2][len("syscalls:sys_enter_"):]] = int(f[0])
     if rec.returncode != 0 or not iops:
         return None
     script = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym,dso"], capture_output=True,
@@ -95,8 +107,20 @@ def measure(target, kind, spdk, client, secs, tmp, tag):
     if n == 0:
         return None
     kernel = sum(v for k, v in objs.items() if "kernel" in k or k.startswith("[")) / n
-    return (iops, calls / (iops * secs) if calls else None, {k: v / n for k, v in objs.items()}, kernel,
-            [(v / n, s) for s, v in syms.most_common(40)])
+    ios = iops * secs
+    return (iops, calls / ios if calls else None, {k: v / n for k, v in objs.items()}, kernel,
+            [(v / n, s) for s, v in syms.most_common(40)], {k: v / ios for k, v in kinds.items()},
+            segs / ios)
+
+
+# The system calls counted apart (those that move data or wait).
+KINDS = ["recvfrom", "readv", "sendmsg", "writev", "epoll_wait", "io_uring_enter"]
+
+
+def out_segs():
+    """TCP segments this host has sent (all sockets; /proc/net/snmp OutSegs)."""
+    lines = [l.split() for l in open("/proc/net/snmp") if l.startswith("Tcp:")]
+    return int(lines[1][lines[0].index("OutSegs")])
 
 
 def main():
@@ -107,6 +131,8 @@ def main():
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--secs", type=int, default=4)
     ap.add_argument("--top", type=int, default=8)
+    ap.add_argument("--side", choices=["target", "client"], default="target",
+                    help="whose system calls and samples: the target's (default) or the client's")
     a = ap.parse_args()
     spdk = os.environ.get("SPDK_DIR", "/tmp/spdk")
     if not os.access(f"{spdk}/build/bin/nvmf_tgt", os.X_OK):
@@ -128,7 +154,7 @@ def main():
         order = targets if r % 2 == 0 else [targets[0]] + targets[:0:-1]
         for t in order:
             for kind in a.clients.split(","):
-                m = measure(t, kind, spdk, a.bin, a.secs, tmp, f"{r}-{t.name}-{kind}")
+                m = measure(t, kind, spdk, a.bin, a.secs, tmp, f"{r}-{t.name}-{kind}", a.side)
                 print(f"round {r} target {t.name} client {kind}: "
                       + (f"{m[0]:,.0f} IOPS, {m[1]:.2f} syscalls/IO, kernel {m[3]:.1%}" if m and m[1]
                          else "FAIL"), flush=True)
@@ -153,6 +179,9 @@ def main():
                     objs[k] += v / len(ms)
                 for v, s in m[4]:
                     syms[s] += v / len(ms)
+            per = {k: st.median(m[5].get(k, 0) for m in ms) for k in KINDS}
+            print("   per I/O: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items() if v)
+                  + f"; TCP segments (both ways) {st.median(m[6] for m in ms):.3f}")
             print("   objects: " + ", ".join(f"{k} {v:.1%}" for k, v in objs.most_common(4)))
             for s, v in syms.most_common(a.top):
                 print(f"   {v:6.1%}  {s}")
