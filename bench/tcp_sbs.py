@@ -3,7 +3,7 @@
 interleaved run.
 
     bench/tcp_sbs.py [--bin target/release/pollux] [--rounds 5] [--secs 3]
-                     [--target NAME=BIN[,ARG...]]... [--only read,qd1,write,multi]
+                     [--target NAME=BIN[,ARG...]]... [--only read,qd1,write,multi,fan]
 
 Per round, in an order that alternates between rounds: the cross-core round
 trip (`pollux pingpong`), the kernel's own floor (`loopback_bound --qd 128`:
@@ -18,6 +18,8 @@ spdk_nvme_perf and by pollux perf:
     qd1     4 KiB randread, QD 1, null (average latency too)
     write   4 KiB randwrite QD 128 and 128 KiB randwrite QD 32, RAM
     multi   4 KiB randread over 4 and 16 connections (128 outstanding in all), null
+    fan     4 KiB randread over 16 and 64 connections at QD 1 each, null (many
+            quiet hosts: most receives of a poll find nothing)
 
 Prints per workload and client: median IOPS of each target, and each pollux
 target / SPDK's per round (median, range); pollux perf / SPDK perf against
@@ -73,6 +75,7 @@ WORKLOADS = {
     "qd1": [("read1", NQN_NULL, 4096, "randread", 1, 1)],
     "write": [("write4k", NQN_RAM, 4096, "randwrite", 128, 1), ("write128k", NQN_RAM, 131072, "randwrite", 32, 1)],
     "multi": [("conn4", NQN_NULL, 4096, "randread", 128, 4), ("conn16", NQN_NULL, 4096, "randread", 128, 16)],
+    "fan": [("fan16", NQN_NULL, 4096, "randread", 16, 16), ("fan64", NQN_NULL, 4096, "randread", 64, 64)],
 }
 
 
@@ -198,13 +201,15 @@ def main():
         targets.append(Target(name, [parts[0], "target", "-c", conf, "-m", "0x1", "-r",
                                      os.path.join(tmp, f"{name}.sock")] + parts[1:], tmp))
     rows = []  # (round, target, client, workload, iops, avg_us)
-    rtt, flo = [], []
+    rtt, flo, rtt_of = [], [], {}
     print(f"rows in {tmp}/rows", flush=True)
     out = open(os.path.join(tmp, "rows"), "w")
     for r in range(a.rounds):
         x = round_trip(a.bin)
         if x:
             rtt.append(x)
+            rtt_of[r] = x
+            out.write(f"{r} rtt {x}\n")
         if "read" in groups and os.access(a.floor_bin, os.X_OK):
             f = floor(a.floor_bin, a.secs)
             if f:
@@ -236,6 +241,13 @@ def main():
                 if x:
                     line += f"; {n}/spdk {fmt(x)}"
             print(line)
+    # The vCPUs' placement moves between rounds (the round trip with it):
+    # each round's round trip beside its IOPS shows what follows it.
+    print("\nper round: cross-core round trip, then IOPS per target and client")
+    for r in range(a.rounds):
+        cells = [f"{t.name}/{c[0]} {d[(r, t.name, c, name)][0] / 1e3:,.0f}K"
+                 for name, *_ in wls for t in targets for c in ("spdk", "pollux") if (r, t.name, c, name) in d]
+        print(f"  {r}: {rtt_of.get(r, 0):.0f} ns  " + " ".join(cells))
     print()
     for name, *_ in wls:
         x = [d[(r, "spdk", "pollux", name)][0] / d[(r, "spdk", "spdk", name)][0] for r in range(a.rounds)
