@@ -150,6 +150,8 @@ fn target_help_lists_every_option() {
             ("--incoming-cpu", None),
             ("--no-epoll-idle", None),
             ("--no-direct-receive", None),
+            ("--epoll-receive", None),
+            ("--send-buffer", Some("0")),
             ("--num-shared-buffers", Some("511")),
             ("--sock-impl", Some("posix")),
             ("--no-uring-fixed-files", None),

@@ -96,6 +96,10 @@ fn bad_options_are_refused_naming_the_option() {
         (&["--ram", "1MiB", "--send-iov", "0"][..], "--send-iov"),
         (&["--ram", "1MiB", "--send-iov", "513"][..], "--send-iov"),
         (
+            &["--ram", "1MiB", "--send-buffer", "100"][..],
+            "--send-buffer",
+        ),
+        (
             &["--ram", "1MiB", "--uring-zcopy-threshold", "1073741825"][..],
             "--uring-zcopy-threshold",
         ),

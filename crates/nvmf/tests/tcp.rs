@@ -679,6 +679,20 @@ fn every_technique_switch_moves_data_intact() {
             },
         ),
         (
+            "a 192 KiB send buffer",
+            TransportOptions {
+                send_buffer: 192 << 10,
+                ..base.clone()
+            },
+        ),
+        (
+            "a 4 KiB send buffer (a 128 KiB read takes many sends)",
+            TransportOptions {
+                send_buffer: 4096,
+                ..base.clone()
+            },
+        ),
+        (
             "SO_INCOMING_CPU placement",
             TransportOptions {
                 incoming_cpu: true,

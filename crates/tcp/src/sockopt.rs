@@ -1,5 +1,6 @@
 //! Socket options both ends of NVMe/TCP may set beyond `std::net`:
-//! busy polling (`SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`).
+//! busy polling (`SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`) and a fixed send
+//! buffer (`SO_SNDBUF`).
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -43,6 +44,35 @@ pub fn set_busy_poll(fd: BorrowedFd<'_>, us: u32) -> io::Result<()> {
     }
 }
 
+/// Fixes the socket's send buffer at `bytes` (`SO_SNDBUF`: the kernel
+/// doubles it for its bookkeeping, and stops tuning it itself).
+pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
+    let b = i32::try_from(bytes).unwrap_or(i32::MAX);
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, b)
+}
+
+/// The socket's send buffer (`SO_SNDBUF`: twice what was asked for, or
+/// what the kernel chose).
+pub fn send_buffer(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    let mut v: i32 = 0;
+    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
+    // SAFETY: `v` and `len` are valid for writes for the call's duration.
+    let r = unsafe {
+        libc::getsockopt(
+            fd.as_raw_fd(),
+            libc::SOL_SOCKET,
+            libc::SO_SNDBUF,
+            (&mut v as *mut i32).cast(),
+            &mut len,
+        )
+    };
+    if r == 0 {
+        Ok(v.max(0) as u32)
+    } else {
+        Err(io::Error::last_os_error())
+    }
+}
+
 /// The socket's `SO_BUSY_POLL` (microseconds).
 pub fn busy_poll(fd: BorrowedFd<'_>) -> io::Result<u32> {
     let mut v: i32 = 0;
@@ -69,6 +99,15 @@ mod tests {
     use super::*;
     use std::net::{TcpListener, TcpStream};
     use std::os::fd::AsFd;
+
+    #[test]
+    fn a_fixed_send_buffer_is_granted_doubled() {
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let s = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        // (64 KiB is under every kernel's default net.core.wmem_max.)
+        set_send_buffer(s.as_fd(), 64 << 10).unwrap();
+        assert_eq!(send_buffer(s.as_fd()).unwrap(), 128 << 10);
+    }
 
     #[test]
     fn busy_poll_is_set_and_cleared() {

@@ -122,6 +122,12 @@ pub struct TargetArgs {
     /// the thread's epoll reports its socket readable.
     #[arg(long = "epoll-receive")]
     pub epoll_receive: bool,
+    /// Each connection's socket send buffer in bytes (SO_SNDBUF; 0: the
+    /// kernel's, tuned as it goes). A fixed one keeps loopback's data in
+    /// flight within the caches, and caps a connection at about this many
+    /// bytes per network round trip [default: 0].
+    #[arg(long = "send-buffer", value_name = "BYTES")]
+    pub send_buffer: Option<u32>,
     /// Data buffers of the whole target, in units of io_unit_size (128 KiB
     /// unless -c sets it; -c: num_shared_buffers) [default: 511].
     #[arg(long = "num-shared-buffers", value_name = "N")]
@@ -330,6 +336,9 @@ pub fn config(
     t.epoll_idle = !a.no_epoll_idle;
     t.direct_receive = !a.no_direct_receive;
     t.epoll_receive = a.epoll_receive;
+    if let Some(n) = a.send_buffer {
+        t.send_buffer = n;
+    }
     if let Some(n) = a.send_iov {
         t.send_iov = n;
     }
@@ -358,6 +367,7 @@ pub fn config(
                 "max_queue_depth" => "--max-queue-depth",
                 "max_io_size" => "--max-io-size",
                 "send_iov" => "--send-iov",
+                "send_buffer" => "--send-buffer",
                 "busy_poll_us" => "--busy-poll",
                 "uring_rx_buffers" => "--uring-rx-buffers",
                 "uring_rx_buffer_size" => "--uring-rx-buffer-size",
@@ -889,6 +899,7 @@ mod tests {
             d.num_shared_buffers.to_string()
         );
         assert_eq!(stated("send-iov"), d.send_iov.to_string());
+        assert_eq!(stated("send-buffer"), d.send_buffer.to_string());
         assert_eq!(stated("sock-impl"), d.sock_impl.name());
         assert_eq!(stated("uring-rx-buffers"), d.uring_rx_buffers.to_string());
         assert_eq!(

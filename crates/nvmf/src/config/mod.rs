@@ -65,5 +65,5 @@ pub use target::{
     TargetConfig, CNTLID_MAX, CNTLID_MIN,
 };
 pub use transport::{
-    SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS,
+    SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS, SEND_BUFFERS,
 };

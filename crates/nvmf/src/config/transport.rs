@@ -53,6 +53,19 @@ pub struct TransportOptions {
     /// I/Os there, and costs QD 1 an `epoll_wait` per I/O; see
     /// bench/RESULTS.md): every poll reads every connection.
     pub epoll_receive: bool,
+    /// Each connection's socket send buffer in bytes (`SO_SNDBUF`, which
+    /// the kernel doubles; at most `net.core.wmem_max`), or 0: the
+    /// kernel's own, tuned as it goes (the default). Pollux-specific (CLI
+    /// `--send-buffer`).
+    ///
+    /// Over loopback a fixed 192 KiB keeps the data in flight within the
+    /// caches: 4 KiB reads at QD 128 stay at the high one of the two rates
+    /// they otherwise alternate between, and 128 KiB reads at QD 32 gain
+    /// about half (bench/RESULTS.md). It is not the default because it
+    /// also caps a connection at about this many bytes per network round
+    /// trip (192 KiB at 100 µs is 1.9 GB/s, under 25 GbE), which loopback
+    /// cannot measure.
+    pub send_buffer: u32,
     /// Most iovecs in one `sendmsg` (1..=[`MAX_SEND_IOV`]; JSON
     /// `send_iov`, pollux-specific). Each response is one or two (header,
     /// data): fewer, larger sends cost the kernel less per byte.
@@ -146,6 +159,7 @@ impl Default for TransportOptions {
             epoll_idle: true,
             direct_receive: true,
             epoll_receive: false,
+            send_buffer: 0,
             send_iov: MAX_SEND_IOV,
             icreq_timeout: Duration::from_secs(10),
             connect_timeout: Duration::from_secs(10),
@@ -231,6 +245,13 @@ impl TransportOptions {
                 "max_h2c_data",
                 self.max_h2c_data as u64,
                 "must be a multiple of 4, at least 4096",
+            );
+        }
+        if self.send_buffer != 0 && !SEND_BUFFERS.contains(&self.send_buffer) {
+            return bad(
+                "send_buffer",
+                u64::from(self.send_buffer),
+                "must be 0 (the kernel's) or 4 KiB..=256 MiB",
             );
         }
         if self.max_connections == 0 {
@@ -335,3 +356,7 @@ impl TransportOptions {
         Ok(())
     }
 }
+
+/// The socket send buffers `TransportOptions::send_buffer` may ask for
+/// (besides 0, the kernel's own).
+pub const SEND_BUFFERS: std::ops::RangeInclusive<u32> = 4096..=(256 << 20);

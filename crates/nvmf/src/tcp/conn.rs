@@ -217,6 +217,9 @@ impl Conn<PosixSock> {
                 tracing::warn!("SO_BUSY_POLL {} us: {e}", shared.opts.busy_poll_us);
             }
         }
+        if shared.opts.send_buffer > 0 {
+            set_send_buffer(&sock, shared.opts.send_buffer);
+        }
         let local = sock.local_addr()?;
         let peer = sock.peer_addr()?;
         Ok(Conn::with_wire(
@@ -233,6 +236,26 @@ impl Conn<PosixSock> {
     pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         use std::os::fd::AsFd;
         self.tcp.sock.as_fd()
+    }
+}
+
+/// Fixes `sock`'s send buffer at `bytes` (`send_buffer`); a kernel that
+/// refuses, or grants less (`net.core.wmem_max`), is logged and the
+/// connection goes on with what it has.
+fn set_send_buffer(sock: &TcpStream, bytes: u32) {
+    use pollux_tcp::sockopt;
+    use std::os::fd::AsFd;
+    if let Err(e) = sockopt::set_send_buffer(sock.as_fd(), bytes) {
+        tracing::warn!("send_buffer {bytes}: SO_SNDBUF: {e}");
+        return;
+    }
+    // (The kernel doubles what it grants.)
+    match sockopt::send_buffer(sock.as_fd()) {
+        Ok(got) if u64::from(got) < 2 * u64::from(bytes) => tracing::warn!(
+            "send_buffer {bytes}: the kernel granted {} (net.core.wmem_max caps it)",
+            got / 2
+        ),
+        _ => {}
     }
 }
 
