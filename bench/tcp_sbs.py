@@ -3,7 +3,7 @@
 interleaved run.
 
     bench/tcp_sbs.py [--bin target/release/pollux] [--rounds 5] [--secs 3]
-                     [--target NAME=BIN[,ARG...]]... [--only read,qd1,write,multi,fan]
+                     [--target NAME=BIN[,ARG...]]... [--only read,qd1,write,multi,bigread,fan]
 
 Per round, in an order that alternates between rounds: the cross-core round
 trip (`pollux pingpong`), the kernel's own floor (`loopback_bound --qd 128`:
@@ -18,6 +18,7 @@ spdk_nvme_perf and by pollux perf:
     qd1     4 KiB randread, QD 1, null (average latency too)
     write   4 KiB randwrite QD 128 and 128 KiB randwrite QD 32, RAM
     multi   4 KiB randread over 4 and 16 connections (128 outstanding in all), null
+    bigread 128 KiB randread, QD 32, null
     fan     4 KiB randread over 16 and 64 connections at QD 1 each, null (many
             quiet hosts: most receives of a poll find nothing)
 
@@ -75,6 +76,7 @@ WORKLOADS = {
     "qd1": [("read1", NQN_NULL, 4096, "randread", 1, 1)],
     "write": [("write4k", NQN_RAM, 4096, "randwrite", 128, 1), ("write128k", NQN_RAM, 131072, "randwrite", 32, 1)],
     "multi": [("conn4", NQN_NULL, 4096, "randread", 128, 4), ("conn16", NQN_NULL, 4096, "randread", 128, 16)],
+    "bigread": [("read128k", NQN_NULL, 131072, "randread", 32, 1)],
     "fan": [("fan16", NQN_NULL, 4096, "randread", 16, 16), ("fan64", NQN_NULL, 4096, "randread", 64, 64)],
 }
 
