@@ -463,7 +463,8 @@ fn saved_transport(saved: &[Value]) -> &Value {
 /// (io_uring sockets with all their options), survives `save_config`
 /// read back: the whole `TransportOptions`, and the very parameters
 /// (before: `sock_impl` and the `uring_*` options were not written, the
-/// second target ran posix sockets).
+/// second target ran posix sockets; `incoming_cpu`, `epoll_idle`,
+/// `direct_receive`, `max_connections`, ... had no key at all).
 #[test]
 fn save_config_keeps_every_transport_option_of_a_uring_target() {
     let params = json!({
@@ -490,6 +491,13 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
         "uring_rx_buffers": 256,
         "uring_rx_buffer_size": 8192,
         "uring_zcopy_threshold": 16384,
+        "admin_in_capsule_data_size": 16384,
+        "max_h2c_data": 65536,
+        "max_connections": 100,
+        "rx_buffer_size": 32768,
+        "incoming_cpu": true,
+        "epoll_idle": false,
+        "direct_receive": false,
     });
     let doc = |p: &Value| {
         config_doc(

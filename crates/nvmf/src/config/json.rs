@@ -19,7 +19,10 @@ use super::target::{
     check_cntlid_range, parse_hex_id, parse_uuid, NamespaceConfig, SubsystemConfig, TargetConfig,
     CNTLID_MAX,
 };
-use super::transport::{SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV};
+use super::transport::{
+    SockImpl, TransportOptions, MAX_CONNECTIONS, MAX_H2C_DATA, MAX_HANDSHAKE_TIMEOUT,
+    MAX_RX_BUFFER, MAX_SEND_IOV,
+};
 
 /// The parameters `nvmf_create_transport` takes (SPDK's and pollux's own;
 /// [`TransportOptions::create_transport_params`] writes them back).
@@ -57,6 +60,13 @@ const TRANSPORT_PARAMS: &[&str] = &[
     "uring_rx_buffers",
     "uring_rx_buffer_size",
     "uring_zcopy_threshold",
+    "admin_in_capsule_data_size",
+    "max_h2c_data",
+    "max_connections",
+    "rx_buffer_size",
+    "incoming_cpu",
+    "epoll_idle",
+    "direct_receive",
 ];
 
 impl TargetConfig {
@@ -239,8 +249,35 @@ impl TargetConfig {
                 if let Some(v) = p.uint("send_iov", 1, MAX_SEND_IOV as u64)? {
                     t.send_iov = v as usize;
                 }
-                if let Some(v) = p.uint("max_unbound_connections", 1, 1 << 20)? {
+                let conns = MAX_CONNECTIONS as u64;
+                if let Some(v) = p.uint("max_unbound_connections", 1, conns)? {
                     t.max_unbound_connections = v as usize;
+                }
+                if let Some(v) = p.uint("max_connections", 1, conns)? {
+                    t.max_connections = v as usize;
+                }
+                if let Some(v) = p.uint("admin_in_capsule_data_size", 8192, 1 << 20)? {
+                    t.admin_in_capsule_data_size = v as u32;
+                }
+                if let Some(v) = p.uint("max_h2c_data", 4096, MAX_H2C_DATA as u64)? {
+                    if !v.is_multiple_of(4) {
+                        return Err(p
+                            .bad("max_h2c_data", format!("{v}: must be a multiple of 4"))
+                            .into());
+                    }
+                    t.max_h2c_data = v as u32;
+                }
+                if let Some(v) = p.uint("rx_buffer_size", 4096, MAX_RX_BUFFER as u64)? {
+                    t.rx_buffer = v as usize;
+                }
+                if let Some(v) = p.bool_opt("incoming_cpu")? {
+                    t.incoming_cpu = v;
+                }
+                if let Some(v) = p.bool_opt("epoll_idle")? {
+                    t.epoll_idle = v;
+                }
+                if let Some(v) = p.bool_opt("direct_receive")? {
+                    t.direct_receive = v;
                 }
                 if let Some(v) = p.uint("num_shared_buffers", 1, u32::MAX as u64)? {
                     t.num_shared_buffers = v as u32;
@@ -587,7 +624,7 @@ impl TransportOptions {
         // threads' own when the entry is sent to a running target).
         let d = TransportOptions::default();
         let ms = |t: Duration| Value::from(t.as_millis() as u64);
-        let extra: [(&str, Value, Value); 13] = [
+        let extra: [(&str, Value, Value); 20] = [
             ("kas", o.kas.into(), d.kas.into()),
             ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
             (
@@ -629,6 +666,25 @@ impl TransportOptions {
                 "uring_zcopy_threshold",
                 o.uring_zcopy_threshold.into(),
                 d.uring_zcopy_threshold.into(),
+            ),
+            (
+                "admin_in_capsule_data_size",
+                o.admin_in_capsule_data_size.into(),
+                d.admin_in_capsule_data_size.into(),
+            ),
+            ("max_h2c_data", o.max_h2c_data.into(), d.max_h2c_data.into()),
+            (
+                "max_connections",
+                o.max_connections.into(),
+                d.max_connections.into(),
+            ),
+            ("rx_buffer_size", o.rx_buffer.into(), d.rx_buffer.into()),
+            ("incoming_cpu", o.incoming_cpu.into(), d.incoming_cpu.into()),
+            ("epoll_idle", o.epoll_idle.into(), d.epoll_idle.into()),
+            (
+                "direct_receive",
+                o.direct_receive.into(),
+                d.direct_receive.into(),
             ),
         ];
         for (k, v, def) in extra {
@@ -797,5 +853,51 @@ mod tests {
             }
         }
         assert_eq!(options, TRANSPORT_PARAMS.len() - NOT_OPTIONS.len());
+    }
+
+    /// The options that only `pollux target`'s flags could set before
+    /// (and those nothing but the library could) are read from their
+    /// keys, and a bad value is refused naming the key.
+    #[test]
+    fn the_flag_only_transport_options_have_keys() {
+        let o = read(
+            json!({"trtype": "TCP", "incoming_cpu": true, "epoll_idle": false,
+            "direct_receive": false, "admin_in_capsule_data_size": 16384,
+            "max_h2c_data": 65536, "max_connections": 100, "rx_buffer_size": 32768}),
+        )
+        .unwrap();
+        let d = TransportOptions::default();
+        assert_eq!(
+            (o.incoming_cpu, o.epoll_idle, o.direct_receive),
+            (!d.incoming_cpu, !d.epoll_idle, !d.direct_receive)
+        );
+        assert_eq!(
+            (
+                o.admin_in_capsule_data_size,
+                o.max_h2c_data,
+                o.max_connections,
+                o.rx_buffer
+            ),
+            (16384, 65536, 100, 32768)
+        );
+        for (k, v, why) in [
+            ("incoming_cpu", json!(1), "expected true or false, got 1"),
+            ("epoll_idle", json!("no"), "expected true or false"),
+            ("direct_receive", json!(0), "expected true or false"),
+            ("admin_in_capsule_data_size", json!(4096), "8192..=1048576"),
+            ("max_h2c_data", json!(1024), "4096..=16777216"),
+            ("max_h2c_data", json!(4098), "4098: must be a multiple of 4"),
+            ("max_connections", json!(0), "1..=1048576"),
+            ("rx_buffer_size", json!(100), "4096..=16777216"),
+            ("rx_buffer_size", json!(1 << 30), "4096..=16777216"),
+        ] {
+            let mut p = json!({"trtype": "TCP"});
+            p[k] = v.clone();
+            let e = read(p).expect_err(k).to_string();
+            assert!(
+                e.contains(&format!("nvmf_create_transport: parameter '{k}'")) && e.contains(why),
+                "{k} {v}: {e}"
+            );
+        }
     }
 }

@@ -19,29 +19,49 @@
 //! The `bdev` subsystem is read by `pollux_bdev::config` (its methods and
 //! rules); its `bdev_nvme_attach_controller` entries are opened by the
 //! caller's function ([`TargetConfig::from_json_with`];
-//! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem: `nvmf_create_transport` (`trtype`
-//! TCP; `max_queue_depth`, `max_io_qpairs_per_ctrlr`,
-//! `in_capsule_data_size`, `max_io_size`, `max_aq_depth`,
-//! `num_shared_buffers`, `io_unit_size`, `buf_cache_size`; SPDK's
-//! other tuning parameters and `zcopy` are accepted and ignored; pollux-specific,
-//! which SPDK does not know: `icreq_timeout_ms` and `connect_timeout_ms`,
-//! the handshake timeouts of [`TransportOptions`], `auth_timeout_ms`, `send_iov`,
-//! `max_unbound_connections` and `data_timeout_ms`),
-//! `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`, `allow_any_host`,
-//! `max_namespaces`), `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
-//! `namespace.nsid`), `nvmf_subsystem_add_listener` (`nqn`,
-//! `listen_address.{trtype,adrfam,traddr,trsvcid}`; the discovery NQN or
-//! `discovery`: a listener of the discovery subsystem alone),
-//! `nvmf_subsystem_add_host` (`nqn`, `host`, and DH-HMAC-CHAP keys by
-//! keyring name: `dhchap_key`, `dhchap_ctrlr_key`), `nvmf_set_config`
-//! (`dhchap_digests`, `dhchap_dhgroups`: what DH-HMAC-CHAP offers;
-//! pollux's own `dhchap_dh_threads`, `dhchap_dh_queue_per_host`,
-//! `dhchap_dh_queue_max`: its DH worker pool; its other parameters
-//! ignored with a warning). The `keyring` subsystem
-//! (read before `nvmf`, wherever it stands): `keyring_file_add_key`
-//! (`name`, `path`: a DHHC-1 secret in a file only its owner may access,
-//! as SPDK's `keyring_file` takes it). `nvmf_set_max_subsystems` and
-//! `nvmf_set_crdt` are ignored with a warning. Anything else is refused naming the method and parameter.
+//! [`TargetConfig::from_json`] has none and refuses them). In the `nvmf` subsystem:
+//! - `nvmf_create_transport`: `trtype` TCP; SPDK's `max_queue_depth`,
+//!   `max_io_qpairs_per_ctrlr` (or `max_qpairs_per_ctrlr`),
+//!   `in_capsule_data_size`, `max_io_size`, `max_aq_depth`,
+//!   `num_shared_buffers`, `io_unit_size`, `buf_cache_size`, `kas`;
+//!   `dif_insert_or_strip` only false; SPDK's other tuning parameters
+//!   (`sock_priority`, `abort_timeout_sec`, `ack_timeout`,
+//!   `data_wr_pool_size`, `control_msg_num`, `c2h_success`, `zcopy`,
+//!   `disable_command_passthru`, `tgt_name`) accepted and ignored.
+//!   `sock_impl` (`posix` or `uring`, SPDK's names: the socket
+//!   implementation of the target's threads). pollux-specific, which
+//!   SPDK does not know (its reader ignores them), each a field of
+//!   [`TransportOptions`]: `icreq_timeout_ms`, `connect_timeout_ms`,
+//!   `auth_timeout_ms`, `data_timeout_ms`, `send_iov`,
+//!   `max_connections`, `max_unbound_connections`,
+//!   `admin_in_capsule_data_size`, `max_h2c_data`, `rx_buffer_size`,
+//!   `busy_poll_us`, `incoming_cpu`, `epoll_idle`, `direct_receive`, and
+//!   io_uring's `uring_fixed_files`, `uring_rx_buffers`,
+//!   `uring_rx_buffer_size`, `uring_zcopy_threshold`. `save_config`
+//!   writes SPDK's keys always and pollux's own (and `kas`, `sock_impl`)
+//!   only when not the default.
+//! - `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`,
+//!   `allow_any_host`, `max_namespaces`, `ana_reporting`, `min_cntlid`,
+//!   `max_cntlid`).
+//! - `nvmf_subsystem_add_ns` (`nqn`, `namespace.bdev_name`,
+//!   `namespace.nsid`, `namespace.{uuid,nguid,eui64,anagrpid}`).
+//! - `nvmf_subsystem_add_listener` (`nqn`,
+//!   `listen_address.{trtype,adrfam,traddr,trsvcid}`, `ana_state`; the
+//!   discovery NQN or `discovery`: a listener of the discovery subsystem
+//!   alone), `nvmf_subsystem_listener_set_ana_state`.
+//! - `nvmf_subsystem_add_host` (`nqn`, `host`, and DH-HMAC-CHAP keys by
+//!   keyring name: `dhchap_key`, `dhchap_ctrlr_key`).
+//! - `nvmf_set_config` (`dhchap_digests`, `dhchap_dhgroups`: what
+//!   DH-HMAC-CHAP offers; pollux's own `dhchap_dh_threads`,
+//!   `dhchap_dh_queue_per_host`, `dhchap_dh_queue_max`: its DH worker
+//!   pool; its other parameters ignored with a warning).
+//! - `nvmf_set_max_subsystems` and `nvmf_set_crdt` are ignored with a
+//!   warning.
+//!
+//! The `keyring` subsystem (read before `nvmf`, wherever it stands):
+//! `keyring_file_add_key` (`name`, `path`: a DHHC-1 secret in a file only
+//! its owner may access, as SPDK's `keyring_file` takes it). Anything
+//! else is refused naming the method and parameter.
 //! Parameters are read by `pollux_bdev::params`, the reader of the bdev
 //! subsystem's methods too, so both are refused in the same words
 //! (`<method>: parameter 'namespace.nsid': expected ..., got ...`).
@@ -65,5 +85,6 @@ pub use target::{
     TargetConfig, CNTLID_MAX, CNTLID_MIN,
 };
 pub use transport::{
-    SockImpl, TransportOptions, MAX_HANDSHAKE_TIMEOUT, MAX_SEND_IOV, QUEUE_DEPTHS, SEND_BUFFERS,
+    SockImpl, TransportOptions, MAX_CONNECTIONS, MAX_H2C_DATA, MAX_HANDSHAKE_TIMEOUT,
+    MAX_RX_BUFFER, MAX_SEND_IOV, QUEUE_DEPTHS, SEND_BUFFERS,
 };

@@ -16,14 +16,17 @@ pub struct TransportOptions {
     /// In-capsule data bytes of an I/O command capsule (IOCCSZ).
     pub in_capsule_data_size: u32,
     /// In-capsule data bytes of an admin command capsule (NVMe/TCP: at
-    /// least 8 KiB).
+    /// least 8 KiB; pollux-specific, JSON `admin_in_capsule_data_size`).
     pub admin_in_capsule_data_size: u32,
     /// Largest transfer of one command (MDTS), a power of two ≥ 4 KiB.
     pub max_io_size: u32,
-    /// MAXH2CDATA announced in ICResp.
+    /// MAXH2CDATA announced in ICResp: the most data bytes of one
+    /// H2CData PDU (pollux-specific, JSON `max_h2c_data`; SPDK announces
+    /// its `max_io_size`).
     pub max_h2c_data: u32,
     /// Connections bound to an NVM subsystem (a Connect accepted) at
-    /// once at most; a Connect beyond is refused (Controller Busy).
+    /// once at most; a Connect beyond is refused (Controller Busy;
+    /// pollux-specific, JSON `max_connections`).
     pub max_connections: usize,
     /// Connections not bound to an NVM subsystem (handshake not done, or
     /// a discovery controller's) at once at most, split evenly between
@@ -34,15 +37,20 @@ pub struct TransportOptions {
     pub max_unbound_connections: usize,
     /// Keep Alive granularity, 100 ms units (KAS).
     pub kas: u16,
-    /// Bytes of each connection's receive buffer.
+    /// Bytes of each connection's receive buffer (pollux-specific, JSON
+    /// `rx_buffer_size`).
     pub rx_buffer: usize,
     /// Place each connection on the runtime thread whose core receives
-    /// its packets (`SO_INCOMING_CPU`), else round robin.
+    /// its packets (`SO_INCOMING_CPU`), else round robin (pollux-specific,
+    /// JSON `incoming_cpu`, CLI `--incoming-cpu`).
     pub incoming_cpu: bool,
-    /// Idle threads sleep in epoll on their sockets; off: they poll.
+    /// Idle threads sleep in epoll on their sockets; off: they poll
+    /// (pollux-specific, JSON `epoll_idle`, CLI `--no-epoll-idle`).
     pub epoll_idle: bool,
     /// Receive large data straight into the command's buffer (one
-    /// `readv` into buffer and receive buffer) instead of copying it.
+    /// `readv` into buffer and receive buffer) instead of copying it
+    /// (pollux-specific, JSON `direct_receive`, CLI
+    /// `--no-direct-receive`).
     pub direct_receive: bool,
     /// `posix`: a connection whose receive came up empty is not read
     /// again until the thread's epoll set reports its socket readable
@@ -137,6 +145,18 @@ pub const MAX_SEND_IOV: usize = 512;
 /// Entries an admin or I/O queue may be given (`max_aq_depth`,
 /// `max_queue_depth`).
 pub const QUEUE_DEPTHS: std::ops::RangeInclusive<u16> = 2..=4096;
+
+/// Most bytes of one H2CData PDU accepted (`max_h2c_data`): the largest
+/// `max_io_size`.
+pub const MAX_H2C_DATA: u32 = 16 << 20;
+
+/// Most bytes of a connection's receive buffer accepted (`rx_buffer`,
+/// JSON `rx_buffer_size`).
+pub const MAX_RX_BUFFER: usize = 16 << 20;
+
+/// Most connections accepted for `max_connections` and
+/// `max_unbound_connections`.
+pub const MAX_CONNECTIONS: usize = 1 << 20;
 
 /// Longest handshake timeout accepted.
 pub const MAX_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(3600);
@@ -240,11 +260,13 @@ impl TransportOptions {
                 "must be a power of two from 4 KiB to 16 MiB",
             );
         }
-        if self.max_h2c_data < 4096 || !self.max_h2c_data.is_multiple_of(4) {
+        if !(4096..=MAX_H2C_DATA).contains(&self.max_h2c_data)
+            || !self.max_h2c_data.is_multiple_of(4)
+        {
             return bad(
                 "max_h2c_data",
                 self.max_h2c_data as u64,
-                "must be a multiple of 4, at least 4096",
+                "must be a multiple of 4 from 4096 to 16 MiB",
             );
         }
         if self.send_buffer != 0 && !SEND_BUFFERS.contains(&self.send_buffer) {
@@ -254,11 +276,13 @@ impl TransportOptions {
                 "must be 0 (the kernel's) or 4 KiB..=256 MiB",
             );
         }
-        if self.max_connections == 0 {
-            return bad("max_connections", 0, "must be at least 1");
-        }
-        if self.max_unbound_connections == 0 {
-            return bad("max_unbound_connections", 0, "must be at least 1");
+        for (option, n) in [
+            ("max_connections", self.max_connections),
+            ("max_unbound_connections", self.max_unbound_connections),
+        ] {
+            if !(1..=MAX_CONNECTIONS).contains(&n) {
+                return bad(option, n as u64, "must be 1..=1048576");
+            }
         }
         for (option, t) in [
             ("icreq_timeout_ms", self.icreq_timeout),
@@ -346,11 +370,11 @@ impl TransportOptions {
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {
             return bad("send_iov", self.send_iov as u64, "must be 1..=512");
         }
-        if self.rx_buffer < 4096 {
+        if !(4096..=MAX_RX_BUFFER).contains(&self.rx_buffer) {
             return bad(
-                "rx_buffer",
+                "rx_buffer_size",
                 self.rx_buffer as u64,
-                "must be at least 4096 bytes",
+                "must be 4096..=16777216 bytes",
             );
         }
         Ok(())
