@@ -332,10 +332,20 @@ pub fn config(
     if let Some(n) = a.num_shared_buffers {
         t.num_shared_buffers = n;
     }
-    t.incoming_cpu = a.incoming_cpu;
-    t.epoll_idle = !a.no_epoll_idle;
-    t.direct_receive = !a.no_direct_receive;
-    t.epoll_receive = a.epoll_receive;
+    // A switch given overrides the file; not given, the file's value
+    // (or the default) stays.
+    if a.incoming_cpu {
+        t.incoming_cpu = true;
+    }
+    if a.no_epoll_idle {
+        t.epoll_idle = false;
+    }
+    if a.no_direct_receive {
+        t.direct_receive = false;
+    }
+    if a.epoll_receive {
+        t.epoll_receive = true;
+    }
     if let Some(n) = a.send_buffer {
         t.send_buffer = n;
     }
@@ -716,6 +726,7 @@ fn target_samples(e: &mut crate::metrics::Exposition, t: &Target) {
 mod tests {
     use super::*;
     use clap::Parser;
+    use serde_json::{json, Value};
 
     #[derive(Parser)]
     struct Cli {
@@ -915,6 +926,102 @@ mod tests {
             d.icreq_timeout.as_secs().to_string()
         );
         assert_eq!(d.icreq_timeout, d.connect_timeout);
+    }
+
+    /// The configuration of `-c` a file holding `json` and the flags
+    /// `extra`.
+    fn cfg_file(name: &str, json: &Value, extra: &[&str]) -> TargetConfig {
+        let dir = std::env::temp_dir().join(format!("pollux-cli-cfg-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join(name);
+        std::fs::write(&path, json.to_string()).unwrap();
+        let path = path.display().to_string();
+        let mut argv = vec!["target", "-c", &path];
+        argv.extend_from_slice(extra);
+        let a = Cli::try_parse_from(argv).expect("arguments").a;
+        config(
+            &a,
+            &mut |t: &str| Err(bad("--nvme", t, "none")),
+            &mut |n: &NvmeAttach| Err(n.name.clone()),
+        )
+        .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+    }
+
+    /// A transport option set by both `-c`'s file and a flag takes the
+    /// flag's value; set by the file alone, the file's (before: the
+    /// switches --incoming-cpu, --no-epoll-idle and --no-direct-receive
+    /// not given reset the file's incoming_cpu, epoll_idle and
+    /// direct_receive to the defaults).
+    #[test]
+    fn a_flag_given_overrides_the_files_transport_option_and_only_then() {
+        let file = |params: Value| {
+            json!({"subsystems": [{"subsystem": "nvmf", "config": [
+                {"method": "nvmf_create_transport", "params": params}]}]})
+        };
+        let d = TransportOptions::default();
+        let set = file(
+            json!({"trtype": "TCP", "incoming_cpu": true, "epoll_idle": false,
+            "direct_receive": false, "max_queue_depth": 64, "sock_impl": "uring",
+            "uring_rx_buffers": 1024, "send_iov": 8}),
+        );
+        let t = cfg_file("set.json", &set, &[]).transport;
+        assert_eq!(
+            (t.incoming_cpu, t.epoll_idle, t.direct_receive),
+            (true, false, false),
+            "the file's switches without flags"
+        );
+        assert_eq!(
+            (
+                t.max_queue_depth,
+                t.sock_impl,
+                t.uring_rx_buffers,
+                t.send_iov
+            ),
+            (64, pollux_nvmf::SockImpl::Uring, 1024, 8)
+        );
+        let t = cfg_file(
+            "set.json",
+            &set,
+            &[
+                "--max-queue-depth",
+                "32",
+                "--sock-impl",
+                "posix",
+                "--uring-rx-buffers",
+                "256",
+                "--send-iov",
+                "4",
+            ],
+        )
+        .transport;
+        assert_eq!(
+            (
+                t.max_queue_depth,
+                t.sock_impl,
+                t.uring_rx_buffers,
+                t.send_iov
+            ),
+            (32, pollux_nvmf::SockImpl::Posix, 256, 4),
+            "the flags over the file"
+        );
+        assert_eq!(
+            (t.incoming_cpu, t.epoll_idle, t.direct_receive),
+            (true, false, false)
+        );
+        let plain = file(json!({"trtype": "TCP"}));
+        let t = cfg_file("plain.json", &plain, &[]).transport;
+        assert_eq!(t, d);
+        let t = cfg_file(
+            "plain.json",
+            &plain,
+            &["--incoming-cpu", "--no-epoll-idle", "--no-direct-receive"],
+        )
+        .transport;
+        assert_eq!(
+            (t.incoming_cpu, t.epoll_idle, t.direct_receive),
+            (true, false, false),
+            "the switches over the file's defaults"
+        );
     }
 
     /// A key file of mode `mode` holding `text`, in this test's directory.
