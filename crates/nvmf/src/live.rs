@@ -345,6 +345,12 @@ impl Target {
         Ok(())
     }
 
+    /// The transport options the target runs with: those it started
+    /// with, or `create_transport`'s once it was called.
+    pub fn transport_options(&self) -> TransportOptions {
+        self.shared().opts.clone()
+    }
+
     /// The transports as SPDK's `nvmf_get_transports` lists them.
     pub fn transports(&self) -> Vec<Value> {
         if !self.live().transport {

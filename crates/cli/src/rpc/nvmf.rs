@@ -370,15 +370,17 @@ pub fn register(methods: &mut Methods, target: Arc<Target>, bdevs: Arc<pollux_bd
             .map(str::to_string);
         check_tgt(&tgt)?;
         let v = other_transports_params(v)?;
-        let sock_given = v.get("sock_impl").is_some();
-        // The configuration file's reader: same parameters and messages.
-        let mut cfg = TargetConfig::default();
+        // The parameters given over the options the target started with
+        // (its command line's: `--sock-impl`, `--uring-*`,
+        // `--max-queue-depth`, ...), as SPDK's over its defaults: those
+        // are this target's defaults. The configuration file's reader:
+        // same parameters and messages.
+        let mut cfg = TargetConfig {
+            transport: t.transport_options(),
+            ..TargetConfig::default()
+        };
         cfg.apply_entry(&json!({"method": "nvmf_create_transport", "params": v}))
             .map_err(config_err)?;
-        if !sock_given {
-            // The threads' socket implementation (`--sock-impl`) stays.
-            cfg.transport.sock_impl = t.sock_impl();
-        }
         t.create_transport(cfg.transport).map_err(live_err)?;
         Ok(Value::Bool(true))
     });
@@ -632,6 +634,47 @@ mod tests {
 
     fn call(m: &Methods, name: &str, p: Value) -> Result<Value, RpcError> {
         m.call(name, Some(&p))
+    }
+
+    /// A transport created live keeps the options the target was started
+    /// with (its command line's) that the call does not set, and takes
+    /// those it sets (before: every option not given was reset to its
+    /// default but `sock_impl`, so `--uring-rx-buffers`, `--no-epoll-idle`,
+    /// `--max-queue-depth`, ... were lost).
+    #[test]
+    fn a_live_transport_starts_from_the_targets_options() {
+        let started = pollux_nvmf::TransportOptions {
+            max_queue_depth: 32,
+            uring_rx_buffers: 1024,
+            uring_zcopy_threshold: 65536,
+            epoll_idle: false,
+            incoming_cpu: true,
+            max_connections: 100,
+            send_iov: 16,
+            busy_poll_us: 50,
+            ..Default::default()
+        };
+        let cfg = TargetConfig {
+            transport: started.clone(),
+            ..TargetConfig::default()
+        };
+        let t = Arc::new(Target::start(cfg, &[0], RuntimeOptions::default()).unwrap());
+        let mut m = Methods::new();
+        register(&mut m, t.clone(), Arc::new(pollux_bdev::Registry::new()));
+        // What SPDK's client sends for `nvmf_create_transport -t TCP -q 64
+        // -u 16384`.
+        let tr = json!({"trtype": "TCP", "max_queue_depth": 64, "io_unit_size": 16384,
+            "no_srq": false, "c2h_success": true, "zcopy": false, "dif_insert_or_strip": false,
+            "no_wr_batching": false, "disable_mappable_bar0": false, "disable_adaptive_irq": false,
+            "disable_shadow_doorbells": false, "disable_command_passthru": false});
+        assert_eq!(call(&m, "nvmf_create_transport", tr), Ok(json!(true)));
+        let want = pollux_nvmf::TransportOptions {
+            max_queue_depth: 64,
+            io_unit_size: 16384,
+            ..started
+        };
+        assert_eq!(t.transport_options(), want);
+        t.shutdown().unwrap();
     }
 
     #[test]
