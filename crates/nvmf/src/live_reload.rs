@@ -57,6 +57,7 @@ impl Target {
         Running {
             subsystems,
             discovery: discovery.into_iter().map(asked).collect(),
+            sock_impl: shared.opts.sock_impl,
         }
     }
 

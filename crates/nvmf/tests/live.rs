@@ -525,6 +525,44 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
     t2.shutdown().unwrap();
 }
 
+/// SPDK's `save_config` of a listener with a `sock_impl` (it writes
+/// `secure_channel` and `sock_impl` after the address) starts a target
+/// whose transport runs that implementation, and the target refuses to
+/// start when the transport runs another, naming the key and both.
+#[test]
+fn a_listeners_sock_impl_starts_a_target_of_that_implementation_only() {
+    let doc = |transport: Value| {
+        config_doc(
+            &["Malloc0"],
+            vec![
+                json!({"method": "nvmf_create_transport", "params": transport}),
+                json!({"method": "nvmf_create_subsystem", "params": {"nqn": SUB1, "allow_any_host": true}}),
+                json!({"method": "nvmf_subsystem_add_ns", "params": {"nqn": SUB1, "namespace": {"bdev_name": "Malloc0"}}}),
+                json!({"method": "nvmf_subsystem_add_listener", "params": {"nqn": SUB1,
+                    "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "0"},
+                    "secure_channel": false, "sock_impl": "uring"}}),
+            ],
+        )
+    };
+    let cfg =
+        TargetConfig::from_json(&doc(json!({"trtype": "TCP", "sock_impl": "uring"}))).unwrap();
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    assert_eq!(t.sock_impl(), pollux_nvmf::SockImpl::Uring);
+    t.shutdown().unwrap();
+    drop(t);
+    let cfg = TargetConfig::from_json(&doc(json!({"trtype": "TCP"}))).unwrap();
+    let e = Target::start(cfg, &[0], RuntimeOptions::default())
+        .err()
+        .expect("a uring listener on a posix transport")
+        .to_string();
+    assert!(
+        e.contains(SUB1)
+            && e.contains("parameter 'sock_impl' is 'uring'")
+            && e.contains("the transport's sock_impl is 'posix'"),
+        "{e}"
+    );
+}
+
 /// SPDK v25.09's `nvmf_create_transport` parameters and their types
 /// (lib/nvmf/nvmf_rpc.c `nvmf_rpc_create_transport_decoder`, lib/nvmf/tcp.c
 /// `tcp_transport_opts_decoder`).

@@ -930,7 +930,11 @@ mod tests {
 
     /// The configuration of `-c` a file holding `json` and the flags
     /// `extra`.
-    fn cfg_file(name: &str, json: &Value, extra: &[&str]) -> TargetConfig {
+    fn try_cfg_file(
+        name: &str,
+        json: &Value,
+        extra: &[&str],
+    ) -> Result<TargetConfig, TargetCliError> {
         let dir = std::env::temp_dir().join(format!("pollux-cli-cfg-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let path = dir.join(name);
@@ -944,7 +948,37 @@ mod tests {
             &mut |t: &str| Err(bad("--nvme", t, "none")),
             &mut |n: &NvmeAttach| Err(n.name.clone()),
         )
-        .unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+    }
+
+    fn cfg_file(name: &str, json: &Value, extra: &[&str]) -> TargetConfig {
+        try_cfg_file(name, json, extra).unwrap_or_else(|e| panic!("{extra:?}: {e}"))
+    }
+
+    /// SPDK's configuration of a uring listener (its `save_config` writes
+    /// the listener's `sock_impl`; its transport has none) starts a
+    /// target given `--sock-impl uring`, and without it is refused naming
+    /// the key and both implementations (before: refused as an unknown
+    /// parameter either way).
+    #[test]
+    fn an_spdk_uring_listener_needs_the_targets_sock_impl() {
+        let doc = json!({"subsystems": [{"subsystem": "nvmf", "config": [
+            {"method": "nvmf_create_transport", "params": {"trtype": "TCP"}},
+            {"method": "nvmf_create_subsystem", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1"}},
+            {"method": "nvmf_subsystem_add_listener", "params": {"nqn": "nqn.2016-06.io.spdk:cnode1",
+                "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "4420"},
+                "secure_channel": false, "sock_impl": "uring"}}]}]});
+        let c = cfg_file("uring-listener.json", &doc, &["--sock-impl", "uring"]);
+        assert_eq!(c.transport.sock_impl, pollux_nvmf::SockImpl::Uring);
+        let e = try_cfg_file("uring-listener.json", &doc, &[])
+            .err()
+            .expect("posix target, uring listener")
+            .to_string();
+        assert!(
+            e.contains("parameter 'sock_impl' is 'uring'")
+                && e.contains("the transport's sock_impl is 'posix'")
+                && e.contains("--sock-impl"),
+            "{e}"
+        );
     }
 
     /// A transport option set by both `-c`'s file and a flag takes the

@@ -25,6 +25,14 @@ pub enum ConfigError {
         path: String,
         why: String,
     },
+    /// A listener's `sock_impl` is not the transport's.
+    #[error("nvmf_subsystem_add_listener {addr} of '{nqn}': parameter 'sock_impl' is '{asked}', but the transport's sock_impl is '{transport}': one socket implementation serves the whole target (nvmf_create_transport's sock_impl, or pollux target --sock-impl)")]
+    ListenerSockImpl {
+        nqn: String,
+        addr: std::net::SocketAddr,
+        asked: &'static str,
+        transport: &'static str,
+    },
     #[error("transport option {option} = {value}: {why}")]
     Transport {
         option: &'static str,

@@ -95,7 +95,9 @@ impl TargetConfig {
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
     {
         let (cfg, _) = TargetConfig::read_json(json, |bc| Ok(bc.create(attach)?))?;
-        cfg.validate()?;
+        // (Not yet the listeners' sock_impl: the caller may set the
+        // transport's; `Target::start` checks it.)
+        cfg.validate_read()?;
         Ok(cfg)
     }
 
@@ -429,14 +431,32 @@ impl TargetConfig {
                     "tgt_name",
                     "secure_channel",
                     "ana_state",
+                    "sock_impl",
                 ])?;
                 let addr = listen_address(&p)?;
+                // SPDK writes it when the listener has one: kept, checked
+                // against the transport's by `validate`.
+                let sock_impl = match p.str_opt("sock_impl")? {
+                    Some(v) => Some(
+                        SockImpl::from_name(v)
+                            .ok_or_else(|| p.bad("sock_impl", format!("'{v}': posix or uring")))?,
+                    ),
+                    None => None,
+                };
                 let ana = match p.str_opt("ana_state")? {
                     Some(v) => Some(ana_state(&p, v)?),
                     None => None,
                 };
                 let nqn = p.str_req("nqn")?;
-                if nqn == DISCOVERY_NQN || nqn == "discovery" {
+                let nqn = if nqn == "discovery" {
+                    DISCOVERY_NQN
+                } else {
+                    nqn
+                };
+                if let Some(s) = sock_impl {
+                    self.listener_sock_impls.push((nqn.to_string(), addr, s));
+                }
+                if nqn == DISCOVERY_NQN {
                     // The discovery subsystem listens wherever any does,
                     // and here too (SPDK's discovery port, e.g. 8009).
                     if !self.discovery_listeners.contains(&addr) {
@@ -853,6 +873,75 @@ mod tests {
             }
         }
         assert_eq!(options, TRANSPORT_PARAMS.len() - NOT_OPTIONS.len());
+    }
+
+    /// A document of a transport with `transport` params and a listener
+    /// of subsystem `nqn` (created unless the discovery one) with
+    /// `listener` params added.
+    fn listener_doc(transport: Value, nqn: &str, listener: Value) -> String {
+        let mut add = json!({"nqn": nqn, "listen_address": {"trtype": "TCP", "adrfam": "IPv4", "traddr": "127.0.0.1", "trsvcid": "4420"}});
+        for (k, v) in listener.as_object().unwrap() {
+            add[k] = v.clone();
+        }
+        let mut nvmf = vec![json!({"method": "nvmf_create_transport", "params": transport})];
+        if nqn != "discovery" {
+            nvmf.push(json!({"method": "nvmf_create_subsystem", "params": {"nqn": nqn}}));
+        }
+        nvmf.push(json!({"method": "nvmf_subsystem_add_listener", "params": add}));
+        json!({"subsystems": [{"subsystem": "nvmf", "config": nvmf}]}).to_string()
+    }
+
+    /// SPDK's per-listener `sock_impl` (its `save_config` writes it when
+    /// set) is taken when it names the transport's socket implementation
+    /// and refused by `validate` (what `Target::start` and `pollux target`
+    /// check, after its `--sock-impl`) naming the key and both
+    /// implementations when it names another (before: refused as an
+    /// unknown parameter whatever it named); a name that is neither is
+    /// refused by the reader.
+    #[test]
+    fn a_listeners_sock_impl_must_be_the_transports() {
+        const NQN: &str = "nqn.2016-06.io.spdk:cnode1";
+        let tcp = json!({"trtype": "TCP"});
+        let uring = json!({"trtype": "TCP", "sock_impl": "uring"});
+        for (transport, nqn, si) in [
+            (&tcp, NQN, "posix"),
+            (&uring, NQN, "uring"),
+            (&uring, "discovery", "uring"),
+        ] {
+            let doc = listener_doc(transport.clone(), nqn, json!({"sock_impl": si}));
+            let c = TargetConfig::from_json(&doc).unwrap_or_else(|e| panic!("{si}: {e}"));
+            c.validate().unwrap_or_else(|e| panic!("{si}: {e}"));
+        }
+        for (transport, nqn, si, other) in [
+            (&tcp, NQN, "uring", "posix"),
+            (&uring, NQN, "posix", "uring"),
+            (&tcp, "discovery", "uring", "posix"),
+        ] {
+            let doc = listener_doc(transport.clone(), nqn, json!({"sock_impl": si}));
+            let mut c = TargetConfig::from_json(&doc).expect("read: the caller may set sock_impl");
+            let e = c.validate().expect_err(si).to_string();
+            assert!(
+                e.contains("parameter 'sock_impl' is '")
+                    && e.contains(&format!("'{si}'"))
+                    && e.contains(&format!("the transport's sock_impl is '{other}'"))
+                    && e.contains("127.0.0.1:4420"),
+                "{e}"
+            );
+            // Set to the listener's (`--sock-impl`): taken.
+            c.transport.sock_impl = SockImpl::from_name(si).unwrap();
+            c.validate().unwrap();
+        }
+        let doc = listener_doc(tcp, NQN, json!({"sock_impl": "epoll"}));
+        let e = TargetConfig::from_json(&doc)
+            .err()
+            .expect("epoll")
+            .to_string();
+        assert!(
+            e.contains(
+                "nvmf_subsystem_add_listener: parameter 'sock_impl': 'epoll': posix or uring"
+            ),
+            "{e}"
+        );
     }
 
     /// The options that only `pollux target`'s flags could set before

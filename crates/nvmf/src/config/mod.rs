@@ -39,7 +39,10 @@
 //!   io_uring's `uring_fixed_files`, `uring_rx_buffers`,
 //!   `uring_rx_buffer_size`, `uring_zcopy_threshold`. `save_config`
 //!   writes SPDK's keys always and pollux's own (and `kas`, `sock_impl`)
-//!   only when not the default.
+//!   only when not the default. `pollux target`'s transport flags
+//!   (`--sock-impl`, `--no-epoll-idle`, ...) override the file's value
+//!   when given; a live `nvmf_create_transport` applies its parameters
+//!   over the options the target started with.
 //! - `nvmf_create_subsystem` (`nqn`, `serial_number`, `model_number`,
 //!   `allow_any_host`, `max_namespaces`, `ana_reporting`, `min_cntlid`,
 //!   `max_cntlid`).
@@ -48,7 +51,10 @@
 //! - `nvmf_subsystem_add_listener` (`nqn`,
 //!   `listen_address.{trtype,adrfam,traddr,trsvcid}`, `ana_state`; the
 //!   discovery NQN or `discovery`: a listener of the discovery subsystem
-//!   alone), `nvmf_subsystem_listener_set_ana_state`.
+//!   alone; SPDK's per-listener `sock_impl` taken when it names the
+//!   transport's, refused by [`TargetConfig::validate`] naming both when
+//!   not: one implementation serves the whole target),
+//!   `nvmf_subsystem_listener_set_ana_state`.
 //! - `nvmf_subsystem_add_host` (`nqn`, `host`, and DH-HMAC-CHAP keys by
 //!   keyring name: `dhchap_key`, `dhchap_ctrlr_key`).
 //! - `nvmf_set_config` (`dhchap_digests`, `dhchap_dhgroups`: what

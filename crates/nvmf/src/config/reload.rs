@@ -14,6 +14,9 @@
 //!   model number, `max_namespaces`, `ana_reporting`, controller ID
 //!   range, namespaces, a host's DH-HMAC-CHAP keys, or a host added with
 //!   a key the target did not start with.
+//! - A listener whose `sock_impl` (SPDK's per-listener key) is not the
+//!   running target's is refused as a restart refuses it: its subsystem
+//!   gets no live change (named as the second kind).
 //! - A subsystem is never half changed: one with a change of the second
 //!   kind gets none of the first applied either (both are named).
 //! - A listener of port 0 (any free port) is the running listener asked
@@ -28,6 +31,7 @@ use pollux_spec::log::AnaState;
 
 use super::error::ConfigError;
 use super::target::{SubsystemConfig, TargetConfig};
+use super::transport::SockImpl;
 
 /// A configuration file as a reload reads it: checked completely, no bdev
 /// made (`target.bdevs` empty), with its bdev subsystem's entries.
@@ -68,6 +72,8 @@ pub struct Running {
     pub subsystems: Vec<RunningSubsystem>,
     /// The discovery subsystem's own listeners: (asked for, bound).
     pub discovery: Vec<(SocketAddr, SocketAddr)>,
+    /// The socket implementation of the target's threads.
+    pub sock_impl: SockImpl,
 }
 
 /// One change a reload makes live, through the method of the JSON-RPC
@@ -176,6 +182,21 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
         out.not_applied
             .push(format!("bdev {} {what}", names.join(", ")));
     }
+    // A listener's sock_impl that is not the running target's (one
+    // serves the whole target) is refused as a restart would refuse it.
+    let other_sock_impl = |nqn: &str| -> Vec<String> {
+        n.listener_sock_impls
+            .iter()
+            .filter(|(q, _, s)| q == nqn && *s != running.sock_impl)
+            .map(|(_, a, s)| {
+                format!(
+                    "listener {a}: sock_impl '{}' is not the target's '{}'",
+                    s.name(),
+                    running.sock_impl.name()
+                )
+            })
+            .collect()
+    };
     // The discovery subsystem's own listeners.
     let (add, remove) = listener_diff(&n.discovery_listeners, &running.discovery);
     let changes: Vec<LiveChange> = add
@@ -183,7 +204,11 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
         .map(LiveChange::AddListener)
         .chain(remove.into_iter().map(LiveChange::RemoveListener))
         .collect();
-    if !changes.is_empty() {
+    let fixed = other_sock_impl(DISCOVERY_NQN);
+    if !fixed.is_empty() {
+        out.not_applied
+            .push(not_made(DISCOVERY_NQN, &fixed, &changes));
+    } else if !changes.is_empty() {
         out.subsystems.push(SubsystemPlan {
             nqn: DISCOVERY_NQN.into(),
             changes,
@@ -202,7 +227,8 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
             ));
             continue;
         };
-        let fixed = restart_only(started, old, new, s);
+        let mut fixed = restart_only(started, old, new, s);
+        fixed.extend(other_sock_impl(nqn));
         let changes = live_changes(s, run);
         if fixed.is_empty() {
             if !changes.is_empty() {
@@ -212,15 +238,7 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
                 });
             }
         } else {
-            let mut why = format!("subsystem '{nqn}': {}", fixed.join("; "));
-            if !changes.is_empty() {
-                let c: Vec<String> = changes.iter().map(ToString::to_string).collect();
-                why.push_str(&format!(
-                    " (so its live changes are not made either: {})",
-                    c.join("; ")
-                ));
-            }
-            out.not_applied.push(why);
+            out.not_applied.push(not_made(nqn, &fixed, &changes));
         }
     }
     for s in &o.subsystems {
@@ -230,6 +248,20 @@ pub fn plan(started: &ConfigFile, new: &ConfigFile, running: &Running) -> Reload
         }
     }
     out
+}
+
+/// Why subsystem `nqn`'s `changes` are not made: `fixed`, what a
+/// restart only applies.
+fn not_made(nqn: &str, fixed: &[String], changes: &[LiveChange]) -> String {
+    let mut why = format!("subsystem '{nqn}': {}", fixed.join("; "));
+    if !changes.is_empty() {
+        let c: Vec<String> = changes.iter().map(ToString::to_string).collect();
+        why.push_str(&format!(
+            " (so its live changes are not made either: {})",
+            c.join("; ")
+        ));
+    }
+    why
 }
 
 /// Names of `old` and `new` (name, value) grouped as "added", "removed",

@@ -75,6 +75,7 @@ fn running_of(f: &ConfigFile) -> Running {
             })
             .collect(),
         discovery: Vec::new(),
+        sock_impl: f.target.transport.sock_impl,
     }
 }
 
@@ -239,6 +240,40 @@ fn a_port_0_listener_is_the_one_bound_for_it() {
             anagrpid: None,
             state: AnaState::Inaccessible
         }]
+    );
+}
+
+/// A listener added by the file with SPDK's per-listener `sock_impl` is
+/// added if it names the running target's implementation; naming
+/// another, its subsystem is not changed and the reload says why (both
+/// names), as a restart would refuse it.
+#[test]
+fn a_listeners_sock_impl_must_be_the_running_targets() {
+    let with = |si: &str| {
+        let (ip, port) = L2.rsplit_once(':').unwrap();
+        format!(
+            r#"{{"method": "nvmf_subsystem_add_listener", "params": {{"nqn": "{NQN}", "listen_address": {{"trtype": "TCP", "traddr": "{ip}", "trsvcid": "{port}"}}, "sock_impl": "{si}"}}}}"#
+        )
+    };
+    let old = file(64, "", &[listener(L1, None)]);
+    let run = running_of(&old);
+    assert_eq!(run.sock_impl, SockImpl::Posix);
+    let same = file(64, "", &[listener(L1, None), with("posix")]);
+    let p = plan(&old, &same, &run);
+    assert!(p.not_applied.is_empty(), "{:?}", p.not_applied);
+    assert_eq!(p.subsystems[0].changes, [LiveChange::AddListener(a(L2))]);
+    let other = file(64, "", &[listener(L1, None), with("uring")]);
+    let p = plan(&old, &other, &run);
+    assert!(p.subsystems.is_empty(), "{:?}", p.subsystems);
+    let w = &p.not_applied[..];
+    assert!(
+        w.len() == 1
+            && w[0].contains(NQN)
+            && w[0].contains(&format!(
+                "listener {L2}: sock_impl 'uring' is not the target's 'posix'"
+            ))
+            && w[0].contains("not made either: listener"),
+        "{w:?}"
     );
 }
 

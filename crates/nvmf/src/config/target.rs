@@ -9,7 +9,7 @@ use pollux_spec::log::AnaState;
 
 use super::auth::{AuthOptions, HostKeys, Keyring};
 use super::error::ConfigError;
-use super::transport::TransportOptions;
+use super::transport::{SockImpl, TransportOptions};
 
 /// A namespace: a bdev by name, with an optional NSID, identifiers
 /// (SPDK's `uuid`, `nguid`, `eui64`; none: derived from the serial
@@ -122,6 +122,12 @@ pub struct TargetConfig {
     /// The digests and DH groups DH-HMAC-CHAP offers (SPDK's
     /// `nvmf_set_config`).
     pub auth: AuthOptions,
+    /// The socket implementations listeners asked for (SPDK's
+    /// per-listener `sock_impl` of `nvmf_subsystem_add_listener`): (NQN,
+    /// listener, implementation). One implementation serves the whole
+    /// target, the transport's: [`TargetConfig::validate`] refuses
+    /// another.
+    pub listener_sock_impls: Vec<(String, SocketAddr, SockImpl)>,
 }
 
 impl Clone for TargetConfig {
@@ -135,6 +141,7 @@ impl Clone for TargetConfig {
             discovery_listeners: self.discovery_listeners.clone(),
             keyring: self.keyring.clone(),
             auth: self.auth,
+            listener_sock_impls: self.listener_sock_impls.clone(),
         }
     }
 }
@@ -154,9 +161,37 @@ impl std::fmt::Debug for TargetConfig {
     }
 }
 impl TargetConfig {
-    /// Checks names, NQNs, namespaces and listeners against each other.
+    /// Checks names, NQNs, namespaces and listeners against each other,
+    /// and that the listeners' `sock_impl` is the transport's.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        self.validate_read()?;
+        self.check_listener_sock_impls()
+    }
+
+    /// [`TargetConfig::validate`] but for the listeners' `sock_impl`:
+    /// what a reader checks, its caller may still set the transport's
+    /// (`pollux target --sock-impl` after `-c`).
+    pub(crate) fn validate_read(&self) -> Result<(), ConfigError> {
         self.validate_with(&|name| self.bdevs.iter().any(|b| b.name() == name))
+    }
+
+    /// Each listener's `sock_impl` (SPDK's per-listener key) is the
+    /// transport's: one implementation serves the whole target.
+    pub fn check_listener_sock_impls(&self) -> Result<(), ConfigError> {
+        let transport = self.transport.sock_impl;
+        match self
+            .listener_sock_impls
+            .iter()
+            .find(|(_, _, s)| *s != transport)
+        {
+            None => Ok(()),
+            Some((nqn, addr, s)) => Err(ConfigError::ListenerSockImpl {
+                nqn: nqn.clone(),
+                addr: *addr,
+                asked: s.name(),
+                transport: transport.name(),
+            }),
+        }
     }
 
     /// [`TargetConfig::validate`], a namespace's bdev checked by
