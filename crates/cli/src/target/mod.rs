@@ -970,8 +970,7 @@ mod tests {
         let c = cfg_file("uring-listener.json", &doc, &["--sock-impl", "uring"]);
         assert_eq!(c.transport.sock_impl, pollux_nvmf::SockImpl::Uring);
         let e = try_cfg_file("uring-listener.json", &doc, &[])
-            .err()
-            .expect("posix target, uring listener")
+            .expect_err("posix target, uring listener")
             .to_string();
         assert!(
             e.contains("parameter 'sock_impl' is 'uring'")

@@ -933,8 +933,7 @@ mod tests {
         }
         let doc = listener_doc(tcp, NQN, json!({"sock_impl": "epoll"}));
         let e = TargetConfig::from_json(&doc)
-            .err()
-            .expect("epoll")
+            .expect_err("epoll")
             .to_string();
         assert!(
             e.contains(
