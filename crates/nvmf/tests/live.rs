@@ -498,6 +498,8 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
         "incoming_cpu": true,
         "epoll_idle": false,
         "direct_receive": false,
+        "epoll_receive": true,
+        "send_buffer": 196608,
     });
     let doc = |p: &Value| {
         config_doc(

@@ -21,7 +21,7 @@ use super::target::{
 };
 use super::transport::{
     SockImpl, TransportOptions, MAX_CONNECTIONS, MAX_H2C_DATA, MAX_HANDSHAKE_TIMEOUT,
-    MAX_RX_BUFFER, MAX_SEND_IOV,
+    MAX_RX_BUFFER, MAX_SEND_IOV, SEND_BUFFERS,
 };
 
 /// The parameters `nvmf_create_transport` takes (SPDK's and pollux's own;
@@ -67,6 +67,8 @@ const TRANSPORT_PARAMS: &[&str] = &[
     "incoming_cpu",
     "epoll_idle",
     "direct_receive",
+    "epoll_receive",
+    "send_buffer",
 ];
 
 impl TargetConfig {
@@ -280,6 +282,12 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.bool_opt("direct_receive")? {
                     t.direct_receive = v;
+                }
+                if let Some(v) = p.bool_opt("epoll_receive")? {
+                    t.epoll_receive = v;
+                }
+                if let Some(v) = p.uint("send_buffer", 0, u64::from(*SEND_BUFFERS.end()))? {
+                    t.send_buffer = v as u32;
                 }
                 if let Some(v) = p.uint("num_shared_buffers", 1, u32::MAX as u64)? {
                     t.num_shared_buffers = v as u32;
@@ -644,7 +652,7 @@ impl TransportOptions {
         // threads' own when the entry is sent to a running target).
         let d = TransportOptions::default();
         let ms = |t: Duration| Value::from(t.as_millis() as u64);
-        let extra: [(&str, Value, Value); 20] = [
+        let extra: [(&str, Value, Value); 22] = [
             ("kas", o.kas.into(), d.kas.into()),
             ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
             (
@@ -706,6 +714,12 @@ impl TransportOptions {
                 o.direct_receive.into(),
                 d.direct_receive.into(),
             ),
+            (
+                "epoll_receive",
+                o.epoll_receive.into(),
+                d.epoll_receive.into(),
+            ),
+            ("send_buffer", o.send_buffer.into(), d.send_buffer.into()),
         ];
         for (k, v, def) in extra {
             if v != def {

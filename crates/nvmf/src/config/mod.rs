@@ -35,7 +35,8 @@
 //!   `auth_timeout_ms`, `data_timeout_ms`, `send_iov`,
 //!   `max_connections`, `max_unbound_connections`,
 //!   `admin_in_capsule_data_size`, `max_h2c_data`, `rx_buffer_size`,
-//!   `busy_poll_us`, `incoming_cpu`, `epoll_idle`, `direct_receive`, and
+//!   `busy_poll_us`, `incoming_cpu`, `epoll_idle`, `direct_receive`,
+//!   `epoll_receive`, `send_buffer`, and
 //!   io_uring's `uring_fixed_files`, `uring_rx_buffers`,
 //!   `uring_rx_buffer_size`, `uring_zcopy_threshold`. `save_config`
 //!   writes SPDK's keys always and pollux's own (and `kas`, `sock_impl`)
