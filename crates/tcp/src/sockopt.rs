@@ -1,6 +1,7 @@
 //! Socket options both ends of NVMe/TCP may set beyond `std::net`:
-//! busy polling (`SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`) and a fixed send
-//! buffer (`SO_SNDBUF`).
+//! busy polling (`SO_BUSY_POLL`, `SO_PREFER_BUSY_POLL`), a fixed send
+//! buffer (`SO_SNDBUF`), and the CPU that receives a socket's packets
+//! (`SO_INCOMING_CPU`).
 use std::io;
 use std::os::fd::{AsRawFd, BorrowedFd};
 
@@ -54,41 +55,39 @@ pub fn set_send_buffer(fd: BorrowedFd<'_>, bytes: u32) -> io::Result<()> {
 /// The socket's send buffer (`SO_SNDBUF`: twice what was asked for, or
 /// what the kernel chose).
 pub fn send_buffer(fd: BorrowedFd<'_>) -> io::Result<u32> {
-    let mut v: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes for the call's duration.
-    let r = unsafe {
-        libc::getsockopt(
-            fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            libc::SO_SNDBUF,
-            (&mut v as *mut i32).cast(),
-            &mut len,
-        )
-    };
-    if r == 0 {
-        Ok(v.max(0) as u32)
-    } else {
-        Err(io::Error::last_os_error())
-    }
+    getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF).map(|v| v.max(0) as u32)
 }
 
 /// The socket's `SO_BUSY_POLL` (microseconds).
 pub fn busy_poll(fd: BorrowedFd<'_>) -> io::Result<u32> {
+    getsockopt_int(fd, libc::SOL_SOCKET, SO_BUSY_POLL).map(|v| v.max(0) as u32)
+}
+
+/// The CPU whose receive processing last handled this socket's packets
+/// (`SO_INCOMING_CPU`), if the kernel knows one.
+pub fn incoming_cpu(fd: BorrowedFd<'_>) -> Option<usize> {
+    match getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_INCOMING_CPU) {
+        Ok(c) if c >= 0 => Some(c as usize),
+        _ => None,
+    }
+}
+
+fn getsockopt_int(fd: BorrowedFd<'_>, level: i32, name: i32) -> io::Result<i32> {
     let mut v: i32 = 0;
     let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes for the call's duration.
+    // SAFETY: `v` and `len` are valid for writes for the call's duration;
+    // `fd` is open.
     let r = unsafe {
         libc::getsockopt(
             fd.as_raw_fd(),
-            libc::SOL_SOCKET,
-            SO_BUSY_POLL,
+            level,
+            name,
             (&mut v as *mut i32).cast(),
             &mut len,
         )
     };
     if r == 0 {
-        Ok(v.max(0) as u32)
+        Ok(v)
     } else {
         Err(io::Error::last_os_error())
     }
@@ -107,6 +106,20 @@ mod tests {
         // (64 KiB is under every kernel's default net.core.wmem_max.)
         set_send_buffer(s.as_fd(), 64 << 10).unwrap();
         assert_eq!(send_buffer(s.as_fd()).unwrap(), 128 << 10);
+    }
+
+    #[test]
+    fn the_incoming_cpu_is_known_once_packets_arrived() {
+        use std::io::{Read, Write};
+        let l = TcpListener::bind("127.0.0.1:0").unwrap();
+        let mut a = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (mut b, _) = l.accept().unwrap();
+        a.write_all(b"x").unwrap();
+        let mut x = [0u8; 1];
+        b.read_exact(&mut x).unwrap();
+        let cpu = incoming_cpu(b.as_fd()).expect("a CPU after a packet");
+        // (The CPU numbers of this process's set may be sparse.)
+        assert!(cpu < 4096, "{cpu}");
     }
 
     #[test]

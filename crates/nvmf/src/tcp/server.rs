@@ -16,7 +16,7 @@
 use std::any::Any;
 use std::cell::RefCell;
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::rc::Rc;
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
@@ -558,7 +558,7 @@ fn accept<W: SockImpl>(ctx: &mut ThreadCtx, tab: &TableRef<W>) -> Poll {
         tcp.conns.fetch_add(1, Relaxed);
         let n = ctx.thread_count();
         let by_cpu = if shared.opts.incoming_cpu {
-            sock::incoming_cpu(s.as_raw_fd())
+            pollux_tcp::sockopt::incoming_cpu(s.as_fd())
                 .and_then(|cpu| tcp.cores.iter().position(|&c| c == cpu))
         } else {
             None

@@ -1,6 +1,6 @@
 //! The socket system calls the connections use beyond `std::net`: a
 //! vectored send, a receive into two pieces (a command's buffer, then the
-//! connection's receive buffer), and `SO_INCOMING_CPU`; and the `posix`
+//! connection's receive buffer); and the `posix`
 //! wire, a `TcpStream` whose receives the thread's epoll may gate
 //! ([`RecvGates`]).
 use std::cell::{Cell, RefCell};
@@ -318,18 +318,6 @@ pub(crate) fn recv2(fd: RawFd, first: &mut [u8], second: &mut [u8]) -> io::Resul
     }
 }
 
-fn getsockopt_int(fd: RawFd, level: i32, name: i32) -> io::Result<i32> {
-    let mut v: i32 = 0;
-    let mut len = std::mem::size_of::<i32>() as libc::socklen_t;
-    // SAFETY: `v` and `len` are valid for writes for the call's duration.
-    let r = unsafe { libc::getsockopt(fd, level, name, (&mut v as *mut i32).cast(), &mut len) };
-    if r == 0 {
-        Ok(v)
-    } else {
-        Err(io::Error::last_os_error())
-    }
-}
-
 /// Raises the soft limit on open descriptors (`RLIMIT_NOFILE`) to the
 /// hard limit: returns the soft limit before and after.
 pub(crate) fn raise_nofile() -> io::Result<(u64, u64)> {
@@ -359,15 +347,6 @@ pub(crate) fn is_resource_exhaustion(e: &io::Error) -> bool {
         e.raw_os_error(),
         Some(libc::EMFILE | libc::ENFILE | libc::ENOBUFS | libc::ENOMEM)
     )
-}
-
-/// The CPU whose receive processing last handled this socket's packets
-/// (`SO_INCOMING_CPU`), if the kernel knows one.
-pub(crate) fn incoming_cpu(fd: RawFd) -> Option<usize> {
-    match getsockopt_int(fd, libc::SOL_SOCKET, libc::SO_INCOMING_CPU) {
-        Ok(c) if c >= 0 => Some(c as usize),
-        _ => None,
-    }
 }
 
 #[cfg(test)]
