@@ -356,25 +356,22 @@ impl Target {
         if !self.live().transport {
             return Vec::new();
         }
+        // What save_config writes, and SPDK's other keys of
+        // nvmf_get_transports at the values pollux has.
+        let mut t = self.shared().opts.create_transport_params();
         let o = &self.shared().opts;
-        vec![json!({
-            "trtype": "TCP",
-            "max_queue_depth": o.max_queue_depth,
-            "max_io_qpairs_per_ctrlr": o.max_io_qpairs_per_ctrlr,
-            "in_capsule_data_size": o.in_capsule_data_size,
-            "max_io_size": o.max_io_size,
-            "io_unit_size": o.io_unit_size,
-            "max_aq_depth": o.max_aq_depth,
-            "num_shared_buffers": o.num_shared_buffers,
-            "buf_cache_size": o.buf_cache_size.unwrap_or(u32::MAX),
-            "dif_insert_or_strip": false,
-            "zcopy": false,
-            "c2h_success": true,
-            "sock_priority": 0,
-            "abort_timeout_sec": 1,
-            "ack_timeout": 0,
-            "data_wr_pool_size": 0,
-        })]
+        t["buf_cache_size"] = o.buf_cache_size.unwrap_or(u32::MAX).into();
+        for (k, v) in [
+            ("zcopy", json!(false)),
+            ("c2h_success", json!(true)),
+            ("sock_priority", json!(0)),
+            ("abort_timeout_sec", json!(1)),
+            ("ack_timeout", json!(0)),
+            ("data_wr_pool_size", json!(0)),
+        ] {
+            t[k] = v;
+        }
+        vec![t]
     }
 
     /// Creates subsystem `nqn` with no namespace, host or listener
