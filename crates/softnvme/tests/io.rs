@@ -475,6 +475,19 @@ fn dma_map_rejects_bad_ranges() {
     }
 }
 
+/// The AER `aer_cid` completes with Invalid Doorbell Write Value (error
+/// log), the device having counted `count` such writes.
+fn expect_invalid_doorbell_aer(h: &mut Host, aer_cid: u16, count: u64) {
+    let c = h.wait_admin(10).expect("AER completion");
+    assert_eq!(c.cid, aer_cid);
+    let ev = aer::decode(c.dw0);
+    assert_eq!(
+        (ev.event_type, ev.info, ev.log_page),
+        (aer::ERROR, aer::ERROR_INVALID_DOORBELL_WRITE, lid::ERROR)
+    );
+    assert_eq!(h.dev.stats().invalid_doorbell_writes, count);
+}
+
 #[test]
 fn invalid_doorbell_writes_raise_aer() {
     let mut h = Host::enabled(cfg_ram());
@@ -483,14 +496,7 @@ fn invalid_doorbell_writes_raise_aer() {
     h.steps(2);
     // Tail beyond the queue size.
     h.w32(sq_tail_doorbell(1, 0), 100);
-    let c = h.wait_admin(10).expect("AER completion");
-    assert_eq!(c.cid, aer_cid);
-    let ev = aer::decode(c.dw0);
-    assert_eq!(
-        (ev.event_type, ev.info, ev.log_page),
-        (aer::ERROR, aer::ERROR_INVALID_DOORBELL_WRITE, lid::ERROR)
-    );
-    assert_eq!(h.dev.stats().invalid_doorbell_writes, 1);
+    expect_invalid_doorbell_aer(&mut h, aer_cid, 1);
     // The queue still works after a valid tail.
     let (b, _) = h.alloc(4096);
     check(
@@ -635,14 +641,7 @@ fn invalid_admin_and_second_io_sq_doorbells_raise_aer() {
     h.steps(2);
     // The admin SQ's tail beyond its size, while it is idle.
     h.w32(sq_tail_doorbell(0, 0), 4000);
-    let c = h.wait_admin(10).expect("AER for the admin SQ doorbell");
-    assert_eq!(c.cid, aer_cid);
-    let ev = aer::decode(c.dw0);
-    assert_eq!(
-        (ev.event_type, ev.info, ev.log_page),
-        (aer::ERROR, aer::ERROR_INVALID_DOORBELL_WRITE, lid::ERROR)
-    );
-    assert_eq!(h.dev.stats().invalid_doorbell_writes, 1);
+    expect_invalid_doorbell_aer(&mut h, aer_cid, 1);
     // Reading the error log unmasks the event type.
     let (lb, _) = h.alloc(4096);
     let s = h.admin_status(Sqe::get_log_page(lid::ERROR, 0, 4096, 0, lb, 0));
@@ -651,11 +650,7 @@ fn invalid_admin_and_second_io_sq_doorbells_raise_aer() {
     h.steps(2);
     // The second I/O SQ's tail beyond its size.
     h.w32(sq_tail_doorbell(2, 0), 999);
-    let c = h
-        .wait_admin(10)
-        .expect("AER for the second I/O SQ doorbell");
-    assert_eq!(c.cid, aer2);
-    assert_eq!(h.dev.stats().invalid_doorbell_writes, 2);
+    expect_invalid_doorbell_aer(&mut h, aer2, 2);
     // The first I/O queue still works.
     let (b, _) = h.alloc(4096);
     check(
