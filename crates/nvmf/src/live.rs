@@ -45,6 +45,12 @@ pub enum LiveError {
         asked: &'static str,
         running: &'static str,
     },
+    #[error("{option} {asked}: the target's threads were started with {running} (chosen at start: pollux target's flag, or the configuration's nvmf_create_transport)")]
+    ChosenAtStart {
+        option: &'static str,
+        asked: bool,
+        running: bool,
+    },
     #[error("no transport 'TCP' (nvmf_create_transport first)")]
     NoTransport,
     #[error("subsystem '{nqn}' already exists")]
@@ -317,6 +323,14 @@ impl Target {
             return Err(LiveError::SockImpl {
                 asked: opts.sock_impl.name(),
                 running: cur.shared.opts.sock_impl.name(),
+            });
+        }
+        // So are the posix threads' receive gates.
+        if opts.epoll_receive != cur.shared.opts.epoll_receive {
+            return Err(LiveError::ChosenAtStart {
+                option: "epoll_receive",
+                asked: opts.epoll_receive,
+                running: cur.shared.opts.epoll_receive,
             });
         }
         if !cur.shared.subsystems().is_empty() || !live.sockets.is_empty() {

@@ -154,6 +154,25 @@ fn an_empty_target_is_configured_live_and_serves_a_host() {
         Err(LiveError::TransportTooLate)
     ));
     t.delete_subsystem(LIVE).unwrap();
+    // The threads' receive gates are set up when they start: a change is
+    // refused by name, not ignored.
+    let e = t
+        .create_transport(TransportOptions {
+            epoll_receive: true,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LiveError::ChosenAtStart {
+                option: "epoll_receive",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(e.to_string().contains("epoll_receive true"), "{e}");
     let o = TransportOptions {
         max_queue_depth: 64,
         ..Default::default()
