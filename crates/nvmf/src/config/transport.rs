@@ -126,6 +126,16 @@ pub struct TransportOptions {
     /// done with them); 0: off, every send copies (JSON
     /// `uring_zcopy_threshold`).
     pub uring_zcopy_threshold: u32,
+    /// io_uring: bytes of each thread's data buffers kept in one region
+    /// registered with its ring (`IORING_REGISTER_BUFFERS`), so that a
+    /// zero-copy send from them names the registered buffer
+    /// (`IORING_RECVSEND_FIXED_BUF`, Linux 6.15+) and the kernel does not
+    /// pin the pages per send; the headers sent with the data are copied
+    /// into the region's staging part. 0: off. Needs
+    /// `uring_zcopy_threshold` (only zero-copy sends use it). Buffers the
+    /// region cannot hold come from the heap and are sent as before
+    /// (JSON `uring_registered_buffers`).
+    pub uring_registered_buffers: u32,
 }
 
 /// The target's socket implementation, by SPDK's names (`posix`,
@@ -194,12 +204,17 @@ impl Default for TransportOptions {
             uring_rx_buffers: 512,
             uring_rx_buffer_size: 16 << 10,
             uring_zcopy_threshold: 0,
+            uring_registered_buffers: 0,
         }
     }
 }
 
 /// Largest `uring_zcopy_threshold` accepted.
 const MAX_ZCOPY_THRESHOLD: u32 = 1 << 30;
+
+/// The sizes `uring_registered_buffers` may take (besides 0, off): a
+/// registered buffer is at most 1 GiB.
+pub const REGISTERED_BUFFERS: std::ops::RangeInclusive<u32> = (1 << 20)..=(1 << 30);
 
 /// Largest data buffer pool accepted.
 const MAX_POOL_BYTES: u64 = 1 << 40;
@@ -366,6 +381,22 @@ impl TransportOptions {
                 self.uring_zcopy_threshold as u64,
                 "must be 0 (off) ..=1073741824 bytes",
             );
+        }
+        if self.uring_registered_buffers != 0 {
+            if !REGISTERED_BUFFERS.contains(&self.uring_registered_buffers) {
+                return bad(
+                    "uring_registered_buffers",
+                    u64::from(self.uring_registered_buffers),
+                    "must be 0 (off) or 1 MiB..=1 GiB",
+                );
+            }
+            if self.uring_zcopy_threshold == 0 {
+                return bad(
+                    "uring_registered_buffers",
+                    u64::from(self.uring_registered_buffers),
+                    "only zero-copy sends use them: set uring_zcopy_threshold too",
+                );
+            }
         }
         if !(1..=MAX_SEND_IOV).contains(&self.send_iov) {
             return bad("send_iov", self.send_iov as u64, "must be 1..=512");
