@@ -14,45 +14,7 @@ use std::sync::atomic::{AtomicU16, Ordering};
 
 use io_uring::types::BufRingEntry;
 
-/// An anonymous private mapping of `len` bytes (page aligned), unmapped
-/// when dropped.
-struct Mapping {
-    ptr: *mut u8,
-    len: usize,
-}
-
-impl Mapping {
-    fn new(len: usize) -> io::Result<Mapping> {
-        // SAFETY: a new anonymous private mapping; no existing memory is
-        // touched.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
-                0,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(Mapping { ptr: p.cast(), len })
-    }
-}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        if self.len == 0 {
-            return;
-        }
-        // SAFETY: the mapping made in `new`; its `BufRing` is dropped only
-        // once the kernel no longer uses it (its owner's rule, see the
-        // module docs), and forgets it instead otherwise (`leak`).
-        unsafe { libc::munmap(self.ptr.cast(), self.len) };
-    }
-}
+use crate::mapping::Mapping;
 
 /// A provided-buffer ring of `count` buffers (a power of two) of `size`
 /// bytes. See the module docs.
@@ -99,7 +61,7 @@ impl BufRing {
 
     /// The ring's address, to register with an io_uring.
     pub fn ring_addr(&self) -> u64 {
-        self.ring.ptr as u64
+        self.ring.ptr() as u64
     }
 
     /// Buffers in all.
@@ -139,14 +101,14 @@ impl BufRing {
     #[inline]
     fn put(&mut self, bid: u16) {
         debug_assert!(bid < self.count);
-        let e = self.ring.ptr.cast::<BufRingEntry>();
+        let e = self.ring.ptr().cast::<BufRingEntry>();
         // SAFETY: the entry is within the ring mapping (masked by the
         // count, a power of two), which only we write between
         // publications (the kernel reads entries below the published
         // tail, and this one is not).
         unsafe {
             let e = &mut *e.add((self.tail & (self.count - 1)) as usize);
-            e.set_addr(self.bufs.ptr as u64 + bid as u64 * self.size as u64);
+            e.set_addr(self.bufs.ptr() as u64 + bid as u64 * self.size as u64);
             e.set_len(self.size);
             e.set_bid(bid);
         }
@@ -159,7 +121,7 @@ impl BufRing {
         if self.published != self.tail {
             // SAFETY: the tail field of the ring mapping's first entry, a
             // u16 the kernel reads atomically.
-            let t = unsafe { &*BufRingEntry::tail(self.ring.ptr.cast()).cast::<AtomicU16>() };
+            let t = unsafe { &*BufRingEntry::tail(self.ring.ptr().cast()).cast::<AtomicU16>() };
             t.store(self.tail, Ordering::Release);
             self.published = self.tail;
         }
@@ -180,7 +142,7 @@ impl BufRing {
         unsafe {
             std::slice::from_raw_parts(
                 self.bufs
-                    .ptr
+                    .ptr()
                     .add(bid as usize * self.size as usize + at as usize),
                 (end - at) as usize,
             )
@@ -193,14 +155,8 @@ impl BufRing {
     pub fn leak(&mut self) -> usize {
         let mut n = 0;
         for m in [&mut self.ring, &mut self.bufs] {
-            n += m.len;
-            std::mem::forget(std::mem::replace(
-                m,
-                Mapping {
-                    ptr: std::ptr::null_mut(),
-                    len: 0,
-                },
-            ));
+            n += m.len();
+            std::mem::forget(std::mem::replace(m, Mapping::empty()));
         }
         n
     }
@@ -223,26 +179,26 @@ mod tests {
         assert_eq!((b.count(), b.size(), b.held()), (4, 512, 0));
         // All four published, at the addresses of their buffers.
         // SAFETY: reading the ring's own mapping (4 entries and the tail).
-        let tail = unsafe { *BufRingEntry::tail(b.ring.ptr.cast()) };
+        let tail = unsafe { *BufRingEntry::tail(b.ring.ptr().cast()) };
         assert_eq!(tail, 4);
         for bid in 0..4u16 {
             // SAFETY: entry `bid` of the ring mapping.
-            let e = unsafe { &*b.ring.ptr.cast::<BufRingEntry>().add(bid as usize) };
-            assert_eq!(e.addr(), b.bufs.ptr as u64 + bid as u64 * 512);
+            let e = unsafe { &*b.ring.ptr().cast::<BufRingEntry>().add(bid as usize) };
+            assert_eq!(e.addr(), b.bufs.ptr() as u64 + bid as u64 * 512);
             assert_eq!((e.len(), e.bid()), (512, bid));
         }
         b.hold();
         b.hold();
         assert_eq!(b.held(), 2);
         // SAFETY: nothing but us writes this mapping (no kernel here).
-        unsafe { b.bufs.ptr.add(512 + 3).write(0xAB) };
+        unsafe { b.bufs.ptr().add(512 + 3).write(0xAB) };
         // SAFETY: buffer 1 counts as handed to us; 3..5 lies within it.
         assert_eq!(unsafe { b.bytes(1, 3, 5) }, &[0xAB, 0]);
         b.give(1);
         assert_eq!(b.held(), 1);
         b.publish();
         // SAFETY: as above.
-        assert_eq!(unsafe { *BufRingEntry::tail(b.ring.ptr.cast()) }, 5);
+        assert_eq!(unsafe { *BufRingEntry::tail(b.ring.ptr().cast()) }, 5);
         assert_eq!(b.leak(), 4096 + 2048);
     }
 }

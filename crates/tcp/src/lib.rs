@@ -63,6 +63,7 @@ mod conn;
 pub mod engine;
 mod fabric;
 pub mod hostnqn;
+pub mod mapping;
 mod mem;
 mod queue;
 pub mod sockopt;
