@@ -28,7 +28,7 @@ use std::cell::{Cell, RefCell};
 use std::sync::atomic::AtomicUsize;
 use std::sync::atomic::Ordering::Relaxed;
 
-use crate::buf::{AlignedBuf, ALIGN};
+use crate::buf::{AlignedBuf, Arena, ALIGN};
 
 /// Size classes: 4 KiB << k.
 const CLASSES: usize = 32;
@@ -128,6 +128,9 @@ pub(crate) struct Cache {
     free: RefCell<Vec<Vec<AlignedBuf>>>,
     bytes: Cell<usize>,
     cap: usize,
+    /// New buffers come from here while it has room (a region registered
+    /// with the thread's io_uring), else from the heap.
+    arena: Option<std::sync::Arc<Arena>>,
 }
 
 impl Cache {
@@ -138,7 +141,14 @@ impl Cache {
             free: RefCell::new((0..CLASSES).map(|_| Vec::new()).collect()),
             bytes: Cell::new(0),
             cap,
+            arena: None,
         }
+    }
+
+    /// New buffers from `arena` while it has room.
+    pub fn with_arena(mut self, arena: Option<std::sync::Arc<Arena>>) -> Cache {
+        self.arena = arena;
+        self
     }
 
     pub fn pool(&self) -> &Pool {
@@ -176,7 +186,10 @@ impl Cache {
                 return None;
             }
         }
-        let b = AlignedBuf::new(cap);
+        let b = match self.arena.as_ref().and_then(|a| a.take(cap)) {
+            Some(b) => Some(b),
+            None => AlignedBuf::new(cap),
+        };
         if b.is_none() {
             self.pool.credit(cap);
         }
@@ -277,5 +290,23 @@ mod tests {
         c.give(b);
         assert_eq!((c.bytes(), pool.used()), (0, 0));
         pool.set_waiting(false);
+    }
+
+    #[test]
+    fn an_arena_serves_new_buffers_while_it_has_room_then_the_heap() {
+        let pool = Arc::new(Pool::new(1 << 20));
+        let arena = Arena::new(4096 + (32 << 10), 4096).unwrap();
+        let c = Cache::new(pool.clone(), 0).with_arena(Some(arena.clone()));
+        let (k, cap) = class(32 << 10);
+        let a = c.take(k, cap, true).unwrap();
+        assert!(a.in_arena());
+        let b = c.take(k, cap, true).unwrap();
+        assert!(!b.in_arena(), "the region is used up: the heap");
+        assert_eq!(pool.used(), 64 << 10, "both charged alike");
+        // No room in the cache: freed, the arena's one back to it.
+        c.give(a);
+        c.give(b);
+        assert_eq!(pool.used(), 0);
+        assert!(c.take(k, cap, true).unwrap().in_arena());
     }
 }

@@ -755,6 +755,24 @@ fn every_technique_switch_moves_data_intact() {
             },
         ),
         (
+            "io_uring, zero-copy sends from registered buffers (1 MiB region: most data from the heap)",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                uring_zcopy_threshold: 4096,
+                uring_registered_buffers: 1 << 20,
+                ..base.clone()
+            },
+        ),
+        (
+            "io_uring, every send zero-copy from 64 MiB of registered buffers",
+            TransportOptions {
+                sock_impl: pollux_nvmf::SockImpl::Uring,
+                uring_zcopy_threshold: 1,
+                uring_registered_buffers: 64 << 20,
+                ..base.clone()
+            },
+        ),
+        (
             "io_uring, no epoll idle sleep",
             TransportOptions {
                 sock_impl: pollux_nvmf::SockImpl::Uring,

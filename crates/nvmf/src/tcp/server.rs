@@ -197,10 +197,13 @@ fn replace_shared_in<W: SockImpl>(
 ) {
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
     with(tab, |t| {
-        t.cache = Rc::new(Cache::new(
-            tcp.pool.clone(),
-            usize::try_from(cache_bytes).unwrap_or(usize::MAX),
-        ));
+        t.cache = Rc::new(
+            Cache::new(
+                tcp.pool.clone(),
+                usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+            )
+            .with_arena(W::arena(&t.io)),
+        );
         t.shared = shared;
         t.tcp = tcp;
     });
@@ -347,10 +350,13 @@ fn init_with<W: SockImpl>(
     // Thread 0 accepts, on the listeners bound at start and live.
     let accepting = ctx.index() == 0;
     let cache_bytes = shared.opts.cache_bytes(ctx.thread_count());
-    let cache = Rc::new(Cache::new(
-        tcp.pool.clone(),
-        usize::try_from(cache_bytes).unwrap_or(usize::MAX),
-    ));
+    let cache = Rc::new(
+        Cache::new(
+            tcp.pool.clone(),
+            usize::try_from(cache_bytes).unwrap_or(usize::MAX),
+        )
+        .with_arena(W::arena(&io)),
+    );
     let tab: TableRef<W> = Rc::new(RefCell::new(Table {
         shared,
         tcp,

@@ -43,6 +43,12 @@ pub(crate) trait SockImpl: Wire + Sized + 'static {
     /// Connection `c` is about to be dropped (its wake-up undone).
     fn forget(t: &mut Self::Thread, ctx: &mut ThreadCtx, c: &mut Conn<Self>);
 
+    /// The region the thread's data buffers are carved from, if any (see
+    /// `uring_registered_buffers`).
+    fn arena(_t: &Self::Thread) -> Option<Arc<crate::buf::Arena>> {
+        None
+    }
+
     /// Before the thread's connections are polled.
     #[inline(always)]
     fn begin_poll(_t: &mut Self::Thread) {}

@@ -37,6 +37,18 @@
 //!   (Not waiting would need the send queue to keep its own bytes and the
 //!   lent slot buffers until the notification: marks released, and its
 //!   buffer cleared or grown, only then.)
+//! - Registered buffers (`uring_registered_buffers`, off by default,
+//!   needs the zero-copy sends): the thread's data buffers are carved from
+//!   one region ([`Arena`]) registered with the ring, and a zero-copy send
+//!   whose pieces all lie in it names it (`IORING_RECVSEND_FIXED_BUF`,
+//!   Linux 6.15+): the kernel takes the pages from the registration
+//!   instead of pinning them per send. The kernel wants every iovec of
+//!   such a send within the one buffer, and a send's headers are in the
+//!   send queue's own memory: they are copied into the region's staging
+//!   bytes (a poll's sends share them; every send and notification has
+//!   come when the poll ends, and the staging starts over). A send whose
+//!   other pieces would not fit, or whose data buffers came from the heap
+//!   (the region used up), goes as before.
 //! - Files: the sockets are registered files of the ring
 //!   (`uring_fixed_files`). The ring's own descriptor is not registered:
 //!   io-uring 0.7 keeps that registration in the `Submitter` that made it,
@@ -59,6 +71,7 @@ use io_uring::{cqueue, opcode, squeue, types, IoUring};
 use pollux_runtime::ThreadCtx;
 use pollux_tcp::bufring::BufRing;
 
+use crate::buf::Arena;
 use crate::config::TransportOptions;
 use crate::pool::Cache;
 use crate::shared::Shared;
@@ -86,6 +99,13 @@ const OP_SEND_ZC: u64 = 4;
 /// disconnects the connections whose data has not left (see
 /// `Ring::wait_notifs`).
 const ZC_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// The staging bytes of a registered region (headers copied there:
+/// about 64 zero-copy sends per poll with the most each may stage).
+const STAGING: usize = 256 << 10;
+/// The most bytes one send stages: headers, not data (a send with more
+/// outside the region goes unregistered).
+const STAGE_MAX: usize = 4096;
 
 /// `IORING_SEND_ZC_REPORT_USAGE`: the notification says whether the
 /// kernel copied after all (`IORING_NOTIF_USAGE_ZC_COPIED` in its result).
@@ -155,6 +175,8 @@ pub(crate) struct Ring {
     /// their notification): logged at the first copy.
     zc_sends: u64,
     zc_copied: u64,
+    /// The data buffers' region registered with the ring (buffer 0).
+    reg: Option<Registered>,
     /// Keys whose receive waits for buffers.
     rearm: Vec<u32>,
     fixed_files: bool,
@@ -195,6 +217,10 @@ impl Ring {
                 ));
             }
         }
+        let reg = match o.uring_registered_buffers {
+            0 => None,
+            n => Some(Registered::new(&ring, n as usize)?),
+        };
         let mut fixed_free = Vec::new();
         if o.uring_fixed_files {
             ring.submitter().register_files_sparse(FIXED_FILES)?;
@@ -218,6 +244,7 @@ impl Ring {
             zc_threshold: o.uring_zcopy_threshold as usize,
             zc_sends: 0,
             zc_copied: 0,
+            reg,
             rearm: Vec::new(),
             fixed_files: o.uring_fixed_files,
             fixed_free,
@@ -507,6 +534,10 @@ impl Ring {
         if self.notifs > 0 {
             self.wait_notifs();
         }
+        if let Some(g) = self.reg.as_mut() {
+            // No send names the staging bytes any more.
+            g.staged = 0;
+        }
         any
     }
 
@@ -637,6 +668,138 @@ impl Drop for Ring {
     }
 }
 
+/// The data buffers' region, registered with a ring as its buffer 0,
+/// and how much of its staging bytes this poll's sends took.
+struct Registered {
+    arena: Arc<Arena>,
+    staging: (*mut u8, usize),
+    staged: usize,
+    /// Zero-copy sends that named the registration, and those that could
+    /// not (a piece outside the region too large to stage, or the
+    /// staging bytes used up).
+    sends: u64,
+    unregistered: u64,
+}
+
+impl Registered {
+    /// A region of `len` bytes registered with `ring`, after checking that
+    /// the kernel takes it in a zero-copy `sendmsg` (Linux 6.15+).
+    fn new(ring: &IoUring, len: usize) -> io::Result<Registered> {
+        let arena = Arena::new(len, STAGING)?;
+        let (base, n) = arena.region();
+        let iov = libc::iovec {
+            iov_base: base.cast(),
+            iov_len: n,
+        };
+        // SAFETY: the region stays mapped while registered: the arena is
+        // kept here until the ring is dropped (`Ring::drop` unregisters
+        // nothing: the kernel keeps its pages pinned until the ring goes),
+        // and by every buffer carved from it.
+        unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("uring_registered_buffers: registering {n} bytes with the ring: {e}"),
+            )
+        })?;
+        let reg = Registered {
+            staging: arena.staging(),
+            arena,
+            staged: 0,
+            sends: 0,
+            unregistered: 0,
+        };
+        reg.probe(ring)?;
+        Ok(reg)
+    }
+
+    /// Sends a byte of the staging bytes over UDP on loopback with a
+    /// zero-copy `sendmsg` naming the registration: kernels before 6.15
+    /// refuse it (`EINVAL`), which is better said at start than by every
+    /// connection's first large read failing.
+    fn probe(&self, ring: &IoUring) -> io::Result<()> {
+        let to = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        let from = std::net::UdpSocket::bind("127.0.0.1:0")?;
+        from.connect(to.local_addr()?)?;
+        let mut iov = [libc::iovec {
+            iov_base: self.staging.0.cast(),
+            iov_len: 1,
+        }];
+        // SAFETY: a zeroed msghdr is valid; it names `iov` below.
+        let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+        msg.msg_iov = iov.as_mut_ptr();
+        msg.msg_iovlen = 1;
+        let e = opcode::SendMsgZc::new(types::Fd(from.as_raw_fd()), &msg)
+            .buf_index(Some(0))
+            .build()
+            .user_data(u64::MAX);
+        // SAFETY: `msg`, `iov` and the byte they name live until both
+        // completions (the result and the notification) were reaped
+        // below; the ring has no other work yet.
+        unsafe { ring.submission_shared().push(&e) }
+            .map_err(|_| io::Error::other("the ring's submission queue is full"))?;
+        let mut res = None;
+        let mut notif = false;
+        while res.is_none() || (res.is_some_and(|r: i32| r >= 0) && !notif) {
+            ring.submit_and_wait(1)?;
+            // SAFETY: this thread is the ring's only user.
+            for c in unsafe { ring.completion_shared() } {
+                if cqueue::notif(c.flags()) {
+                    notif = true;
+                } else {
+                    res = Some(c.result());
+                    notif |= !cqueue::more(c.flags());
+                }
+            }
+        }
+        match res {
+            Some(r) if r >= 0 => Ok(()),
+            Some(r) => Err(io::Error::new(
+                io::Error::from_raw_os_error(-r).kind(),
+                format!(
+                    "uring_registered_buffers: this kernel refuses a zero-copy sendmsg from a registered buffer (Linux 6.15+): {}; set it to 0",
+                    io::Error::from_raw_os_error(-r)
+                ),
+            )),
+            None => Err(io::Error::other("uring_registered_buffers: no completion")),
+        }
+    }
+
+    /// Copies the pieces of `iov` outside the region into the staging
+    /// bytes (pointing the iovecs there): `Some(0)`, the registered
+    /// buffer's index, if every piece then lies within the region; `None`
+    /// (nothing changed) if the pieces outside are more than
+    /// [`STAGE_MAX`] bytes or do not fit.
+    ///
+    /// # Safety
+    /// The iovecs name readable memory; no send in flight names the
+    /// staging bytes past `staged` (they are reset only when every send
+    /// and notification of the poll has come).
+    unsafe fn stage(&mut self, iov: &mut [libc::iovec]) -> Option<u16> {
+        let outside = |v: &libc::iovec| !self.arena.contains(v.iov_base as usize, v.iov_len);
+        let need: usize = iov.iter().filter(|v| outside(v)).map(|v| v.iov_len).sum();
+        if need > STAGE_MAX || need > self.staging.1 - self.staged {
+            self.unregistered += 1;
+            return None;
+        }
+        for v in iov.iter_mut() {
+            if self.arena.contains(v.iov_base as usize, v.iov_len) {
+                continue;
+            }
+            // SAFETY: `staged + len <= staging` (checked above): within
+            // the mapping.
+            let dst = unsafe { self.staging.0.add(self.staged) };
+            // SAFETY: the source is readable (the caller's contract) and
+            // does not overlap the staging bytes (it lies outside the
+            // region); no send in flight names these staging bytes.
+            unsafe { std::ptr::copy_nonoverlapping(v.iov_base as *const u8, dst, v.iov_len) };
+            v.iov_base = dst.cast();
+            self.staged += v.iov_len;
+        }
+        self.sends += 1;
+        Some(0)
+    }
+}
+
 /// A connection's socket on its thread's ring.
 pub(crate) struct UringSock {
     stream: TcpStream,
@@ -716,14 +879,24 @@ impl Wire for UringSock {
         let e = if r.zc_threshold != 0 && zc_worth(&s.iov, r.zc_threshold) {
             r.zc_sends += 1;
             let t = tag(self.key, s.gen, OP_SEND_ZC);
+            let buf = match r.reg.as_mut() {
+                // SAFETY: the iovecs name readable memory (the caller's
+                // contract); the staging bytes past `staged` are named by
+                // no send (reset only when the poll's sends and
+                // notifications have all come, `Ring::end`).
+                Some(g) => unsafe { g.stage(&mut s.iov) },
+                None => None,
+            };
             match s.fixed {
                 Some(f) => opcode::SendMsgZc::new(types::Fixed(f), msg)
                     .flags(flags)
                     .ioprio(SEND_ZC_REPORT_USAGE)
+                    .buf_index(buf)
                     .build(),
                 None => opcode::SendMsgZc::new(types::Fd(s.fd), msg)
                     .flags(flags)
                     .ioprio(SEND_ZC_REPORT_USAGE)
+                    .buf_index(buf)
                     .build(),
             }
             .user_data(t)
@@ -821,6 +994,10 @@ impl SockImpl for UringSock {
 
     fn forget(_t: &mut UringThread, _ctx: &mut ThreadCtx, _c: &mut Conn<UringSock>) {}
 
+    fn arena(t: &UringThread) -> Option<Arc<Arena>> {
+        t.ring.borrow().reg.as_ref().map(|g| g.arena.clone())
+    }
+
     #[inline]
     fn begin_poll(t: &mut UringThread) {
         t.ring.borrow_mut().begin();
@@ -840,4 +1017,110 @@ impl SockImpl for UringSock {
 /// set it up): checked before the target starts.
 pub(crate) fn probe(o: &TransportOptions) -> io::Result<()> {
     Ring::new(o).map(drop)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::pool::{class, Pool};
+    use std::io::Read;
+
+    /// A ring with registered buffers, and a connected pair: our end on
+    /// the ring, the peer's plain.
+    fn setup() -> (RingRef, UringSock, TcpStream, Cache) {
+        let o = TransportOptions {
+            uring_zcopy_threshold: 1,
+            uring_registered_buffers: 1 << 20,
+            ..TransportOptions::default()
+        };
+        let ring = Rc::new(RefCell::new(Ring::new(&o).unwrap()));
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let peer = TcpStream::connect(l.local_addr().unwrap()).unwrap();
+        let (s, _) = l.accept().unwrap();
+        s.set_nonblocking(true).unwrap();
+        let key = ring.borrow_mut().add(s.as_raw_fd()).unwrap();
+        let sock = UringSock {
+            stream: s,
+            ring: ring.clone(),
+            key,
+        };
+        let arena = ring.borrow().reg.as_ref().map(|g| g.arena.clone());
+        let cache = Cache::new(Arc::new(Pool::new(1 << 20)), 0).with_arena(arena);
+        (ring, sock, peer, cache)
+    }
+
+    /// Sends `pieces` as one send, ends the poll, and returns what the
+    /// send took and what the peer read.
+    fn send(
+        ring: &RingRef,
+        sock: &mut UringSock,
+        peer: &mut TcpStream,
+        pieces: &[&[u8]],
+    ) -> (usize, Vec<u8>) {
+        let iov: Vec<libc::iovec> = pieces
+            .iter()
+            .map(|p| libc::iovec {
+                iov_base: p.as_ptr() as *mut _,
+                iov_len: p.len(),
+            })
+            .collect();
+        // SAFETY: the pieces outlive the poll, which ends below and waits
+        // for the send and its notification.
+        assert_eq!(unsafe { sock.send_iov(&iov) }.unwrap(), 0, "queued");
+        ring.borrow_mut().end();
+        let n = sock.sent().expect("completed").unwrap();
+        let mut got = vec![0; n];
+        peer.read_exact(&mut got).unwrap();
+        (n, got)
+    }
+
+    #[test]
+    fn a_zero_copy_send_from_the_region_names_the_registration_and_stages_its_headers() {
+        let (ring, mut sock, mut peer, cache) = setup();
+        let (k, cap) = class(64 << 10);
+        let mut data = cache.take(k, cap, true).unwrap();
+        assert!(data.in_arena());
+        for (i, b) in data.as_mut_slice().iter_mut().enumerate() {
+            *b = (i * 7 % 251) as u8;
+        }
+        let head = [0xA5u8; 24];
+        let tail = [0x5Au8; 16];
+        let want: Vec<u8> = [&head[..], data.as_slice(), &tail[..]].concat();
+        let (n, got) = send(
+            &ring,
+            &mut sock,
+            &mut peer,
+            &[&head, data.as_slice(), &tail],
+        );
+        assert_eq!(n, want.len());
+        assert!(got == want, "the bytes, in order");
+        let r = ring.borrow();
+        let g = r.reg.as_ref().unwrap();
+        assert_eq!((g.sends, g.unregistered, r.zc_sends), (1, 0, 1));
+        assert_eq!(g.staged, 0, "the staging starts over when the poll ends");
+    }
+
+    #[test]
+    fn a_send_from_the_heap_or_with_too_much_outside_goes_unregistered() {
+        let (ring, mut sock, mut peer, cache) = setup();
+        // Data from the heap: copying it would be no zero-copy.
+        let heap = crate::buf::AlignedBuf::new(64 << 10).unwrap();
+        let (n, got) = send(&ring, &mut sock, &mut peer, &[&[1; 8], heap.as_slice()]);
+        assert_eq!((n, got.len()), ((64 << 10) + 8, (64 << 10) + 8));
+        {
+            let r = ring.borrow();
+            let g = r.reg.as_ref().unwrap();
+            assert_eq!((g.sends, g.unregistered), (0, 1));
+        }
+        // From the region, with more than a header's worth beside it.
+        let (k, cap) = class(4096);
+        let data = cache.take(k, cap, true).unwrap();
+        let big = vec![3u8; STAGE_MAX + 1];
+        let (n, got) = send(&ring, &mut sock, &mut peer, &[data.as_slice(), &big]);
+        assert_eq!(n, 4096 + STAGE_MAX + 1);
+        assert!(got[4096..].iter().all(|&b| b == 3));
+        let r = ring.borrow();
+        let g = r.reg.as_ref().unwrap();
+        assert_eq!((g.sends, g.unregistered, r.zc_sends), (0, 2, 2));
+    }
 }
