@@ -10,7 +10,8 @@ and the top symbols by self time; the IOPS of the same window.
 
 Each target is a fresh process on core 0 (SPDK's nvmf_tgt and each pollux
 target, all from bench/tcp_sbs.py's SPDK JSON config, null namespace), the
-client on core 1: SPDK's perf or `pollux perf`, 4 KiB randread QD 128. The
+client on core 1: SPDK's perf or `pollux perf`, randread of `--bs` bytes
+(4 KiB) at QD `--qd` (128). The
 perf tools sample over SECS in the middle of a run of SECS + 3 s. Rounds
 alternate the order of the targets. Figures are ratios and shares of this
 machine: both perf tools slow what they watch a little, alike for every
@@ -18,6 +19,11 @@ target.
 
     bench/tcp_target_profile.py [--bin BIN] [--target NAME=BIN[,ARG...]]...
         [--clients spdk,pollux] [--rounds 3] [--secs 4] [--top 8] [--side target|client]
+        [--bs 4096] [--qd 128] [--grep SYMBOL_RE]...
+
+`--grep` adds the share of the samples whose symbol matches each regular
+expression (say, the kernel's page pinning under zero-copy sends:
+`--grep 'pin_user_pages|gup_|get_user_pages|iov_iter_extract'`).
 
 With `--side client` the same is measured of the client process instead:
 how each target's way of answering changes what the client spends.
@@ -39,15 +45,19 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tcp_sbs  # noqa: E402  (its config, targets and clients)
 
 
+# Block size and queue depth of the workload (`--bs`, `--qd`).
+BS, QD = 4096, 128
+
+
 def client_cmd(kind, spdk, client, secs):
     nqn = tcp_sbs.NQN_NULL
     if kind == "spdk":
         trid = (f"trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn} "
                 f"hostnqn:{tcp_sbs.HOSTNQN}")
-        return [f"{spdk}/build/bin/spdk_nvme_perf", "-c", "0x2", "-r", trid, "-q", "128", "-o", "4096",
+        return [f"{spdk}/build/bin/spdk_nvme_perf", "-c", "0x2", "-r", trid, "-q", str(QD), "-o", str(BS),
                 "-w", "randread", "-t", str(secs)]
     trid = f"trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn}"
-    return [client, "perf", "-c", "1", "-r", trid, "-q", "128", "-o", "4096", "-w", "randread",
+    return [client, "perf", "-c", "1", "-r", trid, "-q", str(QD), "-o", str(BS), "-w", "randread",
             "-t", str(secs), "--json"]
 
 
@@ -64,7 +74,7 @@ def iops_of(kind, out):
         return None
 
 
-def measure(target, kind, spdk, client, secs, tmp, tag, side):
+def measure(target, kind, spdk, client, secs, tmp, tag, side, greps=()):
     """(IOPS, syscalls per I/O, {object: share}, kernel share, [(share, symbol)])."""
     target.start()
     data = os.path.join(tmp, f"{tag}.data")
@@ -108,9 +118,10 @@ def measure(target, kind, spdk, client, secs, tmp, tag, side):
         return None
     kernel = sum(v for k, v in objs.items() if "kernel" in k or k.startswith("[")) / n
     ios = iops * secs
+    grepped = {g: sum(v for s, v in syms.items() if re.search(g, s)) / n for g in greps}
     return (iops, calls / ios if calls else None, {k: v / n for k, v in objs.items()}, kernel,
             [(v / n, s) for s, v in syms.most_common(40)], {k: v / ios for k, v in kinds.items()},
-            segs / ios)
+            segs / ios, grepped)
 
 
 # The system calls counted apart (those that move data or wait).
@@ -133,7 +144,13 @@ def main():
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--side", choices=["target", "client"], default="target",
                     help="whose system calls and samples: the target's (default) or the client's")
+    ap.add_argument("--bs", type=int, default=4096, help="block size of the randread workload")
+    ap.add_argument("--qd", type=int, default=128, help="its queue depth")
+    ap.add_argument("--grep", action="append", default=[],
+                    help="also the share of samples whose symbol matches this regular expression")
     a = ap.parse_args()
+    global BS, QD
+    BS, QD = a.bs, a.qd
     spdk = os.environ.get("SPDK_DIR", "/tmp/spdk")
     if not os.access(f"{spdk}/build/bin/nvmf_tgt", os.X_OK):
         sys.exit(f"no SPDK build at {spdk} (../shared/spdk/build.sh)")
@@ -154,7 +171,7 @@ def main():
         order = targets if r % 2 == 0 else [targets[0]] + targets[:0:-1]
         for t in order:
             for kind in a.clients.split(","):
-                m = measure(t, kind, spdk, a.bin, a.secs, tmp, f"{r}-{t.name}-{kind}", a.side)
+                m = measure(t, kind, spdk, a.bin, a.secs, tmp, f"{r}-{t.name}-{kind}", a.side, a.grep)
                 print(f"round {r} target {t.name} client {kind}: "
                       + (f"{m[0]:,.0f} IOPS, {m[1]:.2f} syscalls/IO, kernel {m[3]:.1%}" if m and m[1]
                          else "FAIL"), flush=True)
@@ -183,6 +200,9 @@ def main():
             print("   per I/O: " + ", ".join(f"{k} {v:.3f}" for k, v in per.items() if v)
                   + f"; TCP segments (both ways) {st.median(m[6] for m in ms):.3f}")
             print("   objects: " + ", ".join(f"{k} {v:.1%}" for k, v in objs.most_common(4)))
+            for g in a.grep:
+                sh = [m[7][g] for m in ms]
+                print(f"   symbols matching {g!r}: {st.median(sh):.1%} ({min(sh):.1%}-{max(sh):.1%}) of the samples")
             for s, v in syms.most_common(a.top):
                 print(f"   {v:6.1%}  {s}")
     print(f"\n(perf data in {tmp})")
