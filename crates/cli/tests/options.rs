@@ -158,6 +158,7 @@ fn target_help_lists_every_option() {
             ("--uring-rx-buffers", Some("512")),
             ("--uring-rx-buffer-size", Some("16384")),
             ("--uring-zcopy-threshold", Some("0")),
+            ("--uring-registered-buffers", Some("0")),
             ("--send-iov", Some("512")),
             ("--busy-poll", None),
             ("--idle-spin", Some("200")),

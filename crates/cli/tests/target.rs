@@ -107,6 +107,10 @@ fn bad_options_are_refused_naming_the_option() {
             &["--ram", "1MiB", "--uring-zcopy-threshold", "64k"][..],
             "--uring-zcopy-threshold",
         ),
+        (
+            &["--ram", "1MiB", "--uring-registered-buffers", "100"][..],
+            "--uring-registered-buffers",
+        ),
         (&["-c", "/nonexistent/pollux.json"][..], "-c"),
     ] {
         let mut full = vec!["target", "--listen", "127.0.0.1:0"];
@@ -121,6 +125,44 @@ fn bad_options_are_refused_naming_the_option() {
         let (code, _, err) = common::finish(child, &full, None);
         assert_eq!(code, 2, "{full:?}: {err}");
         assert!(err.contains(name), "{full:?} must name {name}: {err}");
+    }
+}
+
+/// `--uring-registered-buffers` is refused naming it, and saying why,
+/// outside 1MiB..=1GiB, when not a size, and without
+/// `--uring-zcopy-threshold` (only zero-copy sends use the region).
+#[test]
+fn uring_registered_buffers_is_refused_by_name() {
+    let zc = ["--uring-zcopy-threshold", "65536"];
+    for (with_zc, v, why) in [
+        (true, "100", "1 MiB..=1 GiB"),
+        (true, "1023KiB", "1 MiB..=1 GiB"),
+        (true, "2GiB", "1 MiB..=1 GiB"),
+        (true, "8GiB", "1 MiB..=1 GiB"),
+        (true, "64x", "unknown unit 'x'"),
+        (false, "64MiB", "set --uring-zcopy-threshold too"),
+    ] {
+        let mut full = vec![
+            "target",
+            "--listen",
+            "127.0.0.1:0",
+            "--ram",
+            "1MiB",
+            "--sock-impl",
+            "uring",
+            "--uring-registered-buffers",
+            v,
+        ];
+        if with_zc {
+            full.extend_from_slice(&zc);
+        }
+        let child = common::spawn(&full);
+        let (code, _, err) = common::finish(child, &full, None);
+        assert_eq!(code, 2, "{full:?}: {err}");
+        assert!(
+            err.contains("--uring-registered-buffers") && err.contains(why),
+            "{full:?}: {err}"
+        );
     }
 }
 
@@ -168,12 +210,21 @@ impl Drop for Served {
 fn pollux_host_against_pollux_target() {
     let uring = &["--sock-impl", "uring"][..];
     let zcopy = &["--sock-impl", "uring", "--uring-zcopy-threshold", "65536"][..];
+    let regbuf = &[
+        "--sock-impl",
+        "uring",
+        "--uring-zcopy-threshold",
+        "65536",
+        "--uring-registered-buffers",
+        "64MiB",
+    ][..];
     for (target_extra, io, host_extra) in [
         (&[][..], "4096", ""),
         (&[][..], "128k", "hdgst:1 ddgst:1"),
         (uring, "4096", ""),
         (uring, "128k", "hdgst:1 ddgst:1"),
         (zcopy, "128k", ""),
+        (regbuf, "128k", ""),
     ] {
         let t = Served::start(target_extra);
         let r = t.trid(host_extra);

@@ -48,8 +48,8 @@ pub enum LiveError {
     #[error("{option} {asked}: the target's threads were started with {running} (chosen at start: pollux target's flag, or the configuration's nvmf_create_transport)")]
     ChosenAtStart {
         option: &'static str,
-        asked: bool,
-        running: bool,
+        asked: String,
+        running: String,
     },
     #[error("no transport 'TCP' (nvmf_create_transport first)")]
     NoTransport,
@@ -325,12 +325,22 @@ impl Target {
                 running: cur.shared.opts.sock_impl.name(),
             });
         }
-        // So are the posix threads' receive gates.
-        if opts.epoll_receive != cur.shared.opts.epoll_receive {
+        // So are the posix threads' receive gates, and the io_uring
+        // threads' registered buffers (the region is registered with each
+        // thread's ring when it starts).
+        let was = &cur.shared.opts;
+        if opts.epoll_receive != was.epoll_receive {
             return Err(LiveError::ChosenAtStart {
                 option: "epoll_receive",
-                asked: opts.epoll_receive,
-                running: cur.shared.opts.epoll_receive,
+                asked: opts.epoll_receive.to_string(),
+                running: was.epoll_receive.to_string(),
+            });
+        }
+        if opts.uring_registered_buffers != was.uring_registered_buffers {
+            return Err(LiveError::ChosenAtStart {
+                option: "uring_registered_buffers",
+                asked: opts.uring_registered_buffers.to_string(),
+                running: was.uring_registered_buffers.to_string(),
             });
         }
         if !cur.shared.subsystems().is_empty() || !live.sockets.is_empty() {

@@ -404,3 +404,63 @@ fn uring_zcopy_threshold_is_read_and_bad_values_refused() {
     let e = c.validate().unwrap_err().to_string();
     assert!(e.contains("uring_zcopy_threshold"), "{e}");
 }
+
+/// `uring_registered_buffers` (the io_uring threads' registered data
+/// buffers): off unless given, read in bytes with
+/// `uring_zcopy_threshold`, refused naming the key below 1 MiB, above
+/// 1 GiB, when not a count, and without `uring_zcopy_threshold` (only
+/// zero-copy sends use them).
+#[test]
+fn uring_registered_buffers_is_read_and_bad_values_refused() {
+    let c = TargetConfig::from_json(GOOD).unwrap();
+    assert_eq!(c.transport.uring_registered_buffers, 0, "off by default");
+    let at = "\"max_queue_depth\": 64";
+    let with = |v: &str| {
+        format!(
+            "\"max_queue_depth\": 64, \"sock_impl\": \"uring\", \"uring_zcopy_threshold\": 65536, \"uring_registered_buffers\": {v}"
+        )
+    };
+    for ok in [1 << 20, 64 << 20, 1 << 30] {
+        let c = TargetConfig::from_json(&GOOD.replace(at, &with(&ok.to_string()))).unwrap();
+        assert_eq!(c.transport.uring_registered_buffers, ok);
+    }
+    for (bad, why) in [
+        ("1048575", "1 MiB..=1 GiB"),
+        ("4096", "1 MiB..=1 GiB"),
+        ("1073741825", "0..=1073741824"),
+        ("-1", "nvmf_create_transport"),
+        ("\"64MiB\"", "nvmf_create_transport"),
+    ] {
+        let e = refused(at, &with(bad));
+        assert!(
+            e.contains("uring_registered_buffers") && e.contains(why),
+            "{bad}: {e}"
+        );
+    }
+    // Without uring_zcopy_threshold: refused, saying it needs it.
+    let e = refused(
+        at,
+        "\"max_queue_depth\": 64, \"sock_impl\": \"uring\", \"uring_registered_buffers\": 1048576",
+    );
+    assert!(
+        e.contains("uring_registered_buffers") && e.contains("set uring_zcopy_threshold too"),
+        "{e}"
+    );
+    // Set directly, the bounds are checked too.
+    let mut c = TargetConfig::from_json(GOOD).unwrap();
+    c.transport.uring_zcopy_threshold = 65536;
+    c.transport.uring_registered_buffers = (1 << 30) + 1;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("uring_registered_buffers") && e.contains("1 MiB..=1 GiB"),
+        "{e}"
+    );
+    c.transport.uring_registered_buffers = 1 << 20;
+    c.validate().unwrap();
+    c.transport.uring_zcopy_threshold = 0;
+    let e = c.validate().unwrap_err().to_string();
+    assert!(
+        e.contains("uring_registered_buffers") && e.contains("uring_zcopy_threshold"),
+        "{e}"
+    );
+}

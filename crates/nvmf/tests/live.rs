@@ -173,6 +173,29 @@ fn an_empty_target_is_configured_live_and_serves_a_host() {
         "{e}"
     );
     assert!(e.to_string().contains("epoll_receive true"), "{e}");
+    // So is the io_uring threads' registered buffer region.
+    let e = t
+        .create_transport(TransportOptions {
+            uring_zcopy_threshold: 65536,
+            uring_registered_buffers: 1 << 20,
+            ..Default::default()
+        })
+        .unwrap_err();
+    assert!(
+        matches!(
+            e,
+            LiveError::ChosenAtStart {
+                option: "uring_registered_buffers",
+                ..
+            }
+        ),
+        "{e}"
+    );
+    assert!(
+        e.to_string()
+            .contains("uring_registered_buffers 1048576: the target's threads were started with 0"),
+        "{e}"
+    );
     let o = TransportOptions {
         max_queue_depth: 64,
         ..Default::default()
@@ -510,6 +533,7 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
         "uring_rx_buffers": 256,
         "uring_rx_buffer_size": 8192,
         "uring_zcopy_threshold": 16384,
+        "uring_registered_buffers": 1048576,
         "admin_in_capsule_data_size": 16384,
         "max_h2c_data": 65536,
         "max_connections": 100,
@@ -534,6 +558,7 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
     assert_ne!(opts.uring_rx_buffers, d.uring_rx_buffers);
     assert_ne!(opts.uring_rx_buffer_size, d.uring_rx_buffer_size);
     assert_ne!(opts.uring_zcopy_threshold, d.uring_zcopy_threshold);
+    assert_ne!(opts.uring_registered_buffers, d.uring_registered_buffers);
     let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
     let saved = t.save_config_nvmf();
     t.shutdown().unwrap();
@@ -544,6 +569,51 @@ fn save_config_keeps_every_transport_option_of_a_uring_target() {
     let t2 = Target::start(back, &[0], RuntimeOptions::default()).unwrap();
     assert_eq!(t2.sock_impl(), pollux_nvmf::SockImpl::Uring);
     t2.shutdown().unwrap();
+}
+
+/// A uring target started with registered buffers (set up with each
+/// thread's ring) refuses a live `nvmf_create_transport` that asks for
+/// none or another size, naming the option and both sizes; one that keeps
+/// the size is taken and `nvmf_get_transports` lists it.
+#[test]
+fn a_live_transport_keeps_the_registered_buffers_the_threads_started_with() {
+    let zc = TransportOptions {
+        sock_impl: pollux_nvmf::SockImpl::Uring,
+        uring_zcopy_threshold: 65536,
+        ..Default::default()
+    };
+    let with = |bytes: u32| TransportOptions {
+        uring_registered_buffers: bytes,
+        ..zc.clone()
+    };
+    let cfg = TargetConfig {
+        transport: with(1 << 20),
+        ..Default::default()
+    };
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    for asked in [0, 2 << 20] {
+        let e = t.create_transport(with(asked)).unwrap_err();
+        assert!(
+            matches!(
+                e,
+                LiveError::ChosenAtStart {
+                    option: "uring_registered_buffers",
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        let want = format!(
+            "uring_registered_buffers {asked}: the target's threads were started with 1048576"
+        );
+        assert!(e.to_string().contains(&want), "{e}");
+        assert_eq!(e.errno(), libc::EINVAL);
+    }
+    assert!(t.transports().is_empty());
+    t.create_transport(with(1 << 20)).unwrap();
+    let tr = t.transports();
+    assert_eq!(tr[0]["uring_registered_buffers"], 1 << 20, "{}", tr[0]);
+    t.shutdown().unwrap();
 }
 
 /// SPDK's `save_config` of a listener with a `sock_impl` (it writes

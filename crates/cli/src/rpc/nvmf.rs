@@ -647,6 +647,7 @@ mod tests {
             max_queue_depth: 32,
             uring_rx_buffers: 1024,
             uring_zcopy_threshold: 65536,
+            uring_registered_buffers: 1 << 20,
             epoll_idle: false,
             incoming_cpu: true,
             max_connections: 100,
@@ -661,6 +662,21 @@ mod tests {
         let t = Arc::new(Target::start(cfg, &[0], RuntimeOptions::default()).unwrap());
         let mut m = Methods::new();
         register(&mut m, t.clone(), Arc::new(pollux_bdev::Registry::new()));
+        // The registered buffers are set up when the threads start: a
+        // change is refused by name.
+        let e = call(
+            &m,
+            "nvmf_create_transport",
+            json!({"trtype": "TCP", "uring_registered_buffers": 2097152}),
+        )
+        .unwrap_err();
+        assert!(
+            e.message.contains(
+                "uring_registered_buffers 2097152: the target's threads were started with 1048576"
+            ),
+            "{}",
+            e.message
+        );
         // What SPDK's client sends for `nvmf_create_transport -t TCP -q 64
         // -u 16384`.
         let tr = json!({"trtype": "TCP", "max_queue_depth": 64, "io_unit_size": 16384,
@@ -674,6 +690,8 @@ mod tests {
             ..started
         };
         assert_eq!(t.transport_options(), want);
+        let got = call(&m, "nvmf_get_transports", json!({})).unwrap();
+        assert_eq!(got[0]["uring_registered_buffers"], 1 << 20, "{}", got[0]);
         t.shutdown().unwrap();
     }
 

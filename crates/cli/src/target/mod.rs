@@ -153,6 +153,13 @@ pub struct TargetArgs {
     /// [default: 0].
     #[arg(long = "uring-zcopy-threshold", value_name = "BYTES")]
     pub uring_zcopy_threshold: Option<u32>,
+    /// uring: bytes of each thread's data buffers kept in one region
+    /// registered with its ring, so a zero-copy send from them names the
+    /// registered buffer and the kernel pins no pages per send (Linux
+    /// 6.15+); 1MiB..=1GiB (e.g. 64MiB), only with
+    /// --uring-zcopy-threshold; 0: off [default: 0].
+    #[arg(long = "uring-registered-buffers", value_name = "BYTES")]
+    pub uring_registered_buffers: Option<String>,
     /// Most iovecs in one sendmsg, 1..=512 (512: a full queue's responses
     /// in one call) [default: 512].
     #[arg(long = "send-iov", value_name = "N")]
@@ -370,6 +377,11 @@ pub fn config(
     if let Some(n) = a.uring_zcopy_threshold {
         t.uring_zcopy_threshold = n;
     }
+    let regbuf = "--uring-registered-buffers";
+    if let Some(v) = size_opt(regbuf, &a.uring_registered_buffers)? {
+        t.uring_registered_buffers =
+            u32::try_from(v).map_err(|_| bad(regbuf, v, "must be 0 (off) or 1 MiB..=1 GiB"))?;
+    }
     cfg.validate().map_err(|e| match e {
         pollux_nvmf::ConfigError::Transport { option, value, why } => bad(
             match option {
@@ -382,10 +394,12 @@ pub fn config(
                 "uring_rx_buffers" => "--uring-rx-buffers",
                 "uring_rx_buffer_size" => "--uring-rx-buffer-size",
                 "uring_zcopy_threshold" => "--uring-zcopy-threshold",
+                "uring_registered_buffers" => "--uring-registered-buffers",
                 other => other,
             },
             value,
-            why,
+            // (The option it needs, by its flag.)
+            why.replace("set uring_zcopy_threshold", "set --uring-zcopy-threshold"),
         ),
         pollux_nvmf::ConfigError::Subsystem { nqn, why } if a.config.is_none() => {
             bad("--nqn/--host", nqn, why)
@@ -922,6 +936,10 @@ mod tests {
             d.uring_zcopy_threshold.to_string()
         );
         assert_eq!(
+            stated("uring-registered-buffers"),
+            d.uring_registered_buffers.to_string()
+        );
+        assert_eq!(
             stated("handshake-timeout"),
             d.icreq_timeout.as_secs().to_string()
         );
@@ -1055,6 +1073,19 @@ mod tests {
             (true, false, false),
             "the switches over the file's defaults"
         );
+        // A size flag: the file's without it, the flag's (in units) with it.
+        let regbuf = file(
+            json!({"trtype": "TCP", "uring_zcopy_threshold": 4096, "uring_registered_buffers": 1048576}),
+        );
+        for (extra, want) in [
+            (&[][..], 1 << 20),
+            (&["--uring-registered-buffers", "64MiB"][..], 64 << 20),
+            (&["--uring-registered-buffers", "0"][..], 0),
+        ] {
+            let t = cfg_file("regbuf.json", &regbuf, extra).transport;
+            assert_eq!(t.uring_registered_buffers, want, "{extra:?}");
+            assert_eq!(t.uring_zcopy_threshold, 4096);
+        }
     }
 
     /// A key file of mode `mode` holding `text`, in this test's directory.

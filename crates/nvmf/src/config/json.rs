@@ -21,7 +21,7 @@ use super::target::{
 };
 use super::transport::{
     SockImpl, TransportOptions, MAX_CONNECTIONS, MAX_H2C_DATA, MAX_HANDSHAKE_TIMEOUT,
-    MAX_RX_BUFFER, MAX_SEND_IOV, SEND_BUFFERS,
+    MAX_RX_BUFFER, MAX_SEND_IOV, REGISTERED_BUFFERS, SEND_BUFFERS,
 };
 
 /// The parameters `nvmf_create_transport` takes (SPDK's and pollux's own;
@@ -60,6 +60,7 @@ const TRANSPORT_PARAMS: &[&str] = &[
     "uring_rx_buffers",
     "uring_rx_buffer_size",
     "uring_zcopy_threshold",
+    "uring_registered_buffers",
     "admin_in_capsule_data_size",
     "max_h2c_data",
     "max_connections",
@@ -322,6 +323,12 @@ impl TargetConfig {
                 }
                 if let Some(v) = p.uint("uring_zcopy_threshold", 0, 1 << 30)? {
                     t.uring_zcopy_threshold = v as u32;
+                }
+                // (Below 1 MiB, or without uring_zcopy_threshold:
+                // `validate` refuses it, by name.)
+                let most = u64::from(*REGISTERED_BUFFERS.end());
+                if let Some(v) = p.uint("uring_registered_buffers", 0, most)? {
+                    t.uring_registered_buffers = v as u32;
                 }
                 p.bool_opt("zcopy")?;
                 // (SPDK's client sends c2h_success true and zcopy false
@@ -652,7 +659,7 @@ impl TransportOptions {
         // threads' own when the entry is sent to a running target).
         let d = TransportOptions::default();
         let ms = |t: Duration| Value::from(t.as_millis() as u64);
-        let extra: [(&str, Value, Value); 22] = [
+        let extra: [(&str, Value, Value); 23] = [
             ("kas", o.kas.into(), d.kas.into()),
             ("icreq_timeout_ms", ms(o.icreq_timeout), ms(d.icreq_timeout)),
             (
@@ -694,6 +701,11 @@ impl TransportOptions {
                 "uring_zcopy_threshold",
                 o.uring_zcopy_threshold.into(),
                 d.uring_zcopy_threshold.into(),
+            ),
+            (
+                "uring_registered_buffers",
+                o.uring_registered_buffers.into(),
+                d.uring_registered_buffers.into(),
             ),
             (
                 "admin_in_capsule_data_size",
@@ -838,6 +850,16 @@ mod tests {
         Ok(c.transport)
     }
 
+    /// The params key `k` is tried with: those of a transport that
+    /// takes it (`uring_registered_buffers` only with
+    /// `uring_zcopy_threshold`).
+    fn base(k: &str) -> Value {
+        match k {
+            "uring_registered_buffers" => json!({"trtype": "TCP", "uring_zcopy_threshold": 4096}),
+            _ => json!({"trtype": "TCP"}),
+        }
+    }
+
     /// Every key the reader takes either sets an option, and then what
     /// `save_config` writes for the options it set reads back to the same
     /// options (the whole `TransportOptions`), or it is one of
@@ -845,7 +867,6 @@ mod tests {
     /// writer fails here (before: `sock_impl` and the `uring_*` keys).
     #[test]
     fn every_transport_option_the_reader_takes_is_saved_back() {
-        let d = TransportOptions::default();
         // Values tried for each key, in order; the first that the reader
         // takes and that changes the options is used.
         let tried = [
@@ -858,11 +879,14 @@ mod tests {
             json!(512),
             json!(4096),
             json!(65536),
+            json!(1 << 20),
         ];
         let mut options = 0;
         for &k in TRANSPORT_PARAMS {
+            // (The options of the base alone, which the key must change.)
+            let d = read(base(k)).unwrap();
             let set = tried.iter().find_map(|v| {
-                let mut p = json!({"trtype": "TCP"});
+                let mut p = base(k);
                 p[k] = v.clone();
                 read(p).ok().filter(|o| *o != d)
             });

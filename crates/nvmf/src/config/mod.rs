@@ -38,7 +38,8 @@
 //!   `busy_poll_us`, `incoming_cpu`, `epoll_idle`, `direct_receive`,
 //!   `epoll_receive`, `send_buffer`, and
 //!   io_uring's `uring_fixed_files`, `uring_rx_buffers`,
-//!   `uring_rx_buffer_size`, `uring_zcopy_threshold`. `save_config`
+//!   `uring_rx_buffer_size`, `uring_zcopy_threshold`,
+//!   `uring_registered_buffers`. `save_config`
 //!   writes SPDK's keys always and pollux's own (and `kas`, `sock_impl`)
 //!   only when not the default. `pollux target`'s transport flags
 //!   (`--sock-impl`, `--no-epoll-idle`, ...) override the file's value
