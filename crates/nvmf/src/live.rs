@@ -326,22 +326,31 @@ impl Target {
             });
         }
         // So are the posix threads' receive gates, and the io_uring
-        // threads' registered buffers (the region is registered with each
-        // thread's ring when it starts).
+        // threads' rings: their provided receive buffers, registered files,
+        // zero-copy sends and registered buffers (each thread's ring is set
+        // up when it starts).
         let was = &cur.shared.opts;
-        if opts.epoll_receive != was.epoll_receive {
-            return Err(LiveError::ChosenAtStart {
-                option: "epoll_receive",
-                asked: opts.epoll_receive.to_string(),
-                running: was.epoll_receive.to_string(),
-            });
-        }
-        if opts.uring_registered_buffers != was.uring_registered_buffers {
-            return Err(LiveError::ChosenAtStart {
-                option: "uring_registered_buffers",
-                asked: opts.uring_registered_buffers.to_string(),
-                running: was.uring_registered_buffers.to_string(),
-            });
+        let at_start = |o: &TransportOptions| {
+            [
+                ("epoll_receive", o.epoll_receive.to_string()),
+                ("uring_fixed_files", o.uring_fixed_files.to_string()),
+                ("uring_rx_buffers", o.uring_rx_buffers.to_string()),
+                ("uring_rx_buffer_size", o.uring_rx_buffer_size.to_string()),
+                ("uring_zcopy_threshold", o.uring_zcopy_threshold.to_string()),
+                (
+                    "uring_registered_buffers",
+                    o.uring_registered_buffers.to_string(),
+                ),
+            ]
+        };
+        for ((option, asked), (_, running)) in at_start(&opts).into_iter().zip(at_start(was)) {
+            if asked != running {
+                return Err(LiveError::ChosenAtStart {
+                    option,
+                    asked,
+                    running,
+                });
+            }
         }
         if !cur.shared.subsystems().is_empty() || !live.sockets.is_empty() {
             return Err(LiveError::TransportTooLate);

@@ -616,6 +616,75 @@ fn a_live_transport_keeps_the_registered_buffers_the_threads_started_with() {
     t.shutdown().unwrap();
 }
 
+/// The io_uring threads' rings are set up when they start: a live
+/// `nvmf_create_transport` that changes any of their options (provided
+/// receive buffers, registered files, zero-copy sends) is refused by
+/// name, with both values (before, it was taken and silently ignored by
+/// the running threads); the same options are taken.
+#[test]
+fn a_live_transport_keeps_the_ring_options_the_threads_started_with() {
+    let started = TransportOptions {
+        sock_impl: pollux_nvmf::SockImpl::Uring,
+        ..Default::default()
+    };
+    let cfg = TargetConfig {
+        transport: started.clone(),
+        ..Default::default()
+    };
+    let t = Target::start(cfg, &[0], RuntimeOptions::default()).unwrap();
+    let cases: [(&str, TransportOptions, &str, &str); 4] = [
+        (
+            "uring_fixed_files",
+            TransportOptions {
+                uring_fixed_files: false,
+                ..started.clone()
+            },
+            "false",
+            "true",
+        ),
+        (
+            "uring_rx_buffers",
+            TransportOptions {
+                uring_rx_buffers: 64,
+                ..started.clone()
+            },
+            "64",
+            "512",
+        ),
+        (
+            "uring_rx_buffer_size",
+            TransportOptions {
+                uring_rx_buffer_size: 4096,
+                ..started.clone()
+            },
+            "4096",
+            "16384",
+        ),
+        (
+            "uring_zcopy_threshold",
+            TransportOptions {
+                uring_zcopy_threshold: 65536,
+                ..started.clone()
+            },
+            "65536",
+            "0",
+        ),
+    ];
+    for (name, asked, a, r) in cases {
+        let e = t.create_transport(asked).unwrap_err();
+        assert!(
+            matches!(e, LiveError::ChosenAtStart { option, .. } if option == name),
+            "{name}: {e}"
+        );
+        let want = format!("{name} {a}: the target's threads were started with {r}");
+        assert!(e.to_string().contains(&want), "{e}");
+    }
+    assert!(t.transports().is_empty());
+    t.create_transport(started).unwrap();
+    assert_eq!(t.transports().len(), 1);
+    t.shutdown().unwrap();
+}
+
 /// SPDK's `save_config` of a listener with a `sock_impl` (it writes
 /// `secure_channel` and `sock_impl` after the address) starts a target
 /// whose transport runs that implementation, and the target refuses to
