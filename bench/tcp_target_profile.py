@@ -31,7 +31,12 @@ receives that found nothing (recvfrom, readv, recvmsg returning -EAGAIN:
 `syscalls:sys_exit_*` filtered on the return) per I/O, and the CPU time
 of the target and of the client process over the window (/proc/PID/stat;
 a poll-mode process is busy all the time, a pollux target that sleeps
-after `--idle-spin` less).
+after `--idle-spin` less). Each configuration's samples are also split by
+stage (user space; the kernel's data copy, TCP send, TCP receive and
+softirq, skb memory, locks, system call entry and epoll, perf's own
+tracepoints, the rest: `STAGES`, by symbol), each with its CPU time per
+I/O over the whole CPU time per I/O at the first `--conns` count (same
+target, client and round): which stage grows with the connections.
 
 `--grep` adds the share of the samples whose symbol matches each regular
 expression (say, the kernel's page pinning under zero-copy sends:
@@ -138,7 +143,7 @@ def measure(target, kind, spdk, client, secs, tmp, tag, side, greps=(), conns=1)
         return None
     script = subprocess.run(["perf", "script", "-i", data, "-F", "ip,sym,dso"], capture_output=True,
                             text=True).stdout
-    objs, syms, n = collections.Counter(), collections.Counter(), 0
+    objs, syms, stg, n = collections.Counter(), collections.Counter(), collections.Counter(), 0
     for line in script.splitlines():
         m = re.match(r"\s*([0-9a-f]+)\s+(.*?)\s+\((.*)\)\s*$", line)
         if not m:
@@ -146,7 +151,9 @@ def measure(target, kind, spdk, client, secs, tmp, tag, side, greps=(), conns=1)
         n += 1
         obj = os.path.basename(m.group(3))
         objs[obj] += 1
-        syms[re.sub(r"\+0x[0-9a-f]+$", "", m.group(2))] += 1
+        sym = re.sub(r"\+0x[0-9a-f]+$", "", m.group(2))
+        syms[sym] += 1
+        stg[stage(sym, obj)] += 1
     if n == 0:
         return None
     kernel = sum(v for k, v in objs.items() if "kernel" in k or k.startswith("[")) / n
@@ -154,13 +161,62 @@ def measure(target, kind, spdk, client, secs, tmp, tag, side, greps=(), conns=1)
     grepped = {g: sum(v for s, v in syms.items() if re.search(g, s)) / n for g in greps}
     return (iops, calls / ios if calls else None, {k: v / n for k, v in objs.items()}, kernel,
             [(v / n, s) for s, v in syms.most_common(40)], {k: v / ios for k, v in kinds.items()},
-            segs / ios, grepped, {k: v / ios for k, v in empties.items()}, busy)
+            segs / ios, grepped, {k: v / ios for k, v in empties.items()}, busy, {k: v / n for k, v in stg.items()})
 
 
 # The system calls counted apart (those that move data or wait).
 KINDS = ["recvfrom", "readv", "recvmsg", "sendmsg", "writev", "epoll_wait", "io_uring_enter"]
 # The receive calls whose empty returns (-EAGAIN) are counted.
 RECEIVES = ["recvfrom", "readv", "recvmsg"]
+
+
+# Where the process's CPU time goes, by the symbol of each sample (self
+# time, first match wins): user space (any object not the kernel), then
+# the kernel's stages.
+STAGES = [
+    ("copy", r"copy_from_iter|copy_to_iter|copy_user|memcpy|memmove|rep_movs|copy_page|csum_partial_copy"),
+    ("perf", r"^perf_|_perf_|^__perf"),
+    ("lock", r"spin_lock|spin_unlock|queued_spin|lock_sock|release_sock|_raw_"),
+    ("skb memory", r"skb_release|kmem_cache|kfree|__alloc_skb|kmalloc|page_frag|skb_attempt_defer|consume_skb|"
+                   r"sk_mem|__build_skb|skb_clone|slab|__free_|alloc_pages|skb_free_head|napi_|sk_forced_mem|"
+                   r"__sk_mem|mem_cgroup|memcg|refill_stock|obj_cgroup"),
+    ("tcp receive", r"tcp_v4_rcv|tcp_rcv_|tcp_ack|tcp_data_queue|ip_rcv|ip_local_deliver|ip_protocol_deliver|"
+                    r"netif_receive|net_rx_action|process_backlog|__inet_lookup|inet_lookup|tcp_clean_rtx|"
+                    r"tcp_recvmsg|tcp_cleanup_rbuf|tcp_v4_do_rcv|softirq|tcp_rack|tcp_queue_rcv|"
+                    r"sock_def_readable|ep_poll_callback|__wake_up|tcp_event_data_recv|tcp_check_space|"
+                    r"tcp_urg|tcp_validate_incoming|tcp_sack|tcp_rearm_rto|tcp_update_pacing_rate|"
+                    r"tcp_newly_delivered|tcp_rate_gen|tcp_add_backlog|tcp_filter|sk_filter|skb_copy_datagram|"
+                    r"__skb_datagram_iter|tcp_schedule_loss_probe|tcp_ack_update_rtt|tcp_mstamp|tcp_grow_window|"
+                    r"tcp_measure_rcv_mss|tcp_try_rmem_schedule|tcp_rcv_space_adjust|__tcp_ack_snd_check|"
+                    r"tcp_send_ack|__tcp_send_ack|tcp_delack|inet_recvmsg|__netif_rx|netif_rx|enqueue_to_backlog"),
+    ("tcp send", r"tcp_sendmsg|tcp_write_xmit|tcp_transmit_skb|tcp_push|tcp_skb_entail|tcp_stream_alloc_skb|"
+                 r"ip_queue_xmit|ip_output|ip_finish_output|ip_local_out|__dev_queue_xmit|dev_hard_start_xmit|"
+                 r"loopback_xmit|tcp_established_options|tcp_rate_skb_sent|tcp_event_new_data_sent|tcp_wfree|"
+                 r"sk_stream|tcp_current_mss|tcp_send_mss|tcp_options_write|tcp_v4_send_check|tcp_small_queue|"
+                 r"tcp_tso|tcp_mtu|ipv4_mtu|skb_entail|__tcp_push|tcp_chrono|tcp_cwnd|tcp_pacing|"
+                 r"validate_xmit|netdev_core_pick|__ip_finish|ip_send_check|dst_release|neigh_|eth_|"
+                 r"inet_sendmsg|tcp_rbtree_insert|tcp_skb_collapse|tcp_init_tso_segs|__skb_clone|"
+                 r"tcp_nagle|tcp_snd_|sk_page_frag|skb_do_copy|skb_copy_to_page"),
+    ("syscall", r"syscall|^entry_|__x64_sys|__sys_|sock_sendmsg|sock_recvmsg|fdget|__fget|fput|security_|"
+                r"import_iovec|iovec_from_user|copy_msghdr|___sys|__import_iovec|rw_copy_check|do_iter|vfs_readv|"
+                r"do_readv|sock_read_iter|sock_write_iter|__check_object_size|check_heap_object|__virt_addr_valid|"
+                r"ep_poll|do_epoll|ep_send_events|ep_item_poll|tcp_poll|sock_poll|exit_to_user|"
+                r"fpregs_|switch_fpu|rseq|arch_exit|irqentry|__rcu_read|rcu_read|ktime_get|clear_bhb|"
+                r"restore_regs|__put_user|__get_user|_copy_from_user|_copy_to_user|move_addr_to|"
+                r"sockfd_lookup|__fdget|x64_sys_call|do_sys|__se_sys|cgroup_bpf"),
+]
+STAGE_NAMES = ["user"] + [k for k, _ in STAGES] + ["other kernel"]
+_STAGE_RE = [(k, re.compile(v)) for k, v in STAGES]
+
+
+def stage(sym, obj):
+    """The stage of one sample: its symbol `sym` in object `obj`."""
+    if not ("kernel" in obj or obj.startswith("[")) or obj == "[vdso]":
+        return "user"
+    for k, r in _STAGE_RE:
+        if r.search(sym):
+            return k
+    return "other kernel"
 
 
 def cpu_ticks(pid):
@@ -266,6 +322,23 @@ def main():
                     print(f"   symbols matching {g!r}: {st.median(sh):.1%} ({min(sh):.1%}-{max(sh):.1%}) of the samples")
                 for sym, v in syms.most_common(a.top):
                     print(f"   {v:6.1%}  {sym}")
+                # Each stage's CPU time per I/O (its share x the process's
+                # CPU time / I/Os) over the whole CPU time per I/O of the same
+                # target and client at the first count, same round.
+                rel = collections.defaultdict(list)
+                for (r, n, k, cc), m in res.items():
+                    b = res.get((r, n, k, conns[0]))
+                    if n != t.name or k != kind or cc != c or not b or not m[9][0] or not b[9][0]:
+                        continue
+                    per, base = m[9][0] / m[0], b[9][0] / b[0]
+                    rel["all"].append(per / base)
+                    for g in STAGE_NAMES:
+                        rel[g].append(m[10].get(g, 0) * per / base)
+                print("   stages, share of samples [CPU per I/O / all CPU per I/O at "
+                      f"{conns[0]} conn{'s' if conns[0] > 1 else ''}]: "
+                      + ", ".join(f"{g} {st.median(m[10].get(g, 0) for m in ms):.1%} [{st.median(rel[g]):.3f}]"
+                                  for g in STAGE_NAMES if rel[g])
+                      + (f"; all [{st.median(rel['all']):.3f}]" if rel["all"] else ""))
     # Per round ratios: several connections / one (same target and client),
     # and each pollux target / SPDK's (same client and connections).
     print()
