@@ -329,10 +329,14 @@ def qd1_over_floor(d, flo1, targets, rounds, rtt_of):
               + ", ".join(cells))
     for (t, c), xs in ratio.items():
         print(f"  {c} perf<->{t} target / floor: {fmt(xs)}")
-    fl = [f[key] / d[(r, "spdk", "spdk", "read1")][1] for r, f in flo1.items()
-          if (r, "spdk", "spdk", "read1") in d and d[(r, "spdk", "spdk", "read1")][1]]
-    if fl:
-        print(f"  floor / SPDK perf<->SPDK: {fmt(fl)}")
+    # The floor's mean takes in its rare long round trips (a preempted
+    # side), its p50 not: both, against SPDK<->SPDK and pollux<->pollux.
+    for k in dict.fromkeys((key, "p50_us")):
+        for t, c in (("spdk", "spdk"), (targets[-1].name, "pollux")):
+            fl = [f[k] / d[(r, t, c, "read1")][1] for r, f in flo1.items()
+                  if (r, t, c, "read1") in d and d[(r, t, c, "read1")][1]]
+            if fl:
+                print(f"  floor ({k[:-3]}) / {c} perf<->{t}: {fmt(fl)}")
     # With L(target, client) = floor + T(target) + C(client): the pollux
     # target's extra time is L(pollux, X) - L(spdk, X) under either client X,
     # the pollux client's L(X, pollux) - L(X, spdk) against either target;
