@@ -7,7 +7,9 @@ interleaved run.
 
 Per round, in an order that alternates between rounds: the cross-core round
 trip (`pollux pingpong`), the kernel's own floor (`loopback_bound --qd 128`:
-a bare sender and receiver moving what a 4 KiB read workload moves), then
+a bare sender and receiver moving what a 4 KiB read workload moves; with
+`qd1`, also `loopback_bound --rtt`: a bare 72-byte request / 24 + 4096-byte
+answer exchange in turn, both polling, the QD 1 floor), then
 each target as a fresh process on core 0 -- SPDK's nvmf_tgt and each pollux
 target given (default: `pollux=BIN`) -- all from one SPDK JSON config: a
 null bdev (4 KiB blocks) in cnode1, a RAM bdev (SPDK's malloc, pollux's
@@ -25,7 +27,12 @@ spdk_nvme_perf and by pollux perf:
 Prints per workload and client: median IOPS of each target, and each pollux
 target / SPDK's per round (median, range); pollux perf / SPDK perf against
 SPDK's target; QD 1 latency pollux<->pollux / SPDK<->SPDK; the target /
-the floor; several connections / one. Loopback on a shared 2-vCPU VM: ratios
+the floor; several connections / one. With `qd1`: each QD 1 pair's average
+latency (SPDK perf and pollux perf against each target) over that round's
+`loopback_bound --rtt` mean, per round, then median and range; and the
+pollux target's and pollux perf's extra latency over SPDK's (the cross
+pairs: L(pollux target, X) - L(SPDK target, X) under each client X, and
+L(X, pollux perf) - L(X, SPDK perf) against each target), over SPDK<->SPDK's. Loopback on a shared 2-vCPU VM: ratios
 of this machine, not network or device speeds.
 
 Needs a release build (`cargo build --release -p pollux-cli`, and the floor:
@@ -169,6 +176,18 @@ def floor(lb, secs):
     return None
 
 
+def floor_rtt(lb, secs):
+    """The kernel's QD 1 floor (`loopback_bound --rtt`): a bare 72-byte
+    request and 24 + 4096-byte answer in turn, both sides polling; its
+    {mean_us, p50_us, p99_us} (a build before the mean: p50 only)."""
+    try:
+        p = subprocess.run([lb, "--rtt", "--secs", str(secs), "--json"], capture_output=True, text=True,
+                           timeout=secs + 60)
+        return json.loads(p.stdout)
+    except (subprocess.TimeoutExpired, ValueError):
+        return None
+
+
 def fmt(xs):
     return f"{st.median(xs):.3f} ({min(xs):.3f}-{max(xs):.3f}, n={len(xs)})"
 
@@ -203,7 +222,7 @@ def main():
         targets.append(Target(name, [parts[0], "target", "-c", conf, "-m", "0x1", "-r",
                                      os.path.join(tmp, f"{name}.sock")] + parts[1:], tmp))
     rows = []  # (round, target, client, workload, iops, avg_us)
-    rtt, flo, rtt_of = [], [], {}
+    rtt, flo, rtt_of, flo1 = [], [], {}, {}
     print(f"rows in {tmp}/rows", flush=True)
     out = open(os.path.join(tmp, "rows"), "w")
     for r in range(a.rounds):
@@ -216,6 +235,13 @@ def main():
             f = floor(a.floor_bin, a.secs)
             if f:
                 flo.append((r, f))
+        if "qd1" in groups and os.access(a.floor_bin, os.X_OK):
+            f = floor_rtt(a.floor_bin, a.secs)
+            if f:
+                flo1[r] = f
+                line = f"{r} floor-rtt {f.get('mean_us', '')} {f.get('p50_us')} {f.get('p99_us')}"
+                print(line, flush=True)
+                out.write(line + "\n")
         order = targets if r % 2 == 0 else [targets[0]] + targets[:0:-1]
         for t in order:
             t.start()
@@ -263,6 +289,8 @@ def main():
                  and d[(r, n, "pollux", "read1")][1]]
             if x:
                 print(f"QD 1 average latency, pollux perf<->{n} / SPDK perf<->SPDK: {fmt(x)}")
+    if flo1:
+        qd1_over_floor(d, flo1, targets, a.rounds, rtt_of)
     if flo:
         print(f"floor (loopback_bound --qd 128): median {st.median([f for _, f in flo]):,.0f}")
         for n in names:
@@ -277,6 +305,52 @@ def main():
                          if (r, t.name, c, m) in d and (r, t.name, c, "read128") in d]
                     if x:
                         print(f"{t.name} target, client {c}: {m} / one connection {fmt(x)}")
+
+
+def qd1_over_floor(d, flo1, targets, rounds, rtt_of):
+    """Each QD 1 pair's average latency over the kernel's bare QD 1 round
+    trip of the same round, and how pollux<->pollux's excess over SPDK<->SPDK
+    splits between the target and the client (the cross pairs)."""
+    key = "mean_us" if all("mean_us" in f for f in flo1.values()) else "p50_us"
+    print(f"\nQD 1 average latency / the kernel's QD 1 round trip (loopback_bound --rtt, its {key[:-3]}), per round:")
+    pairs = [(t.name, c) for t in targets for c in ("spdk", "pollux")]
+    ratio = collections.defaultdict(list)
+    for r in range(rounds):
+        f = flo1.get(r)
+        if not f:
+            continue
+        cells = []
+        for t, c in pairs:
+            v = d.get((r, t, c, "read1"))
+            if v and v[1]:
+                ratio[(t, c)].append(v[1] / f[key])
+                cells.append(f"{c} perf<->{t} {v[1] / f[key]:.3f}")
+        print(f"  {r}: round trip {rtt_of.get(r, 0):.0f} ns, floor {f[key]:.1f} us (p99 {f['p99_us']:.1f}); "
+              + ", ".join(cells))
+    for (t, c), xs in ratio.items():
+        print(f"  {c} perf<->{t} target / floor: {fmt(xs)}")
+    # The floor's mean takes in its rare long round trips (a preempted
+    # side), its p50 not: both, against SPDK<->SPDK and pollux<->pollux.
+    for k in dict.fromkeys((key, "p50_us")):
+        for t, c in (("spdk", "spdk"), (targets[-1].name, "pollux")):
+            fl = [f[k] / d[(r, t, c, "read1")][1] for r, f in flo1.items()
+                  if (r, t, c, "read1") in d and d[(r, t, c, "read1")][1]]
+            if fl:
+                print(f"  floor ({k[:-3]}) / {c} perf<->{t}: {fmt(fl)}")
+    # With L(target, client) = floor + T(target) + C(client): the pollux
+    # target's extra time is L(pollux, X) - L(spdk, X) under either client X,
+    # the pollux client's L(X, pollux) - L(X, spdk) against either target;
+    # each over SPDK<->SPDK's latency.
+    for n in [t.name for t in targets[1:]]:
+        for what, a_, b_ in (("target " + n + " - SPDK's, under SPDK perf", (n, "spdk"), ("spdk", "spdk")),
+                             ("target " + n + " - SPDK's, under pollux perf", (n, "pollux"), ("spdk", "pollux")),
+                             ("pollux perf - SPDK perf, against SPDK's target", ("spdk", "pollux"), ("spdk", "spdk")),
+                             ("pollux perf - SPDK perf, against " + n, (n, "pollux"), (n, "spdk"))):
+            x = [(d[(r, *a_, "read1")][1] - d[(r, *b_, "read1")][1]) / d[(r, "spdk", "spdk", "read1")][1]
+                 for r in range(rounds)
+                 if all((r, *k, "read1") in d and d[(r, *k, "read1")][1] for k in (a_, b_, ("spdk", "spdk")))]
+            if x:
+                print(f"  {what}, over SPDK<->SPDK's latency: {fmt(x)}")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@
 //! With `--rtt`, the floor of a QD 1 read instead: the receiver on core 1
 //! sends a 72-byte command capsule, the sender on core 0 answers with a
 //! 24-byte header and 4 KiB, one at a time, both polling; it prints the
-//! round trip's p50 and p99.
+//! round trip's mean, p50 and p99 (the mean beside the average latency
+//! the perf tools print).
 //!
 //! With `--qd N`, the floor of a QD N read workload: the receiver on core 1
 //! keeps N 72-byte requests outstanding (writing a new one for each
@@ -237,6 +238,7 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
         Ok(r) => r?,
         Err(_) => return Err(std::io::Error::other("responder panicked")),
     }
+    let mean = lat.iter().sum::<u64>() as f64 / lat.len().max(1) as f64 / 1e3;
     lat.sort_unstable();
     let at = |q: f64| {
         lat.get(((lat.len() as f64 - 1.0) * q) as usize)
@@ -246,14 +248,14 @@ fn round_trips(size: usize, secs: u64, json: bool) -> std::io::Result<()> {
     };
     if json {
         println!(
-            "{{\"p50_us\": {:.2}, \"p99_us\": {:.2}, \"round_trips\": {}}}",
+            "{{\"mean_us\": {mean:.2}, \"p50_us\": {:.2}, \"p99_us\": {:.2}, \"round_trips\": {}}}",
             at(0.5),
             at(0.99),
             lat.len()
         );
     } else {
         println!(
-            "72 B request, 24 B + {size} B response, both polling: p50 {:.1} us, p99 {:.1} us over {} round trips",
+            "72 B request, 24 B + {size} B response, both polling: mean {mean:.1} us, p50 {:.1} us, p99 {:.1} us over {} round trips",
             at(0.5),
             at(0.99),
             lat.len()
