@@ -23,8 +23,10 @@ pub(crate) const ALIGN: usize = 4096;
 /// last user left, as a buffer reused from a cache).
 pub(crate) struct AlignedBuf {
     ptr: NonNull<u8>,
-    len: usize,
-    cap: usize,
+    // (32 bits each, so the buffer stays three words with its arena:
+    // slots move it per I/O.)
+    len: u32,
+    cap: u32,
     /// The arena the memory belongs to (kept alive by it), or `None`: the
     /// heap.
     arena: Option<Arc<Arena>>,
@@ -36,16 +38,18 @@ unsafe impl Send for AlignedBuf {}
 
 impl AlignedBuf {
     /// A zeroed buffer of `len` bytes (at least one page is allocated).
-    /// `None` if the allocation fails or the length overflows.
+    /// `None` if the allocation fails or the length overflows (a buffer
+    /// is less than 4 GiB).
     pub fn new(len: usize) -> Option<AlignedBuf> {
         let cap = len.max(1).checked_next_multiple_of(ALIGN)?;
+        let (len, cap32) = (u32::try_from(len).ok()?, u32::try_from(cap).ok()?);
         let layout = Layout::from_size_align(cap, ALIGN).ok()?;
         // SAFETY: the layout has a non-zero size.
         let p = unsafe { std::alloc::alloc_zeroed(layout) };
         Some(AlignedBuf {
             ptr: NonNull::new(p)?,
             len,
-            cap,
+            cap: cap32,
             arena: None,
         })
     }
@@ -58,28 +62,28 @@ impl AlignedBuf {
 
     /// Bytes allocated (the length rounded up to pages).
     pub fn capacity(&self) -> usize {
-        self.cap
+        self.cap as usize
     }
 
     /// Changes the length within the capacity (the bytes keep their
     /// contents). False if `len` exceeds the capacity.
     pub fn set_len(&mut self, len: usize) -> bool {
-        if len > self.cap {
+        if len > self.cap as usize {
             return false;
         }
-        self.len = len;
+        self.len = len as u32;
         true
     }
 
     pub fn as_slice(&self) -> &[u8] {
         // SAFETY: `ptr` is valid for `cap >= len` initialised bytes,
         // owned by `self` and not lent (a lent buffer is a `Lent`).
-        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts(self.ptr.as_ptr(), self.len as usize) }
     }
 
     pub fn as_mut_slice(&mut self) -> &mut [u8] {
         // SAFETY: as `as_slice`, and `&mut self` makes the access unique.
-        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len) }
+        unsafe { std::slice::from_raw_parts_mut(self.ptr.as_ptr(), self.len as usize) }
     }
 
     /// Lends the first `len` bytes (clamped to the length) out; the
@@ -87,7 +91,7 @@ impl AlignedBuf {
     pub fn lend(self, len: usize) -> (Lent, RawSeg) {
         let seg = RawSeg {
             ptr: self.ptr.as_ptr(),
-            len: len.min(self.len),
+            len: len.min(self.len as usize),
         };
         (Lent(self), seg)
     }
@@ -96,10 +100,10 @@ impl AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if let Some(a) = self.arena.take() {
-            return a.put(self.ptr, self.cap);
+            return a.put(self.ptr, self.cap as usize);
         }
         // The layout was valid at allocation with these values.
-        if let Ok(layout) = Layout::from_size_align(self.cap, ALIGN) {
+        if let Ok(layout) = Layout::from_size_align(self.cap as usize, ALIGN) {
             // SAFETY: allocated by `alloc_zeroed` with this layout.
             unsafe { std::alloc::dealloc(self.ptr.as_ptr(), layout) };
         }
@@ -184,6 +188,7 @@ impl Arena {
     /// freed before, or carved; `None` when the region is used up.
     pub fn take(self: &Arc<Self>, cap: usize) -> Option<AlignedBuf> {
         debug_assert!(cap.is_power_of_two() && cap >= ALIGN);
+        let cap32 = u32::try_from(cap).ok()?;
         let k = (cap / ALIGN).trailing_zeros() as usize;
         let at = {
             let mut c = self.carve.lock().ok()?;
@@ -203,8 +208,8 @@ impl Arena {
         let p = unsafe { self.map.ptr().add(at) };
         Some(AlignedBuf {
             ptr: NonNull::new(p)?,
-            len: cap,
-            cap,
+            len: cap32,
+            cap: cap32,
             arena: Some(self.clone()),
         })
     }
@@ -257,6 +262,15 @@ mod tests {
         // SAFETY: nothing borrowed it.
         let b = unsafe { lent.reclaim() };
         assert_eq!(b.as_slice()[99], 7);
+    }
+
+    #[test]
+    fn a_buffer_is_three_words_with_its_arena() {
+        // Slots move buffers per I/O: a fourth word cost the 4 KiB read
+        // path about 15 instructions per I/O (bench/tcp_sock_instr.py).
+        assert_eq!(std::mem::size_of::<AlignedBuf>(), 24);
+        assert_eq!(std::mem::size_of::<Option<AlignedBuf>>(), 24);
+        assert!(AlignedBuf::new(1 << 32).is_none(), "4 GiB and more refused");
     }
 
     #[test]
