@@ -696,9 +696,17 @@ impl Registered {
         // nothing: the kernel keeps its pages pinned until the ring goes),
         // and by every buffer carved from it.
         unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| {
+            // The pinned pages count against RLIMIT_MEMLOCK (root with
+            // CAP_IPC_LOCK is exempt).
+            let hint = match e.raw_os_error() {
+                Some(libc::ENOMEM | libc::EPERM) => {
+                    " (each thread pins its region: within the locked-memory limit, `ulimit -l`?)"
+                }
+                _ => "",
+            };
             io::Error::new(
                 e.kind(),
-                format!("uring_registered_buffers: registering {n} bytes with the ring: {e}"),
+                format!("uring_registered_buffers: registering {n} bytes with the ring: {e}{hint}"),
             )
         })?;
         let reg = Registered {
