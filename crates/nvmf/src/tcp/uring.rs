@@ -748,7 +748,13 @@ impl Registered {
         let mut res = None;
         let mut notif = false;
         while res.is_none() || (res.is_some_and(|r: i32| r >= 0) && !notif) {
-            ring.submit_and_wait(1)?;
+            if let Err(e) = ring.submit_and_wait(1) {
+                // (Submitted or not, the message was read at submission;
+                // an interrupted wait is waited again.)
+                if e.raw_os_error() != Some(libc::EINTR) {
+                    return Err(e);
+                }
+            }
             // SAFETY: this thread is the ring's only user.
             for c in unsafe { ring.completion_shared() } {
                 if cqueue::notif(c.flags()) {
