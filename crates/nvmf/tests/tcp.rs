@@ -825,14 +825,23 @@ fn hosts_vanishing_mid_transfer_leave_nothing_behind() {
 }
 
 /// As [`hosts_vanishing_mid_transfer_leave_nothing_behind`], with
-/// io_uring zero-copy sends (every send of 4 KiB and more): the reads
-/// reset mid-transfer go out zero-copy; and no data buffer is left held
-/// (the threads cache none: every buffer alive is a command's).
+/// io_uring zero-copy sends (every send of 4 KiB and more), from the heap
+/// and from a registered region: the reads reset mid-transfer go out
+/// zero-copy; and no data buffer is left held (the threads cache none:
+/// every buffer alive is a command's).
 #[test]
 fn hosts_vanishing_mid_zero_copy_sends_leave_no_buffer_behind() {
+    for registered in [0, 8 << 20] {
+        eprintln!("uring_registered_buffers {registered}");
+        vanishing_under_zero_copy(registered);
+    }
+}
+
+fn vanishing_under_zero_copy(registered: u32) {
     let o = pollux_nvmf::TransportOptions {
         sock_impl: pollux_nvmf::SockImpl::Uring,
         uring_zcopy_threshold: 4096,
+        uring_registered_buffers: registered,
         buf_cache_size: Some(0),
         ..Default::default()
     };
@@ -942,12 +951,21 @@ fn hosts_vanishing_on(t: &pollux_nvmf::Target) -> (usize, usize) {
 /// bounded wait instead of holding the thread (which waits for the
 /// notifications before it may touch the memory again): another host on
 /// the same thread goes on being served. Before, the thread waited for
-/// good and the other host's read timed out.
+/// good and the other host's read timed out. The same with the data in a
+/// registered region.
 #[test]
 fn a_host_that_stops_reading_under_zero_copy_sends_is_cut_off_not_the_thread() {
+    for registered in [0, 8 << 20] {
+        eprintln!("uring_registered_buffers {registered}");
+        stops_reading_under_zero_copy(registered);
+    }
+}
+
+fn stops_reading_under_zero_copy(registered: u32) {
     let o = pollux_nvmf::TransportOptions {
         sock_impl: pollux_nvmf::SockImpl::Uring,
         uring_zcopy_threshold: 4096,
+        uring_registered_buffers: registered,
         ..Default::default()
     };
     let t = ram_target_with(4096, o, &[0]);
