@@ -9,8 +9,8 @@ in the kernel and in each of its top objects (`perf record -e cpu-clock`),
 and the top symbols by self time; the IOPS of the same window.
 
 Each target is a fresh process on core 0 (SPDK's nvmf_tgt and each pollux
-target, all from bench/tcp_sbs.py's SPDK JSON config, null namespace), the
-client on core 1: SPDK's perf or `pollux perf`, randread of `--bs` bytes
+target, all from bench/tcp_sbs.py's SPDK JSON config, the null namespace or `--ns ram`), the
+client on core 1: SPDK's perf or `pollux perf`, `--rw` (randread) of `--bs` bytes
 (4 KiB) at QD `--qd` (128). The
 perf tools sample over SECS in the middle of a run of SECS + 3 s. Rounds
 alternate the order of the targets. Figures are ratios and shares of this
@@ -63,24 +63,25 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import tcp_sbs  # noqa: E402  (its config, targets and clients)
 
 
-# Block size and queue depth of the workload (`--bs`, `--qd`).
-BS, QD = 4096, 128
+# Block size, queue depth, pattern and namespace of the workload (`--bs`,
+# `--qd`, `--rw`, `--ns`).
+BS, QD, RW, NQN = 4096, 128, "randread", tcp_sbs.NQN_NULL
 
 
 def client_cmd(kind, spdk, client, secs, conns=1):
     """The client's command line: `conns` connections, QD outstanding in all
     (SPDK's perf: `-q QD -P conns`; pollux perf: `-q QD/conns -P conns`, as
     bench/tcp_sbs.py's `multi` workload)."""
-    nqn = tcp_sbs.NQN_NULL
+    nqn = NQN
     if kind == "spdk":
         trid = (f"trtype:tcp adrfam:IPv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn} "
                 f"hostnqn:{tcp_sbs.HOSTNQN}")
         cmd = [f"{spdk}/build/bin/spdk_nvme_perf", "-c", "0x2", "-r", trid, "-q", str(QD), "-o", str(BS),
-               "-w", "randread", "-t", str(secs)]
+               "-w", RW, "-t", str(secs)]
     else:
         trid = f"trtype:tcp adrfam:ipv4 traddr:127.0.0.1 trsvcid:{tcp_sbs.PORT} subnqn:{nqn}"
         cmd = [client, "perf", "-c", "1", "-r", trid, "-q", str(max(1, QD // conns)), "-o", str(BS),
-               "-w", "randread", "-t", str(secs), "--json"]
+               "-w", RW, "-t", str(secs), "--json"]
     if conns > 1:
         cmd += ["-P", str(conns)]
     return cmd
@@ -244,15 +245,19 @@ def main():
     ap.add_argument("--top", type=int, default=8)
     ap.add_argument("--side", choices=["target", "client"], default="target",
                     help="whose system calls and samples: the target's (default) or the client's")
-    ap.add_argument("--bs", type=int, default=4096, help="block size of the randread workload")
+    ap.add_argument("--bs", type=int, default=4096, help="block size of the workload")
+    ap.add_argument("--rw", default="randread", choices=["randread", "randwrite"], help="its pattern")
+    ap.add_argument("--ns", default="null", choices=["null", "ram"],
+                    help="its namespace: the null bdev, or the RAM one (SPDK's malloc, pollux's malloc)")
     ap.add_argument("--qd", type=int, default=128, help="its queue depth (in all, over --conns connections)")
     ap.add_argument("--conns", default="1",
                     help="client connections, a list (1,4,16): each target and client at each, rounds interleaved")
     ap.add_argument("--grep", action="append", default=[],
                     help="also the share of samples whose symbol matches this regular expression")
     a = ap.parse_args()
-    global BS, QD
-    BS, QD = a.bs, a.qd
+    global BS, QD, RW, NQN
+    BS, QD, RW = a.bs, a.qd, a.rw
+    NQN = tcp_sbs.NQN_RAM if a.ns == "ram" else tcp_sbs.NQN_NULL
     spdk = os.environ.get("SPDK_DIR", "/tmp/spdk")
     if not os.access(f"{spdk}/build/bin/nvmf_tgt", os.X_OK):
         sys.exit(f"no SPDK build at {spdk} (../shared/spdk/build.sh)")
